@@ -1,0 +1,108 @@
+//! Build-script support: compiles a guest crate of this workspace for `wasm32-unknown-unknown`
+//! and encodes the core module as a component (what `wasm-tools component new` does).
+//!
+//! Used by `host/build.rs` (the built-in guest) and `tests/build.rs` (test-only guests), the
+//! pattern of wasmtime's test-programs. The nested cargo uses its own target directory so it
+//! never waits on the lock of the build that runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub const WASM_TARGET: &str = "wasm32-unknown-unknown";
+
+/// Makes sure the standard library for [`WASM_TARGET`] is installed for the toolchain running
+/// this build, installing it with rustup when it is missing. `RUSTUP_AUTO_INSTALL=0` means a
+/// `targets` line in `rust-toolchain.toml` alone installs nothing, so this is what does.
+pub fn ensure_wasm_target() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let sysroot = Command::new(&rustc).args(["--print", "sysroot"]).output().ok().filter(|o| o.status.success());
+    let sysroot = sysroot.map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let installed = |root: &Path| root.join("lib/rustlib").join(WASM_TARGET).join("lib").is_dir();
+    if sysroot.as_deref().is_some_and(installed) {
+        return;
+    }
+    let toolchain = std::env::var("RUSTUP_TOOLCHAIN").ok();
+    let mut add = Command::new("rustup");
+    add.args(["target", "add", WASM_TARGET]);
+    if let Some(toolchain) = &toolchain {
+        add.args(["--toolchain", toolchain]);
+    }
+    let command_line = format!(
+        "rustup target add {WASM_TARGET}{}",
+        toolchain.as_deref().map(|t| format!(" --toolchain {t}")).unwrap_or_default()
+    );
+    match add.status() {
+        Ok(status) if status.success() => {}
+        Ok(status) => panic!("`{command_line}` failed ({status}); run it by hand, then build again"),
+        Err(err) => {
+            panic!("the {WASM_TARGET} target is missing and rustup could not be run ({err}); run `{command_line}`")
+        }
+    }
+}
+
+/// One guest crate of the workspace to build as a component.
+pub struct Guest<'a> {
+    /// The cargo package name.
+    pub package: &'a str,
+    /// Cargo features to enable.
+    pub features: &'a [&'a str],
+    /// The file name of the component written into `OUT_DIR`.
+    pub output: &'a str,
+}
+
+/// Builds the guest and writes the component to `OUT_DIR/<output>`; returns its path.
+/// `watch` names the files and folders whose change must rebuild it.
+pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
+    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run from a build script"));
+    let workspace = workspace_root(&manifest_dir);
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("run from a build script"));
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|d| workspace.join(d).join("wasm-guests"))
+        .unwrap_or_else(|| out_dir.join("wasm-guests"));
+    for path in watch {
+        println!("cargo:rerun-if-changed={}", path.display());
+    }
+    println!("cargo:rerun-if-changed={}", workspace.join("Cargo.lock").display());
+
+    ensure_wasm_target();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = Command::new(cargo);
+    build
+        .current_dir(&workspace)
+        .args(["build", "--profile", "guest", "--target", WASM_TARGET, "-p", guest.package, "--target-dir"])
+        .arg(&target_dir)
+        // Flags meant for the host build must not leak into the guest's.
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .env_remove("CARGO_TARGET_DIR");
+    if !guest.features.is_empty() {
+        build.args(["--features", &guest.features.join(",")]);
+    }
+    let output = build.output().unwrap_or_else(|e| panic!("could not run cargo for {}: {e}", guest.package));
+    if !output.status.success() {
+        panic!(
+            "building the guest {} for {WASM_TARGET} failed:\n{}",
+            guest.package,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let module_path =
+        target_dir.join(WASM_TARGET).join("guest").join(format!("{}.wasm", guest.package.replace('-', "_")));
+    let module = std::fs::read(&module_path).unwrap_or_else(|e| panic!("reading {}: {e}", module_path.display()));
+    let component = wit_component::ComponentEncoder::default()
+        .module(&module)
+        .and_then(|encoder| encoder.validate(true).encode())
+        .unwrap_or_else(|e| panic!("encoding {} as a component: {e:?}", module_path.display()));
+    let path = out_dir.join(guest.output);
+    std::fs::write(&path, component).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    path
+}
+
+fn workspace_root(manifest_dir: &Path) -> PathBuf {
+    manifest_dir
+        .ancestors()
+        .find(|dir| std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|t| t.contains("[workspace]")))
+        .unwrap_or(manifest_dir)
+        .to_path_buf()
+}

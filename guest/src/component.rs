@@ -1,0 +1,231 @@
+//! The WebAssembly adapter: WIT records in, logic types through, WIT records out.
+//!
+//! Field copies only; no rule lives here. A panic anywhere in the logic is reported through the
+//! `diagnostics` import before the instance traps, so the host can say why.
+
+use crate::{admission, config, model, tracker};
+use std::cell::RefCell;
+
+wit_bindgen::generate!({
+    path: "../wit",
+    world: "clb",
+});
+
+use clb::reconciler::diagnostics;
+use clb::reconciler::types as wit;
+use exports::clb::reconciler::{reconciler as wit_reconciler, validation as wit_validation};
+
+struct Component;
+export!(Component);
+
+fn install_panic_hook() {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        std::panic::set_hook(Box::new(|info| diagnostics::panicked(&info.to_string())));
+    });
+}
+
+impl wit_validation::Guest for Component {
+    fn validate_config(config: wit::Config) -> Result<wit::Mode, wit::ConfigError> {
+        install_panic_hook();
+        config::validate_config(&config.into()).map(Into::into).map_err(Into::into)
+    }
+
+    fn admit_service(config: wit::Config, service: wit::Service) -> wit_validation::Verdict {
+        install_panic_hook();
+        match admission::admit_service(&config.into(), &service.into()) {
+            admission::Verdict::Admitted => wit_validation::Verdict::Admitted,
+            admission::Verdict::NothingToProvision => wit_validation::Verdict::NothingToProvision,
+            admission::Verdict::Cleanup => wit_validation::Verdict::Cleanup,
+            admission::Verdict::Ignored(why) => wit_validation::Verdict::Ignored(why),
+            admission::Verdict::Rejected(r) => {
+                wit_validation::Verdict::Rejected(wit_validation::Rejection { reason: r.reason, message: r.message })
+            }
+        }
+    }
+}
+
+/// The resource behind `tracker`: WIT methods take `&self`, the logic takes `&mut self`.
+struct TrackerResource(RefCell<tracker::Tracker>);
+
+impl wit_reconciler::Guest for Component {
+    type Tracker = TrackerResource;
+}
+
+impl wit_reconciler::GuestTracker for TrackerResource {
+    fn create(config: wit::Config) -> Result<wit_reconciler::Tracker, wit::ConfigError> {
+        install_panic_hook();
+        let tracker = tracker::Tracker::create(config.into()).map_err(wit::ConfigError::from)?;
+        Ok(wit_reconciler::Tracker::new(TrackerResource(RefCell::new(tracker))))
+    }
+
+    fn observe(&self, now_ms: u64, batch: Vec<wit::Observation>) -> wit::Step {
+        install_panic_hook();
+        let batch = batch.into_iter().map(Into::into).collect();
+        self.0.borrow_mut().observe(now_ms, batch).into()
+    }
+
+    fn complete(&self, now_ms: u64, results: Vec<(u64, wit::Outcome)>) -> wit::Step {
+        install_panic_hook();
+        let results = results.into_iter().map(|(id, o)| (id, o.into())).collect();
+        self.0.borrow_mut().complete(now_ms, results).into()
+    }
+
+    fn tick(&self, now_ms: u64) -> wit::Step {
+        install_panic_hook();
+        self.0.borrow_mut().tick(now_ms).into()
+    }
+
+    fn export_state(&self) -> wit::VersionedState {
+        install_panic_hook();
+        let (version, payload) = self.0.borrow().export_state();
+        wit::VersionedState { version, payload }
+    }
+
+    fn import_state(
+        config: wit::Config,
+        state: wit::VersionedState,
+    ) -> Result<wit_reconciler::Tracker, wit::StateError> {
+        install_panic_hook();
+        let tracker =
+            tracker::Tracker::import_state(config.into(), state.version, &state.payload).map_err(|e| match e {
+                tracker::StateError::UnsupportedVersion(v) => wit::StateError::UnsupportedVersion(v),
+                tracker::StateError::Corrupt(why) => wit::StateError::Corrupt(why),
+                tracker::StateError::InvalidConfig(err) => wit::StateError::InvalidConfig(err.into()),
+            })?;
+        Ok(wit_reconciler::Tracker::new(TrackerResource(RefCell::new(tracker))))
+    }
+}
+
+impl From<wit::Config> for config::Config {
+    fn from(c: wit::Config) -> Self {
+        Self {
+            backend_pool_type: c.backend_pool_type,
+            load_balancer_sku: c.load_balancer_sku,
+            multiple_standard_load_balancers: c.multiple_standard_load_balancers,
+        }
+    }
+}
+
+impl From<config::ConfigError> for wit::ConfigError {
+    fn from(e: config::ConfigError) -> Self {
+        Self { field: e.field, reason: e.reason, message: e.message }
+    }
+}
+
+impl From<config::Mode> for wit::Mode {
+    fn from(m: config::Mode) -> Self {
+        match m {
+            config::Mode::ContainerLoadBalancer => Self::ContainerLoadBalancer,
+            config::Mode::MultiSlbLocalServices => Self::MultiSlbLocalServices,
+            config::Mode::Inactive => Self::Inactive,
+        }
+    }
+}
+
+impl From<wit::Service> for model::Service {
+    fn from(s: wit::Service) -> Self {
+        Self {
+            uid: s.uid,
+            namespace: s.namespace,
+            name: s.name,
+            service_type: s.service_type,
+            external_traffic_policy: s.external_traffic_policy,
+            session_affinity: s.session_affinity,
+            load_balancer_ip: s.load_balancer_ip,
+            load_balancer_class: s.load_balancer_class,
+            ip_families: s.ip_families,
+            ports: s
+                .ports
+                .into_iter()
+                .map(|p| model::ServicePort {
+                    name: p.name,
+                    protocol: p.protocol,
+                    port: p.port,
+                    target_port: p.target_port.map(|t| match t {
+                        wit::TargetPort::Number(n) => model::TargetPort::Number(n),
+                        wit::TargetPort::Name(n) => model::TargetPort::Name(n),
+                    }),
+                    node_port: p.node_port,
+                })
+                .collect(),
+            annotations: s.annotations,
+            finalizers: s.finalizers,
+            deleting: s.deleting,
+            ingress_ips: s.ingress_ips,
+        }
+    }
+}
+
+impl From<wit::Observation> for model::Observation {
+    fn from(o: wit::Observation) -> Self {
+        match o {
+            wit::Observation::ServiceUpserted(s) => Self::ServiceUpserted(s.into()),
+            wit::Observation::ServiceDeleted((ns, name)) => {
+                Self::ServiceDeleted(model::ObjectKey { namespace: ns, name })
+            }
+            wit::Observation::SliceUpserted(s) => Self::SliceUpserted(model::EndpointSlice {
+                namespace: s.namespace,
+                name: s.name,
+                owner_service_uid: s.owner_service_uid,
+                address_type: s.address_type,
+                endpoints: s
+                    .endpoints
+                    .into_iter()
+                    .map(|e| model::Endpoint { addresses: e.addresses, node_name: e.node_name, ready: e.ready })
+                    .collect(),
+                deleting: s.deleting,
+            }),
+            wit::Observation::SliceDeleted((ns, name)) => Self::SliceDeleted(model::ObjectKey { namespace: ns, name }),
+            wit::Observation::NodeUpserted(n) => {
+                Self::NodeUpserted(model::Node { name: n.name, internal_ips: n.internal_ips })
+            }
+            wit::Observation::NodeDeleted(name) => Self::NodeDeleted(name),
+        }
+    }
+}
+
+impl From<wit::Outcome> for model::Outcome {
+    fn from(o: wit::Outcome) -> Self {
+        match o {
+            wit::Outcome::Ok(body) => Self::Ok(body),
+            wit::Outcome::Failed(f) => Self::Failed(model::Failure {
+                status: f.status,
+                code: f.code,
+                retry_after_ms: f.retry_after_ms,
+                message: f.message,
+            }),
+        }
+    }
+}
+
+impl From<model::Step> for wit::Step {
+    fn from(s: model::Step) -> Self {
+        Self {
+            commands: s
+                .commands
+                .into_iter()
+                .map(|issued| wit::Issued {
+                    id: issued.id,
+                    command: match issued.command {
+                        model::Command::EmitEvent(e) => wit::Command::EmitEvent(wit::Event {
+                            regarding: wit::ObjectRef {
+                                kind: e.regarding.kind,
+                                namespace: e.regarding.namespace,
+                                name: e.regarding.name,
+                                uid: e.regarding.uid,
+                            },
+                            event_type: match e.event_type {
+                                model::EventType::Normal => wit::EventType::Normal,
+                                model::EventType::Warning => wit::EventType::Warning,
+                            },
+                            reason: e.reason,
+                            message: e.message,
+                        }),
+                    },
+                })
+                .collect(),
+            wake_at_ms: s.wake_at_ms,
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The configuration rules of design §3: which combinations of backend-pool type, SKU and
+//! multi-SLB list the logic runs under, and the mode each one turns on.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+pub const FIELD_BACKEND_POOL_TYPE: &str = "loadBalancerBackendPoolConfigurationType";
+pub const FIELD_SKU: &str = "loadBalancerSku";
+pub const FIELD_MULTI_SLB: &str = "multipleStandardLoadBalancerConfigurations";
+
+/// The configuration as the operator wrote it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    pub backend_pool_type: String,
+    pub load_balancer_sku: String,
+    pub multiple_standard_load_balancers: Vec<String>,
+}
+
+/// What a valid configuration turns on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mode {
+    ContainerLoadBalancer,
+    MultiSlbLocalServices,
+    Inactive,
+}
+
+/// A configuration the logic refuses to run under.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(field: &str, reason: &str, message: String) -> Self {
+        Self { field: field.to_owned(), reason: reason.to_owned(), message }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}): {}", self.reason, self.field, self.message)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BackendPoolType {
+    NodeIpConfiguration,
+    NodeIp,
+    PodIp,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sku {
+    Basic,
+    Standard,
+    StandardV2,
+}
+
+fn parse_backend_pool_type(raw: &str) -> Result<BackendPoolType, ConfigError> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "" | "nodeipconfiguration" => Ok(BackendPoolType::NodeIpConfiguration),
+        "nodeip" => Ok(BackendPoolType::NodeIp),
+        "podip" => Ok(BackendPoolType::PodIp),
+        _ => Err(ConfigError::new(
+            FIELD_BACKEND_POOL_TYPE,
+            "UnsupportedBackendPoolType",
+            format!(
+                "{FIELD_BACKEND_POOL_TYPE} {raw:?} is not supported; supported values are \
+                 nodeIPConfiguration, nodeIP and podIP"
+            ),
+        )),
+    }
+}
+
+fn parse_sku(raw: &str) -> Result<Sku, ConfigError> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "basic" => Ok(Sku::Basic),
+        "" | "standard" => Ok(Sku::Standard),
+        "standardv2" => Ok(Sku::StandardV2),
+        _ => Err(ConfigError::new(
+            FIELD_SKU,
+            "UnsupportedLoadBalancerSku",
+            format!("{FIELD_SKU} {raw:?} is not supported; supported values are basic, standard and standardV2"),
+        )),
+    }
+}
+
+fn check_multi_slb_names(names: &[String]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::BTreeSet::new();
+    for name in names {
+        let folded = name.trim().to_ascii_lowercase();
+        if folded.is_empty() {
+            return Err(ConfigError::new(
+                FIELD_MULTI_SLB,
+                "InvalidMultipleStandardLoadBalancerConfiguration",
+                format!("{FIELD_MULTI_SLB} has an entry with an empty name"),
+            ));
+        }
+        if !seen.insert(folded) {
+            return Err(ConfigError::new(
+                FIELD_MULTI_SLB,
+                "InvalidMultipleStandardLoadBalancerConfiguration",
+                format!("{FIELD_MULTI_SLB} names {name:?} more than once"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a configuration and tells the mode it turns on.
+///
+/// CLB mode is `podIP` **and** `standardV2`; `podIP` on another SKU is refused (upstream silently
+/// installed no backend pool at all), and so is CLB together with a multi-SLB list.
+pub fn validate_config(config: &Config) -> Result<Mode, ConfigError> {
+    let pool_type = parse_backend_pool_type(&config.backend_pool_type)?;
+    let sku = parse_sku(&config.load_balancer_sku)?;
+    let multi_slb = &config.multiple_standard_load_balancers;
+    check_multi_slb_names(multi_slb)?;
+    match (pool_type, sku) {
+        (BackendPoolType::PodIp, Sku::StandardV2) if !multi_slb.is_empty() => Err(ConfigError::new(
+            FIELD_MULTI_SLB,
+            "MultipleStandardLoadBalancersNotSupported",
+            format!(
+                "the Container Load Balancer (podIP with standardV2) does not support multiple standard \
+                 load balancers; remove the {} entries of {FIELD_MULTI_SLB} or use another backend pool type",
+                multi_slb.len()
+            ),
+        )),
+        (BackendPoolType::PodIp, Sku::StandardV2) => Ok(Mode::ContainerLoadBalancer),
+        (BackendPoolType::PodIp, other) => Err(ConfigError::new(
+            FIELD_SKU,
+            "PodIPRequiresStandardV2",
+            format!(
+                "{FIELD_BACKEND_POOL_TYPE} podIP requires {FIELD_SKU} standardV2, but it is {}",
+                match other {
+                    Sku::Basic => "basic",
+                    Sku::Standard if config.load_balancer_sku.trim().is_empty() => "unset (standard)",
+                    _ => "standard",
+                }
+            ),
+        )),
+        _ if !multi_slb.is_empty() => Ok(Mode::MultiSlbLocalServices),
+        _ => Ok(Mode::Inactive),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pool: &str, sku: &str, multi: &[&str]) -> Config {
+        Config {
+            backend_pool_type: pool.into(),
+            load_balancer_sku: sku.into(),
+            multiple_standard_load_balancers: multi.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn pod_ip_with_standard_v2_is_clb_mode_whatever_the_case() {
+        assert_eq!(validate_config(&config("PODIP", "StandardV2", &[])), Ok(Mode::ContainerLoadBalancer));
+        assert_eq!(validate_config(&config("podIP", "standardv2", &[])), Ok(Mode::ContainerLoadBalancer));
+    }
+
+    #[test]
+    fn empty_configuration_means_node_ip_configuration_and_no_clb() {
+        assert_eq!(validate_config(&Config::default()), Ok(Mode::Inactive));
+    }
+
+    #[test]
+    fn multi_slb_without_pod_ip_turns_on_local_service_mode() {
+        assert_eq!(validate_config(&config("nodeIP", "standard", &["lb1"])), Ok(Mode::MultiSlbLocalServices));
+    }
+
+    #[test]
+    fn pod_ip_on_standard_is_refused_naming_the_sku() {
+        let err = validate_config(&config("podIP", "", &[])).unwrap_err();
+        assert_eq!(err.reason, "PodIPRequiresStandardV2");
+        assert_eq!(err.field, FIELD_SKU);
+        assert!(err.message.contains("unset (standard)"), "{}", err.message);
+    }
+
+    #[test]
+    fn duplicate_multi_slb_names_are_refused() {
+        let err = validate_config(&config("nodeIP", "standard", &["lb1", "LB1"])).unwrap_err();
+        assert_eq!(err.reason, "InvalidMultipleStandardLoadBalancerConfiguration");
+    }
+}

@@ -1,0 +1,23 @@
+//! The CLB reconcile logic, sans IO.
+//!
+//! This crate is the whole of the product's policy: which configurations run, which Services are
+//! admitted, and (as later parts land) what to tell Azure. It is a plain Rust library first —
+//! unit tests, property tests and differential runs use it natively — and second a WebAssembly
+//! component, through the thin adapter in `component` that exists only on `wasm32`.
+//!
+//! Invariants (see `ARCHITECTURE.md`):
+//! * no IO: no clock, randomness, environment, file or socket; time is an argument;
+//! * deterministic: ordered collections only (`clippy.toml` forbids `HashMap`/`HashSet`);
+//! * WIT types never appear outside `component`.
+#![deny(clippy::disallowed_types)]
+
+pub mod admission;
+pub mod config;
+pub mod model;
+pub mod tracker;
+
+#[cfg(target_arch = "wasm32")]
+mod component;
+
+pub use admission::{Rejection, Verdict, admit_service};
+pub use config::{Config, ConfigError, Mode, validate_config};

@@ -1,0 +1,12 @@
+//! Builds the built-in guest component that the host embeds as its default logic.
+
+use std::path::Path;
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ is inside the workspace");
+    let path = clb_build::build_component(
+        &clb_build::Guest { package: "clb-guest", features: &[], output: "clb_guest.wasm" },
+        &[&root.join("guest/src"), &root.join("guest/Cargo.toml"), &root.join("wit")],
+    );
+    println!("cargo:rustc-env=CLB_BUILTIN_GUEST={}", path.display());
+}

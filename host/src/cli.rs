@@ -1,0 +1,217 @@
+//! The command line: `clb-host inspect` and `clb-host validate`. Output goes to the writers it
+//! is given, so tests run it in-process.
+
+use crate::sandbox::bindings::clb::reconciler::types::Mode;
+use crate::sandbox::bindings::exports::clb::reconciler::validation::Verdict;
+use crate::sandbox::{ComponentInfo, Limits, PACKAGE, Runtime};
+use crate::{BUILTIN_GUEST, inputs, records};
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use k8s_openapi::api::core::v1::Service;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Exit codes shared by the subcommands.
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_REFUSED: u8 = 1;
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+#[derive(Parser)]
+#[command(name = "clb-host", version, about = "The Container Load Balancer reconciler's host")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a component's sha256, exported interfaces and version, and its imports.
+    ///
+    /// Exits 0 when this host would load it, 1 when it would refuse it, 2 when the file cannot
+    /// be read or is not a component.
+    Inspect {
+        /// The component (.wasm).
+        file: PathBuf,
+    },
+    /// Run the validation rules on a cloud configuration and Services through the component.
+    ///
+    /// Exits 0 when everything is admitted, 1 when anything is rejected, 2 when an input cannot
+    /// be read (with the file, the line and why).
+    Validate {
+        /// The cloud configuration (azure.json; YAML or JSON).
+        config: PathBuf,
+        /// Manifests of Services (several documents per file allowed).
+        services: Vec<PathBuf>,
+        #[command(flatten)]
+        logic: LogicArgs,
+    },
+}
+
+/// Which logic to run and under which limits.
+#[derive(Args)]
+struct LogicArgs {
+    /// A component to run instead of the built-in logic.
+    #[arg(long, value_name = "FILE")]
+    component: Option<PathBuf>,
+    /// Fuel (roughly, wasm instructions) one guest call may use.
+    #[arg(long, default_value_t = Limits::default().fuel)]
+    fuel: u64,
+    /// Wall-clock milliseconds one guest call may take.
+    #[arg(long, default_value_t = Limits::default().deadline.as_millis() as u64)]
+    deadline_ms: u64,
+    /// Linear memory the guest may hold, in MiB.
+    #[arg(long, default_value_t = Limits::default().memory_bytes >> 20)]
+    memory_mib: usize,
+}
+
+impl LogicArgs {
+    fn limits(&self) -> Limits {
+        Limits {
+            fuel: self.fuel,
+            deadline: Duration::from_millis(self.deadline_ms),
+            memory_bytes: self.memory_mib << 20,
+        }
+    }
+
+    fn bytes(&self) -> anyhow::Result<Vec<u8>> {
+        match &self.component {
+            Some(path) => std::fs::read(path).with_context(|| format!("{}: cannot read", path.display())),
+            None => Ok(BUILTIN_GUEST.to_vec()),
+        }
+    }
+}
+
+/// Runs the command line `args` (the first is the program name); returns the exit code.
+pub fn run(
+    args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> u8 {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(usage) => {
+            // `--help` and `--version` are answers, not errors.
+            if usage.use_stderr() {
+                let _ = write!(err, "{}", usage.render());
+                return EXIT_BAD_INPUT;
+            }
+            let _ = write!(out, "{}", usage.render());
+            return EXIT_OK;
+        }
+    };
+    let result = match cli.command {
+        Command::Inspect { file } => inspect(&file, out),
+        Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
+    };
+    result.unwrap_or_else(|e| {
+        let _ = writeln!(err, "error: {e:#}");
+        EXIT_BAD_INPUT
+    })
+}
+
+/// The mode as the WIT spells it.
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::ContainerLoadBalancer => "container-load-balancer",
+        Mode::MultiSlbLocalServices => "multi-slb-local-services",
+        Mode::Inactive => "inactive",
+    }
+}
+
+fn inspect(file: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<u8> {
+    let bytes = std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    let runtime = Runtime::new()?;
+    let component = runtime.compile(&bytes).with_context(|| file.display().to_string())?;
+    let info = ComponentInfo::of(runtime.engine(), &component, &bytes);
+    writeln!(out, "file:     {}", file.display())?;
+    writeln!(out, "sha256:   {}", info.sha256)?;
+    writeln!(out, "size:     {} bytes", info.size)?;
+    match info.package_version() {
+        Some(version) => writeln!(out, "package:  {PACKAGE}@{version}")?,
+        None => writeln!(out, "package:  none (exports no {PACKAGE} interface)")?,
+    }
+    writeln!(out, "exports:")?;
+    for export in &info.exports {
+        writeln!(out, "  {export}")?;
+    }
+    if info.imports.is_empty() {
+        writeln!(out, "imports:  none")?;
+    } else {
+        writeln!(out, "imports:")?;
+        for (name, granted) in &info.imports {
+            writeln!(out, "  {name}  {}", if *granted { "granted" } else { "NOT GRANTED" })?;
+        }
+    }
+    match info.check() {
+        Ok(()) => {
+            writeln!(out, "verdict:  this host loads it")?;
+            Ok(EXIT_OK)
+        }
+        Err(refusal) => {
+            writeln!(out, "verdict:  refused: {refusal}")?;
+            Ok(EXIT_REFUSED)
+        }
+    }
+}
+
+fn validate(
+    config_path: &PathBuf,
+    service_paths: &[PathBuf],
+    logic: &LogicArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    let config = match inputs::read_config(config_path) {
+        Ok(config) => config,
+        Err(e) => {
+            writeln!(err, "error: {e}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let mut services = Vec::new();
+    for path in service_paths {
+        match inputs::read_manifests::<Service>(path) {
+            Ok(found) => services.extend(found.into_iter().map(|svc| (path, svc))),
+            Err(e) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+    }
+    let runtime = Runtime::new()?;
+    let logic = runtime.load(&logic.bytes()?, logic.limits())?;
+    let mut session = logic.session()?;
+    let mut all_admitted = true;
+    match session.validate_config(&config)? {
+        Ok(mode) => writeln!(out, "{}: configuration accepted: {} mode", config_path.display(), mode_name(mode))?,
+        Err(refusal) => {
+            all_admitted = false;
+            writeln!(
+                out,
+                "{}: configuration refused: {} ({}): {}",
+                config_path.display(),
+                refusal.reason,
+                refusal.field,
+                refusal.message
+            )?;
+        }
+    }
+    for (path, service) in &services {
+        let record = records::service(service);
+        let verdict = session.admit_service(&config, &record)?;
+        let what = match &verdict {
+            Verdict::Admitted => "admitted".to_owned(),
+            Verdict::NothingToProvision => "admitted, nothing to provision (no ports)".to_owned(),
+            Verdict::Cleanup => "being deleted: cleanup proceeds".to_owned(),
+            Verdict::Ignored(why) => format!("ignored: {why}"),
+            Verdict::Rejected(r) => {
+                all_admitted = false;
+                format!("rejected: {}: {}", r.reason, r.message)
+            }
+        };
+        writeln!(out, "{}: service {}/{}: {what}", path.display(), record.namespace, record.name)?;
+    }
+    Ok(if all_admitted { EXIT_OK } else { EXIT_REFUSED })
+}

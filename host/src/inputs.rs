@@ -1,0 +1,89 @@
+//! Reading the operator's files: the cloud configuration and Kubernetes manifests, with errors
+//! that name the file, the line and the reason.
+
+use crate::sandbox::bindings::clb::reconciler::types::Config;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// Why an input file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {reason}")]
+    Parse { path: PathBuf, line: usize, reason: String },
+}
+
+impl InputError {
+    fn parse(path: &Path, err: &serde_yaml::Error) -> Self {
+        let line = err.location().map(|l| l.line()).unwrap_or(1);
+        // serde_yaml appends " at line L column C"; the line is already in front.
+        let reason = err.to_string();
+        let reason = reason.split(" at line ").next().unwrap_or(&reason).to_owned();
+        Self::Parse { path: path.to_owned(), line, reason }
+    }
+}
+
+/// The keys of the Azure cloud configuration (`azure.json`, YAML or JSON) this logic reads.
+/// Every other key of that file is allowed and ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CloudConfig {
+    #[serde(default)]
+    load_balancer_backend_pool_configuration_type: String,
+    #[serde(default)]
+    load_balancer_sku: String,
+    #[serde(default)]
+    multiple_standard_load_balancer_configurations: Vec<MultipleStandardLoadBalancer>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MultipleStandardLoadBalancer {
+    name: String,
+}
+
+fn read(path: &Path) -> Result<String, InputError> {
+    std::fs::read_to_string(path).map_err(|source| InputError::Read { path: path.to_owned(), source })
+}
+
+/// Reads the cloud configuration.
+pub fn read_config(path: &Path) -> Result<Config, InputError> {
+    parse_config(path, &read(path)?)
+}
+
+pub fn parse_config(path: &Path, text: &str) -> Result<Config, InputError> {
+    let cloud: CloudConfig = if text.trim().is_empty() {
+        CloudConfig::default()
+    } else {
+        serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?
+    };
+    Ok(Config {
+        backend_pool_type: cloud.load_balancer_backend_pool_configuration_type,
+        load_balancer_sku: cloud.load_balancer_sku,
+        multiple_standard_load_balancers: cloud
+            .multiple_standard_load_balancer_configurations
+            .into_iter()
+            .map(|lb| lb.name)
+            .collect(),
+    })
+}
+
+/// Reads every document of a manifest file as a `T` (e.g. a Service); `---` separates them.
+pub fn read_manifests<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<T>, InputError> {
+    parse_manifests(path, &read(path)?)
+}
+
+pub fn parse_manifests<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<Vec<T>, InputError> {
+    let mut objects = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(text) {
+        // An empty document (e.g. after a trailing `---`) reads as `None`.
+        if let Some(object) = Option::<T>::deserialize(document).map_err(|e| InputError::parse(path, &e))? {
+            objects.push(object);
+        }
+    }
+    Ok(objects)
+}

@@ -1,0 +1,14 @@
+//! The thin host of the CLB reconciler.
+//!
+//! It loads the logic — a WebAssembly component — into a sandbox ([`sandbox`]), copies
+//! Kubernetes objects into the records the logic reads ([`records`]), reads the operator's files
+//! ([`inputs`]), and carries out what the logic asks. It decides nothing about load balancers:
+//! every rule a reviewer could argue about lives in the guest (`clb-guest`).
+
+pub mod cli;
+pub mod inputs;
+pub mod records;
+pub mod sandbox;
+
+/// The logic this host was built with, used when no other component is given.
+pub const BUILTIN_GUEST: &[u8] = include_bytes!(env!("CLB_BUILTIN_GUEST"));

@@ -1,0 +1,88 @@
+//! Kubernetes objects → the guest's WIT records: a mechanical field copy, no policy.
+//!
+//! Enumerations are copied as the strings the user wrote; defaults the API server applies are
+//! left absent, so the guest sees exactly what the object says.
+
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+pub fn service(svc: &Service) -> wit::Service {
+    let meta = &svc.metadata;
+    let spec = svc.spec.clone().unwrap_or_default();
+    let mut annotations: Vec<(String, String)> = meta.annotations.clone().unwrap_or_default().into_iter().collect();
+    annotations.sort();
+    wit::Service {
+        uid: meta.uid.clone().unwrap_or_default(),
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+        service_type: spec.type_,
+        external_traffic_policy: spec.external_traffic_policy,
+        session_affinity: spec.session_affinity,
+        load_balancer_ip: spec.load_balancer_ip,
+        load_balancer_class: spec.load_balancer_class,
+        ip_families: spec.ip_families.unwrap_or_default(),
+        ports: spec
+            .ports
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| wit::ServicePort {
+                name: p.name,
+                protocol: p.protocol,
+                port: p.port,
+                target_port: p.target_port.map(|t| match t {
+                    IntOrString::Int(n) => wit::TargetPort::Number(n),
+                    IntOrString::String(s) => wit::TargetPort::Name(s),
+                }),
+                node_port: p.node_port,
+            })
+            .collect(),
+        annotations,
+        finalizers: meta.finalizers.clone().unwrap_or_default(),
+        deleting: meta.deletion_timestamp.is_some(),
+        ingress_ips: svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+            .unwrap_or_default(),
+    }
+}
+
+pub fn endpoint_slice(slice: &EndpointSlice) -> wit::EndpointSlice {
+    let meta = &slice.metadata;
+    wit::EndpointSlice {
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+        owner_service_uid: meta
+            .owner_references
+            .as_ref()
+            .and_then(|refs| refs.iter().find(|r| r.kind == "Service"))
+            .map(|r| r.uid.clone()),
+        address_type: slice.address_type.clone(),
+        endpoints: slice
+            .endpoints
+            .iter()
+            .map(|e| wit::Endpoint {
+                addresses: e.addresses.clone(),
+                node_name: e.node_name.clone(),
+                ready: e.conditions.as_ref().and_then(|c| c.ready),
+            })
+            .collect(),
+        deleting: meta.deletion_timestamp.is_some(),
+    }
+}
+
+pub fn node(node: &Node) -> wit::Node {
+    wit::Node {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        internal_ips: node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .map(|addrs| addrs.iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect())
+            .unwrap_or_default(),
+    }
+}

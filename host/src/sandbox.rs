@@ -1,0 +1,483 @@
+//! The sandbox the guest runs in.
+//!
+//! One [`Runtime`] (one `Engine` and its epoch ticker) per process; one [`Logic`] (a compiled
+//! `Component` with its `InstancePre`) per version of the logic; a [`Session`] (a `Store` and an
+//! instance) per run of calls. The host grants the guest nothing but the project's own
+//! `diagnostics` interface and refuses at load a component that imports anything else. Every
+//! call runs under a fuel budget, an epoch deadline and a memory cap; hitting one, or any other
+//! trap, is a [`GuestError`] and never takes the host down.
+
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+use wasmtime::component::{Component, Linker, ResourceAny, types::ComponentItem};
+use wasmtime::{Config as EngineConfig, Engine, Store, Trap};
+
+/// Generated bindings of the `clb` world.
+pub mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "clb",
+        additional_derives: [PartialEq, Eq],
+    });
+}
+
+use bindings::clb::reconciler::types::{Config, ConfigError, Mode, Observation, Outcome, Step, VersionedState};
+use bindings::exports::clb::reconciler::validation::Verdict;
+use bindings::{Clb, ClbPre};
+
+/// The WIT package this host speaks.
+pub const PACKAGE: &str = "clb:reconciler";
+/// Its version; a component is compatible when its package version is semver-compatible.
+pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 1, 0);
+/// Interfaces of [`PACKAGE`] a component may import. `types` has no functions: it is imported
+/// implicitly by interfaces that `use` it.
+pub const GRANTED_INTERFACES: &[&str] = &["diagnostics", "types"];
+/// Interfaces of [`PACKAGE`] a component must export.
+pub const REQUIRED_EXPORTS: &[&str] = &["validation", "reconciler"];
+
+/// How often the epoch advances; deadlines are rounded up to it.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Bounds on every call into the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Fuel (roughly, wasm instructions) one call may use.
+    pub fuel: u64,
+    /// Wall-clock time one call may take.
+    pub deadline: Duration,
+    /// The most linear memory the instance may hold, in bytes.
+    pub memory_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { fuel: 20_000_000_000, deadline: Duration::from_secs(10), memory_bytes: 512 << 20 }
+    }
+}
+
+/// Why a component could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("creating the wasmtime engine failed: {0}")]
+    Engine(String),
+    #[error("the file is not a valid WebAssembly component: {0}")]
+    Invalid(String),
+    #[error("the component imports `{name}`, which this host does not grant (it grants only {PACKAGE}/{{{}}}@{PACKAGE_VERSION} and compatible versions)", GRANTED_INTERFACES.join(","))]
+    ForbiddenImport { name: String },
+    #[error(
+        "the component does not export `{PACKAGE}/{interface}@{PACKAGE_VERSION}` or a semver-compatible version (its exports: {exports})"
+    )]
+    MissingExport { interface: String, exports: String },
+    #[error("linking the component against this host failed: {0}")]
+    Link(String),
+}
+
+/// Why a call into the guest failed. The host survives every one of these; after any but
+/// `Refused` the session's instance is unusable and a new session is needed.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    #[error("`{call}` used its whole fuel budget of {budget}")]
+    FuelExhausted { call: &'static str, budget: u64 },
+    #[error("`{call}` ran past its deadline of {deadline:?}")]
+    DeadlineExceeded { call: &'static str, deadline: Duration },
+    #[error("`{call}` asked for {requested} bytes of linear memory, over the cap of {cap}")]
+    MemoryCapExceeded { call: &'static str, requested: usize, cap: usize },
+    #[error("`{call}` panicked: {message}")]
+    Panicked { call: &'static str, message: String },
+    #[error("`{call}` trapped: {trap}")]
+    Trapped { call: &'static str, trap: String },
+    #[error("`{call}` was refused: an earlier call trapped and left this instance unusable")]
+    Poisoned { call: &'static str },
+    #[error("instantiating the guest failed: {0}")]
+    Instantiate(String),
+}
+
+impl GuestError {
+    /// A short label for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            GuestError::FuelExhausted { .. } => "fuel",
+            GuestError::DeadlineExceeded { .. } => "deadline",
+            GuestError::MemoryCapExceeded { .. } => "memory",
+            GuestError::Panicked { .. } => "panic",
+            GuestError::Trapped { .. } => "trap",
+            GuestError::Poisoned { .. } => "poisoned",
+            GuestError::Instantiate(_) => "instantiate",
+        }
+    }
+}
+
+/// The error the memory limiter raises; carried through the trap to classify it.
+#[derive(Debug, thiserror::Error)]
+#[error("linear memory of {requested} bytes requested, cap {cap}")]
+struct MemoryCapHit {
+    requested: usize,
+    cap: usize,
+}
+
+/// Counters of one [`Logic`]: what its calls cost and how they ended.
+#[derive(Debug, Default)]
+pub struct GuestStats {
+    pub calls: AtomicU64,
+    pub fuel_used: AtomicU64,
+    pub failures_fuel: AtomicU64,
+    pub failures_deadline: AtomicU64,
+    pub failures_memory: AtomicU64,
+    pub failures_panic: AtomicU64,
+    pub failures_trap: AtomicU64,
+    pub failures_other: AtomicU64,
+}
+
+impl GuestStats {
+    fn record_failure(&self, err: &GuestError) {
+        let counter = match err {
+            GuestError::FuelExhausted { .. } => &self.failures_fuel,
+            GuestError::DeadlineExceeded { .. } => &self.failures_deadline,
+            GuestError::MemoryCapExceeded { .. } => &self.failures_memory,
+            GuestError::Panicked { .. } => &self.failures_panic,
+            GuestError::Trapped { .. } => &self.failures_trap,
+            GuestError::Poisoned { .. } | GuestError::Instantiate(_) => &self.failures_other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The process-wide engine and the thread that advances its epoch.
+pub struct Runtime {
+    engine: Engine,
+    stop: Arc<AtomicBool>,
+}
+
+impl Runtime {
+    pub fn new() -> Result<Self, LoadError> {
+        let mut config = EngineConfig::new();
+        config.wasm_component_model(true).consume_fuel(true).epoch_interruption(true);
+        let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ticker_engine, ticker_stop) = (engine.weak(), stop.clone());
+        std::thread::Builder::new()
+            .name("clb-epoch".into())
+            .spawn(move || {
+                while !ticker_stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(EPOCH_TICK);
+                    match ticker_engine.upgrade() {
+                        Some(engine) => engine.increment_epoch(),
+                        None => break,
+                    }
+                }
+            })
+            .map_err(|e| LoadError::Engine(format!("starting the epoch thread: {e}")))?;
+        Ok(Self { engine, stop })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles a component without judging it (for `inspect`).
+    pub fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+        Component::new(&self.engine, bytes).map_err(|e| LoadError::Invalid(format!("{e:#}")))
+    }
+
+    /// Compiles, checks and prepares a component for cheap instantiation.
+    pub fn load(&self, bytes: &[u8], limits: Limits) -> Result<Logic, LoadError> {
+        let component = self.compile(bytes)?;
+        let info = ComponentInfo::of(&self.engine, &component, bytes);
+        info.check()?;
+        let mut linker = Linker::<HostState>::new(&self.engine);
+        Clb::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(&mut linker, |state| state)
+            .map_err(|e| LoadError::Link(format!("{e:#}")))?;
+        let pre = linker.instantiate_pre(&component).map_err(|e| LoadError::Link(format!("{e:#}")))?;
+        let pre = ClbPre::new(pre).map_err(|e| LoadError::Link(format!("{e:#}")))?;
+        Ok(Logic { engine: self.engine.clone(), pre, info, limits, stats: Arc::default() })
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What a component says about itself.
+#[derive(Clone, Debug)]
+pub struct ComponentInfo {
+    pub sha256: String,
+    pub size: usize,
+    /// Every import, and whether this host grants it.
+    pub imports: Vec<(String, bool)>,
+    pub exports: Vec<String>,
+}
+
+impl ComponentInfo {
+    pub fn of(engine: &Engine, component: &Component, bytes: &[u8]) -> Self {
+        let ty = component.component_type();
+        let imports = ty.imports(engine).map(|(name, _)| (name.to_owned(), is_granted(name))).collect();
+        let exports = ty
+            .exports(engine)
+            .filter(|(_, item)| matches!(item.ty, ComponentItem::ComponentInstance(_)))
+            .map(|(name, _)| name.to_owned())
+            .collect();
+        Self { sha256: hex(&Sha256::digest(bytes)), size: bytes.len(), imports, exports }
+    }
+
+    /// The version of [`PACKAGE`] the component exports, if it exports it at all.
+    pub fn package_version(&self) -> Option<semver::Version> {
+        self.exports.iter().find_map(|name| split_interface_name(name).map(|(_, _, version)| version))
+    }
+
+    /// Refuses a component that imports what the host does not grant or lacks an export.
+    pub fn check(&self) -> Result<(), LoadError> {
+        if let Some((name, _)) = self.imports.iter().find(|(_, granted)| !granted) {
+            return Err(LoadError::ForbiddenImport { name: name.clone() });
+        }
+        for interface in REQUIRED_EXPORTS {
+            let exported = self.exports.iter().any(|name| {
+                split_interface_name(name).is_some_and(|(package, iface, version)| {
+                    package == PACKAGE && iface == *interface && compatible(&version)
+                })
+            });
+            if !exported {
+                return Err(LoadError::MissingExport {
+                    interface: interface.to_string(),
+                    exports: if self.exports.is_empty() { "none".into() } else { self.exports.join(", ") },
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `ns:pkg/iface@version` → (`ns:pkg`, `iface`, version).
+fn split_interface_name(name: &str) -> Option<(&str, &str, semver::Version)> {
+    let (path, version) = name.split_once('@')?;
+    let (package, interface) = path.split_once('/')?;
+    Some((package, interface, semver::Version::parse(version).ok()?))
+}
+
+/// Semver compatibility with [`PACKAGE_VERSION`] (for 0.x, the same minor version).
+fn compatible(version: &semver::Version) -> bool {
+    let host = &PACKAGE_VERSION;
+    if host.major == 0 { version.major == 0 && version.minor == host.minor } else { version.major == host.major }
+}
+
+fn is_granted(import: &str) -> bool {
+    split_interface_name(import).is_some_and(|(package, interface, version)| {
+        package == PACKAGE && GRANTED_INTERFACES.contains(&interface) && compatible(&version)
+    })
+}
+
+/// A loaded version of the logic.
+pub struct Logic {
+    engine: Engine,
+    pre: ClbPre<HostState>,
+    info: ComponentInfo,
+    limits: Limits,
+    stats: Arc<GuestStats>,
+}
+
+impl Logic {
+    pub fn info(&self) -> &ComponentInfo {
+        &self.info
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn stats(&self) -> &GuestStats {
+        &self.stats
+    }
+
+    /// A fresh instance in its own store.
+    pub fn session(&self) -> Result<Session, GuestError> {
+        let mut store = Store::new(&self.engine, HostState::new(self.limits.memory_bytes));
+        store.limiter(|state| &mut state.limiter);
+        store.epoch_deadline_trap();
+        // Instantiation runs guest code (start functions, data segments) under the same limits.
+        set_budget(&mut store, self.limits).map_err(|e| GuestError::Instantiate(format!("{e:#}")))?;
+        let bindings =
+            self.pre.instantiate(&mut store).map_err(|e| classify(&e, "instantiate", self.limits, &store))?;
+        Ok(Session { store, bindings, limits: self.limits, stats: self.stats.clone(), poisoned: false })
+    }
+}
+
+fn set_budget(store: &mut Store<HostState>, limits: Limits) -> wasmtime::Result<()> {
+    store.set_fuel(limits.fuel)?;
+    let ticks = limits.deadline.as_nanos().div_ceil(EPOCH_TICK.as_nanos()).max(1);
+    // One tick more: the ticker may advance the epoch right after the deadline is set.
+    store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1));
+    Ok(())
+}
+
+/// Turns a failed call into a typed error.
+fn classify(err: &wasmtime::Error, call: &'static str, limits: Limits, store: &Store<HostState>) -> GuestError {
+    if let Some(hit) = err.downcast_ref::<MemoryCapHit>() {
+        return GuestError::MemoryCapExceeded { call, requested: hit.requested, cap: hit.cap };
+    }
+    match err.downcast_ref::<Trap>() {
+        Some(Trap::OutOfFuel) => GuestError::FuelExhausted { call, budget: limits.fuel },
+        Some(Trap::Interrupt) => GuestError::DeadlineExceeded { call, deadline: limits.deadline },
+        _ => match store.data().panic.clone() {
+            Some(message) => GuestError::Panicked { call, message },
+            None => GuestError::Trapped { call, trap: format!("{err:#}") },
+        },
+    }
+}
+
+/// An instance and its store: one run of calls.
+pub struct Session {
+    store: Store<HostState>,
+    bindings: Clb,
+    limits: Limits,
+    stats: Arc<GuestStats>,
+    poisoned: bool,
+}
+
+impl Session {
+    /// Runs one call under the limits. Any failure poisons the session: wasmtime leaves a
+    /// trapped instance unusable.
+    pub fn call<R>(
+        &mut self,
+        call: &'static str,
+        f: impl FnOnce(&Clb, &mut Store<HostState>) -> wasmtime::Result<R>,
+    ) -> Result<R, GuestError> {
+        if self.poisoned {
+            let err = GuestError::Poisoned { call };
+            self.stats.record_failure(&err);
+            return Err(err);
+        }
+        self.stats.calls.fetch_add(1, Ordering::Relaxed);
+        self.store.data_mut().panic = None;
+        set_budget(&mut self.store, self.limits).map_err(|e| GuestError::Trapped { call, trap: format!("{e:#}") })?;
+        let result = f(&self.bindings, &mut self.store);
+        let left = self.store.get_fuel().unwrap_or(0);
+        self.stats.fuel_used.fetch_add(self.limits.fuel.saturating_sub(left), Ordering::Relaxed);
+        result.map_err(|e| {
+            self.poisoned = true;
+            let err = classify(&e, call, self.limits, &self.store);
+            self.stats.record_failure(&err);
+            tracing::warn!(call, kind = err.kind(), error = %err, "guest call failed");
+            err
+        })
+    }
+
+    /// Fuel the last call left unused.
+    pub fn fuel_left(&self) -> u64 {
+        self.store.get_fuel().unwrap_or(0)
+    }
+
+    pub fn validate_config(&mut self, config: &Config) -> Result<Result<Mode, ConfigError>, GuestError> {
+        self.call("validate-config", |b, s| b.clb_reconciler_validation().call_validate_config(s, config))
+    }
+
+    pub fn admit_service(
+        &mut self,
+        config: &Config,
+        service: &bindings::clb::reconciler::types::Service,
+    ) -> Result<Verdict, GuestError> {
+        self.call("admit-service", |b, s| b.clb_reconciler_validation().call_admit_service(s, config, service))
+    }
+
+    pub fn tracker_create(&mut self, config: &Config) -> Result<Result<ResourceAny, ConfigError>, GuestError> {
+        self.call("tracker.create", |b, s| b.clb_reconciler_reconciler().tracker().call_create(s, config))
+    }
+
+    pub fn tracker_import(
+        &mut self,
+        config: &Config,
+        state: &VersionedState,
+    ) -> Result<Result<ResourceAny, bindings::clb::reconciler::types::StateError>, GuestError> {
+        self.call("tracker.import-state", |b, s| {
+            b.clb_reconciler_reconciler().tracker().call_import_state(s, config, state)
+        })
+    }
+
+    pub fn tracker_observe(
+        &mut self,
+        tracker: ResourceAny,
+        now_ms: u64,
+        batch: &[Observation],
+    ) -> Result<Step, GuestError> {
+        self.call("tracker.observe", |b, s| {
+            b.clb_reconciler_reconciler().tracker().call_observe(s, tracker, now_ms, batch)
+        })
+    }
+
+    pub fn tracker_complete(
+        &mut self,
+        tracker: ResourceAny,
+        now_ms: u64,
+        results: &[(u64, Outcome)],
+    ) -> Result<Step, GuestError> {
+        self.call("tracker.complete", |b, s| {
+            b.clb_reconciler_reconciler().tracker().call_complete(s, tracker, now_ms, results)
+        })
+    }
+
+    pub fn tracker_tick(&mut self, tracker: ResourceAny, now_ms: u64) -> Result<Step, GuestError> {
+        self.call("tracker.tick", |b, s| b.clb_reconciler_reconciler().tracker().call_tick(s, tracker, now_ms))
+    }
+
+    pub fn tracker_export(&mut self, tracker: ResourceAny) -> Result<VersionedState, GuestError> {
+        self.call("tracker.export-state", |b, s| b.clb_reconciler_reconciler().tracker().call_export_state(s, tracker))
+    }
+}
+
+/// The store's data: the memory limiter and what the guest reported through `diagnostics`.
+pub struct HostState {
+    limiter: MemoryLimiter,
+    panic: Option<String>,
+}
+
+impl HostState {
+    fn new(memory_cap: usize) -> Self {
+        Self { limiter: MemoryLimiter { cap: memory_cap }, panic: None }
+    }
+}
+
+/// Caps linear memory with a typed error (wasmtime's `StoreLimits` only makes growth fail).
+struct MemoryLimiter {
+    cap: usize,
+}
+
+/// Tables hold function references; a guest has no reason to grow one past this.
+const TABLE_ELEMENTS_CAP: usize = 100_000;
+
+impl wasmtime::ResourceLimiter for MemoryLimiter {
+    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        if desired > self.cap {
+            return Err(wasmtime::Error::new(MemoryCapHit { requested: desired, cap: self.cap }));
+        }
+        Ok(true)
+    }
+
+    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        Ok(desired <= TABLE_ELEMENTS_CAP)
+    }
+}
+
+impl bindings::clb::reconciler::diagnostics::Host for HostState {
+    fn log(&mut self, level: bindings::clb::reconciler::diagnostics::Level, message: String) {
+        use bindings::clb::reconciler::diagnostics::Level;
+        match level {
+            Level::Debug => tracing::debug!(target: "clb_guest", "{message}"),
+            Level::Info => tracing::info!(target: "clb_guest", "{message}"),
+            Level::Warn => tracing::warn!(target: "clb_guest", "{message}"),
+            Level::Error => tracing::error!(target: "clb_guest", "{message}"),
+        }
+    }
+
+    fn panicked(&mut self, message: String) {
+        tracing::error!(target: "clb_guest", "guest panic: {message}");
+        self.panic = Some(message);
+    }
+}
+
+impl bindings::clb::reconciler::types::Host for HostState {}

@@ -1,0 +1,77 @@
+//! A guest that misbehaves on purpose, for the sandbox tests. It exports the real `clb` world;
+//! `admit-service` does what the Service's name says:
+//!
+//! * `spin` loops forever (stopped by fuel or the epoch deadline);
+//! * `grow` allocates until the memory cap stops it;
+//! * `panic` panics with a message the host must report;
+//! * anything else is admitted.
+//!
+//! Never built into the product: only `tests/build.rs` builds it.
+
+wit_bindgen::generate!({ path: "../../wit", world: "clb" });
+
+use clb::reconciler::types::{
+    Config, ConfigError, Mode, Observation, Outcome, Service, StateError, Step, VersionedState,
+};
+use exports::clb::reconciler::reconciler::{Guest as ReconcilerGuest, GuestTracker, Tracker};
+use exports::clb::reconciler::validation::{Guest as ValidationGuest, Verdict};
+
+struct Hostile;
+export!(Hostile);
+
+fn report_panics() {
+    std::panic::set_hook(Box::new(|info| clb::reconciler::diagnostics::panicked(&info.to_string())));
+}
+
+impl ValidationGuest for Hostile {
+    fn validate_config(_config: Config) -> Result<Mode, ConfigError> {
+        Ok(Mode::Inactive)
+    }
+
+    fn admit_service(_config: Config, service: Service) -> Verdict {
+        report_panics();
+        match service.name.as_str() {
+            "spin" => {
+                let mut n = 0u64;
+                loop {
+                    n = std::hint::black_box(n.wrapping_add(1));
+                }
+            }
+            "grow" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(std::hint::black_box(vec![1u8; 1 << 20]));
+                }
+            }
+            "panic" => panic!("hostile guest: asked to panic by service {}/{}", service.namespace, service.name),
+            _ => Verdict::Admitted,
+        }
+    }
+}
+
+struct NoState;
+
+impl ReconcilerGuest for Hostile {
+    type Tracker = NoState;
+}
+
+impl GuestTracker for NoState {
+    fn create(_config: Config) -> Result<Tracker, ConfigError> {
+        Ok(Tracker::new(NoState))
+    }
+    fn observe(&self, _now_ms: u64, _batch: Vec<Observation>) -> Step {
+        Step { commands: Vec::new(), wake_at_ms: None }
+    }
+    fn complete(&self, _now_ms: u64, _results: Vec<(u64, Outcome)>) -> Step {
+        Step { commands: Vec::new(), wake_at_ms: None }
+    }
+    fn tick(&self, _now_ms: u64) -> Step {
+        Step { commands: Vec::new(), wake_at_ms: None }
+    }
+    fn export_state(&self) -> VersionedState {
+        VersionedState { version: 0, payload: Vec::new() }
+    }
+    fn import_state(_config: Config, _state: VersionedState) -> Result<Tracker, StateError> {
+        Ok(Tracker::new(NoState))
+    }
+}

@@ -1,0 +1,124 @@
+//! Every configuration and admission rule of design §3, from the case tables in
+//! `tests/fixtures/{configs,admission}.yaml`, run natively and through the component.
+
+use crate::support::*;
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct ConfigCase {
+    case: String,
+    file: String,
+    mode: Option<String>,
+    reason: Option<String>,
+    field: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct AdmissionCase {
+    case: String,
+    config: String,
+    service: String,
+    verdict: String,
+    reason: Option<String>,
+}
+
+fn cases<T: serde::de::DeserializeOwned>(table: &str) -> Vec<T> {
+    let path = fixture(table);
+    serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn every_configuration_case_gets_its_expected_answer_natively_and_through_the_component() {
+    let mut session = builtin().session().unwrap();
+    let mut failures = Vec::new();
+    for case in cases::<ConfigCase>("configs.yaml") {
+        let config = read_config(&case.file);
+        let native = clb_guest::validate_config(&config_to_model(&config))
+            .map(|mode| format!("{mode:?}"))
+            .map_err(|e| (e.reason, e.field, e.message));
+        let component = session
+            .validate_config(&config)
+            .unwrap()
+            .map(|mode| format!("{:?}", clb_guest_mode_name(mode)))
+            .map_err(|e| (e.reason, e.field, e.message));
+        let expected_ok = case.mode.clone();
+        let holds = match (&native, &expected_ok) {
+            (Ok(mode), Some(want)) => mode == want,
+            (Err((reason, field, _)), None) => {
+                Some(reason) == case.reason.as_ref() && Some(field) == case.field.as_ref()
+            }
+            _ => false,
+        };
+        if !holds || native != component {
+            failures.push(format!("{}: native {native:?}, component {component:?}", case.case));
+        }
+    }
+    assert!(failures.is_empty(), "failed cases:\n{}", failures.join("\n"));
+}
+
+/// The component's mode, spelled as the library spells it.
+fn clb_guest_mode_name(mode: clb_host::sandbox::bindings::clb::reconciler::types::Mode) -> clb_guest::Mode {
+    use clb_host::sandbox::bindings::clb::reconciler::types::Mode;
+    match mode {
+        Mode::ContainerLoadBalancer => clb_guest::Mode::ContainerLoadBalancer,
+        Mode::MultiSlbLocalServices => clb_guest::Mode::MultiSlbLocalServices,
+        Mode::Inactive => clb_guest::Mode::Inactive,
+    }
+}
+
+#[test]
+fn every_admission_case_gets_its_expected_verdict_natively_and_through_the_component() {
+    let mut session = builtin().session().unwrap();
+    let mut failures = Vec::new();
+    let mut reasons_seen = std::collections::BTreeSet::new();
+    for case in cases::<AdmissionCase>("admission.yaml") {
+        let config = read_config(&case.config);
+        let service = read_service(&case.service);
+        let native = native_verdict(&clb_guest::admit_service(&config_to_model(&config), &service_to_model(&service)));
+        let component = component_verdict(&session.admit_service(&config, &service).unwrap());
+        let expected = match &case.reason {
+            Some(reason) => format!("{}:{reason}:", case.verdict),
+            None => case.verdict.clone(),
+        };
+        let holds = if case.reason.is_some() {
+            native.starts_with(&expected)
+        } else {
+            native == expected || native.starts_with(&format!("{expected}:"))
+        };
+        if !holds || native != component {
+            failures
+                .push(format!("{}:\n  expected {expected}\n  native    {native}\n  component {component}", case.case));
+        }
+        if let Some(reason) = case.reason {
+            reasons_seen.insert(reason);
+        }
+    }
+    assert!(failures.is_empty(), "failed cases:\n{}", failures.join("\n"));
+    // Every Event reason the rules can give is exercised by some case.
+    use clb_guest::admission::reason::*;
+    for reason in [
+        UNSUPPORTED_EXTERNAL_TRAFFIC_POLICY,
+        UNSUPPORTED_INTERNAL_LOAD_BALANCER,
+        UNSUPPORTED_SESSION_AFFINITY,
+        UNSUPPORTED_LOAD_BALANCER_IP,
+        UNSUPPORTED_DUAL_STACK,
+        UNSUPPORTED_IP_FAMILY,
+        INVALID_IDLE_TIMEOUT,
+        UNSUPPORTED_NAMED_TARGET_PORT,
+        UNSUPPORTED_PROTOCOL,
+        INVALID_PORT,
+        UNSUPPORTED_BACKEND_PORT_COLLISION,
+    ] {
+        assert!(reasons_seen.contains(reason), "no admission case covers {reason}");
+    }
+}
+
+#[test]
+fn a_rejection_message_names_the_service_and_what_would_be_accepted() {
+    let mut session = builtin().session().unwrap();
+    let verdict = session.admit_service(&read_config("clb.yaml"), &read_service("etp-unset.yaml")).unwrap();
+    let text = component_verdict(&verdict);
+    assert!(text.contains("service shop/etp-unset"), "{text}");
+    assert!(text.contains("needs spec.externalTrafficPolicy Local"), "{text}");
+    assert!(text.contains("defaults it to Cluster"), "{text}");
+}

@@ -1,0 +1,121 @@
+//! `clb-host inspect` and `clb-host validate`, run in-process: output and exit codes.
+
+use crate::support::*;
+use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
+
+fn clb_host(args: &[&str]) -> (u8, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run(std::iter::once("clb-host").chain(args.iter().copied()), &mut out, &mut err);
+    (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("clb-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn inspect_shows_the_digest_exports_and_that_the_built_in_guest_imports_only_granted_interfaces() {
+    let path = temp_file("builtin.wasm", clb_host::BUILTIN_GUEST);
+    let (code, out, _) = clb_host(&["inspect", path.to_str().unwrap()]);
+    assert_eq!(code, EXIT_OK, "{out}");
+    assert!(out.contains(&format!("sha256:   {}", builtin().info().sha256)), "{out}");
+    assert!(out.contains("package:  clb:reconciler@0.1.0"), "{out}");
+    assert!(out.contains("clb:reconciler/validation@0.1.0"), "{out}");
+    assert!(!out.contains("NOT GRANTED"), "{out}");
+    assert!(out.contains("verdict:  this host loads it"), "{out}");
+}
+
+#[test]
+fn inspect_flags_a_wasi_import_and_exits_one() {
+    let bytes = wat::parse_str(r#"(component (import "wasi:filesystem/types@0.2.0" (instance)))"#).unwrap();
+    let path = temp_file("wasi.wasm", &bytes);
+    let (code, out, _) = clb_host(&["inspect", path.to_str().unwrap()]);
+    assert_eq!(code, EXIT_REFUSED, "{out}");
+    assert!(out.contains("wasi:filesystem/types@0.2.0  NOT GRANTED"), "{out}");
+}
+
+#[test]
+fn validate_exits_zero_when_everything_is_admitted() {
+    let config = fixture("configs/clb.yaml");
+    let service = fixture("services/etp-local.yaml");
+    let (code, out, err) = clb_host(&["validate", config.to_str().unwrap(), service.to_str().unwrap()]);
+    assert_eq!(code, EXIT_OK, "{out}{err}");
+    assert!(out.contains("configuration accepted: container-load-balancer mode"), "{out}");
+    assert!(out.contains("service shop/etp-local: admitted"), "{out}");
+}
+
+#[test]
+fn validate_exits_one_and_prints_the_reason_when_a_service_is_rejected() {
+    let config = fixture("configs/clb.yaml");
+    let services = [fixture("services/etp-local.yaml"), fixture("services/etp-cluster.yaml")];
+    let (code, out, _) =
+        clb_host(&["validate", config.to_str().unwrap(), services[0].to_str().unwrap(), services[1].to_str().unwrap()]);
+    assert_eq!(code, EXIT_REFUSED, "{out}");
+    assert!(out.contains("service shop/etp-cluster: rejected: UnsupportedExternalTrafficPolicy"), "{out}");
+}
+
+#[test]
+fn validate_exits_one_when_the_configuration_is_refused() {
+    let config = fixture("configs/pod-ip-on-standard.yaml");
+    let (code, out, _) = clb_host(&["validate", config.to_str().unwrap()]);
+    assert_eq!(code, EXIT_REFUSED, "{out}");
+    assert!(out.contains("configuration refused: PodIPRequiresStandardV2 (loadBalancerSku)"), "{out}");
+}
+
+#[test]
+fn validate_reads_several_services_from_one_multi_document_file() {
+    let text = [
+        std::fs::read_to_string(fixture("services/etp-local.yaml")).unwrap(),
+        std::fs::read_to_string(fixture("services/ipv6-single-stack.yaml")).unwrap(),
+    ]
+    .join("---\n");
+    let path = temp_file("two-services.yaml", format!("{text}---\n").as_bytes());
+    let config = fixture("configs/clb.yaml");
+    let (code, out, _) = clb_host(&["validate", config.to_str().unwrap(), path.to_str().unwrap()]);
+    assert_eq!(code, EXIT_OK, "{out}");
+    assert_eq!(out.matches(": admitted").count(), 2, "{out}");
+}
+
+#[test]
+fn validate_exits_two_naming_the_file_and_line_of_malformed_yaml() {
+    let path = temp_file(
+        "broken.yaml",
+        b"apiVersion: v1\nkind: Service\nmetadata:\n  name: x\nspec:\n  ports:\n  - port: eighty\n",
+    );
+    let config = fixture("configs/clb.yaml");
+    let (code, _, err) = clb_host(&["validate", config.to_str().unwrap(), path.to_str().unwrap()]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains(&format!("{}:7:", path.display())), "{err}");
+    assert!(err.contains("invalid type"), "{err}");
+}
+
+#[test]
+fn validate_exits_two_for_an_object_that_is_not_a_service() {
+    let path = temp_file("node.yaml", b"apiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n");
+    let config = fixture("configs/clb.yaml");
+    let (code, _, err) = clb_host(&["validate", config.to_str().unwrap(), path.to_str().unwrap()]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains("node.yaml:"), "{err}");
+}
+
+#[test]
+fn validate_exits_two_for_a_missing_file() {
+    let (code, _, err) = clb_host(&["validate", "/nonexistent/azure.json"]);
+    assert_eq!(code, EXIT_BAD_INPUT);
+    assert!(err.contains("/nonexistent/azure.json: cannot read"), "{err}");
+}
+
+#[test]
+fn validate_exits_two_for_a_malformed_cloud_configuration() {
+    let path = temp_file(
+        "bad-config.yaml",
+        b"loadBalancerSku: standardV2\nmultipleStandardLoadBalancerConfigurations: lb-1\n",
+    );
+    let (code, _, err) = clb_host(&["validate", path.to_str().unwrap()]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains("bad-config.yaml:2:"), "{err}");
+}

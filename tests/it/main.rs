@@ -1,0 +1,8 @@
+//! The integration tests: one binary. Fixtures live in `tests/fixtures/`; the test-only guests
+//! are built by `tests/build.rs`.
+
+mod admission;
+mod cli;
+mod sandbox;
+mod support;
+mod tracker;
