@@ -1,7 +1,7 @@
 //! Every configuration and admission rule of design §3, from the case tables in
 //! `tests/fixtures/{configs,admission}.yaml`, run natively and through the component.
 
-use crate::support::*;
+use clb_tests::*;
 use serde::Deserialize;
 
 #[derive(Deserialize)]

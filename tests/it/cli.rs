@@ -1,6 +1,6 @@
 //! `clb-host inspect` and `clb-host validate`, run in-process: output and exit codes.
 
-use crate::support::*;
+use clb_tests::*;
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
 
 fn clb_host(args: &[&str]) -> (u8, String, String) {

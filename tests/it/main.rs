@@ -4,5 +4,4 @@
 mod admission;
 mod cli;
 mod sandbox;
-mod support;
 mod tracker;

@@ -1,7 +1,7 @@
 //! The host never trusts the guest: hostile components are stopped or refused, each with a
 //! typed error, and the host keeps serving.
 
-use crate::support::*;
+use clb_tests::*;
 use clb_host::sandbox::{GuestError, Limits, LoadError, Logic};
 use std::time::Duration;
 

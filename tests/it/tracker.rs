@@ -1,7 +1,7 @@
 //! The tracker through the component behaves exactly as the library: the same observations
 //! give the same commands and the same exported state, byte for byte.
 
-use crate::support::*;
+use clb_tests::*;
 use clb_guest::model;
 use clb_guest::tracker::Tracker;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;

@@ -1,5 +1,5 @@
-//! Shared pieces: one runtime per process, the built-in and hostile guests, fixture paths, and
-//! the WIT → logic conversion the differential tests need.
+//! What the integration tests and the benchmarks share: one runtime per process, the built-in
+//! and hostile guests, fixture paths, and the WIT → logic conversion of the differential runs.
 
 use clb_guest::model;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
