@@ -181,6 +181,7 @@ impl From<wit::Observation> for model::Observation {
                 Self::NodeUpserted(model::Node { name: n.name, internal_ips: n.internal_ips })
             }
             wit::Observation::NodeDeleted(name) => Self::NodeDeleted(name),
+            wit::Observation::ListsComplete => Self::ListsComplete,
         }
     }
 }
@@ -188,7 +189,28 @@ impl From<wit::Observation> for model::Observation {
 impl From<wit::Outcome> for model::Outcome {
     fn from(o: wit::Outcome) -> Self {
         match o {
-            wit::Outcome::Ok(body) => Self::Ok(body),
+            wit::Outcome::Ok => Self::Ok,
+            wit::Outcome::PublicIpAddress(ip) => Self::PublicIpAddress(ip),
+            wit::Outcome::NrpSnapshot(state) => Self::NrpSnapshot(model::NrpState {
+                services: state
+                    .services
+                    .into_iter()
+                    .map(|s| model::NrpService {
+                        name: s.name,
+                        service_type: s.service_type,
+                        backend_pools: s.backend_pools.into_iter().map(Into::into).collect(),
+                        is_default: s.is_default,
+                    })
+                    .collect(),
+                locations: state
+                    .locations
+                    .into_iter()
+                    .map(|l| model::NrpListedLocation {
+                        location: l.location,
+                        addresses: l.addresses.into_iter().map(Into::into).collect(),
+                    })
+                    .collect(),
+            }),
             wit::Outcome::Failed(f) => Self::Failed(model::Failure {
                 status: f.status,
                 code: f.code,
@@ -199,31 +221,128 @@ impl From<wit::Outcome> for model::Outcome {
     }
 }
 
+impl From<wit::PoolRef> for model::PoolRef {
+    fn from(p: wit::PoolRef) -> Self {
+        Self { load_balancer: p.load_balancer, pool: p.pool }
+    }
+}
+
+impl From<model::PoolRef> for wit::PoolRef {
+    fn from(p: model::PoolRef) -> Self {
+        Self { load_balancer: p.load_balancer, pool: p.pool }
+    }
+}
+
+impl From<wit::NrpAddress> for model::NrpAddress {
+    fn from(a: wit::NrpAddress) -> Self {
+        Self { address: a.address, services: a.services }
+    }
+}
+
+impl From<model::NrpAddress> for wit::NrpAddress {
+    fn from(a: model::NrpAddress) -> Self {
+        Self { address: a.address, services: a.services }
+    }
+}
+
+impl From<model::ObjectRef> for wit::ObjectRef {
+    fn from(r: model::ObjectRef) -> Self {
+        Self { kind: r.kind, namespace: r.namespace, name: r.name, uid: r.uid }
+    }
+}
+
+impl From<model::Command> for wit::Command {
+    fn from(c: model::Command) -> Self {
+        use model::Command as M;
+        match c {
+            M::EmitEvent(e) => wit::Command::EmitEvent(wit::Event {
+                regarding: e.regarding.into(),
+                event_type: match e.event_type {
+                    model::EventType::Normal => wit::EventType::Normal,
+                    model::EventType::Warning => wit::EventType::Warning,
+                },
+                reason: e.reason,
+                message: e.message,
+            }),
+            M::ReadNrp => wit::Command::ReadNrp,
+            M::UpdateServices(services) => wit::Command::UpdateServices(wit::UpdateServices {
+                services: services
+                    .into_iter()
+                    .map(|s| wit::NrpServiceRequest {
+                        name: s.name,
+                        service_type: match s.service_type {
+                            model::NrpServiceType::Inbound => wit::NrpServiceType::Inbound,
+                            model::NrpServiceType::Outbound => wit::NrpServiceType::Outbound,
+                        },
+                        backend_pools: s.backend_pools.into_iter().map(Into::into).collect(),
+                        is_delete: s.is_delete,
+                    })
+                    .collect(),
+            }),
+            M::UpdateAddressLocations(locations) => wit::Command::UpdateAddressLocations(wit::UpdateAddressLocations {
+                locations: locations
+                    .into_iter()
+                    .map(|l| wit::NrpLocation {
+                        location: l.location,
+                        action: match l.action {
+                            model::UpdateAction::PartialUpdate => wit::UpdateAction::PartialUpdate,
+                            model::UpdateAction::FullUpdate => wit::UpdateAction::FullUpdate,
+                        },
+                        addresses: l.addresses.into_iter().map(Into::into).collect(),
+                    })
+                    .collect(),
+            }),
+            M::PutPublicIp(ip) => wit::Command::PutPublicIp(wit::PublicIp {
+                name: ip.name,
+                version: match ip.version {
+                    model::IpVersion::Ipv4 => wit::IpVersion::Ipv4,
+                    model::IpVersion::Ipv6 => wit::IpVersion::Ipv6,
+                },
+            }),
+            M::PutLoadBalancer(lb) => wit::Command::PutLoadBalancer(wit::LoadBalancer {
+                name: lb.name,
+                public_ip: lb.public_ip,
+                backend_pool: lb.backend_pool,
+                rules: lb
+                    .rules
+                    .into_iter()
+                    .map(|r| wit::LbRule {
+                        name: r.name,
+                        protocol: match r.protocol {
+                            model::LbProtocol::Tcp => wit::LbProtocol::Tcp,
+                            model::LbProtocol::Udp => wit::LbProtocol::Udp,
+                        },
+                        frontend_port: r.frontend_port,
+                        backend_port: r.backend_port,
+                        idle_timeout_minutes: r.idle_timeout_minutes,
+                        enable_tcp_reset: r.enable_tcp_reset,
+                    })
+                    .collect(),
+            }),
+            M::DeleteResource(r) => wit::Command::DeleteResource(wit::ResourceRef {
+                kind: match r.kind {
+                    model::ResourceKind::PublicIp => wit::ResourceKind::PublicIp,
+                    model::ResourceKind::LoadBalancer => wit::ResourceKind::LoadBalancer,
+                },
+                name: r.name,
+            }),
+            M::PatchServiceStatus { service, ingress_ips } => {
+                wit::Command::PatchServiceStatus(wit::ServiceStatus { service: service.into(), ingress_ips })
+            }
+            M::SetFinalizer { service, finalizer, present } => {
+                wit::Command::SetFinalizer(wit::FinalizerChange { service: service.into(), finalizer, present })
+            }
+        }
+    }
+}
+
 impl From<model::Step> for wit::Step {
     fn from(s: model::Step) -> Self {
         Self {
             commands: s
                 .commands
                 .into_iter()
-                .map(|issued| wit::Issued {
-                    id: issued.id,
-                    command: match issued.command {
-                        model::Command::EmitEvent(e) => wit::Command::EmitEvent(wit::Event {
-                            regarding: wit::ObjectRef {
-                                kind: e.regarding.kind,
-                                namespace: e.regarding.namespace,
-                                name: e.regarding.name,
-                                uid: e.regarding.uid,
-                            },
-                            event_type: match e.event_type {
-                                model::EventType::Normal => wit::EventType::Normal,
-                                model::EventType::Warning => wit::EventType::Warning,
-                            },
-                            reason: e.reason,
-                            message: e.message,
-                        }),
-                    },
-                })
+                .map(|issued| wit::Issued { id: issued.id, command: issued.command.into() })
                 .collect(),
             wake_at_ms: s.wake_at_ms,
         }

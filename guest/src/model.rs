@@ -136,6 +136,7 @@ pub enum Observation {
     SliceDeleted(ObjectKey),
     NodeUpserted(Node),
     NodeDeleted(String),
+    ListsComplete,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,21 +154,122 @@ pub struct Event {
     pub message: String,
 }
 
+/// How NRP applies the addresses listed for one location.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpdateAction {
+    PartialUpdate,
+    FullUpdate,
+}
+
+/// A pod IP and the complete set of services it backs (empty: unbind).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NrpAddress {
+    pub address: String,
+    pub services: Vec<String>,
+}
+
+/// A node IP and the addresses to write under it (none: delete the location).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NrpLocation {
+    pub location: String,
+    pub action: UpdateAction,
+    pub addresses: Vec<NrpAddress>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum NrpServiceType {
+    Inbound,
+    Outbound,
+}
+
+/// A load balancer's backend pool, by names.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PoolRef {
+    pub load_balancer: String,
+    pub pool: String,
+}
+
+/// One entry of `updateServices`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NrpServiceRequest {
+    pub name: String,
+    pub service_type: NrpServiceType,
+    pub backend_pools: Vec<PoolRef>,
+    pub is_delete: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum IpVersion {
+    Ipv4,
+    Ipv6,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublicIp {
+    pub name: String,
+    pub version: IpVersion,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum LbProtocol {
+    Tcp,
+    Udp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbRule {
+    pub name: String,
+    pub protocol: LbProtocol,
+    pub frontend_port: u16,
+    pub backend_port: u16,
+    pub idle_timeout_minutes: u8,
+    pub enable_tcp_reset: bool,
+}
+
+/// A per-Service load balancer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadBalancer {
+    pub name: String,
+    pub public_ip: String,
+    pub backend_pool: String,
+    pub rules: Vec<LbRule>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ResourceKind {
+    PublicIp,
+    LoadBalancer,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceRef {
+    pub kind: ResourceKind,
+    pub name: String,
+}
+
 /// Something the logic wants done.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     EmitEvent(Event),
+    ReadNrp,
+    UpdateServices(Vec<NrpServiceRequest>),
+    UpdateAddressLocations(Vec<NrpLocation>),
+    PutPublicIp(PublicIp),
+    PutLoadBalancer(LoadBalancer),
+    DeleteResource(ResourceRef),
+    PatchServiceStatus { service: ObjectRef, ingress_ips: Vec<String> },
+    SetFinalizer { service: ObjectRef, finalizer: String, present: bool },
 }
 
 /// A command with the id its outcome refers to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Issued {
     pub id: u64,
     pub command: Command,
 }
 
 /// Why a command failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
     pub status: u16,
     pub code: Option<String>,
@@ -175,9 +277,34 @@ pub struct Failure {
     pub message: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A service as NRP lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NrpService {
+    pub name: String,
+    pub service_type: String,
+    pub backend_pools: Vec<PoolRef>,
+    pub is_default: bool,
+}
+
+/// A location as NRP lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NrpListedLocation {
+    pub location: String,
+    pub addresses: Vec<NrpAddress>,
+}
+
+/// Everything NRP holds for the cluster's service gateway.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NrpState {
+    pub services: Vec<NrpService>,
+    pub locations: Vec<NrpListedLocation>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
-    Ok(Option<Vec<u8>>),
+    Ok,
+    PublicIpAddress(String),
+    NrpSnapshot(NrpState),
     Failed(Failure),
 }
 

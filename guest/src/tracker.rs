@@ -89,6 +89,7 @@ impl Tracker {
                 Observation::NodeDeleted(name) => {
                     self.state.nodes.remove(&name);
                 }
+                Observation::ListsComplete => {}
             }
         }
         step
@@ -189,7 +190,7 @@ mod tests {
         assert!(tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local"))]).commands.is_empty());
         let step = tracker.observe(1, vec![Observation::ServiceUpserted(lb_service("Cluster"))]);
         assert_eq!(step.commands.len(), 1);
-        let Command::EmitEvent(event) = &step.commands[0].command;
+        let Command::EmitEvent(event) = &step.commands[0].command else { panic!("{:?}", step.commands) };
         assert_eq!(event.reason, "UnsupportedExternalTrafficPolicy");
         assert!(event.message.contains("keeps its last admitted configuration"));
         assert_eq!(tracker.admitted_spec("default", "web").unwrap().external_traffic_policy.as_deref(), Some("Local"));

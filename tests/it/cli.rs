@@ -1,7 +1,7 @@
 //! `clb-host inspect` and `clb-host validate`, run in-process: output and exit codes.
 
-use clb_tests::*;
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
+use clb_tests::*;
 
 fn clb_host(args: &[&str]) -> (u8, String, String) {
     let (mut out, mut err) = (Vec::new(), Vec::new());

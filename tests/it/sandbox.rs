@@ -1,8 +1,8 @@
 //! The host never trusts the guest: hostile components are stopped or refused, each with a
 //! typed error, and the host keeps serving.
 
-use clb_tests::*;
 use clb_host::sandbox::{GuestError, Limits, LoadError, Logic};
+use clb_tests::*;
 use std::time::Duration;
 
 fn hostile(limits: Limits) -> Logic {

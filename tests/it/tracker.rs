@@ -1,10 +1,10 @@
 //! The tracker through the component behaves exactly as the library: the same observations
 //! give the same commands and the same exported state, byte for byte.
 
-use clb_tests::*;
 use clb_guest::model;
 use clb_guest::tracker::Tracker;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_tests::*;
 
 fn observations() -> Vec<wit::Observation> {
     let mut went_cluster = read_service("etp-local.yaml");
@@ -46,6 +46,7 @@ fn native_commands(step: &model::Step) -> Vec<String> {
                 "{} event {:?} {} {}/{}: {}",
                 issued.id, e.event_type, e.reason, e.regarding.namespace, e.regarding.name, e.message
             ),
+            other => format!("{} {other:?}", issued.id),
         })
         .collect()
 }
@@ -66,6 +67,7 @@ fn component_commands(step: &wit::Step) -> Vec<String> {
                 e.regarding.name,
                 e.message
             ),
+            other => format!("{} {other:?}", issued.id),
         })
         .collect()
 }
