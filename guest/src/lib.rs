@@ -13,7 +13,11 @@
 
 pub mod admission;
 pub mod config;
+pub mod difftracker;
+pub mod ip;
 pub mod model;
+#[cfg(test)]
+mod properties;
 pub mod tracker;
 
 #[cfg(target_arch = "wasm32")]

@@ -1,21 +1,69 @@
-//! The stateful core: observations and outcomes in, commands out.
+//! The stateful core: observations and outcomes in, commands out (design §4; upstream §b.3,
+//! §c.2).
 //!
-//! Today the tracker keeps the Kubernetes side of the world (Services, EndpointSlices, Nodes),
-//! decides admission for every Service, remembers the last admitted spec of each, and asks for a
-//! Warning Event whenever a Service's rejection changes. The NRP side of the DiffTracker and its
-//! commands build on this state.
+//! * The Kubernetes side is the cache of Services, EndpointSlices and Nodes; the ready endpoints
+//!   of every Service being provisioned are folded into the [`DiffTracker`]. That state *is* the
+//!   buffer of endpoint changes during creation: they are applied in arrival order and only
+//!   reach NRP once the Service is registered, so a pod removed during creation never appears.
+//! * Each Service has a lifecycle (NotStarted → CreationInProgress → Created ⇄ UpdateInProgress
+//!   → DeletionPending → DeletionInProgress) that runs one command at a time: finalizer, public
+//!   IP, load balancer, NRP registration, status; and on deletion, after NRP no longer maps any
+//!   address to it: unlink, delete the load balancer, unregister, delete the public IP, release
+//!   the finalizer.
+//! * One address-location batch is in flight at a time; it carries only registered, live
+//!   Services, so a failing Service never blocks another's addresses.
+//! * Failures back off per Service (1 s doubling to 30 s, deterministic jitter, at least
+//!   `Retry-After`); a periodic read of NRP repairs drift; nothing is written before the
+//!   initial lists are complete and NRP has been read.
 
 use crate::admission::{Verdict, admit_service};
 use crate::config::{Config, ConfigError, Mode, validate_config};
-use crate::model::{
-    Command, EndpointSlice, Event, EventType, Issued, Node, ObjectKey, ObjectRef, Observation, Outcome, Service, Step,
-};
+use crate::difftracker::{Class, DiffTracker};
+use crate::ip;
+use crate::model::*;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-/// The schema version `export_state` writes. Bump it on any change to [`StateV1`] and teach
+/// The schema version `export_state` writes. Bump it on any change to [`State`] and teach
 /// `import_state` to read the old one.
 pub const STATE_VERSION: u32 = 1;
+
+/// The finalizer that holds a Service until its Azure resources are gone.
+pub const FINALIZER: &str = "servicegateway.azure.com/service-cleanup";
+
+/// Retry and resync timing (milliseconds).
+pub mod timing {
+    pub const BACKOFF_BASE_MS: u64 = 1_000;
+    pub const BACKOFF_CAP_MS: u64 = 30_000;
+    /// Jitter adds up to this share (percent) of the backoff.
+    pub const JITTER_PERCENT: u64 = 20;
+    /// How often NRP is read back to repair drift.
+    pub const RESYNC_INTERVAL_MS: u64 = 5 * 60_000;
+}
+
+/// The most locations one `update-address-locations` carries.
+pub const MAX_LOCATIONS_PER_BATCH: usize = 200;
+/// The most Service commands (Azure or Kubernetes) in flight at once.
+pub const MAX_SERVICE_COMMANDS_IN_FLIGHT: usize = 16;
+
+/// Event reasons of the lifecycle. Operators alert on them: never rename one.
+pub mod reason {
+    pub const ENSURED_LOAD_BALANCER: &str = "EnsuredLoadBalancer";
+    pub const DELETED_LOAD_BALANCER: &str = "DeletedLoadBalancer";
+    pub const SYNC_LOAD_BALANCER_FAILED: &str = "SyncLoadBalancerFailed";
+    pub const LOAD_BALANCER_CONFIGURATION_REJECTED: &str = "LoadBalancerConfigurationRejected";
+}
+
+/// Azure error codes that no retry can fix: the Service waits for a new spec.
+const TERMINAL_CODES: &[&str] = &[
+    "RulesUseSameBackendPortProtocolAndPool",
+    "QuotaExceeded",
+    "PublicIPCountLimitReached",
+    "MaxPublicIpCountLimitReached",
+    "InvalidParameter",
+];
+const OVERLAY_MAPPINGS_CODE: &str = "ServiceWithOverlayMappingsCannotBeDeleted";
+const DEFAULT_IDLE_TIMEOUT_MINUTES: u8 = 4;
 
 /// Why state could not be imported.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +71,176 @@ pub enum StateError {
     UnsupportedVersion(u32),
     Corrupt(String),
     InvalidConfig(ConfigError),
+}
+
+/// The Azure resources of one Service, derived from its admitted spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LbConfig {
+    pub public_ip: PublicIp,
+    pub load_balancer: LoadBalancer,
+}
+
+impl LbConfig {
+    /// Names follow upstream (§a.4): LB and pool = UID, PIP = `<uid>-pip`, rules
+    /// `rule-<protocol>-<port>`.
+    pub fn for_service(service: &Service) -> Self {
+        let uid = service.identity();
+        let version = match service.ip_families.first().map(String::as_str) {
+            Some("IPv6") => IpVersion::Ipv6,
+            _ => IpVersion::Ipv4,
+        };
+        let idle = service
+            .annotation(crate::admission::ANNOTATION_IDLE_TIMEOUT)
+            .and_then(|v| v.trim().parse::<u8>().ok())
+            .unwrap_or(DEFAULT_IDLE_TIMEOUT_MINUTES);
+        let rules = service
+            .ports
+            .iter()
+            .filter_map(|port| {
+                let protocol = if port.protocol() == "UDP" { LbProtocol::Udp } else { LbProtocol::Tcp };
+                let frontend = u16::try_from(port.port).ok()?;
+                let backend = u16::try_from(port.backend_port()?).ok()?;
+                let proto = if protocol == LbProtocol::Udp { "udp" } else { "tcp" };
+                Some(LbRule {
+                    name: format!("rule-{proto}-{frontend}"),
+                    protocol,
+                    frontend_port: frontend,
+                    backend_port: backend,
+                    idle_timeout_minutes: idle,
+                    enable_tcp_reset: protocol == LbProtocol::Tcp,
+                })
+            })
+            .collect();
+        let public_ip = PublicIp { name: format!("{uid}-pip"), version };
+        let load_balancer =
+            LoadBalancer { name: uid.clone(), public_ip: public_ip.name.clone(), backend_pool: uid, rules };
+        Self { public_ip, load_balancer }
+    }
+}
+
+/// Where a Service is in its life (upstream B's `ResourceState`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    NotStarted,
+    CreationInProgress,
+    Created,
+    UpdateInProgress,
+    DeletionPending,
+    DeletionInProgress,
+}
+
+impl Lifecycle {
+    fn new(service: ObjectRef, phase: Phase, object: ObjectState, desired: Option<LbConfig>) -> Self {
+        let steps = if phase == Phase::NotStarted { OpStep::ENSURE.into() } else { VecDeque::new() };
+        Self {
+            service,
+            phase,
+            op_config: desired.clone(),
+            desired,
+            applied: None,
+            steps,
+            in_flight: None,
+            retries: 0,
+            not_before_ms: 0,
+            parked: false,
+            failing: false,
+            ingress_ip: None,
+            object,
+            recreate: false,
+        }
+    }
+}
+
+impl Phase {
+    pub fn is_deleting(self) -> bool {
+        matches!(self, Phase::DeletionPending | Phase::DeletionInProgress)
+    }
+}
+
+/// One command of a Service's operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpStep {
+    AddFinalizer,
+    PutPublicIp,
+    PutLoadBalancer,
+    Register,
+    PatchStatus,
+    Unlink,
+    DeleteLoadBalancer,
+    Unregister,
+    DeletePublicIp,
+    RemoveFinalizer,
+}
+
+impl OpStep {
+    const ENSURE: [OpStep; 5] =
+        [OpStep::AddFinalizer, OpStep::PutPublicIp, OpStep::PutLoadBalancer, OpStep::Register, OpStep::PatchStatus];
+    /// Upstream §c.2.3: unlink pool → delete LB → unregister → delete PIP → drop finalizer.
+    const DELETE: [OpStep; 5] = [
+        OpStep::Unlink,
+        OpStep::DeleteLoadBalancer,
+        OpStep::Unregister,
+        OpStep::DeletePublicIp,
+        OpStep::RemoveFinalizer,
+    ];
+
+    fn is_delete_step(self) -> bool {
+        OpStep::DELETE.contains(&self)
+    }
+
+    fn writes_nrp(self) -> bool {
+        matches!(self, OpStep::Register | OpStep::Unlink | OpStep::Unregister)
+    }
+
+    fn is_kubernetes(self) -> bool {
+        matches!(self, OpStep::AddFinalizer | OpStep::PatchStatus | OpStep::RemoveFinalizer)
+    }
+}
+
+/// What the tracker knows of a Service object in the API server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct ObjectState {
+    exists: bool,
+    has_finalizer: bool,
+    ingress: Vec<String>,
+}
+
+impl ObjectState {
+    fn of(service: &Service) -> Self {
+        Self {
+            exists: true,
+            has_finalizer: service.finalizers.iter().any(|f| f == FINALIZER),
+            ingress: service.ingress_ips.clone(),
+        }
+    }
+
+    fn gone() -> Self {
+        Self { exists: false, has_finalizer: false, ingress: Vec::new() }
+    }
+}
+
+/// One Service's lifecycle, keyed by its identity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifecycle {
+    service: ObjectRef,
+    pub phase: Phase,
+    /// From the last admitted spec; `None` for an orphan found in NRP or a Service adopted at
+    /// start-up whose spec is no longer admitted.
+    desired: Option<LbConfig>,
+    applied: Option<LbConfig>,
+    /// The configuration the running operation applies.
+    op_config: Option<LbConfig>,
+    steps: VecDeque<OpStep>,
+    in_flight: Option<(u64, OpStep)>,
+    retries: u32,
+    not_before_ms: u64,
+    /// A terminal failure: waits for a new spec.
+    parked: bool,
+    /// A Warning Event was sent for the current run of failures.
+    failing: bool,
+    ingress_ip: Option<String>,
+    object: ObjectState,
+    recreate: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,26 +251,125 @@ struct ServiceRecord {
     verdict: Verdict,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct SliceRecord {
+    slice: EndpointSlice,
+    owner: Option<String>,
+    /// Ready addresses → their location, as the Nodes resolve them now.
+    resolved: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+enum InFlight {
+    Service { identity: String, step: OpStep },
+    Locations(Vec<NrpLocation>),
+    ReadNrp,
+    Event,
+}
+
+/// NRP-facing bookkeeping.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct StateV1 {
+struct NrpSync {
+    /// NRP has been read at least once.
+    loaded: bool,
+    read_in_flight: bool,
+    read_retries: u32,
+    next_read_ms: u64,
+    batch_in_flight: Option<u64>,
+    batch_retries: u32,
+    batch_not_before_ms: u64,
+    /// Halved after a 400 to isolate the location NRP refuses.
+    batch_limit: usize,
+    /// Locations NRP refused on their own, with the update refused; skipped until it changes.
+    quarantined: BTreeMap<String, NrpLocation>,
+    service_writes_in_flight: u32,
+    /// Non-inbound services of the last read: other controllers' identities, left alone.
+    foreign: BTreeSet<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct State {
     next_command_id: u64,
     services: BTreeMap<ObjectKey, ServiceRecord>,
-    slices: BTreeMap<ObjectKey, EndpointSlice>,
+    service_by_identity: BTreeMap<String, ObjectKey>,
+    slices: BTreeMap<ObjectKey, SliceRecord>,
+    slices_by_owner: BTreeMap<String, BTreeSet<ObjectKey>>,
+    slices_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
     nodes: BTreeMap<String, Node>,
+    diff: DiffTracker,
+    lifecycles: BTreeMap<String, Lifecycle>,
+    in_flight: BTreeMap<u64, InFlight>,
+    service_commands_in_flight: usize,
+    runnable: BTreeSet<String>,
+    timers: BTreeSet<(u64, String)>,
+    draining: BTreeSet<String>,
+    nrp: NrpSync,
+    lists_complete: bool,
+    /// Start-up reconciliation against NRP has run.
+    reconciled: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tracker {
     config: Config,
     mode: Mode,
-    state: StateV1,
+    state: State,
+}
+
+/// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After`.
+pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
+    let exponent = attempt.saturating_sub(1).min(5);
+    let base = (timing::BACKOFF_BASE_MS << exponent).min(timing::BACKOFF_CAP_MS);
+    // FNV-1a over the key and the attempt: the same inputs give the same jitter on every host.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in key.bytes().chain(attempt.to_le_bytes()) {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let jitter = base * (hash % (timing::JITTER_PERCENT + 1)) / 100;
+    (base + jitter).max(retry_after_ms.unwrap_or(0))
+}
+
+/// Orphan clean-up touches only names shaped like Kubernetes UIDs, as upstream does.
+fn looks_like_uid(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    parts.len() == 5
+        && [8, 4, 4, 4, 12].iter().zip(&parts).all(|(len, part)| part.len() == *len)
+        && parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// How an identity found in either view takes part in an address-location sync: ours when
+/// registered and live, drained when ours but not, left alone when another controller's.
+fn classify(
+    lifecycles: &BTreeMap<String, Lifecycle>,
+    foreign: &BTreeSet<String>,
+    diff: &DiffTracker,
+    id: &str,
+) -> Class {
+    match lifecycles.get(id) {
+        Some(l) if !l.phase.is_deleting() && diff.is_registered(id) => Class::Ready,
+        Some(_) => Class::NotReady,
+        None if foreign.contains(id) => Class::Foreign,
+        None if !diff.is_registered(id) && !looks_like_uid(id) => Class::Foreign,
+        None => Class::NotReady,
+    }
+}
+
+fn object_ref(service: &Service) -> ObjectRef {
+    ObjectRef {
+        kind: "Service".into(),
+        namespace: service.namespace.clone(),
+        name: service.name.clone(),
+        uid: service.uid.clone(),
+    }
 }
 
 impl Tracker {
     /// A tracker with empty state; refuses a configuration [`validate_config`] refuses.
     pub fn create(config: Config) -> Result<Self, ConfigError> {
         let mode = validate_config(&config)?;
-        Ok(Self { config, mode, state: StateV1::default() })
+        let state =
+            State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
+        Ok(Self { config, mode, state })
     }
 
     pub fn mode(&self) -> Mode {
@@ -69,46 +386,95 @@ impl Tracker {
         self.state.services.get(&ObjectKey::new(namespace, name)).and_then(|r| r.admitted.as_ref())
     }
 
-    pub fn observe(&mut self, _now_ms: u64, batch: Vec<Observation>) -> Step {
+    /// A Service's lifecycle phase, by identity (lower-cased UID).
+    pub fn phase(&self, identity: &str) -> Option<Phase> {
+        self.state.lifecycles.get(identity).map(|l| l.phase)
+    }
+
+    /// The NRP mirror: what NRP has accepted, location → address → services.
+    pub fn nrp_view(&self) -> &BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        self.state.diff.nrp_view()
+    }
+
+    /// Registered inbound services in the NRP mirror.
+    pub fn registered(&self) -> &BTreeSet<String> {
+        self.state.diff.registered()
+    }
+
+    /// What NRP should hold once quiet: the ready-filtered Kubernetes state.
+    pub fn desired_view(&self) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        self.state.diff.desired_view(|id| self.class(id))
+    }
+
+    /// Whether nothing is in flight, nothing is dirty and no Service has work left.
+    pub fn is_quiet(&self) -> bool {
+        self.ready_to_write()
+            && self.state.in_flight.is_empty()
+            && !self.state.diff.has_dirty()
+            && self.state.lifecycles.values().all(|l| matches!(l.phase, Phase::Created) || l.parked)
+    }
+
+    pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
         let mut step = Step::default();
         for observation in batch {
             match observation {
                 Observation::ServiceUpserted(service) => self.upsert_service(service, &mut step),
-                Observation::ServiceDeleted(key) => {
-                    self.state.services.remove(&key);
+                Observation::ServiceDeleted(key) => self.remove_service_object(&key),
+                Observation::SliceUpserted(slice) => self.upsert_slice(slice),
+                Observation::SliceDeleted(key) => self.remove_slice(&key),
+                Observation::NodeUpserted(node) => self.upsert_node(node),
+                Observation::NodeDeleted(name) => self.remove_node(&name),
+                Observation::ListsComplete => {
+                    self.state.lists_complete = true;
                 }
-                Observation::SliceUpserted(slice) => {
-                    self.state.slices.insert(slice.key(), slice);
-                }
-                Observation::SliceDeleted(key) => {
-                    self.state.slices.remove(&key);
-                }
-                Observation::NodeUpserted(node) => {
-                    self.state.nodes.insert(node.name.clone(), node);
-                }
-                Observation::NodeDeleted(name) => {
-                    self.state.nodes.remove(&name);
-                }
-                Observation::ListsComplete => {}
             }
         }
+        self.pump(now_ms, &mut step);
         step
     }
 
-    /// Outcomes of Event commands need no follow-up: Events are best effort, and a lost one is
-    /// emitted again when the Service's verdict next changes.
-    pub fn complete(&mut self, _now_ms: u64, _results: Vec<(u64, Outcome)>) -> Step {
-        Step::default()
+    pub fn complete(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>) -> Step {
+        let mut step = Step::default();
+        for (id, outcome) in results {
+            // An unknown id is a duplicate or stale answer: ignoring it is safe.
+            let Some(what) = self.state.in_flight.remove(&id) else { continue };
+            match what {
+                InFlight::Service { identity, step: op } => {
+                    self.state.service_commands_in_flight -= 1;
+                    if op.writes_nrp() {
+                        self.state.nrp.service_writes_in_flight -= 1;
+                    }
+                    self.service_outcome(&identity, id, op, outcome, now_ms, &mut step);
+                }
+                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now_ms),
+                InFlight::ReadNrp => self.read_outcome(outcome, now_ms),
+                // Events are best effort; a lost one is not worth a retry.
+                InFlight::Event => {}
+            }
+        }
+        self.pump(now_ms, &mut step);
+        step
     }
 
-    pub fn tick(&mut self, _now_ms: u64) -> Step {
-        Step::default()
+    pub fn tick(&mut self, now_ms: u64) -> Step {
+        let mut step = Step::default();
+        self.pump(now_ms, &mut step);
+        step
     }
+
+    // ---- Kubernetes side ----
 
     fn upsert_service(&mut self, service: Service, step: &mut Step) {
         let verdict = admit_service(&self.config, &service);
         let key = service.key();
+        let identity = service.identity();
         let previous = self.state.services.remove(&key);
+        if let Some(previous) = previous.as_ref().filter(|p| p.observed.uid != service.uid) {
+            // The same name now belongs to a new object: the old one is gone.
+            let old = previous.observed.identity();
+            self.state.service_by_identity.remove(&old);
+            self.delete_service(&old, true);
+        }
         let same_object = previous.as_ref().is_some_and(|p| p.observed.uid == service.uid);
         let previous_admitted = previous.as_ref().filter(|_| same_object).and_then(|p| p.admitted.clone());
         let verdict_changed = !same_object || previous.as_ref().is_some_and(|p| p.verdict != verdict);
@@ -118,27 +484,765 @@ impl Tracker {
         };
         if let (Verdict::Rejected(rejection), true) = (&verdict, verdict_changed) {
             let kept = if admitted.is_some() { "; it keeps its last admitted configuration" } else { "" };
-            let event = Event {
-                regarding: ObjectRef {
-                    kind: "Service".into(),
-                    namespace: service.namespace.clone(),
-                    name: service.name.clone(),
-                    uid: service.uid.clone(),
-                },
-                event_type: EventType::Warning,
-                reason: rejection.reason.clone(),
-                message: format!("{}{kept}", rejection.message),
-            };
-            self.issue(Command::EmitEvent(event), step);
+            let message = format!("{}{kept}", rejection.message);
+            self.event(&object_ref(&service), EventType::Warning, &rejection.reason, message, step);
         }
+        if let Some(lifecycle) = self.state.lifecycles.get_mut(&identity) {
+            lifecycle.object = ObjectState::of(&service);
+            lifecycle.service = object_ref(&service);
+        }
+        match &verdict {
+            Verdict::Admitted => self.want_service(&identity, &service),
+            Verdict::Cleanup | Verdict::Ignored(_) => {
+                if !self.state.lifecycles.contains_key(&identity) && ObjectState::of(&service).has_finalizer {
+                    // Ours from before a restart: clean up whatever is left, then release it.
+                    self.adopt_for_deletion(&identity, object_ref(&service), ObjectState::of(&service));
+                }
+                self.delete_service(&identity, false)
+            }
+            Verdict::Rejected(_) | Verdict::NothingToProvision => {}
+        }
+        self.state.service_by_identity.insert(identity, key.clone());
         self.state.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
     }
 
-    fn issue(&mut self, command: Command, step: &mut Step) {
+    fn remove_service_object(&mut self, key: &ObjectKey) {
+        let Some(record) = self.state.services.remove(key) else { return };
+        let identity = record.observed.identity();
+        self.state.service_by_identity.remove(&identity);
+        self.delete_service(&identity, true);
+    }
+
+    /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
+    fn programmable(&self, identity: &str) -> bool {
+        self.state.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
+    }
+
+    fn want_service(&mut self, identity: &str, service: &Service) {
+        let config = LbConfig::for_service(service);
+        let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else {
+            let lifecycle =
+                Lifecycle::new(object_ref(service), Phase::NotStarted, ObjectState::of(service), Some(config));
+            self.state.lifecycles.insert(identity.to_owned(), lifecycle);
+            self.seed(identity);
+            self.state.runnable.insert(identity.to_owned());
+            return;
+        };
+        let changed = lifecycle.desired.as_ref() != Some(&config);
+        lifecycle.desired = Some(config.clone());
+        match lifecycle.phase {
+            Phase::DeletionPending | Phase::DeletionInProgress => lifecycle.recreate = true,
+            Phase::Created if lifecycle.applied.as_ref() != Some(&config) => {
+                lifecycle.phase = Phase::UpdateInProgress;
+                lifecycle.steps = [OpStep::PutLoadBalancer, OpStep::PatchStatus].into();
+                lifecycle.op_config = Some(config);
+                lifecycle.retries = 0;
+                lifecycle.not_before_ms = 0;
+                lifecycle.parked = false;
+            }
+            Phase::Created => {}
+            Phase::NotStarted => lifecycle.op_config = Some(config),
+            Phase::CreationInProgress | Phase::UpdateInProgress => {
+                // A parked operation starts over with the new spec; a running one notices the
+                // drift when it completes.
+                if lifecycle.parked && changed {
+                    lifecycle.parked = false;
+                    lifecycle.retries = 0;
+                    lifecycle.not_before_ms = 0;
+                    lifecycle.op_config = Some(config);
+                    lifecycle.steps = OpStep::ENSURE.into();
+                }
+            }
+        }
+        self.state.runnable.insert(identity.to_owned());
+    }
+
+    /// Starts (or keeps) the deletion of a Service's Azure resources. `gone`: the object has
+    /// left the API server. Never synthesises a deletion for a Service nobody provisioned.
+    fn delete_service(&mut self, identity: &str, gone: bool) {
+        let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return };
+        if gone {
+            lifecycle.object.exists = false;
+        }
+        lifecycle.recreate = false;
+        if lifecycle.phase.is_deleting() {
+            if lifecycle.parked {
+                lifecycle.parked = false;
+                self.state.runnable.insert(identity.to_owned());
+            }
+            return;
+        }
+        lifecycle.phase = Phase::DeletionPending;
+        lifecycle.steps.clear();
+        lifecycle.retries = 0;
+        lifecycle.not_before_ms = 0;
+        lifecycle.parked = false;
+        lifecycle.failing = false;
+        self.unseed(identity);
+        self.state.diff.touch_identity(identity);
+        self.state.draining.insert(identity.to_owned());
+    }
+
+    fn seed(&mut self, identity: &str) {
+        let keys = self.state.slices_by_owner.get(identity).cloned().unwrap_or_default();
+        for key in keys {
+            if let Some(record) = self.state.slices.get(&key) {
+                for (address, location) in &record.resolved {
+                    self.state.diff.add_endpoint(identity, address, location);
+                }
+            }
+        }
+    }
+
+    fn unseed(&mut self, identity: &str) {
+        let keys = self.state.slices_by_owner.get(identity).cloned().unwrap_or_default();
+        for key in keys {
+            if let Some(record) = self.state.slices.get(&key) {
+                for (address, location) in &record.resolved {
+                    self.state.diff.remove_endpoint(identity, address, location);
+                }
+            }
+        }
+    }
+
+    /// Ready addresses of a slice and their same-family node locations.
+    fn resolve(&self, slice: &EndpointSlice) -> BTreeMap<String, String> {
+        let mut resolved = BTreeMap::new();
+        if slice.deleting || slice.address_type.eq_ignore_ascii_case("FQDN") {
+            return resolved;
+        }
+        for endpoint in slice.endpoints.iter().filter(|e| e.ready != Some(false)) {
+            let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.state.nodes.get(n)) else { continue };
+            for address in &endpoint.addresses {
+                let Some((address, family)) = ip::canonical(address) else { continue };
+                if let Some(location) = ip::same_family_location(&node.internal_ips, family) {
+                    resolved.insert(address, location);
+                }
+            }
+        }
+        resolved
+    }
+
+    fn upsert_slice(&mut self, slice: EndpointSlice) {
+        let key = slice.key();
+        let owner = slice.owner_service_uid.as_ref().map(|u| u.to_ascii_lowercase());
+        let resolved = self.resolve(&slice);
+        let old = self.state.slices.remove(&key);
+        if let Some(old) = &old {
+            self.unindex_slice(&key, old);
+        }
+        let (old_owner, old_resolved) = old.map(|o| (o.owner, o.resolved)).unwrap_or_default();
+        self.apply_slice_change(old_owner.as_deref(), &old_resolved, owner.as_deref(), &resolved);
+        let record = SliceRecord { slice, owner, resolved };
+        self.index_slice(&key, &record);
+        self.state.slices.insert(key, record);
+    }
+
+    fn remove_slice(&mut self, key: &ObjectKey) {
+        let Some(old) = self.state.slices.remove(key) else { return };
+        self.unindex_slice(key, &old);
+        self.apply_slice_change(old.owner.as_deref(), &old.resolved, None, &BTreeMap::new());
+    }
+
+    /// Folds the change of one slice's contribution into the DiffTracker: only what changed.
+    fn apply_slice_change(
+        &mut self,
+        old_owner: Option<&str>,
+        old: &BTreeMap<String, String>,
+        new_owner: Option<&str>,
+        new: &BTreeMap<String, String>,
+    ) {
+        let old_owner = old_owner.filter(|o| self.programmable(o));
+        let new_owner = new_owner.filter(|o| self.programmable(o));
+        if old_owner == new_owner {
+            let Some(owner) = new_owner else { return };
+            for (address, location) in old {
+                if new.get(address) != Some(location) {
+                    self.state.diff.remove_endpoint(owner, address, location);
+                }
+            }
+            for (address, location) in new {
+                if old.get(address) != Some(location) {
+                    self.state.diff.add_endpoint(owner, address, location);
+                }
+            }
+            return;
+        }
+        if let Some(owner) = old_owner {
+            for (address, location) in old {
+                self.state.diff.remove_endpoint(owner, address, location);
+            }
+        }
+        if let Some(owner) = new_owner {
+            for (address, location) in new {
+                self.state.diff.add_endpoint(owner, address, location);
+            }
+        }
+    }
+
+    fn index_slice(&mut self, key: &ObjectKey, record: &SliceRecord) {
+        if let Some(owner) = &record.owner {
+            self.state.slices_by_owner.entry(owner.clone()).or_default().insert(key.clone());
+        }
+        for node in record.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()) {
+            self.state.slices_by_node.entry(node.clone()).or_default().insert(key.clone());
+        }
+    }
+
+    fn unindex_slice(&mut self, key: &ObjectKey, record: &SliceRecord) {
+        let drop_key = |index: &mut BTreeMap<String, BTreeSet<ObjectKey>>, at: &str| {
+            if let Some(keys) = index.get_mut(at) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    index.remove(at);
+                }
+            }
+        };
+        if let Some(owner) = &record.owner {
+            drop_key(&mut self.state.slices_by_owner, owner);
+        }
+        for node in record.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()) {
+            drop_key(&mut self.state.slices_by_node, node);
+        }
+    }
+
+    /// Re-resolves the slices with endpoints on a node after the node changed.
+    fn reresolve_node(&mut self, name: &str) {
+        let keys = self.state.slices_by_node.get(name).cloned().unwrap_or_default();
+        for key in keys {
+            let Some(record) = self.state.slices.get(&key) else { continue };
+            let resolved = self.resolve(&record.slice);
+            if resolved == record.resolved {
+                continue;
+            }
+            let owner = record.owner.clone();
+            let old = std::mem::replace(&mut self.state.slices.get_mut(&key).expect("just read").resolved, resolved);
+            let new = self.state.slices[&key].resolved.clone();
+            self.apply_slice_change(owner.as_deref(), &old, owner.as_deref(), &new);
+        }
+    }
+
+    fn upsert_node(&mut self, node: Node) {
+        let name = node.name.clone();
+        let unchanged = self.state.nodes.get(&name).is_some_and(|n| n.internal_ips == node.internal_ips);
+        self.state.nodes.insert(name.clone(), node);
+        if !unchanged {
+            self.reresolve_node(&name);
+        }
+    }
+
+    fn remove_node(&mut self, name: &str) {
+        if self.state.nodes.remove(name).is_some() {
+            self.reresolve_node(name);
+        }
+    }
+
+    // ---- Readiness ----
+
+    fn class(&self, identity: &str) -> Class {
+        classify(&self.state.lifecycles, &self.state.nrp.foreign, &self.state.diff, identity)
+    }
+
+    // ---- Commands ----
+
+    fn issue(&mut self, command: Command, what: InFlight, step: &mut Step) -> u64 {
         let id = self.state.next_command_id;
         self.state.next_command_id += 1;
+        self.state.in_flight.insert(id, what);
         step.commands.push(Issued { id, command });
+        id
     }
+
+    fn event(&mut self, regarding: &ObjectRef, event_type: EventType, reason: &str, message: String, step: &mut Step) {
+        if regarding.name.is_empty() {
+            return; // an orphan found in NRP has no object to attach an Event to
+        }
+        let event = Event { regarding: regarding.clone(), event_type, reason: reason.to_owned(), message };
+        self.issue(Command::EmitEvent(event), InFlight::Event, step);
+    }
+
+    fn ready_to_write(&self) -> bool {
+        self.state.lists_complete && self.state.nrp.loaded && self.state.reconciled
+    }
+
+    /// Starts whatever can start now; sets when to be called again.
+    fn pump(&mut self, now: u64, step: &mut Step) {
+        if self.mode != Mode::ContainerLoadBalancer {
+            return;
+        }
+        self.maybe_reconcile();
+        while let Some((at, identity)) = self.state.timers.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.state.timers.pop_first();
+            self.state.runnable.insert(identity);
+        }
+        let read_due = !self.state.nrp.loaded || now >= self.state.nrp.next_read_ms;
+        if read_due
+            && !self.state.nrp.read_in_flight
+            && self.state.nrp.batch_in_flight.is_none()
+            && self.state.nrp.service_writes_in_flight == 0
+            && now >= self.state.nrp.next_read_ms
+        {
+            self.state.nrp.read_in_flight = true;
+            self.issue(Command::ReadNrp, InFlight::ReadNrp, step);
+        }
+        if self.ready_to_write() {
+            let draining: Vec<String> = self.state.draining.iter().cloned().collect();
+            for identity in draining {
+                self.check_drained(&identity);
+            }
+            let hold_nrp_writes = read_due || self.state.nrp.read_in_flight;
+            let mut held = Vec::new();
+            while self.state.service_commands_in_flight < MAX_SERVICE_COMMANDS_IN_FLIGHT {
+                let Some(identity) = self.state.runnable.pop_first() else { break };
+                if !self.advance(&identity, now, hold_nrp_writes, step) {
+                    held.push(identity);
+                }
+            }
+            self.state.runnable.extend(held);
+            if !hold_nrp_writes {
+                self.sync_locations(now, step);
+            }
+        }
+        step.wake_at_ms = self.next_wake(now);
+    }
+
+    fn next_wake(&self, now: u64) -> Option<u64> {
+        let nrp = &self.state.nrp;
+        let mut wake = self.state.timers.first().map(|(at, _)| *at);
+        let mut consider = |at: u64| wake = Some(wake.map_or(at, |w| w.min(at)));
+        if !nrp.read_in_flight {
+            consider(nrp.next_read_ms.max(now));
+        }
+        if nrp.batch_in_flight.is_none() && self.state.diff.has_dirty() && nrp.batch_not_before_ms > now {
+            consider(nrp.batch_not_before_ms);
+        }
+        wake
+    }
+
+    /// Issues the next command of a Service's operation. Returns false when the command must
+    /// wait for NRP to be read first.
+    fn advance(&mut self, identity: &str, now: u64, hold_nrp_writes: bool, step: &mut Step) -> bool {
+        loop {
+            let diff = &self.state.diff;
+            let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return true };
+            if lifecycle.in_flight.is_some() || lifecycle.parked || lifecycle.phase == Phase::DeletionPending {
+                return true;
+            }
+            if lifecycle.phase == Phase::Created && lifecycle.steps.is_empty() {
+                return true;
+            }
+            if lifecycle.not_before_ms > now {
+                self.state.timers.insert((lifecycle.not_before_ms, identity.to_owned()));
+                return true;
+            }
+            let Some(&next) = lifecycle.steps.front() else {
+                self.finish_operation(identity, step);
+                return true;
+            };
+            let registered = diff.is_registered(identity);
+            let skip = match next {
+                OpStep::AddFinalizer => !lifecycle.object.exists || lifecycle.object.has_finalizer,
+                OpStep::PutPublicIp | OpStep::PutLoadBalancer => lifecycle.op_config.is_none(),
+                OpStep::Register => registered,
+                OpStep::PatchStatus => {
+                    !lifecycle.object.exists
+                        || lifecycle.ingress_ip.as_ref().is_none_or(|ip| lifecycle.object.ingress == [ip.clone()])
+                }
+                OpStep::Unlink | OpStep::Unregister => !registered,
+                OpStep::DeleteLoadBalancer | OpStep::DeletePublicIp => false,
+                OpStep::RemoveFinalizer => !lifecycle.object.exists || !lifecycle.object.has_finalizer,
+            };
+            if skip {
+                lifecycle.steps.pop_front();
+                continue;
+            }
+            if next.writes_nrp() && hold_nrp_writes {
+                return false;
+            }
+            let command = self.command_for(identity, next);
+            let lifecycle = self.state.lifecycles.get_mut(identity).expect("checked above");
+            if lifecycle.phase == Phase::NotStarted {
+                lifecycle.phase = Phase::CreationInProgress;
+            }
+            if next.writes_nrp() {
+                self.state.nrp.service_writes_in_flight += 1;
+            }
+            self.state.service_commands_in_flight += 1;
+            let id = self.issue(command, InFlight::Service { identity: identity.to_owned(), step: next }, step);
+            self.state.lifecycles.get_mut(identity).expect("checked above").in_flight = Some((id, next));
+            return true;
+        }
+    }
+
+    fn command_for(&self, identity: &str, op: OpStep) -> Command {
+        let lifecycle = &self.state.lifecycles[identity];
+        let config = lifecycle.op_config.as_ref();
+        let inbound = |backend_pools: Vec<PoolRef>, is_delete: bool| {
+            Command::UpdateServices(vec![NrpServiceRequest {
+                name: identity.to_owned(),
+                service_type: NrpServiceType::Inbound,
+                backend_pools,
+                is_delete,
+            }])
+        };
+        match op {
+            OpStep::AddFinalizer | OpStep::RemoveFinalizer => Command::SetFinalizer {
+                service: lifecycle.service.clone(),
+                finalizer: FINALIZER.to_owned(),
+                present: op == OpStep::AddFinalizer,
+            },
+            OpStep::PutPublicIp => Command::PutPublicIp(config.expect("skipped without a config").public_ip.clone()),
+            OpStep::PutLoadBalancer => {
+                Command::PutLoadBalancer(config.expect("skipped without a config").load_balancer.clone())
+            }
+            OpStep::Register => {
+                inbound(vec![PoolRef { load_balancer: identity.to_owned(), pool: identity.to_owned() }], false)
+            }
+            OpStep::PatchStatus => Command::PatchServiceStatus {
+                service: lifecycle.service.clone(),
+                ingress_ips: lifecycle.ingress_ip.iter().cloned().collect(),
+            },
+            OpStep::Unlink => inbound(Vec::new(), false),
+            OpStep::Unregister => inbound(Vec::new(), true),
+            OpStep::DeleteLoadBalancer => {
+                Command::DeleteResource(ResourceRef { kind: ResourceKind::LoadBalancer, name: identity.to_owned() })
+            }
+            OpStep::DeletePublicIp => {
+                Command::DeleteResource(ResourceRef { kind: ResourceKind::PublicIp, name: format!("{identity}-pip") })
+            }
+        }
+    }
+
+    /// The last step of an operation succeeded.
+    fn finish_operation(&mut self, identity: &str, step: &mut Step) {
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("caller checked");
+        match lifecycle.phase {
+            Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
+                let created = lifecycle.phase != Phase::UpdateInProgress;
+                lifecycle.applied = lifecycle.op_config.clone();
+                if lifecycle.desired.is_some() && lifecycle.desired != lifecycle.applied {
+                    lifecycle.phase = Phase::UpdateInProgress;
+                    lifecycle.op_config = lifecycle.desired.clone();
+                    lifecycle.steps = [OpStep::PutLoadBalancer, OpStep::PatchStatus].into();
+                    self.state.runnable.insert(identity.to_owned());
+                } else {
+                    lifecycle.phase = Phase::Created;
+                }
+                let (service, ip) = (lifecycle.service.clone(), lifecycle.ingress_ip.clone().unwrap_or_default());
+                if created {
+                    let message = format!("load balancer {identity} is serving at {ip}");
+                    self.event(&service, EventType::Normal, reason::ENSURED_LOAD_BALANCER, message, step);
+                }
+            }
+            Phase::DeletionInProgress => {
+                let service = lifecycle.service.clone();
+                let message = format!("load balancer {identity} and its public IP are deleted and unregistered");
+                if lifecycle.recreate && lifecycle.object.exists && lifecycle.desired.is_some() {
+                    lifecycle.phase = Phase::NotStarted;
+                    lifecycle.recreate = false;
+                    lifecycle.applied = None;
+                    lifecycle.ingress_ip = None;
+                    lifecycle.op_config = lifecycle.desired.clone();
+                    lifecycle.steps = OpStep::ENSURE.into();
+                    lifecycle.retries = 0;
+                    self.seed(identity);
+                    self.state.diff.touch_identity(identity);
+                    self.state.runnable.insert(identity.to_owned());
+                } else {
+                    self.state.lifecycles.remove(identity);
+                }
+                self.event(&service, EventType::Normal, reason::DELETED_LOAD_BALANCER, message, step);
+            }
+            Phase::Created | Phase::DeletionPending => {}
+        }
+    }
+
+    /// A draining Service whose addresses have left NRP moves on to deletion.
+    fn check_drained(&mut self, identity: &str) {
+        let Some(lifecycle) = self.state.lifecycles.get(identity) else {
+            self.state.draining.remove(identity);
+            return;
+        };
+        if lifecycle.phase != Phase::DeletionPending || lifecycle.in_flight.is_some() {
+            return;
+        }
+        if self.state.diff.nrp_references(identity) || self.batch_in_flight_mentions(identity) {
+            return;
+        }
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("read above");
+        lifecycle.phase = Phase::DeletionInProgress;
+        lifecycle.steps = OpStep::DELETE.into();
+        self.state.draining.remove(identity);
+        self.state.runnable.insert(identity.to_owned());
+    }
+
+    fn batch_in_flight_mentions(&self, identity: &str) -> bool {
+        let Some(id) = self.state.nrp.batch_in_flight else { return false };
+        match self.state.in_flight.get(&id) {
+            Some(InFlight::Locations(batch)) => {
+                batch.iter().flat_map(|l| &l.addresses).any(|a| a.services.iter().any(|s| s == identity))
+            }
+            _ => false,
+        }
+    }
+
+    fn service_outcome(&mut self, identity: &str, id: u64, op: OpStep, outcome: Outcome, now: u64, step: &mut Step) {
+        let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return };
+        if lifecycle.in_flight.map(|(i, _)| i) != Some(id) {
+            return;
+        }
+        lifecycle.in_flight = None;
+        self.state.runnable.insert(identity.to_owned());
+        let failure = match outcome {
+            Outcome::Failed(f) => f,
+            Outcome::PublicIpAddress(ip) => {
+                lifecycle.ingress_ip = Some(ip);
+                self.step_succeeded(identity, op);
+                return;
+            }
+            Outcome::Ok | Outcome::NrpSnapshot(_) => {
+                self.step_succeeded(identity, op);
+                return;
+            }
+        };
+        let gone_is_done = op.is_delete_step() || op.is_kubernetes();
+        if failure.status == 404 && gone_is_done {
+            if op.is_kubernetes() {
+                lifecycle.object.exists = false;
+            }
+            self.step_succeeded(identity, op);
+            if op.is_kubernetes() && !self.state.lifecycles[identity].phase.is_deleting() {
+                // The Service left the API server before we finished: undo what we made.
+                self.delete_service(identity, true);
+            }
+            return;
+        }
+        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            return; // a create or update pre-empted by a delete: the delete carries on
+        }
+        let code = failure.code.as_deref().unwrap_or("");
+        if op == OpStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
+            // NRP still maps addresses to it: drain again before unregistering.
+            lifecycle.phase = Phase::DeletionPending;
+            lifecycle.steps.clear();
+            self.state.draining.insert(identity.to_owned());
+            self.state.diff.touch_identity(identity);
+            self.state.nrp.next_read_ms = now; // our mirror was wrong: read NRP back
+        }
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("still there");
+        let terminal = matches!(op, OpStep::PutLoadBalancer | OpStep::PutPublicIp)
+            && (TERMINAL_CODES.contains(&code) || failure.status == 422);
+        let service = lifecycle.service.clone();
+        if terminal {
+            lifecycle.parked = true;
+            let message = format!(
+                "Azure refused {op:?} for load balancer {identity}: {} ({}); fix the Service spec to retry",
+                failure.message, code
+            );
+            self.event(&service, EventType::Warning, reason::LOAD_BALANCER_CONFIGURATION_REJECTED, message, step);
+            return;
+        }
+        lifecycle.retries += 1;
+        let delay = backoff_ms(identity, lifecycle.retries, failure.retry_after_ms);
+        lifecycle.not_before_ms = now + delay;
+        self.state.timers.insert((now + delay, identity.to_owned()));
+        if !lifecycle.failing {
+            lifecycle.failing = true;
+            let message = format!(
+                "{op:?} for load balancer {identity} failed (HTTP {}{}): {}; retrying with backoff",
+                failure.status,
+                if code.is_empty() { String::new() } else { format!(", {code}") },
+                failure.message
+            );
+            self.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
+        }
+    }
+
+    fn step_succeeded(&mut self, identity: &str, op: OpStep) {
+        match op {
+            OpStep::Register => self.state.diff.set_registered(identity, true),
+            OpStep::Unregister => self.state.diff.set_registered(identity, false),
+            _ => {}
+        }
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("caller checked");
+        match op {
+            OpStep::AddFinalizer => lifecycle.object.has_finalizer = true,
+            OpStep::RemoveFinalizer => lifecycle.object.has_finalizer = false,
+            OpStep::PatchStatus => lifecycle.object.ingress = lifecycle.ingress_ip.iter().cloned().collect(),
+            _ => {}
+        }
+        lifecycle.retries = 0;
+        lifecycle.failing = false;
+        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            return; // pre-empted by a delete; its facts are recorded above
+        }
+        if lifecycle.steps.front() == Some(&op) {
+            lifecycle.steps.pop_front();
+        }
+    }
+
+    // ---- Address locations ----
+
+    fn sync_locations(&mut self, now: u64, step: &mut Step) {
+        let nrp = &self.state.nrp;
+        if nrp.batch_in_flight.is_some() || now < nrp.batch_not_before_ms || !self.state.diff.has_dirty() {
+            return;
+        }
+        let limit = nrp.batch_limit.max(1);
+        let State { diff, lifecycles, nrp, .. } = &mut self.state;
+        let mut batch = diff.take_sync(limit, |diff, id| classify(lifecycles, &nrp.foreign, diff, id));
+        // A location NRP refused on its own waits until its update changes.
+        let quarantined = &mut self.state.nrp.quarantined;
+        batch.retain(|update| match quarantined.get(&update.location) {
+            Some(refused) if refused == update => false,
+            Some(_) => {
+                quarantined.remove(&update.location);
+                true
+            }
+            None => true,
+        });
+        if batch.is_empty() {
+            return;
+        }
+        let id = self.issue(Command::UpdateAddressLocations(batch.clone()), InFlight::Locations(batch), step);
+        self.state.nrp.batch_in_flight = Some(id);
+    }
+
+    fn locations_outcome(&mut self, batch: Vec<NrpLocation>, outcome: Outcome, now: u64) {
+        self.state.nrp.batch_in_flight = None;
+        match outcome {
+            Outcome::Failed(failure) => {
+                for location in &batch {
+                    self.state.diff.mark_uncertain(location);
+                }
+                let nrp = &mut self.state.nrp;
+                if matches!(failure.status, 400 | 422) {
+                    // NRP refuses the batch: halve it until the refused location stands alone,
+                    // then set that one aside so it cannot block everyone else's addresses.
+                    if batch.len() > 1 {
+                        nrp.batch_limit = (batch.len() / 2).max(1);
+                    } else if let Some(refused) = batch.into_iter().next() {
+                        nrp.quarantined.insert(refused.location.clone(), refused);
+                        nrp.batch_limit = MAX_LOCATIONS_PER_BATCH;
+                    }
+                    return;
+                }
+                nrp.batch_retries += 1;
+                nrp.batch_not_before_ms =
+                    now + backoff_ms("address-locations", nrp.batch_retries, failure.retry_after_ms);
+            }
+            _ => {
+                self.state.diff.apply(&batch);
+                let nrp = &mut self.state.nrp;
+                nrp.batch_retries = 0;
+                nrp.batch_not_before_ms = 0;
+                nrp.batch_limit = (nrp.batch_limit * 2).min(MAX_LOCATIONS_PER_BATCH);
+            }
+        }
+    }
+
+    // ---- Reading NRP ----
+
+    fn read_outcome(&mut self, outcome: Outcome, now: u64) {
+        self.state.nrp.read_in_flight = false;
+        let snapshot = match outcome {
+            Outcome::NrpSnapshot(snapshot) => snapshot,
+            Outcome::Failed(failure) => {
+                let nrp = &mut self.state.nrp;
+                nrp.read_retries += 1;
+                nrp.next_read_ms = now + backoff_ms("read-nrp", nrp.read_retries, failure.retry_after_ms);
+                return;
+            }
+            // Any other answer is a host bug; read again after the shortest backoff.
+            Outcome::Ok | Outcome::PublicIpAddress(_) => {
+                self.state.nrp.next_read_ms = now + timing::BACKOFF_BASE_MS;
+                return;
+            }
+        };
+        let mut inbound = BTreeSet::new();
+        let mut foreign = BTreeSet::new();
+        for service in &snapshot.services {
+            let name = service.name.to_ascii_lowercase();
+            if service.service_type.eq_ignore_ascii_case("Inbound") && !service.is_default {
+                inbound.insert(name);
+            } else {
+                foreign.insert(name);
+            }
+        }
+        self.state.diff.replace_nrp(inbound, &snapshot.locations);
+        let nrp = &mut self.state.nrp;
+        nrp.foreign = foreign;
+        nrp.loaded = true;
+        nrp.read_retries = 0;
+        nrp.next_read_ms = now + timing::RESYNC_INTERVAL_MS;
+        nrp.quarantined.clear();
+        if self.state.reconciled {
+            self.reconcile_with_nrp();
+        } else {
+            self.maybe_reconcile();
+        }
+    }
+
+    fn maybe_reconcile(&mut self) {
+        if !self.state.reconciled && self.state.lists_complete && self.state.nrp.loaded {
+            self.state.reconciled = true;
+            self.reconcile_with_nrp();
+        }
+    }
+
+    /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
+    /// Kubernetes does not explain (upstream §c.2.4).
+    fn reconcile_with_nrp(&mut self) {
+        let registered: Vec<String> = self.state.diff.registered().iter().cloned().collect();
+        for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
+            if lifecycle.phase == Phase::Created && !self.state.diff.is_registered(identity) {
+                lifecycle.phase = Phase::UpdateInProgress;
+                lifecycle.op_config = lifecycle.desired.clone();
+                lifecycle.steps = OpStep::ENSURE.into();
+                self.state.runnable.insert(identity.clone());
+            }
+        }
+        for identity in registered {
+            if self.state.lifecycles.contains_key(&identity) || !looks_like_uid(&identity) {
+                continue;
+            }
+            let record =
+                self.state.service_by_identity.get(&identity).and_then(|key| self.state.services.get(key)).cloned();
+            match record {
+                // A live Service that is no longer admitted keeps serving (design §3).
+                Some(r) if !matches!(r.verdict, Verdict::Cleanup | Verdict::Ignored(_)) => {
+                    let lifecycle =
+                        Lifecycle::new(object_ref(&r.observed), Phase::Created, ObjectState::of(&r.observed), None);
+                    self.state.lifecycles.insert(identity.clone(), lifecycle);
+                    self.seed(&identity);
+                    self.state.diff.touch_identity(&identity);
+                }
+                Some(r) => self.adopt_for_deletion(&identity, object_ref(&r.observed), ObjectState::of(&r.observed)),
+                None => {
+                    let orphan = ObjectRef {
+                        kind: "Service".into(),
+                        namespace: String::new(),
+                        name: String::new(),
+                        uid: identity.clone(),
+                    };
+                    self.adopt_for_deletion(&identity, orphan, ObjectState::gone());
+                }
+            }
+        }
+    }
+
+    /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
+    fn adopt_for_deletion(&mut self, identity: &str, service: ObjectRef, object: ObjectState) {
+        let lifecycle = Lifecycle::new(service, Phase::DeletionPending, object, None);
+        self.state.lifecycles.insert(identity.to_owned(), lifecycle);
+        self.state.draining.insert(identity.to_owned());
+        self.state.diff.touch_identity(identity);
+    }
+
+    // ---- State ----
 
     /// The whole state: `(version, payload)`.
     pub fn export_state(&self) -> (u32, Vec<u8>) {
@@ -150,7 +1254,7 @@ impl Tracker {
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
         let state = match version {
-            STATE_VERSION => postcard::from_bytes::<StateV1>(payload)
+            STATE_VERSION => postcard::from_bytes::<State>(payload)
                 .map_err(|e| StateError::Corrupt(format!("state version {version}: {e}")))?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
@@ -168,12 +1272,12 @@ mod tests {
 
     fn lb_service(etp: &str) -> Service {
         Service {
-            uid: "UID-1".into(),
+            uid: "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01".into(),
             namespace: "default".into(),
             name: "web".into(),
             service_type: Some("LoadBalancer".into()),
             external_traffic_policy: Some(etp.into()),
-            ports: vec![crate::model::ServicePort {
+            ports: vec![ServicePort {
                 name: None,
                 protocol: Some("TCP".into()),
                 port: 80,
@@ -187,31 +1291,42 @@ mod tests {
     #[test]
     fn a_service_that_becomes_invalid_keeps_its_last_admitted_spec_and_gets_one_warning() {
         let mut tracker = Tracker::create(clb()).unwrap();
-        assert!(tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local"))]).commands.is_empty());
+        assert!(
+            tracker
+                .observe(0, vec![Observation::ServiceUpserted(lb_service("Local"))])
+                .commands
+                .iter()
+                .all(|c| !matches!(c.command, Command::EmitEvent(_)))
+        );
         let step = tracker.observe(1, vec![Observation::ServiceUpserted(lb_service("Cluster"))]);
-        assert_eq!(step.commands.len(), 1);
-        let Command::EmitEvent(event) = &step.commands[0].command else { panic!("{:?}", step.commands) };
-        assert_eq!(event.reason, "UnsupportedExternalTrafficPolicy");
-        assert!(event.message.contains("keeps its last admitted configuration"));
+        let events: Vec<&Event> = step
+            .commands
+            .iter()
+            .filter_map(|c| if let Command::EmitEvent(e) = &c.command { Some(e) } else { None })
+            .collect();
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, "UnsupportedExternalTrafficPolicy");
+        assert!(events[0].message.contains("keeps its last admitted configuration"));
         assert_eq!(tracker.admitted_spec("default", "web").unwrap().external_traffic_policy.as_deref(), Some("Local"));
         let again = tracker.observe(2, vec![Observation::ServiceUpserted(lb_service("Cluster"))]);
-        assert!(again.commands.is_empty(), "an unchanged rejection is not reported twice");
+        assert!(again.commands.iter().all(|c| !matches!(c.command, Command::EmitEvent(_))));
     }
 
     #[test]
-    fn export_then_import_then_export_is_a_fixed_point() {
+    fn nothing_but_a_read_of_nrp_is_sent_before_the_lists_are_complete() {
         let mut tracker = Tracker::create(clb()).unwrap();
-        tracker.observe(
-            0,
-            vec![
-                Observation::ServiceUpserted(lb_service("Cluster")),
-                Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.0.0.4".into()] }),
-            ],
-        );
-        let (version, payload) = tracker.export_state();
-        let imported = Tracker::import_state(clb(), version, &payload).unwrap();
-        assert_eq!(imported, tracker);
-        assert_eq!(imported.export_state(), (version, payload));
+        let step = tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local"))]);
+        assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
+    }
+
+    #[test]
+    fn backoff_doubles_from_one_second_to_a_thirty_second_cap_with_bounded_jitter() {
+        for (attempt, base) in [(1, 1_000), (2, 2_000), (3, 4_000), (5, 16_000), (6, 30_000), (40, 30_000)] {
+            let delay = backoff_ms("uid", attempt, None);
+            assert!(delay >= base && delay <= base + base / 5, "attempt {attempt}: {delay}");
+            assert_eq!(delay, backoff_ms("uid", attempt, None), "deterministic");
+        }
+        assert_eq!(backoff_ms("uid", 1, Some(45_000)), 45_000, "Retry-After wins when longer");
     }
 
     #[test]

@@ -1,0 +1,463 @@
+//! The DiffTracker's set/diff core (upstream §a, §b.1): what Kubernetes wants at each location
+//! against what NRP has been told, and the address-location updates that close the gap.
+//!
+//! Work is proportional to change: every mutation marks the locations it touched as dirty, and
+//! a sync looks only at dirty locations. The NRP mirror changes only when NRP accepted a batch
+//! (or a fresh read of NRP replaces it).
+
+use crate::model::{NrpAddress, NrpListedLocation, NrpLocation, UpdateAction};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// How an identity found at an address takes part in a sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// One of ours and registered: program it.
+    Ready,
+    /// One of ours (or unknown) but not to be programmed now: leave it out, which drains it.
+    NotReady,
+    /// Somebody else's (an outbound identity): keep whatever NRP has.
+    Foreign,
+}
+
+type Services = BTreeSet<String>;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffTracker {
+    /// Kubernetes: location → address → identity → how many EndpointSlices contribute it.
+    /// Counting makes an address that two slices list survive the removal from one of them.
+    k8s: BTreeMap<String, BTreeMap<String, BTreeMap<String, u32>>>,
+    /// identity → location → number of its addresses there, in `k8s`.
+    k8s_by_identity: BTreeMap<String, BTreeMap<String, u32>>,
+    /// NRP: registered inbound services.
+    registered: BTreeSet<String>,
+    /// NRP: location → address → services.
+    nrp: BTreeMap<String, BTreeMap<String, Services>>,
+    /// identity → location → number of NRP addresses there that reference it.
+    nrp_by_identity: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Locations whose two views may differ.
+    dirty: BTreeSet<String>,
+    /// Locations a failed batch may or may not have changed: the next update states them
+    /// whole, so it is right whatever NRP did.
+    /// With the identities the failed update named: NRP may reference them there.
+    uncertain: BTreeMap<String, BTreeSet<String>>,
+}
+
+fn bump(index: &mut BTreeMap<String, BTreeMap<String, u32>>, identity: &str, location: &str, up: bool) {
+    if up {
+        *index.entry(identity.to_owned()).or_default().entry(location.to_owned()).or_default() += 1;
+        return;
+    }
+    if let Some(locations) = index.get_mut(identity) {
+        if let Some(count) = locations.get_mut(location) {
+            *count -= 1;
+            if *count == 0 {
+                locations.remove(location);
+            }
+        }
+        if locations.is_empty() {
+            index.remove(identity);
+        }
+    }
+}
+
+impl DiffTracker {
+    /// One EndpointSlice now lists `address` on `location` for `identity`.
+    pub fn add_endpoint(&mut self, identity: &str, address: &str, location: &str) {
+        let identities = self.k8s.entry(location.to_owned()).or_default().entry(address.to_owned()).or_default();
+        let count = identities.entry(identity.to_owned()).or_default();
+        *count += 1;
+        if *count == 1 {
+            bump(&mut self.k8s_by_identity, identity, location, true);
+            self.dirty.insert(location.to_owned());
+        }
+    }
+
+    /// One EndpointSlice no longer lists `address` on `location` for `identity`. Removing what
+    /// is not there is a no-op: duplicate and out-of-order deletes are harmless.
+    pub fn remove_endpoint(&mut self, identity: &str, address: &str, location: &str) {
+        let Some(addresses) = self.k8s.get_mut(location) else { return };
+        let Some(identities) = addresses.get_mut(address) else { return };
+        let Some(count) = identities.get_mut(identity) else { return };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        identities.remove(identity);
+        if identities.is_empty() {
+            addresses.remove(address);
+        }
+        if addresses.is_empty() {
+            self.k8s.remove(location);
+        }
+        bump(&mut self.k8s_by_identity, identity, location, false);
+        self.dirty.insert(location.to_owned());
+    }
+
+    /// An identity's class changed: every location where either view mentions it is dirty.
+    pub fn touch_identity(&mut self, identity: &str) {
+        for index in [&self.k8s_by_identity, &self.nrp_by_identity] {
+            if let Some(locations) = index.get(identity) {
+                self.dirty.extend(locations.keys().cloned());
+            }
+        }
+    }
+
+    pub fn is_registered(&self, identity: &str) -> bool {
+        self.registered.contains(identity)
+    }
+
+    pub fn registered(&self) -> &BTreeSet<String> {
+        &self.registered
+    }
+
+    /// NRP accepted the registration (or the unregistration) of an inbound service.
+    pub fn set_registered(&mut self, identity: &str, registered: bool) {
+        let changed =
+            if registered { self.registered.insert(identity.to_owned()) } else { self.registered.remove(identity) };
+        if changed {
+            self.touch_identity(identity);
+        }
+    }
+
+    /// Whether any NRP address still references the identity, or may after a failed batch.
+    pub fn nrp_references(&self, identity: &str) -> bool {
+        self.nrp_by_identity.contains_key(identity) || self.uncertain.values().any(|ids| ids.contains(identity))
+    }
+
+    /// Whether Kubernetes has any address for the identity.
+    pub fn has_endpoints(&self, identity: &str) -> bool {
+        self.k8s_by_identity.contains_key(identity)
+    }
+
+    pub fn has_dirty(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    pub fn mark_dirty(&mut self, location: &str) {
+        self.dirty.insert(location.to_owned());
+    }
+
+    /// A batch carrying this update failed without saying whether NRP applied it.
+    pub fn mark_uncertain(&mut self, update: &NrpLocation) {
+        let named = update.addresses.iter().flat_map(|a| a.services.iter().cloned());
+        self.uncertain.entry(update.location.clone()).or_default().extend(named);
+        self.dirty.insert(update.location.clone());
+    }
+
+    /// Every location either view knows is dirty (after a fresh read of NRP).
+    pub fn mark_all_dirty(&mut self) {
+        self.dirty.extend(self.k8s.keys().cloned());
+        self.dirty.extend(self.nrp.keys().cloned());
+    }
+
+    /// Takes up to `max` dirty locations that need an update, in location order, with their
+    /// updates. Dirty locations found in sync are dropped from the dirty set on the way; those
+    /// returned leave it until the caller puts them back ([`Self::mark_dirty`]) on failure.
+    /// `class` is given the tracker, since registration is part of readiness.
+    pub fn take_sync(&mut self, max: usize, class: impl Fn(&DiffTracker, &str) -> Class) -> Vec<NrpLocation> {
+        let mut batch = Vec::new();
+        while batch.len() < max {
+            let Some(location) = self.dirty.pop_first() else { break };
+            if let Some(update) = self.sync_location(&location, &|id: &str| class(self, id)) {
+                batch.push(update);
+            }
+        }
+        batch
+    }
+
+    /// The update that makes NRP's view of one location equal the desired one, if any
+    /// (upstream `GetSyncLocationsAddresses`, for one location).
+    pub fn sync_location(&self, location: &str, class: &impl Fn(&str) -> Class) -> Option<NrpLocation> {
+        let empty = BTreeMap::new();
+        let actual = self.nrp.get(location);
+        let wanted = self.k8s.get(location).unwrap_or(&empty);
+        let mut desired: BTreeMap<&str, Services> = BTreeMap::new();
+        for (address, identities) in wanted {
+            let set: Services = identities.keys().filter(|id| class(id) == Class::Ready).cloned().collect();
+            if !set.is_empty() {
+                desired.insert(address, set);
+            }
+        }
+        // Other controllers' identities stay as NRP has them.
+        for (address, services) in actual.into_iter().flatten() {
+            for service in services.iter().filter(|s| class(s) == Class::Foreign) {
+                desired.entry(address).or_default().insert(service.clone());
+            }
+        }
+        let to_wire = |address: &str, services: &Services| NrpAddress {
+            address: address.to_owned(),
+            services: services.iter().cloned().collect(),
+        };
+        let uncertain = self.uncertain.contains_key(location);
+        let actual = match actual {
+            Some(actual) if !uncertain => actual,
+            _ if desired.is_empty() && !uncertain => return None,
+            _ => {
+                let addresses: Vec<NrpAddress> = desired.iter().map(|(a, s)| to_wire(a, s)).collect();
+                let action = if addresses.is_empty() { UpdateAction::PartialUpdate } else { UpdateAction::FullUpdate };
+                return Some(NrpLocation { location: location.to_owned(), action, addresses });
+            }
+        };
+        if desired.is_empty() {
+            // Nothing of ours or anybody's is left: delete the whole location.
+            return Some(NrpLocation {
+                location: location.to_owned(),
+                action: UpdateAction::PartialUpdate,
+                addresses: Vec::new(),
+            });
+        }
+        let mut addresses = Vec::new();
+        for (address, services) in &desired {
+            if actual.get(*address) != Some(services) {
+                addresses.push(to_wire(address, services));
+            }
+        }
+        for address in actual.keys().filter(|a| !desired.contains_key(a.as_str())) {
+            addresses.push(NrpAddress { address: address.clone(), services: Vec::new() });
+        }
+        if addresses.is_empty() {
+            return None;
+        }
+        addresses.sort_by(|a, b| a.address.cmp(&b.address));
+        Some(NrpLocation { location: location.to_owned(), action: UpdateAction::PartialUpdate, addresses })
+    }
+
+    fn set_nrp_address(&mut self, location: &str, address: &str, services: Option<Services>) {
+        let addresses = self.nrp.entry(location.to_owned()).or_default();
+        let old = match services {
+            Some(services) => addresses.insert(address.to_owned(), services.clone()).map(|old| (old, Some(services))),
+            None => addresses.remove(address).map(|old| (old, None)),
+        };
+        if addresses.is_empty() {
+            self.nrp.remove(location);
+        }
+        let (old, new) = match old {
+            Some((old, new)) => (old, new.unwrap_or_default()),
+            None => (Services::new(), self.nrp.get(location).and_then(|a| a.get(address)).cloned().unwrap_or_default()),
+        };
+        for gone in old.difference(&new) {
+            bump(&mut self.nrp_by_identity, gone, location, false);
+        }
+        for added in new.difference(&old) {
+            bump(&mut self.nrp_by_identity, added, location, true);
+        }
+    }
+
+    fn remove_nrp_location(&mut self, location: &str) {
+        let addresses: Vec<String> = self.nrp.get(location).map(|a| a.keys().cloned().collect()).unwrap_or_default();
+        for address in addresses {
+            self.set_nrp_address(location, &address, None);
+        }
+    }
+
+    /// NRP accepted `batch`: record it in the mirror (upstream `UpdateLocationsAddresses`).
+    pub fn apply(&mut self, batch: &[NrpLocation]) {
+        for location in batch {
+            self.uncertain.remove(&location.location);
+            if location.addresses.is_empty() || location.action == UpdateAction::FullUpdate {
+                self.remove_nrp_location(&location.location);
+            }
+            for address in &location.addresses {
+                let services: Services = address.services.iter().cloned().collect();
+                let services = if services.is_empty() { None } else { Some(services) };
+                self.set_nrp_address(&location.location, &address.address, services);
+            }
+        }
+    }
+
+    /// Replaces the NRP mirror with what NRP listed, canonicalising every IP. Returns the
+    /// entries that were not IP addresses, which are skipped.
+    pub fn replace_nrp(&mut self, registered: BTreeSet<String>, locations: &[NrpListedLocation]) -> Vec<String> {
+        self.registered = registered;
+        self.uncertain.clear();
+        self.nrp.clear();
+        self.nrp_by_identity.clear();
+        let mut skipped = Vec::new();
+        for listed in locations {
+            let Some((location, _)) = crate::ip::canonical(&listed.location) else {
+                skipped.push(listed.location.clone());
+                continue;
+            };
+            for address in &listed.addresses {
+                let Some((canonical, _)) = crate::ip::canonical(&address.address) else {
+                    skipped.push(address.address.clone());
+                    continue;
+                };
+                let services: Services = address.services.iter().map(|s| s.to_ascii_lowercase()).collect();
+                if !services.is_empty() {
+                    self.set_nrp_address(&location, &canonical, Some(services));
+                }
+            }
+        }
+        self.mark_all_dirty();
+        skipped
+    }
+
+    /// NRP's view, for tests and reports: location → address → services.
+    pub fn nrp_view(&self) -> &BTreeMap<String, BTreeMap<String, Services>> {
+        &self.nrp
+    }
+
+    /// The Kubernetes view filtered by `class` as NRP should hold it: location → address →
+    /// ready identities. Equal to [`Self::nrp_view`] once every sync has been applied.
+    pub fn desired_view(&self, class: impl Fn(&str) -> Class) -> BTreeMap<String, BTreeMap<String, Services>> {
+        let mut view: BTreeMap<String, BTreeMap<String, Services>> = BTreeMap::new();
+        for (location, addresses) in &self.k8s {
+            for (address, identities) in addresses {
+                let ready: Services = identities.keys().filter(|id| class(id) == Class::Ready).cloned().collect();
+                if !ready.is_empty() {
+                    view.entry(location.clone()).or_default().insert(address.clone(), ready);
+                }
+            }
+        }
+        for (location, addresses) in &self.nrp {
+            for (address, services) in addresses {
+                for service in services.iter().filter(|s| class(s) == Class::Foreign) {
+                    view.entry(location.clone())
+                        .or_default()
+                        .entry(address.clone())
+                        .or_default()
+                        .insert(service.clone());
+                }
+            }
+        }
+        view
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready_all(_: &DiffTracker, _: &str) -> Class {
+        Class::Ready
+    }
+
+    fn converge(tracker: &mut DiffTracker, class: impl Fn(&DiffTracker, &str) -> Class + Copy) {
+        loop {
+            let batch = tracker.take_sync(usize::MAX, class);
+            if batch.is_empty() {
+                break;
+            }
+            tracker.apply(&batch);
+        }
+    }
+
+    // Mirrors upstream TestGetSyncLocationsAddresses: a node unknown to NRP is a FullUpdate.
+    #[test]
+    fn a_location_new_to_nrp_is_sent_as_a_full_update_with_its_addresses() {
+        let mut t = DiffTracker::default();
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        let batch = t.take_sync(10, ready_all);
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].action, UpdateAction::FullUpdate);
+        assert_eq!(batch[0].addresses, vec![NrpAddress { address: "10.1.0.5".into(), services: vec!["svc-a".into()] }]);
+    }
+
+    // Mirrors upstream TestUpdateK8sEndpointsRelocation (a Design A defect fixed in B).
+    #[test]
+    fn a_pod_ip_moving_between_nodes_in_one_update_leaves_the_old_node() {
+        let mut t = DiffTracker::default();
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        converge(&mut t, ready_all);
+        t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.5");
+        let batch = t.take_sync(10, ready_all);
+        let old = batch.iter().find(|l| l.location == "10.0.0.4").unwrap();
+        assert!(old.addresses.is_empty(), "the old node is deleted: {old:?}");
+        t.apply(&batch);
+        assert_eq!(t.nrp_view(), &t.desired_view(|_| Class::Ready));
+        assert!(t.nrp_view().get("10.0.0.4").is_none());
+    }
+
+    // Mirrors upstream TestNRPDrainVsRemoveWireShapes.
+    #[test]
+    fn a_removed_pod_is_sent_with_no_services_and_a_gone_node_with_no_addresses() {
+        let mut t = DiffTracker::default();
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.add_endpoint("svc-a", "10.1.0.6", "10.0.0.4");
+        t.add_endpoint("svc-a", "10.1.0.7", "10.0.0.5");
+        converge(&mut t, ready_all);
+        t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.remove_endpoint("svc-a", "10.1.0.7", "10.0.0.5");
+        let batch = t.take_sync(10, ready_all);
+        assert_eq!(
+            batch,
+            vec![
+                NrpLocation {
+                    location: "10.0.0.4".into(),
+                    action: UpdateAction::PartialUpdate,
+                    addresses: vec![NrpAddress { address: "10.1.0.5".into(), services: vec![] }],
+                },
+                NrpLocation { location: "10.0.0.5".into(), action: UpdateAction::PartialUpdate, addresses: vec![] },
+            ]
+        );
+    }
+
+    // Mirrors upstream TestGuardSyncOps_NoSpuriousLocationEntries.
+    #[test]
+    fn locations_already_in_sync_produce_no_entries() {
+        let mut t = DiffTracker::default();
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        converge(&mut t, ready_all);
+        t.mark_all_dirty();
+        assert!(t.take_sync(10, ready_all).is_empty());
+    }
+
+    #[test]
+    fn an_address_listed_by_two_slices_survives_the_removal_from_one() {
+        let mut t = DiffTracker::default();
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        converge(&mut t, ready_all);
+        assert!(t.nrp_view()["10.0.0.4"].contains_key("10.1.0.5"));
+    }
+
+    #[test]
+    fn duplicate_and_out_of_order_removes_are_harmless() {
+        let mut t = DiffTracker::default();
+        t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        assert!(!t.has_endpoints("svc-a"));
+        assert!(t.take_sync(10, ready_all).is_empty());
+    }
+
+    #[test]
+    fn not_ready_identities_are_drained_and_foreign_ones_kept() {
+        let mut t = DiffTracker::default();
+        let listed = vec![NrpListedLocation {
+            location: "10.0.0.4".into(),
+            addresses: vec![NrpAddress {
+                address: "10.1.0.5".into(),
+                services: vec!["svc-a".into(), "egress-x".into()],
+            }],
+        }];
+        t.replace_nrp(BTreeSet::from(["svc-a".to_string()]), &listed);
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        let class = |_: &DiffTracker, id: &str| if id == "egress-x" { Class::Foreign } else { Class::NotReady };
+        let batch = t.take_sync(10, class);
+        assert_eq!(
+            batch[0].addresses,
+            vec![NrpAddress { address: "10.1.0.5".into(), services: vec!["egress-x".into()] }]
+        );
+        t.apply(&batch);
+        assert!(!t.nrp_references("svc-a"));
+        assert!(t.nrp_references("egress-x"));
+    }
+
+    #[test]
+    fn nrp_listings_in_any_ipv6_spelling_become_one_canonical_location() {
+        let mut t = DiffTracker::default();
+        let listed = vec![NrpListedLocation {
+            location: "FD00:0::4".into(),
+            addresses: vec![NrpAddress { address: "FD00:1::0005".into(), services: vec!["SVC-A".into()] }],
+        }];
+        t.replace_nrp(BTreeSet::from(["svc-a".to_string()]), &listed);
+        t.add_endpoint("svc-a", "fd00:1::5", "fd00::4");
+        assert!(t.take_sync(10, ready_all).is_empty(), "{:?}", t.nrp_view());
+    }
+}

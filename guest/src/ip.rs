@@ -1,0 +1,43 @@
+//! Canonical IP text: every address and location is parsed and printed back, so that two
+//! spellings of one IPv6 address never become two keys.
+
+use std::net::IpAddr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// The canonical text of an IP address and its family; `None` when it is not an IP address.
+pub fn canonical(text: &str) -> Option<(String, Family)> {
+    let ip: IpAddr = text.trim().parse().ok()?;
+    let family = if ip.is_ipv4() { Family::V4 } else { Family::V6 };
+    Some((ip.to_string(), family))
+}
+
+/// The location for an address of `family` on a node: the node's InternalIP of the same family,
+/// the smallest canonical text when it has several (upstream `SelectSameFamilyNodeIP`).
+pub fn same_family_location<'a>(internal_ips: impl IntoIterator<Item = &'a String>, family: Family) -> Option<String> {
+    internal_ips.into_iter().filter_map(|ip| canonical(ip)).filter(|(_, f)| *f == family).map(|(ip, _)| ip).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipv6_spellings_collapse_to_one_canonical_text() {
+        assert_eq!(canonical("FD00:0:0::0A").unwrap().0, "fd00::a");
+        assert_eq!(canonical(" 10.0.0.1 ").unwrap(), ("10.0.0.1".into(), Family::V4));
+        assert!(canonical("10.0.0.256").is_none());
+    }
+
+    #[test]
+    fn a_node_with_several_internal_ips_uses_the_smallest_of_the_family() {
+        let ips = vec!["10.0.0.9".to_string(), "fd00::2".into(), "10.0.0.10".into(), "FD00::1".into()];
+        assert_eq!(same_family_location(&ips, Family::V4).as_deref(), Some("10.0.0.10"));
+        assert_eq!(same_family_location(&ips, Family::V6).as_deref(), Some("fd00::1"));
+        assert_eq!(same_family_location(&ips[..1], Family::V6), None);
+    }
+}
