@@ -62,10 +62,9 @@ pub struct ArmClient {
 /// A successful answer, after any polling.
 struct Answer {
     headers: HeaderMap,
-    /// The final body: the initial one for a synchronous answer, the `Location` poll's last one,
-    /// or empty after `Azure-AsyncOperation` polling (the caller GETs the resource if it needs it).
+    /// The final body: the initial one for a synchronous answer, else the `Location` poll's last
+    /// one or, for a PUT, the resource read back; empty after a polled POST.
     body: Vec<u8>,
-    polled: bool,
 }
 
 impl ArmClient {
@@ -168,17 +167,28 @@ impl ArmClient {
         body: Option<Vec<u8>>,
         if_match: Option<&ETag>,
     ) -> Result<Answer, AzureError> {
-        let (status, headers, body) = self.send_once(op, method, url, body, if_match).await?;
+        let reads_back = matches!(method, Method::PUT | Method::GET);
+        let (status, headers, body) = self.send_once(op, method, url.clone(), body, if_match).await?;
         if !status.is_success() {
             return Err(error_answer(op, status, &headers, &body));
         }
         if matches!(status, StatusCode::CREATED | StatusCode::ACCEPTED)
             && let Some((monitor, via_async_header)) = monitor_url(&headers)
         {
-            return self.poll(op, &monitor, via_async_header, &headers).await;
+            let answer = self.poll(op, &monitor, via_async_header, &headers).await?;
+            if !(answer.body.is_empty() && reads_back) {
+                return Ok(answer);
+            }
+            // ARM's rule for a PUT (or a GET) that ended through a status monitor: the
+            // resource itself is the result.
+            let (status, headers, body) = self.send_once(op, Method::GET, url, None, None).await?;
+            if !status.is_success() {
+                return Err(error_answer(op, status, &headers, &body));
+            }
+            return Ok(Answer { headers, body });
         }
         check_error_body(op, status, &body)?;
-        Ok(Answer { headers, body, polled: false })
+        Ok(Answer { headers, body })
     }
 
     async fn poll(
@@ -204,7 +214,12 @@ impl ArmClient {
             tokio::time::sleep(wait).await;
             let (status, headers, body) = self.send_once(op, Method::GET, url.clone(), None, None).await?;
             if !status.is_success() {
-                return Err(error_answer(op, status, &headers, &body));
+                let mut error = error_answer(op, status, &headers, &body);
+                if !via_async_header {
+                    // Through `Location`, a failed operation's end is an error answer.
+                    error.kind = ErrorKind::AsyncFailed;
+                }
+                return Err(error);
             }
             wait = retry_after(&headers).unwrap_or(self.config.poll_interval);
             if !via_async_header {
@@ -213,11 +228,11 @@ impl ArmClient {
                     continue;
                 }
                 check_error_body(op, status, &body)?;
-                return Ok(Answer { headers, body, polled: true });
+                return Ok(Answer { headers, body });
             }
             let state: AsyncOperationStatus = decode(op, &body)?;
             match state.status.to_ascii_lowercase().as_str() {
-                "succeeded" => return Ok(Answer { headers, body: Vec::new(), polled: true }),
+                "succeeded" => return Ok(Answer { headers, body: Vec::new() }),
                 "failed" | "canceled" | "cancelled" => {
                     let error = state.error.unwrap_or_default();
                     let message = if error.message.is_empty() {
@@ -382,16 +397,8 @@ impl AzureApi for ArmClient {
         let op = Operation::PutPublicIp;
         let url = self.network_url(op, &["publicIPAddresses", &spec.name])?;
         let body = encode(op, &wire::public_ip(&self.config.scope, spec))?;
-        let answer = self.call(op, Method::PUT, url.clone(), Some(body), None).await?;
-        let mut address = match answer.body.is_empty() {
-            true => None,
-            false => decode::<wire::PublicIpAddress>(op, &answer.body)?.properties.ip_address,
-        };
-        if address.is_none() && answer.polled {
-            // After an LRO the resource itself is the result.
-            let got = self.call(op, Method::GET, url, None, None).await?;
-            address = decode::<wire::PublicIpAddress>(op, &got.body)?.properties.ip_address;
-        }
+        let answer = self.call(op, Method::PUT, url, Some(body), None).await?;
+        let address = decode::<wire::PublicIpAddress>(op, &answer.body)?.properties.ip_address;
         address.filter(|a| !a.is_empty()).ok_or_else(|| {
             AzureError::new(op, ErrorKind::Decode, format!("public IP {} has no properties.ipAddress", spec.name))
         })
