@@ -1,4 +1,4 @@
-//! The command line: `clb-host inspect` and `clb-host validate`. Output goes to the writers it
+//! The command line: `clb-host inspect`, `clb-host validate` and `clb-host emulator`. Output goes to the writers it
 //! is given, so tests run it in-process.
 
 use crate::sandbox::bindings::clb::reconciler::types::Mode;
@@ -47,6 +47,38 @@ enum Command {
         #[command(flatten)]
         logic: LogicArgs,
     },
+    /// Serve the local Azure emulator (NRP serviceGateways, public IPs, load balancers, backend
+    /// pools, faults at /emulator/faults, state at /emulator/state) until killed.
+    ///
+    /// Prints `listening on http://ADDR` once bound; exits 2 when it cannot listen.
+    Emulator(EmulatorArgs),
+}
+
+/// Where the emulator listens and which resource group it emulates.
+#[derive(Args)]
+struct EmulatorArgs {
+    /// The address to listen on; port 0 picks a free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: std::net::SocketAddr,
+    #[arg(long, default_value = "00000000-0000-0000-0000-000000000000")]
+    subscription: String,
+    #[arg(long, default_value = "rg")]
+    resource_group: String,
+    #[arg(long, default_value = "eastus")]
+    location: String,
+    /// The VNet's resource group; default: the resource group.
+    #[arg(long)]
+    vnet_resource_group: Option<String>,
+    #[arg(long, default_value = "vnet")]
+    vnet: String,
+    #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
+    service_gateway: String,
+    /// Items per page of the services and addressLocations lists.
+    #[arg(long, default_value_t = 100)]
+    page_size: usize,
+    /// List IPv6 locations and addresses in upper case, as NRP may.
+    #[arg(long)]
+    echo_ipv6_upper: bool,
 }
 
 /// Which logic to run and under which limits.
@@ -104,6 +136,7 @@ pub fn run(
     let result = match cli.command {
         Command::Inspect { file } => inspect(&file, out),
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
+        Command::Emulator(args) => emulator(args, out),
     };
     result.unwrap_or_else(|e| {
         let _ = writeln!(err, "error: {e:#}");
@@ -214,4 +247,31 @@ fn validate(
         writeln!(out, "{}: service {}/{}: {what}", path.display(), record.namespace, record.name)?;
     }
     Ok(if all_admitted { EXIT_OK } else { EXIT_REFUSED })
+}
+
+fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
+    use crate::emulator::{Emulator, EmulatorConfig, EmulatorServer};
+    let scope = crate::azure::Scope {
+        vnet_resource_group: args.vnet_resource_group.unwrap_or_else(|| args.resource_group.clone()),
+        subscription: args.subscription,
+        resource_group: args.resource_group,
+        location: args.location,
+        vnet: args.vnet,
+        service_gateway: args.service_gateway,
+    };
+    let config = EmulatorConfig {
+        page_size: args.page_size.max(1),
+        echo_ipv6_upper: args.echo_ipv6_upper,
+        ..Default::default()
+    };
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let emulator = std::sync::Arc::new(Emulator::with_config(scope, config));
+        let server = EmulatorServer::start(emulator, args.listen).await?;
+        writeln!(out, "listening on {}", server.url())?;
+        out.flush()?;
+        std::future::pending::<()>().await;
+        Ok(EXIT_OK)
+    })
 }

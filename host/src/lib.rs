@@ -2,10 +2,13 @@
 //!
 //! It loads the logic — a WebAssembly component — into a sandbox ([`sandbox`]), copies
 //! Kubernetes objects into the records the logic reads ([`records`]), reads the operator's files
-//! ([`inputs`]), and carries out what the logic asks. It decides nothing about load balancers:
+//! ([`inputs`]), and carries out what the logic asks — on Azure through [`azure`], against real
+//! ARM or the local [`emulator`]. It decides nothing about load balancers:
 //! every rule a reviewer could argue about lives in the guest (`clb-guest`).
 
+pub mod azure;
 pub mod cli;
+pub mod emulator;
 pub mod inputs;
 pub mod records;
 pub mod sandbox;

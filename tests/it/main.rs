@@ -2,6 +2,7 @@
 //! are built by `tests/build.rs`.
 
 mod admission;
+mod azure;
 mod cli;
 mod sandbox;
 mod tracker;

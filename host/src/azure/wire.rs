@@ -1,0 +1,448 @@
+//! The JSON of the ARM and NRP APIs (upstream-reference §h.2), and the one mapping between it
+//! and the host's request types. The client and the emulator both go through these builders, so
+//! the in-process emulator sees exactly the bodies the HTTP client would send.
+//!
+//! Keys are camelCase; absent optional fields are omitted; lists that NRP reads as "set to
+//! empty" (`addresses`, `services`, `loadBalancerBackendPools`) are always sent, `[]` when empty.
+
+use super::{
+    BackendAddress, BackendPool, FRONTEND_NAME, IpVersion, LbRule, ListedLocation, ListedService, LoadBalancerSpec,
+    LocationUpdate, NatGatewayLink, PoolRef, Protocol, PublicIpSpec, Scope, ServiceRequest, UpdateAction,
+};
+use serde::{Deserialize, Serialize};
+
+/// `{"id": …}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdRef {
+    pub id: String,
+}
+
+/// The ARM error envelope `{"error": {"code", "message"}}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorEnvelope {
+    pub error: ErrorBody,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// The body of an `Azure-AsyncOperation` poll.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AsyncOperationStatus {
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+/// A page of a list: `{"value": […], "nextLink"?}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Page<T> {
+    pub value: Vec<T>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_link: Option<String>,
+}
+
+// ---- serviceGateways/updateServices, /services ----
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateServicesRequest {
+    pub action: UpdateAction,
+    pub service_requests: Vec<ServiceRequestEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRequestEntry {
+    pub is_delete: bool,
+    pub service: GatewayService,
+}
+
+/// `ServiceGatewayService`: in requests and in `GET …/services`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatewayService {
+    pub name: String,
+    pub properties: GatewayServiceProperties,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayServiceProperties {
+    pub service_type: String,
+    #[serde(default)]
+    pub load_balancer_backend_pools: Vec<PoolEntry>,
+    /// Absent: omitted; `Some(None)`: an explicit JSON `null`, which clears the link.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "explicit_null")]
+    pub public_nat_gateway_id: Option<Option<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub is_default: Option<bool>,
+}
+
+/// A backend pool reference inside a service: `{id, name, properties.virtualNetwork.id}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolEntry {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub properties: Option<PoolEntryProperties>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolEntryProperties {
+    pub virtual_network: IdRef,
+}
+
+/// Serde for a field where absent, `null` and a value are three different things.
+mod explicit_null {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<Option<String>>, s: S) -> Result<S::Ok, S::Error> {
+        value.as_ref().and_then(|v| v.as_ref()).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+        Ok(Some(Option::<String>::deserialize(d)?))
+    }
+}
+
+// ---- serviceGateways/updateAddressLocations, /addressLocations ----
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateAddressLocationsRequest {
+    pub action: UpdateAction,
+    pub address_locations: Vec<AddressLocationEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressLocationEntry {
+    pub address_location: String,
+    pub address_update_action: UpdateAction,
+    pub addresses: Vec<AddressEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressEntry {
+    pub address: String,
+    pub services: Vec<String>,
+}
+
+/// `ServiceGatewayAddressLocationResponse`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressLocationResponse {
+    pub address_location: String,
+    #[serde(default)]
+    pub addresses: Vec<AddressEntry>,
+}
+
+// ---- publicIPAddresses ----
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sku {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicIpAddress {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub location: String,
+    #[serde(default)]
+    pub sku: Sku,
+    pub properties: PublicIpProperties,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicIpProperties {
+    #[serde(rename = "publicIPAllocationMethod")]
+    pub public_ip_allocation_method: String,
+    #[serde(rename = "publicIPAddressVersion")]
+    pub public_ip_address_version: IpVersion,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_address: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioning_state: Option<String>,
+}
+
+// ---- loadBalancers ----
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    #[serde(default)]
+    pub location: String,
+    #[serde(default)]
+    pub sku: Sku,
+    pub properties: LoadBalancerProperties,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerProperties {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    #[serde(rename = "frontendIPConfigurations", default)]
+    pub frontend_ip_configurations: Vec<FrontendIpConfiguration>,
+    #[serde(default)]
+    pub backend_address_pools: Vec<NamedEmpty>,
+    #[serde(default)]
+    pub load_balancing_rules: Vec<LoadBalancingRule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontendIpConfiguration {
+    pub name: String,
+    pub properties: FrontendIpProperties,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontendIpProperties {
+    #[serde(rename = "publicIPAddress")]
+    pub public_ip_address: IdRef,
+}
+
+/// A child resource that is only named here (a pool "with empty properties", §h.2).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedEmpty {
+    pub name: String,
+    #[serde(default)]
+    pub properties: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadBalancingRule {
+    pub name: String,
+    pub properties: LoadBalancingRuleProperties,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancingRuleProperties {
+    pub protocol: Protocol,
+    pub frontend_port: u16,
+    pub backend_port: u16,
+    pub idle_timeout_in_minutes: u32,
+    pub enable_tcp_reset: bool,
+    #[serde(rename = "enableFloatingIP")]
+    pub enable_floating_ip: bool,
+    #[serde(rename = "frontendIPConfiguration")]
+    pub frontend_ip_configuration: IdRef,
+    pub backend_address_pool: IdRef,
+}
+
+// ---- loadBalancers/{lb}/backendAddressPools/{pool} ----
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendAddressPool {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    #[serde(default)]
+    pub properties: BackendAddressPoolProperties,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendAddressPoolProperties {
+    #[serde(default)]
+    pub load_balancer_backend_addresses: Vec<LoadBalancerBackendAddress>,
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadBalancerBackendAddress {
+    pub name: String,
+    pub properties: BackendAddressProperties,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendAddressProperties {
+    pub ip_address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_network: Option<IdRef>,
+}
+
+// ---- host types → wire ----
+
+pub fn update_services(scope: &Scope, action: UpdateAction, requests: &[ServiceRequest]) -> UpdateServicesRequest {
+    let service_requests = requests
+        .iter()
+        .map(|r| ServiceRequestEntry {
+            is_delete: r.is_delete,
+            service: GatewayService {
+                name: r.name.clone(),
+                properties: GatewayServiceProperties {
+                    service_type: r.service_type.as_str().to_owned(),
+                    load_balancer_backend_pools: r
+                        .backend_pools
+                        .iter()
+                        .map(|p| PoolEntry {
+                            id: scope.backend_pool_id(p),
+                            name: Some(p.pool.clone()),
+                            properties: Some(PoolEntryProperties { virtual_network: IdRef { id: scope.vnet_id() } }),
+                        })
+                        .collect(),
+                    public_nat_gateway_id: match &r.nat_gateway {
+                        NatGatewayLink::Omit => None,
+                        NatGatewayLink::Set(name) => Some(Some(scope.nat_gateway_id(name))),
+                        NatGatewayLink::Clear => Some(None),
+                    },
+                    is_default: None,
+                },
+            },
+        })
+        .collect();
+    UpdateServicesRequest { action, service_requests }
+}
+
+pub fn update_address_locations(action: UpdateAction, locations: &[LocationUpdate]) -> UpdateAddressLocationsRequest {
+    let address_locations = locations
+        .iter()
+        .map(|l| AddressLocationEntry {
+            address_location: l.location.clone(),
+            address_update_action: l.action,
+            addresses: l
+                .addresses
+                .iter()
+                .map(|a| AddressEntry { address: a.address.clone(), services: a.services.clone() })
+                .collect(),
+        })
+        .collect();
+    UpdateAddressLocationsRequest { action, address_locations }
+}
+
+pub fn public_ip(scope: &Scope, spec: &PublicIpSpec) -> PublicIpAddress {
+    PublicIpAddress {
+        name: None,
+        id: None,
+        location: scope.location.clone(),
+        sku: Sku { name: "StandardV2".into(), tier: Some("Regional".into()) },
+        properties: PublicIpProperties {
+            public_ip_allocation_method: "Static".into(),
+            public_ip_address_version: spec.version,
+            ip_address: None,
+            provisioning_state: None,
+        },
+    }
+}
+
+pub fn load_balancer(scope: &Scope, spec: &LoadBalancerSpec) -> LoadBalancer {
+    let pool_id = scope.backend_pool_id(&PoolRef { load_balancer: spec.name.clone(), pool: spec.backend_pool.clone() });
+    let rule = |r: &LbRule| LoadBalancingRule {
+        name: r.name.clone(),
+        properties: LoadBalancingRuleProperties {
+            protocol: r.protocol,
+            frontend_port: r.frontend_port,
+            backend_port: r.backend_port,
+            idle_timeout_in_minutes: r.idle_timeout_minutes,
+            enable_tcp_reset: r.enable_tcp_reset,
+            enable_floating_ip: false,
+            frontend_ip_configuration: IdRef { id: scope.frontend_id(&spec.name) },
+            backend_address_pool: IdRef { id: pool_id.clone() },
+        },
+    };
+    LoadBalancer {
+        name: None,
+        id: None,
+        etag: None,
+        location: scope.location.clone(),
+        sku: Sku { name: "Service".into(), tier: None },
+        properties: LoadBalancerProperties {
+            scope: Some("Public".into()),
+            frontend_ip_configurations: vec![FrontendIpConfiguration {
+                name: FRONTEND_NAME.into(),
+                properties: FrontendIpProperties {
+                    public_ip_address: IdRef { id: scope.public_ip_id(&spec.public_ip) },
+                },
+            }],
+            backend_address_pools: vec![NamedEmpty { name: spec.backend_pool.clone(), properties: Default::default() }],
+            load_balancing_rules: spec.rules.iter().map(rule).collect(),
+        },
+    }
+}
+
+pub fn backend_pool(scope: &Scope, pool: &PoolRef, content: &BackendPool) -> BackendAddressPool {
+    BackendAddressPool {
+        name: Some(pool.pool.clone()),
+        id: None,
+        etag: None,
+        properties: BackendAddressPoolProperties {
+            load_balancer_backend_addresses: content
+                .addresses
+                .iter()
+                .map(|a| LoadBalancerBackendAddress {
+                    name: a.name.clone(),
+                    properties: BackendAddressProperties {
+                        ip_address: a.ip_address.clone(),
+                        virtual_network: Some(IdRef { id: scope.vnet_id() }),
+                    },
+                })
+                .collect(),
+            other: content.other_properties.clone(),
+        },
+    }
+}
+
+// ---- wire → host types ----
+
+pub fn listed_service(s: GatewayService) -> ListedService {
+    ListedService {
+        name: s.name,
+        service_type: s.properties.service_type,
+        backend_pool_ids: s.properties.load_balancer_backend_pools.into_iter().map(|p| p.id).collect(),
+        nat_gateway_id: s.properties.public_nat_gateway_id.flatten(),
+        is_default: s.properties.is_default.unwrap_or(false),
+    }
+}
+
+pub fn listed_location(l: AddressLocationResponse) -> ListedLocation {
+    ListedLocation {
+        location: l.address_location,
+        addresses: l
+            .addresses
+            .into_iter()
+            .map(|a| super::AddressServices { address: a.address, services: a.services })
+            .collect(),
+    }
+}
+
+pub fn pool_content(pool: BackendAddressPool) -> BackendPool {
+    BackendPool {
+        addresses: pool
+            .properties
+            .load_balancer_backend_addresses
+            .into_iter()
+            .map(|a| BackendAddress { name: a.name, ip_address: a.properties.ip_address })
+            .collect(),
+        other_properties: pool.properties.other,
+    }
+}

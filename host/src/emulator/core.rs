@@ -1,0 +1,829 @@
+//! The emulator's state and the §h.3 semantics, on wire types, with no IO. Every request
+//! is applied atomically: it is checked and applied to a copy, and the copy replaces the state
+//! only when the whole request succeeded — as NRP does with a batch.
+
+use super::faults::{ActiveFault, AsyncOutcome, Fault, FaultMode};
+use crate::azure::wire::{self, ErrorBody};
+use crate::azure::{IpVersion, Operation, Scope, UpdateAction};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The RP-owned default outbound service that exists before CCM starts and that CCM must never
+/// disturb.
+pub const DEFAULT_SERVICE: &str = "default-natgw";
+/// The most request-log entries kept; the per-operation counts are kept whole.
+const LOG_CAPACITY: usize = 1000;
+
+/// An ARM error answer: the status, the `error` envelope and, for throttling, `Retry-After`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("HTTP {status} {code}: {message}")]
+pub struct Rejection {
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+    pub retry_after_secs: Option<u64>,
+}
+
+fn reject(status: u16, code: &str, message: impl Into<String>) -> Rejection {
+    Rejection { status, code: code.to_owned(), message: message.into(), retry_after_secs: None }
+}
+
+/// A registered ServiceGateway service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRecord {
+    pub service_type: String,
+    pub backend_pools: Vec<wire::PoolEntry>,
+    pub public_nat_gateway_id: Option<String>,
+    pub is_default: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublicIpRecord {
+    pub version: IpVersion,
+    pub ip_address: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerRecord {
+    pub etag: String,
+    pub sku: String,
+    /// The names of the public IPs its frontends use.
+    pub public_ips: Vec<String>,
+    pub backend_pools: Vec<String>,
+    pub rules: Vec<wire::LoadBalancingRule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendPoolRecord {
+    pub etag: String,
+    pub addresses: Vec<wire::LoadBalancerBackendAddress>,
+    pub other_properties: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What the emulated Azure holds. Locations and addresses are keyed by canonical IP text.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    pub services: BTreeMap<String, ServiceRecord>,
+    pub locations: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    pub public_ips: BTreeMap<String, PublicIpRecord>,
+    pub load_balancers: BTreeMap<String, LoadBalancerRecord>,
+    /// Keyed `{load balancer}/{pool}`.
+    pub backend_pools: BTreeMap<String, BackendPoolRecord>,
+}
+
+/// One handled request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogEntry {
+    pub operation: String,
+    pub resources: Vec<String>,
+    /// `200`, `404 NotFound`, `202 async`, `hang`, `drop`…
+    pub outcome: String,
+    /// The bearer token the request carried (the emulator only ever sees test tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer: Option<String>,
+}
+
+/// One token exchange served at the emulator's Entra ID endpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenExchange {
+    pub tenant: String,
+    pub client_id: String,
+    pub assertion: String,
+    pub scope: String,
+    pub issued: String,
+}
+
+/// The whole state as `GET /emulator/state` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EmulatorState {
+    pub resources: Resources,
+    pub faults: Vec<ActiveFault>,
+    /// Requests handled per operation name (including the faulted ones).
+    pub requests: BTreeMap<String, u64>,
+    pub log: Vec<LogEntry>,
+    pub token_exchanges: Vec<TokenExchange>,
+}
+
+/// An asynchronous operation handed out with a 202, waiting to be polled.
+#[derive(Clone, Debug)]
+pub(crate) struct AsyncOperation {
+    pub polls_left: u32,
+    pub outcome: AsyncOutcome,
+    pub error: ErrorBody,
+    pub via_location: bool,
+    pub retry_after_secs: u64,
+    /// The answer's body when it ends well (`Location` polling returns it).
+    pub result: serde_json::Value,
+}
+
+/// What a call turned into after the faults had their say.
+pub(crate) enum Dispatch<T> {
+    Done(Result<T, Rejection>),
+    /// 202: poll operation `id`.
+    Accepted {
+        id: u64,
+        via_location: bool,
+        retry_after_secs: u64,
+    },
+    /// 200 whose body is `{"error": …}`; nothing was applied.
+    ErrorBody(ErrorBody),
+    Hang,
+    Drop,
+}
+
+/// The mutable part, behind the emulator's mutex.
+#[derive(Default)]
+pub(crate) struct State {
+    pub resources: Resources,
+    pub next_v4: u32,
+    pub next_v6: u128,
+    pub etag_counter: u64,
+    pub faults: Vec<ActiveFault>,
+    pub requests: BTreeMap<String, u64>,
+    pub log: Vec<LogEntry>,
+    pub operations: BTreeMap<u64, AsyncOperation>,
+    pub next_operation: u64,
+    pub token_exchanges: Vec<TokenExchange>,
+}
+
+impl State {
+    pub fn new() -> Self {
+        let mut state = State::default();
+        state.resources.services.insert(
+            DEFAULT_SERVICE.to_owned(),
+            ServiceRecord {
+                service_type: "Outbound".into(),
+                backend_pools: Vec::new(),
+                public_nat_gateway_id: None,
+                is_default: true,
+            },
+        );
+        state
+    }
+
+    pub fn snapshot(&self) -> EmulatorState {
+        EmulatorState {
+            resources: self.resources.clone(),
+            faults: self.faults.clone(),
+            requests: self.requests.clone(),
+            log: self.log.clone(),
+            token_exchanges: self.token_exchanges.clone(),
+        }
+    }
+
+    pub fn record(&mut self, operation: &str, resources: &[String], outcome: String, bearer: Option<String>) {
+        *self.requests.entry(operation.to_owned()).or_default() += 1;
+        if self.log.len() == LOG_CAPACITY {
+            self.log.remove(0);
+        }
+        self.log.push(LogEntry { operation: operation.to_owned(), resources: resources.to_vec(), outcome, bearer });
+    }
+
+    pub fn add_fault(&mut self, fault: Fault) {
+        // A fault for no call would otherwise count down from zero forever.
+        if fault.count == Some(0) {
+            return;
+        }
+        self.faults.push(ActiveFault { remaining: fault.count, fault });
+    }
+
+    /// The first fault that matches, used up by one.
+    fn take_fault(&mut self, op: Operation, resources: &[String]) -> Option<FaultMode> {
+        let index = self.faults.iter().position(|f| f.fault.matches(op, resources))?;
+        let active = &mut self.faults[index];
+        let mode = active.fault.mode.clone();
+        if let Some(remaining) = active.remaining.as_mut() {
+            *remaining -= 1;
+            if *remaining == 0 {
+                self.faults.remove(index);
+            }
+        }
+        Some(mode)
+    }
+
+    /// Runs one call: its fault if one matches, else `apply`; logs it.
+    pub fn dispatch<T: Serialize>(
+        &mut self,
+        op: Operation,
+        resources: Vec<String>,
+        bearer: Option<String>,
+        apply: impl FnOnce(&mut State) -> Result<T, Rejection>,
+    ) -> Dispatch<T> {
+        let (dispatch, outcome) = match self.take_fault(op, &resources) {
+            None => {
+                let result = apply(self);
+                let outcome = outcome_text(&result);
+                (Dispatch::Done(result), outcome)
+            }
+            Some(FaultMode::Status { status, code, message, retry_after_secs }) => {
+                let rejection = Rejection {
+                    status,
+                    code: if code.is_empty() { default_code(status).to_owned() } else { code },
+                    message: if message.is_empty() { format!("injected fault: HTTP {status}") } else { message },
+                    retry_after_secs,
+                };
+                let outcome = format!("{} {} (fault)", rejection.status, rejection.code);
+                (Dispatch::Done(Err(rejection)), outcome)
+            }
+            Some(FaultMode::ErrorBody { code, message }) => {
+                (Dispatch::ErrorBody(ErrorBody { code: code.clone(), message }), format!("200 error {code} (fault)"))
+            }
+            Some(FaultMode::Hang) => (Dispatch::Hang, "hang (fault)".to_owned()),
+            Some(FaultMode::Drop) => (Dispatch::Drop, "drop (fault)".to_owned()),
+            Some(FaultMode::Async { outcome, polls, via_location, retry_after_secs, error }) => {
+                // A request NRP would refuse is refused before it is accepted, as ARM validates
+                // synchronously; a failing operation leaves the state as it was.
+                let result = match outcome {
+                    AsyncOutcome::Succeeded => match apply(self) {
+                        Ok(value) => Ok(serde_json::to_value(value).unwrap_or(serde_json::Value::Null)),
+                        Err(rejection) => Err(rejection),
+                    },
+                    AsyncOutcome::Failed | AsyncOutcome::Canceled => Ok(serde_json::Value::Null),
+                };
+                match result {
+                    Err(rejection) => {
+                        let outcome = outcome_text::<()>(&Err(rejection.clone()));
+                        (Dispatch::Done(Err(rejection)), outcome)
+                    }
+                    Ok(value) => {
+                        self.next_operation += 1;
+                        let id = self.next_operation;
+                        let retry_after_secs = retry_after_secs.unwrap_or(0);
+                        let error = error.unwrap_or_else(|| ErrorBody {
+                            code: "InternalServerError".into(),
+                            message: "injected fault: the asynchronous operation failed".into(),
+                        });
+                        self.operations.insert(
+                            id,
+                            AsyncOperation {
+                                polls_left: polls,
+                                outcome,
+                                error,
+                                via_location,
+                                retry_after_secs,
+                                result: value,
+                            },
+                        );
+                        let text = format!("202 async {outcome:?} (fault)");
+                        (Dispatch::Accepted { id, via_location, retry_after_secs }, text)
+                    }
+                }
+            }
+        };
+        self.record(op.name(), &resources, outcome, bearer);
+        dispatch
+    }
+
+    fn etag(&mut self) -> String {
+        self.etag_counter += 1;
+        format!("W/\"{}\"", self.etag_counter)
+    }
+
+    fn is_referenced(locations: &BTreeMap<String, BTreeMap<String, BTreeSet<String>>>, service: &str) -> bool {
+        locations.values().flat_map(|addresses| addresses.values()).any(|services| services.contains(service))
+    }
+
+    // ---- serviceGateways ----
+
+    pub fn update_services(&mut self, request: &wire::UpdateServicesRequest) -> Result<(), Rejection> {
+        let mut services = self.resources.services.clone();
+        let locations = &self.resources.locations;
+        let default_conflict = |name: &str| {
+            reject(
+                400,
+                "MultipleDefaultServicesNotAllowedInServiceGateway",
+                format!("service {name}: the gateway's default service cannot be changed, replaced or duplicated"),
+            )
+        };
+        if request.action == UpdateAction::FullUpdate {
+            let listed: BTreeSet<&str> =
+                request.service_requests.iter().filter(|r| !r.is_delete).map(|r| r.service.name.as_str()).collect();
+            let dropped: Vec<String> = services
+                .iter()
+                .filter(|(n, s)| !s.is_default && !listed.contains(n.as_str()))
+                .map(|(n, _)| n.clone())
+                .collect();
+            for name in dropped {
+                if Self::is_referenced(locations, &name) {
+                    return Err(overlay_mappings(&name));
+                }
+                services.remove(&name);
+            }
+        }
+        for entry in &request.service_requests {
+            let name = &entry.service.name;
+            if name.is_empty() {
+                return Err(reject(400, "InvalidRequestFormat", "a service request has an empty name"));
+            }
+            if services.get(name).is_some_and(|s| s.is_default) {
+                return Err(default_conflict(name));
+            }
+            if entry.is_delete {
+                if !services.contains_key(name) {
+                    return Err(reject(404, "NotFound", format!("service {name} is not registered")));
+                }
+                if Self::is_referenced(locations, name) {
+                    return Err(overlay_mappings(name));
+                }
+                services.remove(name);
+                continue;
+            }
+            let properties = &entry.service.properties;
+            if !["Inbound", "Outbound", "InboundOutbound"]
+                .iter()
+                .any(|t| t.eq_ignore_ascii_case(&properties.service_type))
+            {
+                return Err(reject(
+                    400,
+                    "InvalidServiceType",
+                    format!(
+                        "service {name}: serviceType {:?} is not Inbound, Outbound or InboundOutbound",
+                        properties.service_type
+                    ),
+                ));
+            }
+            let is_default = properties.is_default.unwrap_or(false);
+            if is_default && services.values().any(|s| s.is_default) {
+                return Err(default_conflict(name));
+            }
+            services.insert(
+                name.clone(),
+                ServiceRecord {
+                    service_type: properties.service_type.clone(),
+                    backend_pools: properties.load_balancer_backend_pools.clone(),
+                    public_nat_gateway_id: properties.public_nat_gateway_id.clone().flatten(),
+                    is_default,
+                },
+            );
+        }
+        self.resources.services = services;
+        Ok(())
+    }
+
+    pub fn update_address_locations(&mut self, request: &wire::UpdateAddressLocationsRequest) -> Result<(), Rejection> {
+        let mut seen = BTreeSet::new();
+        let mut parsed = Vec::new();
+        for entry in &request.address_locations {
+            let location = parse_ip(&entry.address_location, "InvalidAddressLocation", "location")?;
+            if !seen.insert(location) {
+                return Err(reject(
+                    400,
+                    "DuplicateLocationsInRequest",
+                    format!("location {} appears more than once in the request", entry.address_location),
+                ));
+            }
+            parsed.push((location, entry));
+        }
+        let mut locations =
+            if request.action == UpdateAction::FullUpdate { BTreeMap::new() } else { self.resources.locations.clone() };
+        for (location, entry) in parsed {
+            let key = location.to_string();
+            if entry.addresses.is_empty() {
+                locations.remove(&key);
+                continue;
+            }
+            let mut addresses = match entry.address_update_action {
+                UpdateAction::FullUpdate => BTreeMap::new(),
+                UpdateAction::PartialUpdate => locations.get(&key).cloned().unwrap_or_default(),
+            };
+            let mut seen_addresses = BTreeSet::new();
+            for address in &entry.addresses {
+                let ip = parse_ip(&address.address, "InvalidAddress", "address")?;
+                if ip.is_ipv4() != location.is_ipv4() {
+                    return Err(reject(
+                        400,
+                        "AddressFamilyMismatch",
+                        format!("address {} is not of the family of its location {key}", address.address),
+                    ));
+                }
+                if !seen_addresses.insert(ip) {
+                    return Err(reject(
+                        400,
+                        "DuplicateAddressesInLocation",
+                        format!("address {} appears more than once in location {key}", address.address),
+                    ));
+                }
+                if let Some(unknown) = address.services.iter().find(|s| !self.resources.services.contains_key(*s)) {
+                    return Err(reject(
+                        400,
+                        "ServiceNotFound",
+                        format!("address {} references service {unknown}, which is not registered", address.address),
+                    ));
+                }
+                if address.services.is_empty() {
+                    addresses.remove(&ip.to_string());
+                } else {
+                    addresses.insert(ip.to_string(), address.services.iter().cloned().collect());
+                }
+            }
+            if addresses.is_empty() {
+                locations.remove(&key);
+            } else {
+                locations.insert(key, addresses);
+            }
+        }
+        self.resources.locations = locations;
+        Ok(())
+    }
+
+    pub fn services(&self) -> Vec<wire::GatewayService> {
+        let services = &self.resources.services;
+        services
+            .iter()
+            .map(|(name, s)| wire::GatewayService {
+                name: name.clone(),
+                properties: wire::GatewayServiceProperties {
+                    service_type: s.service_type.clone(),
+                    load_balancer_backend_pools: s.backend_pools.clone(),
+                    public_nat_gateway_id: s.public_nat_gateway_id.clone().map(Some),
+                    is_default: Some(s.is_default),
+                },
+            })
+            .collect()
+    }
+
+    /// `upper_v6`: echo IPv6 in upper case, as NRP may, to exercise callers' canonicalisation.
+    pub fn address_locations(&self, upper_v6: bool) -> Vec<wire::AddressLocationResponse> {
+        let spell = |ip: &str| if upper_v6 && ip.contains(':') { ip.to_ascii_uppercase() } else { ip.to_owned() };
+        self.resources
+            .locations
+            .iter()
+            .map(|(location, addresses)| wire::AddressLocationResponse {
+                address_location: spell(location),
+                addresses: addresses
+                    .iter()
+                    .map(|(address, services)| wire::AddressEntry {
+                        address: spell(address),
+                        services: services.iter().cloned().collect(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    // ---- publicIPAddresses ----
+
+    pub fn put_public_ip(
+        &mut self,
+        scope: &Scope,
+        name: &str,
+        body: &wire::PublicIpAddress,
+    ) -> Result<wire::PublicIpAddress, Rejection> {
+        if !body.properties.public_ip_allocation_method.eq_ignore_ascii_case("Static") {
+            return Err(reject(
+                400,
+                "InvalidRequestFormat",
+                format!(
+                    "public IP {name}: allocation method {:?}; only Static is supported",
+                    body.properties.public_ip_allocation_method
+                ),
+            ));
+        }
+        let version = body.properties.public_ip_address_version;
+        if let Some(existing) = self.resources.public_ips.get(name) {
+            if existing.version != version {
+                return Err(reject(
+                    400,
+                    "InvalidRequestFormat",
+                    format!("public IP {name}: the IP version of an existing address cannot change"),
+                ));
+            }
+        } else {
+            let ip_address = match version {
+                IpVersion::IPv4 => {
+                    self.next_v4 += 1;
+                    Ipv4Addr::from(u32::from(Ipv4Addr::new(20, 0, 0, 0)) + self.next_v4).to_string()
+                }
+                IpVersion::IPv6 => {
+                    self.next_v6 += 1;
+                    Ipv6Addr::from(u128::from(Ipv6Addr::new(0x2603, 0x1030, 0, 0, 0, 0, 0, 0)) + self.next_v6)
+                        .to_string()
+                }
+            };
+            self.resources.public_ips.insert(name.to_owned(), PublicIpRecord { version, ip_address });
+        }
+        self.get_public_ip(scope, name, body)
+    }
+
+    fn get_public_ip(
+        &self,
+        scope: &Scope,
+        name: &str,
+        body: &wire::PublicIpAddress,
+    ) -> Result<wire::PublicIpAddress, Rejection> {
+        let record = self.resources.public_ips.get(name).ok_or_else(|| not_found("public IP", name))?;
+        let mut answer = body.clone();
+        answer.name = Some(name.to_owned());
+        answer.id = Some(scope.public_ip_id(name));
+        answer.properties.public_ip_address_version = record.version;
+        answer.properties.ip_address = Some(record.ip_address.clone());
+        answer.properties.provisioning_state = Some("Succeeded".into());
+        Ok(answer)
+    }
+
+    /// `GET` of a public IP (what a client reads after a long-running PUT).
+    pub fn read_public_ip(&self, scope: &Scope, name: &str) -> Result<wire::PublicIpAddress, Rejection> {
+        let record = self.resources.public_ips.get(name).ok_or_else(|| not_found("public IP", name))?;
+        let body = wire::PublicIpAddress {
+            name: None,
+            id: None,
+            location: scope.location.clone(),
+            sku: wire::Sku { name: "StandardV2".into(), tier: Some("Regional".into()) },
+            properties: wire::PublicIpProperties {
+                public_ip_allocation_method: "Static".into(),
+                public_ip_address_version: record.version,
+                ip_address: None,
+                provisioning_state: None,
+            },
+        };
+        self.get_public_ip(scope, name, &body)
+    }
+
+    pub fn delete_public_ip(&mut self, name: &str) -> Result<(), Rejection> {
+        if !self.resources.public_ips.contains_key(name) {
+            return Err(not_found("public IP", name));
+        }
+        if let Some((lb, _)) =
+            self.resources.load_balancers.iter().find(|(_, lb)| lb.public_ips.iter().any(|p| p == name))
+        {
+            return Err(reject(
+                400,
+                "InUsePublicIpAddressCannotBeDeleted",
+                format!("public IP {name} is in use by load balancer {lb}"),
+            ));
+        }
+        self.resources.public_ips.remove(name);
+        Ok(())
+    }
+
+    // ---- loadBalancers ----
+
+    pub fn put_load_balancer(
+        &mut self,
+        scope: &Scope,
+        name: &str,
+        body: &wire::LoadBalancer,
+    ) -> Result<wire::LoadBalancer, Rejection> {
+        let invalid_reference =
+            |what: String| reject(400, "InvalidResourceReference", format!("load balancer {name}: {what}"));
+        let mut public_ips = Vec::new();
+        for frontend in &body.properties.frontend_ip_configurations {
+            let id = &frontend.properties.public_ip_address.id;
+            let pip = child_name(id, "publicIPAddresses").filter(|pip| {
+                id.eq_ignore_ascii_case(&scope.public_ip_id(pip)) && self.resources.public_ips.contains_key(*pip)
+            });
+            match pip {
+                Some(pip) => public_ips.push(pip.to_owned()),
+                None => {
+                    return Err(invalid_reference(format!(
+                        "frontend {} references {id}, which does not exist",
+                        frontend.name
+                    )));
+                }
+            }
+        }
+        let pools: Vec<String> = body.properties.backend_address_pools.iter().map(|p| p.name.clone()).collect();
+        let mut used = BTreeSet::new();
+        for rule in &body.properties.load_balancing_rules {
+            let p = &rule.properties;
+            let frontend_ok = body.properties.frontend_ip_configurations.iter().any(|f| {
+                p.frontend_ip_configuration.id.eq_ignore_ascii_case(&format!(
+                    "{}/frontendIPConfigurations/{}",
+                    scope.load_balancer_id(name),
+                    f.name
+                ))
+            });
+            if !frontend_ok {
+                return Err(invalid_reference(format!(
+                    "rule {} references frontend {}, which is not on it",
+                    rule.name, p.frontend_ip_configuration.id
+                )));
+            }
+            let pool = pools.iter().find(|pool| {
+                p.backend_address_pool
+                    .id
+                    .eq_ignore_ascii_case(&format!("{}/backendAddressPools/{pool}", scope.load_balancer_id(name)))
+            });
+            let Some(pool) = pool else {
+                return Err(invalid_reference(format!(
+                    "rule {} references pool {}, which is not on it",
+                    rule.name, p.backend_address_pool.id
+                )));
+            };
+            if !used.insert((p.protocol, p.backend_port, pool.clone())) {
+                return Err(reject(
+                    400,
+                    "RulesUseSameBackendPortProtocolAndPool",
+                    format!(
+                        "load balancer {name}: rule {} uses {:?} backend port {} on pool {pool} like another rule",
+                        rule.name, p.protocol, p.backend_port
+                    ),
+                ));
+            }
+        }
+        let etag = self.etag();
+        self.backend_pools_of(name).into_iter().filter(|k| !pools.iter().any(|p| pool_key(name, p) == *k)).for_each(
+            |k| {
+                self.resources.backend_pools.remove(&k);
+            },
+        );
+        for pool in &pools {
+            if !self.resources.backend_pools.contains_key(&pool_key(name, pool)) {
+                let pool_etag = self.etag();
+                self.resources.backend_pools.insert(
+                    pool_key(name, pool),
+                    BackendPoolRecord { etag: pool_etag, addresses: Vec::new(), other_properties: Default::default() },
+                );
+            }
+        }
+        self.resources.load_balancers.insert(
+            name.to_owned(),
+            LoadBalancerRecord {
+                etag,
+                sku: body.sku.name.clone(),
+                public_ips,
+                backend_pools: pools,
+                rules: body.properties.load_balancing_rules.clone(),
+            },
+        );
+        self.read_load_balancer(scope, name)
+    }
+
+    pub fn read_load_balancer(&self, scope: &Scope, name: &str) -> Result<wire::LoadBalancer, Rejection> {
+        let lb = self.resources.load_balancers.get(name).ok_or_else(|| not_found("load balancer", name))?;
+        Ok(wire::LoadBalancer {
+            name: Some(name.to_owned()),
+            id: Some(scope.load_balancer_id(name)),
+            etag: Some(lb.etag.clone()),
+            location: scope.location.clone(),
+            sku: wire::Sku { name: lb.sku.clone(), tier: None },
+            properties: wire::LoadBalancerProperties {
+                scope: Some("Public".into()),
+                frontend_ip_configurations: lb
+                    .public_ips
+                    .iter()
+                    .map(|pip| wire::FrontendIpConfiguration {
+                        name: crate::azure::FRONTEND_NAME.into(),
+                        properties: wire::FrontendIpProperties {
+                            public_ip_address: wire::IdRef { id: scope.public_ip_id(pip) },
+                        },
+                    })
+                    .collect(),
+                backend_address_pools: lb
+                    .backend_pools
+                    .iter()
+                    .map(|p| wire::NamedEmpty { name: p.clone(), properties: Default::default() })
+                    .collect(),
+                load_balancing_rules: lb.rules.clone(),
+            },
+        })
+    }
+
+    fn backend_pools_of(&self, lb: &str) -> Vec<String> {
+        let prefix = format!("{lb}/");
+        self.resources.backend_pools.keys().filter(|k| k.starts_with(&prefix)).cloned().collect()
+    }
+
+    pub fn delete_load_balancer(&mut self, name: &str) -> Result<(), Rejection> {
+        if self.resources.load_balancers.remove(name).is_none() {
+            return Err(not_found("load balancer", name));
+        }
+        for key in self.backend_pools_of(name) {
+            self.resources.backend_pools.remove(&key);
+        }
+        Ok(())
+    }
+
+    // ---- backendAddressPools ----
+
+    pub fn get_backend_pool(&self, scope: &Scope, lb: &str, pool: &str) -> Result<wire::BackendAddressPool, Rejection> {
+        if !self.resources.load_balancers.contains_key(lb) {
+            return Err(not_found("load balancer", lb));
+        }
+        let record = self
+            .resources
+            .backend_pools
+            .get(&pool_key(lb, pool))
+            .ok_or_else(|| not_found("backend pool", &pool_key(lb, pool)))?;
+        Ok(wire::BackendAddressPool {
+            name: Some(pool.to_owned()),
+            id: Some(format!("{}/backendAddressPools/{pool}", scope.load_balancer_id(lb))),
+            etag: Some(record.etag.clone()),
+            properties: wire::BackendAddressPoolProperties {
+                load_balancer_backend_addresses: record.addresses.clone(),
+                other: record.other_properties.clone(),
+            },
+        })
+    }
+
+    pub fn put_backend_pool(
+        &mut self,
+        scope: &Scope,
+        lb: &str,
+        pool: &str,
+        body: &wire::BackendAddressPool,
+        if_match: Option<&str>,
+    ) -> Result<wire::BackendAddressPool, Rejection> {
+        if !self.resources.load_balancers.contains_key(lb) {
+            return Err(not_found("load balancer", lb));
+        }
+        let key = pool_key(lb, pool);
+        let current = self.resources.backend_pools.get(&key).map(|p| p.etag.clone());
+        if let Some(expected) = if_match {
+            let matches = match &current {
+                Some(etag) => expected == "*" || expected == etag,
+                None => false,
+            };
+            if !matches {
+                return Err(reject(
+                    412,
+                    "PreconditionFailed",
+                    format!(
+                        "backend pool {key}: If-Match {expected} but the ETag is {}",
+                        current.as_deref().unwrap_or("(none)")
+                    ),
+                ));
+            }
+        }
+        for address in &body.properties.load_balancer_backend_addresses {
+            parse_ip(&address.properties.ip_address, "InvalidRequestFormat", "backend address")?;
+        }
+        let etag = self.etag();
+        self.resources.backend_pools.insert(
+            key,
+            BackendPoolRecord {
+                etag,
+                addresses: body.properties.load_balancer_backend_addresses.clone(),
+                other_properties: body.properties.other.clone(),
+            },
+        );
+        // A child's write is a write of its parent.
+        let lb_etag = self.etag();
+        if let Some(record) = self.resources.load_balancers.get_mut(lb) {
+            record.etag = lb_etag;
+            if !record.backend_pools.iter().any(|p| p == pool) {
+                record.backend_pools.push(pool.to_owned());
+            }
+        }
+        self.get_backend_pool(scope, lb, pool)
+    }
+}
+
+pub(crate) fn pool_key(lb: &str, pool: &str) -> String {
+    format!("{lb}/{pool}")
+}
+
+/// `…/{kind}/{name}` → `name`.
+fn child_name<'a>(id: &'a str, kind: &str) -> Option<&'a str> {
+    let (parent, name) = id.rsplit_once('/')?;
+    parent.rsplit('/').next().filter(|k| k.eq_ignore_ascii_case(kind))?;
+    Some(name).filter(|n| !n.is_empty())
+}
+
+fn parse_ip(text: &str, code: &str, what: &str) -> Result<IpAddr, Rejection> {
+    text.trim().parse().map_err(|_| reject(400, code, format!("{what} {text:?} is not an IP address")))
+}
+
+fn not_found(what: &str, name: &str) -> Rejection {
+    reject(404, "ResourceNotFound", format!("{what} {name} was not found"))
+}
+
+fn overlay_mappings(name: &str) -> Rejection {
+    reject(
+        400,
+        "ServiceWithOverlayMappingsCannotBeDeleted",
+        format!("service {name} is still referenced by addresses; remove them first"),
+    )
+}
+
+fn outcome_text<T>(result: &Result<T, Rejection>) -> String {
+    match result {
+        Ok(_) => "200".to_owned(),
+        Err(r) => format!("{} {}", r.status, r.code),
+    }
+}
+
+/// The ARM code an injected status carries when the fault names none.
+pub fn default_code(status: u16) -> &'static str {
+    match status {
+        400 => "BadRequest",
+        404 => "ResourceNotFound",
+        409 => "Conflict",
+        412 => "PreconditionFailed",
+        429 => "TooManyRequests",
+        500 => "InternalServerError",
+        502 => "BadGateway",
+        503 => "ServiceUnavailable",
+        504 => "GatewayTimeout",
+        _ => "InjectedFault",
+    }
+}

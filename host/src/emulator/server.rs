@@ -1,0 +1,499 @@
+//! The emulator over HTTP/1.1: the ARM routes of §h.2, the operation-status URLs of 202
+//! answers, an Entra ID token endpoint, and the control routes:
+//!
+//! * `GET /emulator/state` — [`EmulatorState`](super::EmulatorState) as JSON;
+//! * `POST /emulator/faults` — add a [`Fault`] (or a list of them); `DELETE /emulator/faults` — clear them;
+//! * `GET /emulator/operations/{id}` — the status of an asynchronous operation;
+//! * `POST /{tenant}/oauth2/v2.0/token` — a client-credentials exchange with a JWT assertion.
+//!
+//! It is served with hyper directly rather than through a framework so that a `drop` fault can
+//! close the connection without answering (hyper does so when the service fails).
+
+use super::core::{Dispatch, Rejection, TokenExchange, default_code};
+use super::faults::{AsyncOutcome, Fault};
+use super::{Emulator, EmulatorError, location_names, service_names};
+use crate::azure::wire::{self, ErrorBody, ErrorEnvelope, Page};
+use crate::azure::{Operation, Scope};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// A running server; it stops (with every open connection) when dropped.
+pub struct EmulatorServer {
+    addr: SocketAddr,
+    emulator: Arc<Emulator>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EmulatorServer {
+    /// Listens on `listen` (port 0: any free port) and serves on the current tokio runtime.
+    pub async fn start(emulator: Arc<Emulator>, listen: SocketAddr) -> Result<Self, EmulatorError> {
+        let bind_error = |source| EmulatorError::Bind { addr: listen, source };
+        let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
+        let task = tokio::spawn(accept_loop(listener, emulator.clone()));
+        Ok(Self { addr, emulator, task })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`: the base URL for an `ArmClient` and the authority host for
+    /// workload identity.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn emulator(&self) -> &Arc<Emulator> {
+        &self.emulator
+    }
+}
+
+impl Drop for EmulatorServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, emulator: Arc<Emulator>) {
+    // Owned here so that aborting this task also ends every connection, hung ones included.
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tracing::warn!("emulator: accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        while connections.try_join_next().is_some() {}
+        let emulator = emulator.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |request| handle(emulator.clone(), request));
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
+                tracing::debug!("emulator: connection ended: {e}");
+            }
+        });
+    }
+}
+
+/// The service's error: hyper closes the connection without an answer.
+#[derive(Debug, thiserror::Error)]
+#[error("injected fault: connection dropped")]
+struct DropConnection;
+
+enum Reply {
+    Answer(Response<Full<Bytes>>),
+    Hang,
+    Drop,
+}
+
+async fn handle(emulator: Arc<Emulator>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, DropConnection> {
+    let (parts, body) = request.into_parts();
+    let body = match body.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            return Ok(error_response(&reject(400, "InvalidRequestFormat", format!("cannot read the body: {e}"))));
+        }
+    };
+    let host = parts.headers.get(hyper::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
+    let call = Call {
+        method: parts.method.clone(),
+        query: serde_urlencoded::from_str(parts.uri.query().unwrap_or("")).unwrap_or_default(),
+        origin: format!("http://{host}"),
+        path: parts.uri.path().to_owned(),
+        bearer: parts
+            .headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::to_owned),
+        if_match: parts.headers.get(hyper::header::IF_MATCH).and_then(|h| h.to_str().ok()).map(str::to_owned),
+        body,
+    };
+    match route(&emulator, &call) {
+        Reply::Answer(response) => Ok(response),
+        Reply::Hang => std::future::pending().await,
+        Reply::Drop => Err(DropConnection),
+    }
+}
+
+struct Call {
+    method: Method,
+    path: String,
+    query: Vec<(String, String)>,
+    origin: String,
+    bearer: Option<String>,
+    if_match: Option<String>,
+    body: Bytes,
+}
+
+impl Call {
+    fn query(&self, name: &str) -> Option<&str> {
+        self.query.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+fn route(emulator: &Emulator, call: &Call) -> Reply {
+    let segments: Vec<&str> = call.path.split('/').filter(|s| !s.is_empty()).collect();
+    let is = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+    let answer = match (&call.method, segments.as_slice()) {
+        (&Method::GET, ["emulator", "state"]) => json(200, &emulator.state()),
+        (&Method::POST, ["emulator", "faults"]) => set_faults(emulator, &call.body),
+        (&Method::DELETE, ["emulator", "faults"]) => {
+            emulator.clear_faults();
+            json(200, &emulator.state().faults)
+        }
+        (&Method::GET, ["emulator", "operations", id]) => operation_status(emulator, id, call),
+        (&Method::POST, [tenant, oauth, version, "token"]) if is(oauth, "oauth2") && is(version, "v2.0") => {
+            exchange_token(emulator, tenant, &call.body)
+        }
+        (_, ["subscriptions", sub, rg_word, rg, providers, network, rest @ ..])
+            if is(rg_word, "resourceGroups") && is(providers, "providers") && is(network, "Microsoft.Network") =>
+        {
+            let scope = emulator.scope();
+            if !is(sub, &scope.subscription) || !is(rg, &scope.resource_group) {
+                error_response(&reject(
+                    404,
+                    "ResourceGroupNotFound",
+                    format!("resource group {sub}/{rg} is not emulated"),
+                ))
+            } else if call.query("api-version").is_none_or(str::is_empty) {
+                error_response(&reject(
+                    400,
+                    "MissingApiVersionParameter",
+                    "the api-version query parameter is required",
+                ))
+            } else {
+                return arm(emulator, call, rest);
+            }
+        }
+        _ => error_response(&reject(404, "NotFound", format!("no route for {} {}", call.method, call.path))),
+    };
+    Reply::Answer(answer)
+}
+
+/// The ARM routes below `…/providers/Microsoft.Network/`.
+fn arm(emulator: &Emulator, call: &Call, rest: &[&str]) -> Reply {
+    let is = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+    let scope = emulator.scope();
+    let owned = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    match (&call.method, rest) {
+        (_, [kind, gateway, ..]) if is(kind, "serviceGateways") && !is(gateway, &scope.service_gateway) => {
+            Reply::Answer(error_response(&reject(
+                404,
+                "ResourceNotFound",
+                format!("service gateway {gateway} was not found"),
+            )))
+        }
+        (&Method::POST, [kind, _, action]) if is(kind, "serviceGateways") && is(action, "updateServices") => {
+            let op = Operation::UpdateServices;
+            with_body(emulator, call, op, |request: wire::UpdateServicesRequest| {
+                serve(emulator, call, op, service_names(&request), |s, _| s.update_services(&request))
+            })
+        }
+        (&Method::POST, [kind, _, action]) if is(kind, "serviceGateways") && is(action, "updateAddressLocations") => {
+            let op = Operation::UpdateAddressLocations;
+            with_body(emulator, call, op, |request: wire::UpdateAddressLocationsRequest| {
+                serve(emulator, call, op, location_names(&request), |s, _| s.update_address_locations(&request))
+            })
+        }
+        (&Method::GET, [kind, _, list]) if is(kind, "serviceGateways") && is(list, "services") => {
+            let (skip, size) = paging(emulator, call);
+            serve(emulator, call, Operation::ListServices, Vec::new(), |s, _| Ok(page(call, s.services(), skip, size)))
+        }
+        (&Method::GET, [kind, _, list]) if is(kind, "serviceGateways") && is(list, "addressLocations") => {
+            let (skip, size) = paging(emulator, call);
+            let upper = emulator.config().echo_ipv6_upper;
+            serve(emulator, call, Operation::ListAddressLocations, Vec::new(), |s, _| {
+                Ok(page(call, s.address_locations(upper), skip, size))
+            })
+        }
+        (method, [kind, name]) if is(kind, "publicIPAddresses") => match *method {
+            Method::PUT => {
+                let op = Operation::PutPublicIp;
+                with_body(emulator, call, op, |body: wire::PublicIpAddress| {
+                    serve(emulator, call, op, owned(&[name]), |s, scope| s.put_public_ip(scope, name, &body))
+                })
+            }
+            Method::DELETE => {
+                serve(emulator, call, Operation::DeletePublicIp, owned(&[name]), |s, _| s.delete_public_ip(name))
+            }
+            Method::GET => read_only(emulator, "get-public-ip", name, |s, scope| s.read_public_ip(scope, name)),
+            _ => Reply::Answer(method_not_allowed(call)),
+        },
+        (method, [kind, name]) if is(kind, "loadBalancers") => match *method {
+            Method::PUT => {
+                let op = Operation::PutLoadBalancer;
+                with_body(emulator, call, op, |body: wire::LoadBalancer| {
+                    serve(emulator, call, op, owned(&[name]), |s, scope| s.put_load_balancer(scope, name, &body))
+                })
+            }
+            Method::DELETE => serve(emulator, call, Operation::DeleteLoadBalancer, owned(&[name]), |s, _| {
+                s.delete_load_balancer(name)
+            }),
+            Method::GET => read_only(emulator, "get-load-balancer", name, |s, scope| s.read_load_balancer(scope, name)),
+            _ => Reply::Answer(method_not_allowed(call)),
+        },
+        (method, [kind, lb, pools, pool]) if is(kind, "loadBalancers") && is(pools, "backendAddressPools") => {
+            let names = vec![super::core::pool_key(lb, pool)];
+            match *method {
+                Method::GET => serve(emulator, call, Operation::GetBackendPool, names, |s, scope| {
+                    s.get_backend_pool(scope, lb, pool)
+                }),
+                Method::PUT => {
+                    let op = Operation::PutBackendPool;
+                    let if_match = call.if_match.as_deref();
+                    with_body(emulator, call, op, |body: wire::BackendAddressPool| {
+                        serve(emulator, call, op, names, |s, scope| {
+                            s.put_backend_pool(scope, lb, pool, &body, if_match)
+                        })
+                    })
+                }
+                _ => Reply::Answer(method_not_allowed(call)),
+            }
+        }
+        _ => Reply::Answer(error_response(&reject(
+            404,
+            "NotFound",
+            format!("no route for {} {}", call.method, call.path),
+        ))),
+    }
+}
+
+/// Decodes the JSON body, or answers 400 (logged under the operation).
+fn with_body<T: DeserializeOwned>(
+    emulator: &Emulator,
+    call: &Call,
+    op: Operation,
+    then: impl FnOnce(T) -> Reply,
+) -> Reply {
+    match serde_json::from_slice(&call.body) {
+        Ok(body) => then(body),
+        Err(e) => {
+            let rejection = reject(400, "InvalidRequestFormat", format!("the body is not a valid {op} request: {e}"));
+            emulator.lock().record(op.name(), &[], format!("400 {}", rejection.code), call.bearer.clone());
+            Reply::Answer(error_response(&rejection))
+        }
+    }
+}
+
+/// A call through the faults to the core; the answer as ARM would give it.
+fn serve<T: Serialize>(
+    emulator: &Emulator,
+    call: &Call,
+    op: Operation,
+    resources: Vec<String>,
+    apply: impl FnOnce(&mut super::core::State, &Scope) -> Result<T, Rejection>,
+) -> Reply {
+    let scope = emulator.scope();
+    let dispatch = emulator.lock().dispatch(op, resources, call.bearer.clone(), |s| apply(s, scope));
+    match dispatch {
+        Dispatch::Done(Ok(value)) => {
+            let value = serde_json::to_value(&value).unwrap_or(serde_json::Value::Null);
+            let etag = value.get("etag").and_then(|e| e.as_str()).map(str::to_owned);
+            let mut response = if value.is_null() { empty(200) } else { json(200, &value) };
+            if let Some(etag) = etag {
+                response.headers_mut().insert(hyper::header::ETAG, header_value(&etag));
+            }
+            Reply::Answer(response)
+        }
+        Dispatch::Done(Err(rejection)) => Reply::Answer(error_response(&rejection)),
+        Dispatch::ErrorBody(error) => Reply::Answer(json(200, &ErrorEnvelope { error })),
+        Dispatch::Hang => Reply::Hang,
+        Dispatch::Drop => Reply::Drop,
+        Dispatch::Accepted { id, via_location, retry_after_secs } => {
+            let mut response = empty(202);
+            let monitor = format!("{}/emulator/operations/{id}", call.origin);
+            let header = if via_location { hyper::header::LOCATION.as_str() } else { "azure-asyncoperation" };
+            let headers = response.headers_mut();
+            headers.insert(header, header_value(&monitor));
+            headers.insert(hyper::header::RETRY_AFTER, header_value(&retry_after_secs.to_string()));
+            Reply::Answer(response)
+        }
+    }
+}
+
+/// A GET that is not one of the faultable operations (what a client reads after an LRO).
+fn read_only<T: Serialize>(
+    emulator: &Emulator,
+    name: &str,
+    resource: &str,
+    read: impl FnOnce(&super::core::State, &Scope) -> Result<T, Rejection>,
+) -> Reply {
+    let mut state = emulator.lock();
+    let result = read(&state, emulator.scope());
+    let outcome = match &result {
+        Ok(_) => "200".to_owned(),
+        Err(r) => format!("{} {}", r.status, r.code),
+    };
+    state.record(name, &[resource.to_owned()], outcome, None);
+    Reply::Answer(match result {
+        Ok(value) => json(200, &value),
+        Err(rejection) => error_response(&rejection),
+    })
+}
+
+fn paging(emulator: &Emulator, call: &Call) -> (usize, usize) {
+    let skip = call.query("$skiptoken").and_then(|s| s.parse().ok()).unwrap_or(0);
+    (skip, emulator.config().page_size.max(1))
+}
+
+fn page<T>(call: &Call, items: Vec<T>, skip: usize, size: usize) -> Page<T> {
+    let total = items.len();
+    let value: Vec<T> = items.into_iter().skip(skip).take(size).collect();
+    let next_link = (skip + size < total).then(|| {
+        let api_version = call.query("api-version").unwrap_or_default();
+        format!("{}{}?api-version={api_version}&$skiptoken={}", call.origin, call.path, skip + size)
+    });
+    Page { value, next_link }
+}
+
+fn operation_status(emulator: &Emulator, id: &str, call: &Call) -> Response<Full<Bytes>> {
+    let mut state = emulator.lock();
+    let Some(operation) = id.parse().ok().and_then(|id: u64| state.operations.get_mut(&id)) else {
+        return error_response(&reject(404, "NotFound", format!("no operation {id}")));
+    };
+    let retry_after = operation.retry_after_secs.to_string();
+    if operation.polls_left > 0 {
+        operation.polls_left -= 1;
+        let mut response = if operation.via_location {
+            let mut response = empty(202);
+            let monitor = format!("{}{}", call.origin, call.path);
+            response.headers_mut().insert(hyper::header::LOCATION, header_value(&monitor));
+            response
+        } else {
+            json(200, &wire::AsyncOperationStatus { status: "InProgress".into(), error: None })
+        };
+        response.headers_mut().insert(hyper::header::RETRY_AFTER, header_value(&retry_after));
+        return response;
+    }
+    let (outcome, error) = (operation.outcome, operation.error.clone());
+    match (operation.via_location, outcome) {
+        (true, AsyncOutcome::Succeeded) if operation.result.is_null() => empty(200),
+        (true, AsyncOutcome::Succeeded) => json(200, &operation.result),
+        (true, _) => json(500, &ErrorEnvelope { error }),
+        (false, AsyncOutcome::Succeeded) => {
+            json(200, &wire::AsyncOperationStatus { status: "Succeeded".into(), error: None })
+        }
+        (false, outcome) => {
+            json(200, &wire::AsyncOperationStatus { status: format!("{outcome:?}"), error: Some(error) })
+        }
+    }
+}
+
+fn set_faults(emulator: &Emulator, body: &[u8]) -> Response<Full<Bytes>> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(Fault),
+        Many(Vec<Fault>),
+    }
+    match serde_json::from_slice(body) {
+        Ok(faults) => {
+            let faults = match faults {
+                OneOrMany::One(fault) => vec![fault],
+                OneOrMany::Many(faults) => faults,
+            };
+            for fault in faults {
+                emulator.set_fault(fault);
+            }
+            json(200, &emulator.state().faults)
+        }
+        Err(e) => {
+            error_response(&reject(400, "InvalidFault", format!("the body is not a fault or a list of faults: {e}")))
+        }
+    }
+}
+
+/// Entra ID's client-credentials grant with a federated assertion, as workload identity uses it.
+fn exchange_token(emulator: &Emulator, tenant: &str, body: &[u8]) -> Response<Full<Bytes>> {
+    let refuse = |error: &str, description: String| {
+        json(400, &serde_json::json!({"error": error, "error_description": description}))
+    };
+    let form: Vec<(String, String)> = match serde_urlencoded::from_bytes(body) {
+        Ok(form) => form,
+        Err(e) => return refuse("invalid_request", format!("the body is not a form: {e}")),
+    };
+    let field = |name: &str| form.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap_or_default();
+    let expected = [
+        ("grant_type", "client_credentials"),
+        ("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"),
+    ];
+    for (name, value) in expected {
+        if field(name) != value {
+            return refuse("invalid_request", format!("{name} must be {value}"));
+        }
+    }
+    for name in ["client_id", "client_assertion", "scope"] {
+        if field(name).is_empty() {
+            return refuse("invalid_request", format!("{name} is missing"));
+        }
+    }
+    if !field("scope").ends_with("/.default") {
+        return refuse("invalid_scope", format!("scope {} is not a .default scope", field("scope")));
+    }
+    let mut state = emulator.lock();
+    let issued = format!("emulator-token-{}", state.token_exchanges.len() + 1);
+    state.token_exchanges.push(TokenExchange {
+        tenant: tenant.to_owned(),
+        client_id: field("client_id"),
+        assertion: field("client_assertion"),
+        scope: field("scope"),
+        issued: issued.clone(),
+    });
+    let lifetime = emulator.config().token_lifetime_secs;
+    json(200, &serde_json::json!({"token_type": "Bearer", "expires_in": lifetime, "access_token": issued}))
+}
+
+fn reject(status: u16, code: &str, message: impl Into<String>) -> Rejection {
+    Rejection { status, code: code.to_owned(), message: message.into(), retry_after_secs: None }
+}
+
+fn method_not_allowed(call: &Call) -> Response<Full<Bytes>> {
+    error_response(&reject(405, "MethodNotAllowed", format!("{} is not allowed on {}", call.method, call.path)))
+}
+
+fn error_response(rejection: &Rejection) -> Response<Full<Bytes>> {
+    let code =
+        if rejection.code.is_empty() { default_code(rejection.status).to_owned() } else { rejection.code.clone() };
+    let mut response =
+        json(rejection.status, &ErrorEnvelope { error: ErrorBody { code, message: rejection.message.clone() } });
+    if let Some(secs) = rejection.retry_after_secs {
+        response.headers_mut().insert(hyper::header::RETRY_AFTER, header_value(&secs.to_string()));
+    }
+    response
+}
+
+fn json(status: u16, value: &impl Serialize) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec(value)
+        .unwrap_or_else(|e| format!("{{\"error\":{{\"code\":\"Encode\",\"message\":\"{e}\"}}}}").into_bytes());
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status_code(status);
+    response
+        .headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response
+}
+
+fn empty(status: u16) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = status_code(status);
+    response
+}
+
+fn status_code(status: u16) -> hyper::StatusCode {
+    hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+fn header_value(text: &str) -> hyper::header::HeaderValue {
+    hyper::header::HeaderValue::from_str(text).unwrap_or_else(|_| hyper::header::HeaderValue::from_static("invalid"))
+}

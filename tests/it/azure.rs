@@ -1,0 +1,737 @@
+//! The Azure side: the ARM client against the emulator over loopback, fault by fault; the
+//! emulator's §h.3 semantics through the in-process core; the credential sources.
+
+use clb_host::azure::auth::{TokenFile, WorkloadIdentity};
+use clb_host::azure::*;
+use clb_host::emulator::{AsyncOutcome, Emulator, EmulatorConfig, EmulatorServer, Fault, FaultMode, Resources};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn scope() -> Scope {
+    Scope {
+        subscription: "sub-1".into(),
+        resource_group: "rg-1".into(),
+        location: "eastus2".into(),
+        vnet_resource_group: "rg-net".into(),
+        vnet: "vnet-1".into(),
+        service_gateway: DEFAULT_SERVICE_GATEWAY.into(),
+    }
+}
+
+fn emulator() -> Arc<Emulator> {
+    // Pages of two, so that every list over HTTP follows nextLink.
+    Arc::new(Emulator::with_config(scope(), EmulatorConfig { page_size: 2, ..Default::default() }))
+}
+
+fn client(url: &str, request_timeout: Duration, credential: Credential) -> ArmClient {
+    let mut config = ArmConfig::new(url, scope());
+    config.request_timeout = request_timeout;
+    config.poll_interval = Duration::from_millis(10);
+    ArmClient::new(config, credential).expect("the client builds")
+}
+
+async fn serve(emulator: Arc<Emulator>) -> EmulatorServer {
+    EmulatorServer::start(emulator, "127.0.0.1:0".parse().unwrap()).await.expect("the emulator listens")
+}
+
+fn inbound(name: &str) -> ServiceRequest {
+    ServiceRequest {
+        name: name.into(),
+        service_type: ServiceType::Inbound,
+        backend_pools: vec![PoolRef { load_balancer: name.into(), pool: name.into() }],
+        nat_gateway: NatGatewayLink::Omit,
+        is_delete: false,
+    }
+}
+
+fn unregister(name: &str) -> ServiceRequest {
+    ServiceRequest { backend_pools: vec![], is_delete: true, ..inbound(name) }
+}
+
+fn location(node: &str, action: UpdateAction, addresses: &[(&str, &[&str])]) -> LocationUpdate {
+    LocationUpdate {
+        location: node.into(),
+        action,
+        addresses: addresses
+            .iter()
+            .map(|(address, services)| AddressServices {
+                address: (*address).into(),
+                services: services.iter().map(|s| (*s).into()).collect(),
+            })
+            .collect(),
+    }
+}
+
+fn rule(protocol: Protocol, port: u16) -> LbRule {
+    LbRule {
+        name: format!("rule-{}-{port}", format!("{protocol:?}").to_lowercase()),
+        protocol,
+        frontend_port: port,
+        backend_port: port,
+        idle_timeout_minutes: 4,
+        enable_tcp_reset: protocol == Protocol::Tcp,
+    }
+}
+
+fn lb(name: &str, pip: &str, rules: Vec<LbRule>) -> LoadBalancerSpec {
+    LoadBalancerSpec { name: name.into(), public_ip: pip.into(), backend_pool: name.into(), rules }
+}
+
+fn pip(name: &str) -> PublicIpSpec {
+    PublicIpSpec { name: name.into(), version: IpVersion::IPv4 }
+}
+
+fn svc1_pool() -> PoolRef {
+    PoolRef { load_balancer: "svc-1".into(), pool: "svc-1".into() }
+}
+
+/// A gateway with one inbound service wired up the CCM way, and spare resources to delete.
+async fn seed(api: &impl AzureApi) {
+    api.put_public_ip(&pip("svc-1-pip")).await.unwrap();
+    api.put_public_ip(&pip("spare-pip")).await.unwrap();
+    api.put_load_balancer(&lb("svc-1", "svc-1-pip", vec![rule(Protocol::Tcp, 80)])).await.unwrap();
+    api.put_load_balancer(&lb("spare-lb", "svc-1-pip", vec![])).await.unwrap();
+    api.update_services(UpdateAction::PartialUpdate, &[inbound("svc-1")]).await.unwrap();
+    let update = location("10.0.0.4", UpdateAction::PartialUpdate, &[("10.244.0.5", &["svc-1"])]);
+    api.update_address_locations(UpdateAction::PartialUpdate, &[update]).await.unwrap();
+}
+
+/// One call of `op` on the seeded gateway; its result as text, to compare across backends.
+async fn call(api: &impl AzureApi, op: Operation) -> Result<String, AzureError> {
+    Ok(match op {
+        Operation::UpdateServices => {
+            let outbound = ServiceRequest {
+                name: "egress-1".into(),
+                service_type: ServiceType::Outbound,
+                backend_pools: vec![],
+                nat_gateway: NatGatewayLink::Set("egress-1".into()),
+                is_delete: false,
+            };
+            format!("{:?}", api.update_services(UpdateAction::PartialUpdate, &[outbound]).await?)
+        }
+        Operation::UpdateAddressLocations => {
+            let update = location("10.0.0.5", UpdateAction::PartialUpdate, &[("10.244.1.7", &["svc-1"])]);
+            format!("{:?}", api.update_address_locations(UpdateAction::PartialUpdate, &[update]).await?)
+        }
+        Operation::ListServices => format!("{:?}", api.list_services().await?),
+        Operation::ListAddressLocations => format!("{:?}", api.list_address_locations().await?),
+        Operation::PutPublicIp => api.put_public_ip(&pip("svc-2-pip")).await?,
+        Operation::DeletePublicIp => format!("{:?}", api.delete_public_ip("spare-pip").await?),
+        Operation::PutLoadBalancer => {
+            let spec = lb("svc-1", "svc-1-pip", vec![rule(Protocol::Tcp, 80), rule(Protocol::Udp, 53)]);
+            format!("{:?}", api.put_load_balancer(&spec).await?)
+        }
+        Operation::DeleteLoadBalancer => format!("{:?}", api.delete_load_balancer("spare-lb").await?),
+        Operation::GetBackendPool => format!("{:?}", api.get_backend_pool(&svc1_pool()).await?),
+        Operation::PutBackendPool => {
+            // The read is not the faulted call; the write with its ETag is.
+            let (mut pool, etag) = api.get_backend_pool(&svc1_pool()).await.expect("the pool reads");
+            pool.addresses.push(BackendAddress { name: "node-1".into(), ip_address: "10.0.0.4".into() });
+            format!("{:?}", api.put_backend_pool(&svc1_pool(), &pool, Some(&etag)).await?)
+        }
+    })
+}
+
+/// What a failed call must report: kind, status, ARM code, Retry-After.
+type Expected = (ErrorKind, u16, &'static str, Option<u64>);
+
+fn fault_table() -> Vec<(&'static str, FaultMode, Expected)> {
+    use ErrorKind::*;
+    let status = |status: u16, code: &str, retry: Option<u64>| FaultMode::Status {
+        status,
+        code: code.into(),
+        message: String::new(),
+        retry_after_secs: retry,
+    };
+    vec![
+        ("404", FaultMode::status(404), (Http, 404, "ResourceNotFound", None)),
+        ("409", FaultMode::status(409), (Http, 409, "Conflict", None)),
+        ("412", FaultMode::status(412), (Http, 412, "PreconditionFailed", None)),
+        ("429 with Retry-After", FaultMode::throttled(7), (Http, 429, "TooManyRequests", Some(7))),
+        ("500", FaultMode::status(500), (Http, 500, "InternalServerError", None)),
+        ("503 with its own code", status(503, "ServerBusy", Some(2)), (Http, 503, "ServerBusy", Some(2))),
+        (
+            "200 with an error body",
+            FaultMode::ErrorBody { code: "InternalError".into(), message: "boom".into() },
+            (Http, 200, "InternalError", None),
+        ),
+        (
+            "202 polled to Failed",
+            FaultMode::async_ending(AsyncOutcome::Failed, 2),
+            (AsyncFailed, 200, "InternalServerError", None),
+        ),
+        (
+            "202 polled to Canceled",
+            FaultMode::async_ending(AsyncOutcome::Canceled, 0),
+            (AsyncFailed, 200, "InternalServerError", None),
+        ),
+        (
+            "202 polled through Location to a failure",
+            FaultMode::Async {
+                outcome: AsyncOutcome::Failed,
+                polls: 1,
+                via_location: true,
+                retry_after_secs: None,
+                error: Some(clb_host::azure::wire::ErrorBody { code: "QuotaExceeded".into(), message: "no".into() }),
+            },
+            (AsyncFailed, 500, "QuotaExceeded", None),
+        ),
+        ("hang", FaultMode::Hang, (Timeout, 0, "", None)),
+        ("drop", FaultMode::Drop, (Transport, 0, "", None)),
+    ]
+}
+
+fn shape(e: &AzureError) -> (ErrorKind, u16, String, Option<u64>) {
+    (e.kind, e.status, e.code.clone(), e.retry_after.map(|d| d.as_secs()))
+}
+
+/// The state and result of `op` run once, with no fault, on a fresh seeded emulator.
+async fn reference(op: Operation) -> (Resources, String) {
+    let emulator = emulator();
+    seed(&*emulator).await;
+    let result = call(&*emulator, op).await.unwrap_or_else(|e| panic!("{op} without a fault: {e}"));
+    (emulator.resources(), result)
+}
+
+#[tokio::test]
+async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and_in_process_and_loses_nothing() {
+    for op in Operation::ALL {
+        let (expected_state, expected_result) = reference(op).await;
+        for (name, mode, expected) in fault_table() {
+            let case = format!("{op} / {name}");
+            let expected = (expected.0, expected.1, expected.2.to_owned(), expected.3);
+
+            let in_process = emulator();
+            seed(&*in_process).await;
+            in_process.set_fault(Fault::times(op, 1, mode.clone()));
+            let error = call(&*in_process, op).await.expect_err(&case);
+            assert_eq!(shape(&error), expected, "{case}, in-process: {error}");
+            assert_eq!(call(&*in_process, op).await.expect(&case), expected_result, "{case}, in-process");
+            assert_eq!(in_process.resources(), expected_state, "{case}, in-process");
+
+            let served = emulator();
+            let server = serve(served.clone()).await;
+            // A short timeout only where a hang is the point.
+            let timeout = if mode == FaultMode::Hang { Duration::from_millis(300) } else { Duration::from_secs(30) };
+            let client = client(&server.url(), timeout, Credential::None);
+            seed(&client).await;
+            served.set_fault(Fault::times(op, 1, mode.clone()));
+            let error = call(&client, op).await.expect_err(&case);
+            assert_eq!(shape(&error), expected, "{case}, over HTTP: {error}");
+            assert!(served.state().faults.is_empty(), "{case}: a fault of count 1 is used up");
+            assert_eq!(call(&client, op).await.expect(&case), expected_result, "{case}, over HTTP");
+            assert_eq!(served.resources(), expected_state, "{case}, over HTTP");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_202_polled_to_success_applies_the_request_once_over_both_header_kinds() {
+    for op in Operation::ALL {
+        let (expected_state, expected_result) = reference(op).await;
+        for via_location in [false, true] {
+            let served = emulator();
+            let server = serve(served.clone()).await;
+            let client = client(&server.url(), Duration::from_secs(30), Credential::None);
+            seed(&client).await;
+            let mode = FaultMode::Async {
+                outcome: AsyncOutcome::Succeeded,
+                polls: 2,
+                via_location,
+                retry_after_secs: None,
+                error: None,
+            };
+            served.set_fault(Fault::times(op, 1, mode));
+            let result = call(&client, op).await.unwrap_or_else(|e| panic!("{op} via_location={via_location}: {e}"));
+            assert_eq!(result, expected_result, "{op} via_location={via_location}");
+            assert_eq!(served.resources(), expected_state, "{op} via_location={via_location}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn polling_waits_the_retry_after_the_server_asks_for() {
+    let served = emulator();
+    let server = serve(served.clone()).await;
+    let client = client(&server.url(), Duration::from_secs(30), Credential::None);
+    let mode = FaultMode::Async {
+        outcome: AsyncOutcome::Succeeded,
+        polls: 1,
+        via_location: false,
+        retry_after_secs: Some(1),
+        error: None,
+    };
+    served.set_fault(Fault::times(Operation::PutPublicIp, 1, mode));
+    let started = Instant::now();
+    assert_eq!(client.put_public_ip(&pip("a")).await.unwrap(), "20.0.0.1");
+    // The 202 and the one in-progress poll each ask for a second.
+    assert!(started.elapsed() >= Duration::from_secs(2), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn a_fault_matches_only_its_resource_and_always_faults_until_cleared() {
+    let emulator = emulator();
+    emulator.set_fault(Fault::always(Operation::PutPublicIp, FaultMode::status(409)).on("b"));
+    emulator.put_public_ip(&pip("a")).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(emulator.put_public_ip(&pip("b")).await.unwrap_err().status, 409);
+    }
+    assert_eq!(emulator.state().faults.len(), 1);
+    emulator.clear_faults();
+    assert_eq!(emulator.put_public_ip(&pip("b")).await.unwrap(), "20.0.0.2");
+    assert_eq!(emulator.state().requests["put-public-ip"], 5);
+}
+
+#[tokio::test]
+async fn lists_follow_next_link_across_pages() {
+    let served = emulator();
+    let server = serve(served.clone()).await;
+    let client = client(&server.url(), Duration::from_secs(30), Credential::None);
+    let names: Vec<String> = (1..=5).map(|i| format!("svc-{i}")).collect();
+    let requests: Vec<ServiceRequest> = names.iter().map(|n| inbound(n)).collect();
+    client.update_services(UpdateAction::PartialUpdate, &requests).await.unwrap();
+    let listed: Vec<String> = client.list_services().await.unwrap().into_iter().map(|s| s.name).collect();
+    assert_eq!(listed, ["default-natgw", "svc-1", "svc-2", "svc-3", "svc-4", "svc-5"]);
+    assert_eq!(served.state().requests["list-services"], 3, "six services in pages of two");
+}
+
+// ---- §h.3 semantics, in-process ----
+
+#[tokio::test]
+async fn an_upsert_replaces_a_services_properties_wholesale() {
+    let emulator = emulator();
+    emulator.update_services(UpdateAction::PartialUpdate, &[inbound("svc-1")]).await.unwrap();
+    let unlinked = ServiceRequest { backend_pools: vec![], ..inbound("svc-1") };
+    emulator.update_services(UpdateAction::PartialUpdate, &[unlinked]).await.unwrap();
+    let listed = emulator.list_services().await.unwrap();
+    let svc = listed.iter().find(|s| s.name == "svc-1").unwrap();
+    assert_eq!(svc.service_type, "Inbound");
+    assert!(svc.backend_pool_ids.is_empty(), "{svc:?}");
+}
+
+#[tokio::test]
+async fn address_updates_replace_service_sets_and_empty_lists_remove_addresses_and_locations() {
+    let emulator = emulator();
+    let services = [inbound("a"), inbound("b")];
+    emulator.update_services(UpdateAction::PartialUpdate, &services).await.unwrap();
+    let partial = UpdateAction::PartialUpdate;
+    let full = UpdateAction::FullUpdate;
+    type Step = (
+        UpdateAction,
+        &'static [(&'static str, &'static [&'static str])],
+        &'static [(&'static str, &'static [&'static str])],
+    );
+    // (location action, addresses sent, addresses of 10.0.0.4 afterwards)
+    let steps: &[Step] = &[
+        (
+            partial,
+            &[("10.1.0.1", &["a", "b"]), ("10.1.0.2", &["a"])],
+            &[("10.1.0.1", &["a", "b"]), ("10.1.0.2", &["a"])],
+        ),
+        (partial, &[("10.1.0.1", &["b"])], &[("10.1.0.1", &["b"]), ("10.1.0.2", &["a"])]),
+        (partial, &[("10.1.0.2", &[])], &[("10.1.0.1", &["b"])]),
+        (full, &[("10.1.0.3", &["a"])], &[("10.1.0.3", &["a"])]),
+        (partial, &[("10.1.0.3", &[])], &[]),
+    ];
+    for (i, (action, sent, after)) in steps.iter().enumerate() {
+        let update = location("10.0.0.4", *action, sent);
+        emulator.update_address_locations(partial, &[update]).await.unwrap();
+        let expected: Vec<ListedLocation> = if after.is_empty() {
+            vec![]
+        } else {
+            vec![ListedLocation {
+                location: "10.0.0.4".into(),
+                addresses: after
+                    .iter()
+                    .map(|(a, s)| AddressServices {
+                        address: (*a).into(),
+                        services: s.iter().map(|s| (*s).into()).collect(),
+                    })
+                    .collect(),
+            }]
+        };
+        assert_eq!(emulator.list_address_locations().await.unwrap(), expected, "step {i}");
+    }
+    emulator
+        .update_address_locations(partial, &[location("10.0.0.4", partial, &[("10.1.0.1", &["a"])])])
+        .await
+        .unwrap();
+    emulator.update_address_locations(partial, &[location("10.0.0.4", partial, &[])]).await.unwrap();
+    assert!(emulator.resources().locations.is_empty(), "addresses: [] removes the location");
+}
+
+#[tokio::test]
+async fn rejected_requests_carry_their_arm_code_and_change_nothing() {
+    let emulator = emulator();
+    seed(&*emulator).await;
+    let before = emulator.resources();
+    let partial = UpdateAction::PartialUpdate;
+    let v6_twice = [
+        location("fd00::4", partial, &[("fd00:1::5", &["svc-1"])]),
+        location("FD00:0:0::4", partial, &[("fd00:1::6", &["svc-1"])]),
+    ];
+    let cases: Vec<(&str, Result<(), AzureError>, u16, &str)> = vec![
+        (
+            "the same location twice, spelt two ways",
+            emulator.update_address_locations(partial, &v6_twice).await,
+            400,
+            "DuplicateLocationsInRequest",
+        ),
+        (
+            "an IPv6 address at an IPv4 location",
+            emulator
+                .update_address_locations(partial, &[location("10.0.0.4", partial, &[("fd00::9", &["svc-1"])])])
+                .await,
+            400,
+            "AddressFamilyMismatch",
+        ),
+        (
+            "an address referencing an unregistered service",
+            emulator
+                .update_address_locations(partial, &[location("10.0.0.4", partial, &[("10.244.0.9", &["nope"])])])
+                .await,
+            400,
+            "ServiceNotFound",
+        ),
+        (
+            "unregistering a service still referenced",
+            emulator.update_services(partial, &[unregister("svc-1")]).await,
+            400,
+            "ServiceWithOverlayMappingsCannotBeDeleted",
+        ),
+        (
+            "unregistering a missing service",
+            emulator.update_services(partial, &[unregister("nope")]).await,
+            404,
+            "NotFound",
+        ),
+        (
+            "touching the RP's default service",
+            emulator.update_services(partial, &[unregister("default-natgw")]).await,
+            400,
+            "MultipleDefaultServicesNotAllowedInServiceGateway",
+        ),
+        ("deleting a missing public IP", emulator.delete_public_ip("nope").await, 404, "ResourceNotFound"),
+        (
+            "deleting a public IP a load balancer uses",
+            emulator.delete_public_ip("svc-1-pip").await,
+            400,
+            "InUsePublicIpAddressCannotBeDeleted",
+        ),
+        ("deleting a missing load balancer", emulator.delete_load_balancer("nope").await, 404, "ResourceNotFound"),
+        (
+            "a load balancer on a missing public IP",
+            emulator.put_load_balancer(&lb("svc-9", "nope-pip", vec![])).await,
+            400,
+            "InvalidResourceReference",
+        ),
+        (
+            "two rules on one backend port and protocol",
+            emulator
+                .put_load_balancer(&lb(
+                    "svc-1",
+                    "svc-1-pip",
+                    vec![rule(Protocol::Tcp, 80), LbRule { frontend_port: 81, ..rule(Protocol::Tcp, 80) }],
+                ))
+                .await,
+            400,
+            "RulesUseSameBackendPortProtocolAndPool",
+        ),
+    ];
+    for (case, result, status, code) in cases {
+        let error = result.expect_err(case);
+        assert_eq!((error.kind, error.status, error.code.as_str()), (ErrorKind::Http, status, code), "{case}: {error}");
+    }
+    assert_eq!(emulator.resources(), before, "a rejected request is not applied, not even in part");
+}
+
+#[tokio::test]
+async fn a_drained_service_can_be_unregistered_and_its_load_balancer_and_ip_deleted_in_ccm_order() {
+    let emulator = emulator();
+    seed(&*emulator).await;
+    let partial = UpdateAction::PartialUpdate;
+    emulator.update_address_locations(partial, &[location("10.0.0.4", partial, &[("10.244.0.5", &[])])]).await.unwrap();
+    let unlink = ServiceRequest { backend_pools: vec![], ..inbound("svc-1") };
+    emulator.update_services(partial, &[unlink]).await.unwrap();
+    emulator.delete_load_balancer("svc-1").await.unwrap();
+    emulator.delete_load_balancer("spare-lb").await.unwrap();
+    emulator.update_services(partial, &[unregister("svc-1")]).await.unwrap();
+    emulator.delete_public_ip("svc-1-pip").await.unwrap();
+    let resources = emulator.resources();
+    assert_eq!(resources.services.keys().collect::<Vec<_>>(), ["default-natgw"]);
+    assert!(resources.load_balancers.is_empty() && resources.backend_pools.is_empty());
+    assert_eq!(resources.public_ips.keys().collect::<Vec<_>>(), ["spare-pip"]);
+}
+
+#[tokio::test]
+async fn tcp_and_udp_may_share_a_backend_port() {
+    let emulator = emulator();
+    emulator.put_public_ip(&pip("p")).await.unwrap();
+    emulator.put_load_balancer(&lb("l", "p", vec![rule(Protocol::Tcp, 53), rule(Protocol::Udp, 53)])).await.unwrap();
+    assert_eq!(emulator.resources().load_balancers["l"].rules.len(), 2);
+}
+
+#[tokio::test]
+async fn public_ips_are_allocated_deterministically_and_kept_on_re_put() {
+    let emulator = emulator();
+    let v6 = PublicIpSpec { name: "c".into(), version: IpVersion::IPv6 };
+    assert_eq!(emulator.put_public_ip(&pip("a")).await.unwrap(), "20.0.0.1");
+    assert_eq!(emulator.put_public_ip(&pip("b")).await.unwrap(), "20.0.0.2");
+    assert_eq!(emulator.put_public_ip(&v6).await.unwrap(), "2603:1030::1");
+    assert_eq!(emulator.put_public_ip(&pip("a")).await.unwrap(), "20.0.0.1");
+}
+
+async fn stale_etag_case(api: &impl AzureApi, emulator: &Emulator, label: &str) {
+    seed(api).await;
+    let (pool, etag) = api.get_backend_pool(&svc1_pool()).await.unwrap();
+    let lb_etag = emulator.resources().load_balancers["svc-1"].etag.clone();
+    let mut changed = pool.clone();
+    changed.addresses.push(BackendAddress { name: "n1".into(), ip_address: "10.0.0.4".into() });
+    api.put_backend_pool(&svc1_pool(), &changed, Some(&etag)).await.unwrap();
+    let error = api.put_backend_pool(&svc1_pool(), &pool, Some(&etag)).await.unwrap_err();
+    assert_eq!((error.status, error.code.as_str()), (412, "PreconditionFailed"), "{label}: {error}");
+    let resources = emulator.resources();
+    assert_eq!(resources.backend_pools["svc-1/svc-1"].addresses.len(), 1, "{label}: the stale write did not land");
+    assert_ne!(
+        resources.load_balancers["svc-1"].etag, lb_etag,
+        "{label}: a pool write changes its load balancer's ETag"
+    );
+    let (read_back, new_etag) = api.get_backend_pool(&svc1_pool()).await.unwrap();
+    assert_eq!(read_back.addresses, changed.addresses, "{label}");
+    assert_ne!(new_etag, etag, "{label}");
+}
+
+#[tokio::test]
+async fn a_backend_pool_write_with_a_stale_etag_is_refused_with_412() {
+    let in_process = emulator();
+    stale_etag_case(&*in_process, &in_process, "in-process").await;
+    let served = emulator();
+    let server = serve(served.clone()).await;
+    stale_etag_case(&client(&server.url(), Duration::from_secs(30), Credential::None), &served, "over HTTP").await;
+}
+
+#[tokio::test]
+async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
+    let upper =
+        Arc::new(Emulator::with_config(scope(), EmulatorConfig { echo_ipv6_upper: true, ..Default::default() }));
+    for emulator in [emulator(), upper] {
+        let partial = UpdateAction::PartialUpdate;
+        emulator.update_services(partial, &[inbound("a"), inbound("b")]).await.unwrap();
+        let first = location("FD00:0:0:0:0:0:0:4", partial, &[("fd00:0::A", &["a"])]);
+        emulator.update_address_locations(partial, &[first]).await.unwrap();
+        let second = location("fd00::4", partial, &[("FD00::a", &["b"])]);
+        emulator.update_address_locations(partial, &[second]).await.unwrap();
+        let resources = emulator.resources();
+        assert_eq!(resources.locations.len(), 1, "{:?}", resources.locations);
+        assert_eq!(resources.locations["fd00::4"]["fd00::a"].iter().collect::<Vec<_>>(), ["b"]);
+        let listed = emulator.list_address_locations().await.unwrap();
+        let expected = if emulator.config().echo_ipv6_upper { ("FD00::4", "FD00::A") } else { ("fd00::4", "fd00::a") };
+        assert_eq!((listed[0].location.as_str(), listed[0].addresses[0].address.as_str()), expected);
+    }
+}
+
+// ---- wire format ----
+
+#[test]
+fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear() {
+    let partial = UpdateAction::PartialUpdate;
+    let disassociate = ServiceRequest {
+        name: "egress-1".into(),
+        service_type: ServiceType::Outbound,
+        backend_pools: vec![],
+        nat_gateway: NatGatewayLink::Clear,
+        is_delete: false,
+    };
+    let services = wire::update_services(&scope(), partial, &[inbound("u1"), disassociate]);
+    let net = "/subscriptions/sub-1/resourceGroups/rg-1/providers/Microsoft.Network";
+    let expected = serde_json::json!({
+        "action": "PartialUpdate",
+        "serviceRequests": [
+            {"isDelete": false, "service": {"name": "u1", "properties": {"serviceType": "Inbound", "loadBalancerBackendPools": [
+                {"id": format!("{net}/loadBalancers/u1/backendAddressPools/u1"), "name": "u1",
+                 "properties": {"virtualNetwork": {"id": "/subscriptions/sub-1/resourceGroups/rg-net/providers/Microsoft.Network/virtualNetworks/vnet-1"}}}
+            ]}}},
+            {"isDelete": false, "service": {"name": "egress-1", "properties": {"serviceType": "Outbound", "loadBalancerBackendPools": [], "publicNatGatewayId": null}}}
+        ]
+    });
+    assert_eq!(serde_json::to_value(&services).unwrap(), expected);
+
+    let locations = wire::update_address_locations(
+        partial,
+        &[location("10.0.0.4", partial, &[]), location("10.0.0.5", UpdateAction::FullUpdate, &[("10.1.0.1", &[])])],
+    );
+    let expected = serde_json::json!({
+        "action": "PartialUpdate",
+        "addressLocations": [
+            {"addressLocation": "10.0.0.4", "addressUpdateAction": "PartialUpdate", "addresses": []},
+            {"addressLocation": "10.0.0.5", "addressUpdateAction": "FullUpdate", "addresses": [{"address": "10.1.0.1", "services": []}]}
+        ]
+    });
+    assert_eq!(serde_json::to_value(&locations).unwrap(), expected);
+
+    let balancer =
+        serde_json::to_value(wire::load_balancer(&scope(), &lb("u1", "u1-pip", vec![rule(Protocol::Udp, 53)])))
+            .unwrap();
+    assert_eq!(balancer["sku"]["name"], "Service");
+    assert_eq!(balancer["properties"]["frontendIPConfigurations"][0]["name"], "frontend");
+    let rule_json = &balancer["properties"]["loadBalancingRules"][0];
+    assert_eq!(rule_json["name"], "rule-udp-53");
+    assert_eq!(rule_json["properties"]["protocol"], "Udp");
+    assert_eq!(rule_json["properties"]["enableFloatingIP"], false);
+    assert_eq!(rule_json["properties"]["idleTimeoutInMinutes"], 4);
+    let address =
+        serde_json::to_value(wire::public_ip(&scope(), &PublicIpSpec { name: "x".into(), version: IpVersion::IPv6 }))
+            .unwrap();
+    assert_eq!(address["sku"]["name"], "StandardV2");
+    assert_eq!(address["properties"]["publicIPAllocationMethod"], "Static");
+    assert_eq!(address["properties"]["publicIPAddressVersion"], "IPv6");
+}
+
+// ---- credentials ----
+
+fn temp_dir() -> std::path::PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("clb-azure-tests-{}-{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn last_bearer(emulator: &Emulator) -> Option<String> {
+    emulator.state().log.last().and_then(|entry| entry.bearer.clone())
+}
+
+#[tokio::test]
+async fn a_token_file_is_sent_as_the_bearer_and_re_read_when_it_changes() {
+    let path = temp_dir().join("token");
+    std::fs::write(&path, "first-token\n").unwrap();
+    let emulator = emulator();
+    let server = serve(emulator.clone()).await;
+    let client = client(&server.url(), Duration::from_secs(30), Credential::TokenFile(TokenFile::new(&path)));
+    client.list_services().await.unwrap();
+    assert_eq!(last_bearer(&emulator).as_deref(), Some("first-token"));
+    // A different length, so that the change shows even where mtime is coarse.
+    std::fs::write(&path, "the-second-token").unwrap();
+    client.list_services().await.unwrap();
+    assert_eq!(last_bearer(&emulator).as_deref(), Some("the-second-token"));
+    std::fs::write(&path, "  \n").unwrap();
+    let error = client.list_services().await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Auth, "{error}");
+}
+
+fn workload_identity(authority: &str, federated: &std::path::Path) -> WorkloadIdentity {
+    let env = [
+        ("AZURE_CLIENT_ID", "client-1".to_owned()),
+        ("AZURE_TENANT_ID", "tenant-1".to_owned()),
+        ("AZURE_FEDERATED_TOKEN_FILE", federated.display().to_string()),
+        ("AZURE_AUTHORITY_HOST", format!("{authority}/")),
+    ];
+    WorkloadIdentity::from_env(|name| env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone())).unwrap()
+}
+
+#[tokio::test]
+async fn workload_identity_exchanges_the_federated_token_once_and_caches_the_arm_token() {
+    let federated = temp_dir().join("federated");
+    std::fs::write(&federated, "service-account-jwt").unwrap();
+    let emulator = emulator();
+    let server = serve(emulator.clone()).await;
+    let credential = Credential::WorkloadIdentity(workload_identity(&server.url(), &federated));
+    let client = client(&server.url(), Duration::from_secs(30), credential);
+    client.list_services().await.unwrap();
+    client.list_address_locations().await.unwrap();
+    let exchanges = emulator.state().token_exchanges;
+    assert_eq!(exchanges.len(), 1, "{exchanges:?}");
+    let exchange = &exchanges[0];
+    assert_eq!(
+        (exchange.tenant.as_str(), exchange.client_id.as_str(), exchange.assertion.as_str(), exchange.scope.as_str()),
+        ("tenant-1", "client-1", "service-account-jwt", "https://management.azure.com/.default")
+    );
+    assert_eq!(last_bearer(&emulator).as_deref(), Some("emulator-token-1"));
+}
+
+#[tokio::test]
+async fn workload_identity_exchanges_again_near_expiry_with_the_rotated_federated_token() {
+    let federated = temp_dir().join("federated-rotating");
+    std::fs::write(&federated, "jwt-1").unwrap();
+    // Tokens that live less than the refresh margin are never reused.
+    let config = EmulatorConfig { token_lifetime_secs: 60, ..Default::default() };
+    let emulator = Arc::new(Emulator::with_config(scope(), config));
+    let server = serve(emulator.clone()).await;
+    let credential = Credential::WorkloadIdentity(workload_identity(&server.url(), &federated));
+    let client = client(&server.url(), Duration::from_secs(30), credential);
+    client.list_services().await.unwrap();
+    std::fs::write(&federated, "jwt-2").unwrap();
+    client.list_services().await.unwrap();
+    let assertions: Vec<String> = emulator.state().token_exchanges.into_iter().map(|e| e.assertion).collect();
+    assert_eq!(assertions, ["jwt-1", "jwt-2"]);
+    assert_eq!(last_bearer(&emulator).as_deref(), Some("emulator-token-2"));
+}
+
+#[tokio::test]
+async fn a_refused_token_exchange_is_an_auth_error_and_no_arm_request_is_sent() {
+    let federated = temp_dir().join("federated-refused");
+    std::fs::write(&federated, "jwt").unwrap();
+    let emulator = emulator();
+    let server = serve(emulator.clone()).await;
+    let mut identity = workload_identity(&server.url(), &federated);
+    identity.scope = "https://management.azure.com/wrong".into();
+    let client = client(&server.url(), Duration::from_secs(30), Credential::WorkloadIdentity(identity));
+    let error = client.list_services().await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Auth);
+    assert!(error.message.contains("invalid_scope"), "{error}");
+    assert!(emulator.state().requests.is_empty());
+}
+
+#[test]
+fn workload_identity_names_the_missing_environment_variable() {
+    let error = WorkloadIdentity::from_env(|name| (name == "AZURE_CLIENT_ID").then(|| "c".to_owned())).err().unwrap();
+    assert_eq!(error.to_string(), "workload identity needs the environment variable AZURE_TENANT_ID");
+}
+
+// ---- the command ----
+
+/// Forwards what the command prints, line by line.
+struct LineSender(std::sync::mpsc::Sender<String>, Vec<u8>);
+
+impl std::io::Write for LineSender {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.1.extend_from_slice(bytes);
+        while let Some(end) = self.1.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.1.drain(..=end).collect();
+            let _ = self.0.send(String::from_utf8_lossy(&line).trim_end().to_owned());
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn clb_host_emulator_prints_the_bound_address_and_serves_the_arm_routes_there() {
+    let (sender, lines) = std::sync::mpsc::channel();
+    // Serves until the test process ends, as it would until killed.
+    std::thread::spawn(move || {
+        let mut out = LineSender(sender, Vec::new());
+        let args =
+            ["clb-host", "emulator", "--listen", "127.0.0.1:0", "--subscription", "sub-1", "--resource-group", "rg-1"];
+        clb_host::cli::run(args, &mut out, &mut std::io::sink())
+    });
+    let line = tokio::task::spawn_blocking(move || lines.recv_timeout(Duration::from_secs(60)).expect("a line"))
+        .await
+        .unwrap();
+    let url = line.strip_prefix("listening on ").unwrap_or_else(|| panic!("{line}"));
+    assert!(url.starts_with("http://127.0.0.1:") && !url.ends_with(":0"), "{line}");
+    let listed = client(url, Duration::from_secs(30), Credential::None).list_services().await.unwrap();
+    assert_eq!(listed.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["default-natgw"]);
+}
+
+#[test]
+fn clb_host_emulator_exits_two_when_it_cannot_listen() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let mut err = Vec::new();
+    let code = clb_host::cli::run(["clb-host", "emulator", "--listen", &address], &mut std::io::sink(), &mut err);
+    assert_eq!(code, clb_host::cli::EXIT_BAD_INPUT);
+    assert!(String::from_utf8_lossy(&err).contains(&format!("cannot listen on {address}")));
+}
