@@ -345,6 +345,7 @@ impl From<model::Step> for wit::Step {
                 .map(|issued| wit::Issued { id: issued.id, command: issued.command.into() })
                 .collect(),
             wake_at_ms: s.wake_at_ms,
+            idle: s.idle,
         }
     }
 }

@@ -313,4 +313,6 @@ pub enum Outcome {
 pub struct Step {
     pub commands: Vec<Issued>,
     pub wake_at_ms: Option<u64>,
+    /// Nothing in flight, nothing left to do but the periodic resync.
+    pub idle: bool,
 }

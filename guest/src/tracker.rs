@@ -408,10 +408,7 @@ impl Tracker {
 
     /// Whether nothing is in flight, nothing is dirty and no Service has work left.
     pub fn is_quiet(&self) -> bool {
-        self.ready_to_write()
-            && self.state.in_flight.is_empty()
-            && !self.state.diff.has_dirty()
-            && self.state.lifecycles.values().all(|l| matches!(l.phase, Phase::Created) || l.parked)
+        self.state.in_flight.is_empty() && self.is_quiet_after_events()
     }
 
     pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
@@ -807,6 +804,16 @@ impl Tracker {
             }
         }
         step.wake_at_ms = self.next_wake(now);
+        step.idle =
+            step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))) && self.is_quiet_after_events();
+    }
+
+    /// Quiet once the Events just issued are counted as done (they need no answer to proceed).
+    fn is_quiet_after_events(&self) -> bool {
+        self.state.in_flight.values().all(|f| matches!(f, InFlight::Event))
+            && self.ready_to_write()
+            && !self.state.diff.has_dirty()
+            && self.state.lifecycles.values().all(|l| matches!(l.phase, Phase::Created) || l.parked)
     }
 
     fn next_wake(&self, now: u64) -> Option<u64> {

@@ -111,6 +111,7 @@ pub fn step_to_wit(step: model::Step) -> wit::Step {
             .map(|i| wit::Issued { id: i.id, command: command_to_wit(i.command) })
             .collect(),
         wake_at_ms: step.wake_at_ms,
+        idle: step.idle,
     }
 }
 

@@ -60,13 +60,13 @@ impl GuestTracker for NoState {
         Ok(Tracker::new(NoState))
     }
     fn observe(&self, _now_ms: u64, _batch: Vec<Observation>) -> Step {
-        Step { commands: Vec::new(), wake_at_ms: None }
+        Step { commands: Vec::new(), wake_at_ms: None, idle: true }
     }
     fn complete(&self, _now_ms: u64, _results: Vec<(u64, Outcome)>) -> Step {
-        Step { commands: Vec::new(), wake_at_ms: None }
+        Step { commands: Vec::new(), wake_at_ms: None, idle: true }
     }
     fn tick(&self, _now_ms: u64) -> Step {
-        Step { commands: Vec::new(), wake_at_ms: None }
+        Step { commands: Vec::new(), wake_at_ms: None, idle: true }
     }
     fn export_state(&self) -> VersionedState {
         VersionedState { version: 0, payload: Vec::new() }
