@@ -56,8 +56,10 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run from a build script"));
     let workspace = workspace_root(&manifest_dir);
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("run from a build script"));
+    // One nested target directory per checkout: two clones sharing CARGO_TARGET_DIR must never
+    // read each other's guest (cargo uplifts both to the same file name).
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(|d| workspace.join(d).join("wasm-guests"))
+        .map(|d| workspace.join(d).join("wasm-guests").join(checkout_key(&workspace)))
         .unwrap_or_else(|| out_dir.join("wasm-guests"));
     for path in watch {
         println!("cargo:rerun-if-changed={}", path.display());
@@ -97,6 +99,15 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
     let path = out_dir.join(guest.output);
     std::fs::write(&path, component).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     path
+}
+
+/// A short stable name for a checkout's path (FNV-1a).
+fn checkout_key(workspace: &Path) -> String {
+    let hash = workspace
+        .to_string_lossy()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    format!("{hash:016x}")
 }
 
 fn workspace_root(manifest_dir: &Path) -> PathBuf {

@@ -259,6 +259,28 @@ struct SliceRecord {
     resolved: BTreeMap<String, String>,
 }
 
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct NodeLocations {
+    v4: Option<String>,
+    v6: Option<String>,
+}
+
+impl NodeLocations {
+    fn of(node: &Node) -> Self {
+        Self {
+            v4: ip::same_family_location(&node.internal_ips, ip::Family::V4),
+            v6: ip::same_family_location(&node.internal_ips, ip::Family::V6),
+        }
+    }
+
+    fn for_family(&self, family: ip::Family) -> Option<&String> {
+        match family {
+            ip::Family::V4 => self.v4.as_ref(),
+            ip::Family::V6 => self.v6.as_ref(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 enum InFlight {
     Service { identity: String, step: OpStep },
@@ -295,7 +317,8 @@ struct State {
     slices: BTreeMap<ObjectKey, SliceRecord>,
     slices_by_owner: BTreeMap<String, BTreeSet<ObjectKey>>,
     slices_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
-    nodes: BTreeMap<String, Node>,
+    /// Node name → its locations per family (computed once per Node change, not per endpoint).
+    nodes: BTreeMap<String, NodeLocations>,
     diff: DiffTracker,
     lifecycles: BTreeMap<String, Lifecycle>,
     in_flight: BTreeMap<u64, InFlight>,
@@ -612,8 +635,8 @@ impl Tracker {
             let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.state.nodes.get(n)) else { continue };
             for address in &endpoint.addresses {
                 let Some((address, family)) = ip::canonical(address) else { continue };
-                if let Some(location) = ip::same_family_location(&node.internal_ips, family) {
-                    resolved.insert(address, location);
+                if let Some(location) = node.for_family(family) {
+                    resolved.insert(address, location.clone());
                 }
             }
         }
@@ -624,20 +647,17 @@ impl Tracker {
         let key = slice.key();
         let owner = slice.owner_service_uid.as_ref().map(|u| u.to_ascii_lowercase());
         let resolved = self.resolve(&slice);
-        let old = self.state.slices.remove(&key);
-        if let Some(old) = &old {
-            self.unindex_slice(&key, old);
-        }
-        let (old_owner, old_resolved) = old.map(|o| (o.owner, o.resolved)).unwrap_or_default();
-        self.apply_slice_change(old_owner.as_deref(), &old_resolved, owner.as_deref(), &resolved);
         let record = SliceRecord { slice, owner, resolved };
-        self.index_slice(&key, &record);
+        let old = self.state.slices.remove(&key);
+        self.reindex_slice(&key, old.as_ref(), Some(&record));
+        let (old_owner, old_resolved) = old.map(|o| (o.owner, o.resolved)).unwrap_or_default();
+        self.apply_slice_change(old_owner.as_deref(), &old_resolved, record.owner.as_deref(), &record.resolved);
         self.state.slices.insert(key, record);
     }
 
     fn remove_slice(&mut self, key: &ObjectKey) {
         let Some(old) = self.state.slices.remove(key) else { return };
-        self.unindex_slice(key, &old);
+        self.reindex_slice(key, Some(&old), None);
         self.apply_slice_change(old.owner.as_deref(), &old.resolved, None, &BTreeMap::new());
     }
 
@@ -677,29 +697,35 @@ impl Tracker {
         }
     }
 
-    fn index_slice(&mut self, key: &ObjectKey, record: &SliceRecord) {
-        if let Some(owner) = &record.owner {
-            self.state.slices_by_owner.entry(owner.clone()).or_default().insert(key.clone());
+    /// Keeps the owner and node indexes of a slice, touching only what changed between the
+    /// old and the new record (an ordinary update changes neither).
+    fn reindex_slice(&mut self, key: &ObjectKey, old: Option<&SliceRecord>, new: Option<&SliceRecord>) {
+        fn nodes(record: Option<&SliceRecord>) -> BTreeSet<&String> {
+            record.map(|r| r.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()).collect()).unwrap_or_default()
         }
-        for node in record.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()) {
-            self.state.slices_by_node.entry(node.clone()).or_default().insert(key.clone());
-        }
-    }
-
-    fn unindex_slice(&mut self, key: &ObjectKey, record: &SliceRecord) {
-        let drop_key = |index: &mut BTreeMap<String, BTreeSet<ObjectKey>>, at: &str| {
+        fn unlink(index: &mut BTreeMap<String, BTreeSet<ObjectKey>>, at: &str, key: &ObjectKey) {
             if let Some(keys) = index.get_mut(at) {
                 keys.remove(key);
                 if keys.is_empty() {
                     index.remove(at);
                 }
             }
-        };
-        if let Some(owner) = &record.owner {
-            drop_key(&mut self.state.slices_by_owner, owner);
         }
-        for node in record.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()) {
-            drop_key(&mut self.state.slices_by_node, node);
+        let (old_owner, new_owner) = (old.and_then(|r| r.owner.as_ref()), new.and_then(|r| r.owner.as_ref()));
+        if old_owner != new_owner {
+            if let Some(owner) = old_owner {
+                unlink(&mut self.state.slices_by_owner, owner, key);
+            }
+            if let Some(owner) = new_owner {
+                self.state.slices_by_owner.entry(owner.clone()).or_default().insert(key.clone());
+            }
+        }
+        let (old_nodes, new_nodes) = (nodes(old), nodes(new));
+        for gone in old_nodes.difference(&new_nodes) {
+            unlink(&mut self.state.slices_by_node, gone, key);
+        }
+        for added in new_nodes.difference(&old_nodes) {
+            self.state.slices_by_node.entry((*added).clone()).or_default().insert(key.clone());
         }
     }
 
@@ -721,8 +747,9 @@ impl Tracker {
 
     fn upsert_node(&mut self, node: Node) {
         let name = node.name.clone();
-        let unchanged = self.state.nodes.get(&name).is_some_and(|n| n.internal_ips == node.internal_ips);
-        self.state.nodes.insert(name.clone(), node);
+        let locations = NodeLocations::of(&node);
+        let unchanged = self.state.nodes.get(&name) == Some(&locations);
+        self.state.nodes.insert(name.clone(), locations);
         if !unchanged {
             self.reresolve_node(&name);
         }

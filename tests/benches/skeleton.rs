@@ -6,25 +6,9 @@
 //! the same run, since the machine is shared and noisy.
 
 use clb_host::sandbox::{Limits, Runtime};
+use clb_tests::median_per_iteration;
 use std::hint::black_box;
-use std::time::{Duration, Instant};
-
-const BATCHES: usize = 15;
-
-/// Median time of one iteration over `BATCHES` batches of `iterations`.
-fn median_per_iteration(iterations: u32, mut f: impl FnMut()) -> Duration {
-    let mut samples: Vec<Duration> = (0..BATCHES)
-        .map(|_| {
-            let start = Instant::now();
-            for _ in 0..iterations {
-                f();
-            }
-            start.elapsed() / iterations
-        })
-        .collect();
-    samples.sort();
-    samples[BATCHES / 2]
-}
+use std::time::Duration;
 
 fn main() {
     let bytes = clb_host::BUILTIN_GUEST;

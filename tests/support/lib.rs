@@ -280,3 +280,19 @@ pub fn outcome_to_model(o: &wit::Outcome) -> model::Outcome {
         }),
     }
 }
+
+/// Median time of one iteration of `f` over 15 timed batches of `iterations` (benchmarks).
+pub fn median_per_iteration(iterations: u32, mut f: impl FnMut()) -> std::time::Duration {
+    const BATCHES: usize = 15;
+    let mut samples: Vec<std::time::Duration> = (0..BATCHES)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            for _ in 0..iterations {
+                f();
+            }
+            start.elapsed() / iterations
+        })
+        .collect();
+    samples.sort();
+    samples[BATCHES / 2]
+}

@@ -1,0 +1,244 @@
+//! The DiffTracker at scale (issue #3): a cluster of 1,000 nodes, 30,000 ready pods and 1,000
+//! LoadBalancer Services, natively and through the component:
+//! (a) start-up rebuild: the lists, then a read of NRP that already holds everything;
+//! (b) one endpoint change: the observation and the sync it causes;
+//! (c) state export + import.
+//! Run with `cargo bench -p clb-tests --bench difftracker`; prints a Markdown table.
+
+use clb_guest::model;
+use clb_guest::tracker::Tracker;
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_host::sandbox::{Limits, Session};
+use clb_tests::*;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+use wasmtime::component::ResourceAny;
+
+const NODES: usize = 1_000;
+const SERVICES: usize = 1_000;
+const PODS_PER_SERVICE: usize = 30;
+
+fn uid(service: usize) -> String {
+    format!("5d0c1b7e-8a3f-4c52-9d1e-{service:012x}")
+}
+
+fn node_ip(node: usize) -> String {
+    format!("10.{}.{}.4", node / 250, node % 250)
+}
+
+fn pod_ip(pod: usize) -> String {
+    format!("10.{}.{}.{}", 100 + pod / 65_536, (pod / 256) % 256, pod % 256)
+}
+
+fn pod_node(service: usize, pod: usize) -> usize {
+    (service * PODS_PER_SERVICE + pod) % NODES
+}
+
+fn slice(service: usize, not_ready: Option<usize>) -> wit::EndpointSlice {
+    wit::EndpointSlice {
+        namespace: "shop".into(),
+        name: format!("svc-{service}-abcde"),
+        owner_service_uid: Some(uid(service)),
+        address_type: "IPv4".into(),
+        endpoints: (0..PODS_PER_SERVICE)
+            .map(|pod| wit::Endpoint {
+                addresses: vec![pod_ip(service * PODS_PER_SERVICE + pod)],
+                node_name: Some(format!("node-{}", pod_node(service, pod))),
+                ready: Some(not_ready != Some(pod)),
+            })
+            .collect(),
+        deleting: false,
+    }
+}
+
+fn lists() -> Vec<wit::Observation> {
+    let mut template = read_service("etp-local.yaml");
+    template.finalizers = vec!["servicegateway.azure.com/service-cleanup".into()];
+    let mut all = Vec::new();
+    for node in 0..NODES {
+        all.push(wit::Observation::NodeUpserted(wit::Node {
+            name: format!("node-{node}"),
+            internal_ips: vec![node_ip(node)],
+        }));
+    }
+    for service in 0..SERVICES {
+        let mut svc = template.clone();
+        svc.uid = uid(service);
+        svc.name = format!("svc-{service}");
+        svc.ingress_ips = vec![format!("20.0.{}.{}", service / 250, service % 250 + 1)];
+        all.push(wit::Observation::ServiceUpserted(svc));
+        all.push(wit::Observation::SliceUpserted(slice(service, None)));
+    }
+    all.push(wit::Observation::ListsComplete);
+    all
+}
+
+/// NRP already holding the whole cluster: a restart, the common start-up.
+fn nrp_in_sync() -> wit::Outcome {
+    let mut locations: Vec<wit::NrpListedLocation> = (0..NODES)
+        .map(|node| wit::NrpListedLocation { location: node_ip(node), addresses: Vec::new() })
+        .collect();
+    for service in 0..SERVICES {
+        for pod in 0..PODS_PER_SERVICE {
+            locations[pod_node(service, pod)].addresses.push(wit::NrpAddress {
+                address: pod_ip(service * PODS_PER_SERVICE + pod),
+                services: vec![uid(service)],
+            });
+        }
+    }
+    let services = (0..SERVICES)
+        .map(|s| wit::NrpService {
+            name: uid(s),
+            service_type: "Inbound".into(),
+            backend_pools: Vec::new(),
+            is_default: false,
+        })
+        .collect();
+    wit::Outcome::NrpSnapshot(wit::NrpState { services, locations })
+}
+
+/// What Azure and Kubernetes answer in this benchmark: everything succeeds.
+fn answer(command: &wit::Command) -> wit::Outcome {
+    match command {
+        wit::Command::ReadNrp => nrp_in_sync(),
+        wit::Command::PutPublicIp(ip) => wit::Outcome::PublicIpAddress(format!("20.1.0.{}", ip.name.len())),
+        _ => wit::Outcome::Ok,
+    }
+}
+
+/// The tracker, natively or through the component, behind one face.
+trait Driver {
+    fn observe(&mut self, now: u64, batch: &[wit::Observation]) -> wit::Step;
+    fn complete(&mut self, now: u64, results: &[(u64, wit::Outcome)]) -> wit::Step;
+}
+
+struct Native(Tracker);
+
+impl Driver for Native {
+    fn observe(&mut self, now: u64, batch: &[wit::Observation]) -> wit::Step {
+        step_to_wit(self.0.observe(now, batch.iter().map(observation_to_model).collect()))
+    }
+    fn complete(&mut self, now: u64, results: &[(u64, wit::Outcome)]) -> wit::Step {
+        step_to_wit(self.0.complete(now, results.iter().map(|(id, o)| (*id, outcome_to_model(o))).collect()))
+    }
+}
+
+struct Component {
+    session: Session,
+    tracker: ResourceAny,
+}
+
+impl Driver for Component {
+    fn observe(&mut self, now: u64, batch: &[wit::Observation]) -> wit::Step {
+        self.session.tracker_observe(self.tracker, now, batch).unwrap()
+    }
+    fn complete(&mut self, now: u64, results: &[(u64, wit::Outcome)]) -> wit::Step {
+        self.session.tracker_complete(self.tracker, now, results).unwrap()
+    }
+}
+
+/// Answers every command until the tracker is idle; returns how many commands it sent.
+fn drive(driver: &mut dyn Driver, mut step: wit::Step) -> usize {
+    let mut sent = 0;
+    while !step.commands.is_empty() {
+        sent += step.commands.len();
+        let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+        step = driver.complete(1, &results);
+    }
+    sent
+}
+
+fn main() {
+    let config = read_config("clb.yaml");
+    let lists = lists();
+    let native_lists: Vec<model::Observation> = lists.iter().map(observation_to_model).collect();
+    let snapshot = nrp_in_sync();
+    let native_snapshot = outcome_to_model(&snapshot);
+    let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
+    let logic = runtime().load(clb_host::BUILTIN_GUEST, limits).unwrap();
+
+    // (a) Start-up rebuild: the lists, then NRP's answer (3 runs each, median).
+    let time_startup = |run: &mut dyn FnMut() -> Duration| {
+        let mut samples: Vec<Duration> = (0..3).map(|_| run()).collect();
+        samples.sort();
+        samples[1]
+    };
+    let native_startup = time_startup(&mut || {
+        let mut tracker = Tracker::create(config_to_model(&config)).unwrap();
+        let (lists, snapshot) = (native_lists.clone(), native_snapshot.clone());
+        let start = Instant::now();
+        let step = tracker.observe(0, lists);
+        let read = step.commands.iter().find(|c| c.command == model::Command::ReadNrp).unwrap().id;
+        black_box(tracker.complete(0, vec![(read, snapshot)]));
+        start.elapsed()
+    });
+    let component_startup = time_startup(&mut || {
+        let mut session = logic.session().unwrap();
+        let tracker = session.tracker_create(&config).unwrap().unwrap();
+        let start = Instant::now();
+        let step = session.tracker_observe(tracker, 0, &lists).unwrap();
+        let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
+        black_box(session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap());
+        start.elapsed()
+    });
+
+    // Both trackers brought to the steady state: every Service Created, NRP in sync.
+    let mut native = Native(Tracker::create(config_to_model(&config)).unwrap());
+    let first = native.observe(0, &lists);
+    let native_commands = drive(&mut native, first);
+    let mut session = logic.session().unwrap();
+    let tracker = session.tracker_create(&config).unwrap().unwrap();
+    let mut component = Component { session, tracker };
+    let first = component.observe(0, &lists);
+    let component_commands = drive(&mut component, first);
+    assert_eq!(native_commands, component_commands, "both trackers sent the same commands");
+
+    // (b) One endpoint change: a pod goes not-ready and back; each observation causes one
+    // address-location update, answered with success.
+    let changes: Vec<wit::Observation> = (0..2)
+        .map(|i| wit::Observation::SliceUpserted(slice(500, if i == 0 { Some(7) } else { None })))
+        .collect();
+    let measure_change = |driver: &mut dyn Driver| {
+        let (mut observe, mut sync) = (Vec::new(), Vec::new());
+        for round in 0..400 {
+            let change = std::slice::from_ref(&changes[round % 2]);
+            let start = Instant::now();
+            let step = driver.observe(2, change);
+            observe.push(start.elapsed());
+            assert_eq!(step.commands.len(), 1, "one update per change: {:?}", step.commands);
+            let results = [(step.commands[0].id, wit::Outcome::Ok)];
+            let start = Instant::now();
+            let after = driver.complete(2, &results);
+            sync.push(start.elapsed());
+            assert!(after.commands.is_empty());
+        }
+        observe.sort();
+        sync.sort();
+        (observe[observe.len() / 2], sync[sync.len() / 2])
+    };
+    let (native_observe, native_sync) = measure_change(&mut native);
+    let (component_observe, component_sync) = measure_change(&mut component);
+
+    // (c) State export + import of the whole cluster.
+    let native_export_import = median_per_iteration(3, || {
+        let (version, payload) = native.0.export_state();
+        black_box(Tracker::import_state(config_to_model(&config), version, &payload).unwrap());
+    });
+    let state_size = component.session.tracker_export(component.tracker).unwrap().payload.len();
+    let component_export_import = median_per_iteration(3, || {
+        let state = component.session.tracker_export(component.tracker).unwrap();
+        black_box(component.session.tracker_import(&config, &state).unwrap().unwrap());
+    });
+
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!("Cluster: {NODES} nodes, {} ready pods, {SERVICES} LoadBalancer Services; state {state_size} bytes.", SERVICES * PODS_PER_SERVICE);
+    println!();
+    println!("| measure | native | component | component / native |");
+    println!("|---|---|---|---|");
+    let row = |name: &str, n: Duration, c: Duration| println!("| {name} | {n:.2?} | {c:.2?} | {:.2}× |", ratio(c, n));
+    row("(a) start-up rebuild (lists + NRP read)", native_startup, component_startup);
+    row("(b) one endpoint change: observation", native_observe, component_observe);
+    row("(b) one endpoint change: its sync completing", native_sync, component_sync);
+    row("(b) one endpoint change: total", native_observe + native_sync, component_observe + component_sync);
+    row("(c) state export + import", native_export_import, component_export_import);
+}
