@@ -836,11 +836,21 @@ impl Tracker {
     }
 
     /// Quiet once the Events just issued are counted as done (they need no answer to proceed).
+    /// Every unsettled lifecycle is in flight, runnable, waiting on a timer or draining, so
+    /// looking at those sets is enough: no scan of all Services.
     fn is_quiet_after_events(&self) -> bool {
-        self.state.in_flight.values().all(|f| matches!(f, InFlight::Event))
-            && self.ready_to_write()
+        let quiet = self.ready_to_write()
             && !self.state.diff.has_dirty()
-            && self.state.lifecycles.values().all(|l| matches!(l.phase, Phase::Created) || l.parked)
+            && self.state.runnable.is_empty()
+            && self.state.timers.is_empty()
+            && self.state.draining.is_empty()
+            && self.state.in_flight.values().all(|f| matches!(f, InFlight::Event));
+        #[cfg(test)]
+        if quiet {
+            let settled = self.state.lifecycles.values().all(|l| l.phase == Phase::Created || l.parked);
+            assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.state.lifecycles);
+        }
+        quiet
     }
 
     fn next_wake(&self, now: u64) -> Option<u64> {

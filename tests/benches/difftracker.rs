@@ -14,9 +14,21 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 use wasmtime::component::ResourceAny;
 
-const NODES: usize = 1_000;
-const SERVICES: usize = 1_000;
 const PODS_PER_SERVICE: usize = 30;
+
+/// The cluster is 1,000 nodes and 1,000 Services, divided by `CLB_BENCH_SHRINK` (default 1) to
+/// check that the cost of one change does not grow with the cluster.
+fn shrink() -> usize {
+    std::env::var("CLB_BENCH_SHRINK").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+fn node_count() -> usize {
+    1_000 / shrink()
+}
+
+fn service_count() -> usize {
+    1_000 / shrink()
+}
 
 fn uid(service: usize) -> String {
     format!("5d0c1b7e-8a3f-4c52-9d1e-{service:012x}")
@@ -31,7 +43,7 @@ fn pod_ip(pod: usize) -> String {
 }
 
 fn pod_node(service: usize, pod: usize) -> usize {
-    (service * PODS_PER_SERVICE + pod) % NODES
+    (service * PODS_PER_SERVICE + pod) % node_count()
 }
 
 fn slice(service: usize, not_ready: Option<usize>) -> wit::EndpointSlice {
@@ -55,13 +67,13 @@ fn lists() -> Vec<wit::Observation> {
     let mut template = read_service("etp-local.yaml");
     template.finalizers = vec!["servicegateway.azure.com/service-cleanup".into()];
     let mut all = Vec::new();
-    for node in 0..NODES {
+    for node in 0..node_count() {
         all.push(wit::Observation::NodeUpserted(wit::Node {
             name: format!("node-{node}"),
             internal_ips: vec![node_ip(node)],
         }));
     }
-    for service in 0..SERVICES {
+    for service in 0..service_count() {
         let mut svc = template.clone();
         svc.uid = uid(service);
         svc.name = format!("svc-{service}");
@@ -75,10 +87,10 @@ fn lists() -> Vec<wit::Observation> {
 
 /// NRP already holding the whole cluster: a restart, the common start-up.
 fn nrp_in_sync() -> wit::Outcome {
-    let mut locations: Vec<wit::NrpListedLocation> = (0..NODES)
+    let mut locations: Vec<wit::NrpListedLocation> = (0..node_count())
         .map(|node| wit::NrpListedLocation { location: node_ip(node), addresses: Vec::new() })
         .collect();
-    for service in 0..SERVICES {
+    for service in 0..service_count() {
         for pod in 0..PODS_PER_SERVICE {
             locations[pod_node(service, pod)].addresses.push(wit::NrpAddress {
                 address: pod_ip(service * PODS_PER_SERVICE + pod),
@@ -86,7 +98,7 @@ fn nrp_in_sync() -> wit::Outcome {
             });
         }
     }
-    let services = (0..SERVICES)
+    let services = (0..service_count())
         .map(|s| wit::NrpService {
             name: uid(s),
             service_type: "Inbound".into(),
@@ -196,7 +208,7 @@ fn main() {
     // (b) One endpoint change: a pod goes not-ready and back; each observation causes one
     // address-location update, answered with success.
     let changes: Vec<wit::Observation> = (0..2)
-        .map(|i| wit::Observation::SliceUpserted(slice(500, if i == 0 { Some(7) } else { None })))
+        .map(|i| wit::Observation::SliceUpserted(slice(service_count() / 2, if i == 0 { Some(7) } else { None })))
         .collect();
     let measure_change = |driver: &mut dyn Driver| {
         let (mut observe, mut sync) = (Vec::new(), Vec::new());
@@ -231,7 +243,12 @@ fn main() {
     });
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-    println!("Cluster: {NODES} nodes, {} ready pods, {SERVICES} LoadBalancer Services; state {state_size} bytes.", SERVICES * PODS_PER_SERVICE);
+    println!(
+        "Cluster: {} nodes, {} ready pods, {} LoadBalancer Services; state {state_size} bytes.",
+        node_count(),
+        service_count() * PODS_PER_SERVICE,
+        service_count()
+    );
     println!();
     println!("| measure | native | component | component / native |");
     println!("|---|---|---|---|");
