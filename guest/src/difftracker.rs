@@ -35,8 +35,9 @@ pub struct DiffTracker {
     nrp: BTreeMap<String, BTreeMap<String, Services>>,
     /// identity → location → number of NRP addresses there that reference it.
     nrp_by_identity: BTreeMap<String, BTreeMap<String, u32>>,
-    /// Locations whose two views may differ.
-    dirty: BTreeSet<String>,
+    /// Locations whose two views may differ: `None` the whole location, `Some` only those
+    /// addresses (so one changed pod costs one address, not the whole node).
+    dirty: BTreeMap<String, Option<BTreeSet<String>>>,
     /// Locations a failed batch may or may not have changed: the next update states them
     /// whole, so it is right whatever NRP did.
     /// With the identities the failed update named: NRP may reference them there.
@@ -69,7 +70,7 @@ impl DiffTracker {
         *count += 1;
         if *count == 1 {
             bump(&mut self.k8s_by_identity, identity, location, true);
-            self.dirty.insert(location.to_owned());
+            self.mark_address_dirty(location, address);
         }
     }
 
@@ -91,14 +92,26 @@ impl DiffTracker {
             self.k8s.remove(location);
         }
         bump(&mut self.k8s_by_identity, identity, location, false);
-        self.dirty.insert(location.to_owned());
+        self.mark_address_dirty(location, address);
+    }
+
+    fn mark_address_dirty(&mut self, location: &str, address: &str) {
+        match self.dirty.get_mut(location) {
+            Some(None) => {}
+            Some(Some(addresses)) => {
+                addresses.insert(address.to_owned());
+            }
+            None => {
+                self.dirty.insert(location.to_owned(), Some(BTreeSet::from([address.to_owned()])));
+            }
+        }
     }
 
     /// An identity's class changed: every location where either view mentions it is dirty.
     pub fn touch_identity(&mut self, identity: &str) {
         for index in [&self.k8s_by_identity, &self.nrp_by_identity] {
             if let Some(locations) = index.get(identity) {
-                self.dirty.extend(locations.keys().cloned());
+                self.dirty.extend(locations.keys().map(|l| (l.clone(), None)));
             }
         }
     }
@@ -135,20 +148,20 @@ impl DiffTracker {
     }
 
     pub fn mark_dirty(&mut self, location: &str) {
-        self.dirty.insert(location.to_owned());
+        self.dirty.insert(location.to_owned(), None);
     }
 
     /// A batch carrying this update failed without saying whether NRP applied it.
     pub fn mark_uncertain(&mut self, update: &NrpLocation) {
         let named = update.addresses.iter().flat_map(|a| a.services.iter().cloned());
         self.uncertain.entry(update.location.clone()).or_default().extend(named);
-        self.dirty.insert(update.location.clone());
+        self.dirty.insert(update.location.clone(), None);
     }
 
     /// Every location either view knows is dirty (after a fresh read of NRP).
     pub fn mark_all_dirty(&mut self) {
-        self.dirty.extend(self.k8s.keys().cloned());
-        self.dirty.extend(self.nrp.keys().cloned());
+        self.dirty.extend(self.k8s.keys().map(|l| (l.clone(), None)));
+        self.dirty.extend(self.nrp.keys().map(|l| (l.clone(), None)));
     }
 
     /// Takes up to `max` dirty locations that need an update, in location order, with their
@@ -158,8 +171,13 @@ impl DiffTracker {
     pub fn take_sync(&mut self, max: usize, class: impl Fn(&DiffTracker, &str) -> Class) -> Vec<NrpLocation> {
         let mut batch = Vec::new();
         while batch.len() < max {
-            let Some(location) = self.dirty.pop_first() else { break };
-            if let Some(update) = self.sync_location(&location, &|id: &str| class(self, id)) {
+            let Some((location, scope)) = self.dirty.pop_first() else { break };
+            let class = |id: &str| class(self, id);
+            let update = match scope {
+                Some(addresses) => self.sync_addresses(&location, &addresses, &class),
+                None => self.sync_location(&location, &class),
+            };
+            if let Some(update) = update {
                 batch.push(update);
             }
         }
@@ -221,6 +239,43 @@ impl DiffTracker {
         }
         addresses.sort_by(|a, b| a.address.cmp(&b.address));
         Some(NrpLocation { location: location.to_owned(), action: UpdateAction::PartialUpdate, addresses })
+    }
+
+    /// The update for some addresses of a location, when only they changed. Falls back to the
+    /// whole location when NRP does not have it, it is uncertain, or Kubernetes has nothing
+    /// left there (then the location itself goes).
+    pub fn sync_addresses(
+        &self,
+        location: &str,
+        addresses: &BTreeSet<String>,
+        class: &impl Fn(&str) -> Class,
+    ) -> Option<NrpLocation> {
+        let (Some(actual), Some(wanted)) = (self.nrp.get(location), self.k8s.get(location)) else {
+            return self.sync_location(location, class);
+        };
+        if self.uncertain.contains_key(location) {
+            return self.sync_location(location, class);
+        }
+        let mut updates = Vec::new();
+        for address in addresses {
+            let mut desired: Services = wanted
+                .get(address)
+                .map(|ids| ids.keys().filter(|id| class(id) == Class::Ready).cloned().collect())
+                .unwrap_or_default();
+            let current = actual.get(address);
+            desired.extend(current.into_iter().flatten().filter(|s| class(s) == Class::Foreign).cloned());
+            let unchanged = match current {
+                Some(current) => *current == desired,
+                None => desired.is_empty(),
+            };
+            if !unchanged {
+                updates.push(NrpAddress { address: address.clone(), services: desired.into_iter().collect() });
+            }
+        }
+        if updates.is_empty() {
+            return None;
+        }
+        Some(NrpLocation { location: location.to_owned(), action: UpdateAction::PartialUpdate, addresses: updates })
     }
 
     fn set_nrp_address(&mut self, location: &str, address: &str, services: Option<Services>) {

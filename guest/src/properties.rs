@@ -20,14 +20,42 @@ const NS: &str = "shop";
 
 #[derive(Clone, Debug)]
 enum Op {
-    Node { node: u8, variant: u8 },
-    DeleteNode { node: u8 },
-    Service { service: u8, local: bool, port: u16 },
-    DeleteService { service: u8 },
-    Slice { slice: u8, owner: u8, endpoints: Vec<(u8, u8, Option<bool>)> },
-    DeleteSlice { slice: u8 },
-    Fail { count: u8, after: bool, status: u16 },
-    Advance { ms: u32 },
+    Node {
+        node: u8,
+        variant: u8,
+    },
+    DeleteNode {
+        node: u8,
+    },
+    Service {
+        service: u8,
+        local: bool,
+        port: u16,
+    },
+    DeleteService {
+        service: u8,
+    },
+    Slice {
+        slice: u8,
+        owner: u8,
+        endpoints: Vec<(u8, u8, Option<bool>)>,
+    },
+    DeleteSlice {
+        slice: u8,
+    },
+    /// One endpoint of a slice turns ready or not-ready: the everyday small update.
+    ToggleReady {
+        slice: u8,
+        endpoint: u8,
+    },
+    Fail {
+        count: u8,
+        after: bool,
+        status: u16,
+    },
+    Advance {
+        ms: u32,
+    },
     Restart,
     RoundTrip,
 }
@@ -41,6 +69,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0..4u8, 0..3u8, prop::collection::vec((0..6u8, 0..4u8, prop::option::of(any::<bool>())), 0..4))
             .prop_map(|(slice, owner, endpoints)| Op::Slice { slice, owner, endpoints }),
         1 => (0..4u8).prop_map(|slice| Op::DeleteSlice { slice }),
+        4 => (0..4u8, 0..4u8).prop_map(|(slice, endpoint)| Op::ToggleReady { slice, endpoint }),
         2 => (1..4u8, any::<bool>(), prop::sample::select(vec![0u16, 409, 429, 500, 503])).prop_map(|(count, after, status)| Op::Fail { count, after, status }),
         2 => (0..40_000u32).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Restart),
@@ -199,6 +228,12 @@ impl World {
                 let endpoints: Vec<_> = endpoints.iter().filter(|(pod, _, _)| seen.insert(*pod)).cloned().collect();
                 let owner_uid = self.services.get(owner).map(|s| s.uid.clone()).unwrap_or_else(|| uid_of(*owner, 0));
                 self.slices.insert(*slice, (owner_uid, endpoints));
+                self.pending.push(Observation::SliceUpserted(self.slice_record(*slice)));
+            }
+            Op::ToggleReady { slice, endpoint } => {
+                let Some((_, endpoints)) = self.slices.get_mut(slice) else { return };
+                let Some(target) = endpoints.get_mut(usize::from(*endpoint)) else { return };
+                target.2 = Some(target.2 == Some(false));
                 self.pending.push(Observation::SliceUpserted(self.slice_record(*slice)));
             }
             Op::DeleteSlice { slice } => {

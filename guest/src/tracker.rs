@@ -627,11 +627,15 @@ impl Tracker {
 
     /// Ready addresses of a slice and their same-family node locations.
     fn resolve(&self, slice: &EndpointSlice) -> BTreeMap<String, String> {
-        let mut resolved = BTreeMap::new();
         if slice.deleting || slice.address_type.eq_ignore_ascii_case("FQDN") {
-            return resolved;
+            return BTreeMap::new();
         }
-        for endpoint in slice.endpoints.iter().filter(|e| e.ready != Some(false)) {
+        self.resolve_endpoints(slice.endpoints.iter())
+    }
+
+    fn resolve_endpoints<'e>(&self, endpoints: impl Iterator<Item = &'e Endpoint>) -> BTreeMap<String, String> {
+        let mut resolved = BTreeMap::new();
+        for endpoint in endpoints.filter(|e| e.ready != Some(false)) {
             let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.state.nodes.get(n)) else { continue };
             for address in &endpoint.addresses {
                 let Some((address, family)) = ip::canonical(address) else { continue };
@@ -646,6 +650,9 @@ impl Tracker {
     fn upsert_slice(&mut self, slice: EndpointSlice) {
         let key = slice.key();
         let owner = slice.owner_service_uid.as_ref().map(|u| u.to_ascii_lowercase());
+        if self.update_slice_in_place(&key, &owner, &slice) {
+            return;
+        }
         let resolved = self.resolve(&slice);
         let record = SliceRecord { slice, owner, resolved };
         let old = self.state.slices.remove(&key);
@@ -653,6 +660,51 @@ impl Tracker {
         let (old_owner, old_resolved) = old.map(|o| (o.owner, o.resolved)).unwrap_or_default();
         self.apply_slice_change(old_owner.as_deref(), &old_resolved, record.owner.as_deref(), &record.resolved);
         self.state.slices.insert(key, record);
+    }
+
+    /// The common update — a few endpoints of a slice changed, nothing else — re-resolves
+    /// only those endpoints. Returns false when the update is not of that kind.
+    fn update_slice_in_place(&mut self, key: &ObjectKey, owner: &Option<String>, slice: &EndpointSlice) -> bool {
+        const MOST_CHANGED: usize = 8;
+        let Some(old) = self.state.slices.get(key) else { return false };
+        let same_shape = old.owner == *owner
+            && old.slice.address_type == slice.address_type
+            && !old.slice.deleting
+            && !slice.deleting
+            && old.slice.endpoints.len() == slice.endpoints.len();
+        if !same_shape || slice.address_type.eq_ignore_ascii_case("FQDN") {
+            return false;
+        }
+        let pairs = old.slice.endpoints.iter().zip(&slice.endpoints);
+        let changed: Vec<usize> = pairs.enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect();
+        if changed.len() > MOST_CHANGED
+            || changed.iter().any(|&i| old.slice.endpoints[i].node_name != slice.endpoints[i].node_name)
+        {
+            return false;
+        }
+        let before = self.resolve_endpoints(changed.iter().map(|&i| &old.slice.endpoints[i]));
+        let after = self.resolve_endpoints(changed.iter().map(|&i| &slice.endpoints[i]));
+        // Each address must stand for exactly one resolved entry, in the old slice and in the
+        // changed endpoints, and a changed endpoint must not take an address an unchanged one
+        // lists: otherwise (a duplicate, an unknown node, a bad IP) the whole slice is re-read.
+        let ready_addresses = |endpoints: &mut dyn Iterator<Item = &Endpoint>| -> usize {
+            endpoints.filter(|e| e.ready != Some(false)).map(|e| e.addresses.len()).sum()
+        };
+        if old.resolved.len() != ready_addresses(&mut old.slice.endpoints.iter())
+            || after.len() != ready_addresses(&mut changed.iter().map(|&i| &slice.endpoints[i]))
+            || after.keys().any(|a| old.resolved.contains_key(a) && !before.contains_key(a))
+        {
+            return false;
+        }
+        let owner = owner.clone();
+        self.apply_slice_change(owner.as_deref(), &before, owner.as_deref(), &after);
+        let record = self.state.slices.get_mut(key).expect("read above");
+        for address in before.keys() {
+            record.resolved.remove(address);
+        }
+        record.resolved.extend(after);
+        record.slice = slice.clone();
+        true
     }
 
     fn remove_slice(&mut self, key: &ObjectKey) {

@@ -30,8 +30,24 @@ fn service_count() -> usize {
     1_000 / shrink()
 }
 
+/// A random-looking version 4 UUID, as the API server gives (a shared prefix would make every
+/// key comparison long, which real clusters never see).
 fn uid(service: usize) -> String {
-    format!("5d0c1b7e-8a3f-4c52-9d1e-{service:012x}")
+    let mut h = (service as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut next = || {
+        h ^= h >> 31;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h
+    };
+    let (a, b, c) = (next(), next(), next());
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        a >> 32,
+        a & 0xffff,
+        b & 0xfff,
+        (b >> 16) & 0xfff,
+        c & 0xffff_ffff_ffff
+    )
 }
 
 fn node_ip(node: usize) -> String {
