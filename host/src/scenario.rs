@@ -153,7 +153,9 @@ impl<'de> Deserialize<'de> for KubeObject {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = serde_yaml::Value::deserialize(deserializer)?;
         let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
-        let typed = |e: serde_yaml::Error| D::Error::custom(format!("{kind}: {e}"));
+        let name =
+            value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or_default().to_owned();
+        let typed = |e: serde_yaml::Error| D::Error::custom(format!("{kind} {name}: {e}"));
         let object = match kind.as_str() {
             "Service" => Object::Service(Box::new(serde_yaml::from_value::<Service>(value).map_err(typed)?)),
             "EndpointSlice" => {
