@@ -169,18 +169,22 @@ pub enum OpStep {
     DeleteLoadBalancer,
     Unregister,
     DeletePublicIp,
+    ClearStatus,
     RemoveFinalizer,
 }
 
 impl OpStep {
     const ENSURE: [OpStep; 5] =
         [OpStep::AddFinalizer, OpStep::PutPublicIp, OpStep::PutLoadBalancer, OpStep::Register, OpStep::PatchStatus];
-    /// Upstream §c.2.3: unlink pool → delete LB → unregister → delete PIP → drop finalizer.
-    const DELETE: [OpStep; 5] = [
+    /// Upstream §c.2.3: unlink pool → delete LB → unregister → delete PIP → drop finalizer;
+    /// and, before the finalizer, the ingress IP leaves the status of a Service that lives on
+    /// (LoadBalancer → ClusterIP), since that address is gone.
+    const DELETE: [OpStep; 6] = [
         OpStep::Unlink,
         OpStep::DeleteLoadBalancer,
         OpStep::Unregister,
         OpStep::DeletePublicIp,
+        OpStep::ClearStatus,
         OpStep::RemoveFinalizer,
     ];
 
@@ -193,7 +197,7 @@ impl OpStep {
     }
 
     fn is_kubernetes(self) -> bool {
-        matches!(self, OpStep::AddFinalizer | OpStep::PatchStatus | OpStep::RemoveFinalizer)
+        matches!(self, OpStep::AddFinalizer | OpStep::PatchStatus | OpStep::ClearStatus | OpStep::RemoveFinalizer)
     }
 }
 
@@ -949,6 +953,7 @@ impl Tracker {
                 }
                 OpStep::Unlink | OpStep::Unregister => !registered,
                 OpStep::DeleteLoadBalancer | OpStep::DeletePublicIp => false,
+                OpStep::ClearStatus => !lifecycle.object.exists || lifecycle.object.ingress.is_empty(),
                 OpStep::RemoveFinalizer => !lifecycle.object.exists || !lifecycle.object.has_finalizer,
             };
             if skip {
@@ -1001,6 +1006,9 @@ impl Tracker {
                 service: lifecycle.service.clone(),
                 ingress_ips: lifecycle.ingress_ip.iter().cloned().collect(),
             },
+            OpStep::ClearStatus => {
+                Command::PatchServiceStatus { service: lifecycle.service.clone(), ingress_ips: Vec::new() }
+            }
             OpStep::Unlink => inbound(Vec::new(), false),
             OpStep::Unregister => inbound(Vec::new(), true),
             OpStep::DeleteLoadBalancer => {
@@ -1168,6 +1176,7 @@ impl Tracker {
             OpStep::AddFinalizer => lifecycle.object.has_finalizer = true,
             OpStep::RemoveFinalizer => lifecycle.object.has_finalizer = false,
             OpStep::PatchStatus => lifecycle.object.ingress = lifecycle.ingress_ip.iter().cloned().collect(),
+            OpStep::ClearStatus => lifecycle.object.ingress.clear(),
             _ => {}
         }
         lifecycle.retries = 0;

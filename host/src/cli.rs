@@ -1,4 +1,4 @@
-//! The command line: `clb-host inspect`, `clb-host validate` and `clb-host emulator`. Output goes to the writers it
+//! The command line: `clb-host inspect`, `clb-host validate`, `clb-host simulate` and `clb-host emulator`. Output goes to the writers it
 //! is given, so tests run it in-process.
 
 use crate::sandbox::bindings::clb::reconciler::types::Mode;
@@ -44,6 +44,22 @@ enum Command {
         config: PathBuf,
         /// Manifests of Services (several documents per file allowed).
         services: Vec<PathBuf>,
+        #[command(flatten)]
+        logic: LogicArgs,
+    },
+    /// Replay scenario files against the in-process Azure emulator and an in-memory cluster, on
+    /// virtual time, and report the commands, the faults hit, the final NRP state and each
+    /// expectation.
+    ///
+    /// Exits 0 when every expectation holds, 1 when one fails (or the logic traps), 2 when a
+    /// scenario file is invalid (with the file, the line and why).
+    Simulate {
+        /// Scenario files (docs/scenarios.md).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print the reports as one JSON array instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         logic: LogicArgs,
     },
@@ -136,6 +152,7 @@ pub fn run(
     let result = match cli.command {
         Command::Inspect { file } => inspect(&file, out),
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
+        Command::Simulate { files, json, logic } => simulate(&files, json, &logic, out, err),
         Command::Emulator(args) => emulator(args, out),
     };
     result.unwrap_or_else(|e| {
@@ -247,6 +264,54 @@ fn validate(
         writeln!(out, "{}: service {}/{}: {what}", path.display(), record.namespace, record.name)?;
     }
     Ok(if all_admitted { EXIT_OK } else { EXIT_REFUSED })
+}
+
+fn simulate(
+    files: &[PathBuf],
+    json: bool,
+    logic: &LogicArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    use crate::{scenario, simulate};
+    // Every file is read first: a typo in the last one should not cost a whole run.
+    let mut scenarios = Vec::new();
+    for path in files {
+        match scenario::read(path) {
+            Ok(s) => scenarios.push(s),
+            Err(e) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+    }
+    let runtime = Runtime::new()?;
+    let logic = runtime.load(&logic.bytes()?, logic.limits())?;
+    let mut reports = Vec::new();
+    for scenario in &scenarios {
+        let mut reconciler = simulate::ComponentReconciler::new(&logic);
+        let report = match simulate::run(scenario, &mut reconciler) {
+            Ok(report) => report,
+            Err(e @ simulate::SimulateError::Cluster { .. }) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !json {
+            simulate::render(&report, out)?;
+            writeln!(out)?;
+        }
+        reports.push(report);
+    }
+    let passed = reports.iter().filter(|r| r.passed).count();
+    if json {
+        serde_json::to_writer_pretty(&mut *out, &reports)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out, "{passed} of {} scenarios passed", reports.len())?;
+    }
+    Ok(if passed == reports.len() { EXIT_OK } else { EXIT_REFUSED })
 }
 
 fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {

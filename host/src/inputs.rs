@@ -19,7 +19,7 @@ pub enum InputError {
 }
 
 impl InputError {
-    fn parse(path: &Path, err: &serde_yaml::Error) -> Self {
+    pub(crate) fn parse(path: &Path, err: &serde_yaml::Error) -> Self {
         let line = err.location().map(|l| l.line()).unwrap_or(1);
         // serde_yaml appends " at line L column C"; the line is already in front.
         let reason = err.to_string();
@@ -32,7 +32,7 @@ impl InputError {
 /// Every other key of that file is allowed and ignored.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct CloudConfig {
+pub struct CloudConfig {
     #[serde(default)]
     load_balancer_backend_pool_configuration_type: String,
     #[serde(default)]
@@ -42,11 +42,11 @@ struct CloudConfig {
 }
 
 #[derive(Debug, Deserialize)]
-struct MultipleStandardLoadBalancer {
+pub struct MultipleStandardLoadBalancer {
     name: String,
 }
 
-fn read(path: &Path) -> Result<String, InputError> {
+pub(crate) fn read(path: &Path) -> Result<String, InputError> {
     std::fs::read_to_string(path).map_err(|source| InputError::Read { path: path.to_owned(), source })
 }
 
@@ -61,15 +61,21 @@ pub fn parse_config(path: &Path, text: &str) -> Result<Config, InputError> {
     } else {
         serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?
     };
-    Ok(Config {
-        backend_pool_type: cloud.load_balancer_backend_pool_configuration_type,
-        load_balancer_sku: cloud.load_balancer_sku,
-        multiple_standard_load_balancers: cloud
-            .multiple_standard_load_balancer_configurations
-            .into_iter()
-            .map(|lb| lb.name)
-            .collect(),
-    })
+    Ok(cloud.into())
+}
+
+impl From<CloudConfig> for Config {
+    fn from(cloud: CloudConfig) -> Self {
+        Config {
+            backend_pool_type: cloud.load_balancer_backend_pool_configuration_type,
+            load_balancer_sku: cloud.load_balancer_sku,
+            multiple_standard_load_balancers: cloud
+                .multiple_standard_load_balancer_configurations
+                .into_iter()
+                .map(|lb| lb.name)
+                .collect(),
+        }
+    }
 }
 
 /// Reads every document of a manifest file as a `T` (e.g. a Service); `---` separates them.

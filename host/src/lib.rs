@@ -3,15 +3,20 @@
 //! It loads the logic — a WebAssembly component — into a sandbox ([`sandbox`]), copies
 //! Kubernetes objects into the records the logic reads ([`records`]), reads the operator's files
 //! ([`inputs`]), and carries out what the logic asks — on Azure through [`azure`], against real
-//! ARM or the local [`emulator`]. It decides nothing about load balancers:
+//! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
+//! files against the emulator and an in-memory [`cluster`]. It decides nothing about load balancers:
 //! every rule a reviewer could argue about lives in the guest (`clb-guest`).
 
 pub mod azure;
 pub mod cli;
+pub mod cluster;
 pub mod emulator;
+pub mod executor;
 pub mod inputs;
 pub mod records;
 pub mod sandbox;
+pub mod scenario;
+pub mod simulate;
 
 /// The logic this host was built with, used when no other component is given.
 pub const BUILTIN_GUEST: &[u8] = include_bytes!(env!("CLB_BUILTIN_GUEST"));

@@ -5,4 +5,5 @@ mod admission;
 mod azure;
 mod cli;
 mod sandbox;
+mod scenarios;
 mod tracker;

@@ -5,6 +5,7 @@ use clb_guest::model;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::bindings::exports::clb::reconciler::validation as wit_validation;
 use clb_host::sandbox::{Limits, Logic, Runtime};
+use clb_host::simulate::{LogicError, Reconciler};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -295,4 +296,52 @@ pub fn median_per_iteration(iterations: u32, mut f: impl FnMut()) -> std::time::
         .collect();
     samples.sort();
     samples[BATCHES / 2]
+}
+
+/// The native library behind the simulator's [`Reconciler`] trait, for the differential runs:
+/// the same scenario through this and through the component must give the same commands.
+#[derive(Default)]
+pub struct NativeReconciler {
+    tracker: Option<clb_guest::tracker::Tracker>,
+}
+
+impl NativeReconciler {
+    fn tracker(&mut self) -> Result<&mut clb_guest::tracker::Tracker, LogicError> {
+        self.tracker.as_mut().ok_or(LogicError::NotStarted)
+    }
+}
+
+impl Reconciler for NativeReconciler {
+    fn start(&mut self, config: &wit::Config) -> Result<(), LogicError> {
+        let tracker = clb_guest::tracker::Tracker::create(config_to_model(config))
+            .map_err(|e| LogicError::ConfigRefused { field: e.field, reason: e.reason, message: e.message })?;
+        self.tracker = Some(tracker);
+        Ok(())
+    }
+
+    fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError> {
+        let batch = batch.iter().map(observation_to_model).collect();
+        Ok(step_to_wit(self.tracker()?.observe(now_ms, batch)))
+    }
+
+    fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError> {
+        let results = results.iter().map(|(id, outcome)| (*id, outcome_to_model(outcome))).collect();
+        Ok(step_to_wit(self.tracker()?.complete(now_ms, results)))
+    }
+
+    fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError> {
+        Ok(step_to_wit(self.tracker()?.tick(now_ms)))
+    }
+}
+
+/// Every scenario file under `examples/scenarios/` and `tests/scenarios/`, sorted.
+pub fn scenario_files() -> Vec<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in [root.join("../examples/scenarios"), root.join("scenarios")] {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        files.extend(entries.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "yaml")));
+    }
+    files.sort();
+    files
 }

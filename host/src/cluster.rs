@@ -1,0 +1,303 @@
+//! An in-memory Kubernetes API server for `simulate`: Services, EndpointSlices and Nodes as
+//! k8s-openapi objects, and the watch events their changes produce, turned into WIT
+//! observations by [`records`] exactly as the real watchers will.
+//!
+//! It behaves like the API server where the guest can tell: a Service with finalizers is not
+//! removed by a delete but gets a `deletionTimestamp`, and goes away when its last finalizer is
+//! released; `status` and finalizers survive an apply (they are written by controllers, not by
+//! the manifest); writes from the guest are guarded by UID ([`KubeApi`]). Every apply is
+//! delivered as a watch event even when nothing changed, as an informer's resync delivers an
+//! unchanged object again: that is how scenarios replay duplicate events.
+
+use crate::executor::{KubeApi, KubeError};
+use crate::records;
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service, ServiceStatus};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+/// An object a scenario applies.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    Service(Box<Service>),
+    EndpointSlice(Box<EndpointSlice>),
+    Node(Box<Node>),
+}
+
+/// The kinds of objects the cluster holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+}
+
+/// Why a change to the cluster was refused.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterError {
+    #[error("{kind:?} {key} already exists with UID {existing}; delete it before applying UID {applied}")]
+    UidTaken { kind: Kind, key: String, existing: String, applied: String },
+    #[error("{kind:?} {key} does not exist")]
+    NotFound { kind: Kind, key: String },
+}
+
+/// An Event the guest had recorded.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RecordedEvent {
+    pub reason: String,
+    /// `namespace/name` of the object it is about.
+    pub object: String,
+    /// `Normal` or `Warning`.
+    pub event_type: String,
+    pub message: String,
+}
+
+#[derive(Default)]
+struct Inner {
+    services: BTreeMap<(String, String), Service>,
+    slices: BTreeMap<(String, String), EndpointSlice>,
+    nodes: BTreeMap<String, Node>,
+    /// Watch events not yet delivered.
+    watch: Vec<wit::Observation>,
+    events: Vec<RecordedEvent>,
+}
+
+/// The fake API server. Shared by reference between the simulator and the executor.
+#[derive(Default)]
+pub struct Cluster {
+    inner: Mutex<Inner>,
+}
+
+fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    meta.namespace.clone().unwrap_or_else(|| "default".into())
+}
+
+fn key_text((namespace, name): &(String, String)) -> String {
+    format!("{namespace}/{name}")
+}
+
+impl Cluster {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates or updates an object, as `kubectl apply` does.
+    pub fn apply(&self, object: Object) -> Result<(), ClusterError> {
+        let mut inner = self.lock();
+        match object {
+            Object::Service(service) => {
+                let mut service = *service;
+                let key = (namespace_of(&service.metadata), service.metadata.name.clone().unwrap_or_default());
+                if let Some(existing) = inner.services.get(&key) {
+                    let (old_uid, new_uid) = (&existing.metadata.uid, &service.metadata.uid);
+                    if old_uid != new_uid {
+                        return Err(ClusterError::UidTaken {
+                            kind: Kind::Service,
+                            key: key_text(&key),
+                            existing: old_uid.clone().unwrap_or_default(),
+                            applied: new_uid.clone().unwrap_or_default(),
+                        });
+                    }
+                    // Controllers own these; a manifest without them does not clear them.
+                    let mut finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
+                    for f in service.metadata.finalizers.take().unwrap_or_default() {
+                        if !finalizers.contains(&f) {
+                            finalizers.push(f);
+                        }
+                    }
+                    service.metadata.finalizers = Some(finalizers).filter(|f| !f.is_empty());
+                    service.metadata.deletion_timestamp = existing.metadata.deletion_timestamp.clone();
+                    service.status = existing.status.clone();
+                }
+                inner.watch.push(wit::Observation::ServiceUpserted(records::service(&service)));
+                inner.services.insert(key, service);
+            }
+            Object::EndpointSlice(slice) => {
+                let key = (namespace_of(&slice.metadata), slice.metadata.name.clone().unwrap_or_default());
+                inner.watch.push(wit::Observation::SliceUpserted(records::endpoint_slice(&slice)));
+                inner.slices.insert(key, *slice);
+            }
+            Object::Node(node) => {
+                inner.watch.push(wit::Observation::NodeUpserted(records::node(&node)));
+                inner.nodes.insert(node.metadata.name.clone().unwrap_or_default(), *node);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes an object. A Service with finalizers only gets a `deletionTimestamp`, unless
+    /// `force` (the finalizers are stripped first, as an operator may do by hand).
+    pub fn delete(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+        force: bool,
+        now_ms: u64,
+    ) -> Result<(), ClusterError> {
+        let mut inner = self.lock();
+        let key = (namespace.to_owned(), name.to_owned());
+        let not_found = || ClusterError::NotFound { kind, key: key_text(&key) };
+        match kind {
+            Kind::Service => {
+                let service = inner.services.get_mut(&key).ok_or_else(not_found)?;
+                if force {
+                    service.metadata.finalizers = None;
+                }
+                if service.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+                    if service.metadata.deletion_timestamp.is_none() {
+                        service.metadata.deletion_timestamp = Some(time_at(now_ms));
+                    }
+                    let observed = records::service(service);
+                    inner.watch.push(wit::Observation::ServiceUpserted(observed));
+                } else {
+                    inner.services.remove(&key);
+                    inner.watch.push(wit::Observation::ServiceDeleted(key));
+                }
+            }
+            Kind::EndpointSlice => {
+                inner.slices.remove(&key).ok_or_else(not_found)?;
+                inner.watch.push(wit::Observation::SliceDeleted(key));
+            }
+            Kind::Node => {
+                inner.nodes.remove(name).ok_or_else(|| ClusterError::NotFound { kind, key: name.to_owned() })?;
+                inner.watch.push(wit::Observation::NodeDeleted(name.to_owned()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The watch events since the last call, in order.
+    pub fn take_watch_events(&self) -> Vec<wit::Observation> {
+        std::mem::take(&mut self.lock().watch)
+    }
+
+    /// Forgets undelivered watch events: a restarting controller lists instead.
+    pub fn drop_watch_events(&self) {
+        self.lock().watch.clear();
+    }
+
+    /// What a fresh list of Services, EndpointSlices and Nodes delivers, then `lists-complete`.
+    pub fn list(&self) -> Vec<wit::Observation> {
+        let inner = self.lock();
+        let mut observations: Vec<wit::Observation> =
+            inner.nodes.values().map(|n| wit::Observation::NodeUpserted(records::node(n))).collect();
+        observations.extend(inner.services.values().map(|s| wit::Observation::ServiceUpserted(records::service(s))));
+        observations.extend(inner.slices.values().map(|s| wit::Observation::SliceUpserted(records::endpoint_slice(s))));
+        observations.push(wit::Observation::ListsComplete);
+        observations
+    }
+
+    pub fn service(&self, namespace: &str, name: &str) -> Option<Service> {
+        self.lock().services.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
+    pub fn services(&self) -> Vec<Service> {
+        self.lock().services.values().cloned().collect()
+    }
+
+    pub fn slices(&self) -> Vec<EndpointSlice> {
+        self.lock().slices.values().cloned().collect()
+    }
+
+    pub fn nodes(&self) -> Vec<Node> {
+        self.lock().nodes.values().cloned().collect()
+    }
+
+    /// Every Event recorded so far, in order.
+    pub fn events(&self) -> Vec<RecordedEvent> {
+        self.lock().events.clone()
+    }
+
+    /// The Service a guest write is about, checked by UID.
+    fn guarded<'a>(
+        inner: &'a mut Inner,
+        target: &wit::ObjectRef,
+    ) -> Result<(&'a mut Service, (String, String)), KubeError> {
+        let key = (target.namespace.clone(), target.name.clone());
+        let service = inner.services.get_mut(&key).ok_or_else(|| KubeError::not_found(target))?;
+        let uid = service.metadata.uid.clone().unwrap_or_default();
+        if !uid.eq_ignore_ascii_case(&target.uid) {
+            return Err(KubeError::uid_mismatch(target, &uid));
+        }
+        Ok((service, key))
+    }
+}
+
+fn time_at(now_ms: u64) -> Time {
+    let millis = i64::try_from(now_ms).unwrap_or(i64::MAX);
+    Time(k8s_openapi::jiff::Timestamp::from_millisecond(millis).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
+}
+
+impl KubeApi for Cluster {
+    async fn patch_service_status(&self, target: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError> {
+        let mut inner = self.lock();
+        let (service, _) = Self::guarded(&mut inner, target)?;
+        let ingress: Vec<LoadBalancerIngress> =
+            ingress_ips.iter().map(|ip| LoadBalancerIngress { ip: Some(ip.clone()), ..Default::default() }).collect();
+        let status = service.status.get_or_insert_with(ServiceStatus::default);
+        let new = Some(LoadBalancerStatus { ingress: Some(ingress).filter(|i| !i.is_empty()) });
+        // A patch that changes nothing produces no watch event.
+        if status.load_balancer != new {
+            status.load_balancer = new;
+            let observed = records::service(service);
+            inner.watch.push(wit::Observation::ServiceUpserted(observed));
+        }
+        Ok(())
+    }
+
+    async fn set_finalizer(&self, target: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError> {
+        let mut inner = self.lock();
+        let (service, key) = Self::guarded(&mut inner, target)?;
+        let mut finalizers = service.metadata.finalizers.clone().unwrap_or_default();
+        let had = finalizers.iter().any(|f| f == finalizer);
+        if had == present {
+            return Ok(());
+        }
+        if present {
+            if service.metadata.deletion_timestamp.is_some() {
+                // The API server refuses new finalizers on an object being deleted.
+                return Err(KubeError {
+                    status: 422,
+                    reason: Some("Invalid".into()),
+                    message: format!(
+                        "Service {}: no new finalizers can be added while it is being deleted",
+                        key_text(&key)
+                    ),
+                });
+            }
+            finalizers.push(finalizer.to_owned());
+        } else {
+            finalizers.retain(|f| f != finalizer);
+        }
+        if finalizers.is_empty() && service.metadata.deletion_timestamp.is_some() {
+            inner.services.remove(&key);
+            inner.watch.push(wit::Observation::ServiceDeleted(key));
+            return Ok(());
+        }
+        service.metadata.finalizers = Some(finalizers).filter(|f| !f.is_empty());
+        let observed = records::service(service);
+        inner.watch.push(wit::Observation::ServiceUpserted(observed));
+        Ok(())
+    }
+
+    async fn emit_event(&self, event: &wit::Event) -> Result<(), KubeError> {
+        let recorded = RecordedEvent {
+            reason: event.reason.clone(),
+            object: format!("{}/{}", event.regarding.namespace, event.regarding.name),
+            event_type: match event.event_type {
+                wit::EventType::Normal => "Normal".into(),
+                wit::EventType::Warning => "Warning".into(),
+            },
+            message: event.message.clone(),
+        };
+        self.lock().events.push(recorded);
+        Ok(())
+    }
+}

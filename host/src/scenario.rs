@@ -1,0 +1,472 @@
+//! The scenario format (design §9; documented for users in `docs/scenarios.md`): one YAML file
+//! is one story — a cloud configuration, then steps that change the cluster, inject Azure
+//! faults, let virtual time pass, restart the controller and check what came of it.
+//!
+//! Parsing is strict (unknown keys are errors) and every error names the file and the line, as
+//! serde_yaml locates it; Kubernetes objects are read with the k8s-openapi types, exactly as
+//! `kubectl apply` would take them, and must carry `metadata.name` (and, but for Nodes,
+//! `metadata.uid`).
+
+use crate::azure::Operation;
+use crate::cluster::{Kind, Object};
+use crate::emulator::{Fault, FaultMode};
+use crate::inputs::{self, CloudConfig, InputError};
+use crate::sandbox::bindings::clb::reconciler::types::Config;
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::de::{self, Deserializer, Error as _};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+/// How long `settle` waits for the guest to go idle when the step does not say.
+pub const DEFAULT_SETTLE_MS: u64 = 15 * 60_000;
+
+/// Why a scenario file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+/// A parsed scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub path: PathBuf,
+    pub name: String,
+    pub description: String,
+    pub config: Config,
+    pub steps: Vec<Step>,
+}
+
+/// One step of a scenario.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Step {
+    /// Creates or updates objects, as `kubectl apply`.
+    Apply(Objects),
+    Delete(DeleteStep),
+    Fault(FaultStep),
+    ClearFaults,
+    /// Lets virtual time pass, waking the guest whenever it asked to be.
+    Advance(VirtualDuration),
+    /// Runs until the guest reports `idle`, within the bound (default [`DEFAULT_SETTLE_MS`]).
+    Settle(Option<VirtualDuration>),
+    /// The controller restarts: a new tracker with no state; Azure and the cluster keep theirs.
+    Restart,
+    Expect(Box<Expectation>),
+}
+
+impl Step {
+    /// One line for reports.
+    pub fn summary(&self) -> String {
+        match self {
+            Step::Apply(objects) => {
+                let names: Vec<String> = objects.0.iter().map(object_summary).collect();
+                format!("apply {}", names.join(", "))
+            }
+            Step::Delete(d) => {
+                let name = if d.namespace.is_empty() { d.name.clone() } else { format!("{}/{}", d.namespace, d.name) };
+                format!("delete {:?} {name}{}", d.kind, if d.force { " (force)" } else { "" })
+            }
+            Step::Fault(f) => {
+                let times = f.fault.count.map(|n| format!("{n}×")).unwrap_or_else(|| "always".into());
+                let on = f.fault.resource.as_ref().map(|r| format!(" on {r}")).unwrap_or_default();
+                format!("fault {} {times}{on}: {}", f.fault.operation, mode_summary(&f.fault.mode))
+            }
+            Step::ClearFaults => "clear-faults".into(),
+            Step::Advance(d) => format!("advance {d}"),
+            Step::Settle(within) => format!("settle (within {})", within.unwrap_or(VirtualDuration(DEFAULT_SETTLE_MS))),
+            Step::Restart => "restart".into(),
+            Step::Expect(_) => "expect".into(),
+        }
+    }
+}
+
+fn object_summary(object: &Object) -> String {
+    let (kind, meta) = match object {
+        Object::Service(s) => ("Service", &s.metadata),
+        Object::EndpointSlice(s) => ("EndpointSlice", &s.metadata),
+        Object::Node(n) => ("Node", &n.metadata),
+    };
+    let name = meta.name.clone().unwrap_or_default();
+    match &meta.namespace {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None if kind == "Node" => format!("{kind} {name}"),
+        None => format!("{kind} default/{name}"),
+    }
+}
+
+fn mode_summary(mode: &FaultMode) -> String {
+    match mode {
+        FaultMode::Status { status, code, retry_after_secs, .. } => {
+            let code = if code.is_empty() { String::new() } else { format!(" {code}") };
+            let retry = retry_after_secs.map(|s| format!(" Retry-After {s}s")).unwrap_or_default();
+            format!("HTTP {status}{code}{retry}")
+        }
+        FaultMode::Async { outcome, .. } => format!("202, then {outcome:?}"),
+        FaultMode::ErrorBody { code, .. } => format!("200 with error {code}"),
+        FaultMode::Hang => "hang".into(),
+        FaultMode::Drop => "dropped connection".into(),
+    }
+}
+
+/// The objects of an `apply`: one object, or a list of them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Objects(pub Vec<Object>);
+
+impl<'de> Deserialize<'de> for Objects {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = Objects;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a Kubernetes object or a list of them")
+            }
+            fn visit_map<M: de::MapAccess<'de>>(self, map: M) -> Result<Objects, M::Error> {
+                let object = KubeObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(Objects(vec![object.0]))
+            }
+            fn visit_seq<S: de::SeqAccess<'de>>(self, mut seq: S) -> Result<Objects, S::Error> {
+                let mut objects = Vec::new();
+                while let Some(object) = seq.next_element::<KubeObject>()? {
+                    objects.push(object.0);
+                }
+                if objects.is_empty() {
+                    return Err(S::Error::custom("apply: the list of objects is empty"));
+                }
+                Ok(Objects(objects))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+/// One object, read by its `kind` with the k8s-openapi type.
+struct KubeObject(Object);
+
+impl<'de> Deserialize<'de> for KubeObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = serde_yaml::Value::deserialize(deserializer)?;
+        let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
+        let name =
+            value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or_default().to_owned();
+        let typed = |e: serde_yaml::Error| D::Error::custom(format!("{kind} {name}: {e}"));
+        let object = match kind.as_str() {
+            "Service" => Object::Service(Box::new(serde_yaml::from_value::<Service>(value).map_err(typed)?)),
+            "EndpointSlice" => {
+                Object::EndpointSlice(Box::new(serde_yaml::from_value::<EndpointSlice>(value).map_err(typed)?))
+            }
+            "Node" => Object::Node(Box::new(serde_yaml::from_value::<Node>(value).map_err(typed)?)),
+            "" => return Err(D::Error::custom("an object without `kind` (expected Service, EndpointSlice or Node)")),
+            other => {
+                return Err(D::Error::custom(format!(
+                    "kind {other:?} is not simulated (expected Service, EndpointSlice or Node)"
+                )));
+            }
+        };
+        let meta = match &object {
+            Object::Service(s) => &s.metadata,
+            Object::EndpointSlice(s) => &s.metadata,
+            Object::Node(n) => &n.metadata,
+        };
+        if meta.name.as_deref().is_none_or(str::is_empty) {
+            return Err(D::Error::custom(format!("{kind}: metadata.name is missing")));
+        }
+        if kind != "Node" && meta.uid.as_deref().is_none_or(str::is_empty) {
+            let name = meta.name.as_deref().unwrap_or_default();
+            return Err(D::Error::custom(format!("{kind} {name}: metadata.uid is missing (the guest keys on it)")));
+        }
+        Ok(KubeObject(object))
+    }
+}
+
+/// `delete: {kind: Service, namespace: shop, name: web}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteStep {
+    pub kind: Kind,
+    /// Ignored for Nodes; default `default` for the others.
+    #[serde(default)]
+    pub namespace: String,
+    pub name: String,
+    /// Strip the finalizers first, so the object goes at once (an operator's forced delete).
+    #[serde(default)]
+    pub force: bool,
+}
+
+impl DeleteStep {
+    pub fn namespace(&self) -> &str {
+        match (self.kind, self.namespace.is_empty()) {
+            (Kind::Node, _) => "",
+            (_, true) => "default",
+            (_, false) => &self.namespace,
+        }
+    }
+}
+
+/// `fault: {operation, mode, count | always: true, resource?}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FaultStep {
+    pub fault: Fault,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFault {
+    operation: Operation,
+    mode: FaultMode,
+    #[serde(default)]
+    count: Option<u32>,
+    #[serde(default)]
+    always: bool,
+    #[serde(default)]
+    resource: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for FaultStep {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = RawFault::deserialize(deserializer)?;
+        let count = match (raw.count, raw.always) {
+            (Some(0), _) => return Err(D::Error::custom("fault: count must be at least 1")),
+            (Some(n), false) => Some(n),
+            (None, true) => None,
+            (Some(_), true) => return Err(D::Error::custom("fault: give either `count` or `always: true`, not both")),
+            (None, false) => return Err(D::Error::custom("fault: give `count: N` or `always: true`")),
+        };
+        Ok(FaultStep { fault: Fault { operation: raw.operation, resource: raw.resource, count, mode: raw.mode } })
+    }
+}
+
+/// A span of virtual time, written `250ms`, `30s`, `5m` or `1h`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct VirtualDuration(pub u64);
+
+impl VirtualDuration {
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        let split = text.find(|c: char| !c.is_ascii_digit())?;
+        let (number, unit) = text.split_at(split);
+        let number: u64 = number.parse().ok()?;
+        let scale = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return None,
+        };
+        number.checked_mul(scale).map(VirtualDuration)
+    }
+}
+
+impl fmt::Display for VirtualDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        format_ms(self.0, f)
+    }
+}
+
+/// Milliseconds as the shortest exact text: `1h`, `5m`, `30s`, `1.5s`, `250ms`.
+pub fn format_ms(ms: u64, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    match ms {
+        0 => f.write_str("0s"),
+        ms if ms % 3_600_000 == 0 => write!(f, "{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => write!(f, "{}m", ms / 60_000),
+        ms if ms % 1_000 == 0 => write!(f, "{}s", ms / 1_000),
+        ms if ms >= 1_000 => write!(f, "{}.{:03}s", ms / 1_000, ms % 1_000),
+        ms => write!(f, "{ms}ms"),
+    }
+}
+
+impl<'de> Deserialize<'de> for VirtualDuration {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        VirtualDuration::parse(&text).ok_or_else(|| {
+            D::Error::custom(format!("{text:?} is not a duration (write a whole number and ms, s, m or h: `30s`)"))
+        })
+    }
+}
+
+/// What must hold at an `expect` step. Every part is optional; what is given is exact.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Expectation {
+    #[serde(default)]
+    pub nrp: Option<NrpExpectation>,
+    /// `namespace/name` → what its `status.loadBalancer.ingress` holds.
+    #[serde(default)]
+    pub status: BTreeMap<ObjectName, StatusExpectation>,
+    /// Events that must have been emitted (others may have been too).
+    #[serde(default)]
+    pub events: Vec<EventExpectation>,
+    #[serde(default)]
+    pub resources: Option<ResourcesExpectation>,
+    /// Check the invariants (see `simulate`).
+    #[serde(default)]
+    pub invariants: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NrpExpectation {
+    /// Registered inbound services, exactly (the RP's default and outbound services excepted).
+    #[serde(default)]
+    pub services: Option<BTreeSet<String>>,
+    /// Node IP → pod IP → service names, exactly.
+    #[serde(default)]
+    pub locations: Option<BTreeMap<CanonicalIp, BTreeMap<CanonicalIp, BTreeSet<String>>>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourcesExpectation {
+    #[serde(default)]
+    pub public_ips: Option<BTreeSet<String>>,
+    #[serde(default)]
+    pub load_balancers: Option<BTreeSet<String>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventExpectation {
+    pub reason: String,
+    pub object: ObjectName,
+    #[serde(default, rename = "type")]
+    pub event_type: Option<EventTypeName>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum EventTypeName {
+    Normal,
+    Warning,
+}
+
+/// An IP address in canonical text, so that `FD00::0A` and `fd00::a` are one key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct CanonicalIp(pub String);
+
+impl<'de> Deserialize<'de> for CanonicalIp {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let ip: IpAddr = text.trim().parse().map_err(|_| D::Error::custom(format!("{text:?} is not an IP address")))?;
+        Ok(CanonicalIp(ip.to_string()))
+    }
+}
+
+/// `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ObjectName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ObjectName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl<'de> Deserialize<'de> for ObjectName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.split_once('/') {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(ObjectName { namespace: namespace.to_owned(), name: name.to_owned() })
+            }
+            _ => Err(D::Error::custom(format!("{text:?} is not `namespace/name`"))),
+        }
+    }
+}
+
+/// What a Service's status must show.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatusExpectation {
+    /// At least one ingress IP.
+    Present,
+    /// No ingress IP (or no such Service).
+    Absent,
+    /// The Service is gone from the API server (its finalizers were released).
+    Deleted,
+    /// Exactly this one ingress IP.
+    Ip(String),
+}
+
+impl fmt::Display for StatusExpectation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StatusExpectation::Present => f.write_str("present"),
+            StatusExpectation::Absent => f.write_str("absent"),
+            StatusExpectation::Deleted => f.write_str("deleted"),
+            StatusExpectation::Ip(ip) => f.write_str(ip),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusExpectation {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "present" => Ok(StatusExpectation::Present),
+            "absent" => Ok(StatusExpectation::Absent),
+            "deleted" => Ok(StatusExpectation::Deleted),
+            other => other.parse::<IpAddr>().map(|ip| StatusExpectation::Ip(ip.to_string())).map_err(|_| {
+                D::Error::custom(format!("status {other:?}: expected present, absent, deleted or an IP address"))
+            }),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    name: String,
+    #[serde(default)]
+    description: String,
+    config: CloudConfig,
+    /// `- apply: …` rather than serde_yaml's default `- !apply …`.
+    #[serde(with = "serde_yaml::with::singleton_map_recursive")]
+    steps: Vec<Step>,
+}
+
+/// Reads and checks a scenario file.
+pub fn read(path: &Path) -> Result<Scenario, ScenarioError> {
+    parse(path, &inputs::read(path)?)
+}
+
+pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    let raw: RawScenario = serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?;
+    let invalid = |reason: &str| ScenarioError::Invalid { path: path.to_owned(), reason: reason.to_owned() };
+    if raw.name.trim().is_empty() {
+        return Err(invalid("`name` is empty"));
+    }
+    if raw.steps.is_empty() {
+        return Err(invalid("`steps` is empty"));
+    }
+    Ok(Scenario {
+        path: path.to_owned(),
+        name: raw.name,
+        description: raw.description,
+        config: raw.config.into(),
+        steps: raw.steps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_in_milliseconds_seconds_minutes_and_hours_and_print_back() {
+        for (text, ms) in [("250ms", 250), ("30s", 30_000), ("5m", 300_000), ("1h", 3_600_000)] {
+            assert_eq!(VirtualDuration::parse(text), Some(VirtualDuration(ms)));
+            assert_eq!(VirtualDuration(ms).to_string(), text);
+        }
+        for bad in ["", "5", "m", "1.5s", "3d", "-1s"] {
+            assert_eq!(VirtualDuration::parse(bad), None, "{bad}");
+        }
+        assert_eq!(VirtualDuration(1_500).to_string(), "1.500s");
+    }
+}

@@ -1,0 +1,717 @@
+//! `clb-host simulate`: replays a [`Scenario`] with no cluster and no Azure, on virtual time.
+//!
+//! The pieces are the production ones: a [`Cluster`] of k8s-openapi objects whose changes
+//! become WIT observations through `records.rs` (as the watchers' will), the guest behind a
+//! [`Reconciler`] (the component through `sandbox::Session`, or — in the test suite — the
+//! native library), the [`Executor`] carrying commands to the in-process [`Emulator`] and to the
+//! cluster, whose status and finalizer writes come back as new observations.
+//!
+//! Time is virtual. Steps that change the world (`apply`, `delete`, `fault`, `restart`) happen
+//! at the current instant and run nothing; `advance` and `settle` run the system. Running at an
+//! instant means: deliver pending watch events (`observe`), execute every command issued
+//! (in order; the emulator answers at once), hand back all their outcomes (`complete`), and
+//! repeat until nothing is pending; then jump to the guest's `wake-at-ms` and `tick`.
+
+use crate::azure::{DEFAULT_SERVICE_GATEWAY, Scope};
+use crate::cluster::{Cluster, ClusterError, RecordedEvent};
+use crate::emulator::{Emulator, Resources};
+use crate::executor::{Executor, command_name};
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::{GuestError, Logic, Session};
+use crate::scenario::{self, EventTypeName, Expectation, Scenario, StatusExpectation, Step};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{self, Write as _};
+use wasmtime::component::ResourceAny;
+
+/// Calls at one instant after which the run is declared a livelock (a guest bug).
+const MAX_CALLS_PER_INSTANT: usize = 10_000;
+
+/// NRP's address locations: location → address → services.
+pub type NrpLocations = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
+
+/// Why the logic could not be called.
+#[derive(Debug, thiserror::Error)]
+pub enum LogicError {
+    #[error(transparent)]
+    Guest(#[from] GuestError),
+    #[error("the logic refuses the configuration: {reason} ({field}): {message}")]
+    ConfigRefused { field: String, reason: String, message: String },
+    #[error("the tracker was called before it was started")]
+    NotStarted,
+}
+
+/// The reconcile logic as the simulator drives it: the guest's `tracker`, through whichever
+/// implementation. [`ComponentReconciler`] runs the WebAssembly component; the test suite
+/// also runs the native library behind this trait and compares the command streams.
+pub trait Reconciler {
+    /// Starts a fresh tracker (at start and on every restart); earlier state is dropped.
+    fn start(&mut self, config: &wit::Config) -> Result<(), LogicError>;
+    fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError>;
+    fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError>;
+    fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError>;
+}
+
+/// The component: a new session (a new instance, as a restarted process has) per start.
+pub struct ComponentReconciler<'a> {
+    logic: &'a Logic,
+    running: Option<(Session, ResourceAny)>,
+}
+
+impl<'a> ComponentReconciler<'a> {
+    pub fn new(logic: &'a Logic) -> Self {
+        Self { logic, running: None }
+    }
+
+    fn running(&mut self) -> Result<(&mut Session, ResourceAny), LogicError> {
+        let (session, tracker) = self.running.as_mut().ok_or(LogicError::NotStarted)?;
+        Ok((session, *tracker))
+    }
+}
+
+impl Reconciler for ComponentReconciler<'_> {
+    fn start(&mut self, config: &wit::Config) -> Result<(), LogicError> {
+        let mut session = self.logic.session()?;
+        let tracker = session.tracker_create(config)?.map_err(|e| LogicError::ConfigRefused {
+            field: e.field,
+            reason: e.reason,
+            message: e.message,
+        })?;
+        self.running = Some((session, tracker));
+        Ok(())
+    }
+
+    fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError> {
+        let (session, tracker) = self.running()?;
+        Ok(session.tracker_observe(tracker, now_ms, batch)?)
+    }
+
+    fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError> {
+        let (session, tracker) = self.running()?;
+        Ok(session.tracker_complete(tracker, now_ms, results)?)
+    }
+
+    fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError> {
+        let (session, tracker) = self.running()?;
+        Ok(session.tracker_tick(tracker, now_ms)?)
+    }
+}
+
+/// Why a scenario could not be run to the end. A refused scenario is the author's error (exit
+/// 2); everything the logic does wrong is a failed check instead.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    #[error("{path}: step {step}: {source}")]
+    Cluster {
+        path: String,
+        step: usize,
+        #[source]
+        source: ClusterError,
+    },
+    #[error("starting the async runtime")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// One command the guest issued and what came of it.
+#[derive(Clone, Debug, Serialize)]
+pub struct CommandRecord {
+    pub at_ms: u64,
+    pub id: u64,
+    /// One line for people.
+    pub line: String,
+    pub outcome: String,
+    /// The whole command, for comparing command streams exactly.
+    pub detail: String,
+}
+
+/// One expectation and whether it held.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub what: String,
+    pub ok: bool,
+    /// What was found instead, when it did not hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StepReport {
+    pub index: usize,
+    pub summary: String,
+    pub at_ms: u64,
+    pub commands: Vec<CommandRecord>,
+    /// Emulator requests a fault answered.
+    pub faults_hit: Vec<String>,
+    pub checks: Vec<Check>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct NrpView {
+    pub services: BTreeSet<String>,
+    pub locations: NrpLocations,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ScenarioReport {
+    pub name: String,
+    pub path: String,
+    pub steps: Vec<StepReport>,
+    pub final_nrp: NrpView,
+    pub events: Vec<RecordedEvent>,
+    /// Why the run stopped early (the logic trapped or refused the configuration).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aborted: Option<String>,
+    pub passed: bool,
+}
+
+impl ScenarioReport {
+    /// Every command of the run, in order: what the differential test compares.
+    pub fn command_stream(&self) -> Vec<&str> {
+        self.steps.iter().flat_map(|s| &s.commands).map(|c| c.detail.as_str()).collect()
+    }
+}
+
+/// The emulated Azure the simulator starts with.
+pub fn scope() -> Scope {
+    Scope {
+        subscription: "00000000-0000-0000-0000-000000000000".into(),
+        resource_group: "rg".into(),
+        location: "eastus".into(),
+        vnet_resource_group: "rg".into(),
+        vnet: "vnet".into(),
+        service_gateway: DEFAULT_SERVICE_GATEWAY.into(),
+    }
+}
+
+/// Runs one scenario through `logic` against a fresh emulator and cluster.
+pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioReport, SimulateError> {
+    let runtime = tokio::runtime::Builder::new_current_thread().build().map_err(SimulateError::Runtime)?;
+    let mut sim = Simulation {
+        logic,
+        emulator: Emulator::new(scope()),
+        cluster: Cluster::new(),
+        runtime,
+        now: 0,
+        wake: None,
+        idle: false,
+        pending: Vec::new(),
+        records: Vec::new(),
+    };
+    let mut steps = Vec::new();
+    let mut aborted = sim.restart(&scenario.config).err();
+    for (index, step) in scenario.steps.iter().enumerate() {
+        if aborted.is_some() {
+            break;
+        }
+        let requests_before = sim.request_count();
+        let mut report = StepReport {
+            index: index + 1,
+            summary: step.summary(),
+            at_ms: sim.now,
+            commands: Vec::new(),
+            faults_hit: Vec::new(),
+            checks: Vec::new(),
+        };
+        let cluster_error =
+            |source| SimulateError::Cluster { path: scenario.path.display().to_string(), step: index + 1, source };
+        let result = match step {
+            Step::Apply(objects) => {
+                for object in &objects.0 {
+                    sim.cluster.apply(object.clone()).map_err(cluster_error)?;
+                }
+                Ok(())
+            }
+            Step::Delete(d) => {
+                sim.cluster.delete(d.kind, d.namespace(), &d.name, d.force, sim.now).map_err(cluster_error)?;
+                Ok(())
+            }
+            Step::Fault(f) => {
+                sim.emulator.set_fault(f.fault.clone());
+                Ok(())
+            }
+            Step::ClearFaults => {
+                sim.emulator.clear_faults();
+                Ok(())
+            }
+            Step::Advance(d) => sim.advance(d.0),
+            Step::Settle(within) => {
+                let within = within.map_or(scenario::DEFAULT_SETTLE_MS, |d| d.0);
+                sim.settle(within).map(|check| report.checks.push(check))
+            }
+            Step::Restart => sim.restart(&scenario.config),
+            Step::Expect(expectation) => {
+                report.checks = sim.expect(expectation);
+                Ok(())
+            }
+        };
+        report.commands = std::mem::take(&mut sim.records);
+        report.faults_hit = sim.faults_since(requests_before);
+        steps.push(report);
+        aborted = result.err();
+    }
+    let passed = aborted.is_none() && steps.iter().flat_map(|s| &s.checks).all(|c| c.ok);
+    Ok(ScenarioReport {
+        name: scenario.name.clone(),
+        path: scenario.path.display().to_string(),
+        steps,
+        final_nrp: nrp_view(&sim.emulator.resources()),
+        events: sim.cluster.events(),
+        aborted: aborted.map(|e| e.to_string()),
+        passed,
+    })
+}
+
+struct Simulation<'l> {
+    logic: &'l mut dyn Reconciler,
+    emulator: Emulator,
+    cluster: Cluster,
+    runtime: tokio::runtime::Runtime,
+    now: u64,
+    /// When the guest last asked to be called again.
+    wake: Option<u64>,
+    /// What the guest's last step said.
+    idle: bool,
+    /// Issued, not yet executed.
+    pending: Vec<wit::Issued>,
+    records: Vec<CommandRecord>,
+}
+
+impl Simulation<'_> {
+    fn absorb(&mut self, step: wit::Step) {
+        self.pending.extend(step.commands);
+        self.wake = step.wake_at_ms;
+        self.idle = step.idle;
+    }
+
+    /// A new tracker; undelivered watch events are dropped and the lists replayed instead.
+    fn restart(&mut self, config: &wit::Config) -> Result<(), LogicError> {
+        self.cluster.drop_watch_events();
+        self.pending.clear();
+        self.logic.start(config)?;
+        let step = self.logic.observe(self.now, &self.cluster.list())?;
+        self.absorb(step);
+        Ok(())
+    }
+
+    /// Runs everything due at this instant: watch events, then commands and their outcomes.
+    fn run_instant(&mut self) -> Result<(), LogicError> {
+        for _ in 0..MAX_CALLS_PER_INSTANT {
+            let events = self.cluster.take_watch_events();
+            if !events.is_empty() {
+                let step = self.logic.observe(self.now, &events)?;
+                self.absorb(step);
+                continue;
+            }
+            if self.pending.is_empty() {
+                return Ok(());
+            }
+            let issued = std::mem::take(&mut self.pending);
+            let executor = Executor::new(&self.emulator, &self.cluster);
+            let mut results = Vec::with_capacity(issued.len());
+            for command in issued {
+                let outcome = self.runtime.block_on(executor.execute(&command.command));
+                self.records.push(CommandRecord {
+                    at_ms: self.now,
+                    id: command.id,
+                    line: describe_command(&command.command),
+                    outcome: describe_outcome(&outcome),
+                    detail: format!("{} {:?}", command.id, command.command),
+                });
+                results.push((command.id, outcome));
+            }
+            let step = self.logic.complete(self.now, &results)?;
+            self.absorb(step);
+        }
+        Err(livelock(self.now))
+    }
+
+    /// Wakes the guest at the time it asked for, if that is no later than `until`.
+    fn wake_before(&mut self, until: u64, ticks_now: &mut usize) -> Result<bool, LogicError> {
+        let Some(at) = self.wake.filter(|at| *at <= until) else { return Ok(false) };
+        if at <= self.now {
+            *ticks_now += 1;
+            if *ticks_now > MAX_CALLS_PER_INSTANT {
+                return Err(livelock(self.now));
+            }
+        } else {
+            *ticks_now = 0;
+            self.now = at;
+        }
+        let step = self.logic.tick(self.now)?;
+        self.absorb(step);
+        Ok(true)
+    }
+
+    fn advance(&mut self, by: u64) -> Result<(), LogicError> {
+        let until = self.now.saturating_add(by);
+        let mut ticks_now = 0;
+        self.run_instant()?;
+        while self.wake_before(until, &mut ticks_now)? {
+            self.run_instant()?;
+        }
+        self.now = until;
+        Ok(())
+    }
+
+    fn settle(&mut self, within: u64) -> Result<Check, LogicError> {
+        let (start, until) = (self.now, self.now.saturating_add(within));
+        let mut ticks_now = 0;
+        loop {
+            self.run_instant()?;
+            if self.idle {
+                let took = Ms(self.now - start);
+                return Ok(Check { what: format!("settled after {took}"), ok: true, detail: None });
+            }
+            if !self.wake_before(until, &mut ticks_now)? {
+                let why = match self.wake {
+                    None => "the guest is not idle and asked to be woken at no time".to_owned(),
+                    Some(at) => format!("its next wake-up is at {}", Ms(at)),
+                };
+                self.now = until;
+                return Ok(Check {
+                    what: format!("settles within {}", Ms(within)),
+                    ok: false,
+                    detail: Some(format!("not idle at {}: {why}", Ms(until))),
+                });
+            }
+        }
+    }
+
+    fn request_count(&self) -> u64 {
+        self.emulator.state().requests.values().sum()
+    }
+
+    /// The faulted requests among those handled since `before` requests.
+    fn faults_since(&self, before: u64) -> Vec<String> {
+        let state = self.emulator.state();
+        let new = usize::try_from(state.requests.values().sum::<u64>() - before).unwrap_or(usize::MAX);
+        let log = &state.log[state.log.len().saturating_sub(new)..];
+        log.iter()
+            .filter(|e| e.outcome.ends_with("(fault)"))
+            .map(|e| format!("{} [{}] → {}", e.operation, e.resources.join(", "), e.outcome))
+            .collect()
+    }
+
+    fn expect(&self, expectation: &Expectation) -> Vec<Check> {
+        let mut checks = Vec::new();
+        let resources = self.emulator.resources();
+        let view = nrp_view(&resources);
+        let mut check = |what: String, found: Option<String>| {
+            checks.push(Check { what, ok: found.is_none(), detail: found });
+        };
+        if let Some(nrp) = &expectation.nrp {
+            if let Some(services) = &nrp.services {
+                let found = (&view.services != services).then(|| format!("found {:?}", view.services));
+                check(format!("nrp.services = {services:?}"), found);
+            }
+            if let Some(locations) = &nrp.locations {
+                let want: NrpLocations = locations
+                    .iter()
+                    .map(|(l, a)| (l.0.clone(), a.iter().map(|(a, s)| (a.0.clone(), s.clone())).collect()))
+                    .collect();
+                let found = (view.locations != want).then(|| format!("found {}", locations_text(&view.locations)));
+                check(format!("nrp.locations = {}", locations_text(&want)), found);
+            }
+        }
+        for (object, want) in &expectation.status {
+            let service = self.cluster.service(&object.namespace, &object.name);
+            let ingress: Vec<String> = service
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .map(|i| i.iter().filter_map(|i| i.ip.clone()).collect())
+                .unwrap_or_default();
+            let holds = match want {
+                StatusExpectation::Present => !ingress.is_empty(),
+                StatusExpectation::Absent => ingress.is_empty(),
+                StatusExpectation::Deleted => service.is_none(),
+                StatusExpectation::Ip(ip) => ingress == [ip.clone()],
+            };
+            let found = match &service {
+                None => "the Service does not exist".to_owned(),
+                Some(_) if ingress.is_empty() => "no ingress IP".to_owned(),
+                Some(_) => format!("ingress {ingress:?}"),
+            };
+            check(format!("status {object}: {want}"), (!holds).then_some(found));
+        }
+        let events = self.cluster.events();
+        for want in &expectation.events {
+            let object = want.object.to_string();
+            let type_name = want.event_type.map(|t| match t {
+                EventTypeName::Normal => "Normal",
+                EventTypeName::Warning => "Warning",
+            });
+            let holds = events
+                .iter()
+                .any(|e| e.reason == want.reason && e.object == object && type_name.is_none_or(|t| e.event_type == t));
+            let found = events.iter().filter(|e| e.object == object).map(|e| e.reason.as_str()).collect::<Vec<_>>();
+            let what =
+                format!("event {}{} on {object}", type_name.map(|t| format!("{t} ")).unwrap_or_default(), want.reason);
+            check(what, (!holds).then(|| format!("events on {object}: {found:?}")));
+        }
+        if let Some(want) = &expectation.resources {
+            if let Some(ips) = &want.public_ips {
+                let found: BTreeSet<String> = resources.public_ips.keys().cloned().collect();
+                check(format!("resources.publicIps = {ips:?}"), (&found != ips).then(|| format!("found {found:?}")));
+            }
+            if let Some(lbs) = &want.load_balancers {
+                let found: BTreeSet<String> = resources.load_balancers.keys().cloned().collect();
+                let what = format!("resources.loadBalancers = {lbs:?}");
+                check(what, (&found != lbs).then(|| format!("found {found:?}")));
+            }
+        }
+        if expectation.invariants {
+            checks.extend(self.invariants(&view));
+        }
+        checks
+    }
+
+    /// P5/P6 of upstream §j, from what NRP refused, and the convergence of NRP to the cluster.
+    fn invariants(&self, view: &NrpView) -> Vec<Check> {
+        let log = self.emulator.state().log;
+        let refused = |code: &str| -> Vec<String> {
+            log.iter()
+                .filter(|e| !e.outcome.ends_with("(fault)") && e.outcome.split(' ').nth(1) == Some(code))
+                .map(|e| format!("{} [{}]", e.operation, e.resources.join(", ")))
+                .collect()
+        };
+        let mut checks = Vec::new();
+        for (what, code) in [
+            ("no service unregistered while addresses reference it", "ServiceWithOverlayMappingsCannotBeDeleted"),
+            ("no address names an unregistered service", "ServiceNotFound"),
+        ] {
+            let found = refused(code);
+            let detail = (!found.is_empty()).then(|| format!("NRP refused with {code}: {}", found.join("; ")));
+            checks.push(Check { what: what.to_owned(), ok: detail.is_none(), detail });
+        }
+        let (expected, strays) = self.ready_view(&view.services);
+        let detail = (!strays.is_empty())
+            .then(|| format!("registered, but no live Service has the UID: {strays:?}"))
+            .or_else(|| {
+                (expected != view.locations)
+                    .then(|| format!("the cluster's ready endpoints give {}", locations_text(&expected)))
+            });
+        checks.push(Check {
+            what: "NRP holds exactly the ready endpoints of the registered live Services".into(),
+            ok: detail.is_none(),
+            detail,
+        });
+        checks
+    }
+
+    /// The locations NRP should hold for `registered`, from the cluster's objects: each ready
+    /// endpoint of a live Service's slices, under its node's smallest InternalIP of the same
+    /// family. This is the checker's own statement of the rule, independent of the guest's.
+    /// Also returns the registered services that belong to no live Service.
+    fn ready_view(&self, registered: &BTreeSet<String>) -> (NrpLocations, Vec<String>) {
+        let live: BTreeSet<String> = self
+            .cluster
+            .services()
+            .iter()
+            .filter(|s| s.metadata.deletion_timestamp.is_none())
+            .filter_map(|s| s.metadata.uid.as_ref().map(|u| u.to_ascii_lowercase()))
+            .collect();
+        let strays: Vec<String> = registered.iter().filter(|s| !live.contains(*s)).cloned().collect();
+        let nodes: BTreeMap<String, Vec<std::net::IpAddr>> = self
+            .cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                let ips = crate::records::node(n).internal_ips.iter().filter_map(|ip| ip.trim().parse().ok()).collect();
+                (n.metadata.name.clone().unwrap_or_default(), ips)
+            })
+            .collect();
+        let mut expected = NrpLocations::new();
+        for slice in self.cluster.slices() {
+            let slice = crate::records::endpoint_slice(&slice);
+            let Some(owner) = slice.owner_service_uid.as_ref().map(|u| u.to_ascii_lowercase()) else { continue };
+            if slice.deleting || !registered.contains(&owner) || !live.contains(&owner) {
+                continue;
+            }
+            for endpoint in slice.endpoints.iter().filter(|e| e.ready != Some(false)) {
+                let Some(node_ips) = endpoint.node_name.as_ref().and_then(|n| nodes.get(n)) else { continue };
+                for address in endpoint.addresses.iter().filter_map(|a| a.trim().parse::<std::net::IpAddr>().ok()) {
+                    let location =
+                        node_ips.iter().filter(|ip| ip.is_ipv4() == address.is_ipv4()).map(|ip| ip.to_string()).min();
+                    if let Some(location) = location {
+                        let services = expected.entry(location).or_default().entry(address.to_string()).or_default();
+                        services.insert(owner.clone());
+                    }
+                }
+            }
+        }
+        (expected, strays)
+    }
+}
+
+fn livelock(at: u64) -> LogicError {
+    LogicError::Guest(GuestError::Trapped {
+        call: "tracker",
+        trap: format!("livelock: {MAX_CALLS_PER_INSTANT} calls at {} without the guest going quiet", Ms(at)),
+    })
+}
+
+/// Registered inbound services (not the RP's default) and the locations, as NRP holds them.
+pub fn nrp_view(resources: &Resources) -> NrpView {
+    NrpView {
+        services: resources
+            .services
+            .iter()
+            .filter(|(_, s)| s.service_type.eq_ignore_ascii_case("Inbound") && !s.is_default)
+            .map(|(name, _)| name.clone())
+            .collect(),
+        locations: resources.locations.clone(),
+    }
+}
+
+/// Milliseconds of virtual time, printed as in the scenario files.
+struct Ms(u64);
+
+impl fmt::Display for Ms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        scenario::format_ms(self.0, f)
+    }
+}
+
+fn locations_text(locations: &NrpLocations) -> String {
+    if locations.is_empty() {
+        return "{}".into();
+    }
+    let parts: Vec<String> = locations
+        .iter()
+        .map(|(location, addresses)| {
+            let addresses: Vec<String> = addresses
+                .iter()
+                .map(|(a, s)| format!("{a}→{}", s.iter().cloned().collect::<Vec<_>>().join("+")))
+                .collect();
+            format!("{location}: {}", addresses.join(" "))
+        })
+        .collect();
+    format!("{{{}}}", parts.join("; "))
+}
+
+/// One line per command, for the report.
+pub fn describe_command(command: &wit::Command) -> String {
+    let name = command_name(command);
+    let object = |r: &wit::ObjectRef| format!("{}/{}", r.namespace, r.name);
+    let rest = match command {
+        wit::Command::ReadNrp => String::new(),
+        wit::Command::EmitEvent(e) => {
+            let kind = if e.event_type == wit::EventType::Warning { "Warning" } else { "Normal" };
+            format!("{kind} {} {}", e.reason, object(&e.regarding))
+        }
+        wit::Command::UpdateServices(u) => u
+            .services
+            .iter()
+            .map(|s| {
+                let what = if s.is_delete {
+                    "unregister".to_owned()
+                } else if s.backend_pools.is_empty() {
+                    "unlink".to_owned()
+                } else {
+                    let pools: Vec<String> =
+                        s.backend_pools.iter().map(|p| format!("{}/{}", p.load_balancer, p.pool)).collect();
+                    format!("register → {}", pools.join(", "))
+                };
+                format!("{} {what}", s.name)
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        wit::Command::UpdateAddressLocations(u) => u
+            .locations
+            .iter()
+            .map(|l| {
+                let action = match l.action {
+                    wit::UpdateAction::PartialUpdate => "",
+                    wit::UpdateAction::FullUpdate => " (full)",
+                };
+                if l.addresses.is_empty() {
+                    return format!("{}: remove", l.location);
+                }
+                let addresses: Vec<String> = l
+                    .addresses
+                    .iter()
+                    .map(|a| {
+                        if a.services.is_empty() {
+                            format!("{}→∅", a.address)
+                        } else {
+                            format!("{}→{}", a.address, a.services.join("+"))
+                        }
+                    })
+                    .collect();
+                format!("{}{action}: {}", l.location, addresses.join(" "))
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        wit::Command::PutPublicIp(ip) => {
+            format!("{} {}", ip.name, if ip.version == wit::IpVersion::Ipv6 { "IPv6" } else { "IPv4" })
+        }
+        wit::Command::PutLoadBalancer(lb) => {
+            let rules: Vec<String> = lb
+                .rules
+                .iter()
+                .map(|r| {
+                    let protocol = if r.protocol == wit::LbProtocol::Udp { "udp" } else { "tcp" };
+                    format!("{protocol} {}→{}", r.frontend_port, r.backend_port)
+                })
+                .collect();
+            format!("{} on {} [{}]", lb.name, lb.public_ip, rules.join(", "))
+        }
+        wit::Command::DeleteResource(r) => {
+            format!("{} {}", if r.kind == wit::ResourceKind::PublicIp { "public-ip" } else { "load-balancer" }, r.name)
+        }
+        wit::Command::PatchServiceStatus(s) => format!("{} ingress {:?}", object(&s.service), s.ingress_ips),
+        wit::Command::SetFinalizer(f) => {
+            format!("{} {}{}", object(&f.service), if f.present { "+" } else { "-" }, f.finalizer)
+        }
+    };
+    if rest.is_empty() { name.to_owned() } else { format!("{name} {rest}") }
+}
+
+pub fn describe_outcome(outcome: &wit::Outcome) -> String {
+    match outcome {
+        wit::Outcome::Ok => "ok".into(),
+        wit::Outcome::PublicIpAddress(ip) => ip.clone(),
+        wit::Outcome::NrpSnapshot(s) => {
+            format!("snapshot: {} services, {} locations", s.services.len(), s.locations.len())
+        }
+        wit::Outcome::Failed(f) => {
+            let mut text = format!("failed {}", f.status);
+            if let Some(code) = &f.code {
+                let _ = write!(text, " {code}");
+            }
+            if let Some(ms) = f.retry_after_ms {
+                let _ = write!(text, " (retry after {})", Ms(ms));
+            }
+            text
+        }
+    }
+}
+
+/// The report as people read it.
+pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    writeln!(out, "scenario: {}  ({})", report.name, report.path)?;
+    for step in &report.steps {
+        writeln!(out, "  [{}] t={} {}", step.index, Ms(step.at_ms), step.summary)?;
+        for c in &step.commands {
+            writeln!(out, "      {:>8} #{} {} → {}", Ms(c.at_ms).to_string(), c.id, c.line, c.outcome)?;
+        }
+        for fault in &step.faults_hit {
+            writeln!(out, "      fault hit: {fault}")?;
+        }
+        for check in &step.checks {
+            let mark = if check.ok { "✓" } else { "✗" };
+            match &check.detail {
+                Some(detail) => writeln!(out, "      {mark} {}: {detail}", check.what)?,
+                None => writeln!(out, "      {mark} {}", check.what)?,
+            }
+        }
+    }
+    writeln!(out, "  final NRP: services {:?}", report.final_nrp.services)?;
+    writeln!(out, "             locations {}", locations_text(&report.final_nrp.locations))?;
+    if let Some(why) = &report.aborted {
+        writeln!(out, "  ✗ aborted: {why}")?;
+    }
+    writeln!(out, "  result: {}", if report.passed { "PASS" } else { "FAIL" })
+}
