@@ -38,15 +38,24 @@ pub struct DiffTracker {
     /// Locations whose two views may differ: `None` the whole location, `Some` only those
     /// addresses (so one changed pod costs one address, not the whole node).
     dirty: BTreeMap<String, Option<BTreeSet<String>>>,
-    /// Locations a failed batch may or may not have changed: the next update states them
-    /// whole, so it is right whatever NRP did.
-    /// With the identities the failed update named: NRP may reference them there.
+    /// Locations a failed batch may or may not have changed, with the identities it named (NRP
+    /// may reference them there): the next update states such a location whole, so it is right
+    /// whatever NRP did.
     uncertain: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The value at `key`, inserted as the default if missing. Unlike `entry(key.to_owned())` it
+/// allocates the key only when it inserts: this runs once per endpoint, on the hot path.
+fn slot<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 fn bump(index: &mut BTreeMap<String, BTreeMap<String, u32>>, identity: &str, location: &str, up: bool) {
     if up {
-        *index.entry(identity.to_owned()).or_default().entry(location.to_owned()).or_default() += 1;
+        *slot(slot(index, identity), location) += 1;
         return;
     }
     if let Some(locations) = index.get_mut(identity) {
@@ -65,8 +74,7 @@ fn bump(index: &mut BTreeMap<String, BTreeMap<String, u32>>, identity: &str, loc
 impl DiffTracker {
     /// One EndpointSlice now lists `address` on `location` for `identity`.
     pub fn add_endpoint(&mut self, identity: &str, address: &str, location: &str) {
-        let identities = self.k8s.entry(location.to_owned()).or_default().entry(address.to_owned()).or_default();
-        let count = identities.entry(identity.to_owned()).or_default();
+        let count = slot(slot(slot(&mut self.k8s, location), address), identity);
         *count += 1;
         if *count == 1 {
             bump(&mut self.k8s_by_identity, identity, location, true);
@@ -99,7 +107,9 @@ impl DiffTracker {
         match self.dirty.get_mut(location) {
             Some(None) => {}
             Some(Some(addresses)) => {
-                addresses.insert(address.to_owned());
+                if !addresses.contains(address) {
+                    addresses.insert(address.to_owned());
+                }
             }
             None => {
                 self.dirty.insert(location.to_owned(), Some(BTreeSet::from([address.to_owned()])));
@@ -187,25 +197,28 @@ impl DiffTracker {
     /// The update that makes NRP's view of one location equal the desired one, if any
     /// (upstream `GetSyncLocationsAddresses`, for one location).
     pub fn sync_location(&self, location: &str, class: &impl Fn(&str) -> Class) -> Option<NrpLocation> {
+        // Borrowed strings throughout: most locations turn out to be in sync, and checking
+        // that must not allocate.
         let empty = BTreeMap::new();
         let actual = self.nrp.get(location);
         let wanted = self.k8s.get(location).unwrap_or(&empty);
-        let mut desired: BTreeMap<&str, Services> = BTreeMap::new();
+        let mut desired: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
         for (address, identities) in wanted {
-            let set: Services = identities.keys().filter(|id| class(id) == Class::Ready).cloned().collect();
+            let set: BTreeSet<&str> =
+                identities.keys().map(String::as_str).filter(|id| class(id) == Class::Ready).collect();
             if !set.is_empty() {
                 desired.insert(address, set);
             }
         }
         // Other controllers' identities stay as NRP has them.
         for (address, services) in actual.into_iter().flatten() {
-            for service in services.iter().filter(|s| class(s) == Class::Foreign) {
-                desired.entry(address).or_default().insert(service.clone());
+            for service in services.iter().map(String::as_str).filter(|s| class(s) == Class::Foreign) {
+                desired.entry(address).or_default().insert(service);
             }
         }
-        let to_wire = |address: &str, services: &Services| NrpAddress {
+        let to_wire = |address: &str, services: &BTreeSet<&str>| NrpAddress {
             address: address.to_owned(),
-            services: services.iter().cloned().collect(),
+            services: services.iter().map(|s| (*s).to_owned()).collect(),
         };
         let uncertain = self.uncertain.contains_key(location);
         let actual = match actual {
@@ -225,9 +238,12 @@ impl DiffTracker {
                 addresses: Vec::new(),
             });
         }
+        let same = |have: &Services, want: &BTreeSet<&str>| {
+            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| h == w)
+        };
         let mut addresses = Vec::new();
         for (address, services) in &desired {
-            if actual.get(*address) != Some(services) {
+            if !actual.get(*address).is_some_and(|have| same(have, services)) {
                 addresses.push(to_wire(address, services));
             }
         }
@@ -339,7 +355,11 @@ impl DiffTracker {
                     skipped.push(address.address.clone());
                     continue;
                 };
-                let services: Services = address.services.iter().map(|s| s.to_ascii_lowercase()).collect();
+                let services: Services = address
+                    .services
+                    .iter()
+                    .map(|s| if s.bytes().any(|b| b.is_ascii_uppercase()) { s.to_ascii_lowercase() } else { s.clone() })
+                    .collect();
                 if !services.is_empty() {
                     self.set_nrp_address(&location, &canonical, Some(services));
                 }

@@ -207,7 +207,7 @@ fn inspect(file: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<u8> {
 }
 
 fn validate(
-    config_path: &PathBuf,
+    config_path: &std::path::Path,
     service_paths: &[PathBuf],
     logic: &LogicArgs,
     out: &mut dyn Write,

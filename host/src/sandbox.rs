@@ -144,16 +144,36 @@ impl GuestStats {
     }
 }
 
+/// Which limits the engine compiles into guest code. Both are on in every command of
+/// `clb-host`; turning them off exists to measure what they cost (BENCHMARKS.md), since a
+/// guest without them can loop forever.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metering {
+    pub fuel: bool,
+    pub epoch: bool,
+}
+
+impl Default for Metering {
+    fn default() -> Self {
+        Self { fuel: true, epoch: true }
+    }
+}
+
 /// The process-wide engine and the thread that advances its epoch.
 pub struct Runtime {
     engine: Engine,
+    metering: Metering,
     stop: Arc<AtomicBool>,
 }
 
 impl Runtime {
     pub fn new() -> Result<Self, LoadError> {
+        Self::with_metering(Metering::default())
+    }
+
+    pub fn with_metering(metering: Metering) -> Result<Self, LoadError> {
         let mut config = EngineConfig::new();
-        config.wasm_component_model(true).consume_fuel(true).epoch_interruption(true);
+        config.wasm_component_model(true).consume_fuel(metering.fuel).epoch_interruption(metering.epoch);
         let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (ticker_engine, ticker_stop) = (engine.weak(), stop.clone());
@@ -169,7 +189,7 @@ impl Runtime {
                 }
             })
             .map_err(|e| LoadError::Engine(format!("starting the epoch thread: {e}")))?;
-        Ok(Self { engine, stop })
+        Ok(Self { engine, metering, stop })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -191,7 +211,7 @@ impl Runtime {
             .map_err(|e| LoadError::Link(format!("{e:#}")))?;
         let pre = linker.instantiate_pre(&component).map_err(|e| LoadError::Link(format!("{e:#}")))?;
         let pre = ClbPre::new(pre).map_err(|e| LoadError::Link(format!("{e:#}")))?;
-        Ok(Logic { engine: self.engine.clone(), pre, info, limits, stats: Arc::default() })
+        Ok(Logic { engine: self.engine.clone(), metering: self.metering, pre, info, limits, stats: Arc::default() })
     }
 }
 
@@ -276,6 +296,7 @@ fn is_granted(import: &str) -> bool {
 /// A loaded version of the logic.
 pub struct Logic {
     engine: Engine,
+    metering: Metering,
     pre: ClbPre<HostState>,
     info: ComponentInfo,
     limits: Limits,
@@ -301,15 +322,27 @@ impl Logic {
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_trap();
         // Instantiation runs guest code (start functions, data segments) under the same limits.
-        set_budget(&mut store, self.limits).map_err(|e| GuestError::Instantiate(format!("{e:#}")))?;
+        set_budget(&mut store, self.limits, self.metering).map_err(|e| GuestError::Instantiate(format!("{e:#}")))?;
         let bindings =
             self.pre.instantiate(&mut store).map_err(|e| classify(&e, "instantiate", self.limits, &store))?;
-        Ok(Session { store, bindings, limits: self.limits, stats: self.stats.clone(), poisoned: false })
+        Ok(Session {
+            store,
+            bindings,
+            limits: self.limits,
+            metering: self.metering,
+            stats: self.stats.clone(),
+            poisoned: false,
+        })
     }
 }
 
-fn set_budget(store: &mut Store<HostState>, limits: Limits) -> wasmtime::Result<()> {
-    store.set_fuel(limits.fuel)?;
+fn set_budget(store: &mut Store<HostState>, limits: Limits, metering: Metering) -> wasmtime::Result<()> {
+    if metering.fuel {
+        store.set_fuel(limits.fuel)?;
+    }
+    if !metering.epoch {
+        return Ok(());
+    }
     let ticks = limits.deadline.as_nanos().div_ceil(EPOCH_TICK.as_nanos()).max(1);
     // One tick more: the ticker may advance the epoch right after the deadline is set.
     store.set_epoch_deadline(u64::try_from(ticks).unwrap_or(u64::MAX).saturating_add(1));
@@ -336,6 +369,7 @@ pub struct Session {
     store: Store<HostState>,
     bindings: Clb,
     limits: Limits,
+    metering: Metering,
     stats: Arc<GuestStats>,
     poisoned: bool,
 }
@@ -355,10 +389,12 @@ impl Session {
         }
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         self.store.data_mut().panic = None;
-        set_budget(&mut self.store, self.limits).map_err(|e| GuestError::Trapped { call, trap: format!("{e:#}") })?;
+        set_budget(&mut self.store, self.limits, self.metering)
+            .map_err(|e| GuestError::Trapped { call, trap: format!("{e:#}") })?;
         let result = f(&self.bindings, &mut self.store);
-        let left = self.store.get_fuel().unwrap_or(0);
-        self.stats.fuel_used.fetch_add(self.limits.fuel.saturating_sub(left), Ordering::Relaxed);
+        if let Ok(left) = self.store.get_fuel() {
+            self.stats.fuel_used.fetch_add(self.limits.fuel.saturating_sub(left), Ordering::Relaxed);
+        }
         result.map_err(|e| {
             self.poisoned = true;
             let err = classify(&e, call, self.limits, &self.store);
