@@ -2,11 +2,11 @@
 //!
 //! The pieces are the production ones: a [`Cluster`] of k8s-openapi objects whose changes
 //! become WIT observations through `records.rs` (as the watchers' will), the guest behind a
-//! [`Reconciler`] (the component through `sandbox::Session`, or — in the test suite — the
+//! [`Reconciler`] (the component through a [`Supervisor`], or — in the test suite — the
 //! native library), the [`Executor`] carrying commands to the in-process [`Emulator`] and to the
 //! cluster, whose status and finalizer writes come back as new observations.
 //!
-//! Time is virtual. Steps that change the world (`apply`, `delete`, `fault`, `restart`) happen
+//! Time is virtual. Steps that change the world (`apply`, `delete`, `fault`, `restart`, `swap`) happen
 //! at the current instant and run nothing; `advance` and `settle` run the system. Running at an
 //! instant means: deliver pending watch events (`observe`), execute every command issued
 //! (in order; the emulator answers at once), hand back all their outcomes (`complete`), and
