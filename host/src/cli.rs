@@ -289,7 +289,9 @@ fn simulate(
     let logic = runtime.load(&logic.bytes()?, logic.limits())?;
     let mut reports = Vec::new();
     for scenario in &scenarios {
-        let mut reconciler = simulate::ComponentReconciler::new(&logic);
+        // `swap` steps may name `builtin` or a file; only the test suite registers other names.
+        let mut reconciler =
+            simulate::ComponentReconciler::new(&logic).with_components(&runtime, std::collections::BTreeMap::new());
         let report = match simulate::run(scenario, &mut reconciler) {
             Ok(report) => report,
             Err(e @ simulate::SimulateError::Cluster { .. }) => {

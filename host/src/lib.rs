@@ -17,6 +17,7 @@ pub mod records;
 pub mod sandbox;
 pub mod scenario;
 pub mod simulate;
+pub mod supervisor;
 
 /// The logic this host was built with, used when no other component is given.
 pub const BUILTIN_GUEST: &[u8] = include_bytes!(env!("CLB_BUILTIN_GUEST"));

@@ -58,6 +58,8 @@ pub enum Step {
     Settle(Option<VirtualDuration>),
     /// The controller restarts: a new tracker with no state; Azure and the cluster keep theirs.
     Restart,
+    /// The logic is hot-swapped to another component, keeping its state.
+    Swap(SwapStep),
     Expect(Box<Expectation>),
 }
 
@@ -82,6 +84,7 @@ impl Step {
             Step::Advance(d) => format!("advance {d}"),
             Step::Settle(within) => format!("settle (within {})", within.unwrap_or(VirtualDuration(DEFAULT_SETTLE_MS))),
             Step::Restart => "restart".into(),
+            Step::Swap(swap) => format!("swap to {} (expect {})", swap.component, swap.expect),
             Step::Expect(_) => "expect".into(),
         }
     }
@@ -206,6 +209,62 @@ impl DeleteStep {
             (_, true) => "default",
             (_, false) => &self.namespace,
         }
+    }
+}
+
+/// `swap: {component, expect}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwapStep {
+    pub component: ComponentSource,
+    pub expect: SwapExpect,
+}
+
+/// Which component a `swap` step loads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ComponentSource {
+    /// `builtin`: the logic this host was built with.
+    Builtin,
+    /// A name without `/` and not ending in `.wasm`: a component the runner registered (the
+    /// test suite registers its test guests).
+    Named(String),
+    /// A file; relative paths are resolved against the scenario file's folder.
+    File(PathBuf),
+}
+
+impl fmt::Display for ComponentSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ComponentSource::Builtin => f.write_str("builtin"),
+            ComponentSource::Named(name) => f.write_str(name),
+            ComponentSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ComponentSource {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Ok(match text.as_str() {
+            "" => return Err(D::Error::custom("swap: `component` is empty")),
+            "builtin" => ComponentSource::Builtin,
+            path if path.contains('/') || path.ends_with(".wasm") => ComponentSource::File(PathBuf::from(path)),
+            name => ComponentSource::Named(name.to_owned()),
+        })
+    }
+}
+
+/// What a `swap` step expects of the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SwapExpect {
+    Accepted,
+    Refused,
+}
+
+impl fmt::Display for SwapExpect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if *self == SwapExpect::Accepted { "accepted" } else { "refused" })
     }
 }
 
@@ -445,12 +504,19 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     if raw.steps.is_empty() {
         return Err(invalid("`steps` is empty"));
     }
+    let mut steps = raw.steps;
+    let folder = path.parent().unwrap_or(Path::new(""));
+    for step in &mut steps {
+        if let Step::Swap(SwapStep { component: ComponentSource::File(file), .. }) = step {
+            *file = folder.join(&*file);
+        }
+    }
     Ok(Scenario {
         path: path.to_owned(),
         name: raw.name,
         description: raw.description,
         config: raw.config.into(),
-        steps: raw.steps,
+        steps,
     })
 }
 

@@ -2,11 +2,11 @@
 //!
 //! The pieces are the production ones: a [`Cluster`] of k8s-openapi objects whose changes
 //! become WIT observations through `records.rs` (as the watchers' will), the guest behind a
-//! [`Reconciler`] (the component through `sandbox::Session`, or — in the test suite — the
+//! [`Reconciler`] (the component through a [`Supervisor`], or — in the test suite — the
 //! native library), the [`Executor`] carrying commands to the in-process [`Emulator`] and to the
 //! cluster, whose status and finalizer writes come back as new observations.
 //!
-//! Time is virtual. Steps that change the world (`apply`, `delete`, `fault`, `restart`) happen
+//! Time is virtual. Steps that change the world (`apply`, `delete`, `fault`, `restart`, `swap`) happen
 //! at the current instant and run nothing; `advance` and `settle` run the system. Running at an
 //! instant means: deliver pending watch events (`observe`), execute every command issued
 //! (in order; the emulator answers at once), hand back all their outcomes (`complete`), and
@@ -17,12 +17,14 @@ use crate::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::emulator::{Emulator, Resources};
 use crate::executor::{Executor, command_name};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::{GuestError, Logic, Session};
-use crate::scenario::{self, EventTypeName, Expectation, Scenario, StatusExpectation, Step};
+use crate::sandbox::{GuestError, Logic, Runtime};
+use crate::scenario::{
+    self, ComponentSource, EventTypeName, Expectation, Scenario, StatusExpectation, Step, SwapExpect,
+};
+use crate::supervisor::{Supervisor, SupervisorError};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
-use wasmtime::component::ResourceAny;
 
 /// Calls at one instant after which the run is declared a livelock (a guest bug).
 const MAX_CALLS_PER_INSTANT: usize = 10_000;
@@ -35,10 +37,31 @@ pub type NrpLocations = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 pub enum LogicError {
     #[error(transparent)]
     Guest(#[from] GuestError),
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
     #[error("the logic refuses the configuration: {reason} ({field}): {message}")]
     ConfigRefused { field: String, reason: String, message: String },
     #[error("the tracker was called before it was started")]
     NotStarted,
+    #[error("this reconciler cannot swap its logic")]
+    SwapUnsupported,
+    #[error("no component is known by the name {0:?} (a path needs a `/` or the `.wasm` ending)")]
+    UnknownComponent(String),
+    #[error("{path}: cannot read the component: {source}")]
+    ReadComponent {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The result of a `swap` step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SwapResult {
+    /// The new version serves; the text says what moved.
+    Accepted(String),
+    /// The old version keeps serving; the text says why.
+    Refused(String),
 }
 
 /// The reconcile logic as the simulator drives it: the guest's `tracker`, through whichever
@@ -50,50 +73,90 @@ pub trait Reconciler {
     fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError>;
     fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError>;
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError>;
+    /// Replaces the logic, keeping the state. An error aborts the run (the scenario names what
+    /// cannot be found); a refusal is a result, checked against the step's `expect`.
+    fn swap(&mut self, _now_ms: u64, _component: &ComponentSource) -> Result<SwapResult, LogicError> {
+        Err(LogicError::SwapUnsupported)
+    }
+    /// The inputs dropped because the logic trapped on them, since the last call.
+    fn take_quarantined(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
-/// The component: a new session (a new instance, as a restarted process has) per start.
+/// The component behind a [`Supervisor`]: a new instance (as a restarted process has) per
+/// start, trap recovery, and swaps to the built-in logic, to files, or to components the caller
+/// registered by name (the test guests).
 pub struct ComponentReconciler<'a> {
-    logic: &'a Logic,
-    running: Option<(Session, ResourceAny)>,
+    supervisor: Supervisor<'a>,
+    runtime: Option<&'a Runtime>,
+    named: BTreeMap<String, &'a [u8]>,
 }
 
 impl<'a> ComponentReconciler<'a> {
     pub fn new(logic: &'a Logic) -> Self {
-        Self { logic, running: None }
+        Self { supervisor: Supervisor::new(logic), runtime: None, named: BTreeMap::new() }
     }
 
-    fn running(&mut self) -> Result<(&mut Session, ResourceAny), LogicError> {
-        let (session, tracker) = self.running.as_mut().ok_or(LogicError::NotStarted)?;
-        Ok((session, *tracker))
+    /// Lets `swap` steps load components with `runtime`; `named` are the names besides
+    /// `builtin` that a scenario may give instead of a path.
+    pub fn with_components(mut self, runtime: &'a Runtime, named: BTreeMap<String, &'a [u8]>) -> Self {
+        self.runtime = Some(runtime);
+        self.named = named;
+        self
+    }
+
+    pub fn supervisor(&mut self) -> &mut Supervisor<'a> {
+        &mut self.supervisor
     }
 }
 
 impl Reconciler for ComponentReconciler<'_> {
     fn start(&mut self, config: &wit::Config) -> Result<(), LogicError> {
-        let mut session = self.logic.session()?;
-        let tracker = session.tracker_create(config)?.map_err(|e| LogicError::ConfigRefused {
-            field: e.field,
-            reason: e.reason,
-            message: e.message,
-        })?;
-        self.running = Some((session, tracker));
-        Ok(())
+        self.supervisor.start(config).map_err(|e| match e {
+            SupervisorError::ConfigRefused { field, reason, message } => {
+                LogicError::ConfigRefused { field, reason, message }
+            }
+            other => other.into(),
+        })
     }
 
     fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError> {
-        let (session, tracker) = self.running()?;
-        Ok(session.tracker_observe(tracker, now_ms, batch)?)
+        Ok(self.supervisor.observe(now_ms, batch)?)
     }
 
     fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError> {
-        let (session, tracker) = self.running()?;
-        Ok(session.tracker_complete(tracker, now_ms, results)?)
+        Ok(self.supervisor.complete(now_ms, results)?)
     }
 
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError> {
-        let (session, tracker) = self.running()?;
-        Ok(session.tracker_tick(tracker, now_ms)?)
+        Ok(self.supervisor.tick(now_ms)?)
+    }
+
+    fn swap(&mut self, now_ms: u64, component: &ComponentSource) -> Result<SwapResult, LogicError> {
+        let runtime = self.runtime.ok_or(LogicError::SwapUnsupported)?;
+        let bytes: Vec<u8> = match component {
+            ComponentSource::Builtin => crate::BUILTIN_GUEST.to_vec(),
+            ComponentSource::Named(name) => {
+                self.named.get(name).ok_or_else(|| LogicError::UnknownComponent(name.clone()))?.to_vec()
+            }
+            ComponentSource::File(path) => std::fs::read(path)
+                .map_err(|source| LogicError::ReadComponent { path: path.display().to_string(), source })?,
+        };
+        let limits = self.supervisor.logic().limits();
+        match self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms) {
+            Ok(report) => Ok(SwapResult::Accepted(report.to_string())),
+            Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
+            Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),
+        }
+    }
+
+    fn take_quarantined(&mut self) -> Vec<String> {
+        self.supervisor
+            .take_quarantined()
+            .into_iter()
+            .map(|q| format!("{} (on {}): {}", q.input.describe(), q.version, q.error))
+            .collect()
     }
 }
 
@@ -142,6 +205,9 @@ pub struct StepReport {
     pub commands: Vec<CommandRecord>,
     /// Emulator requests a fault answered.
     pub faults_hit: Vec<String>,
+    /// Inputs the logic trapped on, dropped so that the rest could go on.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub quarantined: Vec<String>,
     pub checks: Vec<Check>,
 }
 
@@ -210,6 +276,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
             at_ms: sim.now,
             commands: Vec::new(),
             faults_hit: Vec::new(),
+            quarantined: Vec::new(),
             checks: Vec::new(),
         };
         let cluster_error =
@@ -239,6 +306,15 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
                 sim.settle(within).map(|check| report.checks.push(check))
             }
             Step::Restart => sim.restart(&scenario.config),
+            Step::Swap(swap) => sim.logic.swap(sim.now, &swap.component).map(|result| {
+                let (accepted, text) = match &result {
+                    SwapResult::Accepted(what) => (true, format!("accepted: {what}")),
+                    SwapResult::Refused(why) => (false, format!("refused: {why}")),
+                };
+                let ok = accepted == (swap.expect == SwapExpect::Accepted);
+                let detail = (!ok).then(|| format!("expected it {}", swap.expect));
+                report.checks.push(Check { what: format!("swap to {}: {text}", swap.component), ok, detail });
+            }),
             Step::Expect(expectation) => {
                 report.checks = sim.expect(expectation);
                 Ok(())
@@ -246,6 +322,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         };
         report.commands = std::mem::take(&mut sim.records);
         report.faults_hit = sim.faults_since(requests_before);
+        report.quarantined = sim.logic.take_quarantined();
         steps.push(report);
         aborted = result.err();
     }
@@ -699,6 +776,9 @@ pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io:
         }
         for fault in &step.faults_hit {
             writeln!(out, "      fault hit: {fault}")?;
+        }
+        for input in &step.quarantined {
+            writeln!(out, "      quarantined: {input}")?;
         }
         for check in &step.checks {
             let mark = if check.ok { "✓" } else { "✗" };

@@ -6,4 +6,5 @@ mod azure;
 mod cli;
 mod sandbox;
 mod scenarios;
+mod supervisor;
 mod tracker;

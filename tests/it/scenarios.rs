@@ -15,7 +15,7 @@ use std::time::Duration;
 
 fn run_component(path: &std::path::Path) -> ScenarioReport {
     let scenario = scenario::read(path).unwrap_or_else(|e| panic!("{e}"));
-    simulate::run(&scenario, &mut ComponentReconciler::new(builtin())).unwrap_or_else(|e| panic!("{e}"))
+    simulate::run(&scenario, &mut component_reconciler()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn rendered(report: &ScenarioReport) -> String {
@@ -34,11 +34,16 @@ fn every_scenario_holds_under_the_component() {
     }
 }
 
+/// The native library has one version and cannot swap: a scenario with a `swap` step is
+/// compared up to it.
 #[test]
 fn the_native_library_issues_the_same_command_stream_as_the_component_on_every_scenario() {
     for path in scenario_files() {
-        let scenario = scenario::read(&path).unwrap();
-        let component = simulate::run(&scenario, &mut ComponentReconciler::new(builtin())).unwrap();
+        let mut scenario = scenario::read(&path).unwrap();
+        if let Some(first) = scenario.steps.iter().position(|s| matches!(s, scenario::Step::Swap(_))) {
+            scenario.steps.truncate(first);
+        }
+        let component = simulate::run(&scenario, &mut component_reconciler()).unwrap();
         let native = simulate::run(&scenario, &mut NativeReconciler::default()).unwrap();
         assert!(!component.command_stream().is_empty(), "{}", path.display());
         assert_eq!(component.command_stream(), native.command_stream(), "{}", path.display());

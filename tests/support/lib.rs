@@ -1,5 +1,5 @@
 //! What the integration tests and the benchmarks share: one runtime per process, the built-in
-//! and hostile guests, fixture paths, and the WIT → logic conversion of the differential runs.
+//! and test guests, fixture paths, and the WIT → logic conversion of the differential runs.
 
 use clb_guest::model;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
@@ -10,6 +10,19 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 pub const HOSTILE_GUEST: &[u8] = include_bytes!(env!("CLB_HOSTILE_GUEST"));
+/// The second version of the logic (`tests/next-guest`): state version 2, one extra rule, a trap
+/// trigger.
+pub const NEXT_GUEST: &[u8] = include_bytes!(env!("CLB_NEXT_GUEST"));
+
+/// The test guests by the names scenarios give them in `swap` steps.
+pub fn test_guests() -> std::collections::BTreeMap<String, &'static [u8]> {
+    [("next-guest".to_owned(), NEXT_GUEST), ("hostile-guest".to_owned(), HOSTILE_GUEST)].into_iter().collect()
+}
+
+/// The built-in logic behind a supervisor that can swap to the test guests.
+pub fn component_reconciler() -> clb_host::simulate::ComponentReconciler<'static> {
+    clb_host::simulate::ComponentReconciler::new(builtin()).with_components(runtime(), test_guests())
+}
 
 /// One engine per process, as in production.
 pub fn runtime() -> &'static Runtime {

@@ -1,0 +1,642 @@
+//! The supervisor: owns the running logic (a [`Session`] and its tracker) and keeps its state
+//! safe across traps and version changes (design §2 invariant 5, §7).
+//!
+//! * **Checkpoints and the journal.** The supervisor keeps the last `export-state` of the
+//!   tracker and every input delivered since (observations and completions with their `now`,
+//!   ticks). A checkpoint is taken every [`CheckpointPolicy::every_inputs`] inputs or when the
+//!   journal holds [`CheckpointPolicy::journal_items`] observations and outcomes, whichever
+//!   comes first.
+//! * **Trap recovery.** When a call traps (a panic, exhausted fuel, the deadline, the memory
+//!   cap), the instance is dropped — wasmtime leaves it unusable — and a fresh instance of the
+//!   same logic imports the checkpoint and replays the journal. The guest is deterministic, so
+//!   the rebuilt tracker is the one that was lost; what the replay issues again was already
+//!   handed out and is discarded. Then the failed input is delivered again one observation (or
+//!   outcome) at a time, so that only the parts that trap are lost: each is *quarantined* —
+//!   logged, counted and kept for [`Supervisor::take_quarantined`] — and the caller gets a
+//!   normal [`wit::Step`] with whatever the rest produced. [`ROLLBACK_AFTER`] quarantined inputs
+//!   in a row on a version that came from a swap roll back to the previous version.
+//! * **Hot swap.** [`Supervisor::swap`] moves the state of the running version into a new one
+//!   (old `export-state` → new `import-state`), requires that the new version export a state
+//!   version no older than the one it imported (else it would lose state), and runs a
+//!   self-check: a `tick` of the new version at the current time must propose no destructive
+//!   command that a `tick` of the old one would not. Both ticks run on scratch instances, so
+//!   neither tracker that serves is touched by them. Only then does it switch; on any failure
+//!   the old version keeps serving, untouched, and the reason is a [`SupervisorError`].
+//!
+//! Every method takes `&mut self`, so no input can interleave with a swap or a recovery: an
+//! input that arrives meanwhile waits for the call to return, and is then delivered to
+//! whichever version is serving.
+
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::{GuestError, Limits, LoadError, Logic, Runtime, Session};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::ops::Deref;
+use std::time::{Duration, Instant};
+use wasmtime::component::ResourceAny;
+
+/// Quarantined inputs in a row, on a version that came from a swap, that roll it back.
+pub const ROLLBACK_AFTER: u32 = 3;
+/// Inputs a swapped-in version serves before the previous one is released; until then a
+/// rollback replays them into the previous version.
+pub const PROBATION_INPUTS: usize = 1_000;
+
+/// When the supervisor replaces its checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointPolicy {
+    /// After this many inputs.
+    pub every_inputs: usize,
+    /// Or once the journal holds this many observations and outcomes.
+    pub journal_items: usize,
+}
+
+impl Default for CheckpointPolicy {
+    /// A first choice, not yet measured: bounds the replay after a trap to 64 inputs (or 4,096
+    /// observations and outcomes). The cost of a checkpoint on a 1,000-node cluster still has to
+    /// be measured (issue 7) to tune it.
+    fn default() -> Self {
+        Self { every_inputs: 64, journal_items: 4_096 }
+    }
+}
+
+/// Why the supervisor could not do what it was asked. The swap variants leave the old version
+/// serving, untouched.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("the tracker was called before it was started")]
+    NotStarted,
+    #[error("the logic refuses the configuration: {reason} ({field}): {message}")]
+    ConfigRefused { field: String, reason: String, message: String },
+    #[error("{stage}: {source}")]
+    Guest {
+        stage: &'static str,
+        #[source]
+        source: GuestError,
+    },
+    #[error("{stage}: the logic refuses the state of version {version}: {reason}")]
+    StateRefused { stage: &'static str, version: u32, reason: String },
+    #[error("swap refused: the new component cannot be loaded: {0}")]
+    SwapLoad(#[source] LoadError),
+    #[error(
+        "swap refused: the new version imported state version {imported} but exports version {exported}, so it would lose state"
+    )]
+    SwapStateRegression { imported: u32, exported: u32 },
+    #[error("swap refused: at the self-check tick the new version proposes what the old one does not: {}", destructive.join("; "))]
+    SwapSelfCheck { destructive: Vec<String> },
+}
+
+impl SupervisorError {
+    /// A short label for counters and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SupervisorError::NotStarted => "not-started",
+            SupervisorError::ConfigRefused { .. } => "config-refused",
+            SupervisorError::Guest { .. } => "trap",
+            SupervisorError::StateRefused { .. } => "state-refused",
+            SupervisorError::SwapLoad(_) => "load",
+            SupervisorError::SwapStateRegression { .. } => "state-regression",
+            SupervisorError::SwapSelfCheck { .. } => "self-check",
+        }
+    }
+}
+
+fn guest(stage: &'static str) -> impl FnOnce(GuestError) -> SupervisorError {
+    move |source| SupervisorError::Guest { stage, source }
+}
+
+fn state_refused(stage: &'static str, version: u32, error: &wit::StateError) -> SupervisorError {
+    let reason = match error {
+        wit::StateError::UnsupportedVersion(v) => format!("unsupported state version {v}"),
+        wit::StateError::Corrupt(why) => format!("corrupt: {why}"),
+        wit::StateError::InvalidConfig(e) => {
+            format!("configuration refused: {} ({}): {}", e.reason, e.field, e.message)
+        }
+    };
+    SupervisorError::StateRefused { stage, version, reason }
+}
+
+/// A logic version the supervisor runs: borrowed (the built-in logic, loaded once) or owned (one
+/// loaded for a swap).
+pub enum LogicRef<'a> {
+    Borrowed(&'a Logic),
+    Owned(Box<Logic>),
+}
+
+impl Deref for LogicRef<'_> {
+    type Target = Logic;
+    fn deref(&self) -> &Logic {
+        match self {
+            LogicRef::Borrowed(logic) => logic,
+            LogicRef::Owned(logic) => logic,
+        }
+    }
+}
+
+impl<'a> From<&'a Logic> for LogicRef<'a> {
+    fn from(logic: &'a Logic) -> Self {
+        LogicRef::Borrowed(logic)
+    }
+}
+
+impl From<Logic> for LogicRef<'_> {
+    fn from(logic: Logic) -> Self {
+        LogicRef::Owned(Box::new(logic))
+    }
+}
+
+/// A logic version's name in logs and reports: the start of its sha256.
+pub fn version_name(logic: &Logic) -> String {
+    logic.info().sha256.chars().take(12).collect()
+}
+
+/// One input to the tracker, as the journal keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Input {
+    Observe { now_ms: u64, batch: Vec<wit::Observation> },
+    Complete { now_ms: u64, results: Vec<(u64, wit::Outcome)> },
+    Tick { now_ms: u64 },
+}
+
+impl Input {
+    /// Observations or outcomes it carries (a tick counts as one).
+    fn items(&self) -> usize {
+        match self {
+            Input::Observe { batch, .. } => batch.len().max(1),
+            Input::Complete { results, .. } => results.len().max(1),
+            Input::Tick { .. } => 1,
+        }
+    }
+
+    /// The same input one observation or outcome at a time.
+    fn split(&self) -> Vec<Input> {
+        match self {
+            Input::Observe { now_ms, batch } => {
+                batch.iter().map(|o| Input::Observe { now_ms: *now_ms, batch: vec![o.clone()] }).collect()
+            }
+            Input::Complete { now_ms, results } => {
+                results.iter().map(|r| Input::Complete { now_ms: *now_ms, results: vec![r.clone()] }).collect()
+            }
+            Input::Tick { .. } => vec![self.clone()],
+        }
+    }
+
+    /// One line for logs and reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Input::Observe { now_ms, batch } => {
+                let what: Vec<String> = batch.iter().map(describe_observation).collect();
+                format!("observe at {now_ms}ms: {}", what.join(", "))
+            }
+            Input::Complete { now_ms, results } => {
+                let ids: Vec<String> = results.iter().map(|(id, _)| format!("#{id}")).collect();
+                format!("complete at {now_ms}ms: {}", ids.join(", "))
+            }
+            Input::Tick { now_ms } => format!("tick at {now_ms}ms"),
+        }
+    }
+}
+
+fn describe_observation(observation: &wit::Observation) -> String {
+    match observation {
+        wit::Observation::ServiceUpserted(s) => format!("Service {}/{}", s.namespace, s.name),
+        wit::Observation::ServiceDeleted((ns, name)) => format!("Service {ns}/{name} deleted"),
+        wit::Observation::SliceUpserted(s) => format!("EndpointSlice {}/{}", s.namespace, s.name),
+        wit::Observation::SliceDeleted((ns, name)) => format!("EndpointSlice {ns}/{name} deleted"),
+        wit::Observation::NodeUpserted(n) => format!("Node {}", n.name),
+        wit::Observation::NodeDeleted(name) => format!("Node {name} deleted"),
+        wit::Observation::ListsComplete => "lists-complete".into(),
+    }
+}
+
+/// An input that trapped and was dropped so the rest could go on.
+#[derive(Clone, Debug)]
+pub struct Quarantined {
+    pub input: Input,
+    /// The version it trapped on.
+    pub version: String,
+    pub error: String,
+}
+
+/// What a swap did.
+#[derive(Clone, Debug, Serialize)]
+pub struct SwapReport {
+    pub from: String,
+    pub to: String,
+    /// State version and size, as the old version exported it and as the new one re-exports it.
+    pub state_from: (u32, usize),
+    pub state_to: (u32, usize),
+    /// The whole swap, and the part of it spent exporting, importing and re-exporting state.
+    #[serde(skip)]
+    pub took: Duration,
+    #[serde(skip)]
+    pub state_move: Duration,
+}
+
+impl std::fmt::Display for SwapReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} → {}, state v{} ({} bytes) → v{} ({} bytes)",
+            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0, self.state_to.1
+        )
+    }
+}
+
+/// What the supervisor has done, for metrics.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SupervisorStats {
+    pub inputs: u64,
+    pub recoveries: u64,
+    pub quarantined: u64,
+    pub checkpoints: u64,
+    pub last_checkpoint_bytes: usize,
+    #[serde(skip)]
+    pub checkpoint_time: Duration,
+    /// Swaps by result: `accepted` or the refusal's [`SupervisorError::kind`].
+    pub swaps: BTreeMap<&'static str, u64>,
+    pub rollbacks: u64,
+    pub rollbacks_failed: u64,
+}
+
+struct Running {
+    session: Session,
+    tracker: ResourceAny,
+}
+
+impl Running {
+    fn call(&mut self, input: &Input) -> Result<wit::Step, GuestError> {
+        match input {
+            Input::Observe { now_ms, batch } => self.session.tracker_observe(self.tracker, *now_ms, batch),
+            Input::Complete { now_ms, results } => self.session.tracker_complete(self.tracker, *now_ms, results),
+            Input::Tick { now_ms } => self.session.tracker_tick(self.tracker, *now_ms),
+        }
+    }
+
+    /// A fresh instance of `logic` holding `state`, with `journal` replayed into it.
+    fn rebuild(
+        logic: &Logic,
+        config: &wit::Config,
+        state: &wit::VersionedState,
+        journal: &[Input],
+    ) -> Result<Self, SupervisorError> {
+        let mut session = logic.session().map_err(guest("instantiating"))?;
+        let tracker = session
+            .tracker_import(config, state)
+            .map_err(guest("import-state"))?
+            .map_err(|e| state_refused("import-state", state.version, &e))?;
+        let mut running = Running { session, tracker };
+        for input in journal {
+            // What the replay issues was handed out the first time: it is dropped.
+            running.call(input).map_err(guest("replaying the journal"))?;
+        }
+        Ok(running)
+    }
+}
+
+/// The version a swap replaced, kept ready for a rollback while the new one is on probation.
+struct Probation<'a> {
+    previous: LogicRef<'a>,
+    /// The state the previous version exported at the swap.
+    state: wit::VersionedState,
+    /// Every input the new version took since.
+    journal: Vec<Input>,
+}
+
+/// Owns the running logic; see the module documentation.
+pub struct Supervisor<'a> {
+    logic: LogicRef<'a>,
+    config: Option<wit::Config>,
+    running: Option<Running>,
+    checkpoint: wit::VersionedState,
+    journal: Vec<Input>,
+    journal_items: usize,
+    probation: Option<Probation<'a>>,
+    policy: CheckpointPolicy,
+    failures_in_a_row: u32,
+    /// `wake-at-ms` and `idle` of the last step: what a quarantined input leaves unchanged.
+    last_wake: Option<u64>,
+    last_idle: bool,
+    quarantined: Vec<Quarantined>,
+    stats: SupervisorStats,
+}
+
+impl<'a> Supervisor<'a> {
+    pub fn new(logic: impl Into<LogicRef<'a>>) -> Self {
+        Self::with_policy(logic, CheckpointPolicy::default())
+    }
+
+    pub fn with_policy(logic: impl Into<LogicRef<'a>>, policy: CheckpointPolicy) -> Self {
+        Self {
+            logic: logic.into(),
+            config: None,
+            running: None,
+            checkpoint: wit::VersionedState { version: 0, payload: Vec::new() },
+            journal: Vec::new(),
+            journal_items: 0,
+            probation: None,
+            policy,
+            failures_in_a_row: 0,
+            last_wake: None,
+            last_idle: false,
+            quarantined: Vec::new(),
+            stats: SupervisorStats::default(),
+        }
+    }
+
+    /// The version serving now.
+    pub fn logic(&self) -> &Logic {
+        &self.logic
+    }
+
+    pub fn stats(&self) -> &SupervisorStats {
+        &self.stats
+    }
+
+    /// The inputs quarantined since the last call.
+    pub fn take_quarantined(&mut self) -> Vec<Quarantined> {
+        std::mem::take(&mut self.quarantined)
+    }
+
+    /// A fresh tracker with empty state (at start and on every restart). The version serving
+    /// keeps serving; a pending rollback is forgotten, as the state it would replay is gone.
+    pub fn start(&mut self, config: &wit::Config) -> Result<(), SupervisorError> {
+        self.running = None;
+        self.probation = None;
+        let mut session = self.logic.session().map_err(guest("instantiating"))?;
+        let tracker = session
+            .tracker_create(config)
+            .map_err(guest("tracker.create"))?
+            .map_err(|e| SupervisorError::ConfigRefused { field: e.field, reason: e.reason, message: e.message })?;
+        self.config = Some(config.clone());
+        self.running = Some(Running { session, tracker });
+        self.failures_in_a_row = 0;
+        self.checkpoint_now()
+    }
+
+    pub fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, SupervisorError> {
+        self.deliver(Input::Observe { now_ms, batch: batch.to_vec() })
+    }
+
+    pub fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, SupervisorError> {
+        self.deliver(Input::Complete { now_ms, results: results.to_vec() })
+    }
+
+    pub fn tick(&mut self, now_ms: u64) -> Result<wit::Step, SupervisorError> {
+        self.deliver(Input::Tick { now_ms })
+    }
+
+    /// The tracker's state now (a checkpoint is taken to read it).
+    pub fn export_state(&mut self) -> Result<wit::VersionedState, SupervisorError> {
+        self.checkpoint_now()?;
+        Ok(self.checkpoint.clone())
+    }
+
+    fn deliver(&mut self, input: Input) -> Result<wit::Step, SupervisorError> {
+        let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
+        match running.call(&input) {
+            Ok(step) => {
+                self.accept(input, &step)?;
+                Ok(step)
+            }
+            Err(error) => self.recover(input, error),
+        }
+    }
+
+    /// Journals a delivered input; checkpoints when the policy says so.
+    fn accept(&mut self, input: Input, step: &wit::Step) -> Result<(), SupervisorError> {
+        self.stats.inputs += 1;
+        self.failures_in_a_row = 0;
+        self.last_wake = step.wake_at_ms;
+        self.last_idle = step.idle;
+        self.journal_items += input.items();
+        if let Some(probation) = &mut self.probation {
+            probation.journal.push(input.clone());
+            if probation.journal.len() >= PROBATION_INPUTS {
+                tracing::info!(version = %version_name(&self.logic), "swapped-in version served its probation; the previous one is released");
+                self.probation = None;
+            }
+        }
+        self.journal.push(input);
+        if self.journal.len() >= self.policy.every_inputs || self.journal_items >= self.policy.journal_items {
+            self.checkpoint_now()?;
+        }
+        Ok(())
+    }
+
+    /// Replaces the checkpoint with the state now and empties the journal.
+    fn checkpoint_now(&mut self) -> Result<(), SupervisorError> {
+        let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
+        let started = Instant::now();
+        match running.session.tracker_export(running.tracker) {
+            Ok(state) => {
+                self.stats.checkpoints += 1;
+                self.stats.last_checkpoint_bytes = state.payload.len();
+                self.stats.checkpoint_time += started.elapsed();
+                self.checkpoint = state;
+                self.journal.clear();
+                self.journal_items = 0;
+                Ok(())
+            }
+            Err(error) => {
+                // The old checkpoint and the journal still describe the state: rebuild from them
+                // and try again at the next input.
+                tracing::warn!(version = %version_name(&self.logic), %error, "checkpoint failed; rebuilding from the previous one");
+                self.stats.recoveries += 1;
+                self.rebuild()
+            }
+        }
+    }
+
+    fn rebuild(&mut self) -> Result<(), SupervisorError> {
+        self.running = None;
+        let config = self.config.as_ref().ok_or(SupervisorError::NotStarted)?;
+        self.running = Some(Running::rebuild(&self.logic, config, &self.checkpoint, &self.journal)?);
+        Ok(())
+    }
+
+    /// After `input` trapped: rebuild, then deliver it piece by piece, quarantining what traps.
+    fn recover(&mut self, input: Input, error: GuestError) -> Result<wit::Step, SupervisorError> {
+        self.stats.recoveries += 1;
+        tracing::warn!(version = %version_name(&self.logic), input = %input.describe(), %error, "the logic trapped; rebuilding it from its checkpoint");
+        self.rebuild()?;
+        let parts = input.split();
+        let mut step = wit::Step { commands: Vec::new(), wake_at_ms: self.last_wake, idle: self.last_idle };
+        if parts.len() <= 1 {
+            self.quarantine(input, &error)?;
+        } else {
+            for part in parts {
+                let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
+                match running.call(&part) {
+                    Ok(part_step) => {
+                        self.accept(part.clone(), &part_step)?;
+                        step.commands.extend(part_step.commands);
+                        step.wake_at_ms = part_step.wake_at_ms;
+                        step.idle = part_step.idle;
+                    }
+                    Err(error) => {
+                        self.stats.recoveries += 1;
+                        self.rebuild()?;
+                        self.quarantine(part, &error)?;
+                    }
+                }
+            }
+        }
+        Ok(step)
+    }
+
+    fn quarantine(&mut self, input: Input, error: &GuestError) -> Result<(), SupervisorError> {
+        let version = version_name(&self.logic);
+        tracing::error!(%version, input = %input.describe(), %error, "input quarantined: the logic traps on it");
+        self.stats.quarantined += 1;
+        self.quarantined.push(Quarantined { input, version, error: error.to_string() });
+        self.failures_in_a_row += 1;
+        if self.failures_in_a_row >= ROLLBACK_AFTER && self.probation.is_some() {
+            self.rollback();
+        }
+        Ok(())
+    }
+
+    /// Back to the version the last swap replaced: its state at the swap, and every input since
+    /// (but the quarantined ones) replayed into it. On failure the current version stays.
+    fn rollback(&mut self) {
+        let Some(probation) = self.probation.take() else { return };
+        let Some(config) = self.config.as_ref() else { return };
+        let (from, to) = (version_name(&self.logic), version_name(&probation.previous));
+        match Running::rebuild(&probation.previous, config, &probation.state, &probation.journal) {
+            Ok(running) => {
+                tracing::error!(%from, %to, failures = self.failures_in_a_row, "rolled back to the previous version");
+                self.stats.rollbacks += 1;
+                self.logic = probation.previous;
+                self.running = Some(running);
+                self.checkpoint = probation.state;
+                self.journal_items = probation.journal.iter().map(Input::items).sum();
+                self.journal = probation.journal;
+                self.failures_in_a_row = 0;
+            }
+            Err(error) => {
+                tracing::error!(%from, %to, %error, "rolling back failed; the current version keeps serving");
+                self.stats.rollbacks_failed += 1;
+            }
+        }
+    }
+
+    /// Loads `bytes` (checked and compiled by [`Runtime::load`]) and swaps to it.
+    pub fn swap_bytes(
+        &mut self,
+        runtime: &Runtime,
+        bytes: &[u8],
+        limits: Limits,
+        now_ms: u64,
+    ) -> Result<SwapReport, SupervisorError> {
+        match runtime.load(bytes, limits) {
+            Ok(logic) => self.swap(logic, now_ms),
+            Err(error) => Err(self.refused(SupervisorError::SwapLoad(error))),
+        }
+    }
+
+    /// Moves the state into `new`, checks it, and switches; see the module documentation.
+    pub fn swap(&mut self, new: impl Into<LogicRef<'a>>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
+        let new = new.into();
+        let started = Instant::now();
+        match self.prepare_swap(&new, now_ms) {
+            Ok((running, state_from, state_to, state_move)) => {
+                let report = SwapReport {
+                    from: version_name(&self.logic),
+                    to: version_name(&new),
+                    state_from: (state_from.version, state_from.payload.len()),
+                    state_to: (state_to.version, state_to.payload.len()),
+                    took: started.elapsed(),
+                    state_move,
+                };
+                tracing::info!(swap = %report, took = ?report.took, "swapped the logic");
+                *self.stats.swaps.entry("accepted").or_default() += 1;
+                let previous = std::mem::replace(&mut self.logic, new);
+                self.probation = Some(Probation { previous, state: state_from, journal: Vec::new() });
+                self.running = Some(running);
+                self.checkpoint = state_to;
+                self.journal.clear();
+                self.journal_items = 0;
+                self.failures_in_a_row = 0;
+                Ok(report)
+            }
+            Err(error) => Err(self.refused(error)),
+        }
+    }
+
+    fn refused(&mut self, error: SupervisorError) -> SupervisorError {
+        tracing::warn!(kind = error.kind(), %error, "swap refused; the running version keeps serving");
+        *self.stats.swaps.entry(error.kind()).or_default() += 1;
+        error
+    }
+
+    /// Everything a swap does before switching, touching nothing that serves.
+    fn prepare_swap(
+        &mut self,
+        new: &Logic,
+        now_ms: u64,
+    ) -> Result<(Running, wit::VersionedState, wit::VersionedState, Duration), SupervisorError> {
+        let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
+        let move_started = Instant::now();
+        self.checkpoint_now()?;
+        let state = self.checkpoint.clone();
+        // The new version takes the state, and must give back a state at least as new.
+        let mut probe = Running::rebuild(new, &config, &state, &[])?;
+        let exported = probe.session.tracker_export(probe.tracker).map_err(guest("export-state (new version)"))?;
+        let state_move = move_started.elapsed();
+        if exported.version < state.version {
+            return Err(SupervisorError::SwapStateRegression { imported: state.version, exported: exported.version });
+        }
+        // The self-check, on scratch instances of both versions.
+        let new_tick = probe.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (new version)"))?;
+        let mut old = Running::rebuild(&self.logic, &config, &state, &[])?;
+        let old_tick = old.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (old version)"))?;
+        let mut allowed = destructive(&old_tick);
+        let extra: Vec<String> = destructive(&new_tick)
+            .into_iter()
+            .filter(|d| match allowed.iter().position(|a| a == d) {
+                Some(i) => {
+                    allowed.swap_remove(i);
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        if !extra.is_empty() {
+            return Err(SupervisorError::SwapSelfCheck { destructive: extra });
+        }
+        let running = Running::rebuild(new, &config, &state, &[])?;
+        Ok((running, state, exported, state_move))
+    }
+}
+
+/// The destructive parts of a step's commands, as comparable text: resources deleted, services
+/// unregistered or unlinked, addresses unbound and locations removed.
+fn destructive(step: &wit::Step) -> Vec<String> {
+    let mut found = Vec::new();
+    for issued in &step.commands {
+        match &issued.command {
+            wit::Command::DeleteResource(r) => found.push(format!("delete {:?} {}", r.kind, r.name)),
+            wit::Command::UpdateServices(u) => {
+                for s in &u.services {
+                    if s.is_delete {
+                        found.push(format!("unregister {}", s.name));
+                    } else if s.backend_pools.is_empty() {
+                        found.push(format!("unlink {}", s.name));
+                    }
+                }
+            }
+            wit::Command::UpdateAddressLocations(u) => {
+                for l in &u.locations {
+                    if l.addresses.is_empty() {
+                        found.push(format!("remove location {}", l.location));
+                    }
+                    for a in l.addresses.iter().filter(|a| a.services.is_empty()) {
+                        found.push(format!("unbind {} at {}", a.address, l.location));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    found
+}

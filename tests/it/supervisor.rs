@@ -1,0 +1,204 @@
+//! The supervisor: a trap costs only the input that trapped, repeated traps on a swapped-in
+//! version roll it back, and a swap that cannot be trusted is refused with the old version
+//! serving and its state intact.
+
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_host::sandbox::{Limits, LoadError, Logic};
+use clb_host::scenario;
+use clb_host::simulate;
+use clb_host::supervisor::{CheckpointPolicy, Supervisor, SupervisorError, version_name};
+use clb_tests::*;
+use std::sync::OnceLock;
+
+fn next() -> &'static Logic {
+    static LOGIC: OnceLock<Logic> = OnceLock::new();
+    LOGIC.get_or_init(|| runtime().load(NEXT_GUEST, Limits::default()).expect("the next guest loads"))
+}
+
+fn node(name: &str, ip: &str) -> wit::Observation {
+    wit::Observation::NodeUpserted(wit::Node { name: name.into(), internal_ips: vec![ip.into()] })
+}
+
+/// A LoadBalancer Service; `uid` is a UUID's last digits. The next guest traps on `boom*`.
+fn service(name: &str, uid: u32) -> wit::Observation {
+    let mut service = read_service("etp-local.yaml");
+    service.name = name.into();
+    service.uid = format!("6a1f0c8e-2b3d-4e5f-8a9b-{uid:012}");
+    if name.starts_with("boom") {
+        service.annotations.push(("clb.test/panic-on-observe".into(), "true".into()));
+    }
+    wit::Observation::ServiceUpserted(service)
+}
+
+fn slice(service_name: &str, uid: u32, address: &str, node: &str) -> wit::Observation {
+    wit::Observation::SliceUpserted(wit::EndpointSlice {
+        namespace: read_service("etp-local.yaml").namespace,
+        name: format!("{service_name}-abc"),
+        owner_service_uid: Some(format!("6a1f0c8e-2b3d-4e5f-8a9b-{uid:012}")),
+        address_type: "IPv4".into(),
+        endpoints: vec![wit::Endpoint {
+            addresses: vec![address.into()],
+            node_name: Some(node.into()),
+            ready: Some(true),
+        }],
+        deleting: false,
+    })
+}
+
+fn started(logic: &'static Logic, policy: CheckpointPolicy) -> Supervisor<'static> {
+    let mut supervisor = Supervisor::with_policy(logic, policy);
+    supervisor.start(&read_config("clb.yaml")).unwrap();
+    let mut issued = supervisor.observe(0, &[node("n1", "10.224.0.4"), node("n2", "10.224.0.5")]).unwrap().commands;
+    issued.extend(supervisor.observe(0, &[wit::Observation::ListsComplete]).unwrap().commands);
+    // The guest writes nothing before it has read NRP: answer its read with an empty NRP.
+    let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
+    let read: Vec<(u64, wit::Outcome)> = issued
+        .iter()
+        .filter(|i| i.command == wit::Command::ReadNrp)
+        .map(|i| (i.id, wit::Outcome::NrpSnapshot(empty.clone())))
+        .collect();
+    assert_eq!(read.len(), 1, "{issued:?}");
+    supervisor.complete(0, &read).unwrap();
+    supervisor
+}
+
+const SMALL: CheckpointPolicy = CheckpointPolicy { every_inputs: 2, journal_items: 100 };
+
+#[test]
+fn a_trap_in_the_middle_of_a_batch_loses_nothing_but_the_observation_that_trapped() {
+    let mut supervisor = started(next(), SMALL);
+    let mut reference = started(next(), SMALL);
+    for s in [&mut supervisor, &mut reference] {
+        s.observe(10, &[service("web", 1)]).unwrap();
+    }
+    let checkpoints_before = supervisor.stats().checkpoints;
+    let batch = [slice("web", 1, "10.244.1.10", "n1"), service("boom", 9), service("api", 2)];
+    let step = supervisor.observe(20, &batch).expect("the trap is recovered from");
+
+    let quarantined = supervisor.take_quarantined();
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    assert!(quarantined[0].input.describe().contains("Service shop/boom"), "{quarantined:?}");
+    assert!(quarantined[0].error.contains("asked to trap by service shop/boom"), "{quarantined:?}");
+    assert_eq!(supervisor.stats().recoveries, 2, "one rebuild for the batch, one for the observation");
+    assert!(supervisor.stats().checkpoints > checkpoints_before);
+
+    // The rest of the batch was delivered, one observation at a time: the same commands and the
+    // same state as a run that never saw the trapping Service.
+    let mut expected = reference.observe(20, &batch[..1]).unwrap().commands;
+    expected.extend(reference.observe(20, &batch[2..]).unwrap().commands);
+    assert!(!expected.is_empty());
+    assert_eq!(step.commands, expected);
+    assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap());
+    // And the next input is served normally.
+    let next_input = [slice("api", 2, "10.244.2.10", "n2")];
+    assert_eq!(supervisor.observe(30, &next_input).unwrap(), reference.observe(30, &next_input).unwrap());
+    assert!(supervisor.take_quarantined().is_empty());
+}
+
+#[test]
+fn three_traps_in_a_row_on_a_swapped_in_version_roll_back_to_the_previous_one() {
+    let mut supervisor = started(builtin(), CheckpointPolicy::default());
+    let mut reference = started(builtin(), CheckpointPolicy::default());
+    supervisor.swap(next(), 0).expect("the next guest is accepted");
+    assert_eq!(version_name(supervisor.logic()), version_name(next()));
+    supervisor.observe(5, &[service("web", 1)]).unwrap();
+    reference.observe(5, &[service("web", 1)]).unwrap();
+    for n in 0..3 {
+        supervisor.observe(10, &[service(&format!("boom-{n}"), 10 + n)]).unwrap();
+    }
+    assert_eq!(supervisor.stats().quarantined, 3);
+    assert_eq!(supervisor.stats().rollbacks, 1);
+    assert_eq!(version_name(supervisor.logic()), version_name(builtin()), "back on the built-in logic");
+    // The input the new version took before the traps was replayed into the old one.
+    let input = [service("api", 2)];
+    assert_eq!(supervisor.observe(20, &input).unwrap(), reference.observe(20, &input).unwrap());
+    let state = supervisor.export_state().unwrap();
+    assert_eq!(state.version, 1);
+    assert_eq!(state, reference.export_state().unwrap());
+}
+
+/// Swaps each refusal case on a supervisor, then proves the old version serves with its state.
+fn refused(start: &'static Logic, bytes: &[u8]) -> SupervisorError {
+    let mut supervisor = started(start, CheckpointPolicy::default());
+    supervisor.observe(5, &[service("web", 1), slice("web", 1, "10.244.1.10", "n1")]).unwrap();
+    let before = supervisor.export_state().unwrap();
+    let err = supervisor.swap_bytes(runtime(), bytes, Limits::default(), 10).expect_err("the swap is refused");
+    assert_eq!(version_name(supervisor.logic()), version_name(start), "{err}");
+    assert_eq!(supervisor.export_state().unwrap(), before, "{err}: the state is intact");
+    assert_eq!(supervisor.stats().swaps.get(err.kind()), Some(&1), "{err}: counted by result");
+    let step = supervisor.observe(20, &[service("api", 2)]).unwrap();
+    assert!(!step.commands.is_empty(), "{err}: the old version still serves");
+    err
+}
+
+#[test]
+fn a_swap_to_a_guest_that_would_drop_the_state_is_refused() {
+    let err = refused(builtin(), HOSTILE_GUEST);
+    assert!(matches!(err, SupervisorError::SwapStateRegression { imported: 1, exported: 0 }), "{err}");
+}
+
+#[test]
+fn a_swap_to_a_component_importing_wasi_is_refused_naming_the_import() {
+    let bytes = wat::parse_str(r#"(component (import "wasi:filesystem/preopens@0.2.0" (instance)))"#).unwrap();
+    let err = refused(builtin(), &bytes);
+    assert!(
+        matches!(&err, SupervisorError::SwapLoad(LoadError::ForbiddenImport { name }) if name == "wasi:filesystem/preopens@0.2.0"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_swap_to_a_corrupted_file_is_refused() {
+    let mut bytes = NEXT_GUEST.to_vec();
+    bytes.truncate(bytes.len() / 2);
+    let err = refused(builtin(), &bytes);
+    assert!(matches!(err, SupervisorError::SwapLoad(LoadError::Invalid(_))), "{err}");
+}
+
+#[test]
+fn a_swap_to_a_version_whose_import_state_refuses_the_state_is_refused() {
+    // The built-in logic reads state version 1 only; the next guest exports version 2.
+    let err = refused(next(), clb_host::BUILTIN_GUEST);
+    match err {
+        SupervisorError::StateRefused { version: 2, reason, .. } => {
+            assert!(reason.contains("unsupported state version 2"), "{reason}")
+        }
+        other => panic!("expected a refused state, got {other}"),
+    }
+}
+
+#[test]
+fn the_swap_scenario_ends_with_the_same_nrp_as_the_same_events_without_the_swaps() {
+    let path = scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
+    let with_swaps = scenario::read(&path).unwrap();
+    let report = simulate::run(&with_swaps, &mut component_reconciler()).unwrap();
+    let mut text = Vec::new();
+    simulate::render(&report, &mut text).unwrap();
+    let text = String::from_utf8(text).unwrap();
+    assert!(report.passed, "{text}");
+    assert!(
+        text.contains("swap to next-guest: accepted") && text.contains("state v1 (") && text.contains("→ v2 ("),
+        "{text}"
+    );
+    assert!(text.contains("swap to builtin: refused") && text.contains("unsupported state version 2"), "{text}");
+
+    let mut without = with_swaps.clone();
+    without.steps.retain(|s| !matches!(s, scenario::Step::Swap(_) | scenario::Step::Expect(_)));
+    let plain = simulate::run(&without, &mut component_reconciler()).unwrap();
+    assert_eq!(serde_json::to_value(&report.final_nrp).unwrap(), serde_json::to_value(&plain.final_nrp).unwrap());
+    assert!(!plain.final_nrp.locations.is_empty());
+}
+
+#[test]
+fn a_swap_step_expecting_the_wrong_result_fails_the_scenario() {
+    let path = scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("hostile-guest, expect: refused", "hostile-guest, expect: accepted");
+    let scenario = scenario::parse(&path, &text).unwrap();
+    let report = simulate::run(&scenario, &mut component_reconciler()).unwrap();
+    assert!(!report.passed);
+    let check = report.steps.iter().flat_map(|s| &s.checks).find(|c| !c.ok).unwrap();
+    assert!(check.what.contains("swap to hostile-guest: refused"), "{check:?}");
+    assert_eq!(check.detail.as_deref(), Some("expected it accepted"));
+}

@@ -1,0 +1,41 @@
+//! A second version of the logic, for the hot-swap and trap-recovery tests: the real tracker
+//! (the guest's own sources) wrapped so that it differs from the built-in logic in exactly three
+//! ways:
+//!
+//! * **state version 2**: an envelope around the version-1 payload plus one new field (the next
+//!   id of the commands this wrapper issues itself); it imports versions 1 and 2 and refuses
+//!   newer ones;
+//! * **one changed rule**: a Service carrying [`tracker::LEGACY_ANNOTATION`] gets an extra
+//!   Warning Event [`tracker::LEGACY_REASON`] each time it is observed;
+//! * **a trap trigger**: observing a Service carrying [`tracker::PANIC_ANNOTATION`] panics, so
+//!   the host's trap recovery can be tested on an input the real guest handles.
+//!
+//! Why the guest's modules are included by path rather than through the `clb-guest` crate: on
+//! `wasm32` that crate exports the `clb` world itself, and two crates exporting the same
+//! component functions cannot be linked into one module. Including the sources also reuses the
+//! real adapter (`component.rs`) unchanged, with this crate's `tracker` in place of the real one.
+//!
+//! `tests/wit` is a link to the workspace's `wit/`: the adapter names the WIT folder relative to
+//! its crate, as `../wit`.
+//!
+//! Never built into the product: only `tests/build.rs` builds it.
+
+#[path = "../../../guest/src/admission.rs"]
+pub mod admission;
+#[path = "../../../guest/src/config.rs"]
+pub mod config;
+#[path = "../../../guest/src/difftracker.rs"]
+pub mod difftracker;
+#[path = "../../../guest/src/ip.rs"]
+pub mod ip;
+#[path = "../../../guest/src/model.rs"]
+pub mod model;
+/// The real tracker, version 1 of the state.
+#[path = "../../../guest/src/tracker.rs"]
+pub mod v1;
+
+pub mod tracker;
+
+#[cfg(target_arch = "wasm32")]
+#[path = "../../../guest/src/component.rs"]
+mod component;

@@ -1,0 +1,101 @@
+//! The wrapper around the real tracker: what version 2 of the logic changes.
+
+use crate::config::{Config, ConfigError};
+use crate::model::{Command, Event, EventType, Issued, ObjectRef, Observation, Outcome, Step};
+use crate::v1;
+use serde::{Deserialize, Serialize};
+
+pub use crate::v1::StateError;
+
+/// The schema this version exports.
+pub const STATE_VERSION: u32 = 2;
+/// Services carrying it get a Warning Event on every observation (the changed rule).
+pub const LEGACY_ANNOTATION: &str = "clb.test/legacy";
+pub const LEGACY_REASON: &str = "LegacyAnnotation";
+/// Observing a Service carrying it panics (the trap trigger).
+pub const PANIC_ANNOTATION: &str = "clb.test/panic-on-observe";
+/// The wrapper's own command ids live above this bit, so they never meet the tracker's.
+const OWN_ID_BIT: u64 = 1 << 63;
+
+/// Version 2 of the state: the version-1 payload and the new field.
+#[derive(Serialize, Deserialize)]
+struct StateV2 {
+    v1: Vec<u8>,
+    next_own_id: u64,
+}
+
+pub struct Tracker {
+    inner: v1::Tracker,
+    next_own_id: u64,
+}
+
+impl Tracker {
+    pub fn create(config: Config) -> Result<Self, ConfigError> {
+        Ok(Self { inner: v1::Tracker::create(config)?, next_own_id: 0 })
+    }
+
+    pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
+        let mut warnings = Vec::new();
+        for observation in &batch {
+            let Observation::ServiceUpserted(service) = observation else { continue };
+            let has = |key: &str| service.annotations.iter().any(|(k, _)| k == key);
+            if has(PANIC_ANNOTATION) {
+                panic!("next guest: asked to trap by service {}/{}", service.namespace, service.name);
+            }
+            if has(LEGACY_ANNOTATION) {
+                warnings.push(ObjectRef {
+                    kind: "Service".into(),
+                    namespace: service.namespace.clone(),
+                    name: service.name.clone(),
+                    uid: service.uid.clone(),
+                });
+            }
+        }
+        let mut step = self.inner.observe(now_ms, batch);
+        for regarding in warnings {
+            let id = OWN_ID_BIT | self.next_own_id;
+            self.next_own_id += 1;
+            let event = Event {
+                regarding,
+                event_type: EventType::Warning,
+                reason: LEGACY_REASON.into(),
+                message: format!("the annotation {LEGACY_ANNOTATION} is ignored by this version"),
+            };
+            step.commands.push(Issued { id, command: Command::EmitEvent(event) });
+        }
+        step
+    }
+
+    pub fn complete(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>) -> Step {
+        // The outcomes of the wrapper's own Events change nothing.
+        let results = results.into_iter().filter(|(id, _)| id & OWN_ID_BIT == 0).collect();
+        self.inner.complete(now_ms, results)
+    }
+
+    pub fn tick(&mut self, now_ms: u64) -> Step {
+        self.inner.tick(now_ms)
+    }
+
+    pub fn export_state(&self) -> (u32, Vec<u8>) {
+        let (version, v1) = self.inner.export_state();
+        debug_assert_eq!(version, v1::STATE_VERSION);
+        let state = StateV2 { v1, next_own_id: self.next_own_id };
+        (STATE_VERSION, postcard::to_allocvec(&state).expect("plain data always encodes"))
+    }
+
+    /// Version 1 migrates by starting the new field at zero.
+    pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
+        match version {
+            v1::STATE_VERSION => {
+                Ok(Self { inner: v1::Tracker::import_state(config, version, payload)?, next_own_id: 0 })
+            }
+            STATE_VERSION => {
+                let state: StateV2 = postcard::from_bytes(payload)
+                    .map_err(|e| StateError::Corrupt(format!("state version {version}: {e}")))?;
+                let inner = v1::Tracker::import_state(config, v1::STATE_VERSION, &state.v1)?;
+                Ok(Self { inner, next_own_id: state.next_own_id })
+            }
+            other => Err(StateError::UnsupportedVersion(other)),
+        }
+    }
+}
