@@ -12,6 +12,7 @@
 #![deny(clippy::disallowed_types)]
 
 pub mod admission;
+pub mod backend_pools;
 pub mod config;
 pub mod difftracker;
 pub mod ip;

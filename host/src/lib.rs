@@ -8,6 +8,7 @@
 //! every rule a reviewer could argue about lives in the guest (`clb-guest`).
 
 pub mod azure;
+pub mod backend_pools;
 pub mod cli;
 pub mod cluster;
 pub mod emulator;

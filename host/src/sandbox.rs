@@ -24,6 +24,9 @@ pub mod bindings {
 }
 
 use bindings::clb::reconciler::types::{Config, ConfigError, Mode, Observation, Outcome, Step, VersionedState};
+use bindings::exports::clb::reconciler::backend_pools::{
+    GroupOutcome, GroupReport, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment,
+};
 use bindings::exports::clb::reconciler::validation::Verdict;
 use bindings::{Clb, ClbPre};
 
@@ -35,7 +38,7 @@ pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 1, 0);
 /// implicitly by interfaces that `use` it.
 pub const GRANTED_INTERFACES: &[&str] = &["diagnostics", "types"];
 /// Interfaces of [`PACKAGE`] a component must export.
-pub const REQUIRED_EXPORTS: &[&str] = &["validation", "reconciler"];
+pub const REQUIRED_EXPORTS: &[&str] = &["validation", "reconciler", "backend-pools"];
 
 /// How often the epoch advances; deadlines are rounded up to it.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -463,6 +466,51 @@ impl Session {
 
     pub fn tracker_export(&mut self, tracker: ResourceAny) -> Result<VersionedState, GuestError> {
         self.call("tracker.export-state", |b, s| b.clb_reconciler_reconciler().tracker().call_export_state(s, tracker))
+    }
+
+    pub fn pool_queue_create(&mut self, max_retries: u32) -> Result<ResourceAny, GuestError> {
+        self.call("pool-queue.create", |b, s| b.clb_reconciler_backend_pools().pool_queue().call_create(s, max_retries))
+    }
+
+    pub fn pool_queue_enqueue(&mut self, queue: ResourceAny, operations: &[PoolOperation]) -> Result<(), GuestError> {
+        self.call("pool-queue.enqueue", |b, s| {
+            b.clb_reconciler_backend_pools().pool_queue().call_enqueue(s, queue, operations)
+        })
+    }
+
+    pub fn pool_queue_remove_operations(&mut self, queue: ResourceAny, service: &str) -> Result<u32, GuestError> {
+        self.call("pool-queue.remove-operations", |b, s| {
+            b.clb_reconciler_backend_pools().pool_queue().call_remove_operations(s, queue, service)
+        })
+    }
+
+    pub fn pool_queue_status(&mut self, queue: ResourceAny, now_ms: u64) -> Result<QueueStatus, GuestError> {
+        self.call("pool-queue.status", |b, s| {
+            b.clb_reconciler_backend_pools().pool_queue().call_status(s, queue, now_ms)
+        })
+    }
+
+    pub fn pool_queue_drain_and_group(
+        &mut self,
+        queue: ResourceAny,
+        now_ms: u64,
+        assignment: &[ServiceAssignment],
+    ) -> Result<Vec<PoolGroup>, GuestError> {
+        self.call("pool-queue.drain-and-group", |b, s| {
+            b.clb_reconciler_backend_pools().pool_queue().call_drain_and_group(s, queue, now_ms, assignment)
+        })
+    }
+
+    pub fn pool_queue_report(
+        &mut self,
+        queue: ResourceAny,
+        now_ms: u64,
+        group: u64,
+        outcome: &GroupOutcome,
+    ) -> Result<Option<GroupReport>, GuestError> {
+        self.call("pool-queue.report", |b, s| {
+            b.clb_reconciler_backend_pools().pool_queue().call_report(s, queue, now_ms, group, outcome)
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod admission;
 mod azure;
+mod backend_pools;
 mod cli;
 mod sandbox;
 mod scenarios;

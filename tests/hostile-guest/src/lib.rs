@@ -13,6 +13,10 @@ wit_bindgen::generate!({ path: "../../wit", world: "clb" });
 use clb::reconciler::types::{
     Config, ConfigError, Mode, Observation, Outcome, Service, StateError, Step, VersionedState,
 };
+use exports::clb::reconciler::backend_pools::{
+    GroupOutcome, GroupReport, Guest as PoolsGuest, GuestPoolQueue, PoolGroup, PoolOperation, PoolQueue, QueueStatus,
+    ServiceAssignment,
+};
 use exports::clb::reconciler::reconciler::{Guest as ReconcilerGuest, GuestTracker, Tracker};
 use exports::clb::reconciler::validation::{Guest as ValidationGuest, Verdict};
 
@@ -73,5 +77,31 @@ impl GuestTracker for NoState {
     }
     fn import_state(_config: Config, _state: VersionedState) -> Result<Tracker, StateError> {
         Ok(Tracker::new(NoState))
+    }
+}
+
+/// A queue that forgets everything: the sandbox tests never call it.
+struct NoQueue;
+
+impl PoolsGuest for Hostile {
+    type PoolQueue = NoQueue;
+}
+
+impl GuestPoolQueue for NoQueue {
+    fn create(_max_retries: u32) -> PoolQueue {
+        PoolQueue::new(NoQueue)
+    }
+    fn enqueue(&self, _operations: Vec<PoolOperation>) {}
+    fn remove_operations(&self, _service: String) -> u32 {
+        0
+    }
+    fn status(&self, _now_ms: u64) -> QueueStatus {
+        QueueStatus { queued: 0, ready: false, wake_at_ms: None }
+    }
+    fn drain_and_group(&self, _now_ms: u64, _assignment: Vec<ServiceAssignment>) -> Vec<PoolGroup> {
+        Vec::new()
+    }
+    fn report(&self, _now_ms: u64, _group: u64, _outcome: GroupOutcome) -> Option<GroupReport> {
+        None
     }
 }

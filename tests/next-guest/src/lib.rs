@@ -22,6 +22,8 @@
 
 #[path = "../../../guest/src/admission.rs"]
 pub mod admission;
+#[path = "../../../guest/src/backend_pools.rs"]
+pub mod backend_pools;
 #[path = "../../../guest/src/config.rs"]
 pub mod config;
 #[path = "../../../guest/src/difftracker.rs"]

@@ -1,0 +1,794 @@
+//! The backend-pool updater's queue, grouping and retry policy (multi-SLB local-service mode;
+//! upstream §e, PR #10328, improved as design §5 and §i.3 say).
+//!
+//! Producers [`PoolQueue::enqueue`] node-IP changes for a Service's pool; a reconcile that moves
+//! a Service off a load balancer calls [`PoolQueue::remove_operations`]. The host's tick, after
+//! taking the service reconcile lock and the Azure resource lease, calls
+//! [`PoolQueue::drain_and_group`] with the Service→LB assignment the last reconcile wrote, writes
+//! each group's pool, and hands every outcome back through [`PoolQueue::report`].
+//!
+//! Improvements over upstream, each on purpose:
+//! * a group is the **net IP change** of its operations (for each IP the last operation naming
+//!   it decides), so add/remove pairs cost nothing and the host writes a pool only when the
+//!   change is not already there (§i.3 item 5, the direction of PR #10730);
+//! * groups come out sorted by key, not in map order (§i.3 item 6);
+//! * failures are classified (404 stale ⇒ dropped silently; 409/412/429 ⇒ requeued at the head
+//!   with a bounded budget, the pool parked until `Retry-After`; anything else ⇒ abandoned)
+//!   instead of all dropped (§i.3 item 1, DOC-10417);
+//! * Events go to every distinct Service of a group, not only the first (§i.3 item 2).
+//!
+//! Service names, load balancer names and pool names compare case-insensitively, as Kubernetes
+//! keys in upstream's map and ARM names do; IPs compare in canonical text.
+
+use crate::ip;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// Event reason when a group's pool was written.
+pub const REASON_UPDATED: &str = "LoadBalancerBackendPoolUpdated";
+/// Event reason when a group failed and was requeued.
+pub const REASON_RETRYING: &str = "LoadBalancerBackendPoolUpdateRetrying";
+/// Event reason when a group failed for good.
+pub const REASON_FAILED: &str = "LoadBalancerBackendPoolUpdateFailed";
+/// The default retry budget (upstream's `loadBalancerBackendPoolUpdateMaxRetries`, DOC-10417).
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
+
+/// Whether an operation puts node IPs into a pool or takes them out of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OperationKind {
+    Add,
+    Remove,
+}
+
+/// One change a producer wants made to one Service's backend pool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolOperation {
+    /// `namespace/name`.
+    pub service: String,
+    pub load_balancer: String,
+    pub pool: String,
+    pub kind: OperationKind,
+    pub node_ips: Vec<String>,
+}
+
+/// Where one local Service lives now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceAssignment {
+    pub service: String,
+    pub load_balancer: String,
+}
+
+/// The net change one pool should undergo, and who asked for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolGroup {
+    pub id: u64,
+    pub load_balancer: String,
+    pub pool: String,
+    /// Canonical IPs the pool must hold afterwards, sorted.
+    pub add: Vec<String>,
+    /// Canonical IPs the pool must not hold afterwards, sorted, disjoint from `add`.
+    pub remove: Vec<String>,
+    /// Distinct Services, in arrival order, as first spelled.
+    pub services: Vec<String>,
+}
+
+/// How full the queue is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueStatus {
+    pub queued: u32,
+    pub ready: bool,
+    pub wake_at_ms: Option<u64>,
+}
+
+/// Why the host's GET or PUT failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// HTTP status; 0 when no answer arrived.
+    pub status: u16,
+    pub code: Option<String>,
+    pub retry_after_ms: Option<u64>,
+    pub message: String,
+}
+
+/// What the host did with one group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupOutcome {
+    Updated,
+    Unchanged,
+    Failed(Failure),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// An Event for one Service (`namespace/name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceEvent {
+    pub service: String,
+    pub event_type: EventType,
+    pub reason: String,
+    pub message: String,
+}
+
+/// What became of a reported group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    Done,
+    Dropped,
+    Requeued,
+    Abandoned,
+}
+
+/// The answer to [`PoolQueue::report`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupReport {
+    pub disposition: Disposition,
+    pub not_before_ms: Option<u64>,
+    pub events: Vec<ServiceEvent>,
+}
+
+/// How a failure is treated, by status (DOC-10417's classes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureClass {
+    /// The pool is gone: nothing to write any more.
+    Stale,
+    /// Someone else wrote first, or ARM throttled us: the same change can succeed later.
+    Retriable,
+    /// Retrying the same request will not help (or no answer arrived and the outcome is
+    /// unknown: the next producer change re-derives the pool, so the guest does not guess).
+    Terminal,
+}
+
+/// The class of a failure.
+pub fn classify(failure: &Failure) -> FailureClass {
+    match failure.status {
+        404 => FailureClass::Stale,
+        409 | 412 | 429 => FailureClass::Retriable,
+        _ => FailureClass::Terminal,
+    }
+}
+
+/// A queued operation with its retry history.
+#[derive(Clone, Debug)]
+struct Queued {
+    op: PoolOperation,
+    /// Lower-cased `<lb>:<pool>`, computed once.
+    key: String,
+    /// Retries already spent on it.
+    retries: u32,
+}
+
+/// A drained group waiting for its outcome.
+#[derive(Debug)]
+struct InFlight {
+    load_balancer: String,
+    pool: String,
+    key: String,
+    services: Vec<String>,
+    /// The operations behind it, in arrival order, for a requeue.
+    ops: Vec<Queued>,
+}
+
+/// The queue, the parked pools and the groups in flight.
+#[derive(Debug)]
+pub struct PoolQueue {
+    max_retries: u32,
+    queue: VecDeque<Queued>,
+    /// Pools whose operations stay queued until the time given (from `Retry-After`).
+    parked: BTreeMap<String, u64>,
+    in_flight: BTreeMap<u64, InFlight>,
+    next_group: u64,
+}
+
+impl Default for PoolQueue {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_RETRIES)
+    }
+}
+
+fn group_key(load_balancer: &str, pool: &str) -> String {
+    format!("{}:{}", load_balancer.to_ascii_lowercase(), pool.to_ascii_lowercase())
+}
+
+/// Canonical IP text, or the trimmed text when it is not an IP: the host's PUT refuses it then,
+/// which reports the mistake instead of silently losing the operation.
+fn canonical_ip(text: &str) -> String {
+    ip::canonical(text).map(|(c, _)| c).unwrap_or_else(|| text.trim().to_owned())
+}
+
+impl PoolQueue {
+    /// An empty queue; a failed group is retried at most `max_retries` times.
+    pub fn new(max_retries: u32) -> Self {
+        Self { max_retries, queue: VecDeque::new(), parked: BTreeMap::new(), in_flight: BTreeMap::new(), next_group: 1 }
+    }
+
+    /// Queued operations (upstream `countOperations`), parked ones included.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Groups drained but not yet reported.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Appends operations in arrival order.
+    pub fn enqueue(&mut self, operations: impl IntoIterator<Item = PoolOperation>) {
+        self.queue.extend(operations.into_iter().map(|op| Queued {
+            key: group_key(&op.load_balancer, &op.pool),
+            op,
+            retries: 0,
+        }));
+    }
+
+    /// Cancels every queued operation of `service` and keeps drained ones of it from being
+    /// requeued; returns how many queued operations were removed.
+    pub fn remove_operations(&mut self, service: &str) -> usize {
+        let before = self.queue.len();
+        self.queue.retain(|q| !q.op.service.eq_ignore_ascii_case(service));
+        for group in self.in_flight.values_mut() {
+            group.ops.retain(|q| !q.op.service.eq_ignore_ascii_case(service));
+        }
+        // A parked pool with nothing left to wait for must not keep a wake-up alive.
+        let keys: BTreeSet<&str> = self.queue.iter().map(|q| q.key.as_str()).collect();
+        self.parked.retain(|k, _| keys.contains(k.as_str()));
+        before - self.queue.len()
+    }
+
+    fn is_parked(&self, key: &str, now_ms: u64) -> bool {
+        self.parked.get(key).is_some_and(|&until| until > now_ms)
+    }
+
+    /// How full the queue is at `now_ms`; stops at the first drainable operation.
+    pub fn status(&self, now_ms: u64) -> QueueStatus {
+        QueueStatus {
+            queued: u32::try_from(self.queue.len()).unwrap_or(u32::MAX),
+            ready: self.queue.iter().any(|q| !self.is_parked(&q.key, now_ms)),
+            wake_at_ms: self.parked.values().copied().filter(|&until| until > now_ms).min(),
+        }
+    }
+
+    /// Takes every operation whose pool is not parked, keeps those whose Service is still
+    /// assigned to the operation's load balancer, and returns one group per pool, sorted by key.
+    pub fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Vec<PoolGroup> {
+        self.parked.retain(|_, until| *until > now_ms);
+        let assigned: BTreeMap<String, String> =
+            assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())).collect();
+
+        struct Building {
+            first: Queued,
+            ops: Vec<Queued>,
+            // canonical IP → present afterwards; the last operation naming it wins.
+            net: BTreeMap<String, bool>,
+            services: Vec<String>,
+            seen: BTreeSet<String>,
+        }
+        let mut groups: BTreeMap<String, Building> = BTreeMap::new();
+        let mut kept = VecDeque::new();
+        for queued in std::mem::take(&mut self.queue) {
+            if self.parked.contains_key(&queued.key) {
+                kept.push_back(queued);
+                continue;
+            }
+            // Upstream `groupOperations`: not a local Service any more, or moved to another
+            // load balancer ⇒ dropped; the reconcile that changed it re-derives its pools.
+            let service = queued.op.service.to_ascii_lowercase();
+            match assigned.get(&service) {
+                Some(lb) if lb.eq_ignore_ascii_case(&queued.op.load_balancer) => {}
+                _ => continue,
+            }
+            let building = groups.entry(queued.key.clone()).or_insert_with(|| Building {
+                first: queued.clone(),
+                ops: Vec::new(),
+                net: BTreeMap::new(),
+                services: Vec::new(),
+                seen: BTreeSet::new(),
+            });
+            let present = queued.op.kind == OperationKind::Add;
+            for address in &queued.op.node_ips {
+                building.net.insert(canonical_ip(address), present);
+            }
+            if building.seen.insert(service) {
+                building.services.push(queued.op.service.clone());
+            }
+            building.ops.push(queued);
+        }
+        self.queue = kept;
+
+        let mut out = Vec::with_capacity(groups.len());
+        for (key, building) in groups {
+            if building.net.is_empty() {
+                continue;
+            }
+            let (add, remove): (Vec<_>, Vec<_>) = building.net.into_iter().partition(|(_, present)| *present);
+            let id = self.next_group;
+            self.next_group += 1;
+            let group = PoolGroup {
+                id,
+                load_balancer: building.first.op.load_balancer.clone(),
+                pool: building.first.op.pool.clone(),
+                add: add.into_iter().map(|(ip, _)| ip).collect(),
+                remove: remove.into_iter().map(|(ip, _)| ip).collect(),
+                services: building.services.clone(),
+            };
+            self.in_flight.insert(
+                id,
+                InFlight {
+                    load_balancer: group.load_balancer.clone(),
+                    pool: group.pool.clone(),
+                    key,
+                    services: building.services,
+                    ops: building.ops,
+                },
+            );
+            out.push(group);
+        }
+        out
+    }
+
+    /// The outcome of a drained group; `None` when the id is unknown or already reported.
+    pub fn report(&mut self, now_ms: u64, group: u64, outcome: &GroupOutcome) -> Option<GroupReport> {
+        let flight = self.in_flight.remove(&group)?;
+        let pool = format!("{}/{}", flight.load_balancer, flight.pool);
+        let events = |event_type, reason: &str, message: String| -> Vec<ServiceEvent> {
+            flight
+                .services
+                .iter()
+                .map(|service| ServiceEvent {
+                    service: service.clone(),
+                    event_type,
+                    reason: reason.to_owned(),
+                    message: message.clone(),
+                })
+                .collect()
+        };
+        let report = match outcome {
+            GroupOutcome::Updated => GroupReport {
+                disposition: Disposition::Done,
+                not_before_ms: None,
+                events: events(EventType::Normal, REASON_UPDATED, format!("backend pool {pool} updated")),
+            },
+            GroupOutcome::Unchanged => {
+                GroupReport { disposition: Disposition::Done, not_before_ms: None, events: vec![] }
+            }
+            GroupOutcome::Failed(failure) => match classify(failure) {
+                // Upstream: "backend pool not found" ⇒ dropped without an Event.
+                FailureClass::Stale => {
+                    GroupReport { disposition: Disposition::Dropped, not_before_ms: None, events: vec![] }
+                }
+                FailureClass::Retriable if !flight.ops.is_empty() && spent(&flight.ops) < self.max_retries => {
+                    let not_before = now_ms.saturating_add(failure.retry_after_ms.unwrap_or(0));
+                    let parked = self.parked.entry(flight.key.clone()).or_insert(not_before);
+                    *parked = (*parked).max(not_before);
+                    // Back at the head, in arrival order: older than anything queued since.
+                    for mut queued in flight.ops.iter().rev().cloned() {
+                        queued.retries += 1;
+                        self.queue.push_front(queued);
+                    }
+                    GroupReport {
+                        disposition: Disposition::Requeued,
+                        not_before_ms: Some(not_before),
+                        events: events(
+                            EventType::Normal,
+                            REASON_RETRYING,
+                            format!(
+                                "updating backend pool {pool} failed with HTTP {}, retrying (attempt {} of {}): {}",
+                                failure.status,
+                                spent(&flight.ops) + 1,
+                                self.max_retries,
+                                failure.message
+                            ),
+                        ),
+                    }
+                }
+                // Every Service of a retriable group was cancelled meanwhile: nothing to retry.
+                FailureClass::Retriable if flight.ops.is_empty() => {
+                    GroupReport { disposition: Disposition::Dropped, not_before_ms: None, events: vec![] }
+                }
+                FailureClass::Retriable | FailureClass::Terminal => GroupReport {
+                    disposition: Disposition::Abandoned,
+                    not_before_ms: None,
+                    events: events(
+                        EventType::Warning,
+                        REASON_FAILED,
+                        format!(
+                            "updating backend pool {pool} failed with HTTP {}: {}",
+                            failure.status, failure.message
+                        ),
+                    ),
+                },
+            },
+        };
+        Some(report)
+    }
+}
+
+/// Retries already spent on a group: its most-retried operation's count.
+fn spent(ops: &[Queued]) -> u32 {
+    ops.iter().map(|q| q.retries).max().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(service: &str, lb: &str, pool: &str, kind: OperationKind, ips: &[&str]) -> PoolOperation {
+        PoolOperation {
+            service: service.into(),
+            load_balancer: lb.into(),
+            pool: pool.into(),
+            kind,
+            node_ips: ips.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn add(service: &str, lb: &str, pool: &str, ips: &[&str]) -> PoolOperation {
+        op(service, lb, pool, OperationKind::Add, ips)
+    }
+
+    fn remove(service: &str, lb: &str, pool: &str, ips: &[&str]) -> PoolOperation {
+        op(service, lb, pool, OperationKind::Remove, ips)
+    }
+
+    fn assign(pairs: &[(&str, &str)]) -> Vec<ServiceAssignment> {
+        pairs
+            .iter()
+            .map(|(s, lb)| ServiceAssignment { service: s.to_string(), load_balancer: lb.to_string() })
+            .collect()
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn failed(status: u16, retry_after_ms: Option<u64>) -> GroupOutcome {
+        GroupOutcome::Failed(Failure { status, code: None, retry_after_ms, message: format!("HTTP {status}") })
+    }
+
+    fn keys(groups: &[PoolGroup]) -> Vec<String> {
+        groups.iter().map(|g| format!("{}:{}", g.load_balancer, g.pool)).collect()
+    }
+
+    // Upstream TestGroupOperations "nil input".
+    #[test]
+    fn an_empty_queue_drains_to_no_groups() {
+        let mut q = PoolQueue::default();
+        assert!(q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).is_empty());
+        assert_eq!(q.in_flight(), 0);
+    }
+
+    // Upstream TestGroupOperations "single op grouped by pool key";
+    // TestLoadBalancerBackendPoolUpdater "Add node IPs to backend pool".
+    #[test]
+    fn a_single_add_becomes_one_group_for_its_pool() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.2", "10.0.0.1"])]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1")]));
+        assert_eq!(groups.len(), 1);
+        let g = &groups[0];
+        assert_eq!((g.load_balancer.as_str(), g.pool.as_str()), ("lb1", "pool1"));
+        assert_eq!(g.add, strings(&["10.0.0.1", "10.0.0.2"]));
+        assert!(g.remove.is_empty());
+        assert_eq!(g.services, strings(&["ns/a"]));
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdater "Remove node IPs from backend pool".
+    #[test]
+    fn a_single_remove_becomes_a_group_that_removes() {
+        let mut q = PoolQueue::default();
+        q.enqueue([remove("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1")]));
+        assert_eq!(groups[0].remove, strings(&["10.0.0.1"]));
+        assert!(groups[0].add.is_empty());
+    }
+
+    // Upstream TestGroupOperations "same pool grouped together".
+    #[test]
+    fn operations_on_the_same_pool_share_one_group_with_every_service_named_once() {
+        let mut q = PoolQueue::default();
+        q.enqueue([
+            add("ns/a", "lb1", "pool1", &["10.0.0.1"]),
+            add("ns/b", "lb1", "pool1", &["10.0.0.2"]),
+            add("NS/A", "LB1", "POOL1", &["10.0.0.3"]),
+        ]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]));
+        assert_eq!(groups.len(), 1, "{groups:?}");
+        assert_eq!(groups[0].add, strings(&["10.0.0.1", "10.0.0.2", "10.0.0.3"]));
+        assert_eq!(groups[0].services, strings(&["ns/a", "ns/b"]), "distinct, in arrival order");
+    }
+
+    // Upstream TestGroupOperations "different pools separate";
+    // TestLoadBalancerBackendPoolUpdater "Multiple operations targeting different backend pools".
+    #[test]
+    fn operations_on_different_pools_give_groups_sorted_by_key() {
+        let mut q = PoolQueue::default();
+        q.enqueue([
+            add("ns/c", "lb2", "pool-c", &["10.0.0.3"]),
+            add("ns/a", "lb1", "pool-b", &["10.0.0.1"]),
+            add("ns/b", "lb1", "pool-a", &["10.0.0.2"]),
+        ]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1"), ("ns/b", "lb1"), ("ns/c", "lb2")]));
+        assert_eq!(keys(&groups), strings(&["lb1:pool-a", "lb1:pool-b", "lb2:pool-c"]));
+        let ids: BTreeSet<u64> = groups.iter().map(|g| g.id).collect();
+        assert_eq!(ids.len(), 3, "every group has its own id");
+    }
+
+    // Upstream TestGroupOperations "skips operations for non-local services";
+    // TestLoadBalancerBackendPoolUpdater "not local service".
+    #[test]
+    fn an_operation_of_a_service_that_is_not_local_is_dropped() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/gone", "lb1", "pool1", &["10.0.0.1"])]);
+        assert!(q.drain_and_group(0, &assign(&[("ns/other", "lb1")])).is_empty());
+        assert!(q.is_empty(), "a dropped operation is not kept either");
+    }
+
+    // Upstream TestGroupOperations "skips operations targeting stale load balancer";
+    // TestLoadBalancerBackendPoolUpdater "not on this load balancer".
+    #[test]
+    fn an_operation_for_a_load_balancer_the_service_left_is_dropped() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        assert!(q.drain_and_group(0, &assign(&[("ns/a", "lb2")])).is_empty());
+    }
+
+    #[test]
+    fn service_and_load_balancer_names_match_case_insensitively() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("NS/A", "LB1", "pool1", &["10.0.0.1"])]);
+        assert_eq!(q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).len(), 1);
+    }
+
+    // Upstream TestGroupOperations "keeps valid operation when another is filtered".
+    #[test]
+    fn a_valid_operation_survives_when_its_neighbour_is_filtered() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/gone", "lb1", "pool1", &["10.0.0.9"]), add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1")]));
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].add, strings(&["10.0.0.1"]));
+        assert_eq!(groups[0].services, strings(&["ns/a"]));
+    }
+
+    // Upstream TestDrainOperations "returns single operation", "returns all operations in
+    // order" (queue left empty) and TestCountOperations.
+    #[test]
+    fn draining_empties_the_queue_and_counting_counts_what_is_queued() {
+        let mut q = PoolQueue::default();
+        assert_eq!(q.len(), 0);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        assert_eq!(q.len(), 1);
+        q.enqueue([remove("ns/a", "lb1", "pool1", &["10.0.0.1"]), add("ns/b", "lb1", "pool2", &["10.0.0.2"])]);
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.status(0), QueueStatus { queued: 3, ready: true, wake_at_ms: None });
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]));
+        assert!(q.is_empty());
+        assert_eq!(q.status(0), QueueStatus { queued: 0, ready: false, wake_at_ms: None });
+        // The order survives as "last operation wins": add then remove ⇒ removed.
+        assert_eq!(groups[0].remove, strings(&["10.0.0.1"]));
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdater "Multiple operations in two batches".
+    #[test]
+    fn operations_queued_after_a_drain_form_the_next_batch() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let first = q.drain_and_group(0, &a);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.2"])]);
+        let second = q.drain_and_group(0, &a);
+        assert_eq!(first[0].add, strings(&["10.0.0.1"]));
+        assert_eq!(second[0].add, strings(&["10.0.0.2"]));
+        assert_ne!(first[0].id, second[0].id);
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdater "add operation deduplicates IPs in empty pool".
+    #[test]
+    fn an_add_naming_an_ip_twice_adds_it_once() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1", "10.0.0.1", "FD00::0A", "fd00::a"])]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1")]));
+        assert_eq!(groups[0].add, strings(&["10.0.0.1", "fd00::a"]));
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdater "remove-then-add deduplicates IPs".
+    #[test]
+    fn a_remove_then_an_add_of_the_same_ip_leaves_it_in_the_pool_once() {
+        let mut q = PoolQueue::default();
+        q.enqueue([
+            remove("ns/a", "lb1", "pool1", &["10.0.0.1"]),
+            add("ns/a", "lb1", "pool1", &["10.0.0.1", "10.0.0.1"]),
+        ]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1")]));
+        assert_eq!(groups[0].add, strings(&["10.0.0.1"]));
+        assert!(groups[0].remove.is_empty());
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdater "add-then-remove deduplicates IPs and removes
+    // target".
+    #[test]
+    fn an_add_then_a_remove_of_the_same_ip_removes_it() {
+        let mut q = PoolQueue::default();
+        q.enqueue([
+            add("ns/a", "lb1", "pool1", &["10.0.0.1", "10.0.0.1", "10.0.0.2"]),
+            remove("ns/a", "lb1", "pool1", &["10.0.0.1"]),
+        ]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1")]));
+        assert_eq!(groups[0].add, strings(&["10.0.0.2"]));
+        assert_eq!(groups[0].remove, strings(&["10.0.0.1"]));
+    }
+
+    #[test]
+    fn a_pool_whose_operations_name_no_ip_gives_no_group() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "pool1", &[])]);
+        assert!(q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).is_empty());
+        assert_eq!(q.in_flight(), 0);
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdater "remove operations by service name" and
+    // removeOperation's case-insensitive match.
+    #[test]
+    fn removing_a_services_operations_cancels_them_before_the_drain() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"]), add("ns/b", "lb1", "pool2", &["10.0.0.2"])]);
+        assert_eq!(q.remove_operations("NS/A"), 1);
+        assert_eq!(q.remove_operations("ns/a"), 0);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]));
+        assert_eq!(keys(&groups), strings(&["lb1:pool2"]));
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdater "Backend pool not found".
+    #[test]
+    fn a_pool_that_is_not_found_is_dropped_silently() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
+        let report = q.report(0, g.id, &failed(404, None)).unwrap();
+        assert_eq!(report, GroupReport { disposition: Disposition::Dropped, not_before_ms: None, events: vec![] });
+        assert!(q.is_empty());
+    }
+
+    // Upstream TestLoadBalancerBackendPoolUpdaterFailed "Non-retriable error when getting
+    // backend pool" / "… when updating backend pool": dropped with a failure Event — here one
+    // per distinct Service, where upstream told only the first.
+    #[test]
+    fn a_terminal_failure_is_abandoned_with_one_warning_per_distinct_service() {
+        let mut q = PoolQueue::default();
+        q.enqueue([
+            add("ns/a", "lb1", "pool1", &["10.0.0.1"]),
+            add("ns/b", "lb1", "pool1", &["10.0.0.2"]),
+            remove("ns/a", "lb1", "pool1", &["10.0.0.3"]),
+        ]);
+        let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1"), ("ns/b", "lb1")])).remove(0);
+        let report = q.report(0, g.id, &failed(500, None)).unwrap();
+        assert_eq!(report.disposition, Disposition::Abandoned);
+        let warned: Vec<(&str, EventType, &str)> =
+            report.events.iter().map(|e| (e.service.as_str(), e.event_type, e.reason.as_str())).collect();
+        assert_eq!(
+            warned,
+            vec![("ns/a", EventType::Warning, REASON_FAILED), ("ns/b", EventType::Warning, REASON_FAILED)]
+        );
+        assert!(q.is_empty());
+        assert_eq!(q.report(0, g.id, &failed(500, None)), None, "a group is reported once");
+    }
+
+    #[test]
+    fn a_timeout_without_an_answer_is_terminal() {
+        assert_eq!(
+            classify(&Failure { status: 0, code: None, retry_after_ms: None, message: String::new() }),
+            FailureClass::Terminal
+        );
+        for status in [409, 412, 429] {
+            assert_eq!(
+                classify(&Failure { status, code: None, retry_after_ms: None, message: String::new() }),
+                FailureClass::Retriable
+            );
+        }
+    }
+
+    #[test]
+    fn a_successful_write_tells_every_service_and_an_unchanged_pool_tells_none() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"]), add("ns/b", "lb1", "pool1", &["10.0.0.2"])]);
+        let g = q.drain_and_group(0, &a).remove(0);
+        let report = q.report(0, g.id, &GroupOutcome::Updated).unwrap();
+        assert_eq!(report.disposition, Disposition::Done);
+        assert_eq!(report.events.iter().map(|e| e.service.as_str()).collect::<Vec<_>>(), vec!["ns/a", "ns/b"]);
+        assert!(report.events.iter().all(|e| e.event_type == EventType::Normal && e.reason == REASON_UPDATED));
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(0, &a).remove(0);
+        assert!(q.report(0, g.id, &GroupOutcome::Unchanged).unwrap().events.is_empty());
+    }
+
+    #[test]
+    fn a_throttled_group_is_requeued_ahead_of_newer_operations_and_parked_until_retry_after() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(1_000, &a).remove(0);
+        // Arrived while the group was in flight: newer than the group's operation.
+        q.enqueue([remove("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let report = q.report(1_000, g.id, &failed(429, Some(5_000))).unwrap();
+        assert_eq!(report.disposition, Disposition::Requeued);
+        assert_eq!(report.not_before_ms, Some(6_000));
+        assert_eq!(report.events.len(), 1);
+        assert_eq!(report.events[0].reason, REASON_RETRYING);
+        assert_eq!(q.status(2_000), QueueStatus { queued: 2, ready: false, wake_at_ms: Some(6_000) });
+        assert!(q.drain_and_group(2_000, &a).is_empty(), "parked until Retry-After");
+        assert_eq!(q.len(), 2, "parked operations stay queued");
+        let g = q.drain_and_group(6_000, &a).remove(0);
+        // Chronological order kept: the requeued add first, the newer remove last ⇒ removed.
+        assert_eq!(g.remove, strings(&["10.0.0.1"]));
+        assert!(g.add.is_empty());
+    }
+
+    #[test]
+    fn a_parked_pool_does_not_hold_back_other_pools() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(0, &a).remove(0);
+        q.report(0, g.id, &failed(429, Some(10_000))).unwrap();
+        q.enqueue([add("ns/b", "lb1", "pool2", &["10.0.0.2"])]);
+        assert!(q.status(1).ready);
+        assert_eq!(keys(&q.drain_and_group(1, &a)), strings(&["lb1:pool2"]));
+        assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn a_conflict_is_retried_within_the_budget_then_abandoned() {
+        let mut q = PoolQueue::new(2);
+        let a = assign(&[("ns/a", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let mut dispositions = Vec::new();
+        for _ in 0..3 {
+            let g = q.drain_and_group(0, &a).remove(0);
+            dispositions.push(q.report(0, g.id, &failed(412, None)).unwrap().disposition);
+        }
+        assert_eq!(dispositions, vec![Disposition::Requeued, Disposition::Requeued, Disposition::Abandoned]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_budget_of_zero_never_retries() {
+        let mut q = PoolQueue::new(0);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
+        assert_eq!(q.report(0, g.id, &failed(409, None)).unwrap().disposition, Disposition::Abandoned);
+    }
+
+    #[test]
+    fn a_service_removed_while_its_group_is_in_flight_is_not_requeued() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"]), add("ns/b", "lb1", "pool1", &["10.0.0.2"])]);
+        let g = q.drain_and_group(0, &a).remove(0);
+        q.remove_operations("ns/a");
+        assert_eq!(q.report(0, g.id, &failed(412, None)).unwrap().disposition, Disposition::Requeued);
+        let g = q.drain_and_group(0, &a).remove(0);
+        assert_eq!(g.add, strings(&["10.0.0.2"]));
+        assert_eq!(g.services, strings(&["ns/b"]));
+        q.remove_operations("ns/b");
+        assert_eq!(q.report(0, g.id, &failed(412, None)).unwrap().disposition, Disposition::Dropped);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_requeued_operation_is_dropped_when_its_service_moved_meanwhile() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
+        q.report(0, g.id, &failed(409, None)).unwrap();
+        assert!(q.drain_and_group(0, &assign(&[("ns/a", "lb2")])).is_empty());
+        assert!(q.is_empty());
+    }
+}

@@ -1,0 +1,454 @@
+//! The backend-pool updater of multi-SLB local-service mode (upstream §e, design §5 and §6): the
+//! host half. The queue, the grouping and the retry policy live in the guest's `pool-queue`; this
+//! module holds the locks, makes the Azure calls and records the Events.
+//!
+//! Lock order, always (the main reconcile path takes them in the same order, so no cycle):
+//! 1. the **service reconcile lock** ([`ServiceLock`]), shared with every reconcile, held for the
+//!    whole tick, so the tick never writes a load balancer a reconcile is writing, and the
+//!    Service→LB assignment cannot change under the grouping;
+//! 2. the **Azure resource lock** ([`ResourceLock`]; the Kubernetes Lease of upstream §f arrives
+//!    with issue 5), taken only when something is ready to drain;
+//! 3. the **queue**: the guest session behind its own `std::sync::Mutex`, held only for one short
+//!    guest call at a time and never across an Azure call, so producers ([`PoolUpdater::enqueue`],
+//!    [`PoolUpdater::remove_operations`]) never wait for ARM.
+//!
+//! The drain happens inside the guest call `drain-and-group`, after both outer locks: a lock
+//! failure drains nothing (nothing to requeue), and a `remove_operations` from a reconcile still
+//! cancels anything queued. An unlock failure is a warning and a counter: the pools were written.
+
+use crate::azure::{AzureApi, AzureError, BackendAddress, PoolRef};
+use crate::executor::KubeApi;
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
+    Disposition, GroupOutcome, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment, ServiceEvent,
+};
+use crate::sandbox::{GuestError, Logic, Session};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use wasmtime::component::ResourceAny;
+
+/// The in-process lock every reconcile and every tick holds (upstream `serviceReconcileLock`).
+pub type ServiceLock = Arc<tokio::sync::Mutex<()>>;
+
+/// Upstream's `loadBalancerBackendPoolUpdateIntervalInSeconds` default.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+/// Upstream's (DOC-10417) default retry budget.
+pub const DEFAULT_MAX_RETRIES: u32 = 3;
+
+/// Why the updater could not do its work.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolUpdaterError {
+    /// A guest call trapped; the session is unusable and the queue in it is lost.
+    #[error("the guest's backend-pool queue failed")]
+    Guest(#[source] GuestError),
+}
+
+/// Why the Azure resource lock could not be taken or released.
+#[derive(Debug, thiserror::Error)]
+#[error("azure resource lock: {message}")]
+pub struct LockError {
+    pub message: String,
+    #[source]
+    pub source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl LockError {
+    pub fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), source: None }
+    }
+}
+
+/// The distributed lock that keeps other writers of the same Azure resources (the AKS resource
+/// provider) out while a tick writes pools. The Kubernetes Lease implementation arrives with
+/// issue 5; [`InMemoryLock`] stands in for tests and single-process use.
+#[allow(async_fn_in_trait)] // used generically, never as `dyn`
+pub trait ResourceLock {
+    async fn lock(&self) -> Result<(), LockError>;
+    async fn unlock(&self) -> Result<(), LockError>;
+}
+
+/// A process-local [`ResourceLock`] whose lock and unlock can be made to fail.
+#[derive(Debug, Default)]
+pub struct InMemoryLock {
+    held: AtomicBool,
+    fail_lock: AtomicBool,
+    fail_unlock: AtomicBool,
+    pub locks: AtomicU64,
+    pub unlocks: AtomicU64,
+}
+
+impl InMemoryLock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// From now on, `lock` fails (as a Lease held by another component would).
+    pub fn fail_lock(&self, fail: bool) {
+        self.fail_lock.store(fail, Ordering::SeqCst);
+    }
+
+    /// From now on, `unlock` fails (as a failed Lease UPDATE would).
+    pub fn fail_unlock(&self, fail: bool) {
+        self.fail_unlock.store(fail, Ordering::SeqCst);
+    }
+
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
+    }
+}
+
+impl ResourceLock for InMemoryLock {
+    async fn lock(&self) -> Result<(), LockError> {
+        self.locks.fetch_add(1, Ordering::SeqCst);
+        if self.fail_lock.load(Ordering::SeqCst) {
+            return Err(LockError::new("held by another component (injected)"));
+        }
+        // Same holder re-acquiring after a failed unlock is allowed, as upstream's Lease does.
+        self.held.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn unlock(&self) -> Result<(), LockError> {
+        self.unlocks.fetch_add(1, Ordering::SeqCst);
+        if self.fail_unlock.load(Ordering::SeqCst) {
+            return Err(LockError::new("release failed (injected)"));
+        }
+        self.held.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl<T: ResourceLock> ResourceLock for Arc<T> {
+    async fn lock(&self) -> Result<(), LockError> {
+        (**self).lock().await
+    }
+
+    async fn unlock(&self) -> Result<(), LockError> {
+        (**self).unlock().await
+    }
+}
+
+/// Knobs of the updater.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolUpdaterConfig {
+    /// Time between ticks; the first tick comes one interval after start, as upstream's.
+    pub interval: Duration,
+    /// Retries of a group that failed with 409, 412 or 429.
+    pub max_retries: u32,
+}
+
+impl Default for PoolUpdaterConfig {
+    fn default() -> Self {
+        Self { interval: DEFAULT_INTERVAL, max_retries: DEFAULT_MAX_RETRIES }
+    }
+}
+
+/// Counters, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct PoolUpdaterStats {
+    pub ticks: AtomicU64,
+    pub idle_ticks: AtomicU64,
+    pub lock_failures: AtomicU64,
+    pub unlock_failures: AtomicU64,
+    pub groups_written: AtomicU64,
+    pub groups_unchanged: AtomicU64,
+    pub groups_failed: AtomicU64,
+    pub event_failures: AtomicU64,
+}
+
+/// What one tick did.
+#[derive(Debug)]
+pub enum Tick {
+    /// Nothing was ready: no lock was taken, no Azure call made.
+    Idle,
+    /// The resource lock could not be taken: nothing was drained.
+    LockFailed(LockError),
+    /// Groups were drained and carried out.
+    Ran(TickSummary),
+}
+
+/// The groups of a tick that ran, by what became of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TickSummary {
+    pub groups: usize,
+    pub written: usize,
+    pub unchanged: usize,
+    pub requeued: usize,
+    pub dropped: usize,
+    pub abandoned: usize,
+    /// The resource lock could not be released (the pools were written all the same).
+    pub unlock_failed: bool,
+}
+
+/// The guest's queue: a session and the `pool-queue` resource in it.
+struct GuestQueue {
+    session: Session,
+    queue: ResourceAny,
+}
+
+/// The updater: producers call [`enqueue`](Self::enqueue) and
+/// [`remove_operations`](Self::remove_operations) at any time; [`run`](Self::run) ticks.
+pub struct PoolUpdater<A, L, K> {
+    azure: A,
+    resource_lock: L,
+    kube: K,
+    service_lock: ServiceLock,
+    config: PoolUpdaterConfig,
+    guest: Mutex<GuestQueue>,
+    /// Lower-cased `namespace/name` → load balancer, as the last reconcile wrote it.
+    assignment: Mutex<BTreeMap<String, (String, String)>>,
+    stats: PoolUpdaterStats,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+/// A plain lock whose holder cannot leave the data half-written (every guest call is one
+/// step), so a panic elsewhere does not make it unusable.
+fn plain<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Compares backend addresses as IPs when they parse, so two spellings of one IPv6 address
+/// are one address; the guest sends canonical text, ARM may answer in another.
+fn address_key(text: &str) -> String {
+    text.trim().parse::<IpAddr>().map(|ip| ip.to_string()).unwrap_or_else(|_| text.trim().to_owned())
+}
+
+/// The name of a backend address. Upstream names it after the node; operations carry only node
+/// IPs for now, so the IP (with `:` made `-`, which ARM names refuse) names it.
+fn address_name(ip: &str) -> String {
+    ip.replace(':', "-")
+}
+
+fn failure_of(err: &AzureError) -> wit::Failure {
+    wit::Failure {
+        status: err.status,
+        code: (!err.code.is_empty()).then(|| err.code.clone()),
+        retry_after_ms: err.retry_after.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        message: err.to_string(),
+    }
+}
+
+impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
+    /// An updater with an empty queue in a new session of `logic`.
+    pub fn new(
+        logic: &Logic,
+        azure: A,
+        resource_lock: L,
+        kube: K,
+        service_lock: ServiceLock,
+        config: PoolUpdaterConfig,
+    ) -> Result<Self, PoolUpdaterError> {
+        let mut session = logic.session().map_err(PoolUpdaterError::Guest)?;
+        let queue = session.pool_queue_create(config.max_retries).map_err(PoolUpdaterError::Guest)?;
+        Ok(Self {
+            azure,
+            resource_lock,
+            kube,
+            service_lock,
+            config,
+            guest: Mutex::new(GuestQueue { session, queue }),
+            assignment: Mutex::new(BTreeMap::new()),
+            stats: PoolUpdaterStats::default(),
+        })
+    }
+
+    pub fn stats(&self) -> &PoolUpdaterStats {
+        &self.stats
+    }
+
+    pub fn azure(&self) -> &A {
+        &self.azure
+    }
+
+    pub fn kube(&self) -> &K {
+        &self.kube
+    }
+
+    pub fn resource_lock(&self) -> &L {
+        &self.resource_lock
+    }
+
+    /// The lock this updater shares with reconciles.
+    pub fn service_lock(&self) -> &ServiceLock {
+        &self.service_lock
+    }
+
+    /// One short guest call under the queue lock; never held across an await.
+    fn with_guest<R>(
+        &self,
+        f: impl FnOnce(&mut Session, ResourceAny) -> Result<R, GuestError>,
+    ) -> Result<R, PoolUpdaterError> {
+        let mut guest = plain(&self.guest);
+        let queue = guest.queue;
+        f(&mut guest.session, queue).map_err(PoolUpdaterError::Guest)
+    }
+
+    /// Queues operations (EndpointSlice changes, the end of a reconcile). Waits for at most one
+    /// short guest call, never for a tick's Azure calls.
+    pub fn enqueue(&self, operations: &[PoolOperation]) -> Result<(), PoolUpdaterError> {
+        self.with_guest(|s, q| s.pool_queue_enqueue(q, operations))
+    }
+
+    /// Cancels a Service's queued operations (a reconcile moved it off its load balancer).
+    pub fn remove_operations(&self, service: &str) -> Result<u32, PoolUpdaterError> {
+        self.with_guest(|s, q| s.pool_queue_remove_operations(q, service))
+    }
+
+    /// How full the queue is now.
+    pub fn status(&self) -> Result<QueueStatus, PoolUpdaterError> {
+        let now = now_ms();
+        self.with_guest(|s, q| s.pool_queue_status(q, now))
+    }
+
+    /// Records where a local Service lives (`None`: not a local Service in this mode any more).
+    /// The guard proves the caller holds the service reconcile lock, as upstream writes its
+    /// `localServiceNameToServiceInfoMap` only under it; the tick reads it under the same lock.
+    pub fn assign(&self, _reconciling: &tokio::sync::MutexGuard<'_, ()>, service: &str, load_balancer: Option<&str>) {
+        let mut assignment = plain(&self.assignment);
+        match load_balancer {
+            Some(lb) => assignment.insert(service.to_ascii_lowercase(), (service.to_owned(), lb.to_owned())),
+            None => assignment.remove(&service.to_ascii_lowercase()),
+        };
+    }
+
+    /// One tick: service lock → resource lock → drain and group → per group GET, PUT if changed,
+    /// report. Completes when unlocking fails.
+    pub async fn tick(&self) -> Result<Tick, PoolUpdaterError> {
+        let _reconciling = self.service_lock.lock().await;
+        self.stats.ticks.fetch_add(1, Ordering::Relaxed);
+        let now = now_ms();
+        // An idle (or wholly parked) queue costs no lock traffic (upstream `countOperations`).
+        if !self.with_guest(|s, q| s.pool_queue_status(q, now))?.ready {
+            self.stats.idle_ticks.fetch_add(1, Ordering::Relaxed);
+            return Ok(Tick::Idle);
+        }
+        if let Err(err) = self.resource_lock.lock().await {
+            self.stats.lock_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %err, "backend-pool tick skipped: the Azure resource lock is not available; operations stay queued");
+            return Ok(Tick::LockFailed(err));
+        }
+        let result = self.drain_and_apply(now).await;
+        let unlock_failed = match self.resource_lock.unlock().await {
+            Ok(()) => false,
+            Err(err) => {
+                self.stats.unlock_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %err, "the Azure resource lock could not be released after a backend-pool tick");
+                true
+            }
+        };
+        result.map(|summary| Tick::Ran(TickSummary { unlock_failed, ..summary }))
+    }
+
+    async fn drain_and_apply(&self, now: u64) -> Result<TickSummary, PoolUpdaterError> {
+        let assignment: Vec<ServiceAssignment> = plain(&self.assignment)
+            .values()
+            .map(|(service, lb)| ServiceAssignment { service: service.clone(), load_balancer: lb.clone() })
+            .collect();
+        let groups = self.with_guest(|s, q| s.pool_queue_drain_and_group(q, now, &assignment))?;
+        let mut summary = TickSummary { groups: groups.len(), ..TickSummary::default() };
+        for group in &groups {
+            let outcome = self.apply(group).await;
+            match &outcome {
+                GroupOutcome::Updated => {
+                    summary.written += 1;
+                    self.stats.groups_written.fetch_add(1, Ordering::Relaxed);
+                }
+                GroupOutcome::Unchanged => {
+                    summary.unchanged += 1;
+                    self.stats.groups_unchanged.fetch_add(1, Ordering::Relaxed);
+                }
+                GroupOutcome::Failed(f) => {
+                    self.stats.groups_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(load_balancer = %group.load_balancer, pool = %group.pool, status = f.status, "backend pool update failed: {}", f.message);
+                }
+            }
+            let now = now_ms();
+            let Some(report) = self.with_guest(|s, q| s.pool_queue_report(q, now, group.id, &outcome))? else {
+                continue;
+            };
+            match report.disposition {
+                Disposition::Done => {}
+                Disposition::Dropped => summary.dropped += 1,
+                Disposition::Requeued => summary.requeued += 1,
+                Disposition::Abandoned => summary.abandoned += 1,
+            }
+            for event in &report.events {
+                self.record(event).await;
+            }
+        }
+        Ok(summary)
+    }
+
+    /// GET the pool, apply the group's change, PUT with `If-Match` only when it changed.
+    async fn apply(&self, group: &PoolGroup) -> GroupOutcome {
+        let pool_ref = PoolRef { load_balancer: group.load_balancer.clone(), pool: group.pool.clone() };
+        let (mut pool, etag) = match self.azure.get_backend_pool(&pool_ref).await {
+            Ok(read) => read,
+            Err(err) => return GroupOutcome::Failed(failure_of(&err)),
+        };
+        let remove: BTreeSet<String> = group.remove.iter().map(|ip| address_key(ip)).collect();
+        let before = pool.addresses.len();
+        pool.addresses.retain(|a| !remove.contains(&address_key(&a.ip_address)));
+        let mut changed = pool.addresses.len() != before;
+        let mut present: BTreeSet<String> = pool.addresses.iter().map(|a| address_key(&a.ip_address)).collect();
+        for ip in &group.add {
+            if present.insert(address_key(ip)) {
+                pool.addresses.push(BackendAddress { name: address_name(ip), ip_address: ip.clone() });
+                changed = true;
+            }
+        }
+        if !changed {
+            return GroupOutcome::Unchanged;
+        }
+        match self.azure.put_backend_pool(&pool_ref, &pool, Some(&etag)).await {
+            Ok(()) => GroupOutcome::Updated,
+            Err(err) => GroupOutcome::Failed(failure_of(&err)),
+        }
+    }
+
+    /// Records one Event; a failure is counted and logged, never fails the tick.
+    async fn record(&self, event: &ServiceEvent) {
+        let (namespace, name) = event.service.split_once('/').unwrap_or(("", &event.service));
+        let event = wit::Event {
+            regarding: wit::ObjectRef {
+                kind: "Service".into(),
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: String::new(),
+            },
+            event_type: event.event_type,
+            reason: event.reason.clone(),
+            message: event.message.clone(),
+        };
+        if let Err(err) = self.kube.emit_event(&event).await {
+            self.stats.event_failures.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %err, reason = %event.reason, "recording a backend-pool Event failed");
+        }
+    }
+
+    /// Ticks every interval (the first one interval after start) until `shutdown` completes. A
+    /// guest failure ends the loop: the session is unusable.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<(), PoolUpdaterError> {
+        tokio::pin!(shutdown);
+        let mut interval =
+            tokio::time::interval_at(tokio::time::Instant::now() + self.config.interval, self.config.interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                _ = interval.tick() => {}
+            }
+            match self.tick().await? {
+                Tick::Ran(summary) => tracing::debug!(?summary, "backend-pool tick"),
+                Tick::Idle | Tick::LockFailed(_) => {}
+            }
+        }
+    }
+}
