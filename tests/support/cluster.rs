@@ -141,7 +141,7 @@ pub fn settle(mut step: wit::Step, mut complete: impl FnMut(&[(u64, wit::Outcome
 /// A pod of the Service in the middle goes not-ready (`round` even) or ready again (odd): one
 /// endpoint change, which costs one address-location update.
 pub fn endpoint_change(round: usize) -> wit::Observation {
-    wit::Observation::SliceUpserted(slice(service_count() / 2, if round % 2 == 0 { Some(7) } else { None }))
+    wit::Observation::SliceUpserted(slice(service_count() / 2, if round.is_multiple_of(2) { Some(7) } else { None }))
 }
 
 /// The line both benchmarks print above their table.
