@@ -4,8 +4,10 @@
 //! Kubernetes objects into the records the logic reads ([`records`]), reads the operator's files
 //! ([`inputs`]), and carries out what the logic asks — on Azure through [`azure`], against real
 //! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
-//! files against the emulator and an in-memory [`cluster`]. It decides nothing about load balancers:
-//! every rule a reviewer could argue about lives in the guest (`clb-guest`).
+//! files against the emulator and an in-memory [`cluster`]. The [`supervisor`] keeps the logic's
+//! state across traps and swaps; [`metrics`] serves its counters and the health probes. It
+//! decides nothing about load balancers: every rule a reviewer could argue about lives in the
+//! guest (`clb-guest`).
 
 pub mod azure;
 pub mod backend_pools;
@@ -14,6 +16,7 @@ pub mod cluster;
 pub mod emulator;
 pub mod executor;
 pub mod inputs;
+pub mod metrics;
 pub mod records;
 pub mod sandbox;
 pub mod scenario;

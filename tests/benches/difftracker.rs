@@ -9,130 +9,11 @@ use clb_guest::model;
 use clb_guest::tracker::Tracker;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, Metering, Runtime, Session};
+use clb_tests::cluster::*;
 use clb_tests::*;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use wasmtime::component::ResourceAny;
-
-const PODS_PER_SERVICE: usize = 30;
-
-/// The cluster is 1,000 nodes and 1,000 Services, divided by `CLB_BENCH_SHRINK` (default 1) to
-/// check that the cost of one change does not grow with the cluster.
-fn shrink() -> usize {
-    std::env::var("CLB_BENCH_SHRINK").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
-}
-
-fn node_count() -> usize {
-    1_000 / shrink()
-}
-
-fn service_count() -> usize {
-    1_000 / shrink()
-}
-
-/// A random-looking version 4 UUID, as the API server gives (a shared prefix would make every
-/// key comparison long, which real clusters never see).
-fn uid(service: usize) -> String {
-    let mut h = (service as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut next = || {
-        h ^= h >> 31;
-        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        h
-    };
-    let (a, b, c) = (next(), next(), next());
-    format!(
-        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
-        a >> 32,
-        a & 0xffff,
-        b & 0xfff,
-        (b >> 16) & 0xfff,
-        c & 0xffff_ffff_ffff
-    )
-}
-
-fn node_ip(node: usize) -> String {
-    format!("10.{}.{}.4", node / 250, node % 250)
-}
-
-fn pod_ip(pod: usize) -> String {
-    format!("10.{}.{}.{}", 100 + pod / 65_536, (pod / 256) % 256, pod % 256)
-}
-
-fn pod_node(service: usize, pod: usize) -> usize {
-    (service * PODS_PER_SERVICE + pod) % node_count()
-}
-
-fn slice(service: usize, not_ready: Option<usize>) -> wit::EndpointSlice {
-    wit::EndpointSlice {
-        namespace: "shop".into(),
-        name: format!("svc-{service}-abcde"),
-        owner_service_uid: Some(uid(service)),
-        address_type: "IPv4".into(),
-        endpoints: (0..PODS_PER_SERVICE)
-            .map(|pod| wit::Endpoint {
-                addresses: vec![pod_ip(service * PODS_PER_SERVICE + pod)],
-                node_name: Some(format!("node-{}", pod_node(service, pod))),
-                ready: Some(not_ready != Some(pod)),
-            })
-            .collect(),
-        deleting: false,
-    }
-}
-
-fn lists() -> Vec<wit::Observation> {
-    let mut template = read_service("etp-local.yaml");
-    template.finalizers = vec!["servicegateway.azure.com/service-cleanup".into()];
-    let mut all = Vec::new();
-    for node in 0..node_count() {
-        all.push(wit::Observation::NodeUpserted(wit::Node {
-            name: format!("node-{node}"),
-            internal_ips: vec![node_ip(node)],
-        }));
-    }
-    for service in 0..service_count() {
-        let mut svc = template.clone();
-        svc.uid = uid(service);
-        svc.name = format!("svc-{service}");
-        svc.ingress_ips = vec![format!("20.0.{}.{}", service / 250, service % 250 + 1)];
-        all.push(wit::Observation::ServiceUpserted(svc));
-        all.push(wit::Observation::SliceUpserted(slice(service, None)));
-    }
-    all.push(wit::Observation::ListsComplete);
-    all
-}
-
-/// NRP already holding the whole cluster: a restart, the common start-up.
-fn nrp_in_sync() -> wit::Outcome {
-    let mut locations: Vec<wit::NrpListedLocation> = (0..node_count())
-        .map(|node| wit::NrpListedLocation { location: node_ip(node), addresses: Vec::new() })
-        .collect();
-    for service in 0..service_count() {
-        for pod in 0..PODS_PER_SERVICE {
-            locations[pod_node(service, pod)].addresses.push(wit::NrpAddress {
-                address: pod_ip(service * PODS_PER_SERVICE + pod),
-                services: vec![uid(service)],
-            });
-        }
-    }
-    let services = (0..service_count())
-        .map(|s| wit::NrpService {
-            name: uid(s),
-            service_type: "Inbound".into(),
-            backend_pools: Vec::new(),
-            is_default: false,
-        })
-        .collect();
-    wit::Outcome::NrpSnapshot(wit::NrpState { services, locations })
-}
-
-/// What Azure and Kubernetes answer in this benchmark: everything succeeds.
-fn answer(command: &wit::Command) -> wit::Outcome {
-    match command {
-        wit::Command::ReadNrp => nrp_in_sync(),
-        wit::Command::PutPublicIp(ip) => wit::Outcome::PublicIpAddress(format!("20.1.0.{}", ip.name.len())),
-        _ => wit::Outcome::Ok,
-    }
-}
 
 /// The tracker, natively or through the component, behind one face.
 trait Driver {
@@ -166,14 +47,8 @@ impl Driver for Component {
 }
 
 /// Answers every command until the tracker is idle; returns how many commands it sent.
-fn drive(driver: &mut dyn Driver, mut step: wit::Step) -> usize {
-    let mut sent = 0;
-    while !step.commands.is_empty() {
-        sent += step.commands.len();
-        let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
-        step = driver.complete(1, &results);
-    }
-    sent
+fn drive(driver: &mut dyn Driver, step: wit::Step) -> usize {
+    settle(step, |results| driver.complete(1, results))
 }
 
 fn main() {
@@ -234,9 +109,7 @@ fn main() {
 
     // (b) One endpoint change: a pod goes not-ready and back; each observation causes one
     // address-location update, answered with success.
-    let changes: Vec<wit::Observation> = (0..2)
-        .map(|i| wit::Observation::SliceUpserted(slice(service_count() / 2, if i == 0 { Some(7) } else { None })))
-        .collect();
+    let changes: Vec<wit::Observation> = (0..2).map(endpoint_change).collect();
     let measure_change = |driver: &mut dyn Driver| {
         let (mut observe, mut sync) = (Vec::new(), Vec::new());
         for round in 0..400 {
@@ -270,12 +143,7 @@ fn main() {
     });
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-    println!(
-        "Cluster: {} nodes, {} ready pods, {} LoadBalancer Services; state {state_size} bytes.",
-        node_count(),
-        service_count() * PODS_PER_SERVICE,
-        service_count()
-    );
+    println!("{}", describe(state_size));
     println!();
     println!("| measure | native | component | component / native |");
     println!("|---|---|---|---|");

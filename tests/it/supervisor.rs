@@ -6,21 +6,21 @@ use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, LoadError, Logic};
 use clb_host::scenario;
 use clb_host::simulate;
-use clb_host::supervisor::{CheckpointPolicy, Supervisor, SupervisorError, version_name};
+use clb_host::supervisor::{CheckpointPolicy, Supervisor, SupervisorError, self_check, version_name};
 use clb_tests::*;
 use std::sync::OnceLock;
 
-fn next() -> &'static Logic {
+pub(crate) fn next() -> &'static Logic {
     static LOGIC: OnceLock<Logic> = OnceLock::new();
     LOGIC.get_or_init(|| runtime().load(NEXT_GUEST, Limits::default()).expect("the next guest loads"))
 }
 
-fn node(name: &str, ip: &str) -> wit::Observation {
+pub(crate) fn node(name: &str, ip: &str) -> wit::Observation {
     wit::Observation::NodeUpserted(wit::Node { name: name.into(), internal_ips: vec![ip.into()] })
 }
 
 /// A LoadBalancer Service; `uid` is a UUID's last digits. The next guest traps on `boom*`.
-fn service(name: &str, uid: u32) -> wit::Observation {
+pub(crate) fn service(name: &str, uid: u32) -> wit::Observation {
     let mut service = read_service("etp-local.yaml");
     service.name = name.into();
     service.uid = format!("6a1f0c8e-2b3d-4e5f-8a9b-{uid:012}");
@@ -30,7 +30,7 @@ fn service(name: &str, uid: u32) -> wit::Observation {
     wit::Observation::ServiceUpserted(service)
 }
 
-fn slice(service_name: &str, uid: u32, address: &str, node: &str) -> wit::Observation {
+pub(crate) fn slice(service_name: &str, uid: u32, address: &str, node: &str) -> wit::Observation {
     wit::Observation::SliceUpserted(wit::EndpointSlice {
         namespace: read_service("etp-local.yaml").namespace,
         name: format!("{service_name}-abc"),
@@ -46,7 +46,11 @@ fn slice(service_name: &str, uid: u32, address: &str, node: &str) -> wit::Observ
 }
 
 fn started(logic: &'static Logic, policy: CheckpointPolicy) -> Supervisor<'static> {
-    let mut supervisor = Supervisor::with_policy(logic, policy);
+    start(Supervisor::with_policy(logic, policy))
+}
+
+/// Starts `supervisor` on two nodes and an empty NRP, up to its first idle step.
+pub(crate) fn start(mut supervisor: Supervisor<'static>) -> Supervisor<'static> {
     supervisor.start(&read_config("clb.yaml")).unwrap();
     let mut issued = supervisor.observe(0, &[node("n1", "10.224.0.4"), node("n2", "10.224.0.5")]).unwrap().commands;
     issued.extend(supervisor.observe(0, &[wit::Observation::ListsComplete]).unwrap().commands);
@@ -201,4 +205,55 @@ fn a_swap_step_expecting_the_wrong_result_fails_the_scenario() {
     let check = report.steps.iter().flat_map(|s| &s.checks).find(|c| !c.ok).unwrap();
     assert!(check.what.contains("swap to hostile-guest: refused"), "{check:?}");
     assert_eq!(check.detail.as_deref(), Some("expected it accepted"));
+}
+
+/// A step that asks NRP to unregister the named Services (`is_delete`), each in its own command.
+fn unregistering(names: &[&str]) -> wit::Step {
+    let commands = names
+        .iter()
+        .enumerate()
+        .map(|(id, name)| wit::Issued {
+            id: id as u64,
+            command: wit::Command::UpdateServices(wit::UpdateServices {
+                services: vec![wit::NrpServiceRequest {
+                    name: (*name).into(),
+                    service_type: wit::NrpServiceType::Inbound,
+                    backend_pools: Vec::new(),
+                    is_delete: true,
+                }],
+            }),
+        })
+        .collect();
+    wit::Step { commands, wake_at_ms: None, idle: false }
+}
+
+// No guest shipped with the tests proposes a destructive command the built-in logic would not
+// (that needs a dedicated test guest), so the self-check's comparison is tested on its own.
+
+#[test]
+fn the_self_check_refuses_a_new_version_that_unregisters_a_service_the_old_one_keeps() {
+    let old = unregistering(&[]);
+    let new = unregistering(&["6a1f0c8e-2b3d-4e5f-8a9b-000000000001"]);
+    let err = self_check(&old, &new).expect_err("an unregister only the new version proposes is refused");
+    match &err {
+        SupervisorError::SwapSelfCheck { destructive } => {
+            assert_eq!(destructive, &["unregister 6a1f0c8e-2b3d-4e5f-8a9b-000000000001".to_owned()])
+        }
+        other => panic!("expected a self-check refusal, got {other}"),
+    }
+    assert_eq!(err.kind(), "self-check");
+}
+
+#[test]
+fn the_self_check_accepts_a_destructive_command_the_old_version_proposes_too() {
+    let both = unregistering(&["gone"]);
+    self_check(&both, &both).expect("the same unregister on both sides is not new");
+    self_check(&unregistering(&["gone", "also-gone"]), &both).expect("proposing less is allowed");
+}
+
+#[test]
+fn the_self_check_counts_a_repeated_destructive_command_once_per_occurrence() {
+    let err = self_check(&unregistering(&["gone"]), &unregistering(&["gone", "gone"]))
+        .expect_err("the second unregister is not matched by the old version");
+    assert!(matches!(&err, SupervisorError::SwapSelfCheck { destructive } if destructive.len() == 1), "{err}");
 }

@@ -1,6 +1,8 @@
 //! What the integration tests and the benchmarks share: one runtime per process, the built-in
 //! and test guests, fixture paths, and the WIT → logic conversion of the differential runs.
 
+pub mod cluster;
+
 use clb_guest::model;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::bindings::exports::clb::reconciler::validation as wit_validation;

@@ -1,0 +1,148 @@
+//! Hot swap, checkpoints and limits at scale (issue 7), on the cluster of `benches/difftracker.rs`
+//! (1,000 nodes, 30,000 ready pods, 1,000 Services) in steady state, behind the [`Supervisor`]:
+//! (a) a swap to a precompiled version, up to the first call served by it, state move included;
+//! (b) the state move alone (export from the old instance, import into a fresh one);
+//! (c) one checkpoint (`export-state`), and what the checkpoint policy costs per input;
+//! (d) one endpoint change with the limits on and off.
+//! Run with `cargo bench -p clb-tests --bench swap`; prints a Markdown table.
+
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_host::sandbox::{Limits, Logic, Metering, Runtime};
+use clb_host::supervisor::{CheckpointPolicy, Supervisor};
+use clb_tests::cluster::*;
+use clb_tests::*;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// Swaps measured (alternating between two loads of the built-in logic).
+const SWAPS: usize = 5;
+/// Endpoint changes per policy when measuring what checkpoints cost per input.
+const CHANGES: usize = 4_096;
+
+/// Limits that never stop the benchmark, while still being metered.
+fn limits() -> Limits {
+    Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 }
+}
+
+/// A supervisor over `logic` with the whole cluster created and NRP in sync.
+fn steady<'a>(logic: &'a Logic, policy: CheckpointPolicy, config: &wit::Config) -> Supervisor<'a> {
+    let mut supervisor = Supervisor::with_policy(logic, policy);
+    supervisor.start(config).unwrap();
+    let first = supervisor.observe(0, &lists()).unwrap();
+    settle(first, |results| supervisor.complete(1, results).unwrap());
+    supervisor
+}
+
+/// One endpoint change and its sync; returns how long the two calls took.
+fn change(supervisor: &mut Supervisor, round: usize, now: u64) -> Duration {
+    let start = Instant::now();
+    let step = supervisor.observe(now, &[endpoint_change(round)]).unwrap();
+    assert_eq!(step.commands.len(), 1, "one update per change: {:?}", step.commands);
+    let after = supervisor.complete(now, &[(step.commands[0].id, wit::Outcome::Ok)]).unwrap();
+    assert!(after.commands.is_empty());
+    start.elapsed()
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn main() {
+    let config = read_config("clb.yaml");
+    let runtime = runtime();
+    // Two loads of the same bytes are two versions to the supervisor: a swap between them does
+    // all the work of a real one. `Runtime::load` (compilation) is done beforehand, as in
+    // production, where the new component is precompiled off the serving path.
+    let a = runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
+    let b = runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
+    let next = runtime.load(NEXT_GUEST, limits()).unwrap();
+
+    let never = CheckpointPolicy { every_inputs: usize::MAX, journal_items: usize::MAX };
+    let mut supervisor = steady(&a, never, &config);
+    let state_size = supervisor.export_state().unwrap().payload.len();
+
+    // (a) Swaps, each followed by the first call on the new version.
+    let (mut swap_total, mut swap_call, mut swap_move) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..SWAPS {
+        let target = if i % 2 == 0 { &b } else { &a };
+        let start = Instant::now();
+        let report = supervisor.swap(target, 10).unwrap();
+        change(&mut supervisor, i, 10);
+        swap_total.push(start.elapsed());
+        swap_call.push(report.took);
+        swap_move.push(report.state_move);
+    }
+    // To the next guest (state version 1 → 2, a migration): once, since it cannot go back.
+    let start = Instant::now();
+    let to_next = supervisor.swap(&next, 20).unwrap();
+    change(&mut supervisor, SWAPS, 20);
+    let to_next_total = start.elapsed();
+
+    // (b) The state move alone: the serving version's export, a fresh instance's import.
+    let mut steady_a = steady(&a, never, &config);
+    let mut export = Vec::new();
+    let mut import = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        let state = steady_a.export_state().unwrap();
+        export.push(start.elapsed());
+        let mut session = b.session().unwrap();
+        let start = Instant::now();
+        black_box(session.tracker_import(&config, &state).unwrap().unwrap());
+        import.push(start.elapsed());
+    }
+    let (export, import) = (median(export), median(import));
+
+    // (c) What checkpoints cost per input: the same endpoint changes under each policy. Every
+    // change is two inputs (the observation, then the outcome of its update).
+    let policies = [
+        ("never".to_owned(), never),
+        ("every 64 inputs (the first default)".to_owned(), CheckpointPolicy { every_inputs: 64, journal_items: 4_096 }),
+        (
+            format!("every {} inputs (the default)", CheckpointPolicy::default().every_inputs),
+            CheckpointPolicy::default(),
+        ),
+    ];
+    let mut per_input = Vec::new();
+    for (name, policy) in policies {
+        let mut s = steady(&a, policy, &config);
+        let checkpoints_before = s.stats().checkpoints;
+        let start = Instant::now();
+        for round in 0..CHANGES {
+            change(&mut s, round, 30);
+        }
+        let took = start.elapsed() / (2 * CHANGES as u32);
+        per_input.push((name, took, s.stats().checkpoints - checkpoints_before));
+    }
+
+    // (d) One endpoint change (observation + sync) with the limits on and off.
+    let change_median =
+        |supervisor: &mut Supervisor| median((0..400).map(|round| change(supervisor, round, 40)).collect());
+    let metered = change_median(&mut steady_a);
+    let bare_runtime = Runtime::with_metering(Metering { fuel: false, epoch: false }).unwrap();
+    let bare_logic = bare_runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
+    let mut bare = steady(&bare_logic, never, &config);
+    let unmetered = change_median(&mut bare);
+
+    println!("{}", describe(state_size));
+    println!();
+    println!("| measure | value |");
+    println!("|---|---|");
+    let row = |name: &str, d: Duration| println!("| {name} | {d:.2?} |");
+    row("(a) swap + first call on the new version (median of 5, v1 → v1)", median(swap_total));
+    row("(a) of which the swap itself (`Supervisor::swap`)", median(swap_call));
+    row("(a) of which its state move (export, import, re-export)", median(swap_move));
+    row("(a) swap + first call, built-in → next guest (v1 → v2, one run)", to_next_total);
+    row("(a) of which the swap itself", to_next.took);
+    row("(b) state move alone: export", export);
+    row("(b) state move alone: import into a fresh instance", import);
+    row("(b) state move alone: export + import", export + import);
+    row("(c) one checkpoint (`export-state`)", export);
+    for (name, took, checkpoints) in &per_input {
+        row(&format!("(c) per input, checkpoints {name}: {checkpoints} in {} inputs", 2 * CHANGES), *took);
+    }
+    row("(d) one endpoint change, limits on (fuel + epoch)", metered);
+    row("(d) one endpoint change, limits off", unmetered);
+    println!("| (d) limits on / off | {:.2}× |", metered.as_secs_f64() / unmetered.as_secs_f64());
+}

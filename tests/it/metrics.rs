@@ -1,0 +1,133 @@
+//! `/metrics`, `/healthz` and `/readyz`, scraped over loopback while a supervisor serves: the
+//! probes follow the tracker's life, and the counters move with inputs, traps and swaps, labelled
+//! by logic version.
+
+use crate::supervisor::{next, node, service, start};
+use clb_host::metrics::{Metrics, MetricsServer};
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_host::supervisor::{CheckpointPolicy, Supervisor};
+use clb_tests::*;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+/// A server on a free loopback port, on its own runtime (the test thread scrapes synchronously).
+fn serve(metrics: Arc<Metrics>) -> (tokio::runtime::Runtime, MetricsServer) {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let server = runtime.block_on(MetricsServer::start(metrics, "127.0.0.1:0".parse().unwrap())).unwrap();
+    (runtime, server)
+}
+
+/// `GET path` over a plain TCP connection: (status, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{response}"));
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// The value of the one sample of `name` whose labels contain every fragment of `labels`.
+fn value(exposition: &str, name: &str, labels: &[&str]) -> f64 {
+    let found: Vec<f64> = exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(name))
+        .filter(|l| labels.iter().all(|fragment| l.contains(fragment)))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "one sample of {name} with {labels:?} in:\n{exposition}");
+    found[0]
+}
+
+#[test]
+fn the_probes_follow_the_tracker_from_start_to_its_first_idle_step() {
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let addr = server.local_addr();
+    let mut supervisor = Supervisor::new(builtin()).with_metrics(metrics);
+    assert_eq!(get(addr, "/healthz").0, 503, "nothing serves before the start");
+    assert_eq!(get(addr, "/readyz").0, 503);
+
+    supervisor.start(&read_config("clb.yaml")).unwrap();
+    assert_eq!(get(addr, "/healthz").0, 200);
+    let step = supervisor.observe(0, &[node("n1", "10.224.0.4"), wit::Observation::ListsComplete]).unwrap();
+    assert!(!step.idle);
+    assert_eq!(get(addr, "/readyz").0, 503, "not ready while the first NRP read is out");
+
+    let read = step.commands.iter().find(|i| i.command == wit::Command::ReadNrp).unwrap().id;
+    let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
+    let step = supervisor.complete(0, &[(read, wit::Outcome::NrpSnapshot(empty))]).unwrap();
+    assert!(step.idle, "{step:?}");
+    assert_eq!(get(addr, "/readyz"), (200, "ready\n".into()));
+    // Readiness stays once reached, while the tracker works on a new Service.
+    let step = supervisor.observe(1, &[service("web", 1)]).unwrap();
+    assert!(!step.idle);
+    assert_eq!(get(addr, "/readyz").0, 200);
+    assert_eq!(get(addr, "/nothing-here").0, 404);
+}
+
+#[test]
+fn the_counters_move_with_inputs_and_carry_the_serving_version_and_its_digest() {
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let addr = server.local_addr();
+    let policy = CheckpointPolicy { every_inputs: 2, journal_items: 100 };
+    let mut supervisor = start(Supervisor::with_policy(builtin(), policy).with_metrics(metrics));
+    let sha = builtin().info().sha256.clone();
+    let labels = [format!("version=\"{}\"", &sha[..12]), format!("sha256=\"{sha}\"")];
+    let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+
+    let (status, before) = get(addr, "/metrics");
+    assert_eq!(status, 200, "{before}");
+    assert_eq!(value(&before, "clb_logic_serving", &labels), 1.0);
+    assert_eq!(value(&before, "clb_supervisor_inputs_total", &labels), supervisor.stats().inputs as f64);
+    supervisor.observe(5, &[service("web", 1)]).unwrap();
+    supervisor.observe(6, &[service("api", 2)]).unwrap();
+    let after = get(addr, "/metrics").1;
+
+    assert_eq!(
+        value(&after, "clb_supervisor_inputs_total", &labels),
+        value(&before, "clb_supervisor_inputs_total", &labels) + 2.0
+    );
+    // Other tests share the built-in logic's counters, so these only have to have grown.
+    assert!(value(&after, "clb_guest_calls_total", &labels) >= value(&before, "clb_guest_calls_total", &labels) + 2.0);
+    assert!(value(&after, "clb_guest_fuel_used_total", &labels) > value(&before, "clb_guest_fuel_used_total", &labels));
+    let checkpoints = value(&after, "clb_supervisor_checkpoints_total", &labels);
+    assert!(checkpoints > value(&before, "clb_supervisor_checkpoints_total", &labels), "{after}");
+    let state = value(&after, "clb_state_bytes", &labels);
+    assert_eq!(state, supervisor.stats().last_checkpoint_bytes as f64);
+    assert!(state > 0.0);
+    assert!(value(&after, "clb_supervisor_checkpoint_bytes_total", &labels) >= state, "the last one included");
+    assert_eq!(value(&after, "clb_ready", &[]), 1.0);
+}
+
+#[test]
+fn a_trap_a_refused_swap_and_an_accepted_one_are_counted_under_their_versions() {
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let addr = server.local_addr();
+    let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics));
+    let old = builtin().info().sha256.clone();
+    let new = next().info().sha256.clone();
+    let old_label = format!("sha256=\"{old}\"");
+    let new_label = format!("sha256=\"{new}\"");
+
+    let err = supervisor.swap_bytes(runtime(), HOSTILE_GUEST, Default::default(), 1).expect_err("refused");
+    let text = get(addr, "/metrics").1;
+    assert_eq!(value(&text, "clb_supervisor_swaps_total", &[&old_label, &format!("result=\"{}\"", err.kind())]), 1.0);
+
+    supervisor.swap(next(), 2).expect("accepted");
+    supervisor.observe(3, &[service("boom", 9)]).unwrap();
+    let text = get(addr, "/metrics").1;
+    assert_eq!(value(&text, "clb_logic_serving", &[&new_label]), 1.0);
+    assert!(!text.contains(&format!("clb_logic_serving{{version=\"{}\"", &old[..12])), "{text}");
+    assert_eq!(value(&text, "clb_supervisor_swaps_total", &[&new_label, "result=\"accepted\""]), 1.0);
+    assert_eq!(value(&text, "clb_supervisor_quarantined_inputs_total", &[&new_label]), 1.0);
+    assert!(value(&text, "clb_supervisor_recoveries_total", &[&new_label]) >= 1.0);
+    assert!(value(&text, "clb_guest_failures_total", &[&new_label, "kind=\"panic\""]) >= 1.0);
+    // The previous version is still exposed, with its own calls.
+    assert!(value(&text, "clb_guest_calls_total", &[&old_label]) > 0.0);
+}

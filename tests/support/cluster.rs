@@ -1,0 +1,155 @@
+//! A large cluster for the benchmarks: 1,000 nodes, 30,000 ready pods (30 per Service) and
+//! 1,000 LoadBalancer Services, as the observations the host would send, the NRP that already
+//! holds all of it, and answers to every command. Shared by `benches/difftracker.rs` and
+//! `benches/swap.rs` so both measure the same cluster.
+
+use crate::read_service;
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+
+pub const PODS_PER_SERVICE: usize = 30;
+
+/// The cluster is 1,000 nodes and 1,000 Services, divided by `CLB_BENCH_SHRINK` (default 1) to
+/// check that the cost of one change does not grow with the cluster.
+pub fn shrink() -> usize {
+    std::env::var("CLB_BENCH_SHRINK").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
+}
+
+pub fn node_count() -> usize {
+    1_000 / shrink()
+}
+
+pub fn service_count() -> usize {
+    1_000 / shrink()
+}
+
+/// A random-looking version 4 UUID, as the API server gives (a shared prefix would make every
+/// key comparison long, which real clusters never see).
+pub fn uid(service: usize) -> String {
+    let mut h = (service as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut next = || {
+        h ^= h >> 31;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h
+    };
+    let (a, b, c) = (next(), next(), next());
+    format!(
+        "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+        a >> 32,
+        a & 0xffff,
+        b & 0xfff,
+        (b >> 16) & 0xfff,
+        c & 0xffff_ffff_ffff
+    )
+}
+
+pub fn node_ip(node: usize) -> String {
+    format!("10.{}.{}.4", node / 250, node % 250)
+}
+
+pub fn pod_ip(pod: usize) -> String {
+    format!("10.{}.{}.{}", 100 + pod / 65_536, (pod / 256) % 256, pod % 256)
+}
+
+pub fn pod_node(service: usize, pod: usize) -> usize {
+    (service * PODS_PER_SERVICE + pod) % node_count()
+}
+
+pub fn slice(service: usize, not_ready: Option<usize>) -> wit::EndpointSlice {
+    wit::EndpointSlice {
+        namespace: "shop".into(),
+        name: format!("svc-{service}-abcde"),
+        owner_service_uid: Some(uid(service)),
+        address_type: "IPv4".into(),
+        endpoints: (0..PODS_PER_SERVICE)
+            .map(|pod| wit::Endpoint {
+                addresses: vec![pod_ip(service * PODS_PER_SERVICE + pod)],
+                node_name: Some(format!("node-{}", pod_node(service, pod))),
+                ready: Some(not_ready != Some(pod)),
+            })
+            .collect(),
+        deleting: false,
+    }
+}
+
+pub fn lists() -> Vec<wit::Observation> {
+    let mut template = read_service("etp-local.yaml");
+    template.finalizers = vec!["servicegateway.azure.com/service-cleanup".into()];
+    let mut all = Vec::new();
+    for node in 0..node_count() {
+        all.push(wit::Observation::NodeUpserted(wit::Node {
+            name: format!("node-{node}"),
+            internal_ips: vec![node_ip(node)],
+        }));
+    }
+    for service in 0..service_count() {
+        let mut svc = template.clone();
+        svc.uid = uid(service);
+        svc.name = format!("svc-{service}");
+        svc.ingress_ips = vec![format!("20.0.{}.{}", service / 250, service % 250 + 1)];
+        all.push(wit::Observation::ServiceUpserted(svc));
+        all.push(wit::Observation::SliceUpserted(slice(service, None)));
+    }
+    all.push(wit::Observation::ListsComplete);
+    all
+}
+
+/// NRP already holding the whole cluster: a restart, the common start-up.
+pub fn nrp_in_sync() -> wit::Outcome {
+    let mut locations: Vec<wit::NrpListedLocation> = (0..node_count())
+        .map(|node| wit::NrpListedLocation { location: node_ip(node), addresses: Vec::new() })
+        .collect();
+    for service in 0..service_count() {
+        for pod in 0..PODS_PER_SERVICE {
+            locations[pod_node(service, pod)].addresses.push(wit::NrpAddress {
+                address: pod_ip(service * PODS_PER_SERVICE + pod),
+                services: vec![uid(service)],
+            });
+        }
+    }
+    let services = (0..service_count())
+        .map(|s| wit::NrpService {
+            name: uid(s),
+            service_type: "Inbound".into(),
+            backend_pools: Vec::new(),
+            is_default: false,
+        })
+        .collect();
+    wit::Outcome::NrpSnapshot(wit::NrpState { services, locations })
+}
+
+/// What Azure and Kubernetes answer in this benchmark: everything succeeds.
+pub fn answer(command: &wit::Command) -> wit::Outcome {
+    match command {
+        wit::Command::ReadNrp => nrp_in_sync(),
+        wit::Command::PutPublicIp(ip) => wit::Outcome::PublicIpAddress(format!("20.1.0.{}", ip.name.len())),
+        _ => wit::Outcome::Ok,
+    }
+}
+
+/// Answers every command of `step` through `complete` until the tracker has nothing more to
+/// send; returns how many commands it answered.
+pub fn settle(mut step: wit::Step, mut complete: impl FnMut(&[(u64, wit::Outcome)]) -> wit::Step) -> usize {
+    let mut sent = 0;
+    while !step.commands.is_empty() {
+        sent += step.commands.len();
+        let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+        step = complete(&results);
+    }
+    sent
+}
+
+/// A pod of the Service in the middle goes not-ready (`round` even) or ready again (odd): one
+/// endpoint change, which costs one address-location update.
+pub fn endpoint_change(round: usize) -> wit::Observation {
+    wit::Observation::SliceUpserted(slice(service_count() / 2, if round.is_multiple_of(2) { Some(7) } else { None }))
+}
+
+/// The line both benchmarks print above their table.
+pub fn describe(state_bytes: usize) -> String {
+    format!(
+        "Cluster: {} nodes, {} ready pods, {} LoadBalancer Services; state {state_bytes} bytes.",
+        node_count(),
+        service_count() * PODS_PER_SERVICE,
+        service_count()
+    )
+}
