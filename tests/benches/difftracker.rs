@@ -86,15 +86,18 @@ fn main() {
         black_box(tracker.complete(0, vec![(read, snapshot)]));
         start.elapsed()
     });
-    let component_startup = time_startup(&mut || {
-        let mut session = logic.session().unwrap();
-        let tracker = session.tracker_create(&config).unwrap().unwrap();
-        let start = Instant::now();
-        let step = session.tracker_observe(tracker, 0, &lists).unwrap();
-        let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
-        black_box(session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap());
-        start.elapsed()
-    });
+    let startup_through = |logic: &clb_host::sandbox::Logic| {
+        time_startup(&mut || {
+            let mut session = logic.session().unwrap();
+            let tracker = session.tracker_create(&config).unwrap().unwrap();
+            let start = Instant::now();
+            let step = session.tracker_observe(tracker, 0, &lists).unwrap();
+            let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
+            black_box(session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap());
+            start.elapsed()
+        })
+    };
+    let component_startup = startup_through(&logic);
 
     // Both trackers brought to the steady state: every Service Created, NRP in sync.
     let mut native = Native(Tracker::create(config_to_model(&config)).unwrap());
@@ -163,15 +166,6 @@ fn main() {
     ] {
         let runtime = Runtime::with_metering(metering).unwrap();
         let logic = runtime.load(clb_host::BUILTIN_GUEST, limits).unwrap();
-        let startup = time_startup(&mut || {
-            let mut session = logic.session().unwrap();
-            let tracker = session.tracker_create(&config).unwrap().unwrap();
-            let start = Instant::now();
-            let step = session.tracker_observe(tracker, 0, &lists).unwrap();
-            let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
-            black_box(session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap());
-            start.elapsed()
-        });
-        row(label, native_startup, startup);
+        row(label, native_startup, startup_through(&logic));
     }
 }

@@ -4,27 +4,17 @@
 use clb_host::azure::auth::{TokenFile, WorkloadIdentity};
 use clb_host::azure::*;
 use clb_host::emulator::{AsyncOutcome, Emulator, EmulatorConfig, EmulatorServer, Fault, FaultMode, Resources};
+use clb_tests::test_scope;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn scope() -> Scope {
-    Scope {
-        subscription: "sub-1".into(),
-        resource_group: "rg-1".into(),
-        location: "eastus2".into(),
-        vnet_resource_group: "rg-net".into(),
-        vnet: "vnet-1".into(),
-        service_gateway: DEFAULT_SERVICE_GATEWAY.into(),
-    }
-}
-
 fn emulator() -> Arc<Emulator> {
     // Pages of two, so that every list over HTTP follows nextLink.
-    Arc::new(Emulator::with_config(scope(), EmulatorConfig { page_size: 2, ..Default::default() }))
+    Arc::new(Emulator::with_config(test_scope(), EmulatorConfig { page_size: 2, ..Default::default() }))
 }
 
 fn client(url: &str, request_timeout: Duration, credential: Credential) -> ArmClient {
-    let mut config = ArmConfig::new(url, scope());
+    let mut config = ArmConfig::new(url, test_scope());
     config.request_timeout = request_timeout;
     config.poll_interval = Duration::from_millis(10);
     ArmClient::new(config, credential).expect("the client builds")
@@ -513,7 +503,7 @@ async fn a_backend_pool_write_with_a_stale_etag_is_refused_with_412() {
 #[tokio::test]
 async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
     let upper =
-        Arc::new(Emulator::with_config(scope(), EmulatorConfig { echo_ipv6_upper: true, ..Default::default() }));
+        Arc::new(Emulator::with_config(test_scope(), EmulatorConfig { echo_ipv6_upper: true, ..Default::default() }));
     for emulator in [emulator(), upper] {
         let partial = UpdateAction::PartialUpdate;
         emulator.update_services(partial, &[inbound("a"), inbound("b")]).await.unwrap();
@@ -542,7 +532,7 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
         nat_gateway: NatGatewayLink::Clear,
         is_delete: false,
     };
-    let services = wire::update_services(&scope(), partial, &[inbound("u1"), disassociate]);
+    let services = wire::update_services(&test_scope(), partial, &[inbound("u1"), disassociate]);
     let net = "/subscriptions/sub-1/resourceGroups/rg-1/providers/Microsoft.Network";
     let expected = serde_json::json!({
         "action": "PartialUpdate",
@@ -570,7 +560,7 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
     assert_eq!(serde_json::to_value(&locations).unwrap(), expected);
 
     let balancer =
-        serde_json::to_value(wire::load_balancer(&scope(), &lb("u1", "u1-pip", vec![rule(Protocol::Udp, 53)])))
+        serde_json::to_value(wire::load_balancer(&test_scope(), &lb("u1", "u1-pip", vec![rule(Protocol::Udp, 53)])))
             .unwrap();
     assert_eq!(balancer["sku"]["name"], "Service");
     assert_eq!(balancer["properties"]["frontendIPConfigurations"][0]["name"], "frontend");
@@ -579,9 +569,11 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
     assert_eq!(rule_json["properties"]["protocol"], "Udp");
     assert_eq!(rule_json["properties"]["enableFloatingIP"], false);
     assert_eq!(rule_json["properties"]["idleTimeoutInMinutes"], 4);
-    let address =
-        serde_json::to_value(wire::public_ip(&scope(), &PublicIpSpec { name: "x".into(), version: IpVersion::IPv6 }))
-            .unwrap();
+    let address = serde_json::to_value(wire::public_ip(
+        &test_scope(),
+        &PublicIpSpec { name: "x".into(), version: IpVersion::IPv6 },
+    ))
+    .unwrap();
     assert_eq!(address["sku"]["name"], "StandardV2");
     assert_eq!(address["properties"]["publicIPAllocationMethod"], "Static");
     assert_eq!(address["properties"]["publicIPAddressVersion"], "IPv6");
@@ -654,7 +646,7 @@ async fn workload_identity_exchanges_again_near_expiry_with_the_rotated_federate
     std::fs::write(&federated, "jwt-1").unwrap();
     // Tokens that live less than the refresh margin are never reused.
     let config = EmulatorConfig { token_lifetime_secs: 60, ..Default::default() };
-    let emulator = Arc::new(Emulator::with_config(scope(), config));
+    let emulator = Arc::new(Emulator::with_config(test_scope(), config));
     let server = serve(emulator.clone()).await;
     let credential = Credential::WorkloadIdentity(workload_identity(&server.url(), &federated));
     let client = client(&server.url(), Duration::from_secs(30), credential);

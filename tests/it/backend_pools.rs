@@ -8,21 +8,11 @@ use clb_host::backend_pools::*;
 use clb_host::cluster::Cluster;
 use clb_host::emulator::{Emulator, Fault, FaultMode};
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
+use clb_tests::test_scope;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
-
-fn scope() -> Scope {
-    Scope {
-        subscription: "sub-1".into(),
-        resource_group: "rg-1".into(),
-        location: "eastus2".into(),
-        vnet_resource_group: "rg-net".into(),
-        vnet: "vnet-1".into(),
-        service_gateway: DEFAULT_SERVICE_GATEWAY.into(),
-    }
-}
 
 /// Holds one kind of call at its start until released, and says when one arrived: a real
 /// ARM call that takes as long as the test wants.
@@ -110,7 +100,7 @@ const POOL: &str = "svc-a";
 
 /// Two load balancers, `lb1` and `lb2`, each with an empty pool `svc-a`; `ns/a` is on `lb1`.
 async fn fixture() -> Fixture {
-    let emulator = Arc::new(Emulator::new(scope()));
+    let emulator = Arc::new(Emulator::new(test_scope()));
     emulator.put_public_ip(&PublicIpSpec { name: "pip".into(), version: IpVersion::IPv4 }).await.unwrap();
     for lb in ["lb1", "lb2"] {
         let spec =

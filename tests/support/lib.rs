@@ -360,3 +360,16 @@ pub fn scenario_files() -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+/// The Azure scope the client and emulator tests use (distinct names, so a test can see which
+/// one went where in an ARM ID).
+pub fn test_scope() -> clb_host::azure::Scope {
+    clb_host::azure::Scope {
+        subscription: "sub-1".into(),
+        resource_group: "rg-1".into(),
+        location: "eastus2".into(),
+        vnet_resource_group: "rg-net".into(),
+        vnet: "vnet-1".into(),
+        service_gateway: clb_host::azure::DEFAULT_SERVICE_GATEWAY.into(),
+    }
+}
