@@ -3,7 +3,7 @@
 //! Field copies only; no rule lives here. A panic anywhere in the logic is reported through the
 //! `diagnostics` import before the instance traps, so the host can say why.
 
-use crate::{admission, backend_pools as pools, config, model, tracker};
+use crate::{admission, backend_pools as pools, config, model, placement, tracker};
 use std::cell::RefCell;
 
 wit_bindgen::generate!({
@@ -104,6 +104,19 @@ struct PoolQueueResource(RefCell<pools::PoolQueue>);
 
 impl wit_pools::Guest for Component {
     type PoolQueue = PoolQueueResource;
+
+    fn place_service(
+        configurations: Vec<wit_pools::SlbConfiguration>,
+        service: wit::Service,
+    ) -> Option<wit_pools::ServicePlacement> {
+        install_panic_hook();
+        let configurations: Vec<placement::SlbConfiguration> = configurations
+            .into_iter()
+            .map(|c| placement::SlbConfiguration { name: c.name, allow_service_placement: c.allow_service_placement })
+            .collect();
+        placement::place_service(&configurations, &service.into())
+            .map(|p| wit_pools::ServicePlacement { load_balancer: p.load_balancer, pool: p.pool })
+    }
 }
 
 impl wit_pools::GuestPoolQueue for PoolQueueResource {

@@ -848,6 +848,9 @@ impl Tracker {
     /// Starts whatever can start now; sets when to be called again.
     fn pump(&mut self, now: u64, step: &mut Step) {
         if self.mode != Mode::ContainerLoadBalancer {
+            // Outside CLB mode the tracker provisions nothing (the backend-pool updater serves
+            // multi-SLB mode), so it is idle once its Events are sent.
+            step.idle = step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_)));
             return;
         }
         self.maybe_reconcile();
@@ -1422,6 +1425,22 @@ mod tests {
         let mut tracker = Tracker::create(clb()).unwrap();
         let step = tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local"))]);
         assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
+    }
+
+    #[test]
+    fn outside_clb_mode_the_tracker_sends_nothing_and_is_idle_at_once() {
+        let multi_slb = Config {
+            backend_pool_type: "nodeIP".into(),
+            multiple_standard_load_balancers: vec!["kubernetes".into()],
+            ..Config::default()
+        };
+        let mut tracker = Tracker::create(multi_slb).unwrap();
+        let step =
+            tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        assert!(step.commands.is_empty(), "{:?}", step.commands);
+        assert!(step.idle);
+        assert_eq!(step.wake_at_ms, None);
+        assert!(tracker.tick(60_000).idle);
     }
 
     #[test]

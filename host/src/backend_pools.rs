@@ -21,6 +21,7 @@ use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
     Disposition, GroupOutcome, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment, ServiceEvent,
+    ServicePlacement, SlbConfiguration,
 };
 use crate::sandbox::{GuestError, Logic, Session};
 use std::collections::{BTreeMap, BTreeSet};
@@ -307,6 +308,17 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         self.with_guest(|s, q| s.pool_queue_status(q, now))
     }
 
+    /// Asks the guest where a Service belongs (`None`: not a local Service in this mode). The
+    /// reconcile calls it under the service reconcile lock and records the answer with
+    /// [`assign`](Self::assign).
+    pub fn place(
+        &self,
+        configurations: &[SlbConfiguration],
+        service: &wit::Service,
+    ) -> Result<Option<ServicePlacement>, PoolUpdaterError> {
+        self.with_guest(|s, _| s.place_service(configurations, service))
+    }
+
     /// Records where a local Service lives (`None`: not a local Service in this mode any more).
     /// The guard proves the caller holds the service reconcile lock, as upstream writes its
     /// `localServiceNameToServiceInfoMap` only under it; the tick reads it under the same lock.
@@ -321,9 +333,19 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// One tick: service lock → resource lock → drain and group → per group GET, PUT if changed,
     /// report. Completes when unlocking fails.
     pub async fn tick(&self) -> Result<Tick, PoolUpdaterError> {
+        self.tick_with(now_ms).await
+    }
+
+    /// [`tick`](Self::tick) at a given instant of the caller's clock (virtual time in
+    /// `simulate`): every guest call of the tick is made at `now_ms`.
+    pub async fn tick_at(&self, now_ms: u64) -> Result<Tick, PoolUpdaterError> {
+        self.tick_with(move || now_ms).await
+    }
+
+    async fn tick_with(&self, clock: impl Fn() -> u64) -> Result<Tick, PoolUpdaterError> {
         let _reconciling = self.service_lock.lock().await;
         self.stats.ticks.fetch_add(1, Ordering::Relaxed);
-        let now = now_ms();
+        let now = clock();
         // An idle (or wholly parked) queue costs no lock traffic (upstream `countOperations`).
         if !self.with_guest(|s, q| s.pool_queue_status(q, now))?.ready {
             self.stats.idle_ticks.fetch_add(1, Ordering::Relaxed);
@@ -334,7 +356,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             tracing::warn!(error = %err, "backend-pool tick skipped: the Azure resource lock is not available; operations stay queued");
             return Ok(Tick::LockFailed(err));
         }
-        let result = self.drain_and_apply(now).await;
+        let result = self.drain_and_apply(now, &clock).await;
         let unlock_failed = match self.resource_lock.unlock().await {
             Ok(()) => false,
             Err(err) => {
@@ -346,7 +368,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         result.map(|summary| Tick::Ran(TickSummary { unlock_failed, ..summary }))
     }
 
-    async fn drain_and_apply(&self, now: u64) -> Result<TickSummary, PoolUpdaterError> {
+    async fn drain_and_apply(&self, now: u64, clock: &impl Fn() -> u64) -> Result<TickSummary, PoolUpdaterError> {
         let assignment: Vec<ServiceAssignment> = plain(&self.assignment)
             .values()
             .map(|(service, lb)| ServiceAssignment { service: service.clone(), load_balancer: lb.clone() })
@@ -369,7 +391,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
                     tracing::warn!(load_balancer = %group.load_balancer, pool = %group.pool, status = f.status, "backend pool update failed: {}", f.message);
                 }
             }
-            let now = now_ms();
+            let now = clock();
             let Some(report) = self.with_guest(|s, q| s.pool_queue_report(q, now, group.id, &outcome))? else {
                 continue;
             };

@@ -73,6 +73,20 @@ pub trait KubeApi {
     async fn emit_event(&self, event: &wit::Event) -> Result<(), KubeError>;
 }
 
+/// A shared API server is an API server (the simulator shares its cluster with the backend-pool
+/// updater).
+impl<T: KubeApi> KubeApi for std::sync::Arc<T> {
+    async fn patch_service_status(&self, service: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError> {
+        (**self).patch_service_status(service, ingress_ips).await
+    }
+    async fn set_finalizer(&self, service: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError> {
+        (**self).set_finalizer(service, finalizer, present).await
+    }
+    async fn emit_event(&self, event: &wit::Event) -> Result<(), KubeError> {
+        (**self).emit_event(event).await
+    }
+}
+
 /// Why a command was refused before it ran.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidCommand {

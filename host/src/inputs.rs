@@ -2,6 +2,7 @@
 //! that name the file, the line and the reason.
 
 use crate::sandbox::bindings::clb::reconciler::types::Config;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -41,9 +42,24 @@ pub struct CloudConfig {
     multiple_standard_load_balancer_configurations: Vec<MultipleStandardLoadBalancer>,
 }
 
+/// One entry of `multipleStandardLoadBalancerConfigurations`; its other upstream fields are
+/// allowed and ignored.
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct MultipleStandardLoadBalancer {
     name: String,
+    #[serde(default)]
+    allow_service_placement: Option<bool>,
+}
+
+impl CloudConfig {
+    /// The multi-SLB entries with the fields Service placement reads (a field copy).
+    pub fn slb_configurations(&self) -> Vec<SlbConfiguration> {
+        self.multiple_standard_load_balancer_configurations
+            .iter()
+            .map(|lb| SlbConfiguration { name: lb.name.clone(), allow_service_placement: lb.allow_service_placement })
+            .collect()
+    }
 }
 
 pub(crate) fn read(path: &Path) -> Result<String, InputError> {
@@ -56,12 +72,16 @@ pub fn read_config(path: &Path) -> Result<Config, InputError> {
 }
 
 pub fn parse_config(path: &Path, text: &str) -> Result<Config, InputError> {
-    let cloud: CloudConfig = if text.trim().is_empty() {
-        CloudConfig::default()
-    } else {
-        serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?
-    };
-    Ok(cloud.into())
+    Ok(parse_cloud_config(path, text)?.into())
+}
+
+/// Reads the cloud configuration's keys this logic reads, for [`Config`] and for
+/// [`CloudConfig::slb_configurations`].
+pub fn parse_cloud_config(path: &Path, text: &str) -> Result<CloudConfig, InputError> {
+    if text.trim().is_empty() {
+        return Ok(CloudConfig::default());
+    }
+    serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))
 }
 
 impl From<CloudConfig> for Config {

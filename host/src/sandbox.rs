@@ -25,7 +25,8 @@ pub mod bindings {
 
 use bindings::clb::reconciler::types::{Config, ConfigError, Mode, Observation, Outcome, Step, VersionedState};
 use bindings::exports::clb::reconciler::backend_pools::{
-    GroupOutcome, GroupReport, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment,
+    GroupOutcome, GroupReport, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment, ServicePlacement,
+    SlbConfiguration,
 };
 use bindings::exports::clb::reconciler::validation::Verdict;
 use bindings::{Clb, ClbPre};
@@ -466,6 +467,16 @@ impl Session {
 
     pub fn tracker_export(&mut self, tracker: ResourceAny) -> Result<VersionedState, GuestError> {
         self.call("tracker.export-state", |b, s| b.clb_reconciler_reconciler().tracker().call_export_state(s, tracker))
+    }
+
+    pub fn place_service(
+        &mut self,
+        configurations: &[SlbConfiguration],
+        service: &bindings::clb::reconciler::types::Service,
+    ) -> Result<Option<ServicePlacement>, GuestError> {
+        self.call("place-service", |b, s| {
+            b.clb_reconciler_backend_pools().call_place_service(s, configurations, service)
+        })
     }
 
     pub fn pool_queue_create(&mut self, max_retries: u32) -> Result<ResourceAny, GuestError> {

@@ -12,6 +12,7 @@ use crate::cluster::{Kind, Object};
 use crate::emulator::{Fault, FaultMode};
 use crate::inputs::{self, CloudConfig, InputError};
 use crate::sandbox::bindings::clb::reconciler::types::Config;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::de::{self, Deserializer, Error as _};
@@ -23,6 +24,9 @@ use std::path::{Path, PathBuf};
 
 /// How long `settle` waits for the guest to go idle when the step does not say.
 pub const DEFAULT_SETTLE_MS: u64 = 15 * 60_000;
+/// The backend-pool updater's tick interval when the scenario does not say (upstream's
+/// `loadBalancerBackendPoolUpdateIntervalInSeconds` default).
+pub const DEFAULT_POOL_UPDATE_INTERVAL_MS: u64 = 30_000;
 
 /// Why a scenario file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +44,31 @@ pub struct Scenario {
     pub name: String,
     pub description: String,
     pub config: Config,
+    /// The entries of `multipleStandardLoadBalancerConfigurations`, as Service placement reads
+    /// them.
+    pub slb_configurations: Vec<SlbConfiguration>,
+    /// What Azure holds before the first step.
+    pub azure: AzureSetup,
     pub steps: Vec<Step>,
+}
+
+/// `azure:` — the emulated Azure before the first step, and the backend-pool updater's knobs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AzureSetup {
+    /// Load balancer name → the names of its backend pools (at least one). Each gets a public
+    /// IP `<lb>-frontend` for its frontend.
+    #[serde(default)]
+    pub load_balancers: BTreeMap<String, Vec<String>>,
+    /// The backend-pool updater's tick interval (default 30s).
+    #[serde(default)]
+    pub backend_pool_update_interval: Option<VirtualDuration>,
+}
+
+impl AzureSetup {
+    pub fn pool_update_interval_ms(&self) -> u64 {
+        self.backend_pool_update_interval.map_or(DEFAULT_POOL_UPDATE_INTERVAL_MS, |d| d.0)
+    }
 }
 
 /// One step of a scenario.
@@ -363,6 +391,9 @@ pub struct Expectation {
     pub events: Vec<EventExpectation>,
     #[serde(default)]
     pub resources: Option<ResourcesExpectation>,
+    /// `<lb>:<pool>` → the IPs the backend pool holds, exactly (in any spelling).
+    #[serde(default)]
+    pub backend_pools: BTreeMap<PoolName, BTreeSet<CanonicalIp>>,
     /// Check the invariants (see `simulate`).
     #[serde(default)]
     pub invariants: bool,
@@ -395,6 +426,34 @@ pub struct EventExpectation {
     pub object: ObjectName,
     #[serde(default, rename = "type")]
     pub event_type: Option<EventTypeName>,
+    /// Exactly this many such Events; absent: at least one.
+    #[serde(default)]
+    pub count: Option<usize>,
+}
+
+/// `<load balancer>:<pool>`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PoolName {
+    pub load_balancer: String,
+    pub pool: String,
+}
+
+impl fmt::Display for PoolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.load_balancer, self.pool)
+    }
+}
+
+impl<'de> Deserialize<'de> for PoolName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.split_once(':') {
+            Some((lb, pool)) if !lb.is_empty() && !pool.is_empty() && !pool.contains(':') => {
+                Ok(PoolName { load_balancer: lb.to_owned(), pool: pool.to_owned() })
+            }
+            _ => Err(D::Error::custom(format!("{text:?} is not `<load balancer>:<pool>`"))),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -485,6 +544,8 @@ struct RawScenario {
     #[serde(default)]
     description: String,
     config: CloudConfig,
+    #[serde(default)]
+    azure: AzureSetup,
     /// `- apply: …` rather than serde_yaml's default `- !apply …`.
     #[serde(with = "serde_yaml::with::singleton_map_recursive")]
     steps: Vec<Step>,
@@ -504,6 +565,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     if raw.steps.is_empty() {
         return Err(invalid("`steps` is empty"));
     }
+    if let Some((lb, _)) = raw.azure.load_balancers.iter().find(|(_, pools)| pools.is_empty()) {
+        return Err(invalid(&format!("azure.loadBalancers.{lb}: give at least one backend pool")));
+    }
+    if raw.azure.backend_pool_update_interval.is_some_and(|d| d.0 == 0) {
+        return Err(invalid("azure.backendPoolUpdateInterval must be longer than 0s"));
+    }
     let mut steps = raw.steps;
     let folder = path.parent().unwrap_or(Path::new(""));
     for step in &mut steps {
@@ -515,7 +582,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
         path: path.to_owned(),
         name: raw.name,
         description: raw.description,
+        slb_configurations: raw.config.slb_configurations(),
         config: raw.config.into(),
+        azure: raw.azure,
         steps,
     })
 }

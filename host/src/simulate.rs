@@ -11,12 +11,29 @@
 //! instant means: deliver pending watch events (`observe`), execute every command issued
 //! (in order; the emulator answers at once), hand back all their outcomes (`complete`), and
 //! repeat until nothing is pending; then jump to the guest's `wake-at-ms` and `tick`.
+//!
+//! In multi-SLB local-service mode (the guest's `validate-config` says so), the host's
+//! [`PoolUpdater`] runs too, on the same emulator and cluster: whenever watch events arrive, the
+//! producer asks the guest where each Service belongs (`place-service`), records the assignment,
+//! computes the node IPs of the Service's ready endpoints and enqueues the change against what
+//! it enqueued last (upstream's `applyIPChangesAmongLocalServiceBackendPoolsByIPFamily`: a
+//! remove of the IPs no longer expected, an add of the whole expected list); a Service new to a
+//! load balancer starts from what its pool holds in Azure, as a reconcile that read the load
+//! balancer would. The updater ticks every `azure.backendPoolUpdateInterval` of virtual time.
 
-use crate::azure::{DEFAULT_SERVICE_GATEWAY, Scope};
+use crate::azure::{
+    AzureApi, BackendPool, DEFAULT_SERVICE_GATEWAY, LbRule, LoadBalancerSpec, PoolRef, PublicIpSpec, Scope,
+};
+use crate::backend_pools::{
+    DEFAULT_MAX_RETRIES, InMemoryLock, PoolUpdater, PoolUpdaterConfig, PoolUpdaterError, ServiceLock, Tick,
+};
 use crate::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::emulator::{Emulator, Resources};
 use crate::executor::{Executor, command_name};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
+    OperationKind, PoolOperation, ServicePlacement, SlbConfiguration,
+};
 use crate::sandbox::{GuestError, Logic, Runtime};
 use crate::scenario::{
     self, ComponentSource, EventTypeName, Expectation, Scenario, StatusExpectation, Step, SwapExpect,
@@ -25,6 +42,9 @@ use crate::supervisor::{Supervisor, SupervisorError};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// Calls at one instant after which the run is declared a livelock (a guest bug).
 const MAX_CALLS_PER_INSTANT: usize = 10_000;
@@ -45,6 +65,14 @@ pub enum LogicError {
     NotStarted,
     #[error("this reconciler cannot swap its logic")]
     SwapUnsupported,
+    #[error(
+        "this reconciler cannot run the backend-pool updater (multi-SLB local-service scenarios need the component)"
+    )]
+    PoolsUnsupported,
+    #[error(transparent)]
+    Pools(#[from] PoolUpdaterError),
+    #[error("setting up Azure: {0}")]
+    AzureSetup(String),
     #[error("no component is known by the name {0:?} (a path needs a `/` or the `.wasm` ending)")]
     UnknownComponent(String),
     #[error("{path}: cannot read the component: {source}")]
@@ -81,6 +109,11 @@ pub trait Reconciler {
     /// The inputs dropped because the logic trapped on them, since the last call.
     fn take_quarantined(&mut self) -> Vec<String> {
         Vec::new()
+    }
+    /// The logic the backend-pool updater of multi-SLB local-service mode runs in; `None`: this
+    /// reconciler cannot run that mode.
+    fn pool_logic(&self) -> Option<&Logic> {
+        None
     }
 }
 
@@ -158,6 +191,10 @@ impl Reconciler for ComponentReconciler<'_> {
             .map(|q| format!("{} (on {}): {}", q.input.describe(), q.version, q.error))
             .collect()
     }
+
+    fn pool_logic(&self) -> Option<&Logic> {
+        Some(self.supervisor.logic())
+    }
 }
 
 /// Why a scenario could not be run to the end. A refused scenario is the author's error (exit
@@ -208,6 +245,9 @@ pub struct StepReport {
     /// Inputs the logic trapped on, dropped so that the rest could go on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<String>,
+    /// What the backend-pool producer enqueued and what the updater's ticks did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_pools: Vec<String>,
     pub checks: Vec<Check>,
 }
 
@@ -254,17 +294,19 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
     let runtime = tokio::runtime::Builder::new_current_thread().build().map_err(SimulateError::Runtime)?;
     let mut sim = Simulation {
         logic,
-        emulator: Emulator::new(scope()),
-        cluster: Cluster::new(),
+        emulator: Arc::new(Emulator::new(scope())),
+        cluster: Arc::new(Cluster::new()),
         runtime,
         now: 0,
         wake: None,
         idle: false,
         pending: Vec::new(),
         records: Vec::new(),
+        pools: None,
+        pool_lines: Vec::new(),
     };
     let mut steps = Vec::new();
-    let mut aborted = sim.restart(&scenario.config).err();
+    let mut aborted = sim.set_up_azure(scenario).and_then(|()| sim.restart(scenario)).err();
     for (index, step) in scenario.steps.iter().enumerate() {
         if aborted.is_some() {
             break;
@@ -277,6 +319,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
             commands: Vec::new(),
             faults_hit: Vec::new(),
             quarantined: Vec::new(),
+            backend_pools: Vec::new(),
             checks: Vec::new(),
         };
         let cluster_error =
@@ -305,7 +348,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
                 let within = within.map_or(scenario::DEFAULT_SETTLE_MS, |d| d.0);
                 sim.settle(within).map(|check| report.checks.push(check))
             }
-            Step::Restart => sim.restart(&scenario.config),
+            Step::Restart => sim.restart(scenario),
             Step::Swap(swap) => sim.logic.swap(sim.now, &swap.component).map(|result| {
                 let (accepted, text) = match &result {
                     SwapResult::Accepted(what) => (true, format!("accepted: {what}")),
@@ -323,6 +366,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         report.commands = std::mem::take(&mut sim.records);
         report.faults_hit = sim.faults_since(requests_before);
         report.quarantined = sim.logic.take_quarantined();
+        report.backend_pools = std::mem::take(&mut sim.pool_lines);
         steps.push(report);
         aborted = result.err();
     }
@@ -338,10 +382,29 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
     })
 }
 
+/// What the producer last enqueued for one local Service.
+struct Produced {
+    /// `namespace/name` as spelled.
+    service: String,
+    placement: ServicePlacement,
+    /// Canonical node IPs.
+    ips: BTreeSet<String>,
+}
+
+/// The backend-pool updater of multi-SLB local-service mode and its producer's memory.
+struct PoolSim {
+    updater: PoolUpdater<Arc<Emulator>, InMemoryLock, Arc<Cluster>>,
+    configurations: Vec<SlbConfiguration>,
+    interval: u64,
+    next_tick: u64,
+    /// Lower-cased `namespace/name` → what was enqueued for it last.
+    known: BTreeMap<String, Produced>,
+}
+
 struct Simulation<'l> {
     logic: &'l mut dyn Reconciler,
-    emulator: Emulator,
-    cluster: Cluster,
+    emulator: Arc<Emulator>,
+    cluster: Arc<Cluster>,
     runtime: tokio::runtime::Runtime,
     now: u64,
     /// When the guest last asked to be called again.
@@ -351,6 +414,22 @@ struct Simulation<'l> {
     /// Issued, not yet executed.
     pending: Vec<wit::Issued>,
     records: Vec<CommandRecord>,
+    /// The backend-pool updater, in multi-SLB local-service mode only.
+    pools: Option<PoolSim>,
+    pool_lines: Vec<String>,
+}
+
+/// The canonical text of an IP, or the trimmed text when it is none.
+fn canonical_ip(text: &str) -> String {
+    text.trim().parse::<IpAddr>().map(|ip| ip.to_string()).unwrap_or_else(|_| text.trim().to_owned())
+}
+
+fn same_placement(a: &ServicePlacement, b: &ServicePlacement) -> bool {
+    a.load_balancer.eq_ignore_ascii_case(&b.load_balancer) && a.pool.eq_ignore_ascii_case(&b.pool)
+}
+
+fn ip_list(ips: &[String]) -> String {
+    format!("[{}]", ips.join(", "))
 }
 
 impl Simulation<'_> {
@@ -360,14 +439,199 @@ impl Simulation<'_> {
         self.idle = step.idle;
     }
 
-    /// A new tracker; undelivered watch events are dropped and the lists replayed instead.
-    fn restart(&mut self, config: &wit::Config) -> Result<(), LogicError> {
+    /// The scenario's `azure:` section: each load balancer with a public IP `<lb>-frontend`
+    /// and its pools, written through the emulator's API before the first step.
+    fn set_up_azure(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
+        let failed = |e: crate::azure::AzureError| LogicError::AzureSetup(e.to_string());
+        for (lb, pools) in &scenario.azure.load_balancers {
+            let public_ip = format!("{lb}-frontend");
+            let spec = PublicIpSpec { name: public_ip.clone(), version: crate::azure::IpVersion::IPv4 };
+            self.runtime.block_on(self.emulator.put_public_ip(&spec)).map_err(failed)?;
+            let rules: Vec<LbRule> = Vec::new();
+            let spec = LoadBalancerSpec { name: lb.clone(), public_ip, backend_pool: pools[0].clone(), rules };
+            self.runtime.block_on(self.emulator.put_load_balancer(&spec)).map_err(failed)?;
+            for pool in &pools[1..] {
+                let pool_ref = PoolRef { load_balancer: lb.clone(), pool: pool.clone() };
+                let content = BackendPool { addresses: Vec::new(), other_properties: Default::default() };
+                self.runtime.block_on(self.emulator.put_backend_pool(&pool_ref, &content, None)).map_err(failed)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A new tracker; undelivered watch events are dropped and the lists replayed instead. In
+    /// multi-SLB local-service mode a new backend-pool updater too: the queue and the
+    /// producer's memory die with the process.
+    fn restart(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
         self.cluster.drop_watch_events();
         self.pending.clear();
-        self.logic.start(config)?;
+        self.pools = None;
+        self.logic.start(&scenario.config)?;
         let step = self.logic.observe(self.now, &self.cluster.list())?;
         self.absorb(step);
+        if !scenario.config.multiple_standard_load_balancers.is_empty() {
+            let logic = self.logic.pool_logic().ok_or(LogicError::PoolsUnsupported)?;
+            let mode = logic.session()?.validate_config(&scenario.config)?;
+            if mode == Ok(wit::Mode::MultiSlbLocalServices) {
+                let interval = scenario.azure.pool_update_interval_ms();
+                let config =
+                    PoolUpdaterConfig { interval: Duration::from_millis(interval), max_retries: DEFAULT_MAX_RETRIES };
+                let updater = PoolUpdater::new(
+                    logic,
+                    self.emulator.clone(),
+                    InMemoryLock::new(),
+                    self.cluster.clone(),
+                    ServiceLock::default(),
+                    config,
+                )?;
+                self.pools = Some(PoolSim {
+                    updater,
+                    configurations: scenario.slb_configurations.clone(),
+                    interval,
+                    next_tick: self.now.saturating_add(interval),
+                    known: BTreeMap::new(),
+                });
+                self.produce_pool_operations()?;
+            }
+        }
         Ok(())
+    }
+
+    /// The producer: every Service's placement and the node IPs of its ready endpoints, against
+    /// what was enqueued for it last. Runs as a reconcile does, under the service reconcile lock.
+    fn produce_pool_operations(&mut self) -> Result<(), LogicError> {
+        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
+        let node_ips: BTreeMap<String, Vec<String>> = self
+            .cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                let record = crate::records::node(n);
+                let ips = record
+                    .internal_ips
+                    .iter()
+                    .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
+                    .filter(IpAddr::is_ipv4)
+                    .map(|ip| ip.to_string())
+                    .collect();
+                (record.name, ips)
+            })
+            .collect();
+        let slices: Vec<wit::EndpointSlice> =
+            self.cluster.slices().iter().map(crate::records::endpoint_slice).collect();
+        let resources = self.emulator.resources();
+        let service_lock = pools.updater.service_lock().clone();
+        let reconciling = self.runtime.block_on(service_lock.lock());
+        let mut placed = BTreeSet::new();
+        for service in self.cluster.services() {
+            let record = crate::records::service(&service);
+            let key = format!("{}/{}", record.namespace, record.name);
+            let Some(placement) = pools.updater.place(&pools.configurations, &record)? else { continue };
+            let folded = key.to_ascii_lowercase();
+            placed.insert(folded.clone());
+            let uid = record.uid.to_ascii_lowercase();
+            let ips: BTreeSet<String> = slices
+                .iter()
+                .filter(|s| !s.deleting && s.owner_service_uid.as_ref().is_some_and(|o| o.eq_ignore_ascii_case(&uid)))
+                .flat_map(|s| &s.endpoints)
+                .filter(|e| e.ready != Some(false))
+                .filter_map(|e| e.node_name.as_ref().and_then(|n| node_ips.get(n)))
+                .flatten()
+                .cloned()
+                .collect();
+            let baseline = match pools.known.get(&folded) {
+                Some(before) if same_placement(&before.placement, &placement) => before.ips.clone(),
+                before => {
+                    if let Some(before) = before {
+                        let dropped = pools.updater.remove_operations(&key)?;
+                        self.pool_lines.push(format!(
+                            "{key} moved {}:{} → {}:{}: {dropped} queued operation(s) dropped",
+                            before.placement.load_balancer,
+                            before.placement.pool,
+                            placement.load_balancer,
+                            placement.pool
+                        ));
+                    }
+                    let pool = crate::emulator::core::pool_key(&placement.load_balancer, &placement.pool);
+                    resources
+                        .backend_pools
+                        .get(&pool)
+                        .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect())
+                        .unwrap_or_default()
+                }
+            };
+            pools.updater.assign(&reconciling, &key, Some(&placement.load_balancer));
+            let mut operations = Vec::new();
+            let gone: Vec<String> = baseline.difference(&ips).cloned().collect();
+            if !gone.is_empty() {
+                operations.push(PoolOperation {
+                    service: key.clone(),
+                    load_balancer: placement.load_balancer.clone(),
+                    pool: placement.pool.clone(),
+                    kind: OperationKind::Remove,
+                    node_ips: gone,
+                });
+            }
+            if ips != baseline && !ips.is_empty() {
+                operations.push(PoolOperation {
+                    service: key.clone(),
+                    load_balancer: placement.load_balancer.clone(),
+                    pool: placement.pool.clone(),
+                    kind: OperationKind::Add,
+                    node_ips: ips.iter().cloned().collect(),
+                });
+            }
+            if !operations.is_empty() {
+                pools.updater.enqueue(&operations)?;
+                for op in &operations {
+                    let sign = if op.kind == OperationKind::Add { "add" } else { "remove" };
+                    let (lb, pool) = (&op.load_balancer, &op.pool);
+                    self.pool_lines.push(format!("enqueue {key} {sign} {lb}:{pool} {}", ip_list(&op.node_ips)));
+                }
+            }
+            pools.known.insert(folded, Produced { service: key, placement, ips });
+        }
+        let unplaced: Vec<String> = pools.known.keys().filter(|k| !placed.contains(*k)).cloned().collect();
+        for folded in unplaced {
+            if let Some(before) = pools.known.remove(&folded) {
+                let dropped = pools.updater.remove_operations(&before.service)?;
+                pools.updater.assign(&reconciling, &before.service, None);
+                self.pool_lines.push(format!(
+                    "{} is no longer a local Service: {dropped} queued operation(s) dropped",
+                    before.service
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// One tick of the backend-pool updater at the current instant.
+    fn pool_tick(&mut self) -> Result<(), LogicError> {
+        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
+        pools.next_tick = self.now.saturating_add(pools.interval);
+        match self.runtime.block_on(pools.updater.tick_at(self.now))? {
+            Tick::Idle => {}
+            Tick::LockFailed(err) => self.pool_lines.push(format!("tick at {}: {err}", Ms(self.now))),
+            Tick::Ran(s) => self.pool_lines.push(format!(
+                "tick at {}: {} group(s): {} written, {} unchanged, {} requeued, {} dropped, {} abandoned",
+                Ms(self.now),
+                s.groups,
+                s.written,
+                s.unchanged,
+                s.requeued,
+                s.dropped,
+                s.abandoned
+            )),
+        }
+        Ok(())
+    }
+
+    /// Nothing queued for the backend-pool updater (always, outside multi-SLB mode).
+    fn pools_idle(&self) -> Result<bool, LogicError> {
+        match &self.pools {
+            None => Ok(true),
+            Some(pools) => Ok(pools.updater.status()?.queued == 0),
+        }
     }
 
     /// Runs everything due at this instant: watch events, then commands and their outcomes.
@@ -375,6 +639,7 @@ impl Simulation<'_> {
         for _ in 0..MAX_CALLS_PER_INSTANT {
             let events = self.cluster.take_watch_events();
             if !events.is_empty() {
+                self.produce_pool_operations()?;
                 let step = self.logic.observe(self.now, &events)?;
                 self.absorb(step);
                 continue;
@@ -383,7 +648,7 @@ impl Simulation<'_> {
                 return Ok(());
             }
             let issued = std::mem::take(&mut self.pending);
-            let executor = Executor::new(&self.emulator, &self.cluster);
+            let executor = Executor::new(&*self.emulator, &*self.cluster);
             let mut results = Vec::with_capacity(issued.len());
             for command in issued {
                 let outcome = self.runtime.block_on(executor.execute(&command.command));
@@ -402,9 +667,17 @@ impl Simulation<'_> {
         Err(livelock(self.now))
     }
 
-    /// Wakes the guest at the time it asked for, if that is no later than `until`.
+    /// Wakes the guest at the time it asked for, or ticks the backend-pool updater, whichever
+    /// comes first (the guest on a tie), if that is no later than `until`.
     fn wake_before(&mut self, until: u64, ticks_now: &mut usize) -> Result<bool, LogicError> {
-        let Some(at) = self.wake.filter(|at| *at <= until) else { return Ok(false) };
+        let guest_at = self.wake.filter(|at| *at <= until);
+        let pool_at = self.pools.as_ref().map(|p| p.next_tick).filter(|at| *at <= until);
+        if let Some(pool_at) = pool_at.filter(|p| guest_at.is_none_or(|g| *p < g)) {
+            self.now = self.now.max(pool_at);
+            self.pool_tick()?;
+            return Ok(true);
+        }
+        let Some(at) = guest_at else { return Ok(false) };
         if at <= self.now {
             *ticks_now += 1;
             if *ticks_now > MAX_CALLS_PER_INSTANT {
@@ -435,7 +708,7 @@ impl Simulation<'_> {
         let mut ticks_now = 0;
         loop {
             self.run_instant()?;
-            if self.idle {
+            if self.idle && self.pools_idle()? {
                 let took = Ms(self.now - start);
                 return Ok(Check { what: format!("settled after {took}"), ok: true, detail: None });
             }
@@ -519,12 +792,20 @@ impl Simulation<'_> {
                 EventTypeName::Normal => "Normal",
                 EventTypeName::Warning => "Warning",
             });
-            let holds = events
+            let matching = events
                 .iter()
-                .any(|e| e.reason == want.reason && e.object == object && type_name.is_none_or(|t| e.event_type == t));
+                .filter(|e| {
+                    e.reason == want.reason && e.object == object && type_name.is_none_or(|t| e.event_type == t)
+                })
+                .count();
+            let holds = want.count.map_or(matching > 0, |n| matching == n);
             let found = events.iter().filter(|e| e.object == object).map(|e| e.reason.as_str()).collect::<Vec<_>>();
-            let what =
-                format!("event {}{} on {object}", type_name.map(|t| format!("{t} ")).unwrap_or_default(), want.reason);
+            let times = want.count.map(|n| format!(" ×{n}")).unwrap_or_default();
+            let what = format!(
+                "event {}{} on {object}{times}",
+                type_name.map(|t| format!("{t} ")).unwrap_or_default(),
+                want.reason
+            );
             check(what, (!holds).then(|| format!("events on {object}: {found:?}")));
         }
         if let Some(want) = &expectation.resources {
@@ -537,6 +818,20 @@ impl Simulation<'_> {
                 let what = format!("resources.loadBalancers = {lbs:?}");
                 check(what, (&found != lbs).then(|| format!("found {found:?}")));
             }
+        }
+        for (name, want) in &expectation.backend_pools {
+            let key = crate::emulator::core::pool_key(&name.load_balancer, &name.pool);
+            let want: BTreeSet<String> = want.iter().map(|ip| ip.0.clone()).collect();
+            let found: Option<BTreeSet<String>> = resources
+                .backend_pools
+                .get(&key)
+                .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect());
+            let detail = match found {
+                None => Some("no such backend pool".to_owned()),
+                Some(found) if found != want => Some(format!("found {found:?}")),
+                Some(_) => None,
+            };
+            check(format!("backendPools {name} = {want:?}"), detail);
         }
         if expectation.invariants {
             checks.extend(self.invariants(&view));
@@ -779,6 +1074,9 @@ pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io:
         }
         for input in &step.quarantined {
             writeln!(out, "      quarantined: {input}")?;
+        }
+        for line in &step.backend_pools {
+            writeln!(out, "      backend pools: {line}")?;
         }
         for check in &step.checks {
             let mark = if check.ok { "✓" } else { "✗" };

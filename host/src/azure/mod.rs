@@ -391,3 +391,46 @@ pub trait AzureApi {
         if_match: Option<&ETag>,
     ) -> Result<(), AzureError>;
 }
+
+/// A shared client is a client (the simulator shares its emulator with the backend-pool updater).
+impl<T: AzureApi> AzureApi for std::sync::Arc<T> {
+    async fn update_services(&self, action: UpdateAction, requests: &[ServiceRequest]) -> Result<(), AzureError> {
+        (**self).update_services(action, requests).await
+    }
+    async fn update_address_locations(
+        &self,
+        action: UpdateAction,
+        locations: &[LocationUpdate],
+    ) -> Result<(), AzureError> {
+        (**self).update_address_locations(action, locations).await
+    }
+    async fn list_services(&self) -> Result<Vec<ListedService>, AzureError> {
+        (**self).list_services().await
+    }
+    async fn list_address_locations(&self) -> Result<Vec<ListedLocation>, AzureError> {
+        (**self).list_address_locations().await
+    }
+    async fn put_public_ip(&self, spec: &PublicIpSpec) -> Result<String, AzureError> {
+        (**self).put_public_ip(spec).await
+    }
+    async fn delete_public_ip(&self, name: &str) -> Result<(), AzureError> {
+        (**self).delete_public_ip(name).await
+    }
+    async fn put_load_balancer(&self, spec: &LoadBalancerSpec) -> Result<(), AzureError> {
+        (**self).put_load_balancer(spec).await
+    }
+    async fn delete_load_balancer(&self, name: &str) -> Result<(), AzureError> {
+        (**self).delete_load_balancer(name).await
+    }
+    async fn get_backend_pool(&self, pool: &PoolRef) -> Result<(BackendPool, ETag), AzureError> {
+        (**self).get_backend_pool(pool).await
+    }
+    async fn put_backend_pool(
+        &self,
+        pool: &PoolRef,
+        content: &BackendPool,
+        if_match: Option<&ETag>,
+    ) -> Result<(), AzureError> {
+        (**self).put_backend_pool(pool, content, if_match).await
+    }
+}

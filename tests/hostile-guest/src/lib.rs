@@ -15,7 +15,7 @@ use clb::reconciler::types::{
 };
 use exports::clb::reconciler::backend_pools::{
     GroupOutcome, GroupReport, Guest as PoolsGuest, GuestPoolQueue, PoolGroup, PoolOperation, PoolQueue, QueueStatus,
-    ServiceAssignment,
+    ServiceAssignment, ServicePlacement, SlbConfiguration,
 };
 use exports::clb::reconciler::reconciler::{Guest as ReconcilerGuest, GuestTracker, Tracker};
 use exports::clb::reconciler::validation::{Guest as ValidationGuest, Verdict};
@@ -85,6 +85,10 @@ struct NoQueue;
 
 impl PoolsGuest for Hostile {
     type PoolQueue = NoQueue;
+
+    fn place_service(_configurations: Vec<SlbConfiguration>, _service: Service) -> Option<ServicePlacement> {
+        None
+    }
 }
 
 impl GuestPoolQueue for NoQueue {
