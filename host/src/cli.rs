@@ -1,4 +1,5 @@
-//! The command line: `clb-host inspect`, `clb-host validate`, `clb-host simulate` and `clb-host emulator`. Output goes to the writers it
+//! The command line: `clb-host inspect`, `clb-host validate`, `clb-host simulate`, `clb-host emulator` and
+//! `clb-host run`. Output goes to the writers it
 //! is given, so tests run it in-process.
 
 use crate::sandbox::bindings::clb::reconciler::types::Mode;
@@ -68,6 +69,47 @@ enum Command {
     ///
     /// Prints `listening on http://ADDR` once bound; exits 2 when it cannot listen.
     Emulator(EmulatorArgs),
+    /// Reconcile a cluster: watch its Services, EndpointSlices and Nodes, and carry out what the
+    /// logic asks on Azure (ARM, or the emulator) and on the cluster, until interrupted.
+    ///
+    /// One replica only: there is no leader election yet. Exits 0 on SIGINT, 2 when it cannot
+    /// start (with why), 1 when the logic or the watches fail.
+    Run(RunArgs),
+}
+
+/// What `run` connects to.
+#[derive(Args)]
+struct RunArgs {
+    /// The kubeconfig; default: the in-cluster configuration, else `KUBECONFIG` or
+    /// `~/.kube/config`.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The Azure cloud configuration (azure.json): the mode's keys, and `subscriptionId`,
+    /// `resourceGroup`, `location`, `vnetName` (and `vnetResourceGroup`) for the resources.
+    #[arg(long)]
+    cloud_config: PathBuf,
+    /// ARM's base URL, or the emulator's (`clb-host emulator` prints it).
+    #[arg(long, default_value = crate::azure::arm::DEFAULT_BASE_URL)]
+    azure_url: String,
+    /// The ARM credential: none (the emulator), a bearer token kept in a file, or workload
+    /// identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`).
+    #[arg(long, value_enum, default_value_t = CredentialKind::WorkloadIdentity)]
+    credential: CredentialKind,
+    /// The file holding the bearer token, for `--credential token-file`.
+    #[arg(long, required_if_eq("credential", "token-file"))]
+    token_file: Option<PathBuf>,
+    /// The ServiceGateway's name.
+    #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
+    service_gateway: String,
+    #[command(flatten)]
+    logic: LogicArgs,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CredentialKind {
+    None,
+    TokenFile,
+    WorkloadIdentity,
 }
 
 /// Where the emulator listens and which resource group it emulates.
@@ -154,6 +196,7 @@ pub fn run(
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
         Command::Simulate { files, json, logic } => simulate(&files, json, &logic, out, err),
         Command::Emulator(args) => emulator(args, out),
+        Command::Run(args) => run_reconciler(args, err),
     };
     result.unwrap_or_else(|e| {
         let _ = writeln!(err, "error: {e:#}");
@@ -340,5 +383,50 @@ fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
         out.flush()?;
         std::future::pending::<()>().await;
         Ok(EXIT_OK)
+    })
+}
+
+fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
+    use crate::azure::auth::{TokenFile, WorkloadIdentity};
+    use crate::azure::{ArmClient, ArmConfig, Credential};
+    let config = match inputs::read_config(&args.cloud_config)
+        .and_then(|config| Ok((config, inputs::read_scope(&args.cloud_config, &args.service_gateway)?)))
+    {
+        Ok(read) => read,
+        Err(e) => {
+            writeln!(err, "error: {e}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let (config, scope) = config;
+    let credential = match (args.credential, args.token_file) {
+        (CredentialKind::None, _) => Credential::None,
+        (CredentialKind::TokenFile, Some(path)) => Credential::TokenFile(TokenFile::new(path)),
+        (CredentialKind::TokenFile, None) => anyhow::bail!("--credential token-file needs --token-file"),
+        (CredentialKind::WorkloadIdentity, _) => Credential::WorkloadIdentity(
+            WorkloadIdentity::from_env(|name| std::env::var(name).ok()).context("workload identity")?,
+        ),
+    };
+    let arm = ArmClient::new(ArmConfig::new(args.azure_url, scope), credential)?;
+    let runtime = Runtime::new()?;
+    let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
+    let tokio =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let instance = std::env::var("HOSTNAME").unwrap_or_else(|_| "clb-host".into());
+    tokio.block_on(async {
+        let kube = crate::run::connect(args.kubeconfig.as_deref()).await?;
+        let settings = crate::run::Settings { kube, arm, config, instance };
+        let interrupted = async {
+            if tokio::signal::ctrl_c().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        match crate::run::run(&logic, settings, interrupted).await {
+            Ok(()) => Ok(EXIT_OK),
+            Err(e) => {
+                writeln!(err, "error: {:#}", anyhow::Error::new(e))?;
+                Ok(EXIT_REFUSED)
+            }
+        }
     })
 }

@@ -1,6 +1,7 @@
 //! Reading the operator's files: the cloud configuration and Kubernetes manifests, with errors
 //! that name the file, the line and the reason.
 
+use crate::azure::Scope;
 use crate::sandbox::bindings::clb::reconciler::types::Config;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use serde::Deserialize;
@@ -17,6 +18,8 @@ pub enum InputError {
     },
     #[error("{path}:{line}: {reason}")]
     Parse { path: PathBuf, line: usize, reason: String },
+    #[error("{path}: `{key}` is missing or empty; `clb-host run` needs it to name the Azure resources")]
+    Missing { path: PathBuf, key: &'static str },
 }
 
 impl InputError {
@@ -96,6 +99,51 @@ impl From<CloudConfig> for Config {
                 .collect(),
         }
     }
+}
+
+/// The keys of the cloud configuration that say where the Azure resources live.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ScopeKeys {
+    #[serde(default)]
+    subscription_id: String,
+    #[serde(default)]
+    resource_group: String,
+    #[serde(default)]
+    location: String,
+    #[serde(default)]
+    vnet_name: String,
+    #[serde(default)]
+    vnet_resource_group: String,
+}
+
+/// Reads where the Azure resources live from the cloud configuration: `subscriptionId`,
+/// `resourceGroup`, `location` and `vnetName` are required; `vnetResourceGroup` defaults to
+/// `resourceGroup`. The ServiceGateway's name is not in that file and is given.
+pub fn read_scope(path: &Path, service_gateway: &str) -> Result<Scope, InputError> {
+    parse_scope(path, &read(path)?, service_gateway)
+}
+
+pub fn parse_scope(path: &Path, text: &str, service_gateway: &str) -> Result<Scope, InputError> {
+    let keys: ScopeKeys = if text.trim().is_empty() {
+        ScopeKeys::default()
+    } else {
+        serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?
+    };
+    let required = |value: String, key: &'static str| {
+        if value.trim().is_empty() { Err(InputError::Missing { path: path.to_owned(), key }) } else { Ok(value) }
+    };
+    let resource_group = required(keys.resource_group, "resourceGroup")?;
+    Ok(Scope {
+        subscription: required(keys.subscription_id, "subscriptionId")?,
+        location: required(keys.location, "location")?,
+        vnet: required(keys.vnet_name, "vnetName")?,
+        vnet_resource_group: Some(keys.vnet_resource_group)
+            .filter(|rg| !rg.trim().is_empty())
+            .unwrap_or_else(|| resource_group.clone()),
+        resource_group,
+        service_gateway: service_gateway.to_owned(),
+    })
 }
 
 /// Reads every document of a manifest file as a `T` (e.g. a Service); `---` separates them.

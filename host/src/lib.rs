@@ -4,7 +4,8 @@
 //! Kubernetes objects into the records the logic reads ([`records`]), reads the operator's files
 //! ([`inputs`]), and carries out what the logic asks — on Azure through [`azure`], against real
 //! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
-//! files against the emulator and an in-memory [`cluster`]. The [`supervisor`] keeps the logic's
+//! files against the emulator and an in-memory [`cluster`]; [`run`] drives the same pieces on real
+//! time against a cluster (watchers, and writes through [`kube`]) and ARM or the emulator. The [`supervisor`] keeps the logic's
 //! state across traps and swaps; [`metrics`] serves its counters and the health probes. It
 //! decides nothing about load balancers: every rule a reviewer could argue about lives in the
 //! guest (`clb-guest`).
@@ -16,8 +17,10 @@ pub mod cluster;
 pub mod emulator;
 pub mod executor;
 pub mod inputs;
+pub mod kube;
 pub mod metrics;
 pub mod records;
+pub mod run;
 pub mod sandbox;
 pub mod scenario;
 pub mod simulate;

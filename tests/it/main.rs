@@ -5,6 +5,7 @@ mod admission;
 mod azure;
 mod backend_pools;
 mod cli;
+mod kube;
 mod metrics;
 mod sandbox;
 mod scenarios;

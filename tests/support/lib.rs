@@ -1,6 +1,7 @@
 //! What the integration tests and the benchmarks share: one runtime per process, the built-in
 //! and test guests, fixture paths, and the WIT → logic conversion of the differential runs.
 
+pub mod apiserver;
 pub mod cluster;
 
 use clb_guest::model;
