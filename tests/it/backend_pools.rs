@@ -172,6 +172,19 @@ async fn let_others_run() {
     }
 }
 
+/// Queues one add for lb1, takes the service lock as a reconcile would, and starts a tick that
+/// must wait behind it; returns the held lock and the waiting tick.
+async fn tick_behind_a_reconcile(
+    f: &Fixture,
+) -> (tokio::sync::MutexGuard<'_, ()>, tokio::task::JoinHandle<Result<Tick, PoolUpdaterError>>) {
+    f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
+    let reconciling = f.updater.service_lock().lock().await;
+    let updater = f.updater.clone();
+    let tick = tokio::spawn(async move { updater.tick().await });
+    let_others_run().await;
+    (reconciling, tick)
+}
+
 // Upstream TestLoadBalancerBackendPoolUpdater "Add node IPs to backend pool" and "empty queue
 // returns without ARM calls", end to end.
 #[tokio::test]
@@ -210,11 +223,7 @@ async fn a_change_already_in_the_pool_is_not_written() {
 #[tokio::test]
 async fn a_reconcile_holding_the_service_lock_keeps_the_tick_from_azure_until_it_ends() {
     let f = fixture().await;
-    f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
-    let reconciling = f.updater.service_lock().lock().await;
-    let updater = f.updater.clone();
-    let tick = tokio::spawn(async move { updater.tick().await });
-    let_others_run().await;
+    let (reconciling, tick) = tick_behind_a_reconcile(&f).await;
     assert!(!tick.is_finished());
     assert_eq!(requests(&f.emulator, Operation::GetBackendPool), 0, "no ARM call while a reconcile holds the lock");
     assert_eq!(f.lock.locks.load(Ordering::SeqCst), 0, "nor a resource lock call");
@@ -287,11 +296,7 @@ async fn the_tick_completes_when_the_resource_lock_cannot_be_released() {
 #[tokio::test]
 async fn an_operation_for_lb1_is_dropped_when_the_service_moved_to_lb2_while_the_tick_waited() {
     let f = fixture().await;
-    f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
-    let reconciling = f.updater.service_lock().lock().await;
-    let updater = f.updater.clone();
-    let tick = tokio::spawn(async move { updater.tick().await });
-    let_others_run().await;
+    let (reconciling, tick) = tick_behind_a_reconcile(&f).await;
     f.updater.assign(&reconciling, "ns/a", Some("lb2"));
     drop(reconciling);
     let summary = ran(tick.await.unwrap().unwrap());
@@ -304,11 +309,7 @@ async fn an_operation_for_lb1_is_dropped_when_the_service_moved_to_lb2_while_the
 #[tokio::test]
 async fn remove_operations_during_a_waiting_tick_cancels_the_work() {
     let f = fixture().await;
-    f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
-    let reconciling = f.updater.service_lock().lock().await;
-    let updater = f.updater.clone();
-    let tick = tokio::spawn(async move { updater.tick().await });
-    let_others_run().await;
+    let (reconciling, tick) = tick_behind_a_reconcile(&f).await;
     assert_eq!(f.updater.remove_operations("NS/A").unwrap(), 1);
     drop(reconciling);
     assert!(matches!(tick.await.unwrap().unwrap(), Tick::Idle));
