@@ -6,8 +6,8 @@
 //! 1. the **service reconcile lock** ([`ServiceLock`]), shared with every reconcile, held for the
 //!    whole tick, so the tick never writes a load balancer a reconcile is writing, and the
 //!    Service→LB assignment cannot change under the grouping;
-//! 2. the **Azure resource lock** ([`ResourceLock`]; the Kubernetes Lease of upstream §f arrives
-//!    with issue 5), taken only when something is ready to drain;
+//! 2. the **Azure resource lock** ([`ResourceLock`]; the Kubernetes Lease of upstream §f is
+//!    [`crate::lease::LeaseLock`]), taken only when something is ready to drain;
 //! 3. the **queue**: the guest session behind its own `std::sync::Mutex`, held only for one short
 //!    guest call at a time and never across an Azure call, so producers ([`PoolUpdater::enqueue`],
 //!    [`PoolUpdater::remove_operations`]) never wait for ARM.
@@ -64,8 +64,8 @@ impl LockError {
 }
 
 /// The distributed lock that keeps other writers of the same Azure resources (the AKS resource
-/// provider) out while a tick writes pools. The Kubernetes Lease implementation arrives with
-/// issue 5; [`InMemoryLock`] stands in for tests and single-process use.
+/// provider) out while a tick writes pools: [`crate::lease::LeaseLock`] on a Kubernetes Lease;
+/// [`InMemoryLock`] stands in for `simulate` and tests.
 #[allow(async_fn_in_trait)] // used generically, never as `dyn`
 pub trait ResourceLock {
     async fn lock(&self) -> Result<(), LockError>;

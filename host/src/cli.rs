@@ -72,9 +72,10 @@ enum Command {
     /// Reconcile a cluster: watch its Services, EndpointSlices and Nodes, and carry out what the
     /// logic asks on Azure (ARM, or the emulator) and on the cluster, until interrupted.
     ///
-    /// One replica only: there is no leader election yet. Exits 0 on SIGINT, 2 when it cannot
-    /// start (with why), 1 when the logic or the watches fail.
-    Run(RunArgs),
+    /// Several replicas may run: only the leader (a Lease, `--leader-elect-*`) watches and
+    /// writes. Exits 0 on SIGINT (releasing leadership), 2 when it cannot start (with why), 1
+    /// when the logic or the watches fail.
+    Run(Box<RunArgs>),
 }
 
 /// What `run` connects to.
@@ -102,7 +103,70 @@ struct RunArgs {
     #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
     service_gateway: String,
     #[command(flatten)]
+    election: ElectionArgs,
+    #[command(flatten)]
+    resource_lock: ResourceLockArgs,
+    #[command(flatten)]
     logic: LogicArgs,
+}
+
+/// Leader election among replicas (client-go's flags and defaults).
+#[derive(Args)]
+struct ElectionArgs {
+    /// Elect a leader; only the leader watches and writes. `false`: run exactly one replica.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// How long a standby waits, after it last saw the leader Lease change, before taking it.
+    #[arg(long, default_value = "15s", value_parser = duration)]
+    leader_elect_lease_duration: Duration,
+    /// How long the leader keeps writing after its last successful renewal; shorter than the
+    /// lease duration.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    leader_elect_renew_deadline: Duration,
+    /// Time between a standby's attempts and between the leader's renewals.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    leader_elect_retry_period: Duration,
+    #[arg(long, default_value = crate::lease::LEADER_ELECTION_NAME)]
+    leader_elect_resource_name: String,
+    #[arg(long, default_value = crate::lease::LEADER_ELECTION_NAMESPACE)]
+    leader_elect_resource_namespace: String,
+    /// This replica's holder identity; default: `POD_NAME` (else `HOSTNAME`) and a random
+    /// suffix. Also the `reportingInstance` of its Events.
+    #[arg(long)]
+    leader_elect_identity: Option<String>,
+}
+
+/// The Azure resource lock of upstream's `AzureResourceLocker` (its Lease, holder and duration).
+#[derive(Args)]
+struct ResourceLockArgs {
+    #[arg(long, default_value = crate::lease::RESOURCE_LOCK_NAME)]
+    azure_resource_lock_name: String,
+    #[arg(long, default_value = crate::lease::RESOURCE_LOCK_NAMESPACE)]
+    azure_resource_lock_namespace: String,
+    /// Shared by every replica on purpose: the lock excludes other components (the AKS RP).
+    #[arg(long, default_value = crate::lease::RESOURCE_LOCK_HOLDER)]
+    azure_resource_lock_holder: String,
+    #[arg(long, default_value = "900s", value_parser = duration)]
+    azure_resource_lock_duration: Duration,
+    /// Time between renewals while the lock is held.
+    #[arg(long, default_value = "300s", value_parser = duration)]
+    azure_resource_lock_renew_period: Duration,
+}
+
+/// `15s`, `500ms`, `2m`, or plain seconds.
+fn duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration such as 15s or 500ms"))?;
+    let scale = match unit {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(number * scale).map_err(|e| format!("{text:?}: {e}"))
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -196,7 +260,7 @@ pub fn run(
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
         Command::Simulate { files, json, logic } => simulate(&files, json, &logic, out, err),
         Command::Emulator(args) => emulator(args, out),
-        Command::Run(args) => run_reconciler(args, err),
+        Command::Run(args) => run_reconciler(*args, err),
     };
     result.unwrap_or_else(|e| {
         let _ = writeln!(err, "error: {e:#}");
@@ -399,6 +463,30 @@ fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
         }
     };
     let (config, scope) = config;
+    let election = args.election;
+    let instance =
+        crate::lease::replica_identity(election.leader_elect_identity.as_deref(), |name| std::env::var(name).ok());
+    let leader_election = election.leader_elect.then(|| crate::lease::ElectionConfig {
+        name: election.leader_elect_resource_name,
+        namespace: election.leader_elect_resource_namespace,
+        identity: instance.clone(),
+        lease_duration: election.leader_elect_lease_duration,
+        renew_deadline: election.leader_elect_renew_deadline,
+        retry_period: election.leader_elect_retry_period,
+    });
+    let lock = args.resource_lock;
+    let resource_lock = crate::lease::LeaseLockConfig {
+        name: lock.azure_resource_lock_name,
+        namespace: lock.azure_resource_lock_namespace,
+        holder: lock.azure_resource_lock_holder,
+        duration: lock.azure_resource_lock_duration,
+        renew_period: lock.azure_resource_lock_renew_period,
+    };
+    let election_valid = leader_election.as_ref().map_or(Ok(()), crate::lease::ElectionConfig::validate);
+    if let Err(e) = election_valid.and_then(|()| resource_lock.validate()) {
+        writeln!(err, "error: {e}")?;
+        return Ok(EXIT_BAD_INPUT);
+    }
     let credential = match (args.credential, args.token_file) {
         (CredentialKind::None, _) => Credential::None,
         (CredentialKind::TokenFile, Some(path)) => Credential::TokenFile(TokenFile::new(path)),
@@ -412,10 +500,9 @@ fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-    let instance = std::env::var("HOSTNAME").unwrap_or_else(|_| "clb-host".into());
     tokio.block_on(async {
         let kube = crate::run::connect(args.kubeconfig.as_deref()).await?;
-        let settings = crate::run::Settings { kube, arm, config, instance };
+        let settings = crate::run::Settings { kube, arm, config, instance, leader_election, resource_lock };
         let interrupted = async {
             if tokio::signal::ctrl_c().await.is_err() {
                 std::future::pending::<()>().await;

@@ -5,7 +5,8 @@
 //! ([`inputs`]), and carries out what the logic asks — on Azure through [`azure`], against real
 //! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
 //! files against the emulator and an in-memory [`cluster`]; [`run`] drives the same pieces on real
-//! time against a cluster (watchers, and writes through [`kube`]) and ARM or the emulator. The [`supervisor`] keeps the logic's
+//! time against a cluster (watchers, and writes through [`kube`]) and ARM or the emulator, with
+//! leader election and the Azure resource lock on Kubernetes Leases ([`lease`]). The [`supervisor`] keeps the logic's
 //! state across traps and swaps; [`metrics`] serves its counters and the health probes. It
 //! decides nothing about load balancers: every rule a reviewer could argue about lives in the
 //! guest (`clb-guest`).
@@ -18,6 +19,7 @@ pub mod emulator;
 pub mod executor;
 pub mod inputs;
 pub mod kube;
+pub mod lease;
 pub mod metrics;
 pub mod records;
 pub mod run;

@@ -15,11 +15,18 @@
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
 //!
-//! There is no leader election and no Lease lock yet (design §6): run one replica.
+//! * **Leader election** (design §6, [`crate::lease`]): with [`Settings::leader_election`] set,
+//!   a replica that does not lead watches nothing and runs no logic; when it becomes the leader
+//!   it starts all of the above afresh — watches, a new supervisor, the start-up reconcile that
+//!   re-reads NRP — so nothing a previous leader left half-done is lost. Every command is
+//!   executed only after checking that leadership still [`holds`](Leadership::holds); when it
+//!   is lost the whole loop is dropped, pending commands with it, and the replica stands by.
+//!   Without it, run one replica.
 
 use crate::azure::ArmClient;
 use crate::executor::{Executor, command_name};
 use crate::kube::{KubeClient, error_chain};
+use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
 use crate::records;
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
@@ -57,6 +64,11 @@ pub enum RunError {
     Logic(#[source] SupervisorError),
     #[error("the watch of {0} ended")]
     WatchEnded(&'static str),
+    #[error("leader election cannot start")]
+    Election(#[source] LeaseError),
+    /// Leadership ended before a command was executed; [`crate::lease::lead`] stands by.
+    #[error("not the leader any more")]
+    NotLeader,
 }
 
 /// A Kubernetes client from `kubeconfig`, or else the in-cluster configuration or the default
@@ -82,6 +94,12 @@ pub struct Settings {
     pub config: wit::Config,
     /// Which replica this is, in the Events it records.
     pub instance: String,
+    /// `None`: no election, this replica writes (run one).
+    pub leader_election: Option<ElectionConfig>,
+    /// The Azure resource lock, for the backend-pool updater of multi-SLB local-service mode
+    /// (`run` does not drive that updater yet, so nothing takes it today; CLB mode does not use
+    /// it, as upstream).
+    pub resource_lock: LeaseLockConfig,
 }
 
 /// One watched change.
@@ -226,13 +244,32 @@ fn absorb(step: wit::Step, pending: &mut Vec<wit::Issued>, wake: &mut Option<u64
     *wake = step.wake_at_ms;
 }
 
-/// Runs `logic` until `shutdown` completes (then `Ok`) or something fatal happens.
+/// Runs `logic` until `shutdown` completes (then `Ok`) or something fatal happens; with leader
+/// election, only while this replica leads.
 pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    let Some(election) = settings.leader_election.clone() else {
+        return reconcile(logic, &settings, Leadership::unconditional(), shutdown).await;
+    };
+    let mut elector = Elector::new(settings.kube.clone(), election).map_err(RunError::Election)?;
+    let settings = &settings;
+    crate::lease::lead(&mut elector, shutdown, async |leadership| {
+        reconcile(logic, settings, leadership, std::future::pending()).await
+    })
+    .await
+}
+
+/// The loop of one term (or of the whole process without election).
+async fn reconcile(
+    logic: &Logic,
+    settings: &Settings,
+    leadership: Leadership,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
     let started = Instant::now();
     let now_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let kube = KubeClient::new(settings.kube.clone(), settings.instance);
+    let kube = KubeClient::new(settings.kube.clone(), settings.instance.clone());
     let executor = Executor::new(&settings.arm, &kube);
-    let client = settings.kube;
+    let client = settings.kube.clone();
     let mut changes = futures::stream::select_all([
         watch(Api::<Service>::all(client.clone()), Change::Service),
         watch(Api::<EndpointSlice>::all(client.clone()), Change::Slice),
@@ -250,6 +287,10 @@ pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output
             let issued = std::mem::take(&mut pending);
             let mut results = Vec::with_capacity(issued.len());
             for command in issued {
+                // Checked per command: a step begun as the leader is not carried on after.
+                if !leadership.holds() {
+                    return Err(RunError::NotLeader);
+                }
                 let outcome = executor.execute(&command.command).await;
                 match &outcome {
                     wit::Outcome::Failed(failure) => tracing::info!(

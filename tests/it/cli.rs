@@ -119,3 +119,28 @@ fn validate_exits_two_for_a_malformed_cloud_configuration() {
     assert_eq!(code, EXIT_BAD_INPUT, "{err}");
     assert!(err.contains("bad-config.yaml:2:"), "{err}");
 }
+
+#[test]
+fn run_exits_two_before_connecting_when_a_lease_setting_is_malformed_or_inconsistent() {
+    let config = fixture("configs/clb-azure.json");
+    let config = config.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--leader-elect-renew-deadline", "20s"], "renew deadline must be shorter than its lease duration"),
+        (&["--leader-elect-retry-period", "10s"], "retry period must be positive and shorter than its renew deadline"),
+        (&["--leader-elect-lease-duration", "15x"], "the unit must be ms, s, m or h"),
+        (&["--leader-elect-retry-period", "soon"], "is not a duration"),
+        (
+            &["--azure-resource-lock-renew-period", "900s"],
+            "renew period must be positive and shorter than its duration",
+        ),
+        (&["--azure-resource-lock-holder", ""], "the azure resource lock's holder is empty"),
+    ];
+    for (flags, expected) in cases {
+        // An unreachable kubeconfig: reaching for the cluster would fail differently.
+        let mut args = vec!["run", "--cloud-config", config, "--credential", "none", "--kubeconfig", "/nonexistent"];
+        args.extend_from_slice(flags);
+        let (code, _, err) = clb_host(&args);
+        assert_eq!(code, EXIT_BAD_INPUT, "{flags:?}: {err}");
+        assert!(err.contains(expected), "{flags:?}: {err}");
+    }
+}
