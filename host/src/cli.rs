@@ -72,8 +72,9 @@ enum Command {
     /// Reconcile a cluster: watch its Services, EndpointSlices and Nodes, and carry out what the
     /// logic asks on Azure (ARM, or the emulator) and on the cluster, until interrupted.
     ///
-    /// One replica only: there is no leader election yet. Exits 0 on SIGINT, 2 when it cannot
-    /// start (with why), 1 when the logic or the watches fail.
+    /// One replica only: there is no leader election yet. Exits 0 on SIGTERM or SIGINT (after
+    /// letting running commands finish, up to --shutdown-grace-secs), 2 when it cannot start
+    /// (with why), 1 when the logic or the watches fail.
     Run(RunArgs),
 }
 
@@ -101,6 +102,9 @@ struct RunArgs {
     /// The ServiceGateway's name.
     #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
     service_gateway: String,
+    /// On SIGTERM/SIGINT, how long running commands may finish before they are abandoned.
+    #[arg(long, default_value_t = crate::run::SHUTDOWN_GRACE.as_secs())]
+    shutdown_grace_secs: u64,
     #[command(flatten)]
     logic: LogicArgs,
 }
@@ -414,12 +418,11 @@ fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let instance = std::env::var("HOSTNAME").unwrap_or_else(|_| "clb-host".into());
     tokio.block_on(async {
+        let interrupted = crate::run::stop_signal().context("installing the SIGTERM/SIGINT handlers")?;
         let kube = crate::run::connect(args.kubeconfig.as_deref()).await?;
-        let settings = crate::run::Settings { kube, arm, config, instance };
-        let interrupted = async {
-            if tokio::signal::ctrl_c().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        let settings = crate::run::Settings {
+            shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
+            ..crate::run::Settings::new(kube, arm, config, instance)
         };
         match crate::run::run(&logic, settings, interrupted).await {
             Ok(()) => Ok(EXIT_OK),

@@ -9,16 +9,24 @@
 //!   guest knew that the list no longer holds — so an object deleted while the watch was broken
 //!   is not forgotten. Once every kind's first list is complete, `lists-complete` follows them.
 //!   Then every change is delivered as it comes, batched with whatever else is ready.
-//! * **Commands.** Every command of a step is executed in order by the [`Executor`] (Azure
-//!   through the [`ArmClient`], Kubernetes through [`KubeClient`]) and their outcomes are handed
-//!   back with `complete`; watching waits meanwhile.
+//! * **Commands.** A step's commands are queued in issue order and run concurrently by the
+//!   [`Executor`] (Azure through the [`ArmClient`], Kubernetes through [`KubeClient`]), at most
+//!   [`MAX_RUNNING`] at once; the Kubernetes commands on one object (its status, finalizer and
+//!   Events) run one at a time in the order issued. Each outcome goes back with `complete` as
+//!   soon as it arrives, together with any others that arrived with it. Watching never waits
+//!   for a command: changes are delivered between outcomes, so a slow ARM call delays only what
+//!   the guest chose to make depend on it. [`Commands::launch`] is the one place a command
+//!   starts.
+//! * **Stopping.** When `shutdown` completes no queued command starts; running ones get
+//!   [`Settings::shutdown_grace`] to finish and are then dropped. Both are safe: the next start
+//!   rebuilds the guest's state from the cluster and NRP (design §4, start-up).
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
 //!
 //! There is no leader election and no Lease lock yet (design §6): run one replica.
 
-use crate::azure::ArmClient;
-use crate::executor::{Executor, command_name};
+use crate::azure::{ArmClient, AzureApi};
+use crate::executor::{Executor, KubeApi, command_name};
 use crate::kube::{KubeClient, error_chain};
 use crate::records;
 use crate::sandbox::Logic;
@@ -28,17 +36,23 @@ use ::kube::api::Api;
 use ::kube::config::{KubeConfigOptions, Kubeconfig};
 use ::kube::runtime::WatchStreamExt as _;
 use ::kube::runtime::watcher::{self, watcher};
-use futures::future::FutureExt as _;
-use futures::stream::{BoxStream, StreamExt as _};
+use futures::future::{FutureExt as _, LocalBoxFuture};
+use futures::stream::{BoxStream, FuturesUnordered, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Observations delivered in one `observe` call at most.
 const MAX_BATCH: usize = 1_000;
+/// Commands running at once, at most. The guest keeps at most 16 Service commands in flight,
+/// plus one NRP read or address batch, plus Events; this bounds the requests a burst of Events
+/// (a thousand rejected Services at start-up) could open at once.
+const MAX_RUNNING: usize = 32;
+/// How long a stopping `run` lets the commands it started finish, unless told otherwise.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Why `run` stopped or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +89,35 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, RunErr
     ::kube::Client::try_from(config).map_err(RunError::Client)
 }
 
+/// SIGTERM or SIGINT (Ctrl-C elsewhere than Unix), whichever comes first, logged. The handlers
+/// are installed now, so a signal that arrives before the future is polled is not lost; call
+/// it inside the runtime.
+pub fn stop_signal() -> std::io::Result<impl Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            let name = tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+            };
+            tracing::info!(signal = name, "stopping on a signal");
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                tracing::info!(signal = "Ctrl-C", "stopping on a signal");
+            } else {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
 /// What `run` connects.
 pub struct Settings {
     pub kube: ::kube::Client,
@@ -82,13 +125,23 @@ pub struct Settings {
     pub config: wit::Config,
     /// Which replica this is, in the Events it records.
     pub instance: String,
+    /// How long a stopping `run` lets running commands finish before it abandons them.
+    pub shutdown_grace: Duration,
+}
+
+impl Settings {
+    /// Settings with the default [`SHUTDOWN_GRACE`].
+    pub fn new(kube: ::kube::Client, arm: ArmClient, config: wit::Config, instance: impl Into<String>) -> Self {
+        Self { kube, arm, config, instance: instance.into(), shutdown_grace: SHUTDOWN_GRACE }
+    }
 }
 
 /// One watched change.
 enum Change {
-    Service(watcher::Event<Service>),
-    Slice(watcher::Event<EndpointSlice>),
-    Node(watcher::Event<Node>),
+    // Boxed: the three differ in size by hundreds of bytes, and a change is moved a few times.
+    Service(Box<watcher::Event<Service>>),
+    Slice(Box<watcher::Event<EndpointSlice>>),
+    Node(Box<watcher::Event<Node>>),
     Failed(&'static str, watcher::Error),
 }
 
@@ -194,9 +247,9 @@ struct Mirrors {
 impl Mirrors {
     fn apply(&mut self, change: Change, out: &mut Vec<wit::Observation>) {
         match change {
-            Change::Service(event) => self.services.apply(event, out),
-            Change::Slice(event) => self.slices.apply(event, out),
-            Change::Node(event) => self.nodes.apply(event, out),
+            Change::Service(event) => self.services.apply(*event, out),
+            Change::Slice(event) => self.slices.apply(*event, out),
+            Change::Node(event) => self.nodes.apply(*event, out),
             Change::Failed(kind, error) => {
                 tracing::warn!(kind, error = %error_chain(&error), "watch failed; retrying with backoff");
             }
@@ -208,25 +261,150 @@ impl Mirrors {
     }
 }
 
-fn watch<K>(api: Api<K>, wrap: fn(watcher::Event<K>) -> Change) -> BoxStream<'static, Change>
+fn watch<K>(api: Api<K>, wrap: fn(Box<watcher::Event<K>>) -> Change) -> BoxStream<'static, Change>
 where
     K: Watched + ::kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     watcher(api, watcher::Config::default())
         .default_backoff()
         .map(move |event| match event {
-            Ok(event) => wrap(event),
+            Ok(event) => wrap(Box::new(event)),
             Err(error) => Change::Failed(K::NAME, error),
         })
         .boxed()
 }
 
-fn absorb(step: wit::Step, pending: &mut Vec<wit::Issued>, wake: &mut Option<u64>) {
-    pending.extend(step.commands);
+/// The object whose Kubernetes commands (status, finalizer, Events) run in the order issued,
+/// as `(kind, namespace, name)`.
+type Lane = (String, String, String);
+
+/// The lane of a command, if it has one. Azure commands have none: the guest keeps at most one
+/// command per Service in flight and never lets an address batch, a Service write and an NRP
+/// read overlap where their order matters (`guest/src/tracker.rs`), so they may finish in any
+/// order. A Service's Events and writes keep their order, so an Event never appears before the
+/// change it announces.
+fn lane(command: &wit::Command) -> Option<Lane> {
+    let object = match command {
+        wit::Command::EmitEvent(event) => &event.regarding,
+        wit::Command::PatchServiceStatus(status) => &status.service,
+        wit::Command::SetFinalizer(change) => &change.service,
+        _ => return None,
+    };
+    Some((object.kind.clone(), object.namespace.clone(), object.name.clone()))
+}
+
+/// A command that has its outcome.
+struct Finished {
+    id: u64,
+    lane: Option<Lane>,
+    outcome: wit::Outcome,
+}
+
+/// The guest's commands between `step` and `complete`: queued in issue order, then running
+/// concurrently (at most [`MAX_RUNNING`], one at a time per [`Lane`]).
+struct Commands<'a, A, K> {
+    executor: &'a Executor<'a, A, K>,
+    queued: VecDeque<wit::Issued>,
+    running: FuturesUnordered<LocalBoxFuture<'a, Finished>>,
+    /// Lanes with a command running.
+    busy: BTreeSet<Lane>,
+}
+
+impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
+    fn new(executor: &'a Executor<'a, A, K>) -> Self {
+        Self { executor, queued: VecDeque::new(), running: FuturesUnordered::new(), busy: BTreeSet::new() }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queued.is_empty() && self.running.is_empty()
+    }
+
+    /// Starts queued commands in issue order, as far as the slots and the lanes allow. The only
+    /// place a command starts.
+    fn launch(&mut self) {
+        let mut index = 0;
+        while index < self.queued.len() && self.running.len() < MAX_RUNNING {
+            let lane = lane(&self.queued[index].command);
+            if lane.as_ref().is_some_and(|lane| self.busy.contains(lane)) {
+                index += 1;
+                continue;
+            }
+            let Some(issued) = self.queued.remove(index) else { break };
+            if let Some(lane) = &lane {
+                self.busy.insert(lane.clone());
+            }
+            let executor = self.executor;
+            self.running.push(
+                async move {
+                    let outcome = executor.execute(&issued.command).await;
+                    log_outcome(&issued, &outcome);
+                    Finished { id: issued.id, lane, outcome }
+                }
+                .boxed_local(),
+            );
+        }
+    }
+
+    /// `first` and every other command that has finished too, as `complete` takes them; their
+    /// lanes are free again.
+    fn settle(&mut self, first: Finished) -> Vec<(u64, wit::Outcome)> {
+        let mut results = Vec::new();
+        let mut next = Some(first);
+        while let Some(finished) = next {
+            if let Some(lane) = &finished.lane {
+                self.busy.remove(lane);
+            }
+            results.push((finished.id, finished.outcome));
+            next = self.running.next().now_or_never().flatten();
+        }
+        results
+    }
+
+    /// On the way out: queued commands are not started; running ones get `grace` to finish,
+    /// then are dropped (their requests cancelled). Either is safe: the guest's state ends with
+    /// this process, and the next start rebuilds it from the cluster and from NRP, which is
+    /// where a command that did or did not take effect shows.
+    async fn stop(mut self, grace: Duration) {
+        let (queued, running) = (self.queued.len(), self.running.len());
+        tracing::info!(
+            running,
+            queued,
+            ?grace,
+            "stopping: letting running commands finish; queued ones are not started"
+        );
+        let finish = async { while self.running.next().await.is_some() {} };
+        if tokio::time::timeout(grace, finish).await.is_err() {
+            tracing::warn!(
+                abandoned = self.running.len(),
+                ?grace,
+                "stopping: commands still running after the grace period are abandoned; the next start repairs what they left"
+            );
+        }
+    }
+}
+
+fn log_outcome(issued: &wit::Issued, outcome: &wit::Outcome) {
+    let command = command_name(&issued.command);
+    match outcome {
+        wit::Outcome::Failed(failure) => tracing::info!(
+            id = issued.id,
+            command,
+            status = failure.status,
+            code = failure.code.as_deref().unwrap_or(""),
+            message = %failure.message,
+            "command failed"
+        ),
+        _ => tracing::debug!(id = issued.id, command, "command done"),
+    }
+}
+
+fn absorb<A: AzureApi, K: KubeApi>(step: wit::Step, commands: &mut Commands<'_, A, K>, wake: &mut Option<u64>) {
+    commands.queued.extend(step.commands);
     *wake = step.wake_at_ms;
 }
 
-/// Runs `logic` until `shutdown` completes (then `Ok`) or something fatal happens.
+/// Runs `logic` until `shutdown` completes (then `Ok`, after [`Settings::shutdown_grace`] at
+/// most) or something fatal happens.
 pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let started = Instant::now();
     let now_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -242,33 +420,11 @@ pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output
     supervisor.start(&settings.config).map_err(RunError::Logic)?;
     let mut mirrors = Mirrors::default();
     let mut lists_sent = false;
-    let mut pending: Vec<wit::Issued> = Vec::new();
+    let mut commands = Commands::new(&executor);
     let mut wake: Option<u64> = None;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        if !pending.is_empty() {
-            let issued = std::mem::take(&mut pending);
-            let mut results = Vec::with_capacity(issued.len());
-            for command in issued {
-                let outcome = executor.execute(&command.command).await;
-                match &outcome {
-                    wit::Outcome::Failed(failure) => tracing::info!(
-                        id = command.id,
-                        command = command_name(&command.command),
-                        status = failure.status,
-                        code = failure.code.as_deref().unwrap_or(""),
-                        message = %failure.message,
-                        "command failed"
-                    ),
-                    _ => tracing::debug!(id = command.id, command = command_name(&command.command), "command done"),
-                }
-                results.push((command.id, outcome));
-            }
-            let step = supervisor.complete(now_ms(), &results).map_err(RunError::Logic)?;
-            absorb(step, &mut pending, &mut wake);
-            supervisor.take_quarantined();
-            continue;
-        }
+        commands.launch();
         let wake_at = wake;
         let timer = async move {
             match wake_at {
@@ -276,8 +432,14 @@ pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            () = &mut shutdown => return Ok(()),
+        // Whichever comes first: a watched change, a finished command, or the guest's timer; none
+        // waits for another, so a slow Azure call delays only what depends on its outcome.
+        let step = tokio::select! {
+            () = &mut shutdown => break,
+            Some(finished) = commands.running.next(), if !commands.running.is_empty() => {
+                let results = commands.settle(finished);
+                supervisor.complete(now_ms(), &results)
+            }
             change = changes.next() => {
                 let Some(change) = change else { return Err(RunError::WatchEnded("Services, EndpointSlices and Nodes")) };
                 let mut batch = Vec::new();
@@ -293,18 +455,23 @@ pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output
                     lists_sent = true;
                     tracing::info!("initial lists delivered");
                 }
-                if !batch.is_empty() {
-                    let step = supervisor.observe(now_ms(), &batch).map_err(RunError::Logic)?;
-                    absorb(step, &mut pending, &mut wake);
-                    supervisor.take_quarantined();
+                if batch.is_empty() {
+                    continue;
                 }
+                supervisor.observe(now_ms(), &batch)
             }
             () = timer => {
                 wake = None;
-                let step = supervisor.tick(now_ms()).map_err(RunError::Logic)?;
-                absorb(step, &mut pending, &mut wake);
-                supervisor.take_quarantined();
+                supervisor.tick(now_ms())
             }
-        }
+        };
+        absorb(step.map_err(RunError::Logic)?, &mut commands, &mut wake);
+        supervisor.take_quarantined();
     }
+    tracing::info!("shutdown requested");
+    if !commands.is_empty() {
+        commands.stop(settings.shutdown_grace).await;
+    }
+    tracing::info!("stopped");
+    Ok(())
 }
