@@ -12,6 +12,7 @@ use clb_host::azure::{self, ArmClient, ArmConfig, AzureApi as _, Credential, Ope
 use clb_host::emulator::{Emulator, EmulatorServer, Fault, FaultMode};
 use clb_host::run::RunError;
 use clb_tests::apiserver::apiserver;
+use clb_tests::watch_proxy::WatchProxy;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::BTreeSet;
@@ -78,7 +79,7 @@ impl Env {
     async fn new(index: u8) -> Self {
         let server = apiserver();
         let admin = server.admin().await;
-        let controller_kubeconfig = server.controller_kubeconfig(&admin).await;
+        let controller_kubeconfig = server.controller_kubeconfig(&admin, None).await;
         let namespace = format!("clb-e2e-{}-{index}", std::process::id());
         apply(&Api::<Namespace>::all(admin.clone()), &namespace, serde_json::json!({})).await;
         let scope = clb_host::simulate::scope();
@@ -488,6 +489,35 @@ fn a_service_is_provisioned_while_a_call_for_another_hangs() {
 }
 
 #[test]
+fn a_watch_answered_410_gone_re_lists_and_an_endpoint_slice_deleted_while_it_was_broken_is_noticed() {
+    e2e(7, async |env| {
+        let server = apiserver();
+        let proxy = WatchProxy::start(&server.url).await;
+        let kubeconfig = server.controller_kubeconfig(&env.admin, Some(&proxy.url())).await;
+        let controller = env.start_through(kubeconfig.clone());
+        let kept = env.provisioned("kept", &[(10, 1)]).await;
+        let emptied = env.provisioned("emptied", &[(20, 1)]).await;
+
+        proxy.break_watches();
+        eventually("the watches of all three kinds broken and held", async || {
+            let held = proxy.held();
+            if held >= 3 { Ok(()) } else { Err(format!("{held} held")) }
+        })
+        .await;
+        // While the watches are down: a slice deleted (only a re-list can tell), another changed.
+        env.slices().delete("emptied-1", &DeleteParams::default()).await.expect("deletes the EndpointSlice");
+        env.endpoints("kept", &kept, &[(10, 1), (11, 1)]).await;
+        proxy.expire_watches();
+
+        env.nrp_binds(&emptied, &[]).await;
+        env.nrp_binds(&kept, &[(10, 1), (11, 1)]).await;
+        assert!(proxy.expired() >= 3, "every kind's watch was answered 410 and re-listed: {}", proxy.expired());
+        controller.stop().await;
+        let _ = std::fs::remove_file(kubeconfig);
+    });
+}
+
+#[test]
 fn a_restarted_controller_converges_on_what_changed_while_it_was_down() {
     e2e(6, async |env| {
         let controller = env.start();
@@ -557,7 +587,7 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
     runtime.block_on(async {
         let server = apiserver();
         let admin = server.admin().await;
-        let kubeconfig = server.controller_kubeconfig(&admin).await;
+        let kubeconfig = server.controller_kubeconfig(&admin, None).await;
         let _ = std::fs::remove_file(kubeconfig);
         let (namespace, name) = clb_tests::apiserver::CONTROLLER_ACCOUNT;
         let reviews = Api::<SubjectAccessReview>::all(admin);

@@ -98,8 +98,10 @@ impl ApiServer {
 
     /// Applies `examples/deploy/rbac.yaml` as admin (server-side apply, so every test may do it
     /// again), asks for a token of its ServiceAccount with the TokenRequest API, and writes a
-    /// kubeconfig that carries only that token: the rights the example grants and no more.
-    pub async fn controller_kubeconfig(&self, admin: &kube::Client) -> PathBuf {
+    /// kubeconfig that carries only that token: the rights the example grants and no more. With
+    /// `via`, the kubeconfig names that plain-HTTP URL (a [`crate::watch_proxy::WatchProxy`])
+    /// instead of the API server.
+    pub async fn controller_kubeconfig(&self, admin: &kube::Client, via: Option<&str>) -> PathBuf {
         let manifests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy/rbac.yaml");
         apply_file(admin, &manifests).await;
         let (namespace, name) = CONTROLLER_ACCOUNT;
@@ -116,13 +118,19 @@ impl ApiServer {
             .token;
         let admin_config = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("reads the admin kubeconfig");
         let cluster = admin_config.clusters.first().and_then(|c| c.cluster.as_ref()).expect("one cluster");
+        let server = match via {
+            Some(url) => format!("server: {url}"),
+            None => format!(
+                "server: {}\n    certificate-authority-data: {}",
+                cluster.server.as_deref().expect("a server URL"),
+                cluster.certificate_authority_data.as_deref().expect("the CA"),
+            ),
+        };
         let kubeconfig = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: clb-test\n  cluster:\n    server: {}\n    \
-             certificate-authority-data: {}\nusers:\n- name: {name}\n  user:\n    token: {token}\n\
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: clb-test\n  cluster:\n    {server}\n\
+             users:\n- name: {name}\n  user:\n    token: {token}\n\
              contexts:\n- name: clb-test\n  context:\n    cluster: clb-test\n    user: {name}\n\
              current-context: clb-test\n",
-            cluster.server.as_deref().expect("a server URL"),
-            cluster.certificate_authority_data.as_deref().expect("the CA"),
         );
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let path = std::env::temp_dir().join(format!(
