@@ -614,3 +614,73 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
         assert!(wrong.is_empty(), "rights not as examples/deploy/rbac.yaml should grant them: {wrong:#?}");
     });
 }
+
+/// Set in the child process of [`clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs`]:
+/// the command line it runs, as JSON.
+const CHILD_COMMAND_LINE: &str = "CLB_E2E_CHILD_COMMAND_LINE";
+
+#[test]
+fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
+    // The signal goes to a process of its own: this test binary run again for this test alone,
+    // which then runs the command line in-process and exits with its code.
+    if let Ok(command_line) = std::env::var(CHILD_COMMAND_LINE) {
+        let args: Vec<String> = serde_json::from_str(&command_line).expect("a JSON list of arguments");
+        let code = clb_host::cli::run(args, &mut std::io::stdout(), &mut std::io::stderr());
+        std::process::exit(code.into());
+    }
+    e2e(8, async |env| {
+        let cloud_config = std::env::temp_dir().join(format!("clb-e2e-{}-azure.json", std::process::id()));
+        std::fs::write(&cloud_config, &env.cloud_config).unwrap();
+        let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
+        let command_line = [
+            "clb-host".to_owned(),
+            "run".into(),
+            format!("--kubeconfig={}", path(&env.controller_kubeconfig)),
+            format!("--cloud-config={}", path(&cloud_config)),
+            format!("--azure-url={}", env.azure.url()),
+            "--credential=none".into(),
+            "--shutdown-grace-secs=1".into(),
+        ];
+        let test = "kube::clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs";
+        let mut child = Child(
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads=1"])
+                .env(CHILD_COMMAND_LINE, serde_json::to_string(&command_line).unwrap())
+                .spawn()
+                .expect("starts the child"),
+        );
+
+        // Once it has provisioned a Service, its signal handlers are in place (they come first).
+        let uid = env.provisioned("web", &[(10, 1)]).await;
+        env.emulator.set_fault(Fault::always(Operation::UpdateAddressLocations, FaultMode::Hang));
+        env.delete("web").await;
+        eventually("the drain hanging", async || {
+            if env.calls(Operation::UpdateAddressLocations, "hang") > 0 { Ok(()) } else { Err("not yet".into()) }
+        })
+        .await;
+        let pid = child.0.id().to_string();
+        let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("runs kill");
+        assert!(killed.success(), "kill -TERM {pid}");
+        let status = eventually("the child stopped", async || match child.0.try_wait() {
+            Ok(Some(status)) => Ok(status),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+        assert_eq!(status.code(), Some(0), "clb-host run exits 0 on SIGTERM: {status}");
+        env.held("web").await;
+        assert!(env.emulator.resources().services.contains_key(&uid), "nothing was half-done: still registered");
+        let _ = std::fs::remove_file(cloud_config);
+    });
+}
+
+/// A child process, killed if the test ends before it does.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
