@@ -73,7 +73,8 @@ enum Command {
     /// logic asks on Azure (ARM, or the emulator) and on the cluster, until interrupted.
     ///
     /// Several replicas may run: only the leader (a Lease, `--leader-elect-*`) watches and
-    /// writes. Exits 0 on SIGINT (releasing leadership), 2 when it cannot start (with why), 1
+    /// writes. Exits 0 on SIGTERM or SIGINT (after letting running commands finish, up to
+    /// --shutdown-grace-secs, then releasing leadership), 2 when it cannot start (with why), 1
     /// when the logic or the watches fail.
     Run(Box<RunArgs>),
 }
@@ -102,6 +103,9 @@ struct RunArgs {
     /// The ServiceGateway's name.
     #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
     service_gateway: String,
+    /// On SIGTERM/SIGINT, how long running commands may finish before they are abandoned.
+    #[arg(long, default_value_t = crate::run::SHUTDOWN_GRACE.as_secs())]
+    shutdown_grace_secs: u64,
     #[command(flatten)]
     election: ElectionArgs,
     #[command(flatten)]
@@ -501,12 +505,13 @@ fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     tokio.block_on(async {
+        let interrupted = crate::run::stop_signal().context("installing the SIGTERM/SIGINT handlers")?;
         let kube = crate::run::connect(args.kubeconfig.as_deref()).await?;
-        let settings = crate::run::Settings { kube, arm, config, instance, leader_election, resource_lock };
-        let interrupted = async {
-            if tokio::signal::ctrl_c().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        let settings = crate::run::Settings {
+            shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
+            leader_election,
+            resource_lock,
+            ..crate::run::Settings::new(kube, arm, config, instance)
         };
         match crate::run::run(&logic, settings, interrupted).await {
             Ok(()) => Ok(EXIT_OK),

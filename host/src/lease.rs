@@ -743,14 +743,17 @@ impl Elector {
     }
 }
 
-/// Runs `work` during every term this replica leads, until `shutdown` (then the Lease is
-/// released) or until `work` fails while still leading (the Lease is released and the error
+/// Runs `work` during every term this replica leads, until `shutdown` completes while standing
+/// by, or a term's `work` ends while still leading (the Lease is released and its result
 /// returned).
 ///
-/// `work` gets the term's [`Leadership`] and must check it before every write. When leadership
-/// is lost, its future is dropped at once — whatever it was doing — and the replica stands by
-/// for the next term, which calls `work` afresh. An error from `work` after leadership was
-/// already lost counts as the loss, not as a failure.
+/// `work` gets the term's [`Leadership`] and must check it before every write. It must also see
+/// the shutdown itself (pass it a clone of a shared `shutdown`) and end with `Ok`: a term is not
+/// cut short by the shutdown here, so that it can let its running writes finish within its own
+/// grace period before the Lease is released. When leadership is lost, its future is dropped at
+/// once — whatever it was doing — and the replica stands by for the next term, which calls
+/// `work` afresh. An error from `work` after leadership was already lost counts as the loss,
+/// not as a failure.
 pub async fn lead<E>(
     elector: &mut Elector,
     shutdown: impl Future<Output = ()>,
@@ -769,7 +772,6 @@ pub async fn lead<E>(
             let hold = elector.hold();
             tokio::select! {
                 biased;
-                () = &mut shutdown => Some(Ok(())),
                 () = hold => None,
                 result = &mut term => {
                     if leadership.holds() { Some(result) } else { None }

@@ -9,22 +9,31 @@
 //!   guest knew that the list no longer holds — so an object deleted while the watch was broken
 //!   is not forgotten. Once every kind's first list is complete, `lists-complete` follows them.
 //!   Then every change is delivered as it comes, batched with whatever else is ready.
-//! * **Commands.** Every command of a step is executed in order by the [`Executor`] (Azure
-//!   through the [`ArmClient`], Kubernetes through [`KubeClient`]) and their outcomes are handed
-//!   back with `complete`; watching waits meanwhile.
+//! * **Commands.** A step's commands are queued in issue order and run concurrently by the
+//!   [`Executor`] (Azure through the [`ArmClient`], Kubernetes through [`KubeClient`]), at most
+//!   [`MAX_RUNNING`] at once; the Kubernetes commands on one object (its status, finalizer and
+//!   Events) run one at a time in the order issued. Each outcome goes back with `complete` as
+//!   soon as it arrives, together with any others that arrived with it. Watching never waits
+//!   for a command: changes are delivered between outcomes, so a slow ARM call delays only what
+//!   the guest chose to make depend on it. [`Commands::launch`] is the one place a command
+//!   starts.
+//! * **Stopping.** When `shutdown` completes no queued command starts; running ones get
+//!   [`Settings::shutdown_grace`] to finish and are then dropped. Both are safe: the next start
+//!   rebuilds the guest's state from the cluster and NRP (design §4, start-up).
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
 //!
 //! * **Leader election** (design §6, [`crate::lease`]): with [`Settings::leader_election`] set,
 //!   a replica that does not lead watches nothing and runs no logic; when it becomes the leader
 //!   it starts all of the above afresh — watches, a new supervisor, the start-up reconcile that
-//!   re-reads NRP — so nothing a previous leader left half-done is lost. Every command is
-//!   executed only after checking that leadership still [`holds`](Leadership::holds); when it
-//!   is lost the whole loop is dropped, pending commands with it, and the replica stands by.
-//!   Without it, run one replica.
+//!   re-reads NRP — so nothing a previous leader left half-done is lost. [`Commands::launch`]
+//!   starts a command only after checking that leadership still [`holds`](Leadership::holds);
+//!   when it is lost the whole loop is dropped, running and queued commands with it, and the
+//!   replica stands by. A shutdown while leading stops the term as above (grace included), then
+//!   releases the Lease. Without election, run one replica.
 
-use crate::azure::ArmClient;
-use crate::executor::{Executor, command_name};
+use crate::azure::{ArmClient, AzureApi};
+use crate::executor::{Executor, KubeApi, command_name};
 use crate::kube::{KubeClient, error_chain};
 use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
 use crate::records;
@@ -35,17 +44,23 @@ use ::kube::api::Api;
 use ::kube::config::{KubeConfigOptions, Kubeconfig};
 use ::kube::runtime::WatchStreamExt as _;
 use ::kube::runtime::watcher::{self, watcher};
-use futures::future::FutureExt as _;
-use futures::stream::{BoxStream, StreamExt as _};
+use futures::future::{FutureExt as _, LocalBoxFuture};
+use futures::stream::{BoxStream, FuturesUnordered, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Observations delivered in one `observe` call at most.
 const MAX_BATCH: usize = 1_000;
+/// Commands running at once, at most. The guest keeps at most 16 Service commands in flight,
+/// plus one NRP read or address batch, plus Events; this bounds the requests a burst of Events
+/// (a thousand rejected Services at start-up) could open at once.
+const MAX_RUNNING: usize = 32;
+/// How long a stopping `run` lets the commands it started finish, unless told otherwise.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Why `run` stopped or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +81,7 @@ pub enum RunError {
     WatchEnded(&'static str),
     #[error("leader election cannot start")]
     Election(#[source] LeaseError),
-    /// Leadership ended before a command was executed; [`crate::lease::lead`] stands by.
+    /// Leadership ended before a command was started; [`crate::lease::lead`] stands by.
     #[error("not the leader any more")]
     NotLeader,
 }
@@ -87,6 +102,35 @@ pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, RunErr
     ::kube::Client::try_from(config).map_err(RunError::Client)
 }
 
+/// SIGTERM or SIGINT (Ctrl-C elsewhere than Unix), whichever comes first, logged. The handlers
+/// are installed now, so a signal that arrives before the future is polled is not lost; call
+/// it inside the runtime.
+pub fn stop_signal() -> std::io::Result<impl Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            let name = tokio::select! {
+                _ = terminate.recv() => "SIGTERM",
+                _ = interrupt.recv() => "SIGINT",
+            };
+            tracing::info!(signal = name, "stopping on a signal");
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                tracing::info!(signal = "Ctrl-C", "stopping on a signal");
+            } else {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
 /// What `run` connects.
 pub struct Settings {
     pub kube: ::kube::Client,
@@ -94,6 +138,8 @@ pub struct Settings {
     pub config: wit::Config,
     /// Which replica this is, in the Events it records.
     pub instance: String,
+    /// How long a stopping `run` lets running commands finish before it abandons them.
+    pub shutdown_grace: Duration,
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
     /// The Azure resource lock, for the backend-pool updater of multi-SLB local-service mode
@@ -102,11 +148,28 @@ pub struct Settings {
     pub resource_lock: LeaseLockConfig,
 }
 
+impl Settings {
+    /// Settings with the default [`SHUTDOWN_GRACE`], no leader election and the upstream
+    /// resource lock.
+    pub fn new(kube: ::kube::Client, arm: ArmClient, config: wit::Config, instance: impl Into<String>) -> Self {
+        Self {
+            kube,
+            arm,
+            config,
+            instance: instance.into(),
+            shutdown_grace: SHUTDOWN_GRACE,
+            leader_election: None,
+            resource_lock: LeaseLockConfig::default(),
+        }
+    }
+}
+
 /// One watched change.
 enum Change {
-    Service(watcher::Event<Service>),
-    Slice(watcher::Event<EndpointSlice>),
-    Node(watcher::Event<Node>),
+    // Boxed: the three differ in size by hundreds of bytes, and a change is moved a few times.
+    Service(Box<watcher::Event<Service>>),
+    Slice(Box<watcher::Event<EndpointSlice>>),
+    Node(Box<watcher::Event<Node>>),
     Failed(&'static str, watcher::Error),
 }
 
@@ -212,9 +275,9 @@ struct Mirrors {
 impl Mirrors {
     fn apply(&mut self, change: Change, out: &mut Vec<wit::Observation>) {
         match change {
-            Change::Service(event) => self.services.apply(event, out),
-            Change::Slice(event) => self.slices.apply(event, out),
-            Change::Node(event) => self.nodes.apply(event, out),
+            Change::Service(event) => self.services.apply(*event, out),
+            Change::Slice(event) => self.slices.apply(*event, out),
+            Change::Node(event) => self.nodes.apply(*event, out),
             Change::Failed(kind, error) => {
                 tracing::warn!(kind, error = %error_chain(&error), "watch failed; retrying with backoff");
             }
@@ -226,34 +289,166 @@ impl Mirrors {
     }
 }
 
-fn watch<K>(api: Api<K>, wrap: fn(watcher::Event<K>) -> Change) -> BoxStream<'static, Change>
+fn watch<K>(api: Api<K>, wrap: fn(Box<watcher::Event<K>>) -> Change) -> BoxStream<'static, Change>
 where
     K: Watched + ::kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     watcher(api, watcher::Config::default())
         .default_backoff()
         .map(move |event| match event {
-            Ok(event) => wrap(event),
+            Ok(event) => wrap(Box::new(event)),
             Err(error) => Change::Failed(K::NAME, error),
         })
         .boxed()
 }
 
-fn absorb(step: wit::Step, pending: &mut Vec<wit::Issued>, wake: &mut Option<u64>) {
-    pending.extend(step.commands);
+/// The object whose Kubernetes commands (status, finalizer, Events) run in the order issued,
+/// as `(kind, namespace, name)`.
+type Lane = (String, String, String);
+
+/// The lane of a command, if it has one. Azure commands have none: the guest keeps at most one
+/// command per Service in flight and never lets an address batch, a Service write and an NRP
+/// read overlap where their order matters (`guest/src/tracker.rs`), so they may finish in any
+/// order. A Service's Events and writes keep their order, so an Event never appears before the
+/// change it announces.
+fn lane(command: &wit::Command) -> Option<Lane> {
+    let object = match command {
+        wit::Command::EmitEvent(event) => &event.regarding,
+        wit::Command::PatchServiceStatus(status) => &status.service,
+        wit::Command::SetFinalizer(change) => &change.service,
+        _ => return None,
+    };
+    Some((object.kind.clone(), object.namespace.clone(), object.name.clone()))
+}
+
+/// A command that has its outcome.
+struct Finished {
+    id: u64,
+    lane: Option<Lane>,
+    outcome: wit::Outcome,
+}
+
+/// The guest's commands between `step` and `complete`: queued in issue order, then running
+/// concurrently (at most [`MAX_RUNNING`], one at a time per [`Lane`]).
+struct Commands<'a, A, K> {
+    executor: &'a Executor<'a, A, K>,
+    leadership: Leadership,
+    queued: VecDeque<wit::Issued>,
+    running: FuturesUnordered<LocalBoxFuture<'a, Finished>>,
+    /// Lanes with a command running.
+    busy: BTreeSet<Lane>,
+}
+
+impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
+    fn new(executor: &'a Executor<'a, A, K>, leadership: Leadership) -> Self {
+        Self { executor, leadership, queued: VecDeque::new(), running: FuturesUnordered::new(), busy: BTreeSet::new() }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queued.is_empty() && self.running.is_empty()
+    }
+
+    /// Starts queued commands in issue order, as far as the slots and the lanes allow. The only
+    /// place a command starts, and so where leadership is checked: per command, so that a step
+    /// begun as the leader is not carried on after.
+    fn launch(&mut self) -> Result<(), RunError> {
+        let mut index = 0;
+        while index < self.queued.len() && self.running.len() < MAX_RUNNING {
+            if !self.leadership.holds() {
+                return Err(RunError::NotLeader);
+            }
+            let lane = lane(&self.queued[index].command);
+            if lane.as_ref().is_some_and(|lane| self.busy.contains(lane)) {
+                index += 1;
+                continue;
+            }
+            let Some(issued) = self.queued.remove(index) else { break };
+            if let Some(lane) = &lane {
+                self.busy.insert(lane.clone());
+            }
+            let executor = self.executor;
+            self.running.push(
+                async move {
+                    let outcome = executor.execute(&issued.command).await;
+                    log_outcome(&issued, &outcome);
+                    Finished { id: issued.id, lane, outcome }
+                }
+                .boxed_local(),
+            );
+        }
+        Ok(())
+    }
+
+    /// `first` and every other command that has finished too, as `complete` takes them; their
+    /// lanes are free again.
+    fn settle(&mut self, first: Finished) -> Vec<(u64, wit::Outcome)> {
+        let mut results = Vec::new();
+        let mut next = Some(first);
+        while let Some(finished) = next {
+            if let Some(lane) = &finished.lane {
+                self.busy.remove(lane);
+            }
+            results.push((finished.id, finished.outcome));
+            next = self.running.next().now_or_never().flatten();
+        }
+        results
+    }
+
+    /// On the way out: queued commands are not started; running ones get `grace` to finish,
+    /// then are dropped (their requests cancelled). Either is safe: the guest's state ends with
+    /// this process, and the next start rebuilds it from the cluster and from NRP, which is
+    /// where a command that did or did not take effect shows.
+    async fn stop(mut self, grace: Duration) {
+        let (queued, running) = (self.queued.len(), self.running.len());
+        tracing::info!(
+            running,
+            queued,
+            ?grace,
+            "stopping: letting running commands finish; queued ones are not started"
+        );
+        let finish = async { while self.running.next().await.is_some() {} };
+        if tokio::time::timeout(grace, finish).await.is_err() {
+            tracing::warn!(
+                abandoned = self.running.len(),
+                ?grace,
+                "stopping: commands still running after the grace period are abandoned; the next start repairs what they left"
+            );
+        }
+    }
+}
+
+fn log_outcome(issued: &wit::Issued, outcome: &wit::Outcome) {
+    let command = command_name(&issued.command);
+    match outcome {
+        wit::Outcome::Failed(failure) => tracing::info!(
+            id = issued.id,
+            command,
+            status = failure.status,
+            code = failure.code.as_deref().unwrap_or(""),
+            message = %failure.message,
+            "command failed"
+        ),
+        _ => tracing::debug!(id = issued.id, command, "command done"),
+    }
+}
+
+fn absorb<A: AzureApi, K: KubeApi>(step: wit::Step, commands: &mut Commands<'_, A, K>, wake: &mut Option<u64>) {
+    commands.queued.extend(step.commands);
     *wake = step.wake_at_ms;
 }
 
-/// Runs `logic` until `shutdown` completes (then `Ok`) or something fatal happens; with leader
-/// election, only while this replica leads.
+/// Runs `logic` until `shutdown` completes (then `Ok`, after [`Settings::shutdown_grace`] at
+/// most) or something fatal happens; with leader election, only while this replica leads.
 pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let Some(election) = settings.leader_election.clone() else {
         return reconcile(logic, &settings, Leadership::unconditional(), shutdown).await;
     };
     let mut elector = Elector::new(settings.kube.clone(), election).map_err(RunError::Election)?;
     let settings = &settings;
-    crate::lease::lead(&mut elector, shutdown, async |leadership| {
-        reconcile(logic, settings, leadership, std::future::pending()).await
+    // Both see the shutdown: `lead` while standing by, the term to stop with its grace period.
+    let shutdown = shutdown.shared();
+    crate::lease::lead(&mut elector, shutdown.clone(), async |leadership| {
+        reconcile(logic, settings, leadership, shutdown.clone()).await
     })
     .await
 }
@@ -279,37 +474,11 @@ async fn reconcile(
     supervisor.start(&settings.config).map_err(RunError::Logic)?;
     let mut mirrors = Mirrors::default();
     let mut lists_sent = false;
-    let mut pending: Vec<wit::Issued> = Vec::new();
+    let mut commands = Commands::new(&executor, leadership);
     let mut wake: Option<u64> = None;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        if !pending.is_empty() {
-            let issued = std::mem::take(&mut pending);
-            let mut results = Vec::with_capacity(issued.len());
-            for command in issued {
-                // Checked per command: a step begun as the leader is not carried on after.
-                if !leadership.holds() {
-                    return Err(RunError::NotLeader);
-                }
-                let outcome = executor.execute(&command.command).await;
-                match &outcome {
-                    wit::Outcome::Failed(failure) => tracing::info!(
-                        id = command.id,
-                        command = command_name(&command.command),
-                        status = failure.status,
-                        code = failure.code.as_deref().unwrap_or(""),
-                        message = %failure.message,
-                        "command failed"
-                    ),
-                    _ => tracing::debug!(id = command.id, command = command_name(&command.command), "command done"),
-                }
-                results.push((command.id, outcome));
-            }
-            let step = supervisor.complete(now_ms(), &results).map_err(RunError::Logic)?;
-            absorb(step, &mut pending, &mut wake);
-            supervisor.take_quarantined();
-            continue;
-        }
+        commands.launch()?;
         let wake_at = wake;
         let timer = async move {
             match wake_at {
@@ -317,8 +486,14 @@ async fn reconcile(
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            () = &mut shutdown => return Ok(()),
+        // Whichever comes first: a watched change, a finished command, or the guest's timer; none
+        // waits for another, so a slow Azure call delays only what depends on its outcome.
+        let step = tokio::select! {
+            () = &mut shutdown => break,
+            Some(finished) = commands.running.next(), if !commands.running.is_empty() => {
+                let results = commands.settle(finished);
+                supervisor.complete(now_ms(), &results)
+            }
             change = changes.next() => {
                 let Some(change) = change else { return Err(RunError::WatchEnded("Services, EndpointSlices and Nodes")) };
                 let mut batch = Vec::new();
@@ -334,18 +509,142 @@ async fn reconcile(
                     lists_sent = true;
                     tracing::info!("initial lists delivered");
                 }
-                if !batch.is_empty() {
-                    let step = supervisor.observe(now_ms(), &batch).map_err(RunError::Logic)?;
-                    absorb(step, &mut pending, &mut wake);
-                    supervisor.take_quarantined();
+                if batch.is_empty() {
+                    continue;
                 }
+                supervisor.observe(now_ms(), &batch)
             }
             () = timer => {
                 wake = None;
-                let step = supervisor.tick(now_ms()).map_err(RunError::Logic)?;
-                absorb(step, &mut pending, &mut wake);
-                supervisor.take_quarantined();
+                supervisor.tick(now_ms())
             }
+        };
+        absorb(step.map_err(RunError::Logic)?, &mut commands, &mut wake);
+        supervisor.take_quarantined();
+    }
+    tracing::info!("shutdown requested");
+    if !commands.is_empty() {
+        commands.stop(settings.shutdown_grace).await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emulator::Emulator;
+    use crate::executor::KubeError;
+    use std::cell::RefCell;
+
+    /// Kubernetes that takes a few polls per call and writes down when each starts and ends.
+    #[derive(Default)]
+    struct SlowKube {
+        log: RefCell<Vec<String>>,
+    }
+
+    impl SlowKube {
+        async fn call(&self, what: String) -> Result<(), KubeError> {
+            self.log.borrow_mut().push(format!("start {what}"));
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
+            self.log.borrow_mut().push(format!("end {what}"));
+            Ok(())
         }
+    }
+
+    impl KubeApi for SlowKube {
+        async fn patch_service_status(&self, service: &wit::ObjectRef, _: &[String]) -> Result<(), KubeError> {
+            self.call(format!("status {}", service.name)).await
+        }
+        async fn set_finalizer(&self, service: &wit::ObjectRef, _: &str, _: bool) -> Result<(), KubeError> {
+            self.call(format!("finalizer {}", service.name)).await
+        }
+        async fn emit_event(&self, event: &wit::Event) -> Result<(), KubeError> {
+            self.call(format!("event {} {}", event.regarding.name, event.reason)).await
+        }
+    }
+
+    fn service(name: &str) -> wit::ObjectRef {
+        wit::ObjectRef { kind: "Service".into(), namespace: "ns".into(), name: name.into(), uid: format!("uid-{name}") }
+    }
+
+    fn event(name: &str, reason: &str) -> wit::Command {
+        wit::Command::EmitEvent(wit::Event {
+            regarding: service(name),
+            event_type: wit::EventType::Normal,
+            reason: reason.into(),
+            message: String::new(),
+        })
+    }
+
+    fn finalizer(name: &str) -> wit::Command {
+        wit::Command::SetFinalizer(wit::FinalizerChange {
+            service: service(name),
+            finalizer: "f".into(),
+            present: true,
+        })
+    }
+
+    /// Runs `commands` as `run` does; the ids in the order their outcomes came back.
+    async fn drive(commands: &mut Commands<'_, Emulator, SlowKube>) -> Vec<u64> {
+        let mut completed = Vec::new();
+        loop {
+            commands.launch().unwrap();
+            let Some(first) = commands.running.next().await else { break };
+            completed.extend(commands.settle(first).into_iter().map(|(id, _)| id));
+        }
+        completed
+    }
+
+    /// Calls `test` with these commands queued (ids 0, 1, …) for the in-process emulator and a
+    /// [`SlowKube`].
+    fn with_queued(
+        issued: impl IntoIterator<Item = wit::Command>,
+        test: impl FnOnce(&mut Commands<'_, Emulator, SlowKube>, &SlowKube),
+    ) {
+        let azure = Emulator::new(crate::simulate::scope());
+        let kube = SlowKube::default();
+        let executor = Executor::new(&azure, &kube);
+        let mut commands = Commands::new(&executor, Leadership::unconditional());
+        let ids = 0u64..;
+        commands.queued.extend(ids.zip(issued).map(|(id, command)| wit::Issued { id, command }));
+        test(&mut commands, &kube);
+    }
+
+    fn block_on<T>(future: impl Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(future)
+    }
+
+    #[test]
+    fn kubernetes_commands_on_one_object_run_in_issue_order_and_other_objects_run_alongside() {
+        let issued = [event("a", "First"), finalizer("a"), event("b", "Other"), event("a", "Last")];
+        with_queued(issued, |commands, kube| {
+            let mut completed = block_on(drive(commands));
+            let log = kube.log.borrow();
+            let position =
+                |entry: &str| log.iter().position(|e| e == entry).unwrap_or_else(|| panic!("{entry}: {log:?}"));
+            let a = ["event a First", "finalizer a", "event a Last"];
+            for pair in a.windows(2) {
+                assert!(position(&format!("end {}", pair[0])) < position(&format!("start {}", pair[1])), "{log:?}");
+            }
+            assert!(position("start event b Other") < position("end event a First"), "b runs alongside a: {log:?}");
+            completed.sort_unstable();
+            assert_eq!(completed, [0, 1, 2, 3], "every command completes once");
+            assert!(commands.is_empty() && commands.busy.is_empty());
+        });
+    }
+
+    #[test]
+    fn no_more_than_the_limit_of_commands_run_at_once() {
+        let count = MAX_RUNNING + 8;
+        with_queued((0..count).map(|n| event(&format!("s{n}"), "E")), |commands, _| {
+            commands.launch().unwrap();
+            assert_eq!(commands.running.len(), MAX_RUNNING);
+            assert_eq!(commands.queued.len(), 8, "the rest wait in issue order");
+            assert_eq!(commands.queued.front().map(|c| c.id), Some(MAX_RUNNING as u64));
+            assert_eq!(block_on(drive(commands)).len(), count);
+        });
     }
 }

@@ -1,22 +1,32 @@
 //! `clb-host run` against a real kube-apiserver (`harness/apiserver`) and the Azure emulator
-//! over HTTP: the watchers, the Kubernetes writes and the loop on real time, end to end. The
-//! helpers here are shared with the leader-election tests (`lease.rs`).
+//! over HTTP, end to end: the watchers, the Kubernetes writes and the loop on real time.
+//!
+//! Every test runs the host under a token of the ServiceAccount of `examples/deploy/rbac.yaml`
+//! (applied as admin first), so a right the example lacks fails here. The tests' own writes go
+//! through the admin client. Every `run` watches the whole cluster, so the tests take turns
+//! ([`e2e`]); each keeps to its own namespace, Node and IP ranges (its `index`), so that what an
+//! earlier, failed test left behind does not change what a later one sees.
 
-use ::kube::api::{Api, DeleteParams, PostParams};
-use clb_host::azure::{ArmClient, ArmConfig, Credential};
-use clb_host::emulator::{Emulator, EmulatorServer};
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use ::kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use clb_host::azure::{self, ArmClient, ArmConfig, AzureApi as _, Credential, Operation};
+use clb_host::emulator::{Emulator, EmulatorServer, Fault, FaultMode};
+use clb_host::run::RunError;
 use clb_tests::apiserver::apiserver;
-use k8s_openapi::api::core::v1::{Namespace, Node, Service};
+use clb_tests::watch_proxy::WatchProxy;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long the system may take to converge after a change.
 const CONVERGE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
+/// The field manager of the tests' own writes.
+const MANAGER: &str = "clb-e2e";
 
-/// Polls `check` until it gives `Some`, or fails the test after [`CONVERGE`] with what it last
+/// Polls `check` until it gives `Ok`, or fails the test after [`CONVERGE`] with what it last
 /// saw.
 pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
     let started = Instant::now();
@@ -29,17 +39,6 @@ pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Re
     }
 }
 
-/// Held by a test while it runs reconcilers: they watch every namespace of the shared API
-/// server, so two tests' reconcilers would fight over each other's Services.
-pub(crate) fn reconcilers_slot() -> MutexGuard<'static, ()> {
-    static SLOT: Mutex<()> = Mutex::new(());
-    SLOT.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
-    serde_json::from_value(value).expect("a valid manifest")
-}
-
 pub(crate) fn ingress_ips(service: &Service) -> Vec<String> {
     service
         .status
@@ -50,210 +49,645 @@ pub(crate) fn ingress_ips(service: &Service) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The CLB-mode cloud config in the emulator's scope, and an ARM client for `url`.
-pub(crate) fn azure_side(url: String, credential: Credential) -> (wit::Config, ArmClient) {
-    let scope = clb_host::simulate::scope();
-    let cloud_config = format!(
-        "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
-         subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
-        scope.subscription, scope.resource_group, scope.location, scope.vnet
-    );
-    let path = std::path::Path::new("azure.json");
-    let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
-    let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
-    (config, ArmClient::new(ArmConfig::new(url, scope), credential).unwrap())
+/// Held by a test while it runs reconcilers: they watch every namespace of the shared API
+/// server, so two tests' reconcilers would fight over each other's Services. Shared with the
+/// leader-election tests (`lease.rs`).
+pub(crate) fn reconcilers_slot() -> MutexGuard<'static, ()> {
+    static SLOT: Mutex<()> = Mutex::new(());
+    SLOT.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-pub(crate) async fn create_namespace(client: &::kube::Client, namespace: &str) {
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &manifest(serde_json::json!({"metadata": {"name": namespace}})))
-        .await
-        .expect("creates the namespace");
+/// Runs one end-to-end test: one at a time, on its own runtime, with a fresh [`Env`] that is
+/// cleaned up after the test passes.
+fn e2e(index: u8, test: impl AsyncFnOnce(&Env)) {
+    let _turn = reconcilers_slot();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let env = Env::new(index).await;
+        test(&env).await;
+        env.clean_up().await;
+    });
 }
 
-/// A Node with one InternalIP.
-pub(crate) async fn create_node(client: &::kube::Client, name: &str, ip: &str) {
-    let params = PostParams::default();
-    let nodes = Api::<Node>::all(client.clone());
-    let node: Node = manifest(serde_json::json!({
-        "metadata": {"name": name},
-        "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
-    }));
-    let created = nodes.create(&params, &node).await.expect("creates the Node");
-    // A Node's status is not taken on create: it is written through its subresource.
-    nodes
-        .replace_status(name, &params, &Node { status: node.status, ..created })
-        .await
-        .expect("writes the Node's addresses");
+/// One test's world: its namespace and Nodes in the test API server, its emulated Azure, and
+/// the controller's credentials.
+struct Env {
+    index: u8,
+    admin: ::kube::Client,
+    namespace: String,
+    /// The ServiceAccount's kubeconfig (`examples/deploy/rbac.yaml`).
+    controller_kubeconfig: PathBuf,
+    emulator: Arc<Emulator>,
+    azure: EmulatorServer,
+    cloud_config: String,
 }
 
-/// A `LoadBalancer` Service `name` with one ready pod `pod_ip` on `node`; its UID.
-pub(crate) async fn create_service_with_pod(
-    client: &::kube::Client,
-    namespace: &str,
-    name: &str,
-    node: &str,
-    pod_ip: &str,
-) -> String {
-    let params = PostParams::default();
-    let service = Api::<Service>::namespaced(client.clone(), namespace)
-        .create(
-            &params,
-            &manifest(serde_json::json!({
-                "metadata": {"name": name},
+impl Env {
+    async fn new(index: u8) -> Self {
+        let server = apiserver();
+        let admin = server.admin().await;
+        let controller_kubeconfig = server.controller_kubeconfig(&admin, None).await;
+        let namespace = format!("clb-e2e-{}-{index}", std::process::id());
+        apply(&Api::<Namespace>::all(admin.clone()), &namespace, serde_json::json!({})).await;
+        let scope = clb_host::simulate::scope();
+        let emulator = Arc::new(Emulator::new(scope.clone()));
+        let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let cloud_config = format!(
+            "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
+             subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
+            scope.subscription, scope.resource_group, scope.location, scope.vnet
+        );
+        let env = Self { index, admin, namespace, controller_kubeconfig, emulator, azure, cloud_config };
+        env.node(1).await;
+        env
+    }
+
+    /// Node `n` of this test, with the InternalIP [`Env::location`]`(n)`.
+    async fn node(&self, n: u8) {
+        let name = self.node_name(n);
+        let nodes = Api::<Node>::all(self.admin.clone());
+        apply(&nodes, &name, serde_json::json!({})).await;
+        // A Node's status is not taken with the object: it is written through its subresource.
+        let status = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": self.location(n)}]},
+        });
+        nodes
+            .patch_status(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&status))
+            .await
+            .expect("writes the Node's addresses");
+    }
+
+    fn node_name(&self, n: u8) -> String {
+        format!("{}-node-{n}", self.namespace)
+    }
+
+    fn location(&self, n: u8) -> String {
+        format!("10.224.{}.{n}", self.index)
+    }
+
+    fn pod(&self, n: u8) -> String {
+        format!("10.244.{}.{n}", self.index)
+    }
+
+    fn services(&self) -> Api<Service> {
+        Api::namespaced(self.admin.clone(), &self.namespace)
+    }
+
+    fn slices(&self) -> Api<EndpointSlice> {
+        Api::namespaced(self.admin.clone(), &self.namespace)
+    }
+
+    /// A LoadBalancer Service on port 80 → 8080 with this `externalTrafficPolicy`; its UID.
+    async fn service(&self, name: &str, traffic_policy: &str) -> String {
+        let service = apply(
+            &self.services(),
+            name,
+            serde_json::json!({
                 "spec": {
                     "type": "LoadBalancer",
-                    "externalTrafficPolicy": "Local",
+                    "externalTrafficPolicy": traffic_policy,
                     "selector": {"app": name},
                     "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
                 },
-            })),
+            }),
         )
-        .await
-        .expect("creates the Service");
-    let uid = service.metadata.uid.clone().expect("the API server gives a UID");
-    Api::<EndpointSlice>::namespaced(client.clone(), namespace)
-        .create(
-            &params,
-            &manifest(serde_json::json!({
+        .await;
+        service.metadata.uid.expect("the API server gives a UID")
+    }
+
+    /// The EndpointSlice `<service>-1` of a Service, with exactly these endpoints: pod `n` on
+    /// node `m` for each `(n, m)`, all ready.
+    async fn endpoints(&self, service: &str, uid: &str, endpoints: &[(u8, u8)]) {
+        let endpoints: Vec<_> = endpoints
+            .iter()
+            .map(|&(pod, node)| {
+                serde_json::json!({
+                    "addresses": [self.pod(pod)], "nodeName": self.node_name(node), "conditions": {"ready": true},
+                })
+            })
+            .collect();
+        apply(
+            &self.slices(),
+            &format!("{service}-1"),
+            serde_json::json!({
                 "metadata": {
-                    "name": format!("{name}-abc12"),
-                    "labels": {"kubernetes.io/service-name": name},
-                    "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name, "uid": uid}],
+                    "labels": {"kubernetes.io/service-name": service},
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": uid}],
                 },
                 "addressType": "IPv4",
-                "endpoints": [{"addresses": [pod_ip], "nodeName": node, "conditions": {"ready": true}}],
+                "endpoints": endpoints,
                 "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-            })),
+            }),
         )
+        .await;
+    }
+
+    /// `(location, address)` for every NRP address bound to `uid`.
+    fn bound(&self, uid: &str) -> BTreeSet<(String, String)> {
+        let mut bound = BTreeSet::new();
+        for (location, addresses) in self.emulator.resources().locations {
+            for (address, services) in addresses {
+                if services.contains(uid) {
+                    bound.insert((location.clone(), address));
+                }
+            }
+        }
+        bound
+    }
+
+    /// Waits until NRP registers `uid` and binds exactly these `(pod, node)` pairs to it.
+    async fn nrp_binds(&self, uid: &str, endpoints: &[(u8, u8)]) {
+        let want: BTreeSet<_> = endpoints.iter().map(|&(pod, node)| (self.location(node), self.pod(pod))).collect();
+        eventually(&format!("NRP binds {want:?} to {uid}"), async || {
+            let registered = self.emulator.resources().services.contains_key(uid);
+            let bound = self.bound(uid);
+            if registered && bound == want { Ok(()) } else { Err(format!("registered {registered}, bound {bound:?}")) }
+        })
+        .await;
+    }
+
+    /// Waits until NRP has nothing of `uid`: not registered, no address bound to it.
+    async fn nrp_forgets(&self, uid: &str) {
+        eventually(&format!("NRP forgets {uid}"), async || {
+            let registered = self.emulator.resources().services.contains_key(uid);
+            let bound = self.bound(uid);
+            if !registered && bound.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("registered {registered}, bound {bound:?}"))
+            }
+        })
+        .await;
+    }
+
+    /// Waits for the Service's one ingress IP and checks that it is one of the emulator's public IPs.
+    async fn ingress_ip(&self, name: &str) -> String {
+        let ip = eventually(&format!("{name}'s ingress IP"), async || {
+            let service = self.services().get(name).await.map_err(|e| e.to_string())?;
+            match ingress_ips(&service).as_slice() {
+                [ip] => Ok(ip.clone()),
+                other => Err(format!("ingress {other:?}, finalizers {:?}", service.metadata.finalizers)),
+            }
+        })
+        .await;
+        let public_ips: Vec<String> =
+            self.emulator.resources().public_ips.values().map(|p| p.ip_address.clone()).collect();
+        assert!(public_ips.contains(&ip), "the ingress IP {ip} is a public IP of the emulator: {public_ips:?}");
+        ip
+    }
+
+    /// A `Local` Service with these endpoints, once NRP binds them and it has its ingress IP;
+    /// its UID.
+    async fn provisioned(&self, name: &str, endpoints: &[(u8, u8)]) -> String {
+        let uid = self.service(name, "Local").await;
+        self.endpoints(name, &uid, endpoints).await;
+        self.nrp_binds(&uid, endpoints).await;
+        self.ingress_ip(name).await;
+        uid
+    }
+
+    /// How many calls of `operation` the emulator answered with an outcome starting so (`500`,
+    /// `hang`…).
+    fn calls(&self, operation: Operation, outcome: &str) -> usize {
+        let log = self.emulator.state().log;
+        log.iter().filter(|e| e.operation == operation.name() && e.outcome.starts_with(outcome)).count()
+    }
+
+    /// Checks that the Service is terminating and its finalizer holds it.
+    async fn held(&self, name: &str) {
+        let service = self.services().get(name).await.expect("the Service is still there");
+        assert!(service.metadata.deletion_timestamp.is_some(), "{name} is terminating");
+        let finalizers = service.metadata.finalizers.unwrap_or_default();
+        assert!(
+            finalizers.iter().any(|f| f == clb_guest::tracker::FINALIZER),
+            "the finalizer holds {name}: {finalizers:?}"
+        );
+    }
+
+    /// Deletes a Service as a user would; its finalizer may hold it.
+    async fn delete(&self, name: &str) {
+        self.services().delete(name, &DeleteParams::default()).await.expect("deletes the Service");
+    }
+
+    /// Waits until the Service is gone from the API server (its finalizer released).
+    async fn gone(&self, name: &str) {
+        eventually(&format!("{name} gone from the API server"), async || {
+            match self.services().get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(s) => Err(format!("still there with finalizers {:?}", s.metadata.finalizers)),
+            }
+        })
+        .await;
+    }
+
+    /// Waits until the deleted Service is gone from the API server and from NRP.
+    async fn released(&self, name: &str, uid: &str) {
+        self.gone(name).await;
+        self.nrp_forgets(uid).await;
+    }
+
+    /// Waits for an Event of this type and reason regarding the Service with `uid`.
+    async fn event(&self, event_type: &str, reason: &str, uid: &str) -> Event {
+        let events = Api::<Event>::namespaced(self.admin.clone(), &self.namespace);
+        eventually(&format!("a {event_type} {reason} Event regarding {uid}"), async || {
+            let listed = events.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+            let seen: Vec<_> = listed.items.iter().map(|e| (e.type_.clone(), e.reason.clone())).collect();
+            listed
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.type_.as_deref() == Some(event_type)
+                        && e.involved_object.uid.as_deref() == Some(uid)
+                })
+                .ok_or_else(|| format!("events {seen:?}"))
+        })
         .await
-        .expect("creates the EndpointSlice");
-    uid
-}
+    }
 
-/// Waits until NRP has the service `uid` with `pod_ip` under `node_ip`.
-pub(crate) async fn registered_in_nrp(emulator: &Emulator, uid: &str, node_ip: &str, pod_ip: &str) {
-    eventually("the service registered in NRP with its pod under the node's IP", async || {
-        let resources = emulator.resources();
-        let bound = resources.locations.get(node_ip).and_then(|l| l.get(pod_ip));
-        match bound {
-            Some(services) if resources.services.contains_key(uid) && services.contains(uid) => Ok(()),
-            _ => Err(format!("services {:?}, locations {:?}", resources.services.keys(), resources.locations)),
+    /// Starts `clb-host run` under the ServiceAccount's token against this test's emulator.
+    fn start(&self) -> Controller {
+        self.start_through(self.controller_kubeconfig.clone())
+    }
+
+    /// Starts `clb-host run` with this kubeconfig, on its own thread and runtime as in the
+    /// binary; the client is made there, so that it lives on the runtime that uses it.
+    fn start_through(&self, kubeconfig: PathBuf) -> Controller {
+        let path = Path::new("azure.json");
+        let config = clb_host::inputs::parse_config(path, &self.cloud_config).unwrap();
+        let scope =
+            clb_host::inputs::parse_scope(path, &self.cloud_config, clb_host::azure::DEFAULT_SERVICE_GATEWAY).unwrap();
+        let arm_config = ArmConfig::new(self.azure.url(), scope);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let kube = clb_host::run::connect(Some(&kubeconfig)).await?;
+                let arm = ArmClient::new(arm_config, Credential::None).expect("an ARM client");
+                let settings = clb_host::run::Settings::new(kube, arm, config, "clb-e2e");
+                clb_host::run::run(clb_tests::builtin(), settings, async {
+                    let _ = stopped.await;
+                })
+                .await
+            })
+        });
+        Controller { stop, thread }
+    }
+
+    /// Removes what the test made, whether or not a controller still runs: finalizers are taken
+    /// off by hand, so nothing waits for one.
+    async fn clean_up(self) {
+        let params = PatchParams::default();
+        let no_finalizers = Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+        for service in self.services().list(&ListParams::default()).await.expect("lists the Services").items {
+            let name = service.metadata.name.unwrap_or_default();
+            let _ = self.services().patch(&name, &params, &no_finalizers).await;
+            let _ = self.services().delete(&name, &DeleteParams::default()).await;
         }
-    })
-    .await;
-}
-
-/// Waits for the Service's one ingress IP and checks that it is a public IP of the emulator.
-pub(crate) async fn ingress_ip(services: &Api<Service>, name: &str, emulator: &Emulator) -> String {
-    let ip = eventually("the Service's ingress IP", async || {
-        let service = services.get(name).await.map_err(|e| e.to_string())?;
-        let ips = ingress_ips(&service);
-        match ips.as_slice() {
-            [ip] => Ok(ip.clone()),
-            _ => Err(format!("ingress {ips:?}, finalizers {:?}", service.metadata.finalizers)),
+        let _ = self.slices().delete_collection(&DeleteParams::default(), &ListParams::default()).await;
+        let nodes = Api::<Node>::all(self.admin.clone());
+        for node in nodes.list(&ListParams::default()).await.expect("lists the Nodes").items {
+            let name = node.metadata.name.unwrap_or_default();
+            if name.starts_with(&self.namespace) {
+                let _ = nodes.delete(&name, &DeleteParams::default()).await;
+            }
         }
-    })
-    .await;
-    let public_ips: Vec<String> = emulator.resources().public_ips.values().map(|p| p.ip_address.clone()).collect();
-    assert!(public_ips.contains(&ip), "the ingress IP {ip} is a public IP of the emulator: {public_ips:?}");
-    ip
+        // There is no namespace controller: the namespace stays Terminating, empty.
+        let _ = Api::<Namespace>::all(self.admin.clone()).delete(&self.namespace, &DeleteParams::default()).await;
+        let _ = std::fs::remove_file(&self.controller_kubeconfig);
+    }
 }
 
-/// Deletes the Service and waits until it is gone from the API server (its finalizer released
-/// by a running reconciler) and from NRP.
-pub(crate) async fn delete_service(services: &Api<Service>, name: &str, uid: &str, emulator: &Emulator) {
-    services.delete(name, &DeleteParams::default()).await.expect("deletes the Service");
-    eventually("the Service gone from the API server (its finalizer released)", async || {
-        match services.get_opt(name).await.map_err(|e| e.to_string())? {
-            None => Ok(()),
-            Some(s) => Err(format!("still there with finalizers {:?}", s.metadata.finalizers)),
-        }
-    })
-    .await;
-    eventually("the service gone from NRP", async || {
-        let resources = emulator.resources();
-        let bound = resources.locations.values().flat_map(|l| l.values()).any(|s| s.contains(uid));
-        if resources.services.contains_key(uid) || bound {
-            Err(format!("services {:?}, locations {:?}", resources.services.keys(), resources.locations))
-        } else {
-            Ok(())
-        }
-    })
-    .await;
-}
-
-pub(crate) async fn delete_node(client: &::kube::Client, node: &str) {
-    Api::<Node>::all(client.clone()).delete(node, &DeleteParams::default()).await.expect("deletes the Node");
-}
-
-pub(crate) async fn delete_namespace(client: &::kube::Client, namespace: &str) {
-    Api::<Namespace>::all(client.clone())
-        .delete(namespace, &DeleteParams::default())
+/// Server-side apply of `body` as `name` (apiVersion, kind and name filled in); the result.
+async fn apply<K>(api: &Api<K>, name: &str, mut body: serde_json::Value) -> K
+where
+    K: ::kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    body["apiVersion"] = K::api_version(&()).into();
+    body["kind"] = K::kind(&()).into();
+    body["metadata"]["name"] = name.into();
+    api.patch(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&body))
         .await
-        .expect("deletes the namespace");
+        .unwrap_or_else(|e| panic!("applies {} {name}: {e}", K::kind(&())))
+}
+
+/// A running `clb-host run`.
+struct Controller {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<Result<(), RunError>>,
+}
+
+impl Controller {
+    /// Stops it as a signal would and checks that it stopped cleanly.
+    async fn stop(self) {
+        self.stop.send(()).expect("the controller is still running");
+        let joined = tokio::task::spawn_blocking(move || self.thread.join()).await.unwrap();
+        joined.expect("the controller thread did not panic").expect("the controller stopped cleanly");
+    }
 }
 
 #[test]
 fn a_service_created_through_the_api_server_gets_its_pods_in_nrp_and_an_ingress_ip_and_is_released_after_deletion() {
-    let server = apiserver();
-    let _slot = reconcilers_slot();
-    let test = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    test.block_on(async {
-        let client = clb_host::run::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server");
-        let namespace = format!("clb-e2e-{}", std::process::id());
-        let node_name = format!("{namespace}-node");
+    e2e(1, async |env| {
+        let controller = env.start();
+        let uid = env.provisioned("web", &[(10, 1)]).await;
+        env.event("Normal", "EnsuredLoadBalancer", &uid).await;
 
-        // The emulated Azure, over HTTP, in the scope the cloud config names.
-        let emulator = Arc::new(Emulator::new(clb_host::simulate::scope()));
-        let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let (config, arm) = azure_side(azure.url(), Credential::None);
+        env.delete("web").await;
+        env.released("web", &uid).await;
+        controller.stop().await;
+    });
+}
 
-        // `run`, on its own thread and runtime as in the binary, until `stop` is sent.
-        let settings = clb_host::run::Settings {
-            kube: client.clone(),
-            arm,
-            config,
-            instance: "clb-e2e".into(),
-            leader_election: None,
-            resource_lock: Default::default(),
-        };
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let reconciler = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            runtime.block_on(clb_host::run::run(clb_tests::builtin(), settings, async {
-                let _ = stopped.await;
-            }))
-        });
+#[test]
+fn endpoints_added_and_removed_through_the_api_server_are_followed_by_the_addresses_in_nrp() {
+    e2e(2, async |env| {
+        env.node(2).await;
+        let controller = env.start();
+        let uid = env.service("web", "Local").await;
+        // Each row is the slice's endpoints (pod, node) after one change: scale up across two
+        // nodes, move, scale down, scale to zero, and back.
+        let steps: &[&[(u8, u8)]] =
+            &[&[(10, 1)], &[(10, 1), (11, 1), (12, 2)], &[(11, 1), (13, 2)], &[(13, 2)], &[], &[(14, 1)]];
+        for endpoints in steps {
+            env.endpoints("web", &uid, endpoints).await;
+            env.nrp_binds(&uid, endpoints).await;
+        }
+        env.ingress_ip("web").await;
+        controller.stop().await;
+    });
+}
 
-        create_namespace(&client, &namespace).await;
-        create_node(&client, &node_name, "10.224.0.4").await;
-        let uid = create_service_with_pod(&client, &namespace, "web", &node_name, "10.244.1.10").await;
-        let services = Api::<Service>::namespaced(client.clone(), &namespace);
+#[test]
+fn a_service_with_external_traffic_policy_cluster_gets_a_warning_event_and_nothing_in_nrp_and_its_deletion_completes() {
+    e2e(3, async |env| {
+        let controller = env.start();
+        let rejected = env.service("legacy", "Cluster").await;
+        env.endpoints("legacy", &rejected, &[(10, 1)]).await;
+        let event = env.event("Warning", "UnsupportedExternalTrafficPolicy", &rejected).await;
+        assert!(event.message.is_some_and(|m| !m.is_empty()), "the Event says why");
+        // A Service admitted after it is provisioned: had the rejected one been provisioned, it
+        // would be by now.
+        env.provisioned("web", &[(11, 1)]).await;
+        let resources = env.emulator.resources();
+        assert!(!resources.services.contains_key(&rejected), "the rejected Service is not registered");
+        assert!(env.bound(&rejected).is_empty(), "no address is bound to the rejected Service");
+        assert!(
+            resources.load_balancers.keys().all(|lb| lb != &rejected),
+            "the rejected Service has no load balancer: {:?}",
+            resources.load_balancers.keys()
+        );
+        let service = env.services().get("legacy").await.unwrap();
+        assert!(ingress_ips(&service).is_empty(), "the rejected Service has no ingress IP");
 
-        registered_in_nrp(&emulator, &uid, "10.224.0.4", "10.244.1.10").await;
-        ingress_ip(&services, "web", &emulator).await;
+        env.delete("legacy").await;
+        env.gone("legacy").await;
+        controller.stop().await;
+    });
+}
 
-        let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), &namespace);
-        eventually("an EnsuredLoadBalancer Event regarding the Service", async || {
-            let listed = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
-            let reasons: Vec<_> =
-                listed.items.iter().map(|e| (e.reason.clone(), e.involved_object.uid.clone())).collect();
-            let found = listed.items.iter().any(|e| {
-                e.reason.as_deref() == Some("EnsuredLoadBalancer")
-                    && e.involved_object.uid.as_deref() == Some(uid.as_str())
-                    && e.type_.as_deref() == Some("Normal")
-            });
-            if found { Ok(()) } else { Err(format!("events {reasons:?}")) }
+#[test]
+fn the_finalizer_is_released_only_after_nrp_is_drained() {
+    e2e(4, async |env| {
+        let controller = env.start();
+        let uid = env.provisioned("web", &[(10, 1)]).await;
+
+        env.emulator.set_fault(Fault::always(Operation::UpdateAddressLocations, FaultMode::status(500)));
+        env.delete("web").await;
+        eventually("two drains of the Service refused by NRP", async || {
+            let refused = env.calls(Operation::UpdateAddressLocations, "500");
+            if refused >= 2 { Ok(()) } else { Err(format!("{refused} refused")) }
         })
         .await;
+        env.held("web").await;
+        assert!(env.emulator.resources().services.contains_key(&uid), "the Service is still registered in NRP");
+        assert_eq!(env.bound(&uid).len(), 1, "its address is still bound");
 
-        delete_service(&services, "web", &uid, &emulator).await;
-
-        stop.send(()).expect("the reconciler is still running");
-        let result = tokio::task::spawn_blocking(move || reconciler.join()).await.unwrap();
-        result.expect("the reconciler thread did not panic").expect("the reconciler stopped cleanly");
-        delete_node(&client, &node_name).await;
-        delete_namespace(&client, &namespace).await;
+        env.emulator.clear_faults();
+        env.released("web", &uid).await;
+        controller.stop().await;
     });
+}
+
+#[test]
+fn a_service_is_provisioned_while_a_call_for_another_hangs() {
+    e2e(5, async |env| {
+        let controller = env.start();
+        let stuck = env.provisioned("stuck", &[(10, 1)]).await;
+
+        // The drain of `stuck` gets no answer until the faults are cleared.
+        env.emulator.set_fault(Fault::always(Operation::UpdateAddressLocations, FaultMode::Hang));
+        env.delete("stuck").await;
+        eventually("the drain of the deleted Service hanging", async || {
+            let hung = env.calls(Operation::UpdateAddressLocations, "hang");
+            if hung > 0 { Ok(()) } else { Err("no hung call yet".to_owned()) }
+        })
+        .await;
+        let other = env.service("other", "Local").await;
+        env.ingress_ip("other").await;
+        assert!(env.emulator.resources().services.contains_key(&other), "the other Service is registered");
+        env.held("stuck").await;
+
+        env.emulator.clear_faults();
+        env.released("stuck", &stuck).await;
+        controller.stop().await;
+    });
+}
+
+#[test]
+fn a_watch_answered_410_gone_re_lists_and_an_endpoint_slice_deleted_while_it_was_broken_is_noticed() {
+    e2e(7, async |env| {
+        let server = apiserver();
+        let proxy = WatchProxy::start(&server.url).await;
+        let kubeconfig = server.controller_kubeconfig(&env.admin, Some(&proxy.url())).await;
+        let controller = env.start_through(kubeconfig.clone());
+        let kept = env.provisioned("kept", &[(10, 1)]).await;
+        let emptied = env.provisioned("emptied", &[(20, 1)]).await;
+
+        proxy.break_watches();
+        eventually("the watches of all three kinds broken and held", async || {
+            let held = proxy.held();
+            if held >= 3 { Ok(()) } else { Err(format!("{held} held")) }
+        })
+        .await;
+        // While the watches are down: a slice deleted (only a re-list can tell), another changed.
+        env.slices().delete("emptied-1", &DeleteParams::default()).await.expect("deletes the EndpointSlice");
+        env.endpoints("kept", &kept, &[(10, 1), (11, 1)]).await;
+        proxy.expire_watches();
+
+        env.nrp_binds(&emptied, &[]).await;
+        env.nrp_binds(&kept, &[(10, 1), (11, 1)]).await;
+        assert!(proxy.expired() >= 3, "every kind's watch was answered 410 and re-listed: {}", proxy.expired());
+        controller.stop().await;
+        let _ = std::fs::remove_file(kubeconfig);
+    });
+}
+
+#[test]
+fn a_restarted_controller_converges_on_what_changed_while_it_was_down() {
+    e2e(6, async |env| {
+        let controller = env.start();
+        let kept = env.provisioned("kept", &[(10, 1)]).await;
+        let removed = env.provisioned("removed", &[(20, 1)]).await;
+        controller.stop().await;
+
+        // While no controller runs: a Service deleted, endpoints added, and NRP tampered with —
+        // an address of `kept` unbound and a stray one bound to it.
+        env.delete("removed").await;
+        env.endpoints("kept", &kept, &[(10, 1), (11, 1)]).await;
+        let tamper = azure::LocationUpdate {
+            location: env.location(1),
+            action: azure::UpdateAction::PartialUpdate,
+            addresses: vec![
+                azure::AddressServices { address: env.pod(10), services: vec![] },
+                azure::AddressServices { address: env.pod(99), services: vec![kept.clone()] },
+            ],
+        };
+        env.emulator.update_address_locations(azure::UpdateAction::PartialUpdate, &[tamper]).await.unwrap();
+        assert_eq!(env.bound(&kept), BTreeSet::from([(env.location(1), env.pod(99))]), "NRP drifted");
+
+        let controller = env.start();
+        env.nrp_binds(&kept, &[(10, 1), (11, 1)]).await;
+        env.released("removed", &removed).await;
+        controller.stop().await;
+    });
+}
+
+/// What `examples/deploy/rbac.yaml` must grant the controller's ServiceAccount, and some of what
+/// it must not: `(verb, group, resource, namespace, allowed)`.
+const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
+    ("list", "", "services", "", true),
+    ("watch", "", "services", "", true),
+    ("get", "", "services", "shop", true),
+    ("patch", "", "services", "shop", true),
+    ("patch", "", "services/status", "shop", true),
+    ("list", "discovery.k8s.io", "endpointslices", "", true),
+    ("watch", "discovery.k8s.io", "endpointslices", "", true),
+    ("list", "", "nodes", "", true),
+    ("watch", "", "nodes", "", true),
+    ("create", "", "events", "shop", true),
+    ("patch", "", "events", "shop", true),
+    ("get", "coordination.k8s.io", "leases", "kube-system", true),
+    ("create", "coordination.k8s.io", "leases", "kube-system", true),
+    ("update", "coordination.k8s.io", "leases", "kube-system", true),
+    // Not: writing Services beyond finalizers and status, touching Nodes or EndpointSlices,
+    // Leases elsewhere, secrets anywhere.
+    ("create", "", "services", "shop", false),
+    ("update", "", "services", "shop", false),
+    ("delete", "", "services", "shop", false),
+    ("update", "", "services/status", "shop", false),
+    ("patch", "", "nodes", "", false),
+    ("create", "discovery.k8s.io", "endpointslices", "shop", false),
+    ("delete", "", "events", "shop", false),
+    ("delete", "coordination.k8s.io", "leases", "kube-system", false),
+    ("get", "coordination.k8s.io", "leases", "shop", false),
+    ("create", "coordination.k8s.io", "leases", "shop", false),
+    ("get", "", "secrets", "kube-system", false),
+    ("list", "", "pods", "", false),
+];
+
+#[test]
+fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let server = apiserver();
+        let admin = server.admin().await;
+        let kubeconfig = server.controller_kubeconfig(&admin, None).await;
+        let _ = std::fs::remove_file(kubeconfig);
+        let (namespace, name) = clb_tests::apiserver::CONTROLLER_ACCOUNT;
+        let reviews = Api::<SubjectAccessReview>::all(admin);
+        let mut wrong = Vec::new();
+        for &(verb, group, resource, in_namespace, allowed) in RIGHTS {
+            let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+            let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
+                "spec": {
+                    "user": format!("system:serviceaccount:{namespace}:{name}"),
+                    "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
+                    "resourceAttributes": {
+                        "verb": verb, "group": group, "resource": resource,
+                        "subresource": subresource, "namespace": in_namespace,
+                    },
+                },
+            }))
+            .unwrap();
+            let answer = reviews.create(&Default::default(), &review).await.expect("the API server reviews access");
+            let granted = answer.status.is_some_and(|s| s.allowed);
+            if granted != allowed {
+                wrong.push(format!("{verb} {group}/{resource}/{subresource} in {in_namespace:?}: granted {granted}"));
+            }
+        }
+        assert!(wrong.is_empty(), "rights not as examples/deploy/rbac.yaml should grant them: {wrong:#?}");
+    });
+}
+
+/// Set in the child process of [`clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs`]:
+/// the command line it runs, as JSON.
+const CHILD_COMMAND_LINE: &str = "CLB_E2E_CHILD_COMMAND_LINE";
+
+#[test]
+fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
+    // The signal goes to a process of its own: this test binary run again for this test alone,
+    // which then runs the command line in-process and exits with its code.
+    if let Ok(command_line) = std::env::var(CHILD_COMMAND_LINE) {
+        let args: Vec<String> = serde_json::from_str(&command_line).expect("a JSON list of arguments");
+        let code = clb_host::cli::run(args, &mut std::io::stdout(), &mut std::io::stderr());
+        std::process::exit(code.into());
+    }
+    e2e(8, async |env| {
+        let cloud_config = std::env::temp_dir().join(format!("clb-e2e-{}-azure.json", std::process::id()));
+        std::fs::write(&cloud_config, &env.cloud_config).unwrap();
+        let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
+        let command_line = [
+            "clb-host".to_owned(),
+            "run".into(),
+            format!("--kubeconfig={}", path(&env.controller_kubeconfig)),
+            format!("--cloud-config={}", path(&cloud_config)),
+            format!("--azure-url={}", env.azure.url()),
+            "--credential=none".into(),
+            "--shutdown-grace-secs=1".into(),
+        ];
+        let test = "kube::clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs";
+        let mut child = Child(
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads=1"])
+                .env(CHILD_COMMAND_LINE, serde_json::to_string(&command_line).unwrap())
+                .spawn()
+                .expect("starts the child"),
+        );
+
+        // Once it has provisioned a Service, its signal handlers are in place (they come first).
+        let uid = env.provisioned("web", &[(10, 1)]).await;
+        env.emulator.set_fault(Fault::always(Operation::UpdateAddressLocations, FaultMode::Hang));
+        env.delete("web").await;
+        eventually("the drain hanging", async || {
+            if env.calls(Operation::UpdateAddressLocations, "hang") > 0 { Ok(()) } else { Err("not yet".into()) }
+        })
+        .await;
+        let pid = child.0.id().to_string();
+        let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("runs kill");
+        assert!(killed.success(), "kill -TERM {pid}");
+        let status = eventually("the child stopped", async || match child.0.try_wait() {
+            Ok(Some(status)) => Ok(status),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+        assert_eq!(status.code(), Some(0), "clb-host run exits 0 on SIGTERM: {status}");
+        env.held("web").await;
+        assert!(env.emulator.resources().services.contains_key(&uid), "nothing was half-done: still registered");
+        let _ = std::fs::remove_file(cloud_config);
+    });
+}
+
+/// A child process, killed if the test ends before it does.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
 }

@@ -3,13 +3,10 @@
 //! election on its own and with two `clb-host run` replicas sharing one emulator. Durations are
 //! seconds so that expiry happens within a test; every wait is "until the behaviour shows".
 
-use crate::kube::{
-    azure_side, create_namespace, create_node, create_service_with_pod, delete_namespace, delete_node, delete_service,
-    eventually, ingress_ip, reconcilers_slot, registered_in_nrp,
-};
+use crate::kube::{eventually, ingress_ips, reconcilers_slot};
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_host::azure::auth::TokenFile;
-use clb_host::azure::{AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
+use clb_host::azure::{ArmClient, ArmConfig, AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
 use clb_host::backend_pools::{PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick};
 use clb_host::cluster::Cluster;
 use clb_host::emulator::{Emulator, EmulatorServer};
@@ -19,11 +16,14 @@ use clb_host::lease::{
     lead,
 };
 use clb_host::run::RunError;
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
 use clb_tests::apiserver::apiserver;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Event, Service};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use futures::FutureExt as _;
 use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -310,11 +310,13 @@ fn a_leader_whose_lease_is_taken_drops_its_work_at_once_stands_by_and_leads_agai
         let probe = elector.leadership();
         let (events, mut seen) = tokio::sync::mpsc::unbounded_channel();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let leading = lead(&mut elector, async { drop(stopped.await) }, async |leadership| {
+        let stopped = async { drop(stopped.await) }.shared();
+        let leading = lead(&mut elector, stopped.clone(), async |leadership| {
             assert!(leadership.holds(), "work starts only as the leader");
             events.send("began").unwrap();
             let _ended = OnDrop(events.clone(), "ended");
-            std::future::pending::<Result<(), std::convert::Infallible>>().await
+            stopped.clone().await;
+            Ok::<(), std::convert::Infallible>(())
         });
         let leases = Api::<Lease>::namespaced(client.clone(), &namespace);
         let observe = async {
@@ -373,17 +375,13 @@ impl Replica {
         std::fs::write(&token_file, &token).unwrap();
         let (config, arm) = azure_side(azure_url.into(), Credential::TokenFile(TokenFile::new(token_file)));
         let settings = clb_host::run::Settings {
-            kube: client.clone(),
-            arm,
-            config,
-            instance: identity.into(),
             leader_election: Some(ElectionConfig {
                 lease_duration: Duration::from_secs(3),
                 renew_deadline: Duration::from_secs(2),
                 retry_period: Duration::from_millis(300),
                 ..election(namespace, identity)
             }),
-            resource_lock: LeaseLockConfig::default(),
+            ..clb_host::run::Settings::new(client.clone(), arm, config, identity)
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (kill, killed) = tokio::sync::oneshot::channel::<()>();
@@ -478,4 +476,154 @@ fn two_run_replicas_write_only_through_the_leader_and_when_it_is_killed_the_othe
         assert_eq!(holder(&leases.get("clb-reconciler").await.unwrap()), "", "a stopped leader releases");
         delete_node(&client, &node).await;
     });
+}
+
+// Fixtures of these tests (the end-to-end tests of `kube.rs` have their own `Env`).
+
+fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+    serde_json::from_value(value).expect("a valid manifest")
+}
+
+/// The CLB-mode cloud config in the emulator's scope, and an ARM client for `url`.
+fn azure_side(url: String, credential: Credential) -> (wit::Config, ArmClient) {
+    let scope = clb_host::simulate::scope();
+    let cloud_config = format!(
+        "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
+         subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
+        scope.subscription, scope.resource_group, scope.location, scope.vnet
+    );
+    let path = std::path::Path::new("azure.json");
+    let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
+    let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
+    (config, ArmClient::new(ArmConfig::new(url, scope), credential).unwrap())
+}
+
+async fn create_namespace(client: &::kube::Client, namespace: &str) {
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &manifest(serde_json::json!({"metadata": {"name": namespace}})))
+        .await
+        .expect("creates the namespace");
+}
+
+/// A Node with one InternalIP.
+async fn create_node(client: &::kube::Client, name: &str, ip: &str) {
+    let params = PostParams::default();
+    let nodes = Api::<Node>::all(client.clone());
+    let node: Node = manifest(serde_json::json!({
+        "metadata": {"name": name},
+        "status": {"addresses": [{"type": "InternalIP", "address": ip}]},
+    }));
+    let created = nodes.create(&params, &node).await.expect("creates the Node");
+    // A Node's status is not taken on create: it is written through its subresource.
+    nodes
+        .replace_status(name, &params, &Node { status: node.status, ..created })
+        .await
+        .expect("writes the Node's addresses");
+}
+
+/// A `LoadBalancer` Service `name` with one ready pod `pod_ip` on `node`; its UID.
+async fn create_service_with_pod(
+    client: &::kube::Client,
+    namespace: &str,
+    name: &str,
+    node: &str,
+    pod_ip: &str,
+) -> String {
+    let params = PostParams::default();
+    let service = Api::<Service>::namespaced(client.clone(), namespace)
+        .create(
+            &params,
+            &manifest(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {
+                    "type": "LoadBalancer",
+                    "externalTrafficPolicy": "Local",
+                    "selector": {"app": name},
+                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+                },
+            })),
+        )
+        .await
+        .expect("creates the Service");
+    let uid = service.metadata.uid.clone().expect("the API server gives a UID");
+    Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+        .create(
+            &params,
+            &manifest(serde_json::json!({
+                "metadata": {
+                    "name": format!("{name}-abc12"),
+                    "labels": {"kubernetes.io/service-name": name},
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name, "uid": uid}],
+                },
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [pod_ip], "nodeName": node, "conditions": {"ready": true}}],
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            })),
+        )
+        .await
+        .expect("creates the EndpointSlice");
+    uid
+}
+
+/// Waits until NRP has the service `uid` with `pod_ip` under `node_ip`.
+async fn registered_in_nrp(emulator: &Emulator, uid: &str, node_ip: &str, pod_ip: &str) {
+    eventually("the service registered in NRP with its pod under the node's IP", async || {
+        let resources = emulator.resources();
+        let bound = resources.locations.get(node_ip).and_then(|l| l.get(pod_ip));
+        match bound {
+            Some(services) if resources.services.contains_key(uid) && services.contains(uid) => Ok(()),
+            _ => Err(format!("services {:?}, locations {:?}", resources.services.keys(), resources.locations)),
+        }
+    })
+    .await;
+}
+
+/// Waits for the Service's one ingress IP and checks that it is a public IP of the emulator.
+async fn ingress_ip(services: &Api<Service>, name: &str, emulator: &Emulator) -> String {
+    let ip = eventually("the Service's ingress IP", async || {
+        let service = services.get(name).await.map_err(|e| e.to_string())?;
+        let ips = ingress_ips(&service);
+        match ips.as_slice() {
+            [ip] => Ok(ip.clone()),
+            _ => Err(format!("ingress {ips:?}, finalizers {:?}", service.metadata.finalizers)),
+        }
+    })
+    .await;
+    let public_ips: Vec<String> = emulator.resources().public_ips.values().map(|p| p.ip_address.clone()).collect();
+    assert!(public_ips.contains(&ip), "the ingress IP {ip} is a public IP of the emulator: {public_ips:?}");
+    ip
+}
+
+/// Deletes the Service and waits until it is gone from the API server (its finalizer released
+/// by a running reconciler) and from NRP.
+async fn delete_service(services: &Api<Service>, name: &str, uid: &str, emulator: &Emulator) {
+    services.delete(name, &DeleteParams::default()).await.expect("deletes the Service");
+    eventually("the Service gone from the API server (its finalizer released)", async || {
+        match services.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(s) => Err(format!("still there with finalizers {:?}", s.metadata.finalizers)),
+        }
+    })
+    .await;
+    eventually("the service gone from NRP", async || {
+        let resources = emulator.resources();
+        let bound = resources.locations.values().flat_map(|l| l.values()).any(|s| s.contains(uid));
+        if resources.services.contains_key(uid) || bound {
+            Err(format!("services {:?}, locations {:?}", resources.services.keys(), resources.locations))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+}
+
+async fn delete_node(client: &::kube::Client, node: &str) {
+    Api::<Node>::all(client.clone()).delete(node, &DeleteParams::default()).await.expect("deletes the Node");
+}
+
+async fn delete_namespace(client: &::kube::Client, namespace: &str) {
+    Api::<Namespace>::all(client.clone())
+        .delete(namespace, &DeleteParams::default())
+        .await
+        .expect("deletes the namespace");
 }

@@ -6,10 +6,18 @@
 //! so the write end of its stdin stays open while the tests run and closes when the test binary
 //! exits — the server then shuts down by itself. Tests share the server and keep apart by
 //! namespace.
+//!
+//! [`ApiServer::controller_kubeconfig`] applies `examples/deploy/rbac.yaml` and gives a
+//! kubeconfig with a token of its ServiceAccount, so that the host runs with exactly the rights
+//! the example grants.
 
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::Api;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -76,5 +84,88 @@ fn start() -> anyhow::Result<ApiServer> {
     match line.split_whitespace().collect::<Vec<_>>().as_slice() {
         ["ready", kubeconfig, url] => Ok(ApiServer { kubeconfig: PathBuf::from(kubeconfig), url: (*url).to_owned() }),
         _ => anyhow::bail!("expected `ready <kubeconfig> <url>`, got {line:?}"),
+    }
+}
+
+/// The ServiceAccount of `examples/deploy/rbac.yaml`, as `(namespace, name)`.
+pub const CONTROLLER_ACCOUNT: (&str, &str) = ("kube-system", "clb-reconciler");
+
+impl ApiServer {
+    /// A client with the admin kubeconfig. Make it on the runtime that uses it.
+    pub async fn admin(&self) -> kube::Client {
+        clb_host::run::connect(Some(&self.kubeconfig)).await.expect("connects to the test API server as admin")
+    }
+
+    /// Applies `examples/deploy/rbac.yaml` as admin (server-side apply, so every test may do it
+    /// again), asks for a token of its ServiceAccount with the TokenRequest API, and writes a
+    /// kubeconfig that carries only that token: the rights the example grants and no more. With
+    /// `via`, the kubeconfig names that plain-HTTP URL (a [`crate::watch_proxy::WatchProxy`])
+    /// instead of the API server.
+    pub async fn controller_kubeconfig(&self, admin: &kube::Client, via: Option<&str>) -> PathBuf {
+        let manifests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy/rbac.yaml");
+        apply_file(admin, &manifests).await;
+        let (namespace, name) = CONTROLLER_ACCOUNT;
+        let request: TokenRequest = serde_json::from_value(serde_json::json!({
+            "spec": {"audiences": [], "expirationSeconds": 3600},
+        }))
+        .expect("a valid TokenRequest");
+        let token = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+            .create_token_request(name, &Default::default(), &request)
+            .await
+            .expect("the API server issues a ServiceAccount token")
+            .status
+            .expect("a TokenRequest answer has a status")
+            .token;
+        let admin_config = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("reads the admin kubeconfig");
+        let cluster = admin_config.clusters.first().and_then(|c| c.cluster.as_ref()).expect("one cluster");
+        let server = match via {
+            Some(url) => format!("server: {url}"),
+            None => format!(
+                "server: {}\n    certificate-authority-data: {}",
+                cluster.server.as_deref().expect("a server URL"),
+                cluster.certificate_authority_data.as_deref().expect("the CA"),
+            ),
+        };
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: clb-test\n  cluster:\n    {server}\n\
+             users:\n- name: {name}\n  user:\n    token: {token}\n\
+             contexts:\n- name: clb-test\n  context:\n    cluster: clb-test\n    user: {name}\n\
+             current-context: clb-test\n",
+        );
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "clb-test-{}-controller-{}.kubeconfig",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, kubeconfig).expect("writes the controller's kubeconfig");
+        path
+    }
+}
+
+/// Applies every document of a YAML file as `clb-tests` (server-side apply, forced), finding
+/// each kind through discovery.
+pub async fn apply_file(client: &kube::Client, path: &Path) {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::discovery::{Scope, pinned_kind};
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let params = PatchParams::apply("clb-tests").force();
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let object: DynamicObject = serde::Deserialize::deserialize(document).expect("a Kubernetes object");
+        let types = object.types.clone().expect("apiVersion and kind");
+        let gvk = kube::api::GroupVersionKind::try_from(&types).expect("a valid apiVersion");
+        let (resource, capabilities) = pinned_kind(client, &gvk).await.expect("the API server serves the kind");
+        let name = object.metadata.name.clone().expect("a name");
+        let api: Api<DynamicObject> = match capabilities.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                object.metadata.namespace.as_deref().unwrap_or("default"),
+                &resource,
+            ),
+            Scope::Cluster => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .unwrap_or_else(|e| panic!("{}: applying {} {name}: {e}", path.display(), types.kind));
     }
 }

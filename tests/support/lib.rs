@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod watch_proxy;
 
 use clb_guest::model;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;

@@ -79,7 +79,9 @@ pub enum FaultMode {
         #[serde(default)]
         retry_after_secs: Option<u64>,
     },
-    /// Over HTTP: no answer ever (the client times out). In-process: the timeout error.
+    /// Over HTTP: no answer until the client times out, or until the faults are cleared, when
+    /// the connection is closed without one (so a test need not wait out the client's timeout).
+    /// In-process: the timeout error.
     Hang,
     /// Over HTTP: the connection is closed without an answer. In-process: the transport error.
     Drop,

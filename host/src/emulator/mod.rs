@@ -53,6 +53,8 @@ pub struct Emulator {
     scope: Scope,
     config: EmulatorConfig,
     state: Mutex<State>,
+    /// Counts [`Emulator::clear_faults`] calls: hung HTTP calls wait for it to change.
+    cleared: tokio::sync::watch::Sender<u64>,
 }
 
 impl Emulator {
@@ -62,7 +64,7 @@ impl Emulator {
     }
 
     pub fn with_config(scope: Scope, config: EmulatorConfig) -> Self {
-        Self { scope, config, state: Mutex::new(State::new()) }
+        Self { scope, config, state: Mutex::new(State::new()), cleared: tokio::sync::watch::Sender::new(0) }
     }
 
     pub fn scope(&self) -> &Scope {
@@ -82,8 +84,19 @@ impl Emulator {
         self.lock().add_fault(fault);
     }
 
+    /// Clears every fault; calls hung by a `hang` fault over HTTP then end without an answer.
     pub fn clear_faults(&self) {
         self.lock().faults.clear();
+        self.cleared.send_modify(|count| *count += 1);
+    }
+
+    /// Completes at the next [`Emulator::clear_faults`].
+    pub(crate) fn faults_cleared(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let mut cleared = self.cleared.subscribe();
+        async move {
+            // The sender lives as long as the emulator; if it is gone, so is every caller.
+            let _ = cleared.changed().await;
+        }
     }
 
     /// Everything: resources, active faults, request counts and log, token exchanges.

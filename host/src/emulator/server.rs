@@ -2,7 +2,8 @@
 //! answers, an Entra ID token endpoint, and the control routes:
 //!
 //! * `GET /emulator/state` — [`EmulatorState`](super::EmulatorState) as JSON;
-//! * `POST /emulator/faults` — add a [`Fault`] (or a list of them); `DELETE /emulator/faults` — clear them;
+//! * `POST /emulator/faults` — add a [`Fault`] (or a list of them); `DELETE /emulator/faults` — clear them
+//!   (calls they hung end without an answer);
 //! * `GET /emulator/operations/{id}` — the status of an asynchronous operation;
 //! * `POST /{tenant}/oauth2/v2.0/token` — a client-credentials exchange with a JWT assertion.
 //!
@@ -119,9 +120,14 @@ async fn handle(emulator: Arc<Emulator>, request: Request<Incoming>) -> Result<R
         if_match: parts.headers.get(hyper::header::IF_MATCH).and_then(|h| h.to_str().ok()).map(str::to_owned),
         body,
     };
+    // Subscribed before routing, so that a clear racing with this call still ends its hang.
+    let cleared = emulator.faults_cleared();
     match route(&emulator, &call) {
         Reply::Answer(response) => Ok(response),
-        Reply::Hang => std::future::pending().await,
+        Reply::Hang => {
+            cleared.await;
+            Err(DropConnection)
+        }
         Reply::Drop => Err(DropConnection),
     }
 }
