@@ -14,6 +14,7 @@ pub mod azure;
 pub mod backend_pools;
 pub mod cli;
 pub mod cluster;
+pub mod control;
 pub mod emulator;
 pub mod executor;
 pub mod inputs;
@@ -24,6 +25,7 @@ pub mod run;
 pub mod sandbox;
 pub mod scenario;
 pub mod simulate;
+pub mod sources;
 pub mod supervisor;
 
 /// The logic this host was built with, used when no other component is given.

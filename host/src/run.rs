@@ -15,9 +15,14 @@
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
 //!
+//! * **Operations.** With a [`Control`] ([`run_with`]), the supervisor publishes to its
+//!   [`Metrics`](crate::metrics::Metrics) (readiness also waits for the initial lists), and the
+//!   loop takes swap requests between inputs: see [`crate::control`].
+//!
 //! There is no leader election and no Lease lock yet (design §6): run one replica.
 
 use crate::azure::ArmClient;
+use crate::control::{Control, SwapRequest};
 use crate::executor::{Executor, command_name};
 use crate::kube::{KubeClient, error_chain};
 use crate::records;
@@ -228,6 +233,24 @@ fn absorb(step: wit::Step, pending: &mut Vec<wit::Issued>, wake: &mut Option<u64
 
 /// Runs `logic` until `shutdown` completes (then `Ok`) or something fatal happens.
 pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    run_with(logic, settings, None, shutdown).await
+}
+
+/// The next swap request, or never without a control.
+async fn next_swap(control: &mut Option<Control<'_>>) -> SwapRequest {
+    match control {
+        Some(control) => control.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// [`run`], taking swap requests from `control` and publishing to its metrics.
+pub async fn run_with(
+    logic: &Logic,
+    settings: Settings,
+    mut control: Option<Control<'_>>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
     let started = Instant::now();
     let now_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let kube = KubeClient::new(settings.kube.clone(), settings.instance);
@@ -239,6 +262,10 @@ pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output
         watch(Api::<Node>::all(client), Change::Node),
     ]);
     let mut supervisor = Supervisor::new(logic);
+    if let Some(control) = &control {
+        control.metrics().await_lists();
+        supervisor = supervisor.with_metrics(control.metrics().clone());
+    }
     supervisor.start(&settings.config).map_err(RunError::Logic)?;
     let mut mirrors = Mirrors::default();
     let mut lists_sent = false;
@@ -292,11 +319,19 @@ pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output
                     batch.push(wit::Observation::ListsComplete);
                     lists_sent = true;
                     tracing::info!("initial lists delivered");
+                    if let Some(control) = &control {
+                        control.metrics().lists_delivered();
+                    }
                 }
                 if !batch.is_empty() {
                     let step = supervisor.observe(now_ms(), &batch).map_err(RunError::Logic)?;
                     absorb(step, &mut pending, &mut wake);
                     supervisor.take_quarantined();
+                }
+            }
+            request = next_swap(&mut control) => {
+                if let Some(control) = &control {
+                    control.handle(&mut supervisor, request, now_ms());
                 }
             }
             () = timer => {

@@ -4,6 +4,7 @@
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_host::azure::{ArmClient, ArmConfig, Credential};
 use clb_host::emulator::{Emulator, EmulatorServer};
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::apiserver::apiserver;
 use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -16,7 +17,7 @@ const POLL: Duration = Duration::from_millis(100);
 
 /// Polls `check` until it gives `Some`, or fails the test after [`CONVERGE`] with what it last
 /// saw.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
+pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, String>) -> T {
     let started = Instant::now();
     loop {
         match check().await {
@@ -27,8 +28,26 @@ async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T, Str
     }
 }
 
-fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+pub(crate) fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).expect("a valid manifest")
+}
+
+/// The emulated Azure over HTTP, an ARM client of it, and a CLB-mode cloud config in its scope.
+/// Keep the server: the emulator stops serving when it is dropped.
+pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClient, wit::Config) {
+    let emulator = Arc::new(Emulator::new(clb_host::simulate::scope()));
+    let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let scope = clb_host::simulate::scope();
+    let cloud_config = format!(
+        "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
+         subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
+        scope.subscription, scope.resource_group, scope.location, scope.vnet
+    );
+    let path = std::path::Path::new("azure.json");
+    let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
+    let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
+    let arm = ArmClient::new(ArmConfig::new(azure.url(), scope), Credential::None).unwrap();
+    (emulator, azure, arm, config)
 }
 
 fn ingress_ips(service: &Service) -> Vec<String> {
@@ -50,19 +69,7 @@ fn a_service_created_through_the_api_server_gets_its_pods_in_nrp_and_an_ingress_
         let namespace = format!("clb-e2e-{}", std::process::id());
         let node_name = format!("{namespace}-node");
 
-        // The emulated Azure, over HTTP, in the scope the cloud config names.
-        let emulator = Arc::new(Emulator::new(clb_host::simulate::scope()));
-        let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
-        let scope = clb_host::simulate::scope();
-        let cloud_config = format!(
-            "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
-             subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
-            scope.subscription, scope.resource_group, scope.location, scope.vnet
-        );
-        let path = std::path::Path::new("azure.json");
-        let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
-        let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
-        let arm = ArmClient::new(ArmConfig::new(azure.url(), scope), Credential::None).unwrap();
+        let (emulator, _azure, arm, config) = emulated_azure().await;
 
         // `run`, on its own thread and runtime as in the binary, until `stop` is sent.
         let settings = clb_host::run::Settings { kube: client.clone(), arm, config, instance: "clb-e2e".into() };

@@ -7,6 +7,7 @@ mod backend_pools;
 mod cli;
 mod kube;
 mod metrics;
+mod operations;
 mod sandbox;
 mod scenarios;
 mod supervisor;

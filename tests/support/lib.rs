@@ -16,6 +16,9 @@ pub const HOSTILE_GUEST: &[u8] = include_bytes!(env!("CLB_HOSTILE_GUEST"));
 /// The second version of the logic (`tests/next-guest`): state version 2, one extra rule, a trap
 /// trigger.
 pub const NEXT_GUEST: &[u8] = include_bytes!(env!("CLB_NEXT_GUEST"));
+/// The next guest built with `destructive-tick`: every tick proposes deleting a load balancer,
+/// so the swap self-check refuses it.
+pub const DESTRUCTIVE_GUEST: &[u8] = include_bytes!(env!("CLB_DESTRUCTIVE_GUEST"));
 
 /// The test guests by the names scenarios give them in `swap` steps.
 pub fn test_guests() -> std::collections::BTreeMap<String, &'static [u8]> {
