@@ -23,18 +23,23 @@ struct Host {
     _azure: clb_host::emulator::EmulatorServer,
 }
 
+/// What a test's host watches, pins, reports to and requires.
+#[derive(Default)]
+struct Options {
+    source: Option<LogicSource>,
+    pin: Option<Sha256Pin>,
+    events: Option<EventTarget>,
+    admin_token: Option<String>,
+}
+
 impl Host {
-    async fn start(
-        client: &::kube::Client,
-        source: Option<LogicSource>,
-        pin: Option<Sha256Pin>,
-        events: Option<EventTarget>,
-    ) -> Self {
+    async fn start(client: &::kube::Client, options: Options) -> Self {
+        let Options { source, pin, events, admin_token } = options;
         let (_emulator, azure, arm, config) = emulated_azure().await;
         let settings = clb_host::run::Settings { kube: client.clone(), arm, config, instance: "clb-ops-test".into() };
         let operations = OperationsConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
-            admin_token: None,
+            admin_token,
             source,
             pin,
             events,
@@ -175,7 +180,11 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         let file = temp_dir("file").join("logic.wasm");
         std::fs::write(&file, NEXT_GUEST).unwrap();
         let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
-        let host = Host::start(client, Some(LogicSource::File(file.clone())), None, Some(events)).await;
+        let host = Host::start(
+            client,
+            Options { source: Some(LogicSource::File(file.clone())), events: Some(events), ..Default::default() },
+        )
+        .await;
         let (builtin_sha, next_sha) = (builtin().info().sha256.clone(), sha256_hex(NEXT_GUEST));
 
         let status = host.last_swap("accepted", None).await;
@@ -226,7 +235,16 @@ fn a_logic_file_whose_sha256_is_not_the_pinned_one_is_refused_before_load_until_
         std::fs::write(&file, DESTRUCTIVE_GUEST).unwrap();
         let pin = Sha256Pin::parse(&sha256_hex(NEXT_GUEST)).unwrap();
         let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
-        let host = Host::start(client, Some(LogicSource::File(file.clone())), Some(pin), Some(events)).await;
+        let host = Host::start(
+            client,
+            Options {
+                source: Some(LogicSource::File(file.clone())),
+                pin: Some(pin),
+                events: Some(events),
+                ..Default::default()
+            },
+        )
+        .await;
 
         let status = host.last_swap("refused", Some("digest")).await;
         let builtin_sha = builtin().info().sha256.clone();
@@ -265,7 +283,7 @@ fn a_logic_configmap_swaps_through_the_api_server_and_a_version_the_self_check_r
             .expect("creates the ConfigMap");
         let uid = created.metadata.uid.clone().unwrap();
         let source = LogicSource::ConfigMap(ConfigMapKey::parse(&format!("{ns}/clb-logic:logic.wasm")).unwrap());
-        let host = Host::start(client, Some(source), None, None).await;
+        let host = Host::start(client, Options { source: Some(source), ..Default::default() }).await;
         let next_sha = sha256_hex(NEXT_GUEST);
 
         let status = host.last_swap("accepted", None).await;
@@ -315,7 +333,7 @@ async fn clb_host_swap(args: Vec<String>) -> (u8, String, String) {
 fn clb_host_swap_asks_the_running_host_and_prints_what_it_did_with_the_exit_code() {
     in_namespace("admin", async |client, ns| {
         let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
-        let host = Host::start(client, None, None, Some(events)).await;
+        let host = Host::start(client, Options { events: Some(events), ..Default::default() }).await;
         let dir = temp_dir("admin");
         let file = |name: &str, bytes: &[u8]| {
             let path = dir.join(name);
@@ -360,4 +378,58 @@ fn clb_host_swap_asks_the_running_host_and_prints_what_it_did_with_the_exit_code
         assert_eq!(code, 2, "{out}{err}");
         assert!(err.contains("no answer"), "{err}");
     });
+}
+
+#[test]
+fn with_an_admin_token_a_swap_is_taken_only_from_a_caller_presenting_it() {
+    in_namespace("token", async |client, ns| {
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let token = "correct horse battery staple";
+        let options = Options { events: Some(events), admin_token: Some(token.into()), ..Default::default() };
+        let host = Host::start(client, options).await;
+        let dir = temp_dir("token");
+        let (next, right, wrong) = (dir.join("next.wasm"), dir.join("token"), dir.join("wrong-token"));
+        std::fs::write(&next, NEXT_GUEST).unwrap();
+        std::fs::write(&right, format!("{token}\n")).unwrap();
+        std::fs::write(&wrong, "guess").unwrap();
+        let swap = |token_file: Option<&Path>| {
+            let mut args =
+                vec!["--to".into(), next.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+            if let Some(file) = token_file {
+                args.extend(["--token-file".into(), file.display().to_string()]);
+            }
+            clb_host_swap(args)
+        };
+
+        for denied in [None, Some(wrong.as_path())] {
+            let (code, out, err) = swap(denied).await;
+            assert_eq!(code, 2, "{denied:?}: {out}{err}");
+            assert!(err.contains("403") && err.contains("admin token"), "{denied:?}: {err}");
+        }
+        let metrics = host.get("/metrics").await.1;
+        assert_eq!(sample(&metrics, "clb_swap_requests_denied_total", &[]), 2.0);
+        assert!(host.status().await["lastSwap"].is_null(), "a denied request is no swap attempt");
+        let (code, out, err) = swap(Some(&right)).await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.starts_with("accepted: "), "{out}");
+        host.stop().await;
+    });
+}
+
+#[test]
+fn run_refuses_two_logic_sources_and_a_malformed_pin_or_configmap_key_before_it_connects() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--logic-file", "a.wasm", "--logic-configmap", "ns/cm:key"], "cannot be used with"),
+        (&["--logic-file", "a.wasm", "--logic-sha256", "abc"], "is not a sha256"),
+        (&["--logic-configmap", "cm:key"], "does not name a ConfigMap key as NAMESPACE/NAME:KEY"),
+        (&["--swap-events-configmap", "just-a-name"], "does not name an object as NAMESPACE/NAME"),
+    ];
+    for (args, expected) in cases {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let all = ["clb-host", "run", "--cloud-config", "azure.json"].iter().chain(args);
+        let code = clb_host::cli::run(all, &mut out, &mut err);
+        let err = String::from_utf8(err).unwrap();
+        assert_eq!(code, clb_host::cli::EXIT_BAD_INPUT, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: expected {expected:?} in {err}");
+    }
 }
