@@ -4,13 +4,14 @@
 //!
 //! * **One way in.** The [`Supervisor`] serves with `&mut self`, so nothing outside the run loop
 //!   may touch it. A [`SwapSender`] (the HTTP endpoint's `POST /swap`, each watched source) sends
-//!   a [`SwapRequest`] — the component's bytes, an optional sha256 pin, where it came from — over
-//!   a channel that the loop's `select!` reads ([`Control::next`]); the answer comes back on a
-//!   oneshot. While the loop swaps, watch events wait in their streams and are delivered
-//!   afterwards, once each, to whichever version then serves.
-//! * **Before load.** Bytes whose sha256 differs from the pin are refused (kind `digest`) before
-//!   anything compiles them; bytes whose sha256 is the serving version's are answered
-//!   `unchanged` and do nothing. Everything else goes to [`Supervisor::swap_bytes`].
+//!   a [`SwapRequest`] — a loaded version and where it came from — over a channel that the loop's
+//!   `select!` reads ([`Control::next`]); the answer comes back on a oneshot. While the loop
+//!   swaps ([`Supervisor::swap`]: the state move and the self-check), watch events wait in their
+//!   streams and are delivered afterwards, once each, to whichever version then serves.
+//! * **Before the loop.** The sender refuses bytes whose sha256 differs from the pin (kind
+//!   `digest`) before anything compiles them, answers bytes that are the serving version
+//!   `unchanged`, and compiles the rest on a blocking thread ([`Loader`]), refusing what does not
+//!   load (kind `load`) — so the loop never waits for a compile.
 //! * **Records.** Every accepted or refused swap, and every rollback the supervisor does on its
 //!   own (seen by [`Metrics::publish`]), becomes a [`SwapRecord`]: the last one is in `/status`,
 //!   and each is sent to [`report_events`], which writes one core `v1` Event per record regarding
@@ -22,9 +23,9 @@ use crate::kube::{KubeClient, api_error, error_chain};
 use crate::metrics::{Admin, Metrics, MetricsError, MetricsServer};
 use crate::run::{RunError, Settings, run_with};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::{Limits, Logic, Runtime};
+use crate::sandbox::{Limits, Loader, Logic, Runtime};
 use crate::sources::LogicSource;
-use crate::supervisor::{Supervisor, SwapReport};
+use crate::supervisor::{Supervisor, SupervisorError, SwapReport};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -60,6 +61,8 @@ pub enum ControlError {
     DigestMismatch { expected: String, actual: String },
     #[error("the run loop is not taking swap requests (it stopped)")]
     LoopGone,
+    #[error("loading the component did not finish")]
+    LoadAborted(#[source] tokio::task::JoinError),
     #[error("`{0}` does not name an object as NAMESPACE/NAME")]
     BadObject(String),
     #[error("recording the Event {reason} on ConfigMap {namespace}/{name}")]
@@ -200,54 +203,94 @@ impl SwapRecord {
     }
 }
 
-/// One request to swap, and where its answer goes.
+/// A loaded version on its way to the run loop, and where the answer goes.
 pub struct SwapRequest {
-    pub bytes: Vec<u8>,
-    pub pin: Option<Sha256Pin>,
-    pub origin: String,
-    pub reply: oneshot::Sender<SwapResult>,
+    logic: Logic,
+    origin: String,
+    reply: oneshot::Sender<SwapResult>,
 }
 
-/// The sending side: cloned into the HTTP endpoint and every source.
+/// The sending side: cloned into the HTTP endpoint and every source. It checks the pin and
+/// compiles the component on a blocking thread before the run loop sees anything, so that the
+/// loop holds inputs back only for the state move and the self-check.
 #[derive(Clone)]
-pub struct SwapSender(mpsc::Sender<SwapRequest>);
+pub struct SwapSender {
+    requests: mpsc::Sender<SwapRequest>,
+    loader: Loader,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+}
 
 impl SwapSender {
-    /// Asks the loop to swap to `bytes` and waits for its answer.
+    /// Asks for a swap to `bytes` and waits for the answer.
     pub async fn swap(
         &self,
         bytes: Vec<u8>,
         pin: Option<Sha256Pin>,
         origin: impl Into<String>,
     ) -> Result<SwapResult, ControlError> {
+        let origin = origin.into();
+        let sha256 = sha256_hex(&bytes);
+        if let Some(pin) = pin.filter(|pin| pin.as_str() != sha256) {
+            let error = ControlError::DigestMismatch { expected: pin.as_str().to_owned(), actual: sha256.clone() };
+            return Ok(self.refused_before_the_loop(origin, "digest", error.to_string(), sha256));
+        }
+        // Spares a compile; the loop checks again against the version serving when it swaps.
+        if self.metrics.status().active.is_some_and(|active| active.sha256 == sha256) {
+            tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
+            return Ok(SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 });
+        }
+        let (loader, limits) = (self.loader.clone(), self.limits);
+        let loaded = tokio::task::spawn_blocking(move || loader.load(&bytes, limits)).await;
+        let logic = match loaded.map_err(ControlError::LoadAborted)? {
+            Ok(logic) => logic,
+            Err(error) => {
+                let reason = error_chain(&SupervisorError::SwapLoad(error));
+                return Ok(self.refused_before_the_loop(origin, "load", reason, sha256));
+            }
+        };
         let (reply, answer) = oneshot::channel();
-        let request = SwapRequest { bytes, pin, origin: origin.into(), reply };
-        self.0.send(request).await.map_err(|_| ControlError::LoopGone)?;
+        self.requests.send(SwapRequest { logic, origin, reply }).await.map_err(|_| ControlError::LoopGone)?;
         answer.await.map_err(|_| ControlError::LoopGone)
+    }
+
+    /// A refusal the supervisor never sees: logged, counted and recorded like its own.
+    fn refused_before_the_loop(
+        &self,
+        origin: String,
+        kind: &'static str,
+        reason: String,
+        sha256: String,
+    ) -> SwapResult {
+        tracing::warn!(%origin, kind, %reason, "swap refused; the running version keeps serving");
+        self.metrics.count_refused_before_load(kind);
+        let result = SwapResult::Refused { kind: kind.into(), reason, sha256 };
+        self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
+        result
     }
 }
 
-/// The run loop's side: where requests arrive, and what it needs to carry them out.
-pub struct Control<'r> {
-    runtime: &'r Runtime,
-    limits: Limits,
+/// The run loop's side: where loaded versions arrive.
+pub struct Control {
     requests: mpsc::Receiver<SwapRequest>,
     metrics: Arc<Metrics>,
 }
 
-impl<'r> Control<'r> {
+impl Control {
     /// A control for `run` and the sender its requests come through. New versions are loaded
-    /// by `runtime` under `limits`; the supervisor publishes to `metrics`.
-    pub fn new(runtime: &'r Runtime, limits: Limits, metrics: Arc<Metrics>) -> (Self, SwapSender) {
-        let (sender, requests) = mpsc::channel(QUEUE);
-        (Self { runtime, limits, requests, metrics }, SwapSender(sender))
+    /// with `runtime`'s engine under `limits`; the supervisor publishes to `metrics`.
+    pub fn new(runtime: &Runtime, limits: Limits, metrics: Arc<Metrics>) -> (Self, SwapSender) {
+        let (requests, receiver) = mpsc::channel(QUEUE);
+        let sender = SwapSender { requests, loader: runtime.loader(), limits, metrics: metrics.clone() };
+        (Self { requests: receiver, metrics }, sender)
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
-    /// The next request; pending forever once every sender is gone (the loop goes on).
+    /// The next request; pending forever once every sender is gone (the loop goes on). Cancel
+    /// safe: a request is only taken when this completes.
     pub async fn next(&mut self) -> SwapRequest {
         match self.requests.recv().await {
             Some(request) => request,
@@ -255,47 +298,25 @@ impl<'r> Control<'r> {
         }
     }
 
-    /// Carries out `request` on `supervisor`, records it and answers it.
+    /// Swaps `supervisor` to the request's version, records the result and answers it.
     pub fn handle(&self, supervisor: &mut Supervisor<'_>, request: SwapRequest, now_ms: u64) {
-        let SwapRequest { bytes, pin, origin, reply } = request;
-        let result = self.swap(supervisor, &bytes, pin.as_ref(), &origin, now_ms);
+        let SwapRequest { logic, origin, reply } = request;
+        let sha256 = logic.info().sha256.clone();
+        let result = if supervisor.logic().info().sha256 == sha256 {
+            tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
+            SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 }
+        } else {
+            tracing::info!(%origin, %sha256, "swapping the logic");
+            match supervisor.swap(logic, now_ms) {
+                Ok(report) => SwapResult::accepted(&report, sha256),
+                Err(error) => SwapResult::Refused { kind: error.kind().into(), reason: error_chain(&error), sha256 },
+            }
+        };
         if !matches!(result, SwapResult::Unchanged { .. }) {
             self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
         }
         // A requester that stopped waiting still finds the result in /status and the Event.
         let _ = reply.send(result);
-    }
-
-    fn swap(
-        &self,
-        supervisor: &mut Supervisor<'_>,
-        bytes: &[u8],
-        pin: Option<&Sha256Pin>,
-        origin: &str,
-        now_ms: u64,
-    ) -> SwapResult {
-        let sha256 = match pin.map(|pin| pin.check(bytes)).transpose() {
-            Ok(checked) => checked.unwrap_or_else(|| sha256_hex(bytes)),
-            Err(error) => {
-                tracing::warn!(%origin, kind = "digest", %error, "swap refused; the running version keeps serving");
-                self.metrics.count_refused_before_load("digest");
-                return SwapResult::Refused {
-                    kind: "digest".into(),
-                    reason: error.to_string(),
-                    sha256: sha256_hex(bytes),
-                };
-            }
-        };
-        let serving = supervisor.logic().info();
-        if serving.sha256 == sha256 {
-            tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
-            return SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 };
-        }
-        tracing::info!(%origin, %sha256, "swapping the logic");
-        match supervisor.swap_bytes(self.runtime, bytes, self.limits, now_ms) {
-            Ok(report) => SwapResult::accepted(&report, sha256),
-            Err(error) => SwapResult::Refused { kind: error.kind().into(), reason: error_chain(&error), sha256 },
-        }
     }
 }
 
@@ -319,21 +340,17 @@ pub struct OperationsConfig {
 
 /// The endpoint, the source's watcher and the Event reporter, started; [`Operations::run`] runs
 /// the loop with them.
-pub struct Operations<'r> {
+pub struct Operations {
     server: MetricsServer,
-    control: Control<'r>,
+    control: Control,
     source: Option<JoinHandle<()>>,
     events: JoinHandle<()>,
     target: EventTarget,
 }
 
-impl<'r> Operations<'r> {
+impl Operations {
     /// Binds the endpoint and starts the tasks on the current tokio runtime.
-    pub async fn start(
-        runtime: &'r Runtime,
-        settings: &Settings,
-        config: OperationsConfig,
-    ) -> Result<Self, MetricsError> {
+    pub async fn start(runtime: &Runtime, settings: &Settings, config: OperationsConfig) -> Result<Self, MetricsError> {
         let metrics = Metrics::new();
         let (control, swaps) = Control::new(runtime, config.limits, metrics.clone());
         let admin = Admin { swaps: swaps.clone(), token: config.admin_token };

@@ -237,7 +237,7 @@ pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output
 }
 
 /// The next swap request, or never without a control.
-async fn next_swap(control: &mut Option<Control<'_>>) -> SwapRequest {
+async fn next_swap(control: &mut Option<Control>) -> SwapRequest {
     match control {
         Some(control) => control.next().await,
         None => std::future::pending().await,
@@ -248,7 +248,7 @@ async fn next_swap(control: &mut Option<Control<'_>>) -> SwapRequest {
 pub async fn run_with(
     logic: &Logic,
     settings: Settings,
-    mut control: Option<Control<'_>>,
+    mut control: Option<Control>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let started = Instant::now();

@@ -341,6 +341,8 @@ fn clb_host_swap_asks_the_running_host_and_prints_what_it_did_with_the_exit_code
             path.display().to_string()
         };
         let (next, destructive) = (file("next.wasm", NEXT_GUEST), file("destructive.wasm", DESTRUCTIVE_GUEST));
+        let wasi = wat::parse_str(r#"(component (import "wasi:filesystem/types@0.2.0" (instance)))"#).unwrap();
+        let wasi = file("wasi.wasm", &wasi);
         let endpoint = format!("http://{}", host.addr);
         let (b, n) = (builtin().info().sha256.clone(), sha256_hex(NEXT_GUEST));
         let swap = |to: &str, extra: &[&str]| {
@@ -350,11 +352,12 @@ fn clb_host_swap_asks_the_running_host_and_prints_what_it_did_with_the_exit_code
         };
 
         let wrong_pin = sha256_hex(b"something else");
-        let cases: [(&str, &[&str], u8, String); 4] = [
+        let cases: [(&str, &[&str], u8, String); 5] = [
             (&next, &[], 0, format!("accepted: {} → {} (sha256 {n})", &b[..12], &n[..12])),
             (&next, &["--sha256", &n], 0, format!("unchanged: {} is already serving", &n[..12])),
             (&destructive, &[], 1, "refused (self-check): swap refused: at the self-check tick".into()),
             (&next, &["--sha256", &wrong_pin], 1, format!("refused (digest): the sha256 of the component is {n}")),
+            (&wasi, &[], 1, "refused (load): swap refused: the new component cannot be loaded: the component imports `wasi:filesystem/types@0.2.0`".into()),
         ];
         for (to, extra, code, printed) in cases {
             let (got, out, err) = swap(to, extra).await;
@@ -363,8 +366,8 @@ fn clb_host_swap_asks_the_running_host_and_prints_what_it_did_with_the_exit_code
         }
         let status = host.status().await;
         assert_eq!(status["active"]["sha256"], n, "{status}");
-        assert_eq!(status["swaps"], json!({"accepted": 1, "self-check": 1, "digest": 1}), "{status}");
-        assert_eq!(status["lastSwap"]["kind"], "digest", "{status}");
+        assert_eq!(status["swaps"], json!({"accepted": 1, "self-check": 1, "digest": 1, "load": 1}), "{status}");
+        assert_eq!(status["lastSwap"]["kind"], "load", "{status}");
         assert!(
             status["lastSwap"]["origin"].as_str().is_some_and(|o| o.starts_with("endpoint 127.0.0.1:")),
             "{status}"
