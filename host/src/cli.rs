@@ -139,6 +139,7 @@ struct RunArgs {
 
 /// The endpoint and the sources of new logic versions of `run`.
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("logic_source").args(["logic_file", "logic_configmap"])))]
 struct OperationsArgs {
     /// Where to serve /metrics, /healthz, /readyz, /status and POST /swap; port 0 picks a free one.
     #[arg(long, default_value = DEFAULT_LISTEN)]
@@ -148,14 +149,14 @@ struct OperationsArgs {
     #[arg(long, value_name = "FILE")]
     admin_token_file: Option<PathBuf>,
     /// Watch this component file and swap to it at start and whenever its content changes.
-    #[arg(long, value_name = "PATH", conflicts_with = "logic_configmap")]
+    #[arg(long, value_name = "PATH")]
     logic_file: Option<PathBuf>,
     /// Watch this ConfigMap key (binaryData, or base64 in data) and swap to it at start and
     /// whenever it changes.
     #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
     logic_configmap: Option<crate::sources::ConfigMapKey>,
     /// Refuse, before loading, any version from the source whose sha256 is not this one.
-    #[arg(long, value_name = "HEX")]
+    #[arg(long, value_name = "HEX", requires = "logic_source")]
     logic_sha256: Option<crate::control::Sha256Pin>,
     /// The ConfigMap swap Events regard; default: the --logic-configmap one, else
     /// kube-system/clb-reconciler.

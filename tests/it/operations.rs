@@ -420,10 +420,11 @@ fn with_an_admin_token_a_swap_is_taken_only_from_a_caller_presenting_it() {
 }
 
 #[test]
-fn run_refuses_two_logic_sources_and_a_malformed_pin_or_configmap_key_before_it_connects() {
-    let cases: [(&[&str], &str); 4] = [
+fn run_refuses_two_logic_sources_a_pin_without_one_and_a_malformed_pin_or_reference_before_it_connects() {
+    let cases: [(&[&str], &str); 5] = [
         (&["--logic-file", "a.wasm", "--logic-configmap", "ns/cm:key"], "cannot be used with"),
         (&["--logic-file", "a.wasm", "--logic-sha256", "abc"], "is not a sha256"),
+        (&["--logic-sha256", &"ab".repeat(32)], "--logic-file <PATH>|--logic-configmap"),
         (&["--logic-configmap", "cm:key"], "does not name a ConfigMap key as NAMESPACE/NAME:KEY"),
         (&["--swap-events-configmap", "just-a-name"], "does not name an object as NAMESPACE/NAME"),
     ];
