@@ -50,7 +50,7 @@ pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClien
     (emulator, azure, arm, config)
 }
 
-fn ingress_ips(service: &Service) -> Vec<String> {
+pub(crate) fn ingress_ips(service: &Service) -> Vec<String> {
     service
         .status
         .as_ref()

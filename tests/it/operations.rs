@@ -3,7 +3,7 @@
 //! pin, the self-check refusing a destructive version, and what an operator sees of each —
 //! `/status`, `/metrics` and Events on the well-known ConfigMap.
 
-use crate::kube::{emulated_azure, eventually, manifest};
+use crate::kube::{emulated_azure, eventually, ingress_ips, manifest};
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_host::control::{EventTarget, Operations, OperationsConfig, Sha256Pin, sha256_hex};
 use clb_host::sources::{ConfigMapKey, LogicSource};
@@ -118,11 +118,7 @@ async fn event_on(client: &::kube::Client, namespace: &str, name: &str, reason: 
 /// Creates a Service the next guest (and not the built-in logic) warns about on every
 /// observation, and waits for that Warning: proof that the next guest serves live inputs.
 async fn next_guest_serves(client: &::kube::Client, namespace: &str) {
-    let service: Service = manifest(json!({
-        "metadata": {"name": "legacy", "annotations": {"clb.test/legacy": "true"}},
-        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": [{"port": 80, "protocol": "TCP"}]},
-    }));
-    Api::<Service>::namespaced(client.clone(), namespace).create(&PostParams::default(), &service).await.unwrap();
+    create_service(client, namespace, "legacy", json!({"clb.test/legacy": "true"})).await;
     let events = Api::<Event>::namespaced(client.clone(), namespace);
     eventually("the next guest's LegacyAnnotation Warning on the new Service", async || {
         let listed = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
@@ -133,6 +129,15 @@ async fn next_guest_serves(client: &::kube::Client, namespace: &str) {
         if found { Ok(()) } else { Err(format!("{reasons:?}")) }
     })
     .await;
+}
+
+/// A LoadBalancer Service the logic provisions (no endpoints needed).
+async fn create_service(client: &::kube::Client, namespace: &str, name: &str, annotations: Value) {
+    let service: Service = manifest(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": [{"port": 80, "protocol": "TCP"}]},
+    }));
+    Api::<Service>::namespaced(client.clone(), namespace).create(&PostParams::default(), &service).await.unwrap();
 }
 
 /// The value of the one sample of `name` whose line contains every fragment.
@@ -436,4 +441,43 @@ fn run_refuses_two_logic_sources_a_pin_without_one_and_a_malformed_pin_or_refere
         assert_eq!(code, clb_host::cli::EXIT_BAD_INPUT, "{args:?}: {err}");
         assert!(err.contains(expected), "{args:?}: expected {expected:?} in {err}");
     }
+}
+
+#[test]
+fn services_created_while_a_swap_runs_are_all_provisioned_and_the_new_version_serves_what_follows() {
+    const SERVICES: usize = 8;
+    in_namespace("during", async |client, ns| {
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let host = Host::start(client, Options { events: Some(events), ..Default::default() }).await;
+        let next = temp_dir("during").join("next.wasm");
+        std::fs::write(&next, NEXT_GUEST).unwrap();
+        let args =
+            vec!["--to".into(), next.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+
+        // The swap and a burst of Services at once: whichever way they interleave, every watch
+        // event reaches one version, once.
+        let create = async {
+            for i in 0..SERVICES {
+                create_service(client, ns, &format!("web-{i}"), json!({})).await;
+            }
+        };
+        let ((), (code, out, err)) = tokio::join!(create, clb_host_swap(args));
+        assert_eq!(code, 0, "{out}{err}");
+        let services = Api::<Service>::namespaced(client.clone(), ns);
+        eventually("every Service provisioned with one ingress IP", async || {
+            let listed = services.list(&Default::default()).await.map_err(|e| e.to_string())?;
+            let ips: Vec<_> = listed.items.iter().map(|s| (s.metadata.name.clone(), ingress_ips(s))).collect();
+            if ips.len() == SERVICES && ips.iter().all(|(_, ips)| ips.len() == 1) {
+                Ok(())
+            } else {
+                Err(format!("{ips:?}"))
+            }
+        })
+        .await;
+        let status = host.status().await;
+        assert_eq!(status["active"]["sha256"], sha256_hex(NEXT_GUEST), "{status}");
+        assert_eq!(status["quarantinedInputs"], 0, "{status}");
+        next_guest_serves(client, ns).await;
+        host.stop().await;
+    });
 }
