@@ -6,7 +6,9 @@
 //! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
 //! files against the emulator and an in-memory [`cluster`]; [`run`] drives the same pieces on real
 //! time against a cluster (watchers, and writes through [`kube`]) and ARM or the emulator. The [`supervisor`] keeps the logic's
-//! state across traps and swaps; [`metrics`] serves its counters and the health probes. It
+//! state across traps and swaps; [`metrics`] serves its counters, the health probes and
+//! `/status`; [`control`] carries swap requests — from that endpoint or the watched [`sources`] —
+//! into the run loop and reports each result as an Event. It
 //! decides nothing about load balancers: every rule a reviewer could argue about lives in the
 //! guest (`clb-guest`).
 

@@ -14,7 +14,6 @@
 //!   back with `complete`; watching waits meanwhile.
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
-//!
 //! * **Operations.** With a [`Control`] ([`run_with`]), the supervisor publishes to its
 //!   [`Metrics`](crate::metrics::Metrics) (readiness also waits for the initial lists), and the
 //!   loop takes swap requests between inputs: see [`crate::control`].

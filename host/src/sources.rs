@@ -6,7 +6,7 @@
 //! * **A file** is polled ([`FILE_POLL`]): when its modification time or size changes it is read,
 //!   and when its sha256 differs from the last one offered, it is offered. Polling needs no
 //!   dependency and works the same on every filesystem (a ConfigMap volume swaps a symlink).
-//! * **A ConfigMap** is watched through the API server with a [`kube::runtime::watcher`] on its
+//! * **A ConfigMap** is watched through the API server with a [`kube::runtime::watcher()`] on its
 //!   name (it re-lists and backs off on errors). The key is read from `binaryData`, else from
 //!   `data` as base64. A missing object or key is logged and waited out.
 //!
