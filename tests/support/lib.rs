@@ -22,7 +22,13 @@ pub const DESTRUCTIVE_GUEST: &[u8] = include_bytes!(env!("CLB_DESTRUCTIVE_GUEST"
 
 /// The test guests by the names scenarios give them in `swap` steps.
 pub fn test_guests() -> std::collections::BTreeMap<String, &'static [u8]> {
-    [("next-guest".to_owned(), NEXT_GUEST), ("hostile-guest".to_owned(), HOSTILE_GUEST)].into_iter().collect()
+    [
+        ("next-guest".to_owned(), NEXT_GUEST),
+        ("hostile-guest".to_owned(), HOSTILE_GUEST),
+        ("destructive-guest".to_owned(), DESTRUCTIVE_GUEST),
+    ]
+    .into_iter()
+    .collect()
 }
 
 /// The built-in logic behind a supervisor that can swap to the test guests.
