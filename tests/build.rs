@@ -10,15 +10,22 @@ fn main() {
         &[&here.join("hostile-guest/src"), &here.join("hostile-guest/Cargo.toml"), &here.join("../wit")],
     );
     println!("cargo:rustc-env=CLB_HOSTILE_GUEST={}", hostile.display());
-    // The next guest includes the real guest's sources, so it is rebuilt when they change.
-    let next = clb_build::build_component(
-        &clb_build::Guest { package: "clb-next-guest", features: &[], output: "next_guest.wasm" },
-        &[
-            &here.join("next-guest/src"),
-            &here.join("next-guest/Cargo.toml"),
-            &here.join("../guest/src"),
-            &here.join("../wit"),
-        ],
-    );
-    println!("cargo:rustc-env=CLB_NEXT_GUEST={}", next.display());
+    // The next guest includes the real guest's sources, so it is rebuilt when they change. Its
+    // destructive variant is the same crate with a feature; the builds run one after the other,
+    // each encoding its own output before the next overwrites cargo's.
+    let watch = [
+        &here.join("next-guest/src"),
+        &here.join("next-guest/Cargo.toml"),
+        &here.join("../guest/src"),
+        &here.join("../wit"),
+    ];
+    let watch: Vec<&Path> = watch.iter().map(|p| p.as_path()).collect();
+    for (features, output, env) in [
+        (&[][..], "next_guest.wasm", "CLB_NEXT_GUEST"),
+        (&["destructive-tick"][..], "destructive_guest.wasm", "CLB_DESTRUCTIVE_GUEST"),
+    ] {
+        let built =
+            clb_build::build_component(&clb_build::Guest { package: "clb-next-guest", features, output }, &watch);
+        println!("cargo:rustc-env={env}={}", built.display());
+    }
 }

@@ -1,5 +1,5 @@
-//! The command line: `clb-host inspect`, `clb-host validate`, `clb-host simulate`, `clb-host emulator` and
-//! `clb-host run`. Output goes to the writers it
+//! The command line: `clb-host inspect`, `clb-host validate`, `clb-host simulate`, `clb-host emulator`,
+//! `clb-host run` and `clb-host swap`. Output goes to the writers it
 //! is given, so tests run it in-process.
 
 use crate::sandbox::bindings::clb::reconciler::types::Mode;
@@ -73,11 +73,41 @@ enum Command {
     /// logic asks on Azure (ARM, or the emulator) and on the cluster, until interrupted.
     ///
     /// Several replicas may run: only the leader (a Lease, `--leader-elect-*`) watches and
-    /// writes. Exits 0 on SIGTERM or SIGINT (after letting running commands finish, up to
-    /// --shutdown-grace-secs, then releasing leadership), 2 when it cannot start (with why), 1
-    /// when the logic or the watches fail.
+    /// writes. Serves /metrics, /healthz, /readyz, /status and POST /swap on --listen (prints
+    /// `listening on http://ADDR`). Exits 0 on SIGTERM or SIGINT (after letting running
+    /// commands finish, up to --shutdown-grace-secs, then releasing leadership), 2 when it
+    /// cannot start (with why), 1 when the logic or the watches fail.
     Run(Box<RunArgs>),
+    /// Ask a running `clb-host run` to swap its logic to a component, and print the result.
+    ///
+    /// Exits 0 when the new version serves (or already served), 1 when the swap is refused (the
+    /// running version keeps serving; the reason is printed), 2 when the file cannot be read or
+    /// the endpoint cannot be reached or denies the request.
+    Swap(SwapArgs),
 }
+
+/// What `swap` sends where.
+#[derive(Args)]
+struct SwapArgs {
+    /// The new component (.wasm).
+    #[arg(long, value_name = "FILE")]
+    to: PathBuf,
+    /// The sha256 the component must have; the running host refuses it otherwise.
+    #[arg(long, value_name = "HEX")]
+    sha256: Option<crate::control::Sha256Pin>,
+    /// The endpoint of the running host (its --listen).
+    #[arg(long, value_name = "URL", default_value = DEFAULT_ENDPOINT)]
+    endpoint: String,
+    /// A file holding the admin token, when the host was started with --admin-token-file.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<PathBuf>,
+}
+
+/// Where `run` listens by default: every interface, so that probes and scrapes reach it in a
+/// pod; `POST /swap` is still taken only from loopback unless an admin token is set.
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:10270";
+/// Where `swap` sends by default: the host on the same machine (or in the same pod).
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:10270";
 
 /// What `run` connects to.
 #[derive(Args)]
@@ -112,6 +142,35 @@ struct RunArgs {
     resource_lock: ResourceLockArgs,
     #[command(flatten)]
     logic: LogicArgs,
+    #[command(flatten)]
+    operations: OperationsArgs,
+}
+
+/// The endpoint and the sources of new logic versions of `run`.
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("logic_source").args(["logic_file", "logic_configmap"])))]
+struct OperationsArgs {
+    /// Where to serve /metrics, /healthz, /readyz, /status and POST /swap; port 0 picks a free one.
+    #[arg(long, default_value = DEFAULT_LISTEN)]
+    listen: std::net::SocketAddr,
+    /// A file holding a token: POST /swap is then taken from any peer that presents it as
+    /// `Authorization: Bearer TOKEN` (and only then); without it, only from loopback.
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+    /// Watch this component file and swap to it at start and whenever its content changes.
+    #[arg(long, value_name = "PATH")]
+    logic_file: Option<PathBuf>,
+    /// Watch this ConfigMap key (binaryData, or base64 in data) and swap to it at start and
+    /// whenever it changes.
+    #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
+    logic_configmap: Option<crate::sources::ConfigMapKey>,
+    /// Refuse, before loading, any version from the source whose sha256 is not this one.
+    #[arg(long, value_name = "HEX", requires = "logic_source")]
+    logic_sha256: Option<crate::control::Sha256Pin>,
+    /// The ConfigMap swap Events regard; default: the --logic-configmap one, else
+    /// kube-system/clb-reconciler.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    swap_events_configmap: Option<crate::control::EventTarget>,
 }
 
 /// Leader election among replicas (client-go's flags and defaults).
@@ -264,7 +323,8 @@ pub fn run(
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
         Command::Simulate { files, json, logic } => simulate(&files, json, &logic, out, err),
         Command::Emulator(args) => emulator(args, out),
-        Command::Run(args) => run_reconciler(*args, err),
+        Command::Run(args) => run_reconciler(*args, out, err),
+        Command::Swap(args) => swap(args, out, err),
     };
     result.unwrap_or_else(|e| {
         let _ = writeln!(err, "error: {e:#}");
@@ -454,7 +514,7 @@ fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     })
 }
 
-fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
+fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     use crate::azure::auth::{TokenFile, WorkloadIdentity};
     use crate::azure::{ArmClient, ArmConfig, Credential};
     let config = match inputs::read_config(&args.cloud_config)
@@ -504,6 +564,25 @@ fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let ops = args.operations;
+    let admin_token = match &ops.admin_token_file {
+        Some(path) => Some(read_token(path)?),
+        None => None,
+    };
+    let source = match (ops.logic_file, ops.logic_configmap) {
+        (Some(path), _) => Some(crate::sources::LogicSource::File(path)),
+        (None, Some(key)) => Some(crate::sources::LogicSource::ConfigMap(key)),
+        (None, None) => None,
+    };
+    let operations = crate::control::OperationsConfig {
+        listen: ops.listen,
+        admin_token,
+        source,
+        pin: ops.logic_sha256,
+        events: ops.swap_events_configmap,
+        limits: args.logic.limits(),
+        poll: crate::sources::FILE_POLL,
+    };
     tokio.block_on(async {
         let interrupted = crate::run::stop_signal().context("installing the SIGTERM/SIGINT handlers")?;
         let kube = crate::run::connect(args.kubeconfig.as_deref()).await?;
@@ -513,7 +592,16 @@ fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
             resource_lock,
             ..crate::run::Settings::new(kube, arm, config, instance)
         };
-        match crate::run::run(&logic, settings, interrupted).await {
+        let operations = match crate::control::Operations::start(&runtime, &settings, operations).await {
+            Ok(operations) => operations,
+            Err(e) => {
+                writeln!(err, "error: {:#}", anyhow::Error::new(e))?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        };
+        writeln!(out, "listening on http://{}", operations.local_addr())?;
+        out.flush()?;
+        match operations.run(&logic, settings, interrupted).await {
             Ok(()) => Ok(EXIT_OK),
             Err(e) => {
                 writeln!(err, "error: {:#}", anyhow::Error::new(e))?;
@@ -521,4 +609,74 @@ fn run_reconciler(args: RunArgs, err: &mut dyn Write) -> anyhow::Result<u8> {
             }
         }
     })
+}
+
+/// A token file's content without surrounding whitespace; an empty token is refused.
+fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let token = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read the token", path.display()))?;
+    let token = token.trim();
+    anyhow::ensure!(!token.is_empty(), "{}: the token file is empty", path.display());
+    Ok(token.to_owned())
+}
+
+fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
+    use crate::control::SwapResult;
+    let bytes = std::fs::read(&args.to).with_context(|| format!("{}: cannot read", args.to.display()))?;
+    let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let url = format!("{}/swap", args.endpoint.trim_end_matches('/'));
+    let tokio =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let (status, body) = tokio.block_on(async {
+        let mut request = reqwest::Client::new().post(&url).body(bytes);
+        if let Some(pin) = &args.sha256 {
+            request = request.header(crate::metrics::SHA256_HEADER, pin.as_str());
+        }
+        if let Some(token) = &token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.with_context(|| format!("{url}: no answer"))?;
+        let status = response.status();
+        let body = response.text().await.with_context(|| format!("{url}: reading the answer"))?;
+        anyhow::Ok((status, body))
+    })?;
+    let result: SwapResult = match serde_json::from_str(&body) {
+        Ok(result) => result,
+        Err(_) => {
+            writeln!(err, "error: {url}: {status}: {}", body.trim_end())?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    match result {
+        SwapResult::Accepted {
+            from,
+            to,
+            sha256,
+            state_from_version,
+            state_from_bytes,
+            state_to_version,
+            state_to_bytes,
+            state_move_ms,
+            took_ms,
+        } => {
+            writeln!(out, "accepted: {from} → {to} (sha256 {sha256})")?;
+            writeln!(
+                out,
+                "state: v{state_from_version} ({state_from_bytes} bytes) → v{state_to_version} ({state_to_bytes} bytes), moved in {state_move_ms:.1} ms; the swap took {took_ms:.1} ms"
+            )?;
+            Ok(EXIT_OK)
+        }
+        SwapResult::Unchanged { version, .. } => {
+            writeln!(out, "unchanged: {version} is already serving")?;
+            Ok(EXIT_OK)
+        }
+        SwapResult::Refused { kind, reason, .. } => {
+            writeln!(out, "refused ({kind}): {reason}")?;
+            writeln!(out, "the running version keeps serving")?;
+            Ok(EXIT_REFUSED)
+        }
+        other => {
+            writeln!(err, "error: {url}: an unexpected answer: {other:?}")?;
+            Ok(EXIT_BAD_INPUT)
+        }
+    }
 }

@@ -37,6 +37,11 @@ impl KubeClient {
         Self { client, instance: instance.into() }
     }
 
+    /// The client it writes through.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
     fn services(&self, namespace: &str) -> Api<Service> {
         Api::namespaced(self.client.clone(), namespace)
     }

@@ -6,8 +6,10 @@
 //! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
 //! files against the emulator and an in-memory [`cluster`]; [`run`] drives the same pieces on real
 //! time against a cluster (watchers, and writes through [`kube`]) and ARM or the emulator, with
-//! leader election and the Azure resource lock on Kubernetes Leases ([`lease`]). The [`supervisor`] keeps the logic's
-//! state across traps and swaps; [`metrics`] serves its counters and the health probes. It
+//! leader election and the Azure resource lock on Kubernetes Leases ([`lease`]). The
+//! [`supervisor`] keeps the logic's state across traps and swaps; [`metrics`] serves its
+//! counters, the health probes and `/status`; [`control`] carries swap requests — from that
+//! endpoint or the watched [`sources`] — into the run loop and reports each result as an Event. It
 //! decides nothing about load balancers: every rule a reviewer could argue about lives in the
 //! guest (`clb-guest`).
 
@@ -15,6 +17,7 @@ pub mod azure;
 pub mod backend_pools;
 pub mod cli;
 pub mod cluster;
+pub mod control;
 pub mod emulator;
 pub mod executor;
 pub mod inputs;
@@ -26,6 +29,7 @@ pub mod run;
 pub mod sandbox;
 pub mod scenario;
 pub mod simulate;
+pub mod sources;
 pub mod supervisor;
 
 /// The logic this host was built with, used when no other component is given.

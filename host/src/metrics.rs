@@ -14,13 +14,25 @@
 //!   the labels of the version serving at the scrape.
 //! * `/healthz` is 200 while a version serves (the tracker is running), else 503. `/readyz` is
 //!   200 once the tracker has reported `idle` at least once since it started (the first lists are
-//!   reconciled), else 503.
+//!   reconciled) — and, under `clb-host run` ([`Metrics::await_lists`]), once the watchers'
+//!   initial lists have been delivered — else 503.
+//! * `/status` is JSON for people and scripts: the serving version and the one a rollback would
+//!   return to, the last swap result ([`SwapRecord`]), swaps by result, quarantined inputs, the
+//!   state size. A rollback the supervisor does on its own is noticed here, when the snapshot
+//!   after it is published, and recorded like a swap.
+//! * `POST /swap` (only with an [`Admin`]): the body is a component; the optional header
+//!   [`SHA256_HEADER`] pins its digest. Accepted only from a loopback peer, or — when the admin
+//!   has a token — from any peer presenting `Authorization: Bearer <token>`. The request goes to
+//!   the run loop through the [`SwapSender`]; the answer is a [`SwapResult`] as JSON: 200 when
+//!   accepted or unchanged, 409 when refused.
 
+use crate::control::{Sha256Pin, SwapRecord, SwapResult, SwapSender};
 use crate::sandbox::Logic;
-use crate::supervisor::SupervisorStats;
-use http_body_util::Full;
+use crate::supervisor::{ROLLBACK_AFTER, SupervisorStats};
+use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -99,6 +111,63 @@ struct Published {
     last: Snapshot,
     /// By sha256.
     versions: BTreeMap<String, VersionSnapshot>,
+    last_swap: Option<SwapRecord>,
+    /// Swaps refused before the supervisor saw them (a pin that does not match), by kind.
+    refused_before_load: BTreeMap<&'static str, u64>,
+    /// Swap Events given up on.
+    event_failures: u64,
+    /// `POST /swap` requests refused for want of a loopback peer or the token.
+    swap_requests_denied: u64,
+    /// Set by [`Metrics::await_lists`] until [`Metrics::lists_delivered`].
+    lists_pending: bool,
+    /// A replica that does not lead (leader election): healthy, not ready.
+    standing_by: bool,
+    /// Where every [`SwapRecord`] goes, once someone subscribed.
+    records: Option<tokio::sync::mpsc::UnboundedSender<SwapRecord>>,
+}
+
+impl Published {
+    fn record(&mut self, record: SwapRecord) {
+        if let Some(records) = &self.records {
+            // A closed receiver (the Event task ended) leaves the record in /status and the logs.
+            let _ = records.send(record.clone());
+        }
+        self.last_swap = Some(record);
+    }
+
+    /// Swaps by result: the supervisor's and those refused before it.
+    fn swaps(&self) -> BTreeMap<&'static str, u64> {
+        let mut swaps = self.last.supervisor.swaps.clone();
+        for (kind, n) in &self.refused_before_load {
+            *swaps.entry(kind).or_default() += n;
+        }
+        swaps
+    }
+}
+
+/// The logic version of a `/status`.
+#[derive(Clone, Debug, Serialize)]
+pub struct VersionRef {
+    pub version: String,
+    pub sha256: String,
+}
+
+/// What `/status` shows.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub serving: bool,
+    pub ready: bool,
+    pub active: Option<VersionRef>,
+    /// The version a rollback would return to, while the active one is on probation.
+    pub previous: Option<VersionRef>,
+    pub last_swap: Option<SwapRecord>,
+    pub swaps: BTreeMap<&'static str, u64>,
+    pub rollbacks: u64,
+    pub quarantined_inputs: u64,
+    /// The tracker's state at the last checkpoint.
+    pub state_bytes: usize,
+    pub inputs: u64,
 }
 
 impl Metrics {
@@ -106,22 +175,120 @@ impl Metrics {
         Arc::default()
     }
 
-    pub fn publish(&self, snapshot: Snapshot) {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
         // A panic elsewhere while holding the lock leaves plain counters behind: still valid.
-        let mut published = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn publish(&self, snapshot: Snapshot) {
+        let mut published = self.lock();
         for version in &snapshot.versions {
             published.versions.insert(version.sha256.clone(), version.clone());
         }
+        // The supervisor rolls back on its own, inside a call: the counters say it happened,
+        // and the version serving before and after say between which versions.
+        let name = |v: Option<&VersionSnapshot>| v.map_or_else(|| "none".to_owned(), |v| v.version.clone());
+        let (before, after) = (&published.last, &snapshot);
+        let mut rollbacks = Vec::new();
+        if after.supervisor.rollbacks > before.supervisor.rollbacks {
+            let from = name(before.serving.as_ref());
+            rollbacks.push(SwapResult::RolledBack {
+                reason: format!("{ROLLBACK_AFTER} inputs in a row were quarantined on {from} during its probation"),
+                from,
+                to: name(after.serving.as_ref()),
+            });
+        }
+        if after.supervisor.rollbacks_failed > before.supervisor.rollbacks_failed {
+            rollbacks.push(SwapResult::RollbackFailed {
+                version: name(after.serving.as_ref()),
+                reason: format!(
+                    "{ROLLBACK_AFTER} inputs in a row were quarantined, and the previous version could not be rebuilt"
+                ),
+            });
+        }
         published.last = snapshot;
+        for result in rollbacks {
+            published.record(SwapRecord::now("supervisor", result));
+        }
+    }
+
+    /// Records the result of a swap request for `/status` and the Events.
+    pub fn record_swap(&self, record: SwapRecord) {
+        self.lock().record(record);
+    }
+
+    /// Every [`SwapRecord`] from now on (one subscriber: the Event reporter; a second replaces
+    /// the first).
+    pub fn subscribe_swaps(&self) -> tokio::sync::mpsc::UnboundedReceiver<SwapRecord> {
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        self.lock().records = Some(sender);
+        receiver
+    }
+
+    /// Ends the subscription: the subscriber's receiver closes once it has taken what is sent.
+    pub fn unsubscribe_swaps(&self) {
+        self.lock().records = None;
+    }
+
+    /// A swap refused before it reached the supervisor, counted under `kind`.
+    pub fn count_refused_before_load(&self, kind: &'static str) {
+        *self.lock().refused_before_load.entry(kind).or_default() += 1;
+    }
+
+    pub fn count_event_failure(&self) {
+        self.lock().event_failures += 1;
+    }
+
+    fn count_denied(&self) {
+        self.lock().swap_requests_denied += 1;
+    }
+
+    /// Whether this replica stands by for leadership: then it is healthy although no version
+    /// serves (a probe must not restart it), and not ready.
+    pub fn standing_by(&self, standing_by: bool) {
+        self.lock().standing_by = standing_by;
+    }
+
+    /// Readiness waits, besides the first idle step, for [`Metrics::lists_delivered`].
+    pub fn await_lists(&self) {
+        self.lock().lists_pending = true;
+    }
+
+    /// The watchers' initial lists have been delivered to the logic.
+    pub fn lists_delivered(&self) {
+        self.lock().lists_pending = false;
     }
 
     pub fn healthy(&self) -> bool {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner).last.serving.is_some()
+        let published = self.lock();
+        published.standing_by || published.last.serving.is_some()
     }
 
     pub fn ready(&self) -> bool {
-        let published = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        published.last.ready && published.last.serving.is_some()
+        Self::is_ready(&self.lock())
+    }
+
+    fn is_ready(published: &Published) -> bool {
+        published.last.ready && published.last.serving.is_some() && !published.lists_pending && !published.standing_by
+    }
+
+    /// What `/status` shows.
+    pub fn status(&self) -> Status {
+        let published = self.lock();
+        let last = &published.last;
+        let version = |v: &VersionSnapshot| VersionRef { version: v.version.clone(), sha256: v.sha256.clone() };
+        Status {
+            serving: last.serving.is_some(),
+            ready: Self::is_ready(&published),
+            active: last.serving.as_ref().map(version),
+            previous: last.versions.get(1).map(version),
+            last_swap: published.last_swap.clone(),
+            swaps: published.swaps(),
+            rollbacks: last.supervisor.rollbacks,
+            quarantined_inputs: last.supervisor.quarantined,
+            state_bytes: last.supervisor.last_checkpoint_bytes,
+            inputs: last.supervisor.inputs,
+        }
     }
 
     /// The Prometheus text exposition of the last snapshot.
@@ -150,7 +317,16 @@ impl Metrics {
             sample(&mut out, "clb_logic_serving", &version_labels(serving, &[]), 1.0);
         }
         family(&mut out, "clb_ready", "gauge", "1 once the tracker has reported idle since it started.");
-        sample(&mut out, "clb_ready", "", if last.ready && last.serving.is_some() { 1.0 } else { 0.0 });
+        sample(&mut out, "clb_ready", "", if Self::is_ready(&published) { 1.0 } else { 0.0 });
+        family(&mut out, "clb_swap_events_failed_total", "counter", "Swap Events that could not be recorded.");
+        sample(&mut out, "clb_swap_events_failed_total", "", published.event_failures as f64);
+        family(
+            &mut out,
+            "clb_swap_requests_denied_total",
+            "counter",
+            "POST /swap requests refused: not from loopback, or without the token.",
+        );
+        sample(&mut out, "clb_swap_requests_denied_total", "", published.swap_requests_denied as f64);
 
         // The supervisor's totals, labelled with the version serving at this scrape.
         let Some(serving) = &last.serving else { return out };
@@ -182,7 +358,7 @@ impl Metrics {
             "counter",
             "Swap attempts, by result (accepted or the refusal).",
         );
-        for (result, n) in &s.swaps {
+        for (result, n) in &published.swaps() {
             sample(&mut out, "clb_supervisor_swaps_total", &version_labels(serving, &[("result", result)]), *n as f64);
         }
         family(&mut out, "clb_supervisor_rollbacks_total", "counter", "Rollbacks to the previous version, by result.");
@@ -221,6 +397,19 @@ fn escape(value: &str) -> String {
     value.replace('\\', r"\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// The header of `POST /swap` that pins the component's sha256.
+pub const SHA256_HEADER: &str = "x-clb-sha256";
+/// The largest component `POST /swap` takes.
+pub const MAX_COMPONENT_BYTES: usize = 64 << 20;
+
+/// What `POST /swap` needs: where requests go, and who may send them.
+#[derive(Clone)]
+pub struct Admin {
+    pub swaps: SwapSender,
+    /// When set, any peer presenting it as a bearer token may swap; else only loopback peers.
+    pub token: Option<String>,
+}
+
 /// A running `/metrics` server; it stops when dropped.
 pub struct MetricsServer {
     addr: SocketAddr,
@@ -230,10 +419,19 @@ pub struct MetricsServer {
 impl MetricsServer {
     /// Listens on `listen` (port 0: any free port) and serves on the current tokio runtime.
     pub async fn start(metrics: Arc<Metrics>, listen: SocketAddr) -> Result<Self, MetricsError> {
+        Self::start_with_admin(metrics, listen, None).await
+    }
+
+    /// The same, and `POST /swap` when `admin` is given.
+    pub async fn start_with_admin(
+        metrics: Arc<Metrics>,
+        listen: SocketAddr,
+        admin: Option<Admin>,
+    ) -> Result<Self, MetricsError> {
         let bind_error = |source| MetricsError::Bind { addr: listen, source };
         let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
-        let task = tokio::spawn(accept_loop(listener, metrics));
+        let task = tokio::spawn(accept_loop(listener, metrics, admin));
         Ok(Self { addr, task })
     }
 
@@ -248,11 +446,11 @@ impl Drop for MetricsServer {
     }
 }
 
-async fn accept_loop(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
+async fn accept_loop(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, admin: Option<Admin>) {
     let mut connections = tokio::task::JoinSet::new();
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(error) => {
                 // Out of file descriptors and the like: wait rather than spin.
                 tracing::warn!(%error, "accepting a /metrics connection failed");
@@ -260,11 +458,11 @@ async fn accept_loop(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
                 continue;
             }
         };
-        let metrics = metrics.clone();
+        let (metrics, admin) = (metrics.clone(), admin.clone());
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
-                let metrics = metrics.clone();
-                async move { Ok::<_, std::convert::Infallible>(handle(&metrics, &request)) }
+                let (metrics, admin) = (metrics.clone(), admin.clone());
+                async move { Ok::<_, std::convert::Infallible>(handle(&metrics, admin.as_ref(), peer, request).await) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
             if let Err(error) = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await {
@@ -276,21 +474,92 @@ async fn accept_loop(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
     }
 }
 
-fn handle(metrics: &Metrics, request: &Request<Incoming>) -> Response<Full<Bytes>> {
-    if request.method() != Method::GET {
-        return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n".into());
-    }
-    match request.uri().path() {
-        "/metrics" => reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics.render()),
-        "/healthz" if metrics.healthy() => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        "/healthz" => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "no logic version serving\n".into()),
-        "/readyz" if metrics.ready() => reply(StatusCode::OK, "text/plain", "ready\n".into()),
-        "/readyz" => reply(
+async fn handle(
+    metrics: &Metrics,
+    admin: Option<&Admin>,
+    peer: SocketAddr,
+    request: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let text = "text/plain";
+    match (request.method(), request.uri().path()) {
+        (&Method::POST, "/swap") => match admin {
+            Some(admin) => swap(metrics, admin, peer, request).await,
+            None => reply(StatusCode::NOT_FOUND, text, "this endpoint takes no swaps\n".into()),
+        },
+        (&Method::GET, "/metrics") => {
+            reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics.render())
+        }
+        (&Method::GET, "/healthz") if metrics.healthy() => reply(StatusCode::OK, text, "ok\n".into()),
+        (&Method::GET, "/healthz") => reply(StatusCode::SERVICE_UNAVAILABLE, text, "no logic version serving\n".into()),
+        (&Method::GET, "/readyz") if metrics.ready() => reply(StatusCode::OK, text, "ready\n".into()),
+        (&Method::GET, "/readyz") => reply(
             StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "the tracker has not reported idle since it started\n".into(),
+            text,
+            "the initial lists are not delivered, or the tracker has not reported idle since it started\n".into(),
         ),
-        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
+        (&Method::GET, "/status") => json(StatusCode::OK, &metrics.status()),
+        (&Method::GET, _) => reply(StatusCode::NOT_FOUND, text, "not found\n".into()),
+        _ => reply(StatusCode::METHOD_NOT_ALLOWED, text, "only GET, and POST /swap\n".into()),
+    }
+}
+
+/// `POST /swap`; see the module documentation.
+async fn swap(metrics: &Metrics, admin: &Admin, peer: SocketAddr, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let text = "text/plain";
+    let authorization = request.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    if let Err(why) = admitted(admin.token.as_deref(), peer, authorization) {
+        metrics.count_denied();
+        tracing::warn!(%peer, "a swap request was denied: {why}");
+        return reply(StatusCode::FORBIDDEN, text, format!("{why}\n"));
+    }
+    let pin = match request.headers().get(SHA256_HEADER).map(|v| v.to_str().unwrap_or_default()) {
+        None => None,
+        Some(value) => match Sha256Pin::parse(value) {
+            Ok(pin) => Some(pin),
+            Err(error) => return reply(StatusCode::BAD_REQUEST, text, format!("{SHA256_HEADER}: {error}\n")),
+        },
+    };
+    let bytes = match Limited::new(request.into_body(), MAX_COMPONENT_BYTES).collect().await {
+        Ok(body) => body.to_bytes().to_vec(),
+        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+            return reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                text,
+                format!("a component may be at most {MAX_COMPONENT_BYTES} bytes\n"),
+            );
+        }
+        Err(error) => return reply(StatusCode::BAD_REQUEST, text, format!("reading the body: {error}\n")),
+    };
+    match admin.swaps.swap(bytes, pin, format!("endpoint {peer}")).await {
+        Ok(result @ SwapResult::Refused { .. }) => json(StatusCode::CONFLICT, &result),
+        Ok(result) => json(StatusCode::OK, &result),
+        Err(error) => reply(StatusCode::SERVICE_UNAVAILABLE, text, format!("{error}\n")),
+    }
+}
+
+/// Whether a `POST /swap` from `peer` carrying `authorization` is taken; else why not.
+fn admitted(token: Option<&str>, peer: SocketAddr, authorization: Option<&str>) -> Result<(), &'static str> {
+    match token {
+        Some(token) => match authorization.and_then(|a| a.strip_prefix("Bearer ")) {
+            Some(presented) if same_secret(presented, token) => Ok(()),
+            _ => Err("POST /swap needs the admin token (Authorization: Bearer ...)"),
+        },
+        None if peer.ip().is_loopback() => Ok(()),
+        None => Err("POST /swap is taken only from loopback (or with an admin token, see --admin-token-file)"),
+    }
+}
+
+/// Compares without stopping at the first difference, so the time taken says nothing of the
+/// token.
+fn same_secret(presented: &str, token: &str) -> bool {
+    let (a, b) = (presented.as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> Response<Full<Bytes>> {
+    match serde_json::to_string_pretty(value) {
+        Ok(body) => reply(status, "application/json", body + "\n"),
+        Err(error) => reply(StatusCode::INTERNAL_SERVER_ERROR, "text/plain", format!("encoding JSON: {error}\n")),
     }
 }
 
@@ -299,4 +568,29 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
     *response.status_mut() = status;
     response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::admitted;
+
+    #[test]
+    fn swap_requests_are_taken_from_loopback_or_with_the_token_and_from_nowhere_else() {
+        let (local, local6, remote) =
+            ("127.0.0.1:40000".parse().unwrap(), "[::1]:40000".parse().unwrap(), "10.0.0.7:40000".parse().unwrap());
+        let cases = [
+            (None, local, None, true),
+            (None, local6, None, true),
+            (None, remote, None, false),
+            (None, remote, Some("Bearer anything"), false),
+            (Some("s3cret"), remote, Some("Bearer s3cret"), true),
+            (Some("s3cret"), local, None, false),
+            (Some("s3cret"), local, Some("Bearer s3cre"), false),
+            (Some("s3cret"), local, Some("Bearer s3cretx"), false),
+            (Some("s3cret"), remote, Some("s3cret"), false),
+        ];
+        for (token, peer, authorization, expected) in cases {
+            assert_eq!(admitted(token, peer, authorization).is_ok(), expected, "{token:?} {peer} {authorization:?}");
+        }
+    }
 }

@@ -22,6 +22,10 @@
 //!   rebuilds the guest's state from the cluster and NRP (design §4, start-up).
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
+//! * **Operations.** With a [`Control`] ([`run_with`]), the supervisor publishes to its
+//!   [`Metrics`](crate::metrics::Metrics) (readiness also waits for the initial lists), and the
+//!   loop takes swap requests between inputs: see [`crate::control`]. A version swapped in
+//!   stays the active one across leadership terms.
 //!
 //! * **Leader election** (design §6, [`crate::lease`]): with [`Settings::leader_election`] set,
 //!   a replica that does not lead watches nothing and runs no logic; when it becomes the leader
@@ -33,6 +37,7 @@
 //!   releases the Lease. Without election, run one replica.
 
 use crate::azure::{ArmClient, AzureApi};
+use crate::control::{Control, SwapRequest};
 use crate::executor::{Executor, KubeApi, command_name};
 use crate::kube::{KubeClient, error_chain};
 use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
@@ -440,24 +445,71 @@ fn absorb<A: AzureApi, K: KubeApi>(step: wit::Step, commands: &mut Commands<'_, 
 /// Runs `logic` until `shutdown` completes (then `Ok`, after [`Settings::shutdown_grace`] at
 /// most) or something fatal happens; with leader election, only while this replica leads.
 pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    run_with(logic, settings, None, shutdown).await
+}
+
+/// [`run`], taking swap requests from `control` and publishing to its metrics.
+pub async fn run_with(
+    logic: &Logic,
+    settings: Settings,
+    mut control: Option<Control>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
+    // The version serving, when a swap or a rollback replaced `logic`: the next term starts
+    // with it, so a leadership change does not undo an accepted swap.
+    let active = std::cell::RefCell::new(None::<Logic>);
     let Some(election) = settings.leader_election.clone() else {
-        return reconcile(logic, &settings, Leadership::unconditional(), shutdown).await;
+        return reconcile(logic, &active, &settings, Leadership::unconditional(), &mut control, shutdown).await;
     };
     let mut elector = Elector::new(settings.kube.clone(), election).map_err(RunError::Election)?;
     let settings = &settings;
+    let control = &mut control;
+    if let Some(control) = control {
+        control.metrics().standing_by(true);
+    }
     // Both see the shutdown: `lead` while standing by, the term to stop with its grace period.
     let shutdown = shutdown.shared();
     crate::lease::lead(&mut elector, shutdown.clone(), async |leadership| {
-        reconcile(logic, settings, leadership, shutdown.clone()).await
+        reconcile(logic, &active, settings, leadership, control, shutdown.clone()).await
     })
     .await
+}
+
+/// The next swap request, or never without a control.
+async fn next_swap(control: &mut Option<Control>) -> SwapRequest {
+    match control {
+        Some(control) => control.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Marks the metrics as standing by again when a term ends, however it ends.
+struct Term(Option<std::sync::Arc<crate::metrics::Metrics>>);
+
+impl Drop for Term {
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.0 {
+            metrics.standing_by(true);
+        }
+    }
+}
+
+/// Records the supervisor's version as the active one when a swap or a rollback changed it.
+fn remember_active(active: &std::cell::RefCell<Option<Logic>>, supervisor: &Supervisor<'_>) {
+    let serving = supervisor.logic();
+    let known = active.borrow().as_ref().map(|logic| logic.info().sha256.clone());
+    if known.as_deref() != Some(serving.info().sha256.as_str()) {
+        *active.borrow_mut() = Some(serving.clone());
+    }
 }
 
 /// The loop of one term (or of the whole process without election).
 async fn reconcile(
     logic: &Logic,
+    active: &std::cell::RefCell<Option<Logic>>,
     settings: &Settings,
     leadership: Leadership,
+    control: &mut Option<Control>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let started = Instant::now();
@@ -470,7 +522,16 @@ async fn reconcile(
         watch(Api::<EndpointSlice>::all(client.clone()), Change::Slice),
         watch(Api::<Node>::all(client), Change::Node),
     ]);
-    let mut supervisor = Supervisor::new(logic);
+    let mut supervisor = match active.borrow().clone() {
+        Some(swapped) => Supervisor::new(swapped),
+        None => Supervisor::new(logic),
+    };
+    let _term = Term(control.as_ref().map(|control| control.metrics().clone()));
+    if let Some(control) = control.as_ref() {
+        control.metrics().standing_by(false);
+        control.metrics().await_lists();
+        supervisor = supervisor.with_metrics(control.metrics().clone());
+    }
     supervisor.start(&settings.config).map_err(RunError::Logic)?;
     let mut mirrors = Mirrors::default();
     let mut lists_sent = false;
@@ -508,11 +569,20 @@ async fn reconcile(
                     batch.push(wit::Observation::ListsComplete);
                     lists_sent = true;
                     tracing::info!("initial lists delivered");
+                    if let Some(control) = control.as_ref() {
+                        control.metrics().lists_delivered();
+                    }
                 }
                 if batch.is_empty() {
                     continue;
                 }
                 supervisor.observe(now_ms(), &batch)
+            }
+            request = next_swap(control) => {
+                let Some(control) = control.as_ref() else { continue };
+                control.handle(&mut supervisor, request, now_ms());
+                remember_active(active, &supervisor);
+                continue;
             }
             () = timer => {
                 wake = None;
@@ -521,6 +591,7 @@ async fn reconcile(
         };
         absorb(step.map_err(RunError::Logic)?, &mut commands, &mut wake);
         supervisor.take_quarantined();
+        remember_active(active, &supervisor);
     }
     tracing::info!("shutdown requested");
     if !commands.is_empty() {

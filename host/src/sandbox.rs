@@ -202,10 +202,36 @@ impl Runtime {
 
     /// Compiles a component without judging it (for `inspect`).
     pub fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
-        Component::new(&self.engine, bytes).map_err(|e| LoadError::Invalid(format!("{e:#}")))
+        self.loader().compile(bytes)
     }
 
     /// Compiles, checks and prepares a component for cheap instantiation.
+    pub fn load(&self, bytes: &[u8], limits: Limits) -> Result<Logic, LoadError> {
+        self.loader().load(bytes, limits)
+    }
+
+    /// What loads components on another thread than the one holding the runtime.
+    pub fn loader(&self) -> Loader {
+        Loader { engine: self.engine.clone(), metering: self.metering }
+    }
+}
+
+/// Loads components for a [`Runtime`]: its engine (shared), cheap to clone and to move into a
+/// blocking task, so that compiling a new version does not hold up the thread that serves the
+/// running one. The epoch thread stays the runtime's.
+#[derive(Clone)]
+pub struct Loader {
+    engine: Engine,
+    metering: Metering,
+}
+
+impl Loader {
+    /// See [`Runtime::compile`].
+    pub fn compile(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+        Component::new(&self.engine, bytes).map_err(|e| LoadError::Invalid(format!("{e:#}")))
+    }
+
+    /// See [`Runtime::load`].
     pub fn load(&self, bytes: &[u8], limits: Limits) -> Result<Logic, LoadError> {
         let component = self.compile(bytes)?;
         let info = ComponentInfo::of(&self.engine, &component, bytes);
@@ -297,7 +323,9 @@ fn is_granted(import: &str) -> bool {
     })
 }
 
-/// A loaded version of the logic.
+/// A loaded version of the logic. Cheap to clone: the compiled code and its counters are
+/// shared.
+#[derive(Clone)]
 pub struct Logic {
     engine: Engine,
     metering: Metering,

@@ -678,8 +678,8 @@ impl<'a> Supervisor<'a> {
 /// The self-check's verdict on the ticks of the old and the new version at the same state and
 /// time: refused when the new one proposes a destructive command the old one does not. Counted
 /// as a multiset, so that the new version deleting the same thing twice is not hidden by the old
-/// one deleting it once. Separate from the swap so that it can be tested on any pair of steps:
-/// no guest shipped with the tests proposes a destructive command the built-in logic would not.
+/// one deleting it once. Separate from the swap so that it can be tested on any pair of steps;
+/// end to end, `tests/next-guest` built with `destructive-tick` is refused by it.
 pub fn self_check(old_tick: &wit::Step, new_tick: &wit::Step) -> Result<(), SupervisorError> {
     let mut allowed = destructive(old_tick);
     let extra: Vec<String> = destructive(new_tick)

@@ -11,6 +11,7 @@ use ::kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use clb_host::azure::{self, ArmClient, ArmConfig, AzureApi as _, Credential, Operation};
 use clb_host::emulator::{Emulator, EmulatorServer, Fault, FaultMode};
 use clb_host::run::RunError;
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::apiserver::apiserver;
 use clb_tests::watch_proxy::WatchProxy;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
@@ -37,6 +38,28 @@ pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Re
             Err(_) => tokio::time::sleep(POLL).await,
         }
     }
+}
+
+pub(crate) fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+    serde_json::from_value(value).expect("a valid manifest")
+}
+
+/// The emulated Azure over HTTP, an ARM client of it, and a CLB-mode cloud config in its scope.
+/// Keep the server: the emulator stops serving when it is dropped.
+pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClient, wit::Config) {
+    let emulator = Arc::new(Emulator::new(clb_host::simulate::scope()));
+    let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let scope = clb_host::simulate::scope();
+    let cloud_config = format!(
+        "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
+         subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
+        scope.subscription, scope.resource_group, scope.location, scope.vnet
+    );
+    let path = std::path::Path::new("azure.json");
+    let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
+    let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
+    let arm = ArmClient::new(ArmConfig::new(azure.url(), scope), Credential::None).unwrap();
+    (emulator, azure, arm, config)
 }
 
 pub(crate) fn ingress_ips(service: &Service) -> Vec<String> {
@@ -587,6 +610,16 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("list", "", "pods", "", false),
 ];
 
+/// Rights on named objects, as [`RIGHTS`] plus the object's name.
+const NAMED_RIGHTS: &[(&str, &str, &str, &str, &str, bool)] = &[
+    ("get", "", "configmaps", "kube-system", "clb-logic", true),
+    ("watch", "", "configmaps", "kube-system", "clb-logic", true),
+    ("get", "", "configmaps", "kube-system", "clb-reconciler", true),
+    // Not: other ConfigMaps, nor writing these.
+    ("get", "", "configmaps", "kube-system", "kubeadm-config", false),
+    ("update", "", "configmaps", "kube-system", "clb-logic", false),
+];
+
 #[test]
 fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
     use k8s_openapi::api::authorization::v1::SubjectAccessReview;
@@ -599,7 +632,10 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
         let (namespace, name) = clb_tests::apiserver::CONTROLLER_ACCOUNT;
         let reviews = Api::<SubjectAccessReview>::all(admin);
         let mut wrong = Vec::new();
-        for &(verb, group, resource, in_namespace, allowed) in RIGHTS {
+        let unnamed = RIGHTS.iter().map(|&(verb, group, resource, namespace, allowed)| {
+            (verb, group, resource, namespace, "", allowed)
+        });
+        for (verb, group, resource, in_namespace, object, allowed) in unnamed.chain(NAMED_RIGHTS.iter().copied()) {
             let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
             let review: SubjectAccessReview = serde_json::from_value(serde_json::json!({
                 "spec": {
@@ -607,7 +643,7 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
                     "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{namespace}"), "system:authenticated"],
                     "resourceAttributes": {
                         "verb": verb, "group": group, "resource": resource,
-                        "subresource": subresource, "namespace": in_namespace,
+                        "subresource": subresource, "namespace": in_namespace, "name": object,
                     },
                 },
             }))
@@ -615,7 +651,9 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
             let answer = reviews.create(&Default::default(), &review).await.expect("the API server reviews access");
             let granted = answer.status.is_some_and(|s| s.allowed);
             if granted != allowed {
-                wrong.push(format!("{verb} {group}/{resource}/{subresource} in {in_namespace:?}: granted {granted}"));
+                wrong.push(format!(
+                    "{verb} {group}/{resource}/{subresource} {object:?} in {in_namespace:?}: granted {granted}"
+                ));
             }
         }
         assert!(wrong.is_empty(), "rights not as examples/deploy/rbac.yaml should grant them: {wrong:#?}");

@@ -3,7 +3,7 @@
 //! election on its own and with two `clb-host run` replicas sharing one emulator. Durations are
 //! seconds so that expiry happens within a test; every wait is "until the behaviour shows".
 
-use crate::kube::{eventually, ingress_ips, reconcilers_slot};
+use crate::kube::{eventually, ingress_ips, manifest, reconcilers_slot};
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_host::azure::auth::TokenFile;
 use clb_host::azure::{ArmClient, ArmConfig, AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
@@ -479,10 +479,6 @@ fn two_run_replicas_write_only_through_the_leader_and_when_it_is_killed_the_othe
 }
 
 // Fixtures of these tests (the end-to-end tests of `kube.rs` have their own `Env`).
-
-fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
-    serde_json::from_value(value).expect("a valid manifest")
-}
 
 /// The CLB-mode cloud config in the emulator's scope, and an ARM client for `url`.
 fn azure_side(url: String, credential: Credential) -> (wit::Config, ArmClient) {

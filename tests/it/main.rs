@@ -8,6 +8,7 @@ mod cli;
 mod kube;
 mod lease;
 mod metrics;
+mod operations;
 mod sandbox;
 mod scenarios;
 mod supervisor;

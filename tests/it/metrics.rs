@@ -131,3 +131,29 @@ fn a_trap_a_refused_swap_and_an_accepted_one_are_counted_under_their_versions() 
     // The previous version is still exposed, with its own calls.
     assert!(value(&text, "clb_guest_calls_total", &[&old_label]) > 0.0);
 }
+
+#[test]
+fn a_rollback_the_supervisor_does_on_its_own_is_recorded_for_status_and_the_events() {
+    use clb_host::control::SwapResult;
+    let metrics = Metrics::new();
+    let mut records = metrics.subscribe_swaps();
+    let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics.clone()));
+    supervisor.swap(next(), 1).expect("accepted");
+    assert!(metrics.status().last_swap.is_none(), "a swap called directly records nothing: the run loop does");
+    for n in 0..3 {
+        supervisor.observe(10, &[service(&format!("boom-{n}"), 20 + n)]).unwrap();
+    }
+
+    let (from, to) = (next().info().sha256[..12].to_owned(), builtin().info().sha256[..12].to_owned());
+    let status = metrics.status();
+    let record = status.last_swap.expect("the rollback is the last swap result");
+    assert_eq!(record.origin, "supervisor");
+    assert!(
+        matches!(&record.result, SwapResult::RolledBack { from: f, to: t, reason } if *f == from && *t == to && reason.contains("3 inputs in a row")),
+        "{record:?}"
+    );
+    assert_eq!(status.active.map(|a| a.version), Some(to));
+    assert_eq!((status.rollbacks, status.quarantined_inputs), (1, 3));
+    assert_eq!(records.try_recv().ok(), Some(record), "the Event reporter is sent the same record");
+    assert!(records.try_recv().is_err(), "once");
+}

@@ -17,10 +17,19 @@ pub const HOSTILE_GUEST: &[u8] = include_bytes!(env!("CLB_HOSTILE_GUEST"));
 /// The second version of the logic (`tests/next-guest`): state version 2, one extra rule, a trap
 /// trigger.
 pub const NEXT_GUEST: &[u8] = include_bytes!(env!("CLB_NEXT_GUEST"));
+/// The next guest built with `destructive-tick`: every tick proposes deleting a load balancer,
+/// so the swap self-check refuses it.
+pub const DESTRUCTIVE_GUEST: &[u8] = include_bytes!(env!("CLB_DESTRUCTIVE_GUEST"));
 
 /// The test guests by the names scenarios give them in `swap` steps.
 pub fn test_guests() -> std::collections::BTreeMap<String, &'static [u8]> {
-    [("next-guest".to_owned(), NEXT_GUEST), ("hostile-guest".to_owned(), HOSTILE_GUEST)].into_iter().collect()
+    [
+        ("next-guest".to_owned(), NEXT_GUEST),
+        ("hostile-guest".to_owned(), HOSTILE_GUEST),
+        ("destructive-guest".to_owned(), DESTRUCTIVE_GUEST),
+    ]
+    .into_iter()
+    .collect()
 }
 
 /// The built-in logic behind a supervisor that can swap to the test guests.

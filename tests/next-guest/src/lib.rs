@@ -10,6 +10,10 @@
 //! * **a trap trigger**: observing a Service carrying [`tracker::PANIC_ANNOTATION`] panics, so
 //!   the host's trap recovery can be tested on an input the real guest handles.
 //!
+//! With the `destructive-tick` feature it differs in a fourth way: every tick also proposes
+//! deleting the load balancer [`tracker::DESTROYED_LOAD_BALANCER`], which the built-in logic never
+//! would — the host's swap self-check must refuse that build (`tests/build.rs` builds both).
+//!
 //! Why the guest's modules are included by path rather than through the `clb-guest` crate: on
 //! `wasm32` that crate exports the `clb` world itself, and two crates exporting the same
 //! component functions cannot be linked into one module. Including the sources also reuses the

@@ -2,6 +2,8 @@
 
 use crate::config::{Config, ConfigError};
 use crate::model::{Command, Event, EventType, Issued, ObjectRef, Observation, Outcome, Step};
+#[cfg(feature = "destructive-tick")]
+use crate::model::{ResourceKind, ResourceRef};
 use crate::v1;
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +16,10 @@ pub const LEGACY_ANNOTATION: &str = "clb.test/legacy";
 pub const LEGACY_REASON: &str = "LegacyAnnotation";
 /// Observing a Service carrying it panics (the trap trigger).
 pub const PANIC_ANNOTATION: &str = "clb.test/panic-on-observe";
+/// With the `destructive-tick` feature, every tick proposes deleting this load balancer: the
+/// kind of regression the host's swap self-check exists to refuse.
+#[cfg(feature = "destructive-tick")]
+pub const DESTROYED_LOAD_BALANCER: &str = "kubernetes";
 /// The wrapper's own command ids live above this bit, so they never meet the tracker's.
 const OWN_ID_BIT: u64 = 1 << 63;
 
@@ -73,7 +79,16 @@ impl Tracker {
     }
 
     pub fn tick(&mut self, now_ms: u64) -> Step {
-        self.inner.tick(now_ms)
+        #[cfg_attr(not(feature = "destructive-tick"), allow(unused_mut))]
+        let mut step = self.inner.tick(now_ms);
+        #[cfg(feature = "destructive-tick")]
+        {
+            let id = OWN_ID_BIT | self.next_own_id;
+            self.next_own_id += 1;
+            let doomed = ResourceRef { kind: ResourceKind::LoadBalancer, name: DESTROYED_LOAD_BALANCER.into() };
+            step.commands.push(Issued { id, command: Command::DeleteResource(doomed) });
+        }
+        step
     }
 
     pub fn export_state(&self) -> (u32, Vec<u8>) {

@@ -1,0 +1,505 @@
+//! Swaps in the running controller (design §7, issue #7): requests from the HTTP endpoint and the
+//! logic sources, carried out by `clb-host run`'s loop, recorded for `/status` and reported as
+//! Kubernetes Events.
+//!
+//! * **One way in.** The [`Supervisor`] serves with `&mut self`, so nothing outside the run loop
+//!   may touch it. A [`SwapSender`] (the HTTP endpoint's `POST /swap`, each watched source) sends
+//!   a [`SwapRequest`] — a loaded version and where it came from — over a channel that the loop's
+//!   `select!` reads ([`Control::next`]); the answer comes back on a oneshot. While the loop
+//!   swaps ([`Supervisor::swap`]: the state move and the self-check), watch events wait in their
+//!   streams and are delivered afterwards, once each, to whichever version then serves.
+//! * **Before the loop.** The sender refuses bytes whose sha256 differs from the pin (kind
+//!   `digest`) before anything compiles them, answers bytes that are the serving version
+//!   `unchanged`, and compiles the rest on a blocking thread ([`Loader`]), refusing what does not
+//!   load (kind `load`) — so the loop never waits for a compile.
+//! * **Records.** Every accepted or refused swap, and every rollback the supervisor does on its
+//!   own (seen by [`Metrics::publish`]), becomes a [`SwapRecord`]: the last one is in `/status`,
+//!   and each is sent to [`report_events`], which writes one core `v1` Event per record regarding
+//!   the well-known ConfigMap ([`EventTarget`]): `LogicSwapped` (Normal), `LogicSwapRefused`,
+//!   `LogicRolledBack`, `LogicRollbackFailed` (Warning).
+
+use crate::executor::{KubeApi, KubeError};
+use crate::kube::{KubeClient, api_error, error_chain};
+use crate::metrics::{Admin, Metrics, MetricsError, MetricsServer};
+use crate::run::{RunError, Settings, run_with};
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::{Limits, Loader, Logic, Runtime};
+use crate::sources::LogicSource;
+use crate::supervisor::{Supervisor, SupervisorError, SwapReport};
+use k8s_openapi::api::core::v1::ConfigMap;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// Requests waiting for the loop; a sender beyond it waits for room.
+const QUEUE: usize = 8;
+/// Event writes tried per record before it is given up on (it stays in the logs and `/status`).
+const EVENT_ATTEMPTS: u32 = 4;
+const EVENT_BACKOFF: Duration = Duration::from_secs(1);
+/// How long shutdown waits for the Event reporter.
+const EVENT_DRAIN: Duration = Duration::from_secs(10);
+/// The API server refuses Events whose message is longer (core/v1 with `reportingComponent`).
+const MESSAGE_LIMIT: usize = 1024;
+
+/// The Event reasons of swap results.
+pub const REASON_SWAPPED: &str = "LogicSwapped";
+pub const REASON_REFUSED: &str = "LogicSwapRefused";
+pub const REASON_ROLLED_BACK: &str = "LogicRolledBack";
+pub const REASON_ROLLBACK_FAILED: &str = "LogicRollbackFailed";
+
+/// Why a swap request could not be handled or a pin not read.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("`{0}` is not a sha256: 64 hex digits expected")]
+    BadSha256(String),
+    #[error("the sha256 of the component is {actual}, but {expected} is pinned")]
+    DigestMismatch { expected: String, actual: String },
+    #[error("the run loop is not taking swap requests (it stopped)")]
+    LoopGone,
+    #[error("loading the component did not finish")]
+    LoadAborted(#[source] tokio::task::JoinError),
+    #[error("`{0}` does not name an object as NAMESPACE/NAME")]
+    BadObject(String),
+    #[error("recording the Event {reason} on ConfigMap {namespace}/{name}")]
+    Event {
+        reason: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: KubeError,
+    },
+}
+
+/// A sha256 pin: 64 lower-case hex digits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sha256Pin(String);
+
+impl Sha256Pin {
+    pub fn parse(text: &str) -> Result<Self, ControlError> {
+        let text = text.trim();
+        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(Self(text.to_ascii_lowercase()))
+        } else {
+            Err(ControlError::BadSha256(text.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `Ok` when `bytes` hash to the pin; their sha256 either way.
+    pub fn check(&self, bytes: &[u8]) -> Result<String, ControlError> {
+        let actual = sha256_hex(bytes);
+        if actual == self.0 {
+            Ok(actual)
+        } else {
+            Err(ControlError::DigestMismatch { expected: self.0.clone(), actual })
+        }
+    }
+}
+
+impl std::str::FromStr for Sha256Pin {
+    type Err = ControlError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What a swap request, or the supervisor on its own, did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "kebab-case", rename_all_fields = "camelCase")]
+pub enum SwapResult {
+    /// The new version serves, with the state moved into it.
+    Accepted {
+        from: String,
+        to: String,
+        sha256: String,
+        state_from_version: u32,
+        state_from_bytes: usize,
+        state_to_version: u32,
+        state_to_bytes: usize,
+        state_move_ms: f64,
+        took_ms: f64,
+    },
+    /// The bytes are the serving version: nothing to do.
+    Unchanged { version: String, sha256: String },
+    /// The running version keeps serving; `kind` is the supervisor's refusal kind, or `digest`.
+    Refused { kind: String, reason: String, sha256: String },
+    /// The supervisor rolled a swapped-in version back after repeated traps.
+    RolledBack { from: String, to: String, reason: String },
+    /// A rollback failed; `version` keeps serving.
+    RollbackFailed { version: String, reason: String },
+}
+
+impl SwapResult {
+    fn accepted(report: &SwapReport, sha256: String) -> Self {
+        SwapResult::Accepted {
+            from: report.from.clone(),
+            to: report.to.clone(),
+            sha256,
+            state_from_version: report.state_from.0,
+            state_from_bytes: report.state_from.1,
+            state_to_version: report.state_to.0,
+            state_to_bytes: report.state_to.1,
+            state_move_ms: report.state_move.as_secs_f64() * 1e3,
+            took_ms: report.took.as_secs_f64() * 1e3,
+        }
+    }
+
+    /// The Event this result is reported with: reason, type, message; none for `unchanged`.
+    pub fn event(&self, origin: &str) -> Option<(&'static str, wit::EventType, String)> {
+        use wit::EventType::{Normal, Warning};
+        Some(match self {
+            SwapResult::Accepted { from, to, sha256, state_to_version, state_move_ms, .. } => (
+                REASON_SWAPPED,
+                Normal,
+                format!(
+                    "logic swapped from {from} to {to} (sha256 {sha256}, from {origin}); state v{state_to_version} moved in {state_move_ms:.0} ms"
+                ),
+            ),
+            SwapResult::Refused { kind, reason, sha256 } => (
+                REASON_REFUSED,
+                Warning,
+                format!(
+                    "swap to sha256 {sha256} (from {origin}) refused ({kind}); the running version keeps serving: {reason}"
+                ),
+            ),
+            SwapResult::RolledBack { from, to, reason } => {
+                (REASON_ROLLED_BACK, Warning, format!("logic rolled back from {from} to {to}: {reason}"))
+            }
+            SwapResult::RollbackFailed { version, reason } => {
+                (REASON_ROLLBACK_FAILED, Warning, format!("rolling back failed; {version} keeps serving: {reason}"))
+            }
+            SwapResult::Unchanged { .. } => return None,
+        })
+    }
+}
+
+/// A swap result with where it came from and when, as `/status` and the Events show it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SwapRecord {
+    /// RFC 3339, UTC.
+    pub at: String,
+    /// `file PATH`, `configmap NS/NAME:KEY`, `endpoint PEER`, or `supervisor` for rollbacks.
+    pub origin: String,
+    #[serde(flatten)]
+    pub result: SwapResult,
+}
+
+impl SwapRecord {
+    pub fn now(origin: impl Into<String>, result: SwapResult) -> Self {
+        Self { at: k8s_openapi::jiff::Timestamp::now().to_string(), origin: origin.into(), result }
+    }
+}
+
+/// A loaded version on its way to the run loop, and where the answer goes.
+pub struct SwapRequest {
+    logic: Logic,
+    origin: String,
+    reply: oneshot::Sender<SwapResult>,
+}
+
+/// The sending side: cloned into the HTTP endpoint and every source. It checks the pin and
+/// compiles the component on a blocking thread before the run loop sees anything, so that the
+/// loop holds inputs back only for the state move and the self-check.
+#[derive(Clone)]
+pub struct SwapSender {
+    requests: mpsc::Sender<SwapRequest>,
+    loader: Loader,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+}
+
+impl SwapSender {
+    /// Asks for a swap to `bytes` and waits for the answer.
+    pub async fn swap(
+        &self,
+        bytes: Vec<u8>,
+        pin: Option<Sha256Pin>,
+        origin: impl Into<String>,
+    ) -> Result<SwapResult, ControlError> {
+        let origin = origin.into();
+        let sha256 = sha256_hex(&bytes);
+        if let Some(pin) = pin.filter(|pin| pin.as_str() != sha256) {
+            let error = ControlError::DigestMismatch { expected: pin.as_str().to_owned(), actual: sha256.clone() };
+            return Ok(self.refused_before_the_loop(origin, "digest", error.to_string(), sha256));
+        }
+        // Spares a compile; the loop checks again against the version serving when it swaps.
+        if self.metrics.status().active.is_some_and(|active| active.sha256 == sha256) {
+            tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
+            return Ok(SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 });
+        }
+        let (loader, limits) = (self.loader.clone(), self.limits);
+        let loaded = tokio::task::spawn_blocking(move || loader.load(&bytes, limits)).await;
+        let logic = match loaded.map_err(ControlError::LoadAborted)? {
+            Ok(logic) => logic,
+            Err(error) => {
+                let reason = error_chain(&SupervisorError::SwapLoad(error));
+                return Ok(self.refused_before_the_loop(origin, "load", reason, sha256));
+            }
+        };
+        let (reply, answer) = oneshot::channel();
+        self.requests.send(SwapRequest { logic, origin, reply }).await.map_err(|_| ControlError::LoopGone)?;
+        answer.await.map_err(|_| ControlError::LoopGone)
+    }
+
+    /// A refusal the supervisor never sees: logged, counted and recorded like its own.
+    fn refused_before_the_loop(
+        &self,
+        origin: String,
+        kind: &'static str,
+        reason: String,
+        sha256: String,
+    ) -> SwapResult {
+        tracing::warn!(%origin, kind, %reason, "swap refused; the running version keeps serving");
+        self.metrics.count_refused_before_load(kind);
+        let result = SwapResult::Refused { kind: kind.into(), reason, sha256 };
+        self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
+        result
+    }
+}
+
+/// The run loop's side: where loaded versions arrive.
+pub struct Control {
+    requests: mpsc::Receiver<SwapRequest>,
+    metrics: Arc<Metrics>,
+}
+
+impl Control {
+    /// A control for `run` and the sender its requests come through. New versions are loaded
+    /// with `runtime`'s engine under `limits`; the supervisor publishes to `metrics`.
+    pub fn new(runtime: &Runtime, limits: Limits, metrics: Arc<Metrics>) -> (Self, SwapSender) {
+        let (requests, receiver) = mpsc::channel(QUEUE);
+        let sender = SwapSender { requests, loader: runtime.loader(), limits, metrics: metrics.clone() };
+        (Self { requests: receiver, metrics }, sender)
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The next request; pending forever once every sender is gone (the loop goes on). Cancel
+    /// safe: a request is only taken when this completes.
+    pub async fn next(&mut self) -> SwapRequest {
+        match self.requests.recv().await {
+            Some(request) => request,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Swaps `supervisor` to the request's version, records the result and answers it.
+    pub fn handle(&self, supervisor: &mut Supervisor<'_>, request: SwapRequest, now_ms: u64) {
+        let SwapRequest { logic, origin, reply } = request;
+        let sha256 = logic.info().sha256.clone();
+        let result = if supervisor.logic().info().sha256 == sha256 {
+            tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
+            SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 }
+        } else {
+            tracing::info!(%origin, %sha256, "swapping the logic");
+            match supervisor.swap(logic, now_ms) {
+                Ok(report) => SwapResult::accepted(&report, sha256),
+                Err(error) => SwapResult::Refused { kind: error.kind().into(), reason: error_chain(&error), sha256 },
+            }
+        };
+        if !matches!(result, SwapResult::Unchanged { .. }) {
+            self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
+        }
+        // A requester that stopped waiting still finds the result in /status and the Event.
+        let _ = reply.send(result);
+    }
+}
+
+/// What `clb-host run` serves around its loop.
+pub struct OperationsConfig {
+    /// The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`, `POST /swap`.
+    pub listen: SocketAddr,
+    /// See [`Admin::token`].
+    pub admin_token: Option<String>,
+    /// A watched source of new versions.
+    pub source: Option<LogicSource>,
+    /// The sha256 every version from the source must have.
+    pub pin: Option<Sha256Pin>,
+    /// Where swap Events go; default: the ConfigMap source, else [`EventTarget::DEFAULT`].
+    pub events: Option<EventTarget>,
+    /// Limits of the versions swapped in.
+    pub limits: Limits,
+    /// How often a file source is looked at.
+    pub poll: Duration,
+}
+
+/// The endpoint, the source's watcher and the Event reporter, started; [`Operations::run`] runs
+/// the loop with them.
+pub struct Operations {
+    server: MetricsServer,
+    control: Control,
+    source: Option<JoinHandle<()>>,
+    events: JoinHandle<()>,
+    target: EventTarget,
+}
+
+impl Operations {
+    /// Binds the endpoint and starts the tasks on the current tokio runtime.
+    pub async fn start(runtime: &Runtime, settings: &Settings, config: OperationsConfig) -> Result<Self, MetricsError> {
+        let metrics = Metrics::new();
+        let (control, swaps) = Control::new(runtime, config.limits, metrics.clone());
+        let admin = Admin { swaps: swaps.clone(), token: config.admin_token };
+        let server = MetricsServer::start_with_admin(metrics.clone(), config.listen, Some(admin)).await?;
+        let target = match (config.events, &config.source) {
+            (Some(target), _) => target,
+            (None, Some(LogicSource::ConfigMap(key))) => {
+                EventTarget { namespace: key.namespace.clone(), name: key.name.clone() }
+            }
+            (None, _) => EventTarget::parse(EventTarget::DEFAULT).expect("the default names an object"),
+        };
+        let kube = KubeClient::new(settings.kube.clone(), settings.instance.clone());
+        let events = tokio::spawn(report_events(kube, target.clone(), metrics.clone(), metrics.subscribe_swaps()));
+        let source = config
+            .source
+            .map(|source| tokio::spawn(source.watch(settings.kube.clone(), config.pin, swaps, config.poll)));
+        tracing::info!(addr = %server.local_addr(), events = %target, "serving /metrics, /healthz, /readyz, /status and POST /swap");
+        Ok(Self { server, control, source, events, target })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// The ConfigMap swap Events regard.
+    pub fn event_target(&self) -> &EventTarget {
+        &self.target
+    }
+
+    /// Runs the loop until `shutdown`; then stops the endpoint and the source, and lets the
+    /// Event reporter write what it holds.
+    pub async fn run(
+        self,
+        logic: &Logic,
+        settings: Settings,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), RunError> {
+        let Operations { server, control, source, events, .. } = self;
+        let metrics = control.metrics().clone();
+        let result = run_with(logic, settings, Some(control), shutdown).await;
+        drop(server);
+        if let Some(source) = source {
+            source.abort();
+        }
+        metrics.unsubscribe_swaps();
+        if tokio::time::timeout(EVENT_DRAIN, events).await.is_err() {
+            tracing::warn!("swap Events still unwritten at shutdown are dropped (they are in the log)");
+        }
+        result
+    }
+}
+
+/// The ConfigMap swap Events regard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventTarget {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl EventTarget {
+    /// Where Events go when no ConfigMap source names one.
+    pub const DEFAULT: &str = "kube-system/clb-reconciler";
+
+    pub fn parse(text: &str) -> Result<Self, ControlError> {
+        match text.split_once('/') {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self { namespace: namespace.into(), name: name.into() })
+            }
+            _ => Err(ControlError::BadObject(text.to_owned())),
+        }
+    }
+}
+
+impl std::str::FromStr for EventTarget {
+    type Err = ControlError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+impl std::fmt::Display for EventTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Writes one Event per record until `records` closes. A write that keeps failing is logged and
+/// counted (`clb_swap_events_failed_total`); the record stays in the logs and `/status`.
+pub async fn report_events(
+    kube: KubeClient,
+    target: EventTarget,
+    metrics: Arc<Metrics>,
+    mut records: mpsc::UnboundedReceiver<SwapRecord>,
+) {
+    while let Some(record) = records.recv().await {
+        let Some((reason, event_type, message)) = record.result.event(&record.origin) else { continue };
+        let mut attempt = 1;
+        loop {
+            match emit(&kube, &target, reason, event_type, &message).await {
+                Ok(()) => break,
+                Err(error) if attempt < EVENT_ATTEMPTS => {
+                    tracing::warn!(error = %error_chain(&error), attempt, "recording a swap Event failed; retrying");
+                    tokio::time::sleep(EVENT_BACKOFF * attempt).await;
+                    attempt += 1;
+                }
+                Err(error) => {
+                    tracing::error!(error = %error_chain(&error), %message, "recording a swap Event failed; giving up");
+                    metrics.count_event_failure();
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn emit(
+    kube: &KubeClient,
+    target: &EventTarget,
+    reason: &'static str,
+    event_type: wit::EventType,
+    message: &str,
+) -> Result<(), ControlError> {
+    let event_error =
+        |source| ControlError::Event { reason, namespace: target.namespace.clone(), name: target.name.clone(), source };
+    // The UID, when the ConfigMap exists, lets `kubectl describe configmap` find the Event.
+    let uid = kube::Api::<ConfigMap>::namespaced(kube.client().clone(), &target.namespace)
+        .get_opt(&target.name)
+        .await
+        .map_err(|e| event_error(api_error(e)))?
+        .and_then(|c| c.metadata.uid)
+        .unwrap_or_default();
+    let regarding = wit::ObjectRef {
+        kind: "ConfigMap".into(),
+        namespace: target.namespace.clone(),
+        name: target.name.clone(),
+        uid,
+    };
+    let event = wit::Event { regarding, event_type, reason: reason.into(), message: truncate(message, MESSAGE_LIMIT) };
+    kube.emit_event(&event).await.map_err(event_error)
+}
+
+/// `text` cut to at most `limit` bytes, at a character boundary, marked with `…` when cut.
+fn truncate(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    let mut end = limit - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}

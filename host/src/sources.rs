@@ -1,0 +1,269 @@
+//! Where new versions of the logic come from while `clb-host run` runs (design §7): a file
+//! (`--logic-file`) or a ConfigMap key (`--logic-configmap NAMESPACE/NAME:KEY`), each watched, each
+//! optionally pinned by sha256 (`--logic-sha256`). The built-in logic (or `--component`) serves
+//! from the start; a source's content is then offered as a swap, and so is every change of it.
+//!
+//! * **A file** is polled ([`FILE_POLL`]): when its modification time or size changes it is read,
+//!   and when its sha256 differs from the last one offered, it is offered. Polling needs no
+//!   dependency and works the same on every filesystem (a ConfigMap volume swaps a symlink).
+//! * **A ConfigMap** is watched through the API server with a [`kube::runtime::watcher()`] on its
+//!   name (it re-lists and backs off on errors). The key is read from `binaryData`, else from
+//!   `data` as base64. A missing object or key is logged and waited out.
+//!
+//! Each source offers a given sha256 once: a refused (or rolled back) version is not retried
+//! until the content changes. A source never stops the running version: everything that goes
+//! wrong — unreadable, missing, not base64, refused — is logged with the source, and the version
+//! serving keeps serving. The swap itself, the pin check and the records are [`crate::control`]'s.
+
+use crate::control::{ControlError, Sha256Pin, SwapResult, SwapSender, sha256_hex};
+use crate::kube::error_chain;
+use base64::Engine as _;
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, watcher};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+/// How often a file source is looked at.
+pub const FILE_POLL: Duration = Duration::from_secs(2);
+
+/// Why a source could not give a component.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("`{0}` does not name a ConfigMap key as NAMESPACE/NAME:KEY")]
+    BadConfigMapRef(String),
+    #[error("{path}: cannot read the component")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("ConfigMap {configmap} has no key `{key}` in binaryData or data")]
+    KeyMissing { configmap: String, key: String },
+    #[error("ConfigMap {configmap}: data.{key} is not base64")]
+    Base64 {
+        configmap: String,
+        key: String,
+        #[source]
+        source: base64::DecodeError,
+    },
+    #[error("ConfigMap {configmap} was deleted")]
+    Deleted { configmap: String },
+    #[error("watching ConfigMap {configmap}")]
+    Watch {
+        configmap: String,
+        #[source]
+        source: watcher::Error,
+    },
+}
+
+/// A ConfigMap key holding a component.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigMapKey {
+    pub namespace: String,
+    pub name: String,
+    pub key: String,
+}
+
+impl ConfigMapKey {
+    pub fn parse(text: &str) -> Result<Self, SourceError> {
+        let bad = || SourceError::BadConfigMapRef(text.to_owned());
+        let (object, key) = text.rsplit_once(':').ok_or_else(bad)?;
+        let (namespace, name) = object.split_once('/').ok_or_else(bad)?;
+        if [namespace, name, key].iter().any(|part| part.is_empty()) || name.contains('/') {
+            return Err(bad());
+        }
+        Ok(Self { namespace: namespace.into(), name: name.into(), key: key.into() })
+    }
+
+    fn object(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The component in `configmap`: `binaryData[key]`, else `data[key]` decoded from base64.
+    pub fn component(&self, configmap: &ConfigMap) -> Result<Vec<u8>, SourceError> {
+        if let Some(bytes) = configmap.binary_data.as_ref().and_then(|d| d.get(&self.key)) {
+            return Ok(bytes.0.clone());
+        }
+        let text = configmap
+            .data
+            .as_ref()
+            .and_then(|d| d.get(&self.key))
+            .ok_or_else(|| SourceError::KeyMissing { configmap: self.object(), key: self.key.clone() })?;
+        // `kubectl create configmap --from-literal` keeps line breaks a base64 tool wrapped in.
+        let text: String = text.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        base64::engine::general_purpose::STANDARD.decode(text).map_err(|source| SourceError::Base64 {
+            configmap: self.object(),
+            key: self.key.clone(),
+            source,
+        })
+    }
+}
+
+impl std::str::FromStr for ConfigMapKey {
+    type Err = SourceError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+impl std::fmt::Display for ConfigMapKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}:{}", self.namespace, self.name, self.key)
+    }
+}
+
+/// A watched source of the logic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogicSource {
+    File(PathBuf),
+    ConfigMap(ConfigMapKey),
+}
+
+impl LogicSource {
+    /// How records and logs name it.
+    pub fn origin(&self) -> String {
+        match self {
+            LogicSource::File(path) => format!("file {}", path.display()),
+            LogicSource::ConfigMap(key) => format!("configmap {key}"),
+        }
+    }
+
+    /// Watches the source and offers its content through `swaps` until the run loop stops.
+    pub async fn watch(self, client: kube::Client, pin: Option<Sha256Pin>, swaps: SwapSender, poll: Duration) {
+        let mut offer = Offer { origin: self.origin(), pin, swaps, offered: None, last_problem: None };
+        match self {
+            LogicSource::File(path) => watch_file(path, poll, &mut offer).await,
+            LogicSource::ConfigMap(key) => watch_configmap(client, key, &mut offer).await,
+        }
+        tracing::debug!(origin = %offer.origin, "the run loop stopped; no longer watching the logic source");
+    }
+}
+
+/// Offers a source's content once per sha256, and reports its problems once per change.
+struct Offer {
+    origin: String,
+    pin: Option<Sha256Pin>,
+    swaps: SwapSender,
+    offered: Option<String>,
+    last_problem: Option<String>,
+}
+
+impl Offer {
+    /// `Err` when the run loop is gone.
+    async fn offer(&mut self, bytes: Vec<u8>) -> Result<(), ControlError> {
+        self.last_problem = None;
+        let sha256 = sha256_hex(&bytes);
+        if self.offered.as_ref() == Some(&sha256) {
+            return Ok(());
+        }
+        self.offered = Some(sha256.clone());
+        tracing::info!(origin = %self.origin, %sha256, "the logic source changed; offering it as a swap");
+        match self.swaps.swap(bytes, self.pin.clone(), self.origin.clone()).await? {
+            SwapResult::Refused { kind, .. } => {
+                tracing::debug!(origin = %self.origin, %sha256, %kind, "not retried until the source changes")
+            }
+            other => tracing::debug!(origin = %self.origin, result = ?other, "swap done"),
+        }
+        Ok(())
+    }
+
+    /// Logs `error` unless it is the one logged last (a file stays missing for many polls).
+    fn problem(&mut self, error: &SourceError) {
+        let text = error_chain(error);
+        if self.last_problem.as_ref() != Some(&text) {
+            tracing::warn!(origin = %self.origin, error = %text, "the logic source gives no component; the running version keeps serving");
+            self.last_problem = Some(text);
+        }
+    }
+}
+
+async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
+    let mut seen: Option<(Option<SystemTime>, u64)> = None;
+    loop {
+        let read_path = path.clone();
+        let known = seen;
+        // Metadata first: the file is read only when it looks changed.
+        let read = tokio::task::spawn_blocking(move || -> Result<Option<_>, std::io::Error> {
+            let meta = std::fs::metadata(&read_path)?;
+            let stamp = (meta.modified().ok(), meta.len());
+            if known == Some(stamp) {
+                return Ok(None);
+            }
+            Ok(Some((stamp, std::fs::read(&read_path)?)))
+        })
+        .await;
+        match read {
+            Ok(Ok(Some((stamp, bytes)))) => {
+                seen = Some(stamp);
+                if offer.offer(bytes).await.is_err() {
+                    return;
+                }
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(source)) => {
+                seen = None;
+                offer.problem(&SourceError::Read { path: path.display().to_string(), source });
+            }
+            // The blocking task panicked or the runtime is shutting down.
+            Err(_) => return,
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+async fn watch_configmap(client: kube::Client, key: ConfigMapKey, offer: &mut Offer) {
+    let api = Api::<ConfigMap>::namespaced(client, &key.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", key.name));
+    let mut events = watcher(api, config).default_backoff().boxed();
+    while let Some(event) = events.next().await {
+        let found = match event {
+            Ok(watcher::Event::Apply(configmap) | watcher::Event::InitApply(configmap)) => key.component(&configmap),
+            Ok(watcher::Event::Delete(_)) => Err(SourceError::Deleted { configmap: key.object() }),
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+            Err(source) => Err(SourceError::Watch { configmap: key.object(), source }),
+        };
+        match found {
+            Ok(bytes) => {
+                if offer.offer(bytes).await.is_err() {
+                    return;
+                }
+            }
+            Err(error) => offer.problem(&error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+
+    #[test]
+    fn configmap_keys_parse_as_namespace_name_and_key_and_anything_else_is_refused() {
+        let parsed = ConfigMapKey::parse("kube-system/clb-logic:logic.wasm").unwrap();
+        assert_eq!(
+            parsed,
+            ConfigMapKey { namespace: "kube-system".into(), name: "clb-logic".into(), key: "logic.wasm".into() }
+        );
+        assert_eq!(parsed.to_string(), "kube-system/clb-logic:logic.wasm");
+        for bad in ["clb-logic:logic.wasm", "kube-system/clb-logic", "/clb:k", "ns/:k", "ns/name:", "a/b/c:k"] {
+            assert!(matches!(ConfigMapKey::parse(bad), Err(SourceError::BadConfigMapRef(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_component_is_read_from_binary_data_first_then_from_base64_data() {
+        let key = ConfigMapKey::parse("ns/cm:logic.wasm").unwrap();
+        let mut configmap = ConfigMap::default();
+        assert!(matches!(key.component(&configmap), Err(SourceError::KeyMissing { .. })));
+        configmap.data = Some([("logic.wasm".to_owned(), "AGFz\nbQ==".to_owned())].into());
+        assert_eq!(key.component(&configmap).unwrap(), b"\0asm");
+        configmap.data = Some([("logic.wasm".to_owned(), "not base64!".to_owned())].into());
+        assert!(matches!(key.component(&configmap), Err(SourceError::Base64 { .. })));
+        configmap.binary_data = Some([("logic.wasm".to_owned(), ByteString(vec![1, 2, 3]))].into());
+        assert_eq!(key.component(&configmap).unwrap(), vec![1, 2, 3]);
+    }
+}

@@ -1,0 +1,485 @@
+//! Swaps in a running `clb-host run` (issue #7), end to end against the test API server and the
+//! emulator: a watched file and a watched ConfigMap, `clb-host swap` against the endpoint, the
+//! pin, the self-check refusing a destructive version, and what an operator sees of each —
+//! `/status`, `/metrics` and Events on the well-known ConfigMap.
+
+use crate::kube::{emulated_azure, eventually, ingress_ips, manifest, reconcilers_slot};
+use ::kube::api::{Api, DeleteParams, PostParams};
+use clb_host::control::{EventTarget, Operations, OperationsConfig, Sha256Pin, sha256_hex};
+use clb_host::sources::{ConfigMapKey, LogicSource};
+use clb_tests::apiserver::apiserver;
+use clb_tests::*;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service};
+use serde_json::{Value, json};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A `clb-host run` with its endpoint, on its own thread and runtime as in the binary.
+struct Host {
+    addr: SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<Result<(), clb_host::run::RunError>>,
+    _azure: clb_host::emulator::EmulatorServer,
+}
+
+/// What a test's host watches, pins, reports to and requires.
+#[derive(Default)]
+struct Options {
+    source: Option<LogicSource>,
+    pin: Option<Sha256Pin>,
+    events: Option<EventTarget>,
+    admin_token: Option<String>,
+}
+
+impl Host {
+    async fn start(client: &::kube::Client, options: Options) -> Self {
+        let Options { source, pin, events, admin_token } = options;
+        let (_emulator, azure, arm, config) = emulated_azure().await;
+        let settings = clb_host::run::Settings::new(client.clone(), arm, config, "clb-ops-test");
+        let operations = OperationsConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin_token,
+            source,
+            pin,
+            events,
+            limits: Default::default(),
+            // Quick to notice a change, so the tests wait less; the product polls every 2 s.
+            poll: Duration::from_millis(50),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (bound, listening) = tokio::sync::oneshot::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async move {
+                let operations = Operations::start(clb_tests::runtime(), &settings, operations).await.expect("binds");
+                bound.send(operations.local_addr()).unwrap();
+                operations
+                    .run(builtin(), settings, async {
+                        let _ = stopped.await;
+                    })
+                    .await
+            })
+        });
+        let addr = listening.await.expect("the host starts");
+        Self { addr, stop, thread, _azure: azure }
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://{}{path}", self.addr)).await.expect("the endpoint answers");
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    async fn status(&self) -> Value {
+        let (code, body) = self.get("/status").await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("/status is JSON")
+    }
+
+    /// Waits until `/status` says the last swap had `result` (and `kind`, for a refusal).
+    async fn last_swap(&self, result: &str, kind: Option<&str>) -> Value {
+        eventually(&format!("a last swap {result} {kind:?} in /status"), async || {
+            let status = self.status().await;
+            let last = &status["lastSwap"];
+            if last["result"] == result && kind.is_none_or(|k| last["kind"] == k) {
+                Ok(status)
+            } else {
+                Err(status.to_string())
+            }
+        })
+        .await
+    }
+
+    async fn stop(self) {
+        self.stop.send(()).expect("the host is still running");
+        let thread = self.thread;
+        let result = tokio::task::spawn_blocking(move || thread.join()).await.unwrap();
+        result.expect("the host thread did not panic").expect("the host stopped cleanly");
+    }
+}
+
+/// Waits for an Event `reason` regarding the ConfigMap `name` and returns its message.
+async fn event_on(client: &::kube::Client, namespace: &str, name: &str, reason: &str, with_uid: Option<&str>) -> Event {
+    let events = Api::<Event>::namespaced(client.clone(), namespace);
+    eventually(&format!("an Event {reason} regarding ConfigMap {namespace}/{name}"), async || {
+        let listed = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
+        let found = listed.items.iter().find(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.involved_object.kind.as_deref() == Some("ConfigMap")
+                && e.involved_object.name.as_deref() == Some(name)
+                && with_uid.is_none_or(|uid| e.involved_object.uid.as_deref() == Some(uid))
+        });
+        let seen: Vec<_> = listed.items.iter().map(|e| (&e.reason, &e.involved_object.name, &e.message)).collect();
+        found.cloned().ok_or_else(|| format!("{seen:?}"))
+    })
+    .await
+}
+
+/// Creates a Service the next guest (and not the built-in logic) warns about on every
+/// observation, and waits for that Warning: proof that the next guest serves live inputs.
+async fn next_guest_serves(client: &::kube::Client, namespace: &str) {
+    create_service(client, namespace, "legacy", json!({"clb.test/legacy": "true"})).await;
+    let events = Api::<Event>::namespaced(client.clone(), namespace);
+    eventually("the next guest's LegacyAnnotation Warning on the new Service", async || {
+        let listed = events.list(&Default::default()).await.map_err(|e| e.to_string())?;
+        let reasons: Vec<_> = listed.items.iter().map(|e| e.reason.clone()).collect();
+        let found = listed.items.iter().any(|e| {
+            e.reason.as_deref() == Some("LegacyAnnotation") && e.involved_object.name.as_deref() == Some("legacy")
+        });
+        if found { Ok(()) } else { Err(format!("{reasons:?}")) }
+    })
+    .await;
+}
+
+/// A LoadBalancer Service the logic provisions (no endpoints needed).
+async fn create_service(client: &::kube::Client, namespace: &str, name: &str, annotations: Value) {
+    let service: Service = manifest(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": [{"port": 80, "protocol": "TCP"}]},
+    }));
+    Api::<Service>::namespaced(client.clone(), namespace).create(&PostParams::default(), &service).await.unwrap();
+}
+
+/// The value of the one sample of `name` whose line contains every fragment.
+fn sample(exposition: &str, name: &str, fragments: &[&str]) -> f64 {
+    let found: Vec<f64> = exposition
+        .lines()
+        .filter(|l| l.split(['{', ' ']).next() == Some(name) && fragments.iter().all(|f| l.contains(f)))
+        .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(found.len(), 1, "one sample of {name} with {fragments:?} in:\n{exposition}");
+    found[0]
+}
+
+fn temp_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("clb-ops-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Replaces `path` the way an operator should: write beside it, then rename over it.
+fn replace_file(path: &Path, bytes: &[u8]) {
+    let staged = path.with_extension("staged");
+    std::fs::write(&staged, bytes).unwrap();
+    std::fs::rename(&staged, path).unwrap();
+}
+
+/// Runs `test` against the test API server in a namespace of its own, deleted afterwards.
+fn in_namespace(name: &str, test: impl AsyncFnOnce(&::kube::Client, &str)) {
+    let server = apiserver();
+    // Hosts watch every namespace: they take turns with the other tests' reconcilers.
+    let _turn = reconcilers_slot();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async {
+        let client = clb_host::run::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server");
+        let namespaces = Api::<Namespace>::all(client.clone());
+        let namespace = format!("clb-ops-{name}-{}", std::process::id());
+        let created = manifest(json!({"metadata": {"name": namespace}}));
+        namespaces.create(&PostParams::default(), &created).await.expect("creates the namespace");
+        test(&client, &namespace).await;
+        namespaces.delete(&namespace, &DeleteParams::default()).await.expect("deletes the namespace");
+    });
+}
+
+#[test]
+fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_take_is_refused() {
+    in_namespace("file", async |client, ns| {
+        let file = temp_dir("file").join("logic.wasm");
+        std::fs::write(&file, NEXT_GUEST).unwrap();
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let host = Host::start(
+            client,
+            Options { source: Some(LogicSource::File(file.clone())), events: Some(events), ..Default::default() },
+        )
+        .await;
+        let (builtin_sha, next_sha) = (builtin().info().sha256.clone(), sha256_hex(NEXT_GUEST));
+
+        let status = host.last_swap("accepted", None).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        assert_eq!(status["previous"]["sha256"], builtin_sha, "the built-in version is kept for a rollback: {status}");
+        let last = &status["lastSwap"];
+        assert_eq!(last["origin"], format!("file {}", file.display()), "{status}");
+        assert_eq!((last["from"].as_str(), last["to"].as_str()), (Some(&builtin_sha[..12]), Some(&next_sha[..12])));
+        assert_eq!(last["stateToVersion"], 2, "the next guest re-exports the state as version 2: {status}");
+        assert!(last["at"].as_str().is_some_and(|at| at.ends_with('Z')), "{status}");
+        assert_eq!(status["quarantinedInputs"], 0);
+        assert!(status["stateBytes"].as_u64().is_some_and(|b| b > 0), "{status}");
+        let swapped = event_on(client, ns, "clb-swaps", "LogicSwapped", None).await;
+        assert_eq!(swapped.type_.as_deref(), Some("Normal"));
+        assert!(swapped.message.as_deref().is_some_and(|m| m.contains(&next_sha)), "{swapped:?}");
+        next_guest_serves(client, ns).await;
+        eventually("ready: the lists delivered and the tracker idle", async || match host.get("/readyz").await {
+            (200, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+
+        // The built-in logic cannot read the next guest's state version 2: the change is
+        // refused and the next guest keeps serving.
+        replace_file(&file, clb_host::BUILTIN_GUEST);
+        let status = host.last_swap("refused", Some("state-refused")).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        assert!(
+            status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("unsupported state version 2")),
+            "{status}"
+        );
+        let refused = event_on(client, ns, "clb-swaps", "LogicSwapRefused", None).await;
+        assert_eq!(refused.type_.as_deref(), Some("Warning"));
+        let metrics = host.get("/metrics").await.1;
+        let serving = format!("sha256=\"{next_sha}\"");
+        assert_eq!(sample(&metrics, "clb_logic_serving", &[&serving]), 1.0);
+        assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &[&serving, "result=\"accepted\""]), 1.0);
+        assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &[&serving, "result=\"state-refused\""]), 1.0);
+
+        host.stop().await;
+    });
+}
+
+#[test]
+fn a_logic_file_whose_sha256_is_not_the_pinned_one_is_refused_before_load_until_the_pinned_bytes_arrive() {
+    in_namespace("pin", async |client, ns| {
+        let file = temp_dir("pin").join("logic.wasm");
+        std::fs::write(&file, DESTRUCTIVE_GUEST).unwrap();
+        let pin = Sha256Pin::parse(&sha256_hex(NEXT_GUEST)).unwrap();
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let host = Host::start(
+            client,
+            Options {
+                source: Some(LogicSource::File(file.clone())),
+                pin: Some(pin),
+                events: Some(events),
+                ..Default::default()
+            },
+        )
+        .await;
+
+        let status = host.last_swap("refused", Some("digest")).await;
+        let builtin_sha = builtin().info().sha256.clone();
+        assert_eq!(status["active"]["sha256"], builtin_sha, "the built-in version keeps serving: {status}");
+        assert_eq!(status["lastSwap"]["sha256"], sha256_hex(DESTRUCTIVE_GUEST), "{status}");
+        assert!(status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("is pinned")), "{status}");
+        assert_eq!(status["swaps"], json!({"digest": 1}), "nothing reached the supervisor: {status}");
+        let metrics = host.get("/metrics").await.1;
+        assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &["result=\"digest\""]), 1.0);
+        let refused = event_on(client, ns, "clb-swaps", "LogicSwapRefused", None).await;
+        assert!(refused.message.as_deref().is_some_and(|m| m.contains("(digest)")), "{refused:?}");
+
+        replace_file(&file, NEXT_GUEST);
+        let status = host.last_swap("accepted", None).await;
+        assert_eq!(status["active"]["sha256"], sha256_hex(NEXT_GUEST), "{status}");
+
+        host.stop().await;
+    });
+}
+
+#[test]
+fn a_logic_configmap_swaps_through_the_api_server_and_a_version_the_self_check_refuses_leaves_the_old_one_serving() {
+    use base64::Engine as _;
+    in_namespace("configmap", async |client, ns| {
+        let configmaps = Api::<ConfigMap>::namespaced(client.clone(), ns);
+        let created = configmaps
+            .create(
+                &PostParams::default(),
+                &ConfigMap {
+                    metadata: manifest(json!({"name": "clb-logic"})),
+                    binary_data: Some([("logic.wasm".to_owned(), k8s_openapi::ByteString(NEXT_GUEST.to_vec()))].into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("creates the ConfigMap");
+        let uid = created.metadata.uid.clone().unwrap();
+        let source = LogicSource::ConfigMap(ConfigMapKey::parse(&format!("{ns}/clb-logic:logic.wasm")).unwrap());
+        let host = Host::start(client, Options { source: Some(source), ..Default::default() }).await;
+        let next_sha = sha256_hex(NEXT_GUEST);
+
+        let status = host.last_swap("accepted", None).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        assert_eq!(status["lastSwap"]["origin"], format!("configmap {ns}/clb-logic:logic.wasm"));
+        // With no other target named, the Events regard the source ConfigMap itself.
+        event_on(client, ns, "clb-logic", "LogicSwapped", Some(&uid)).await;
+
+        // The destructive variant, as base64 text in `data` this time.
+        let text = base64::engine::general_purpose::STANDARD.encode(DESTRUCTIVE_GUEST);
+        let mut changed = created.clone();
+        changed.binary_data = None;
+        changed.data = Some([("logic.wasm".to_owned(), text)].into());
+        changed.metadata.resource_version = None;
+        configmaps.replace("clb-logic", &PostParams::default(), &changed).await.expect("updates the ConfigMap");
+        let status = host.last_swap("refused", Some("self-check")).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "the next guest keeps serving: {status}");
+        let reason = status["lastSwap"]["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("LoadBalancer kubernetes"), "{status}");
+        let refused = event_on(client, ns, "clb-logic", "LogicSwapRefused", Some(&uid)).await;
+        assert_eq!(refused.type_.as_deref(), Some("Warning"));
+        assert!(refused.message.as_deref().is_some_and(|m| m.contains("(self-check)")), "{refused:?}");
+        let metrics = host.get("/metrics").await.1;
+        let serving = format!("sha256=\"{next_sha}\"");
+        assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &[&serving, "result=\"self-check\""]), 1.0);
+        assert_eq!(sample(&metrics, "clb_logic_serving", &[&serving]), 1.0);
+        // Inputs after the refusal go to the version that kept serving.
+        next_guest_serves(client, ns).await;
+
+        host.stop().await;
+    });
+}
+
+/// `clb-host swap ARGS`, in-process on a blocking thread (it runs its own runtime).
+async fn clb_host_swap(args: Vec<String>) -> (u8, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let args = ["clb-host".to_owned(), "swap".to_owned()].into_iter().chain(args);
+        let code = clb_host::cli::run(args, &mut out, &mut err);
+        (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
+    })
+    .await
+    .unwrap()
+}
+
+#[test]
+fn clb_host_swap_asks_the_running_host_and_prints_what_it_did_with_the_exit_code() {
+    in_namespace("admin", async |client, ns| {
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let host = Host::start(client, Options { events: Some(events), ..Default::default() }).await;
+        let dir = temp_dir("admin");
+        let file = |name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path.display().to_string()
+        };
+        let (next, destructive) = (file("next.wasm", NEXT_GUEST), file("destructive.wasm", DESTRUCTIVE_GUEST));
+        let wasi = wat::parse_str(r#"(component (import "wasi:filesystem/types@0.2.0" (instance)))"#).unwrap();
+        let wasi = file("wasi.wasm", &wasi);
+        let endpoint = format!("http://{}", host.addr);
+        let (b, n) = (builtin().info().sha256.clone(), sha256_hex(NEXT_GUEST));
+        let swap = |to: &str, extra: &[&str]| {
+            let mut args = vec!["--to".to_owned(), to.to_owned(), "--endpoint".to_owned(), endpoint.clone()];
+            args.extend(extra.iter().map(|a| a.to_string()));
+            clb_host_swap(args)
+        };
+
+        let wrong_pin = sha256_hex(b"something else");
+        let cases: [(&str, &[&str], u8, String); 5] = [
+            (&next, &[], 0, format!("accepted: {} → {} (sha256 {n})", &b[..12], &n[..12])),
+            (&next, &["--sha256", &n], 0, format!("unchanged: {} is already serving", &n[..12])),
+            (&destructive, &[], 1, "refused (self-check): swap refused: at the self-check tick".into()),
+            (&next, &["--sha256", &wrong_pin], 1, format!("refused (digest): the sha256 of the component is {n}")),
+            (&wasi, &[], 1, "refused (load): swap refused: the new component cannot be loaded: the component imports `wasi:filesystem/types@0.2.0`".into()),
+        ];
+        for (to, extra, code, printed) in cases {
+            let (got, out, err) = swap(to, extra).await;
+            assert_eq!(got, code, "{to} {extra:?}: {out}{err}");
+            assert!(out.contains(&printed), "{to} {extra:?}: expected {printed:?} in:\n{out}{err}");
+        }
+        let status = host.status().await;
+        assert_eq!(status["active"]["sha256"], n, "{status}");
+        assert_eq!(status["swaps"], json!({"accepted": 1, "self-check": 1, "digest": 1, "load": 1}), "{status}");
+        assert_eq!(status["lastSwap"]["kind"], "load", "{status}");
+        assert!(
+            status["lastSwap"]["origin"].as_str().is_some_and(|o| o.starts_with("endpoint 127.0.0.1:")),
+            "{status}"
+        );
+        event_on(client, ns, "clb-swaps", "LogicSwapped", None).await;
+        event_on(client, ns, "clb-swaps", "LogicSwapRefused", None).await;
+
+        // Nothing listens there any more once the host stopped: exit 2, with why.
+        host.stop().await;
+        let (code, out, err) = swap(&next, &[]).await;
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(err.contains("no answer"), "{err}");
+    });
+}
+
+#[test]
+fn with_an_admin_token_a_swap_is_taken_only_from_a_caller_presenting_it() {
+    in_namespace("token", async |client, ns| {
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let token = "correct horse battery staple";
+        let options = Options { events: Some(events), admin_token: Some(token.into()), ..Default::default() };
+        let host = Host::start(client, options).await;
+        let dir = temp_dir("token");
+        let (next, right, wrong) = (dir.join("next.wasm"), dir.join("token"), dir.join("wrong-token"));
+        std::fs::write(&next, NEXT_GUEST).unwrap();
+        std::fs::write(&right, format!("{token}\n")).unwrap();
+        std::fs::write(&wrong, "guess").unwrap();
+        let swap = |token_file: Option<&Path>| {
+            let mut args =
+                vec!["--to".into(), next.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+            if let Some(file) = token_file {
+                args.extend(["--token-file".into(), file.display().to_string()]);
+            }
+            clb_host_swap(args)
+        };
+
+        for denied in [None, Some(wrong.as_path())] {
+            let (code, out, err) = swap(denied).await;
+            assert_eq!(code, 2, "{denied:?}: {out}{err}");
+            assert!(err.contains("403") && err.contains("admin token"), "{denied:?}: {err}");
+        }
+        let metrics = host.get("/metrics").await.1;
+        assert_eq!(sample(&metrics, "clb_swap_requests_denied_total", &[]), 2.0);
+        assert!(host.status().await["lastSwap"].is_null(), "a denied request is no swap attempt");
+        let (code, out, err) = swap(Some(&right)).await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.starts_with("accepted: "), "{out}");
+        host.stop().await;
+    });
+}
+
+#[test]
+fn run_refuses_two_logic_sources_a_pin_without_one_and_a_malformed_pin_or_reference_before_it_connects() {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--logic-file", "a.wasm", "--logic-configmap", "ns/cm:key"], "cannot be used with"),
+        (&["--logic-file", "a.wasm", "--logic-sha256", "abc"], "is not a sha256"),
+        (&["--logic-sha256", &"ab".repeat(32)], "--logic-file <PATH>|--logic-configmap"),
+        (&["--logic-configmap", "cm:key"], "does not name a ConfigMap key as NAMESPACE/NAME:KEY"),
+        (&["--swap-events-configmap", "just-a-name"], "does not name an object as NAMESPACE/NAME"),
+    ];
+    for (args, expected) in cases {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let all = ["clb-host", "run", "--cloud-config", "azure.json"].iter().chain(args);
+        let code = clb_host::cli::run(all, &mut out, &mut err);
+        let err = String::from_utf8(err).unwrap();
+        assert_eq!(code, clb_host::cli::EXIT_BAD_INPUT, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: expected {expected:?} in {err}");
+    }
+}
+
+#[test]
+fn services_created_while_a_swap_runs_are_all_provisioned_and_the_new_version_serves_what_follows() {
+    const SERVICES: usize = 8;
+    in_namespace("during", async |client, ns| {
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let host = Host::start(client, Options { events: Some(events), ..Default::default() }).await;
+        let next = temp_dir("during").join("next.wasm");
+        std::fs::write(&next, NEXT_GUEST).unwrap();
+        let args =
+            vec!["--to".into(), next.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+
+        // The swap and a burst of Services at once: whichever way they interleave, every watch
+        // event reaches one version, once.
+        let create = async {
+            for i in 0..SERVICES {
+                create_service(client, ns, &format!("web-{i}"), json!({})).await;
+            }
+        };
+        let ((), (code, out, err)) = tokio::join!(create, clb_host_swap(args));
+        assert_eq!(code, 0, "{out}{err}");
+        let services = Api::<Service>::namespaced(client.clone(), ns);
+        eventually("every Service provisioned with one ingress IP", async || {
+            let listed = services.list(&Default::default()).await.map_err(|e| e.to_string())?;
+            let ips: Vec<_> = listed.items.iter().map(|s| (s.metadata.name.clone(), ingress_ips(s))).collect();
+            if ips.len() == SERVICES && ips.iter().all(|(_, ips)| ips.len() == 1) {
+                Ok(())
+            } else {
+                Err(format!("{ips:?}"))
+            }
+        })
+        .await;
+        let status = host.status().await;
+        assert_eq!(status["active"]["sha256"], sha256_hex(NEXT_GUEST), "{status}");
+        assert_eq!(status["quarantinedInputs"], 0, "{status}");
+        next_guest_serves(client, ns).await;
+        host.stop().await;
+    });
+}
