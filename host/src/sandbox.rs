@@ -469,6 +469,12 @@ impl Session {
         self.call("tracker.export-state", |b, s| b.clb_reconciler_reconciler().tracker().call_export_state(s, tracker))
     }
 
+    pub fn tracker_state_version(&mut self, tracker: ResourceAny) -> Result<u32, GuestError> {
+        self.call("tracker.state-version", |b, s| {
+            b.clb_reconciler_reconciler().tracker().call_state_version(s, tracker)
+        })
+    }
+
     pub fn place_service(
         &mut self,
         configurations: &[SlbConfiguration],

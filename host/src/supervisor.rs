@@ -16,12 +16,27 @@
 //!   normal [`wit::Step`] with whatever the rest produced. [`ROLLBACK_AFTER`] quarantined inputs
 //!   in a row on a version that came from a swap roll back to the previous version.
 //! * **Hot swap.** [`Supervisor::swap`] moves the state of the running version into a new one
-//!   (old `export-state` → new `import-state`), requires that the new version export a state
-//!   version no older than the one it imported (else it would lose state), and runs a
-//!   self-check: a `tick` of the new version at the current time must propose no destructive
-//!   command that a `tick` of the old one would not. Both ticks run on scratch instances, so
-//!   neither tracker that serves is touched by them. Only then does it switch; on any failure
-//!   the old version keeps serving, untouched, and the reason is a [`SupervisorError`].
+//!   (old `export-state` → new `import-state`, which owns migrations), requires that the new
+//!   version hold a state version no older than the one it imported (else it would lose state),
+//!   and runs a self-check: a `tick` of the new version at the current time must propose no
+//!   destructive command that a `tick` of the old one would not. Only then does it switch; on
+//!   any failure the old version keeps serving with its state, and the reason is a
+//!   [`SupervisorError`].
+//!
+//!   One swap moves the state once, into the instance that will serve (on 30,000 pods a state
+//!   move costs tens of milliseconds, so every extra one counted; BENCHMARKS.md):
+//!   * the export is the checkpoint itself when nothing was delivered since it was taken;
+//!   * the version check asks the new instance for its `state-version` instead of exporting
+//!     from it (the guest's word, as the payload is: a guest that lies there can lie in the
+//!     payload too; the check is against a version that forgot a migration, not against malice);
+//!   * the new version's self-check tick runs on the instance that then serves, and is its
+//!     first input: [`SwapReport::first_step`] goes back to the caller to be carried out like
+//!     any tick's step, and the journal starts with that tick, so a rebuild of the new version
+//!     replays it onto the checkpoint;
+//!   * the old version's tick is needed only when the new one proposes something destructive
+//!     (else nothing can fail the comparison). It then runs on the serving instance, which is
+//!     the checkpoint's state; if the swap is refused, the serving instance is rebuilt from the
+//!     checkpoint, so a refusal costs one import more than an acceptance.
 //!
 //! Every method takes `&mut self`, so no input can interleave with a swap or a recovery: an
 //! input that arrives meanwhile waits for the call to return, and is then delivered to
@@ -106,6 +121,9 @@ impl SupervisorError {
         }
     }
 }
+
+/// The stage of a failed checkpoint's [`SupervisorError::Guest`].
+const EXPORT_STAGE: &str = "export-state";
 
 fn guest(stage: &'static str) -> impl FnOnce(GuestError) -> SupervisorError {
     move |source| SupervisorError::Guest { stage, source }
@@ -229,10 +247,19 @@ pub struct Quarantined {
 pub struct SwapReport {
     pub from: String,
     pub to: String,
-    /// State version and size, as the old version exported it and as the new one re-exports it.
+    /// The state moved: its version and size as the old version exported it.
     pub state_from: (u32, usize),
+    /// The state version the new version holds (what its `export-state` would write, by its
+    /// `state-version`) and the size of the state it imported.
     pub state_to: (u32, usize),
-    /// The whole swap, and the part of it spent exporting, importing and re-exporting state.
+    /// The new version's first step: what its self-check `tick` at the swap's `now_ms` asked
+    /// for. The caller must carry it out as it would the step of [`Supervisor::tick`] (execute
+    /// its commands, feed back their outcomes, wake at its `wake_at_ms`): the new version holds
+    /// those commands in flight. Usually empty in steady state.
+    #[serde(skip)]
+    pub first_step: wit::Step,
+    /// The whole swap, and the part of it spent moving state (exporting, when the checkpoint
+    /// was not fresh, and importing).
     #[serde(skip)]
     pub took: Duration,
     #[serde(skip)]
@@ -243,8 +270,8 @@ impl std::fmt::Display for SwapReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} → {}, state v{} ({} bytes) → v{} ({} bytes)",
-            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0, self.state_to.1
+            "{} → {}, state v{} ({} bytes) → v{}",
+            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0
         )
     }
 }
@@ -306,7 +333,7 @@ impl Running {
 struct Probation<'a> {
     previous: LogicRef<'a>,
     /// The state the previous version exported at the swap.
-    state: wit::VersionedState,
+    state: Arc<wit::VersionedState>,
     /// Every input the new version took since.
     journal: Vec<Input>,
 }
@@ -316,7 +343,8 @@ pub struct Supervisor<'a> {
     logic: LogicRef<'a>,
     config: Option<wit::Config>,
     running: Option<Running>,
-    checkpoint: wit::VersionedState,
+    /// Shared with [`Probation`] after a swap, which keeps the same state for a rollback.
+    checkpoint: Arc<wit::VersionedState>,
     journal: Vec<Input>,
     journal_items: usize,
     probation: Option<Probation<'a>>,
@@ -342,7 +370,7 @@ impl<'a> Supervisor<'a> {
             logic: logic.into(),
             config: None,
             running: None,
-            checkpoint: wit::VersionedState { version: 0, payload: Vec::new() },
+            checkpoint: Arc::new(wit::VersionedState { version: 0, payload: Vec::new() }),
             journal: Vec::new(),
             journal_items: 0,
             probation: None,
@@ -450,7 +478,7 @@ impl<'a> Supervisor<'a> {
     /// The tracker's state now (a checkpoint is taken to read it).
     pub fn export_state(&mut self) -> Result<wit::VersionedState, SupervisorError> {
         self.checkpoint_now()?;
-        Ok(self.checkpoint.clone())
+        Ok(wit::VersionedState::clone(&self.checkpoint))
     }
 
     fn deliver(&mut self, input: Input) -> Result<wit::Step, SupervisorError> {
@@ -492,8 +520,18 @@ impl<'a> Supervisor<'a> {
         Ok(())
     }
 
-    /// Replaces the checkpoint with the state now and empties the journal.
+    /// Replaces the checkpoint with the state now and empties the journal. A failed export is
+    /// tried again at the next input.
     fn checkpoint_now(&mut self) -> Result<(), SupervisorError> {
+        match self.try_checkpoint() {
+            Err(SupervisorError::Guest { stage: EXPORT_STAGE, .. }) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// [`Self::checkpoint_now`] for a swap, which must not go on from an older checkpoint: a
+    /// failed export is an error (stage [`EXPORT_STAGE`]) once the instance is rebuilt.
+    fn try_checkpoint(&mut self) -> Result<(), SupervisorError> {
         let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
         let started = Instant::now();
         match running.session.tracker_export(running.tracker) {
@@ -502,17 +540,17 @@ impl<'a> Supervisor<'a> {
                 self.stats.checkpoint_bytes += state.payload.len() as u64;
                 self.stats.last_checkpoint_bytes = state.payload.len();
                 self.stats.checkpoint_time += started.elapsed();
-                self.checkpoint = state;
+                self.checkpoint = Arc::new(state);
                 self.journal.clear();
                 self.journal_items = 0;
                 Ok(())
             }
             Err(error) => {
-                // The old checkpoint and the journal still describe the state: rebuild from them
-                // and try again at the next input.
+                // The old checkpoint and the journal still describe the state: rebuild from them.
                 tracing::warn!(version = %version_name(&self.logic), %error, "checkpoint failed; rebuilding from the previous one");
                 self.stats.recoveries += 1;
-                self.rebuild()
+                self.rebuild()?;
+                Err(SupervisorError::Guest { stage: EXPORT_STAGE, source: error })
             }
         }
     }
@@ -617,29 +655,31 @@ impl<'a> Supervisor<'a> {
 
     fn swap_inner(&mut self, new: LogicRef<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
         let started = Instant::now();
-        match self.prepare_swap(&new, now_ms) {
-            Ok((running, state_from, state_to, state_move)) => {
-                let report = SwapReport {
-                    from: version_name(&self.logic),
-                    to: version_name(&new),
-                    state_from: (state_from.version, state_from.payload.len()),
-                    state_to: (state_to.version, state_to.payload.len()),
-                    took: started.elapsed(),
-                    state_move,
-                };
-                tracing::info!(swap = %report, took = ?report.took, "swapped the logic");
-                *self.stats.swaps.entry("accepted").or_default() += 1;
-                let previous = std::mem::replace(&mut self.logic, new);
-                self.probation = Some(Probation { previous, state: state_from, journal: Vec::new() });
-                self.running = Some(running);
-                self.checkpoint = state_to;
-                self.journal.clear();
-                self.journal_items = 0;
-                self.failures_in_a_row = 0;
-                Ok(report)
-            }
-            Err(error) => Err(self.refused(error)),
-        }
+        let prepared = match self.prepare_swap(&new, now_ms) {
+            Ok(prepared) => prepared,
+            Err(error) => return Err(self.refused(error)),
+        };
+        let size = self.checkpoint.payload.len();
+        let report = SwapReport {
+            from: version_name(&self.logic),
+            to: version_name(&new),
+            state_from: (self.checkpoint.version, size),
+            state_to: (prepared.state_version, size),
+            first_step: prepared.first_step.clone(),
+            took: started.elapsed(),
+            state_move: prepared.state_move,
+        };
+        tracing::info!(swap = %report, took = ?report.took, state_move = ?report.state_move, "swapped the logic");
+        *self.stats.swaps.entry("accepted").or_default() += 1;
+        let previous = std::mem::replace(&mut self.logic, new);
+        self.probation = Some(Probation { previous, state: self.checkpoint.clone(), journal: Vec::new() });
+        self.running = Some(prepared.running);
+        // The checkpoint stays: the new version imported it, so it rebuilds from it and the
+        // journal, which starts with the self-check tick, its first input.
+        self.journal.clear();
+        self.journal_items = 0;
+        self.accept(Input::Tick { now_ms }, &prepared.first_step)?;
+        Ok(report)
     }
 
     fn refused(&mut self, error: SupervisorError) -> SupervisorError {
@@ -648,31 +688,53 @@ impl<'a> Supervisor<'a> {
         error
     }
 
-    /// Everything a swap does before switching, touching nothing that serves.
-    fn prepare_swap(
-        &mut self,
-        new: &Logic,
-        now_ms: u64,
-    ) -> Result<(Running, wit::VersionedState, wit::VersionedState, Duration), SupervisorError> {
+    /// Everything a swap does before switching. The serving instance is touched only by the
+    /// old version's self-check tick, and is rebuilt from the checkpoint when the swap is then
+    /// refused.
+    fn prepare_swap(&mut self, new: &Logic, now_ms: u64) -> Result<PreparedSwap, SupervisorError> {
         let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
         let move_started = Instant::now();
-        self.checkpoint_now()?;
-        let state = self.checkpoint.clone();
-        // The new version takes the state, and must give back a state at least as new.
-        let mut probe = Running::rebuild(new, &config, &state, &[])?;
-        let exported = probe.session.tracker_export(probe.tracker).map_err(guest("export-state (new version)"))?;
-        let state_move = move_started.elapsed();
-        if exported.version < state.version {
-            return Err(SupervisorError::SwapStateRegression { imported: state.version, exported: exported.version });
+        // With nothing delivered since the checkpoint, it is the state now.
+        if !self.journal.is_empty() {
+            self.try_checkpoint()?;
         }
-        // The self-check, on scratch instances of both versions.
-        let new_tick = probe.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (new version)"))?;
-        let mut old = Running::rebuild(&self.logic, &config, &state, &[])?;
-        let old_tick = old.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (old version)"))?;
-        self_check(&old_tick, &new_tick)?;
-        let running = Running::rebuild(new, &config, &state, &[])?;
-        Ok((running, state, exported, state_move))
+        let mut running = Running::rebuild(new, &config, &self.checkpoint, &[])?;
+        let state_move = move_started.elapsed();
+        // The new version must hold a state at least as new as the one it took.
+        let imported = self.checkpoint.version;
+        let state_version = running
+            .session
+            .tracker_state_version(running.tracker)
+            .map_err(guest("state-version (new version)"))?;
+        if state_version < imported {
+            return Err(SupervisorError::SwapStateRegression { imported, exported: state_version });
+        }
+        let first_step = running.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (new version)"))?;
+        // A new tick with nothing destructive passes whatever the old one says.
+        if !destructive(&first_step).is_empty() {
+            let old = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
+            let verdict = match old.call(&Input::Tick { now_ms }) {
+                Ok(old_tick) => self_check(&old_tick, &first_step),
+                Err(error) => Err(guest("self-check tick (old version)")(error)),
+            };
+            if let Err(refusal) = verdict {
+                // The serving instance took a tick nobody carries out: back to the checkpoint,
+                // which is its state before the tick (the journal is empty).
+                self.rebuild()?;
+                return Err(refusal);
+            }
+        }
+        Ok(PreparedSwap { running, first_step, state_version, state_move })
     }
+}
+
+/// A swap ready to switch: the instance that will serve, its first step, the state version it
+/// holds, and the time the state move took.
+struct PreparedSwap {
+    running: Running,
+    first_step: wit::Step,
+    state_version: u32,
+    state_move: Duration,
 }
 
 /// The self-check's verdict on the ticks of the old and the new version at the same state and

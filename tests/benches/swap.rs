@@ -68,6 +68,7 @@ fn main() {
         let target = if i % 2 == 0 { &b } else { &a };
         let start = Instant::now();
         let report = supervisor.swap(target, 10).unwrap();
+        assert!(report.first_step.commands.is_empty(), "steady state: the first tick asks for nothing");
         change(&mut supervisor, i, 10);
         swap_total.push(start.elapsed());
         swap_call.push(report.took);
@@ -76,6 +77,7 @@ fn main() {
     // To the next guest (state version 1 → 2, a migration): once, since it cannot go back.
     let start = Instant::now();
     let to_next = supervisor.swap(&next, 20).unwrap();
+    assert!(to_next.first_step.commands.is_empty());
     change(&mut supervisor, SWAPS, 20);
     let to_next_total = start.elapsed();
 
@@ -132,7 +134,7 @@ fn main() {
     let row = |name: &str, d: Duration| println!("| {name} | {d:.2?} |");
     row("(a) swap + first call on the new version (median of 5, v1 → v1)", median(swap_total));
     row("(a) of which the swap itself (`Supervisor::swap`)", median(swap_call));
-    row("(a) of which its state move (export, import, re-export)", median(swap_move));
+    row("(a) of which its state move (export unless the checkpoint is fresh, import)", median(swap_move));
     row("(a) swap + first call, built-in → next guest (v1 → v2, one run)", to_next_total);
     row("(a) of which the swap itself", to_next.took);
     row("(b) state move alone: export", export);
