@@ -19,7 +19,7 @@ pub mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "clb",
-        additional_derives: [PartialEq, Eq],
+        additional_derives: [PartialEq, Eq, Hash],
     });
 }
 

@@ -38,6 +38,16 @@
 //!     the checkpoint's state; if the swap is refused, the serving instance is rebuilt from the
 //!     checkpoint, so a refusal costs one import more than an acceptance.
 //!
+//!   That import is still most of a swap (~0.1–0.2 s on 30,000 pods), and inputs wait through
+//!   it. A **staged swap** takes it off the serving path: [`Supervisor::stage`] hands out the
+//!   checkpoint, [`Staging::import`] imports it into the new version on any thread while this
+//!   supervisor serves on, and [`Supervisor::swap_staged`] replays the journal since that
+//!   checkpoint into the new version, then checks it as a plain swap does. The replay is
+//!   trusted only when the new version answers every journaled input with the step the old
+//!   one gave (compared by digest): otherwise its in-flight commands would not be the ones
+//!   handed out, and the switch falls back to a whole state move — as it does when a
+//!   checkpoint was taken since staging, since the journal no longer reaches back to it.
+//!
 //! Every method takes `&mut self`, so no input can interleave with a swap or a recovery: an
 //! input that arrives meanwhile waits for the call to return, and is then delivered to
 //! whichever version is serving.
@@ -258,8 +268,14 @@ pub struct SwapReport {
     /// those commands in flight. Usually empty in steady state.
     #[serde(skip)]
     pub first_step: wit::Step,
+    /// For a swap staged with [`Supervisor::stage`]: how many inputs the switch replayed into
+    /// the new version; `None` when the state moved whole (every plain swap, and a staged one
+    /// that fell back).
+    pub replayed: Option<usize>,
     /// The whole swap, and the part of it spent moving state (exporting, when the checkpoint
-    /// was not fresh, and importing).
+    /// was not fresh, and importing). For [`Supervisor::swap_staged`], `took` is the switch
+    /// alone, the pause inputs see, and `state_move` the import done beforehand off the
+    /// serving path (unless the switch fell back to a whole state move).
     #[serde(skip)]
     pub took: Duration,
     #[serde(skip)]
@@ -346,6 +362,9 @@ pub struct Supervisor<'a> {
     /// Shared with [`Probation`] after a swap, which keeps the same state for a rollback.
     checkpoint: Arc<wit::VersionedState>,
     journal: Vec<Input>,
+    /// A digest of the step each journaled input got (`None`: not known, after a rollback),
+    /// for a staged swap to check that the new version answers the journal the same way.
+    journal_steps: Vec<Option<u64>>,
     journal_items: usize,
     probation: Option<Probation<'a>>,
     policy: CheckpointPolicy,
@@ -372,6 +391,7 @@ impl<'a> Supervisor<'a> {
             running: None,
             checkpoint: Arc::new(wit::VersionedState { version: 0, payload: Vec::new() }),
             journal: Vec::new(),
+            journal_steps: Vec::new(),
             journal_items: 0,
             probation: None,
             policy,
@@ -514,6 +534,7 @@ impl<'a> Supervisor<'a> {
             }
         }
         self.journal.push(input);
+        self.journal_steps.push(Some(digest(step)));
         if self.journal.len() >= self.policy.every_inputs || self.journal_items >= self.policy.journal_items {
             self.checkpoint_now()?;
         }
@@ -541,8 +562,7 @@ impl<'a> Supervisor<'a> {
                 self.stats.last_checkpoint_bytes = state.payload.len();
                 self.stats.checkpoint_time += started.elapsed();
                 self.checkpoint = Arc::new(state);
-                self.journal.clear();
-                self.journal_items = 0;
+                self.clear_journal();
                 Ok(())
             }
             Err(error) => {
@@ -553,6 +573,12 @@ impl<'a> Supervisor<'a> {
                 Err(SupervisorError::Guest { stage: EXPORT_STAGE, source: error })
             }
         }
+    }
+
+    fn clear_journal(&mut self) {
+        self.journal.clear();
+        self.journal_steps.clear();
+        self.journal_items = 0;
     }
 
     fn rebuild(&mut self) -> Result<(), SupervisorError> {
@@ -618,6 +644,8 @@ impl<'a> Supervisor<'a> {
                 self.running = Some(running);
                 self.checkpoint = probation.state;
                 self.journal_items = probation.journal.iter().map(Input::items).sum();
+                // What the previous version answered them is not known.
+                self.journal_steps = vec![None; probation.journal.len()];
                 self.journal = probation.journal;
                 self.failures_in_a_row = 0;
             }
@@ -655,10 +683,70 @@ impl<'a> Supervisor<'a> {
 
     fn swap_inner(&mut self, new: LogicRef<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
         let started = Instant::now();
-        let prepared = match self.prepare_swap(&new, now_ms) {
-            Ok(prepared) => prepared,
-            Err(error) => return Err(self.refused(error)),
-        };
+        match self.prepare_swap(&new, now_ms) {
+            Ok(prepared) => self.switch(new, prepared, started),
+            Err(error) => Err(self.refused(error)),
+        }
+    }
+
+    /// Starts a staged swap: what [`Staging::import`] needs to move the state into `new` off the
+    /// serving path (on another thread; the engine is shared, stores are independent), while
+    /// this supervisor keeps serving. [`Self::swap_staged`] then switches with a short pause.
+    /// Takes a checkpoint first when the journal is longer than [`STAGE_REPLAY_INPUTS`], so
+    /// that the replay at the switch stays short.
+    pub fn stage(&mut self, new: impl Into<LogicRef<'a>>) -> Result<Staging<'a>, SupervisorError> {
+        let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
+        if self.journal.len() > STAGE_REPLAY_INPUTS {
+            self.try_checkpoint()?;
+        }
+        Ok(Staging { new: new.into(), config, checkpoint: self.checkpoint.clone() })
+    }
+
+    /// Switches to a version staged with [`Self::stage`] and [`Staging::import`]: replays the
+    /// inputs delivered since its checkpoint into it, then checks it as [`Self::swap`] does.
+    /// The replay must give, input by input, the steps the serving version gave (else the new
+    /// version's state would not match the commands actually handed out); when it does not,
+    /// or a checkpoint was taken since staging, the swap falls back to a whole state move, as
+    /// [`Self::swap`]. Refusals are those of [`Self::swap`], the old version serving on.
+    pub fn swap_staged(&mut self, staged: Staged<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
+        let result = self.swap_staged_inner(staged, now_ms);
+        self.publish();
+        result
+    }
+
+    fn swap_staged_inner(&mut self, staged: Staged<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
+        let started = Instant::now();
+        let Staged { new, checkpoint, mut running, import } = staged;
+        if !Arc::ptr_eq(&checkpoint, &self.checkpoint) {
+            tracing::info!(version = %version_name(&new), "a checkpoint was taken since staging; moving the whole state");
+            return self.swap_inner(new, now_ms);
+        }
+        for (input, expected) in self.journal.iter().zip(&self.journal_steps) {
+            let step = match running.call(input) {
+                Ok(step) => step,
+                Err(error) => return Err(self.refused(guest("replaying the journal (new version)")(error))),
+            };
+            if expected.is_none_or(|expected| expected != digest(&step)) {
+                tracing::info!(version = %version_name(&new), input = %input.describe(), "the staged version answers the journal differently; moving the whole state");
+                return self.swap_inner(new, now_ms);
+            }
+        }
+        match self.check_new(running, import, now_ms) {
+            Ok(prepared) => {
+                let prepared = PreparedSwap { replayed: Some(self.journal.len()), ..prepared };
+                self.switch(new, prepared, started)
+            }
+            Err(error) => Err(self.refused(error)),
+        }
+    }
+
+    /// Makes `new` serve, once prepared and checked.
+    fn switch(
+        &mut self,
+        new: LogicRef<'a>,
+        prepared: PreparedSwap,
+        started: Instant,
+    ) -> Result<SwapReport, SupervisorError> {
         let size = self.checkpoint.payload.len();
         let report = SwapReport {
             from: version_name(&self.logic),
@@ -666,19 +754,20 @@ impl<'a> Supervisor<'a> {
             state_from: (self.checkpoint.version, size),
             state_to: (prepared.state_version, size),
             first_step: prepared.first_step.clone(),
+            replayed: prepared.replayed,
             took: started.elapsed(),
             state_move: prepared.state_move,
         };
         tracing::info!(swap = %report, took = ?report.took, state_move = ?report.state_move, "swapped the logic");
         *self.stats.swaps.entry("accepted").or_default() += 1;
         let previous = std::mem::replace(&mut self.logic, new);
-        self.probation = Some(Probation { previous, state: self.checkpoint.clone(), journal: Vec::new() });
+        // The previous version rebuilds, on a rollback, from the same checkpoint and journal.
+        let journal = self.journal.clone();
+        self.probation = Some(Probation { previous, state: self.checkpoint.clone(), journal });
         self.running = Some(prepared.running);
-        // The checkpoint stays: the new version imported it, so it rebuilds from it and the
-        // journal, which starts with the self-check tick, its first input.
-        self.journal.clear();
-        self.journal_items = 0;
-        self.accept(Input::Tick { now_ms }, &prepared.first_step)?;
+        // The checkpoint and the journal stay: the new version took them, so it rebuilds from
+        // them; its first input is the self-check tick.
+        self.accept(Input::Tick { now_ms: prepared.now_ms }, &prepared.first_step)?;
         Ok(report)
     }
 
@@ -688,9 +777,8 @@ impl<'a> Supervisor<'a> {
         error
     }
 
-    /// Everything a swap does before switching. The serving instance is touched only by the
-    /// old version's self-check tick, and is rebuilt from the checkpoint when the swap is then
-    /// refused.
+    /// Everything a swap does before switching: the state move into a fresh instance of `new`,
+    /// then [`Self::check_new`].
     fn prepare_swap(&mut self, new: &Logic, now_ms: u64) -> Result<PreparedSwap, SupervisorError> {
         let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
         let move_started = Instant::now();
@@ -698,8 +786,19 @@ impl<'a> Supervisor<'a> {
         if !self.journal.is_empty() {
             self.try_checkpoint()?;
         }
-        let mut running = Running::rebuild(new, &config, &self.checkpoint, &[])?;
-        let state_move = move_started.elapsed();
+        let running = Running::rebuild(new, &config, &self.checkpoint, &[])?;
+        self.check_new(running, move_started.elapsed(), now_ms)
+    }
+
+    /// The checks of a new version holding the state now. The serving instance is touched only
+    /// by the old version's self-check tick, and is rebuilt from the checkpoint and journal
+    /// when the swap is then refused.
+    fn check_new(
+        &mut self,
+        mut running: Running,
+        state_move: Duration,
+        now_ms: u64,
+    ) -> Result<PreparedSwap, SupervisorError> {
         // The new version must hold a state at least as new as the one it took.
         let imported = self.checkpoint.version;
         let state_version = running
@@ -718,23 +817,68 @@ impl<'a> Supervisor<'a> {
                 Err(error) => Err(guest("self-check tick (old version)")(error)),
             };
             if let Err(refusal) = verdict {
-                // The serving instance took a tick nobody carries out: back to the checkpoint,
-                // which is its state before the tick (the journal is empty).
+                // The serving instance took a tick nobody carries out: back to its state before.
                 self.rebuild()?;
                 return Err(refusal);
             }
         }
-        Ok(PreparedSwap { running, first_step, state_version, state_move })
+        Ok(PreparedSwap { running, first_step, now_ms, state_version, state_move, replayed: None })
     }
 }
 
-/// A swap ready to switch: the instance that will serve, its first step, the state version it
-/// holds, and the time the state move took.
+/// Inputs a staged swap may have to replay at the switch before [`Supervisor::stage`] takes a
+/// checkpoint instead (a few milliseconds of replay on a large cluster, BENCHMARKS.md).
+pub const STAGE_REPLAY_INPUTS: usize = 64;
+
+/// A staged swap before its state move: [`Staging::import`] may run on any thread.
+pub struct Staging<'a> {
+    new: LogicRef<'a>,
+    config: wit::Config,
+    checkpoint: Arc<wit::VersionedState>,
+}
+
+impl<'a> Staging<'a> {
+    /// Imports the checkpoint into a fresh instance of the new version. A failure here is the
+    /// refusal [`Supervisor::swap`] would give (the old version was never touched).
+    pub fn import(self) -> Result<Staged<'a>, SupervisorError> {
+        let started = Instant::now();
+        let running = Running::rebuild(&self.new, &self.config, &self.checkpoint, &[])?;
+        Ok(Staged { new: self.new, checkpoint: self.checkpoint, running, import: started.elapsed() })
+    }
+}
+
+/// A new version holding a checkpoint of the serving one, ready for [`Supervisor::swap_staged`].
+pub struct Staged<'a> {
+    new: LogicRef<'a>,
+    checkpoint: Arc<wit::VersionedState>,
+    running: Running,
+    import: Duration,
+}
+
+impl Staged<'_> {
+    /// How long the import took (off the serving path).
+    pub fn import_took(&self) -> Duration {
+        self.import
+    }
+}
+
+/// A digest of a step, to compare the steps of two versions without keeping them.
+fn digest(step: &wit::Step) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    step.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A swap ready to switch: the instance that will serve, its first step (a tick at `now_ms`),
+/// the state version it holds, and the time the state move took.
 struct PreparedSwap {
     running: Running,
     first_step: wit::Step,
+    now_ms: u64,
     state_version: u32,
     state_move: Duration,
+    replayed: Option<usize>,
 }
 
 /// The self-check's verdict on the ticks of the old and the new version at the same state and

@@ -239,6 +239,57 @@ fn the_first_step_of_a_swap_is_the_new_versions_tick_and_a_rebuild_replays_it() 
 }
 
 #[test]
+fn a_staged_swap_replays_what_was_delivered_while_it_imported_or_else_moves_the_whole_state() {
+    let legacy = || {
+        let wit::Observation::ServiceUpserted(mut s) = service("old", 3) else { unreachable!() };
+        s.annotations.push(("clb.test/legacy".into(), "true".into()));
+        wit::Observation::ServiceUpserted(s)
+    };
+    let web = || vec![service("web", 1), slice("web", 1, "10.244.1.10", "n1")];
+    // (case, checkpoint policy, inputs delivered while the new version imports, inputs replayed
+    // at the switch — the journal since the staged checkpoint, where `start` left three — and
+    // exports at the switch)
+    type Case = (&'static str, CheckpointPolicy, Vec<Vec<wit::Observation>>, Option<usize>, u64);
+    let cases: [Case; 3] = [
+        ("answered alike", CheckpointPolicy::default(), vec![web(), vec![service("api", 2)]], Some(5), 0),
+        ("answered differently (the next guest warns)", CheckpointPolicy::default(), vec![web(), vec![legacy()]], None, 1),
+        // `start` leaves one input after its last checkpoint: the first here makes two.
+        ("a checkpoint since staging", SMALL, vec![web(), vec![service("api", 2)]], None, 1),
+    ];
+    for (case, policy, inputs, replayed, exports) in cases {
+        let mut supervisor = started(builtin(), policy);
+        let mut reference = started(builtin(), policy);
+        let staging = supervisor.stage(next()).unwrap();
+        let staged = std::thread::scope(|scope| {
+            let import = scope.spawn(|| staging.import());
+            for (n, batch) in inputs.iter().enumerate() {
+                let now = 10 + n as u64;
+                assert_eq!(supervisor.observe(now, batch).unwrap(), reference.observe(now, batch).unwrap(), "{case}");
+            }
+            import.join().unwrap().expect("the import succeeds")
+        });
+        let checkpoints = supervisor.stats().checkpoints;
+        let report = supervisor.swap_staged(staged, 20).expect(case);
+        assert_eq!(report.replayed, replayed, "{case}");
+        assert_eq!(supervisor.stats().checkpoints - checkpoints, exports, "{case}");
+        assert_eq!(version_name(supervisor.logic()), version_name(next()), "{case}");
+        let plain = reference.swap(next(), 20).expect(case);
+        assert_eq!(report.first_step, plain.first_step, "{case}");
+        let input = [service("later", 5), slice("later", 5, "10.244.2.10", "n2")];
+        assert_eq!(supervisor.observe(30, &input).unwrap(), reference.observe(30, &input).unwrap(), "{case}");
+        assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap(), "{case}");
+    }
+}
+
+#[test]
+fn a_staged_swap_to_a_version_refusing_the_state_is_refused_at_the_import() {
+    let mut supervisor = started(next(), CheckpointPolicy::default());
+    let err = supervisor.stage(builtin()).unwrap().import().err().expect("refused");
+    assert!(matches!(err, SupervisorError::StateRefused { version: 2, .. }), "{err}");
+    assert_eq!(version_name(supervisor.logic()), version_name(next()));
+}
+
+#[test]
 fn the_swap_scenario_ends_with_the_same_nrp_as_the_same_events_without_the_swaps() {
     let path = scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
     let with_swaps = scenario::read(&path).unwrap();
