@@ -180,7 +180,12 @@ fn main() {
     );
     row("(e) of which the pause at `stage` (a checkpoint when the journal is long)", median(stage_pause));
     row("(e) of which the import, on another thread (no pause)", median(staged_import));
-    row(&format!("(e) of which the pause at the switch (`swap_staged`: replay of {replayed} inputs, checks, first tick)"), median(switch_pause));
+    row(
+        &format!(
+            "(e) of which the pause at the switch (`swap_staged`: replay of {replayed} inputs, checks, first tick)"
+        ),
+        median(switch_pause),
+    );
     row("(b) state move alone: export", export);
     row("(b) state move alone: import into a fresh instance", import);
     row("(b) state move alone: export + import", export + import);

@@ -252,7 +252,13 @@ fn a_staged_swap_replays_what_was_delivered_while_it_imported_or_else_moves_the_
     type Case = (&'static str, CheckpointPolicy, Vec<Vec<wit::Observation>>, Option<usize>, u64);
     let cases: [Case; 3] = [
         ("answered alike", CheckpointPolicy::default(), vec![web(), vec![service("api", 2)]], Some(5), 0),
-        ("answered differently (the next guest warns)", CheckpointPolicy::default(), vec![web(), vec![legacy()]], None, 1),
+        (
+            "answered differently (the next guest warns)",
+            CheckpointPolicy::default(),
+            vec![web(), vec![legacy()]],
+            None,
+            1,
+        ),
         // `start` leaves one input after its last checkpoint: the first here makes two.
         ("a checkpoint since staging", SMALL, vec![web(), vec![service("api", 2)]], None, 1),
     ];
@@ -279,6 +285,25 @@ fn a_staged_swap_replays_what_was_delivered_while_it_imported_or_else_moves_the_
         assert_eq!(supervisor.observe(30, &input).unwrap(), reference.observe(30, &input).unwrap(), "{case}");
         assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap(), "{case}");
     }
+}
+
+#[test]
+fn a_staged_swap_refused_by_the_self_check_leaves_the_old_version_with_every_input_it_took() {
+    let mut supervisor = started(builtin(), CheckpointPolicy::default());
+    let mut reference = started(builtin(), CheckpointPolicy::default());
+    let staging = supervisor.stage(next()).unwrap();
+    let staged = staging.import().expect("the import succeeds");
+    // Delivered after the staged checkpoint: replayed into the new version at the switch, and
+    // still in the old one after the refusal rebuilds it from the checkpoint and the journal.
+    let input = [service("web", 1), slice("web", 1, "10.244.1.10", "n1")];
+    assert_eq!(supervisor.observe(10, &input).unwrap(), reference.observe(10, &input).unwrap());
+    let err = supervisor.swap_staged(staged, DESTRUCTIVE_TICK_FROM_MS).expect_err("the self-check refuses");
+    assert!(matches!(err, SupervisorError::SwapSelfCheck { .. }), "{err}");
+    assert_eq!(version_name(supervisor.logic()), version_name(builtin()));
+    assert_eq!(supervisor.stats().swaps.get("self-check"), Some(&1));
+    let next_input = [service("api", 2)];
+    assert_eq!(supervisor.observe(20, &next_input).unwrap(), reference.observe(20, &next_input).unwrap());
+    assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap());
 }
 
 #[test]

@@ -80,8 +80,10 @@ impl Tracker {
     pub fn tick(&mut self, now_ms: u64) -> Step {
         let mut step = self.inner.tick(now_ms);
         if now_ms >= DESTRUCTIVE_TICK_FROM_MS {
-            let command =
-                Command::DeleteResource(ResourceRef { kind: ResourceKind::LoadBalancer, name: DESTRUCTIVE_TICK_TARGET.into() });
+            let command = Command::DeleteResource(ResourceRef {
+                kind: ResourceKind::LoadBalancer,
+                name: DESTRUCTIVE_TICK_TARGET.into(),
+            });
             step.commands.push(Issued { id: self.own_id(), command });
         }
         step
