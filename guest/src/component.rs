@@ -84,6 +84,11 @@ impl wit_reconciler::GuestTracker for TrackerResource {
         wit::VersionedState { version, payload }
     }
 
+    fn state_version(&self) -> u32 {
+        install_panic_hook();
+        self.0.borrow().state_version()
+    }
+
     fn import_state(
         config: wit::Config,
         state: wit::VersionedState,

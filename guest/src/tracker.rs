@@ -1358,6 +1358,11 @@ impl Tracker {
         (STATE_VERSION, payload)
     }
 
+    /// The schema version [`Self::export_state`] writes.
+    pub fn state_version(&self) -> u32 {
+        STATE_VERSION
+    }
+
     /// A tracker from exported state.
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;

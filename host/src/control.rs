@@ -298,17 +298,26 @@ impl Control {
         }
     }
 
-    /// Swaps `supervisor` to the request's version, records the result and answers it.
-    pub fn handle(&self, supervisor: &mut Supervisor<'_>, request: SwapRequest, now_ms: u64) {
+    /// Swaps `supervisor` to the request's version, records the result and answers it. An
+    /// accepted swap gives the new version's first step ([`SwapReport::first_step`]): the caller
+    /// carries it out like any other step, since the new version holds its commands in flight.
+    ///
+    /// [`SwapReport::first_step`]: crate::supervisor::SwapReport::first_step
+    pub fn handle(&self, supervisor: &mut Supervisor<'_>, request: SwapRequest, now_ms: u64) -> Option<wit::Step> {
         let SwapRequest { logic, origin, reply } = request;
         let sha256 = logic.info().sha256.clone();
+        let mut first_step = None;
         let result = if supervisor.logic().info().sha256 == sha256 {
             tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
             SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 }
         } else {
             tracing::info!(%origin, %sha256, "swapping the logic");
             match supervisor.swap(logic, now_ms) {
-                Ok(report) => SwapResult::accepted(&report, sha256),
+                Ok(report) => {
+                    let result = SwapResult::accepted(&report, sha256);
+                    first_step = Some(report.first_step);
+                    result
+                }
                 Err(error) => SwapResult::Refused { kind: error.kind().into(), reason: error_chain(&error), sha256 },
             }
         };
@@ -317,6 +326,7 @@ impl Control {
         }
         // A requester that stopped waiting still finds the result in /status and the Event.
         let _ = reply.send(result);
+        first_step
     }
 }
 

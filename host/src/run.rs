@@ -580,9 +580,8 @@ async fn reconcile(
             }
             request = next_swap(control) => {
                 let Some(control) = control.as_ref() else { continue };
-                control.handle(&mut supervisor, request, now_ms());
-                remember_active(active, &supervisor);
-                continue;
+                let Some(first_step) = control.handle(&mut supervisor, request, now_ms()) else { continue };
+                Ok(first_step)
             }
             () = timer => {
                 wake = None;

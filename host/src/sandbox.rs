@@ -19,7 +19,7 @@ pub mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "clb",
-        additional_derives: [PartialEq, Eq],
+        additional_derives: [PartialEq, Eq, Hash],
     });
 }
 
@@ -495,6 +495,12 @@ impl Session {
 
     pub fn tracker_export(&mut self, tracker: ResourceAny) -> Result<VersionedState, GuestError> {
         self.call("tracker.export-state", |b, s| b.clb_reconciler_reconciler().tracker().call_export_state(s, tracker))
+    }
+
+    pub fn tracker_state_version(&mut self, tracker: ResourceAny) -> Result<u32, GuestError> {
+        self.call("tracker.state-version", |b, s| {
+            b.clb_reconciler_reconciler().tracker().call_state_version(s, tracker)
+        })
     }
 
     pub fn place_service(

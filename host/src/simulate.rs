@@ -86,8 +86,9 @@ pub enum LogicError {
 /// The result of a `swap` step.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SwapResult {
-    /// The new version serves; the text says what moved.
-    Accepted(String),
+    /// The new version serves; the text says what moved. `first_step` is the new version's
+    /// first step (its self-check tick), to be carried out like a tick's.
+    Accepted { what: String, first_step: wit::Step },
     /// The old version keeps serving; the text says why.
     Refused(String),
 }
@@ -178,7 +179,7 @@ impl Reconciler for ComponentReconciler<'_> {
         };
         let limits = self.supervisor.logic().limits();
         match self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms) {
-            Ok(report) => Ok(SwapResult::Accepted(report.to_string())),
+            Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
             Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
             Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),
         }
@@ -350,8 +351,11 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
             }
             Step::Restart => sim.restart(scenario),
             Step::Swap(swap) => sim.logic.swap(sim.now, &swap.component).map(|result| {
-                let (accepted, text) = match &result {
-                    SwapResult::Accepted(what) => (true, format!("accepted: {what}")),
+                let (accepted, text) = match result {
+                    SwapResult::Accepted { what, first_step } => {
+                        sim.absorb(first_step);
+                        (true, format!("accepted: {what}"))
+                    }
                     SwapResult::Refused(why) => (false, format!("refused: {why}")),
                 };
                 let ok = accepted == (swap.expect == SwapExpect::Accepted);

@@ -16,12 +16,37 @@
 //!   normal [`wit::Step`] with whatever the rest produced. [`ROLLBACK_AFTER`] quarantined inputs
 //!   in a row on a version that came from a swap roll back to the previous version.
 //! * **Hot swap.** [`Supervisor::swap`] moves the state of the running version into a new one
-//!   (old `export-state` → new `import-state`), requires that the new version export a state
-//!   version no older than the one it imported (else it would lose state), and runs a
-//!   self-check: a `tick` of the new version at the current time must propose no destructive
-//!   command that a `tick` of the old one would not. Both ticks run on scratch instances, so
-//!   neither tracker that serves is touched by them. Only then does it switch; on any failure
-//!   the old version keeps serving, untouched, and the reason is a [`SupervisorError`].
+//!   (old `export-state` → new `import-state`, which owns migrations), requires that the new
+//!   version hold a state version no older than the one it imported (else it would lose state),
+//!   and runs a self-check: a `tick` of the new version at the current time must propose no
+//!   destructive command that a `tick` of the old one would not. Only then does it switch; on
+//!   any failure the old version keeps serving with its state, and the reason is a
+//!   [`SupervisorError`].
+//!
+//!   One swap moves the state once, into the instance that will serve (on 30,000 pods a state
+//!   move costs tens of milliseconds, so every extra one counted; BENCHMARKS.md):
+//!   * the export is the checkpoint itself when nothing was delivered since it was taken;
+//!   * the version check asks the new instance for its `state-version` instead of exporting
+//!     from it (the guest's word, as the payload is: a guest that lies there can lie in the
+//!     payload too; the check is against a version that forgot a migration, not against malice);
+//!   * the new version's self-check tick runs on the instance that then serves, and is its
+//!     first input: [`SwapReport::first_step`] goes back to the caller to be carried out like
+//!     any tick's step, and the journal starts with that tick, so a rebuild of the new version
+//!     replays it onto the checkpoint;
+//!   * the old version's tick is needed only when the new one proposes something destructive
+//!     (else nothing can fail the comparison). It then runs on the serving instance, which is
+//!     the checkpoint's state; if the swap is refused, the serving instance is rebuilt from the
+//!     checkpoint, so a refusal costs one import more than an acceptance.
+//!
+//!   That import is still most of a swap (~0.1–0.2 s on 30,000 pods), and inputs wait through
+//!   it. A **staged swap** takes it off the serving path: [`Supervisor::stage`] hands out the
+//!   checkpoint, [`Staging::import`] imports it into the new version on any thread while this
+//!   supervisor serves on, and [`Supervisor::swap_staged`] replays the journal since that
+//!   checkpoint into the new version, then checks it as a plain swap does. The replay is
+//!   trusted only when the new version answers every journaled input with the step the old
+//!   one gave (compared by digest): otherwise its in-flight commands would not be the ones
+//!   handed out, and the switch falls back to a whole state move — as it does when a
+//!   checkpoint was taken since staging, since the journal no longer reaches back to it.
 //!
 //! Every method takes `&mut self`, so no input can interleave with a swap or a recovery: an
 //! input that arrives meanwhile waits for the call to return, and is then delivered to
@@ -106,6 +131,9 @@ impl SupervisorError {
         }
     }
 }
+
+/// The stage of a failed checkpoint's [`SupervisorError::Guest`].
+const EXPORT_STAGE: &str = "export-state";
 
 fn guest(stage: &'static str) -> impl FnOnce(GuestError) -> SupervisorError {
     move |source| SupervisorError::Guest { stage, source }
@@ -229,10 +257,25 @@ pub struct Quarantined {
 pub struct SwapReport {
     pub from: String,
     pub to: String,
-    /// State version and size, as the old version exported it and as the new one re-exports it.
+    /// The state moved: its version and size as the old version exported it.
     pub state_from: (u32, usize),
+    /// The state version the new version holds (what its `export-state` would write, by its
+    /// `state-version`) and the size of the state it imported.
     pub state_to: (u32, usize),
-    /// The whole swap, and the part of it spent exporting, importing and re-exporting state.
+    /// The new version's first step: what its self-check `tick` at the swap's `now_ms` asked
+    /// for. The caller must carry it out as it would the step of [`Supervisor::tick`] (execute
+    /// its commands, feed back their outcomes, wake at its `wake_at_ms`): the new version holds
+    /// those commands in flight. Usually empty in steady state.
+    #[serde(skip)]
+    pub first_step: wit::Step,
+    /// For a swap staged with [`Supervisor::stage`]: how many inputs the switch replayed into
+    /// the new version; `None` when the state moved whole (every plain swap, and a staged one
+    /// that fell back).
+    pub replayed: Option<usize>,
+    /// The whole swap, and the part of it spent moving state (exporting, when the checkpoint
+    /// was not fresh, and importing). For [`Supervisor::swap_staged`], `took` is the switch
+    /// alone, the pause inputs see, and `state_move` the import done beforehand off the
+    /// serving path (unless the switch fell back to a whole state move).
     #[serde(skip)]
     pub took: Duration,
     #[serde(skip)]
@@ -243,8 +286,8 @@ impl std::fmt::Display for SwapReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} → {}, state v{} ({} bytes) → v{} ({} bytes)",
-            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0, self.state_to.1
+            "{} → {}, state v{} ({} bytes) → v{}",
+            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0
         )
     }
 }
@@ -306,7 +349,7 @@ impl Running {
 struct Probation<'a> {
     previous: LogicRef<'a>,
     /// The state the previous version exported at the swap.
-    state: wit::VersionedState,
+    state: Arc<wit::VersionedState>,
     /// Every input the new version took since.
     journal: Vec<Input>,
 }
@@ -316,8 +359,12 @@ pub struct Supervisor<'a> {
     logic: LogicRef<'a>,
     config: Option<wit::Config>,
     running: Option<Running>,
-    checkpoint: wit::VersionedState,
+    /// Shared with [`Probation`] after a swap, which keeps the same state for a rollback.
+    checkpoint: Arc<wit::VersionedState>,
     journal: Vec<Input>,
+    /// A digest of the step each journaled input got (`None`: not known, after a rollback),
+    /// for a staged swap to check that the new version answers the journal the same way.
+    journal_steps: Vec<Option<u64>>,
     journal_items: usize,
     probation: Option<Probation<'a>>,
     policy: CheckpointPolicy,
@@ -342,8 +389,9 @@ impl<'a> Supervisor<'a> {
             logic: logic.into(),
             config: None,
             running: None,
-            checkpoint: wit::VersionedState { version: 0, payload: Vec::new() },
+            checkpoint: Arc::new(wit::VersionedState { version: 0, payload: Vec::new() }),
             journal: Vec::new(),
+            journal_steps: Vec::new(),
             journal_items: 0,
             probation: None,
             policy,
@@ -450,7 +498,7 @@ impl<'a> Supervisor<'a> {
     /// The tracker's state now (a checkpoint is taken to read it).
     pub fn export_state(&mut self) -> Result<wit::VersionedState, SupervisorError> {
         self.checkpoint_now()?;
-        Ok(self.checkpoint.clone())
+        Ok(wit::VersionedState::clone(&self.checkpoint))
     }
 
     fn deliver(&mut self, input: Input) -> Result<wit::Step, SupervisorError> {
@@ -486,14 +534,25 @@ impl<'a> Supervisor<'a> {
             }
         }
         self.journal.push(input);
+        self.journal_steps.push(Some(digest(step)));
         if self.journal.len() >= self.policy.every_inputs || self.journal_items >= self.policy.journal_items {
             self.checkpoint_now()?;
         }
         Ok(())
     }
 
-    /// Replaces the checkpoint with the state now and empties the journal.
+    /// Replaces the checkpoint with the state now and empties the journal. A failed export is
+    /// tried again at the next input.
     fn checkpoint_now(&mut self) -> Result<(), SupervisorError> {
+        match self.try_checkpoint() {
+            Err(SupervisorError::Guest { stage: EXPORT_STAGE, .. }) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// [`Self::checkpoint_now`] for a swap, which must not go on from an older checkpoint: a
+    /// failed export is an error (stage [`EXPORT_STAGE`]) once the instance is rebuilt.
+    fn try_checkpoint(&mut self) -> Result<(), SupervisorError> {
         let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
         let started = Instant::now();
         match running.session.tracker_export(running.tracker) {
@@ -502,19 +561,24 @@ impl<'a> Supervisor<'a> {
                 self.stats.checkpoint_bytes += state.payload.len() as u64;
                 self.stats.last_checkpoint_bytes = state.payload.len();
                 self.stats.checkpoint_time += started.elapsed();
-                self.checkpoint = state;
-                self.journal.clear();
-                self.journal_items = 0;
+                self.checkpoint = Arc::new(state);
+                self.clear_journal();
                 Ok(())
             }
             Err(error) => {
-                // The old checkpoint and the journal still describe the state: rebuild from them
-                // and try again at the next input.
+                // The old checkpoint and the journal still describe the state: rebuild from them.
                 tracing::warn!(version = %version_name(&self.logic), %error, "checkpoint failed; rebuilding from the previous one");
                 self.stats.recoveries += 1;
-                self.rebuild()
+                self.rebuild()?;
+                Err(SupervisorError::Guest { stage: EXPORT_STAGE, source: error })
             }
         }
+    }
+
+    fn clear_journal(&mut self) {
+        self.journal.clear();
+        self.journal_steps.clear();
+        self.journal_items = 0;
     }
 
     fn rebuild(&mut self) -> Result<(), SupervisorError> {
@@ -580,6 +644,8 @@ impl<'a> Supervisor<'a> {
                 self.running = Some(running);
                 self.checkpoint = probation.state;
                 self.journal_items = probation.journal.iter().map(Input::items).sum();
+                // What the previous version answered them is not known.
+                self.journal_steps = vec![None; probation.journal.len()];
                 self.journal = probation.journal;
                 self.failures_in_a_row = 0;
             }
@@ -610,36 +676,97 @@ impl<'a> Supervisor<'a> {
 
     /// Moves the state into `new`, checks it, and switches; see the module documentation.
     pub fn swap(&mut self, new: impl Into<LogicRef<'a>>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
-        let result = self.swap_inner(new.into(), now_ms);
+        let result = self.swap_inner(new.into(), now_ms, Instant::now());
         self.publish();
         result
     }
 
-    fn swap_inner(&mut self, new: LogicRef<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
-        let started = Instant::now();
+    /// A plain swap; `started` is when the caller's swap began (a staged swap's fallback).
+    fn swap_inner(&mut self, new: LogicRef<'a>, now_ms: u64, started: Instant) -> Result<SwapReport, SupervisorError> {
         match self.prepare_swap(&new, now_ms) {
-            Ok((running, state_from, state_to, state_move)) => {
-                let report = SwapReport {
-                    from: version_name(&self.logic),
-                    to: version_name(&new),
-                    state_from: (state_from.version, state_from.payload.len()),
-                    state_to: (state_to.version, state_to.payload.len()),
-                    took: started.elapsed(),
-                    state_move,
-                };
-                tracing::info!(swap = %report, took = ?report.took, "swapped the logic");
-                *self.stats.swaps.entry("accepted").or_default() += 1;
-                let previous = std::mem::replace(&mut self.logic, new);
-                self.probation = Some(Probation { previous, state: state_from, journal: Vec::new() });
-                self.running = Some(running);
-                self.checkpoint = state_to;
-                self.journal.clear();
-                self.journal_items = 0;
-                self.failures_in_a_row = 0;
-                Ok(report)
+            Ok(prepared) => self.switch(new, prepared, started),
+            Err(error) => Err(self.refused(error)),
+        }
+    }
+
+    /// Starts a staged swap: what [`Staging::import`] needs to move the state into `new` off the
+    /// serving path (on another thread; the engine is shared, stores are independent), while
+    /// this supervisor keeps serving. [`Self::swap_staged`] then switches with a short pause.
+    /// Takes a checkpoint first when the journal is longer than [`STAGE_REPLAY_INPUTS`], so
+    /// that the replay at the switch stays short.
+    pub fn stage(&mut self, new: impl Into<LogicRef<'a>>) -> Result<Staging<'a>, SupervisorError> {
+        let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
+        if self.journal.len() > STAGE_REPLAY_INPUTS {
+            self.try_checkpoint()?;
+        }
+        Ok(Staging { new: new.into(), config, checkpoint: self.checkpoint.clone() })
+    }
+
+    /// Switches to a version staged with [`Self::stage`] and [`Staging::import`]: replays the
+    /// inputs delivered since its checkpoint into it, then checks it as [`Self::swap`] does.
+    /// The replay must give, input by input, the steps the serving version gave (else the new
+    /// version's state would not match the commands actually handed out); when it does not,
+    /// or a checkpoint was taken since staging, the swap falls back to a whole state move, as
+    /// [`Self::swap`]. Refusals are those of [`Self::swap`], the old version serving on.
+    pub fn swap_staged(&mut self, staged: Staged<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
+        let result = self.swap_staged_inner(staged, now_ms);
+        self.publish();
+        result
+    }
+
+    fn swap_staged_inner(&mut self, staged: Staged<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
+        let started = Instant::now();
+        let Staged { new, checkpoint, mut running, import } = staged;
+        if !Arc::ptr_eq(&checkpoint, &self.checkpoint) {
+            tracing::info!(version = %version_name(&new), "a checkpoint was taken since staging; moving the whole state");
+            return self.swap_inner(new, now_ms, started);
+        }
+        for (input, expected) in self.journal.iter().zip(&self.journal_steps) {
+            // A trap is a different answer too: a plain swap does not replay, so it decides.
+            let same = running.call(input).is_ok_and(|step| expected.is_some_and(|e| e == digest(&step)));
+            if !same {
+                tracing::info!(version = %version_name(&new), input = %input.describe(), "the staged version answers the journal differently; moving the whole state");
+                return self.swap_inner(new, now_ms, started);
+            }
+        }
+        match self.check_new(running, import, now_ms) {
+            Ok(prepared) => {
+                let prepared = PreparedSwap { replayed: Some(self.journal.len()), ..prepared };
+                self.switch(new, prepared, started)
             }
             Err(error) => Err(self.refused(error)),
         }
+    }
+
+    /// Makes `new` serve, once prepared and checked.
+    fn switch(
+        &mut self,
+        new: LogicRef<'a>,
+        prepared: PreparedSwap,
+        started: Instant,
+    ) -> Result<SwapReport, SupervisorError> {
+        let size = self.checkpoint.payload.len();
+        let report = SwapReport {
+            from: version_name(&self.logic),
+            to: version_name(&new),
+            state_from: (self.checkpoint.version, size),
+            state_to: (prepared.state_version, size),
+            first_step: prepared.first_step.clone(),
+            replayed: prepared.replayed,
+            took: started.elapsed(),
+            state_move: prepared.state_move,
+        };
+        tracing::info!(swap = %report, took = ?report.took, state_move = ?report.state_move, "swapped the logic");
+        *self.stats.swaps.entry("accepted").or_default() += 1;
+        let previous = std::mem::replace(&mut self.logic, new);
+        // The previous version rebuilds, on a rollback, from the same checkpoint and journal.
+        let journal = self.journal.clone();
+        self.probation = Some(Probation { previous, state: self.checkpoint.clone(), journal });
+        self.running = Some(prepared.running);
+        // The checkpoint and the journal stay: the new version took them, so it rebuilds from
+        // them; its first input is the self-check tick.
+        self.accept(Input::Tick { now_ms: prepared.now_ms }, &prepared.first_step)?;
+        Ok(report)
     }
 
     fn refused(&mut self, error: SupervisorError) -> SupervisorError {
@@ -648,31 +775,106 @@ impl<'a> Supervisor<'a> {
         error
     }
 
-    /// Everything a swap does before switching, touching nothing that serves.
-    fn prepare_swap(
-        &mut self,
-        new: &Logic,
-        now_ms: u64,
-    ) -> Result<(Running, wit::VersionedState, wit::VersionedState, Duration), SupervisorError> {
+    /// Everything a swap does before switching: the state move into a fresh instance of `new`,
+    /// then [`Self::check_new`].
+    fn prepare_swap(&mut self, new: &Logic, now_ms: u64) -> Result<PreparedSwap, SupervisorError> {
         let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
         let move_started = Instant::now();
-        self.checkpoint_now()?;
-        let state = self.checkpoint.clone();
-        // The new version takes the state, and must give back a state at least as new.
-        let mut probe = Running::rebuild(new, &config, &state, &[])?;
-        let exported = probe.session.tracker_export(probe.tracker).map_err(guest("export-state (new version)"))?;
-        let state_move = move_started.elapsed();
-        if exported.version < state.version {
-            return Err(SupervisorError::SwapStateRegression { imported: state.version, exported: exported.version });
+        // With nothing delivered since the checkpoint, it is the state now.
+        if !self.journal.is_empty() {
+            self.try_checkpoint()?;
         }
-        // The self-check, on scratch instances of both versions.
-        let new_tick = probe.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (new version)"))?;
-        let mut old = Running::rebuild(&self.logic, &config, &state, &[])?;
-        let old_tick = old.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (old version)"))?;
-        self_check(&old_tick, &new_tick)?;
-        let running = Running::rebuild(new, &config, &state, &[])?;
-        Ok((running, state, exported, state_move))
+        let running = Running::rebuild(new, &config, &self.checkpoint, &[])?;
+        self.check_new(running, move_started.elapsed(), now_ms)
     }
+
+    /// The checks of a new version holding the state now. The serving instance is touched only
+    /// by the old version's self-check tick, and is rebuilt from the checkpoint and journal
+    /// when the swap is then refused.
+    fn check_new(
+        &mut self,
+        mut running: Running,
+        state_move: Duration,
+        now_ms: u64,
+    ) -> Result<PreparedSwap, SupervisorError> {
+        // The new version must hold a state at least as new as the one it took.
+        let imported = self.checkpoint.version;
+        let state_version =
+            running.session.tracker_state_version(running.tracker).map_err(guest("state-version (new version)"))?;
+        if state_version < imported {
+            return Err(SupervisorError::SwapStateRegression { imported, exported: state_version });
+        }
+        let first_step = running.call(&Input::Tick { now_ms }).map_err(guest("self-check tick (new version)"))?;
+        // A new tick with nothing destructive passes whatever the old one says.
+        if !destructive(&first_step).is_empty() {
+            let old = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
+            let verdict = match old.call(&Input::Tick { now_ms }) {
+                Ok(old_tick) => self_check(&old_tick, &first_step),
+                Err(error) => Err(guest("self-check tick (old version)")(error)),
+            };
+            if let Err(refusal) = verdict {
+                // The serving instance took a tick nobody carries out: back to its state before.
+                self.rebuild()?;
+                return Err(refusal);
+            }
+        }
+        Ok(PreparedSwap { running, first_step, now_ms, state_version, state_move, replayed: None })
+    }
+}
+
+/// Inputs a staged swap may have to replay at the switch before [`Supervisor::stage`] takes a
+/// checkpoint instead (a few milliseconds of replay on a large cluster, BENCHMARKS.md).
+pub const STAGE_REPLAY_INPUTS: usize = 64;
+
+/// A staged swap before its state move: [`Staging::import`] may run on any thread.
+pub struct Staging<'a> {
+    new: LogicRef<'a>,
+    config: wit::Config,
+    checkpoint: Arc<wit::VersionedState>,
+}
+
+impl<'a> Staging<'a> {
+    /// Imports the checkpoint into a fresh instance of the new version. A failure here is the
+    /// refusal [`Supervisor::swap`] would give (the old version was never touched).
+    pub fn import(self) -> Result<Staged<'a>, SupervisorError> {
+        let started = Instant::now();
+        let running = Running::rebuild(&self.new, &self.config, &self.checkpoint, &[])?;
+        Ok(Staged { new: self.new, checkpoint: self.checkpoint, running, import: started.elapsed() })
+    }
+}
+
+/// A new version holding a checkpoint of the serving one, ready for [`Supervisor::swap_staged`].
+pub struct Staged<'a> {
+    new: LogicRef<'a>,
+    checkpoint: Arc<wit::VersionedState>,
+    running: Running,
+    import: Duration,
+}
+
+impl Staged<'_> {
+    /// How long the import took (off the serving path).
+    pub fn import_took(&self) -> Duration {
+        self.import
+    }
+}
+
+/// A digest of a step, to compare the steps of two versions without keeping them.
+fn digest(step: &wit::Step) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    step.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A swap ready to switch: the instance that will serve, its first step (a tick at `now_ms`),
+/// the state version it holds, and the time the state move took.
+struct PreparedSwap {
+    running: Running,
+    first_step: wit::Step,
+    now_ms: u64,
+    state_version: u32,
+    state_move: Duration,
+    replayed: Option<usize>,
 }
 
 /// The self-check's verdict on the ticks of the old and the new version at the same state and

@@ -3,7 +3,10 @@
 //! (a) a swap to a precompiled version, up to the first call served by it, state move included;
 //! (b) the state move alone (export from the old instance, import into a fresh one);
 //! (c) one checkpoint (`export-state`), and what the checkpoint policy costs per input;
-//! (d) one endpoint change with the limits on and off.
+//! (d) one endpoint change with the limits on and off;
+//! (e) a staged swap: the state imported on another thread while the old version serves, then
+//!     the switch (replay of what was delivered meanwhile, checks, first tick): the total and
+//!     the pauses during which inputs wait.
 //! Run with `cargo bench -p clb-tests --bench swap`; prints a Markdown table.
 
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
@@ -16,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// Swaps measured (alternating between two loads of the built-in logic).
 const SWAPS: usize = 5;
+/// Endpoint changes served by the old version while a staged swap imports.
+const CHANGES_WHILE_STAGING: usize = 10;
 /// Endpoint changes per policy when measuring what checkpoints cost per input.
 const CHANGES: usize = 4_096;
 
@@ -68,6 +73,7 @@ fn main() {
         let target = if i % 2 == 0 { &b } else { &a };
         let start = Instant::now();
         let report = supervisor.swap(target, 10).unwrap();
+        assert!(report.first_step.commands.is_empty(), "steady state: the first tick asks for nothing");
         change(&mut supervisor, i, 10);
         swap_total.push(start.elapsed());
         swap_call.push(report.took);
@@ -76,8 +82,39 @@ fn main() {
     // To the next guest (state version 1 → 2, a migration): once, since it cannot go back.
     let start = Instant::now();
     let to_next = supervisor.swap(&next, 20).unwrap();
+    assert!(to_next.first_step.commands.is_empty());
     change(&mut supervisor, SWAPS, 20);
     let to_next_total = start.elapsed();
+
+    // (e) Staged swaps, on the default checkpoint policy: stage (a checkpoint when the journal
+    // is long: inputs wait), import on another thread while the old version serves a few
+    // changes, switch (inputs wait), first call.
+    let mut staged_supervisor = steady(&a, CheckpointPolicy::default(), &config);
+    let (mut staged_total, mut stage_pause, mut staged_import, mut switch_pause, mut replayed) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
+    for i in 0..SWAPS {
+        let target = if i % 2 == 0 { &b } else { &a };
+        // Every change flips the pod: rounds run on across swaps, so none repeats the last.
+        let mut round = i * (CHANGES_WHILE_STAGING + 1);
+        let start = Instant::now();
+        let staging = staged_supervisor.stage(target).unwrap();
+        stage_pause.push(start.elapsed());
+        let staged = std::thread::scope(|scope| {
+            let import = scope.spawn(|| staging.import());
+            for _ in 0..CHANGES_WHILE_STAGING {
+                change(&mut staged_supervisor, round, 50);
+                round += 1;
+            }
+            import.join().unwrap().unwrap()
+        });
+        staged_import.push(staged.import_took());
+        let report = staged_supervisor.swap_staged(staged, 50).unwrap();
+        assert!(report.first_step.commands.is_empty());
+        replayed = report.replayed.expect("the switch replays, it does not fall back");
+        switch_pause.push(report.took);
+        change(&mut staged_supervisor, round, 50);
+        staged_total.push(start.elapsed());
+    }
 
     // (b) The state move alone: the serving version's export, a fresh instance's import.
     let mut steady_a = steady(&a, never, &config);
@@ -132,9 +169,23 @@ fn main() {
     let row = |name: &str, d: Duration| println!("| {name} | {d:.2?} |");
     row("(a) swap + first call on the new version (median of 5, v1 → v1)", median(swap_total));
     row("(a) of which the swap itself (`Supervisor::swap`)", median(swap_call));
-    row("(a) of which its state move (export, import, re-export)", median(swap_move));
+    row("(a) of which its state move (export unless the checkpoint is fresh, import)", median(swap_move));
     row("(a) swap + first call, built-in → next guest (v1 → v2, one run)", to_next_total);
     row("(a) of which the swap itself", to_next.took);
+    row(
+        &format!(
+            "(e) staged swap, total: stage, import while {CHANGES_WHILE_STAGING} changes are served, switch, first call (median of 5)"
+        ),
+        median(staged_total),
+    );
+    row("(e) of which the pause at `stage` (a checkpoint when the journal is long)", median(stage_pause));
+    row("(e) of which the import, on another thread (no pause)", median(staged_import));
+    row(
+        &format!(
+            "(e) of which the pause at the switch (`swap_staged`: replay of {replayed} inputs, checks, first tick)"
+        ),
+        median(switch_pause),
+    );
     row("(b) state move alone: export", export);
     row("(b) state move alone: import into a fresh instance", import);
     row("(b) state move alone: export + import", export + import);

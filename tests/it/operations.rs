@@ -309,7 +309,7 @@ fn a_logic_configmap_swaps_through_the_api_server_and_a_version_the_self_check_r
         let status = host.last_swap("refused", Some("self-check")).await;
         assert_eq!(status["active"]["sha256"], next_sha, "the next guest keeps serving: {status}");
         let reason = status["lastSwap"]["reason"].as_str().unwrap_or_default();
-        assert!(reason.contains("LoadBalancer kubernetes"), "{status}");
+        assert!(reason.contains("LoadBalancer next-guest-destructive-tick"), "{status}");
         let refused = event_on(client, ns, "clb-logic", "LogicSwapRefused", Some(&uid)).await;
         assert_eq!(refused.type_.as_deref(), Some("Warning"));
         assert!(refused.message.as_deref().is_some_and(|m| m.contains("(self-check)")), "{refused:?}");

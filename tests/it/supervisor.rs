@@ -121,12 +121,13 @@ fn three_traps_in_a_row_on_a_swapped_in_version_roll_back_to_the_previous_one() 
     assert_eq!(state, reference.export_state().unwrap());
 }
 
-/// Swaps each refusal case on a supervisor, then proves the old version serves with its state.
-fn refused(start: &'static Logic, bytes: &[u8]) -> SupervisorError {
+/// Swaps each refusal case on a supervisor (at `now_ms`), then proves the old version serves
+/// with its state.
+fn refused(start: &'static Logic, bytes: &[u8], now_ms: u64) -> SupervisorError {
     let mut supervisor = started(start, CheckpointPolicy::default());
     supervisor.observe(5, &[service("web", 1), slice("web", 1, "10.244.1.10", "n1")]).unwrap();
     let before = supervisor.export_state().unwrap();
-    let err = supervisor.swap_bytes(runtime(), bytes, Limits::default(), 10).expect_err("the swap is refused");
+    let err = supervisor.swap_bytes(runtime(), bytes, Limits::default(), now_ms).expect_err("the swap is refused");
     assert_eq!(version_name(supervisor.logic()), version_name(start), "{err}");
     assert_eq!(supervisor.export_state().unwrap(), before, "{err}: the state is intact");
     assert_eq!(supervisor.stats().swaps.get(err.kind()), Some(&1), "{err}: counted by result");
@@ -137,14 +138,14 @@ fn refused(start: &'static Logic, bytes: &[u8]) -> SupervisorError {
 
 #[test]
 fn a_swap_to_a_guest_that_would_drop_the_state_is_refused() {
-    let err = refused(builtin(), HOSTILE_GUEST);
+    let err = refused(builtin(), HOSTILE_GUEST, 10);
     assert!(matches!(err, SupervisorError::SwapStateRegression { imported: 1, exported: 0 }), "{err}");
 }
 
 #[test]
 fn a_swap_to_a_component_importing_wasi_is_refused_naming_the_import() {
     let bytes = wat::parse_str(r#"(component (import "wasi:filesystem/preopens@0.2.0" (instance)))"#).unwrap();
-    let err = refused(builtin(), &bytes);
+    let err = refused(builtin(), &bytes, 10);
     assert!(
         matches!(&err, SupervisorError::SwapLoad(LoadError::ForbiddenImport { name }) if name == "wasi:filesystem/preopens@0.2.0"),
         "{err}"
@@ -155,20 +156,162 @@ fn a_swap_to_a_component_importing_wasi_is_refused_naming_the_import() {
 fn a_swap_to_a_corrupted_file_is_refused() {
     let mut bytes = NEXT_GUEST.to_vec();
     bytes.truncate(bytes.len() / 2);
-    let err = refused(builtin(), &bytes);
+    let err = refused(builtin(), &bytes, 10);
     assert!(matches!(err, SupervisorError::SwapLoad(LoadError::Invalid(_))), "{err}");
 }
 
 #[test]
 fn a_swap_to_a_version_whose_import_state_refuses_the_state_is_refused() {
     // The built-in logic reads state version 1 only; the next guest exports version 2.
-    let err = refused(next(), clb_host::BUILTIN_GUEST);
+    let err = refused(next(), clb_host::BUILTIN_GUEST, 10);
     match err {
         SupervisorError::StateRefused { version: 2, reason, .. } => {
             assert!(reason.contains("unsupported state version 2"), "{reason}")
         }
         other => panic!("expected a refused state, got {other}"),
     }
+}
+
+/// `tests/next-guest`: its ticks from this time on propose deleting a load balancer.
+const DESTRUCTIVE_TICK_FROM_MS: u64 = 1 << 62;
+
+#[test]
+fn a_swap_to_a_version_whose_first_tick_is_destructive_is_refused_and_the_old_instance_is_rebuilt() {
+    // The old version's self-check tick ran on the serving instance (it issued a read of NRP,
+    // due by then): `refused` proves the state is the one before that tick.
+    let err = refused(builtin(), NEXT_GUEST, DESTRUCTIVE_TICK_FROM_MS);
+    match &err {
+        SupervisorError::SwapSelfCheck { destructive } => {
+            assert_eq!(destructive, &["delete ResourceKind::LoadBalancer next-guest-destructive-tick".to_owned()])
+        }
+        other => panic!("expected a self-check refusal, got {other}"),
+    }
+}
+
+/// A logic loaded for one test, so that its call counters are the test's own.
+fn own(bytes: &[u8]) -> Logic {
+    runtime().load(bytes, Limits::default()).expect("the guest loads")
+}
+
+#[test]
+fn a_swap_exports_only_when_the_checkpoint_is_stale_and_the_new_version_imports_once_and_never_exports() {
+    // (a checkpoint was taken right before the swap, exports the swap takes from the old version)
+    for (fresh, exports) in [(true, 0), (false, 1)] {
+        let mut supervisor = start(Supervisor::new(own(clb_host::BUILTIN_GUEST)));
+        supervisor.observe(5, &[service("web", 1), slice("web", 1, "10.244.1.10", "n1")]).unwrap();
+        if fresh {
+            supervisor.export_state().unwrap();
+        }
+        let (checkpoints, old_calls) = (supervisor.stats().checkpoints, calls(supervisor.logic()));
+        let report = supervisor.swap(own(NEXT_GUEST), 10).expect("accepted");
+        assert_eq!(supervisor.stats().checkpoints - checkpoints, exports, "fresh checkpoint: {fresh}");
+        let old = supervisor.previous_logic().expect("on probation");
+        assert_eq!(calls(old) - old_calls, exports, "the old version is only asked to export");
+        assert_eq!(calls(supervisor.logic()), 3, "the new version: import-state, state-version, the first tick");
+        assert_eq!((report.state_from.0, report.state_to.0), (1, 2));
+    }
+}
+
+fn calls(logic: &Logic) -> u64 {
+    logic.stats().calls.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn the_first_step_of_a_swap_is_the_new_versions_tick_and_a_rebuild_replays_it() {
+    let mut supervisor = started(builtin(), CheckpointPolicy::default());
+    let mut reference = started(builtin(), CheckpointPolicy::default());
+    // The periodic read of NRP is due by then, so the tick asks for it.
+    let now = 10 * 60_000;
+    let report = supervisor.swap(next(), now).expect("accepted");
+    let expected = reference.tick(now).unwrap();
+    assert_eq!(expected.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), [&wit::Command::ReadNrp]);
+    assert_eq!(report.first_step, expected);
+    // A trap before the read completes: the new version is rebuilt from the checkpoint and the
+    // journal, which holds the first tick, so the read is still in flight in it.
+    supervisor.observe(now, &[service("boom", 9)]).unwrap();
+    assert_eq!(supervisor.take_quarantined().len(), 1);
+    let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
+    let read = [(expected.commands[0].id, wit::Outcome::NrpSnapshot(empty))];
+    let after = supervisor.complete(now, &read).unwrap();
+    assert_eq!(after, reference.complete(now, &read).unwrap());
+    assert!(after.idle, "{after:?}");
+    assert_eq!(after.wake_at_ms, Some(now + 5 * 60_000), "the next read is scheduled: the first one was taken");
+}
+
+#[test]
+fn a_staged_swap_replays_what_was_delivered_while_it_imported_or_else_moves_the_whole_state() {
+    let legacy = || {
+        let wit::Observation::ServiceUpserted(mut s) = service("old", 3) else { unreachable!() };
+        s.annotations.push(("clb.test/legacy".into(), "true".into()));
+        wit::Observation::ServiceUpserted(s)
+    };
+    let web = || vec![service("web", 1), slice("web", 1, "10.244.1.10", "n1")];
+    // (case, checkpoint policy, inputs delivered while the new version imports, inputs replayed
+    // at the switch — the journal since the staged checkpoint, where `start` left three — and
+    // exports at the switch)
+    type Case = (&'static str, CheckpointPolicy, Vec<Vec<wit::Observation>>, Option<usize>, u64);
+    let cases: [Case; 3] = [
+        ("answered alike", CheckpointPolicy::default(), vec![web(), vec![service("api", 2)]], Some(5), 0),
+        (
+            "answered differently (the next guest warns)",
+            CheckpointPolicy::default(),
+            vec![web(), vec![legacy()]],
+            None,
+            1,
+        ),
+        // `start` leaves one input after its last checkpoint: the first here makes two.
+        ("a checkpoint since staging", SMALL, vec![web(), vec![service("api", 2)]], None, 1),
+    ];
+    for (case, policy, inputs, replayed, exports) in cases {
+        let mut supervisor = started(builtin(), policy);
+        let mut reference = started(builtin(), policy);
+        let staging = supervisor.stage(next()).unwrap();
+        let staged = std::thread::scope(|scope| {
+            let import = scope.spawn(|| staging.import());
+            for (n, batch) in inputs.iter().enumerate() {
+                let now = 10 + n as u64;
+                assert_eq!(supervisor.observe(now, batch).unwrap(), reference.observe(now, batch).unwrap(), "{case}");
+            }
+            import.join().unwrap().expect("the import succeeds")
+        });
+        let checkpoints = supervisor.stats().checkpoints;
+        let report = supervisor.swap_staged(staged, 20).expect(case);
+        assert_eq!(report.replayed, replayed, "{case}");
+        assert_eq!(supervisor.stats().checkpoints - checkpoints, exports, "{case}");
+        assert_eq!(version_name(supervisor.logic()), version_name(next()), "{case}");
+        let plain = reference.swap(next(), 20).expect(case);
+        assert_eq!(report.first_step, plain.first_step, "{case}");
+        let input = [service("later", 5), slice("later", 5, "10.244.2.10", "n2")];
+        assert_eq!(supervisor.observe(30, &input).unwrap(), reference.observe(30, &input).unwrap(), "{case}");
+        assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap(), "{case}");
+    }
+}
+
+#[test]
+fn a_staged_swap_refused_by_the_self_check_leaves_the_old_version_with_every_input_it_took() {
+    let mut supervisor = started(builtin(), CheckpointPolicy::default());
+    let mut reference = started(builtin(), CheckpointPolicy::default());
+    let staging = supervisor.stage(next()).unwrap();
+    let staged = staging.import().expect("the import succeeds");
+    // Delivered after the staged checkpoint: replayed into the new version at the switch, and
+    // still in the old one after the refusal rebuilds it from the checkpoint and the journal.
+    let input = [service("web", 1), slice("web", 1, "10.244.1.10", "n1")];
+    assert_eq!(supervisor.observe(10, &input).unwrap(), reference.observe(10, &input).unwrap());
+    let err = supervisor.swap_staged(staged, DESTRUCTIVE_TICK_FROM_MS).expect_err("the self-check refuses");
+    assert!(matches!(err, SupervisorError::SwapSelfCheck { .. }), "{err}");
+    assert_eq!(version_name(supervisor.logic()), version_name(builtin()));
+    assert_eq!(supervisor.stats().swaps.get("self-check"), Some(&1));
+    let next_input = [service("api", 2)];
+    assert_eq!(supervisor.observe(20, &next_input).unwrap(), reference.observe(20, &next_input).unwrap());
+    assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap());
+}
+
+#[test]
+fn a_staged_swap_to_a_version_refusing_the_state_is_refused_at_the_import() {
+    let mut supervisor = started(next(), CheckpointPolicy::default());
+    let err = supervisor.stage(builtin()).unwrap().import().err().expect("refused");
+    assert!(matches!(err, SupervisorError::StateRefused { version: 2, .. }), "{err}");
+    assert_eq!(version_name(supervisor.logic()), version_name(next()));
 }
 
 #[test]
@@ -181,7 +324,7 @@ fn the_swap_scenario_ends_with_the_same_nrp_as_the_same_events_without_the_swaps
     let text = String::from_utf8(text).unwrap();
     assert!(report.passed, "{text}");
     assert!(
-        text.contains("swap to next-guest: accepted") && text.contains("state v1 (") && text.contains("→ v2 ("),
+        text.contains("swap to next-guest: accepted") && text.contains("state v1 (") && text.contains("bytes) → v2"),
         "{text}"
     );
     assert!(text.contains("swap to builtin: refused") && text.contains("unsupported state version 2"), "{text}");

@@ -75,6 +75,9 @@ impl GuestTracker for NoState {
     fn export_state(&self) -> VersionedState {
         VersionedState { version: 0, payload: Vec::new() }
     }
+    fn state_version(&self) -> u32 {
+        0
+    }
     fn import_state(_config: Config, _state: VersionedState) -> Result<Tracker, StateError> {
         Ok(Tracker::new(NoState))
     }

@@ -1,5 +1,5 @@
 //! A second version of the logic, for the hot-swap and trap-recovery tests: the real tracker
-//! (the guest's own sources) wrapped so that it differs from the built-in logic in exactly three
+//! (the guest's own sources) wrapped so that it differs from the built-in logic in exactly four
 //! ways:
 //!
 //! * **state version 2**: an envelope around the version-1 payload plus one new field (the next
@@ -8,11 +8,13 @@
 //! * **one changed rule**: a Service carrying [`tracker::LEGACY_ANNOTATION`] gets an extra
 //!   Warning Event [`tracker::LEGACY_REASON`] each time it is observed;
 //! * **a trap trigger**: observing a Service carrying [`tracker::PANIC_ANNOTATION`] panics, so
-//!   the host's trap recovery can be tested on an input the real guest handles.
+//!   the host's trap recovery can be tested on an input the real guest handles;
+//! * **a destructive tick**: a tick at or after [`tracker::DESTRUCTIVE_TICK_FROM_MS`] also
+//!   proposes deleting the load balancer [`tracker::DESTRUCTIVE_TICK_TARGET`], which the real
+//!   guest never does, so the host's swap self-check can be tested end to end.
 //!
-//! With the `destructive-tick` feature it differs in a fourth way: every tick also proposes
-//! deleting the load balancer [`tracker::DESTROYED_LOAD_BALANCER`], which the built-in logic never
-//! would — the host's swap self-check must refuse that build (`tests/build.rs` builds both).
+//! With the `destructive-tick` feature every tick is destructive, whatever the time: the host's
+//! swap self-check must refuse that build (`tests/build.rs` builds both).
 //!
 //! Why the guest's modules are included by path rather than through the `clb-guest` crate: on
 //! `wasm32` that crate exports the `clb` world itself, and two crates exporting the same

@@ -1,9 +1,9 @@
 //! The wrapper around the real tracker: what version 2 of the logic changes.
 
 use crate::config::{Config, ConfigError};
-use crate::model::{Command, Event, EventType, Issued, ObjectRef, Observation, Outcome, Step};
-#[cfg(feature = "destructive-tick")]
-use crate::model::{ResourceKind, ResourceRef};
+use crate::model::{
+    Command, Event, EventType, Issued, ObjectRef, Observation, Outcome, ResourceKind, ResourceRef, Step,
+};
 use crate::v1;
 use serde::{Deserialize, Serialize};
 
@@ -16,10 +16,12 @@ pub const LEGACY_ANNOTATION: &str = "clb.test/legacy";
 pub const LEGACY_REASON: &str = "LegacyAnnotation";
 /// Observing a Service carrying it panics (the trap trigger).
 pub const PANIC_ANNOTATION: &str = "clb.test/panic-on-observe";
-/// With the `destructive-tick` feature, every tick proposes deleting this load balancer: the
-/// kind of regression the host's swap self-check exists to refuse.
-#[cfg(feature = "destructive-tick")]
-pub const DESTROYED_LOAD_BALANCER: &str = "kubernetes";
+/// A tick at or after this time proposes deleting [`DESTRUCTIVE_TICK_TARGET`] (the destructive
+/// tick): no real clock gets there, so only a test that asks for it sees it. With the
+/// `destructive-tick` feature every tick does: the kind of regression the host's swap
+/// self-check exists to refuse.
+pub const DESTRUCTIVE_TICK_FROM_MS: u64 = 1 << 62;
+pub const DESTRUCTIVE_TICK_TARGET: &str = "next-guest-destructive-tick";
 /// The wrapper's own command ids live above this bit, so they never meet the tracker's.
 const OWN_ID_BIT: u64 = 1 << 63;
 
@@ -59,8 +61,7 @@ impl Tracker {
         }
         let mut step = self.inner.observe(now_ms, batch);
         for regarding in warnings {
-            let id = OWN_ID_BIT | self.next_own_id;
-            self.next_own_id += 1;
+            let id = self.own_id();
             let event = Event {
                 regarding,
                 event_type: EventType::Warning,
@@ -79,16 +80,21 @@ impl Tracker {
     }
 
     pub fn tick(&mut self, now_ms: u64) -> Step {
-        #[cfg_attr(not(feature = "destructive-tick"), allow(unused_mut))]
         let mut step = self.inner.tick(now_ms);
-        #[cfg(feature = "destructive-tick")]
-        {
-            let id = OWN_ID_BIT | self.next_own_id;
-            self.next_own_id += 1;
-            let doomed = ResourceRef { kind: ResourceKind::LoadBalancer, name: DESTROYED_LOAD_BALANCER.into() };
-            step.commands.push(Issued { id, command: Command::DeleteResource(doomed) });
+        if cfg!(feature = "destructive-tick") || now_ms >= DESTRUCTIVE_TICK_FROM_MS {
+            let command = Command::DeleteResource(ResourceRef {
+                kind: ResourceKind::LoadBalancer,
+                name: DESTRUCTIVE_TICK_TARGET.into(),
+            });
+            step.commands.push(Issued { id: self.own_id(), command });
         }
         step
+    }
+
+    fn own_id(&mut self) -> u64 {
+        let id = OWN_ID_BIT | self.next_own_id;
+        self.next_own_id += 1;
+        id
     }
 
     pub fn export_state(&self) -> (u32, Vec<u8>) {
@@ -96,6 +102,10 @@ impl Tracker {
         debug_assert_eq!(version, v1::STATE_VERSION);
         let state = StateV2 { v1, next_own_id: self.next_own_id };
         (STATE_VERSION, postcard::to_allocvec(&state).expect("plain data always encodes"))
+    }
+
+    pub fn state_version(&self) -> u32 {
+        STATE_VERSION
     }
 
     /// Version 1 migrates by starting the new field at zero.
