@@ -694,7 +694,10 @@ impl<'a> Supervisor<'a> {
     /// this supervisor keeps serving. [`Self::swap_staged`] then switches with a short pause.
     /// Takes a checkpoint first when the journal is longer than [`STAGE_REPLAY_INPUTS`], so
     /// that the replay at the switch stays short.
-    pub fn stage(&mut self, new: impl Into<LogicRef<'a>>) -> Result<Staging<'a>, SupervisorError> {
+    ///
+    /// The staging borrows nothing from this supervisor (its lifetime is the new version's), so
+    /// an owned version can be staged on a `'static` thread.
+    pub fn stage<'n>(&mut self, new: impl Into<LogicRef<'n>>) -> Result<Staging<'n>, SupervisorError> {
         let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
         if self.journal.len() > STAGE_REPLAY_INPUTS {
             self.try_checkpoint()?;
@@ -712,6 +715,14 @@ impl<'a> Supervisor<'a> {
         let result = self.swap_staged_inner(staged, now_ms);
         self.publish();
         result
+    }
+
+    /// Records a staged swap whose [`Staging::import`] failed as the refusal it is (counted and
+    /// published like one of [`Self::swap`]'s); the old version was never touched.
+    pub fn refuse_staged(&mut self, error: SupervisorError) -> SupervisorError {
+        let error = self.refused(error);
+        self.publish();
+        error
     }
 
     fn swap_staged_inner(&mut self, staged: Staged<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
