@@ -8,7 +8,7 @@
 //!   `select!` reads ([`Control::next`]); the answer comes back on a oneshot.
 //! * **Staged, so inputs wait ~1 ms.** The loop stages the swap ([`Control::begin`]:
 //!   [`Supervisor::stage`] hands out the checkpoint) and the state move runs on a blocking
-//!   thread ([`Staging::import`]) while the old version keeps serving. Its end comes back through
+//!   thread ([`Staging::import`](crate::supervisor::Staging::import)) while the old version keeps serving. Its end comes back through
 //!   the same [`Control::next`], and [`Control::finish`] switches between two inputs
 //!   ([`Supervisor::swap_staged`]: the inputs delivered since the checkpoint replayed into the new
 //!   version, then the checks). Watch events that arrive during the switch wait in their streams
