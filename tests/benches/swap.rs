@@ -4,7 +4,7 @@
 //! (b) the state move alone (export from the old instance, import into a fresh one);
 //! (c) one checkpoint (`export-state`), and what the checkpoint policy costs per input;
 //! (d) one endpoint change with the limits on and off;
-//! (e) a staged swap: the state imported on another thread while the old version serves, then
+//! (e) a staged swap: the state imported (and the journal replayed) on another thread while the old version serves, then
 //!     the switch (replay of what was delivered meanwhile, checks, first tick): the total and
 //!     the pauses during which inputs wait;
 //! (f) the same in the product path, `clb-host run`'s [`Control`]: the request staged on the
@@ -221,8 +221,11 @@ fn main() {
         ),
         median(staged_total),
     );
-    row("(e) of which the pause at `stage` (a checkpoint when the journal is long)", median(stage_pause));
-    row("(e) of which the import, on another thread (no pause)", median(staged_import));
+    row("(e) of which the pause at `stage` (a copy of the journal since the checkpoint)", median(stage_pause));
+    row(
+        "(e) of which the import and the replay of the staged journal, on another thread (no pause)",
+        median(staged_import),
+    );
     row(
         &format!(
             "(e) of which the pause at the switch (`swap_staged`: replay of {replayed} inputs, checks, first tick)"
