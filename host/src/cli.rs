@@ -657,11 +657,16 @@ fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
             state_to_bytes,
             state_move_ms,
             took_ms,
+            replayed_inputs,
         } => {
             writeln!(out, "accepted: {from} → {to} (sha256 {sha256})")?;
+            let pause = match replayed_inputs {
+                Some(n) => format!("beside serving; inputs waited {took_ms:.1} ms ({n} replayed at the switch)"),
+                None => format!("the swap took {took_ms:.1} ms"),
+            };
             writeln!(
                 out,
-                "state: v{state_from_version} ({state_from_bytes} bytes) → v{state_to_version} ({state_to_bytes} bytes), moved in {state_move_ms:.1} ms; the swap took {took_ms:.1} ms"
+                "state: v{state_from_version} ({state_from_bytes} bytes) → v{state_to_version} ({state_to_bytes} bytes), moved in {state_move_ms:.1} ms; {pause}"
             )?;
             Ok(EXIT_OK)
         }

@@ -5,9 +5,20 @@
 //! * **One way in.** The [`Supervisor`] serves with `&mut self`, so nothing outside the run loop
 //!   may touch it. A [`SwapSender`] (the HTTP endpoint's `POST /swap`, each watched source) sends
 //!   a [`SwapRequest`] — a loaded version and where it came from — over a channel that the loop's
-//!   `select!` reads ([`Control::next`]); the answer comes back on a oneshot. While the loop
-//!   swaps ([`Supervisor::swap`]: the state move and the self-check), watch events wait in their
-//!   streams and are delivered afterwards, once each, to whichever version then serves.
+//!   `select!` reads ([`Control::next`]); the answer comes back on a oneshot.
+//! * **Staged, so inputs wait ~1 ms.** The loop stages the swap ([`Control::begin`]:
+//!   [`Supervisor::stage`] hands out the checkpoint) and the state move runs on a blocking
+//!   thread ([`Staging::import`](crate::supervisor::Staging::import)) while the old version keeps serving. Its end comes back through
+//!   the same [`Control::next`], and [`Control::finish`] switches between two inputs
+//!   ([`Supervisor::swap_staged`]: the inputs delivered since the checkpoint replayed into the new
+//!   version, then the checks). Watch events that arrive during the switch wait in their streams
+//!   and are delivered afterwards, once each, to whichever version then serves. One swap at a
+//!   time: while one stages, further requests wait in the channel for their turn.
+//! * **Terms.** With leader election a term can end at any moment, the staging in flight with
+//!   it. It belongs to the [`Control`], which outlives terms: the next term
+//!   ([`Control::start_term`]) drops the stale import and takes that request first, staging it
+//!   again against its own supervisor, so the requester gets the answer of the replica that
+//!   then leads, as any request still queued does.
 //! * **Before the loop.** The sender refuses bytes whose sha256 differs from the pin (kind
 //!   `digest`) before anything compiles them, answers bytes that are the serving version
 //!   `unchanged`, and compiles the rest on a blocking thread ([`Loader`]), refusing what does not
@@ -25,14 +36,14 @@ use crate::run::{RunError, Settings, run_with};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{Limits, Loader, Logic, Runtime};
 use crate::sources::LogicSource;
-use crate::supervisor::{Supervisor, SupervisorError, SwapReport};
+use crate::supervisor::{Staged, Supervisor, SupervisorError, SwapReport};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -63,6 +74,8 @@ pub enum ControlError {
     LoopGone,
     #[error("loading the component did not finish")]
     LoadAborted(#[source] tokio::task::JoinError),
+    #[error("importing the state into the staged version did not finish")]
+    ImportAborted(#[source] tokio::task::JoinError),
     #[error("`{0}` does not name an object as NAMESPACE/NAME")]
     BadObject(String),
     #[error("recording the Event {reason} on ConfigMap {namespace}/{name}")]
@@ -129,7 +142,14 @@ pub enum SwapResult {
         state_to_version: u32,
         state_to_bytes: usize,
         state_move_ms: f64,
+        /// How long inputs waited: the whole swap when the state moved on the loop; for a
+        /// staged swap the switch alone, the state move (`state_move_ms`) having run beside
+        /// serving.
         took_ms: f64,
+        /// For a staged swap, the inputs delivered during its state move and replayed into the
+        /// new version at the switch; absent when the state moved whole while inputs waited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replayed_inputs: Option<usize>,
     },
     /// The bytes are the serving version: nothing to do.
     Unchanged { version: String, sha256: String },
@@ -153,6 +173,7 @@ impl SwapResult {
             state_to_bytes: report.state_to.1,
             state_move_ms: report.state_move.as_secs_f64() * 1e3,
             took_ms: report.took.as_secs_f64() * 1e3,
+            replayed_inputs: report.replayed,
         }
     }
 
@@ -160,13 +181,28 @@ impl SwapResult {
     pub fn event(&self, origin: &str) -> Option<(&'static str, wit::EventType, String)> {
         use wit::EventType::{Normal, Warning};
         Some(match self {
-            SwapResult::Accepted { from, to, sha256, state_to_version, state_move_ms, .. } => (
-                REASON_SWAPPED,
-                Normal,
-                format!(
-                    "logic swapped from {from} to {to} (sha256 {sha256}, from {origin}); state v{state_to_version} moved in {state_move_ms:.0} ms"
-                ),
-            ),
+            SwapResult::Accepted {
+                from,
+                to,
+                sha256,
+                state_to_version,
+                state_move_ms,
+                took_ms,
+                replayed_inputs,
+                ..
+            } => {
+                let pause = match replayed_inputs {
+                    Some(n) => format!(" beside serving; inputs waited {took_ms:.0} ms ({n} replayed)"),
+                    None => String::new(),
+                };
+                (
+                    REASON_SWAPPED,
+                    Normal,
+                    format!(
+                        "logic swapped from {from} to {to} (sha256 {sha256}, from {origin}); state v{state_to_version} moved in {state_move_ms:.0} ms{pause}"
+                    ),
+                )
+            }
             SwapResult::Refused { kind, reason, sha256 } => (
                 REASON_REFUSED,
                 Warning,
@@ -270,10 +306,39 @@ impl SwapSender {
     }
 }
 
-/// The run loop's side: where loaded versions arrive.
+/// The run loop's side: where loaded versions arrive, and the swap staging, if any.
 pub struct Control {
     requests: mpsc::Receiver<SwapRequest>,
     metrics: Arc<Metrics>,
+    /// The swap whose state move runs off the loop; at most one.
+    staging: Option<InFlight>,
+    /// A request whose staging a term left unfinished: the next term takes it first.
+    again: Option<SwapRequest>,
+}
+
+/// A staged swap whose import runs on a blocking thread.
+struct InFlight {
+    /// The request, its version kept (a [`Logic`] clone is cheap) so that it can be staged again
+    /// or swapped whole.
+    request: SwapRequest,
+    sha256: String,
+    import: JoinHandle<Result<Staged<'static>, SupervisorError>>,
+    staged_at: Instant,
+}
+
+/// What the loop's [`Control::next`] brings.
+#[expect(clippy::large_enum_variant, reason = "one per swap request, moved once: boxing would buy nothing")]
+pub enum ControlEvent {
+    /// A new request: hand it to [`Control::begin`].
+    Request(SwapRequest),
+    /// The import of the staged swap ended: hand it to [`Control::finish`].
+    Imported(Imported),
+}
+
+/// The end of a staged swap's import, for [`Control::finish`].
+pub struct Imported {
+    in_flight: InFlight,
+    import: Result<Result<Staged<'static>, SupervisorError>, tokio::task::JoinError>,
 }
 
 impl Control {
@@ -282,48 +347,138 @@ impl Control {
     pub fn new(runtime: &Runtime, limits: Limits, metrics: Arc<Metrics>) -> (Self, SwapSender) {
         let (requests, receiver) = mpsc::channel(QUEUE);
         let sender = SwapSender { requests, loader: runtime.loader(), limits, metrics: metrics.clone() };
-        (Self { requests: receiver, metrics }, sender)
+        (Self { requests: receiver, metrics, staging: None, again: None }, sender)
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
-    /// The next request; pending forever once every sender is gone (the loop goes on). Cancel
-    /// safe: a request is only taken when this completes.
-    pub async fn next(&mut self) -> SwapRequest {
+    /// Called when a term starts: a staging the last term left is of its supervisor's
+    /// checkpoint, which is gone. Its import is dropped (a running one finishes on its thread
+    /// and is discarded) and its request is taken again, first, by [`Self::next`].
+    pub fn start_term(&mut self) {
+        if let Some(in_flight) = self.staging.take() {
+            tracing::info!(
+                origin = %in_flight.request.origin,
+                sha256 = %in_flight.sha256,
+                "a swap was staging when the last term ended; staging it again on this term's version"
+            );
+            in_flight.import.abort();
+            self.again = Some(in_flight.request);
+        }
+    }
+
+    /// Whether a swap is staging (then [`Self::next`] waits for its import, not for requests).
+    pub fn is_staging(&self) -> bool {
+        self.staging.is_some()
+    }
+
+    /// The end of the staging import when one runs, else the next request; pending forever once
+    /// every sender is gone (the loop goes on). Cancel safe: nothing is taken unless this
+    /// completes. Requests wait in the channel while a swap stages: one swap at a time.
+    pub async fn next(&mut self) -> ControlEvent {
+        if let Some(request) = self.again.take() {
+            return ControlEvent::Request(request);
+        }
+        if let Some(in_flight) = &mut self.staging {
+            let import = (&mut in_flight.import).await;
+            let in_flight = self.staging.take().expect("the staging awaited above");
+            return ControlEvent::Imported(Imported { in_flight, import });
+        }
         match self.requests.recv().await {
-            Some(request) => request,
+            Some(request) => ControlEvent::Request(request),
             None => std::future::pending().await,
         }
     }
 
-    /// Swaps `supervisor` to the request's version, records the result and answers it. An
-    /// accepted swap gives the new version's first step ([`SwapReport::first_step`]): the caller
-    /// carries it out like any other step, since the new version holds its commands in flight.
+    /// What the loop does with [`Self::next`]'s event; the first step of a version that now
+    /// serves, as [`Self::finish`] gives it.
+    pub fn handle(&mut self, supervisor: &mut Supervisor<'_>, event: ControlEvent, now_ms: u64) -> Option<wit::Step> {
+        match event {
+            ControlEvent::Request(request) => self.begin(supervisor, request, now_ms),
+            ControlEvent::Imported(imported) => self.finish(supervisor, imported, now_ms),
+        }
+    }
+
+    /// Starts the request's swap: answers `unchanged` for the version serving, else stages it
+    /// ([`Supervisor::stage`], cheap) and imports the state on a blocking thread; the loop serves
+    /// on. When staging is refused (the supervisor could not take a checkpoint), a plain swap
+    /// decides, so that the refusal is the supervisor's own, counted and recorded; then, when
+    /// accepted, its first step is returned as [`Self::finish`] returns it.
+    pub fn begin(&mut self, supervisor: &mut Supervisor<'_>, request: SwapRequest, now_ms: u64) -> Option<wit::Step> {
+        let sha256 = request.logic.info().sha256.clone();
+        if supervisor.logic().info().sha256 == sha256 {
+            tracing::info!(origin = %request.origin, %sha256, "swap asked for the version already serving; nothing to do");
+            let result = SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 };
+            let _ = request.reply.send(result);
+            return None;
+        }
+        match supervisor.stage(request.logic.clone()) {
+            Ok(staging) => {
+                tracing::info!(origin = %request.origin, %sha256, "staging the swap: the state moves into the new version beside serving");
+                let import = tokio::task::spawn_blocking(move || staging.import());
+                self.staging = Some(InFlight { request, sha256, import, staged_at: Instant::now() });
+                None
+            }
+            Err(error) => {
+                tracing::warn!(origin = %request.origin, %sha256, error = %error_chain(&error), "staging the swap failed; swapping with the whole state move on the loop");
+                self.finish_with(supervisor, request, sha256, now_ms, |supervisor, logic, now_ms| {
+                    supervisor.swap(logic, now_ms)
+                })
+            }
+        }
+    }
+
+    /// Switches to the staged version once its import ended ([`Supervisor::swap_staged`]),
+    /// records the result and answers the request. An accepted swap gives the new version's
+    /// first step ([`SwapReport::first_step`]): the caller carries it out like any other step,
+    /// since the new version holds its commands in flight.
     ///
     /// [`SwapReport::first_step`]: crate::supervisor::SwapReport::first_step
-    pub fn handle(&self, supervisor: &mut Supervisor<'_>, request: SwapRequest, now_ms: u64) -> Option<wit::Step> {
-        let SwapRequest { logic, origin, reply } = request;
-        let sha256 = logic.info().sha256.clone();
-        let mut first_step = None;
-        let result = if supervisor.logic().info().sha256 == sha256 {
+    pub fn finish(&mut self, supervisor: &mut Supervisor<'_>, imported: Imported, now_ms: u64) -> Option<wit::Step> {
+        let Imported { in_flight: InFlight { request, sha256, staged_at, .. }, import } = imported;
+        let origin = request.origin.clone();
+        tracing::debug!(%origin, %sha256, staging = ?staged_at.elapsed(), "the staged version holds the state; switching");
+        if supervisor.logic().info().sha256 == sha256 {
+            // A rollback while staging went back to the very version asked for.
             tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
-            SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 }
-        } else {
-            tracing::info!(%origin, %sha256, "swapping the logic");
-            match supervisor.swap(logic, now_ms) {
-                Ok(report) => {
-                    let result = SwapResult::accepted(&report, sha256);
-                    first_step = Some(report.first_step);
-                    result
-                }
-                Err(error) => SwapResult::Refused { kind: error.kind().into(), reason: error_chain(&error), sha256 },
-            }
-        };
-        if !matches!(result, SwapResult::Unchanged { .. }) {
-            self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
+            let _ = request.reply.send(SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 });
+            return None;
         }
+        self.finish_with(supervisor, request, sha256, now_ms, move |supervisor, logic, now_ms| match import {
+            Ok(Ok(staged)) => supervisor.swap_staged(staged, now_ms),
+            Ok(Err(error)) => Err(supervisor.refuse_staged(error)),
+            Err(error) => {
+                // The import thread panicked or was cancelled: nothing staged; a plain swap
+                // decides on the loop.
+                let error = ControlError::ImportAborted(error);
+                tracing::error!(error = %error_chain(&error), "swapping with the whole state move on the loop instead");
+                supervisor.swap(logic, now_ms)
+            }
+        })
+    }
+
+    /// Runs `swap`, records its result and answers the request; the first step when accepted.
+    fn finish_with<'s>(
+        &self,
+        supervisor: &mut Supervisor<'s>,
+        request: SwapRequest,
+        sha256: String,
+        now_ms: u64,
+        swap: impl FnOnce(&mut Supervisor<'s>, Logic, u64) -> Result<SwapReport, SupervisorError>,
+    ) -> Option<wit::Step> {
+        let SwapRequest { logic, origin, reply } = request;
+        let mut first_step = None;
+        let result = match swap(supervisor, logic, now_ms) {
+            Ok(report) => {
+                let result = SwapResult::accepted(&report, sha256);
+                first_step = Some(report.first_step);
+                result
+            }
+            Err(error) => SwapResult::Refused { kind: error.kind().into(), reason: error_chain(&error), sha256 },
+        };
+        self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
         // A requester that stopped waiting still finds the result in /status and the Event.
         let _ = reply.send(result);
         first_step

@@ -24,8 +24,11 @@
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
 //! * **Operations.** With a [`Control`] ([`run_with`]), the supervisor publishes to its
 //!   [`Metrics`](crate::metrics::Metrics) (readiness also waits for the initial lists), and the
-//!   loop takes swap requests between inputs: see [`crate::control`]. A version swapped in
-//!   stays the active one across leadership terms.
+//!   loop takes swap requests between inputs: it stages each (the state move runs on a
+//!   blocking thread while the old version serves) and switches when the import comes back
+//!   through the same `select!`; see [`crate::control`]. A version swapped in stays the active
+//!   one across leadership terms, and a swap still staging when a term ends is staged again by
+//!   the next one ([`Control::start_term`]).
 //!
 //! * **Leader election** (design §6, [`crate::lease`]): with [`Settings::leader_election`] set,
 //!   a replica that does not lead watches nothing and runs no logic; when it becomes the leader
@@ -37,7 +40,7 @@
 //!   releases the Lease. Without election, run one replica.
 
 use crate::azure::{ArmClient, AzureApi};
-use crate::control::{Control, SwapRequest};
+use crate::control::{Control, ControlEvent};
 use crate::executor::{Executor, KubeApi, command_name};
 use crate::kube::{KubeClient, error_chain};
 use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
@@ -475,8 +478,8 @@ pub async fn run_with(
     .await
 }
 
-/// The next swap request, or never without a control.
-async fn next_swap(control: &mut Option<Control>) -> SwapRequest {
+/// The next swap request or the end of a staging import, or never without a control.
+async fn next_swap(control: &mut Option<Control>) -> ControlEvent {
     match control {
         Some(control) => control.next().await,
         None => std::future::pending().await,
@@ -527,7 +530,8 @@ async fn reconcile(
         None => Supervisor::new(logic),
     };
     let _term = Term(control.as_ref().map(|control| control.metrics().clone()));
-    if let Some(control) = control.as_ref() {
+    if let Some(control) = control.as_mut() {
+        control.start_term();
         control.metrics().standing_by(false);
         control.metrics().await_lists();
         supervisor = supervisor.with_metrics(control.metrics().clone());
@@ -578,9 +582,9 @@ async fn reconcile(
                 }
                 supervisor.observe(now_ms(), &batch)
             }
-            request = next_swap(control) => {
-                let Some(control) = control.as_ref() else { continue };
-                let Some(first_step) = control.handle(&mut supervisor, request, now_ms()) else { continue };
+            event = next_swap(control) => {
+                let Some(control) = control.as_mut() else { continue };
+                let Some(first_step) = control.handle(&mut supervisor, event, now_ms()) else { continue };
                 Ok(first_step)
             }
             () = timer => {

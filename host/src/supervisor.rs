@@ -40,13 +40,14 @@
 //!
 //!   That import is still most of a swap (~0.1–0.2 s on 30,000 pods), and inputs wait through
 //!   it. A **staged swap** takes it off the serving path: [`Supervisor::stage`] hands out the
-//!   checkpoint, [`Staging::import`] imports it into the new version on any thread while this
-//!   supervisor serves on, and [`Supervisor::swap_staged`] replays the journal since that
-//!   checkpoint into the new version, then checks it as a plain swap does. The replay is
-//!   trusted only when the new version answers every journaled input with the step the old
-//!   one gave (compared by digest): otherwise its in-flight commands would not be the ones
-//!   handed out, and the switch falls back to a whole state move — as it does when a
-//!   checkpoint was taken since staging, since the journal no longer reaches back to it.
+//!   checkpoint and a copy of the journal since, [`Staging::import`] imports the one and
+//!   replays the other into the new version on any thread while this supervisor serves on, and
+//!   [`Supervisor::swap_staged`] replays only the inputs delivered since `stage`, then checks
+//!   the new version as a plain swap does. A replay is trusted only when the new version
+//!   answers every journaled input with the step the old one gave (compared by digest):
+//!   otherwise its in-flight commands would not be the ones handed out, and the switch falls
+//!   back to a whole state move — as it does when a checkpoint was taken since staging, since
+//!   the journal no longer reaches back to it, or when a rollback replaced the journal.
 //!
 //! Every method takes `&mut self`, so no input can interleave with a swap or a recovery: an
 //! input that arrives meanwhile waits for the call to return, and is then delivered to
@@ -692,14 +693,26 @@ impl<'a> Supervisor<'a> {
     /// Starts a staged swap: what [`Staging::import`] needs to move the state into `new` off the
     /// serving path (on another thread; the engine is shared, stores are independent), while
     /// this supervisor keeps serving. [`Self::swap_staged`] then switches with a short pause.
-    /// Takes a checkpoint first when the journal is longer than [`STAGE_REPLAY_INPUTS`], so
-    /// that the replay at the switch stays short.
-    pub fn stage(&mut self, new: impl Into<LogicRef<'a>>) -> Result<Staging<'a>, SupervisorError> {
+    /// The journal since the checkpoint goes with it: [`Staging::import`] replays it too, off
+    /// the serving path, so that the switch replays only what is delivered after this call and
+    /// no checkpoint (an export, tens of milliseconds on a large cluster) is taken here. Only a
+    /// journal whose steps are not all known (after a rollback), which no replay could be
+    /// checked against, is checkpointed first.
+    ///
+    /// The staging borrows nothing from this supervisor (its lifetime is the new version's), so
+    /// an owned version can be staged on a `'static` thread.
+    pub fn stage<'n>(&mut self, new: impl Into<LogicRef<'n>>) -> Result<Staging<'n>, SupervisorError> {
         let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
-        if self.journal.len() > STAGE_REPLAY_INPUTS {
+        if self.journal_steps.iter().any(Option::is_none) {
             self.try_checkpoint()?;
         }
-        Ok(Staging { new: new.into(), config, checkpoint: self.checkpoint.clone() })
+        Ok(Staging {
+            new: new.into(),
+            config,
+            checkpoint: self.checkpoint.clone(),
+            journal: self.journal.clone(),
+            steps: self.journal_steps.clone(),
+        })
     }
 
     /// Switches to a version staged with [`Self::stage`] and [`Staging::import`]: replays the
@@ -714,14 +727,29 @@ impl<'a> Supervisor<'a> {
         result
     }
 
+    /// Records a staged swap whose [`Staging::import`] failed as the refusal it is (counted and
+    /// published like one of [`Self::swap`]'s); the old version was never touched.
+    pub fn refuse_staged(&mut self, error: SupervisorError) -> SupervisorError {
+        let error = self.refused(error);
+        self.publish();
+        error
+    }
+
     fn swap_staged_inner(&mut self, staged: Staged<'a>, now_ms: u64) -> Result<SwapReport, SupervisorError> {
         let started = Instant::now();
-        let Staged { new, checkpoint, mut running, import } = staged;
+        let Staged { new, checkpoint, mut running, import, prefix } = staged;
         if !Arc::ptr_eq(&checkpoint, &self.checkpoint) {
             tracing::info!(version = %version_name(&new), "a checkpoint was taken since staging; moving the whole state");
             return self.swap_inner(new, now_ms, started);
         }
-        for (input, expected) in self.journal.iter().zip(&self.journal_steps) {
+        // The import replayed the journal as it was at `stage`; it must still begin this
+        // journal (a rollback since replaced it, with steps no longer known).
+        let Some(steps) = prefix.filter(|steps| self.journal_steps.get(..steps.len()) == Some(&steps[..])) else {
+            tracing::info!(version = %version_name(&new), "the staged version answered the journal differently, or it changed since staging; moving the whole state");
+            return self.swap_inner(new, now_ms, started);
+        };
+        let done = steps.len();
+        for (input, expected) in self.journal.iter().zip(&self.journal_steps).skip(done) {
             // A trap is a different answer too: a plain swap does not replay, so it decides.
             let same = running.call(input).is_ok_and(|step| expected.is_some_and(|e| e == digest(&step)));
             if !same {
@@ -731,7 +759,7 @@ impl<'a> Supervisor<'a> {
         }
         match self.check_new(running, import, now_ms) {
             Ok(prepared) => {
-                let prepared = PreparedSwap { replayed: Some(self.journal.len()), ..prepared };
+                let prepared = PreparedSwap { replayed: Some(self.journal.len() - done), ..prepared };
                 self.switch(new, prepared, started)
             }
             Err(error) => Err(self.refused(error)),
@@ -822,24 +850,30 @@ impl<'a> Supervisor<'a> {
     }
 }
 
-/// Inputs a staged swap may have to replay at the switch before [`Supervisor::stage`] takes a
-/// checkpoint instead (a few milliseconds of replay on a large cluster, BENCHMARKS.md).
-pub const STAGE_REPLAY_INPUTS: usize = 64;
-
 /// A staged swap before its state move: [`Staging::import`] may run on any thread.
 pub struct Staging<'a> {
     new: LogicRef<'a>,
     config: wit::Config,
     checkpoint: Arc<wit::VersionedState>,
+    /// The journal at [`Supervisor::stage`], and the digest of the step each input got.
+    journal: Vec<Input>,
+    steps: Vec<Option<u64>>,
 }
 
 impl<'a> Staging<'a> {
-    /// Imports the checkpoint into a fresh instance of the new version. A failure here is the
-    /// refusal [`Supervisor::swap`] would give (the old version was never touched).
+    /// Imports the checkpoint into a fresh instance of the new version and replays the journal
+    /// staged with it. A failure of the import is the refusal [`Supervisor::swap`] would give
+    /// (the old version was never touched); a replay answered differently (or a trap in it) is
+    /// not a refusal: the switch then moves the whole state, as a plain swap decides.
     pub fn import(self) -> Result<Staged<'a>, SupervisorError> {
         let started = Instant::now();
-        let running = Running::rebuild(&self.new, &self.config, &self.checkpoint, &[])?;
-        Ok(Staged { new: self.new, checkpoint: self.checkpoint, running, import: started.elapsed() })
+        let mut running = Running::rebuild(&self.new, &self.config, &self.checkpoint, &[])?;
+        let same = self.journal.iter().zip(&self.steps).all(|(input, expected)| {
+            // What the replay issues was handed out by the serving version: it is dropped.
+            running.call(input).is_ok_and(|step| expected.is_some_and(|e| e == digest(&step)))
+        });
+        let prefix = same.then_some(self.steps);
+        Ok(Staged { new: self.new, checkpoint: self.checkpoint, running, import: started.elapsed(), prefix })
     }
 }
 
@@ -849,10 +883,13 @@ pub struct Staged<'a> {
     checkpoint: Arc<wit::VersionedState>,
     running: Running,
     import: Duration,
+    /// The steps of the journal replayed by the import, when the new version answered them all
+    /// as the serving one did.
+    prefix: Option<Vec<Option<u64>>>,
 }
 
 impl Staged<'_> {
-    /// How long the import took (off the serving path).
+    /// How long the import and its replay took (off the serving path).
     pub fn import_took(&self) -> Duration {
         self.import
     }

@@ -4,11 +4,15 @@
 //! (b) the state move alone (export from the old instance, import into a fresh one);
 //! (c) one checkpoint (`export-state`), and what the checkpoint policy costs per input;
 //! (d) one endpoint change with the limits on and off;
-//! (e) a staged swap: the state imported on another thread while the old version serves, then
+//! (e) a staged swap: the state imported (and the journal replayed) on another thread while the old version serves, then
 //!     the switch (replay of what was delivered meanwhile, checks, first tick): the total and
-//!     the pauses during which inputs wait.
+//!     the pauses during which inputs wait;
+//! (f) the same in the product path, `clb-host run`'s [`Control`]: the request staged on the
+//!     loop, the import on a tokio blocking thread, its end taken as the loop takes it, the
+//!     switch recorded and answered — built-in → next guest, each on a fresh supervisor.
 //! Run with `cargo bench -p clb-tests --bench swap`; prints a Markdown table.
 
+use clb_host::control::{Control, ControlEvent, SwapResult};
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, Logic, Metering, Runtime};
 use clb_host::supervisor::{CheckpointPolicy, Supervisor};
@@ -21,6 +25,8 @@ use std::time::{Duration, Instant};
 const SWAPS: usize = 5;
 /// Endpoint changes served by the old version while a staged swap imports.
 const CHANGES_WHILE_STAGING: usize = 10;
+/// Swaps measured through `clb-host run`'s `Control` (each on a fresh cluster: v1 → v2 once).
+const PRODUCT_SWAPS: usize = 3;
 /// Endpoint changes per policy when measuring what checkpoints cost per input.
 const CHANGES: usize = 4_096;
 
@@ -116,6 +122,43 @@ fn main() {
         staged_total.push(start.elapsed());
     }
 
+    // (f) The product path: what `clb-host run`'s loop does with a swap request. The compile
+    // (in `SwapSender::swap`, before the loop sees the request) is not counted.
+    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (mut product_total, mut product_stage, mut product_switch, mut product_took) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut stage_checkpoints = 0;
+    for _ in 0..PRODUCT_SWAPS {
+        let mut serving = steady(&a, CheckpointPolicy::default(), &config);
+        let (mut control, sender) = Control::new(runtime, limits(), clb_host::metrics::Metrics::new());
+        tokio.block_on(async {
+            let asked = tokio::spawn(async move { sender.swap(NEXT_GUEST.to_vec(), None, "bench").await });
+            let ControlEvent::Request(request) = control.next().await else { unreachable!("nothing staged yet") };
+            let before = serving.stats().checkpoints;
+            let start = Instant::now();
+            assert!(control.begin(&mut serving, request, 50).is_none(), "staged, not switched");
+            product_stage.push(start.elapsed());
+            stage_checkpoints += serving.stats().checkpoints - before;
+            for round in 0..CHANGES_WHILE_STAGING {
+                change(&mut serving, round, 50);
+            }
+            let event = control.next().await;
+            let ControlEvent::Imported(imported) = event else { unreachable!("one swap at a time") };
+            let switch = Instant::now();
+            let first_step = control.finish(&mut serving, imported, 50).expect("accepted");
+            product_switch.push(switch.elapsed());
+            assert!(first_step.commands.is_empty());
+            change(&mut serving, CHANGES_WHILE_STAGING, 50);
+            product_total.push(start.elapsed());
+            match asked.await.unwrap().unwrap() {
+                SwapResult::Accepted { took_ms, replayed_inputs: Some(_), .. } => {
+                    product_took.push(Duration::from_secs_f64(took_ms / 1e3))
+                }
+                other => panic!("a staged swap, accepted: {other:?}"),
+            }
+        });
+    }
+
     // (b) The state move alone: the serving version's export, a fresh instance's import.
     let mut steady_a = steady(&a, never, &config);
     let mut export = Vec::new();
@@ -178,14 +221,33 @@ fn main() {
         ),
         median(staged_total),
     );
-    row("(e) of which the pause at `stage` (a checkpoint when the journal is long)", median(stage_pause));
-    row("(e) of which the import, on another thread (no pause)", median(staged_import));
+    row("(e) of which the pause at `stage` (a copy of the journal since the checkpoint)", median(stage_pause));
+    row(
+        "(e) of which the import and the replay of the staged journal, on another thread (no pause)",
+        median(staged_import),
+    );
     row(
         &format!(
             "(e) of which the pause at the switch (`swap_staged`: replay of {replayed} inputs, checks, first tick)"
         ),
         median(switch_pause),
     );
+    row(
+        &format!(
+            "(f) product path (`Control`), built-in → next guest, total: stage, import while {CHANGES_WHILE_STAGING} changes are served, switch, first call (median of {PRODUCT_SWAPS})"
+        ),
+        median(product_total.clone()),
+    );
+    row(
+        &format!(
+            "(f) of which the pause at `Control::begin` (stage, spawn the import; checkpoints taken there: {stage_checkpoints} in {PRODUCT_SWAPS})"
+        ),
+        median(product_stage.clone()),
+    );
+    row("(f) of which the pause at `Control::finish` (switch, record, answer)", median(product_switch.clone()));
+    row("(f) the pause as the accepted result reports it (`tookMs`)", median(product_took));
+    let pause = median(product_stage) + median(product_switch);
+    println!("| (f) inputs wait / total | {:.3} |", pause.as_secs_f64() / median(product_total).as_secs_f64());
     row("(b) state move alone: export", export);
     row("(b) state move alone: import into a fresh instance", import);
     row("(b) state move alone: export + import", export + import);

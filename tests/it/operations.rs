@@ -129,6 +129,16 @@ async fn next_guest_serves(client: &::kube::Client, namespace: &str) {
         if found { Ok(()) } else { Err(format!("{reasons:?}")) }
     })
     .await;
+    // Gone before the host stops (it removes its finalizer): the API server keeps a deleted
+    // namespace's objects, and a later test's host would list this one, which the next guest
+    // answers differently from the built-in logic — a staged swap's replay would not match.
+    let services = Api::<Service>::namespaced(client.clone(), namespace);
+    services.delete("legacy", &DeleteParams::default()).await.expect("deletes the legacy Service");
+    eventually("the legacy Service gone", async || match services.get_opt("legacy").await {
+        Ok(None) => Ok(()),
+        other => Err(format!("{other:?}")),
+    })
+    .await;
 }
 
 /// A LoadBalancer Service the logic provisions (no endpoints needed).
@@ -445,41 +455,124 @@ fn run_refuses_two_logic_sources_a_pin_without_one_and_a_malformed_pin_or_refere
     }
 }
 
+/// Asks `host` for a swap to `bytes` with `clb-host swap` while `SERVICES` Services are created
+/// one after the other: whichever way they interleave with the staging and the switch, every
+/// watch event must reach one version, once. What `clb-host swap` answered.
+async fn swap_during_a_burst(client: &::kube::Client, ns: &str, host: &Host, bytes: &[u8]) -> (u8, String, String) {
+    let file = temp_dir(ns).join("logic.wasm");
+    std::fs::write(&file, bytes).unwrap();
+    let args = vec!["--to".into(), file.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+    let create = async {
+        for i in 0..SERVICES {
+            create_service(client, ns, &format!("web-{i}"), json!({})).await;
+        }
+    };
+    let ((), answer) = tokio::join!(create, clb_host_swap(args));
+    answer
+}
+
+/// Services [`swap_during_a_burst`] creates.
+const SERVICES: usize = 8;
+
+/// Waits until the burst's Services all have their one ingress IP.
+async fn every_service_provisioned(client: &::kube::Client, ns: &str) {
+    let services = Api::<Service>::namespaced(client.clone(), ns);
+    eventually("every Service provisioned with one ingress IP", async || {
+        let listed = services.list(&Default::default()).await.map_err(|e| e.to_string())?;
+        let ips: Vec<_> = listed.items.iter().map(|s| (s.metadata.name.clone(), ingress_ips(s))).collect();
+        if ips.len() == SERVICES && ips.iter().all(|(_, ips)| ips.len() == 1) {
+            Ok(())
+        } else {
+            Err(format!("{ips:?}"))
+        }
+    })
+    .await;
+}
+
 #[test]
-fn services_created_while_a_swap_runs_are_all_provisioned_and_the_new_version_serves_what_follows() {
-    const SERVICES: usize = 8;
+fn a_swap_requested_while_services_are_created_is_staged_every_service_is_provisioned_and_the_new_version_serves_what_follows()
+ {
     in_namespace("during", async |client, ns| {
         let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
         let host = Host::start(client, Options { events: Some(events), ..Default::default() }).await;
-        let next = temp_dir("during").join("next.wasm");
-        std::fs::write(&next, NEXT_GUEST).unwrap();
-        let args =
-            vec!["--to".into(), next.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
 
-        // The swap and a burst of Services at once: whichever way they interleave, every watch
-        // event reaches one version, once.
-        let create = async {
-            for i in 0..SERVICES {
-                create_service(client, ns, &format!("web-{i}"), json!({})).await;
-            }
-        };
-        let ((), (code, out, err)) = tokio::join!(create, clb_host_swap(args));
+        let (code, out, err) = swap_during_a_burst(client, ns, &host, NEXT_GUEST).await;
         assert_eq!(code, 0, "{out}{err}");
-        let services = Api::<Service>::namespaced(client.clone(), ns);
-        eventually("every Service provisioned with one ingress IP", async || {
-            let listed = services.list(&Default::default()).await.map_err(|e| e.to_string())?;
-            let ips: Vec<_> = listed.items.iter().map(|s| (s.metadata.name.clone(), ingress_ips(s))).collect();
-            if ips.len() == SERVICES && ips.iter().all(|(_, ips)| ips.len() == 1) {
-                Ok(())
-            } else {
-                Err(format!("{ips:?}"))
-            }
-        })
-        .await;
+        // Staged: the state moved beside serving and the switch replayed what came meanwhile.
+        assert!(out.contains("beside serving; inputs waited") && out.contains("replayed at the switch"), "{out}");
+        every_service_provisioned(client, ns).await;
         let status = host.status().await;
         assert_eq!(status["active"]["sha256"], sha256_hex(NEXT_GUEST), "{status}");
         assert_eq!(status["quarantinedInputs"], 0, "{status}");
+        let last = &status["lastSwap"];
+        assert_eq!(last["result"], "accepted", "{status}");
+        let replayed = last["replayedInputs"].as_u64().expect("a staged swap reports the inputs it replayed");
+        assert!(out.contains(&format!("({replayed} replayed at the switch)")), "the same count: {out}\n{status}");
+        let swapped = event_on(client, ns, "clb-swaps", "LogicSwapped", None).await;
+        assert!(swapped.message.as_deref().is_some_and(|m| m.contains("beside serving")), "{swapped:?}");
         next_guest_serves(client, ns).await;
         host.stop().await;
+    });
+}
+
+#[test]
+fn a_staged_swap_the_self_check_refuses_leaves_the_old_version_serving_with_every_input_it_took() {
+    in_namespace("refused-during", async |client, ns| {
+        let host = Host::start(client, Default::default()).await;
+
+        let (code, out, err) = swap_during_a_burst(client, ns, &host, DESTRUCTIVE_GUEST).await;
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.contains("refused (self-check)"), "{out}");
+        // The old version took every Service, those delivered while the refused one staged too.
+        every_service_provisioned(client, ns).await;
+        let status = host.status().await;
+        assert_eq!(status["active"]["sha256"], builtin().info().sha256, "{status}");
+        assert_eq!(status["swaps"], json!({"self-check": 1}), "{status}");
+        assert_eq!(status["quarantinedInputs"], 0, "{status}");
+        // And serves what follows: one more Service, provisioned by it.
+        create_service(client, ns, "after", json!({})).await;
+        let services = Api::<Service>::namespaced(client.clone(), ns);
+        eventually("the Service created after the refusal provisioned", async || {
+            let after = services.get("after").await.map_err(|e| e.to_string())?;
+            if ingress_ips(&after).len() == 1 { Ok(()) } else { Err(format!("{:?}", after.status)) }
+        })
+        .await;
+        assert_eq!(host.status().await["active"]["sha256"], builtin().info().sha256);
+        host.stop().await;
+    });
+}
+
+#[test]
+fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answered_once() {
+    use clb_host::control::{Control, ControlEvent, SwapResult};
+    use clb_host::supervisor::{Supervisor, version_name};
+    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    tokio.block_on(async {
+        let metrics = clb_host::metrics::Metrics::new();
+        let (mut control, sender) = Control::new(clb_tests::runtime(), Default::default(), metrics.clone());
+        let asked = tokio::spawn(async move { sender.swap(NEXT_GUEST.to_vec(), None, "test").await });
+
+        // A term stages the swap and ends (leadership lost) before the import comes back.
+        let mut first = crate::supervisor::start(Supervisor::new(builtin()));
+        let ControlEvent::Request(request) = control.next().await else { panic!("a request comes first") };
+        assert!(control.begin(&mut first, request, 10).is_none(), "staged: nothing switched yet");
+        assert!(control.is_staging());
+        drop(first);
+
+        // The next term stages it again against its own supervisor, and switches.
+        control.start_term();
+        assert!(!control.is_staging(), "the stale import is dropped");
+        let mut second = crate::supervisor::start(Supervisor::new(builtin()));
+        let ControlEvent::Request(request) = control.next().await else { panic!("the request is taken again") };
+        assert!(control.begin(&mut second, request, 20).is_none());
+        let ControlEvent::Imported(imported) = control.next().await else { panic!("the import ends") };
+        assert!(control.finish(&mut second, imported, 30).is_some(), "accepted: the first step to carry out");
+
+        let answer = asked.await.unwrap().expect("answered, not dropped");
+        assert!(matches!(answer, SwapResult::Accepted { replayed_inputs: Some(_), .. }), "{answer:?}");
+        assert_eq!(version_name(second.logic()), sha256_hex(NEXT_GUEST)[..12]);
+        let status = metrics.status();
+        let last = status.last_swap.expect("the swap is recorded");
+        assert_eq!((last.origin.as_str(), &last.result), ("test", &answer), "recorded once, as answered");
     });
 }
