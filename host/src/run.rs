@@ -37,13 +37,16 @@
 //!   releases the Lease. Without election, run one replica.
 
 use crate::azure::{ArmClient, AzureApi};
+use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
 use crate::control::{Control, SwapRequest};
 use crate::executor::{Executor, KubeApi, command_name};
 use crate::kube::{KubeClient, error_chain};
 use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
 use crate::records;
+use crate::run_pools::Pools;
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use crate::supervisor::{Supervisor, SupervisorError};
 use ::kube::api::Api;
 use ::kube::config::{KubeConfigOptions, Kubeconfig};
@@ -86,6 +89,11 @@ pub enum RunError {
     WatchEnded(&'static str),
     #[error("leader election cannot start")]
     Election(#[source] LeaseError),
+    /// The backend-pool updater of multi-SLB local-service mode failed (its guest session).
+    #[error("the backend-pool updater failed")]
+    Pools(#[source] PoolUpdaterError),
+    #[error("the backend-pool updater stopped")]
+    PoolsEnded,
     /// Leadership ended before a command was started; [`crate::lease::lead`] stands by.
     #[error("not the leader any more")]
     NotLeader,
@@ -139,7 +147,8 @@ pub fn stop_signal() -> std::io::Result<impl Future<Output = ()>> {
 /// What `run` connects.
 pub struct Settings {
     pub kube: ::kube::Client,
-    pub arm: ArmClient,
+    /// Shared by the commands and, in multi-SLB mode, the backend-pool updater.
+    pub arm: std::sync::Arc<ArmClient>,
     pub config: wit::Config,
     /// Which replica this is, in the Events it records.
     pub instance: String,
@@ -147,24 +156,32 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
-    /// The Azure resource lock, for the backend-pool updater of multi-SLB local-service mode
-    /// (`run` does not drive that updater yet, so nothing takes it today; CLB mode does not use
-    /// it, as upstream).
+    /// The Azure resource lock (upstream §f) the backend-pool updater of multi-SLB
+    /// local-service mode takes around each tick that writes pools ([`crate::run_pools`]). CLB
+    /// mode does not take it, as upstream.
     pub resource_lock: LeaseLockConfig,
+    /// `multipleStandardLoadBalancerConfigurations`, as Service placement reads them
+    /// ([`CloudConfig::slb_configurations`](crate::inputs::CloudConfig::slb_configurations)).
+    pub slb_configurations: Vec<SlbConfiguration>,
+    /// The backend-pool updater's tick interval and retries
+    /// ([`CloudConfig::pool_updater_config`](crate::inputs::CloudConfig::pool_updater_config)).
+    pub pool_updater: PoolUpdaterConfig,
 }
 
 impl Settings {
-    /// Settings with the default [`SHUTDOWN_GRACE`], no leader election and the upstream
-    /// resource lock.
+    /// Settings with the default [`SHUTDOWN_GRACE`], no leader election, the upstream resource
+    /// lock and updater interval, and no multi-SLB configurations.
     pub fn new(kube: ::kube::Client, arm: ArmClient, config: wit::Config, instance: impl Into<String>) -> Self {
         Self {
             kube,
-            arm,
+            arm: std::sync::Arc::new(arm),
             config,
             instance: instance.into(),
             shutdown_grace: SHUTDOWN_GRACE,
             leader_election: None,
             resource_lock: LeaseLockConfig::default(),
+            slb_configurations: Vec::new(),
+            pool_updater: PoolUpdaterConfig::default(),
         }
     }
 }
@@ -533,6 +550,16 @@ async fn reconcile(
         supervisor = supervisor.with_metrics(control.metrics().clone());
     }
     supervisor.start(&settings.config).map_err(RunError::Logic)?;
+    // Multi-SLB local-service mode: the backend-pool producer sees every batch the guest sees,
+    // and the updater ticks alongside the loop (`run_pools`).
+    let pools = Pools::for_mode(supervisor.logic(), settings)?;
+    let pool_leadership = leadership.clone();
+    let mut pool_work = std::pin::pin!(async {
+        match &pools {
+            Some(pools) => pools.run(&pool_leadership).await,
+            None => std::future::pending().await,
+        }
+    });
     let mut mirrors = Mirrors::default();
     let mut lists_sent = false;
     let mut commands = Commands::new(&executor, leadership);
@@ -551,6 +578,11 @@ async fn reconcile(
         // waits for another, so a slow Azure call delays only what depends on its outcome.
         let step = tokio::select! {
             () = &mut shutdown => break,
+            result = &mut pool_work => {
+                // It returns only on failure; an `Ok` would mean it stopped, which it must not.
+                result?;
+                return Err(RunError::PoolsEnded);
+            }
             Some(finished) = commands.running.next(), if !commands.running.is_empty() => {
                 let results = commands.settle(finished);
                 supervisor.complete(now_ms(), &results)
@@ -575,6 +607,9 @@ async fn reconcile(
                 }
                 if batch.is_empty() {
                     continue;
+                }
+                if let Some(pools) = &pools {
+                    pools.observe(&batch);
                 }
                 supervisor.observe(now_ms(), &batch)
             }

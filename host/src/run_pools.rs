@@ -1,0 +1,279 @@
+//! `clb-host run` in multi-SLB local-service mode (design §5, upstream §e and §f): the
+//! backend-pool producer fed from the run loop's watch stream, and the [`PoolUpdater`] ticking on
+//! real time under the Azure resource lock ([`LeaseLock`]).
+//!
+//! * **Producing.** [`Pools::observe`] takes every batch of observations the guest is given and
+//!   keeps the records the producer needs: Services, EndpointSlices and the IPv4 InternalIPs of
+//!   Nodes. It marks as changed only the Services a batch touched — the Service itself, the owner
+//!   of a changed slice, the owners of slices with endpoints on a Node whose IPs changed — and
+//!   the producer ([`PoolProducer`]) recomputes just those: placement through the guest's
+//!   `place-service`, then the node IPs of the ready endpoints against what it enqueued last.
+//!   Nothing is produced before the initial lists are complete (a pool must not lose the IPs of
+//!   Nodes not listed yet). A Service new to a pool starts from what the pool holds in Azure;
+//!   when that read fails the Service stays marked and is retried at the next tick.
+//! * **Ticking.** Every `loadBalancerBackendPoolUpdateIntervalInSeconds` (first one interval
+//!   after the term starts) the updater ticks: service lock → resource lock → drain → GET/PUT
+//!   per pool → Events (see [`crate::backend_pools`]). A tick is started only after checking
+//!   that leadership still holds, as [`crate::run`] does before each command; the producer only
+//!   fills the in-memory queue, so it needs no such check.
+//! * **Lifetime.** The queue, the producer's memory and the Lease lock live for one term: a new
+//!   leader starts from the lists and from what the pools hold in Azure, like a restart. A term
+//!   ended mid-tick drops the tick; if it held the resource lock, the Lease stays until its
+//!   duration runs out (renewal stops with the lock), as after a crash.
+
+use crate::azure::{ArmClient, AzureApi as _, PoolRef};
+use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
+use crate::kube::{KubeClient, error_chain};
+use crate::lease::{Leadership, LeaseLock};
+use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
+use crate::run::{RunError, Settings};
+use crate::sandbox::Logic;
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{ServicePlacement, SlbConfiguration};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// `(namespace, name)`.
+type Key = (String, String);
+
+/// What the producer reads of the cluster, and which Services changed since it last ran.
+#[derive(Default)]
+struct Store {
+    services: BTreeMap<Key, wit::Service>,
+    /// Lower-cased UID → Service, to find the owner of a slice.
+    by_uid: BTreeMap<String, Key>,
+    slices: BTreeMap<Key, wit::EndpointSlice>,
+    /// Node name → IPv4 InternalIPs.
+    nodes: BTreeMap<String, Vec<String>>,
+    /// Services to recompute.
+    changed: BTreeSet<Key>,
+    /// Whether the initial lists are complete.
+    listed: bool,
+}
+
+impl Store {
+    fn mark_owner(&mut self, slice: Option<&wit::EndpointSlice>) {
+        let owner = slice.and_then(|s| s.owner_service_uid.as_ref()).map(|uid| uid.to_ascii_lowercase());
+        if let Some(key) = owner.and_then(|uid| self.by_uid.get(&uid)) {
+            self.changed.insert(key.clone());
+        }
+    }
+
+    /// Marks the owners of the slices with an endpoint on `node`.
+    fn mark_on_node(&mut self, node: &str) {
+        let owners: Vec<Key> = self
+            .slices
+            .values()
+            .filter(|s| s.endpoints.iter().any(|e| e.node_name.as_deref() == Some(node)))
+            .filter_map(|s| s.owner_service_uid.as_ref())
+            .filter_map(|uid| self.by_uid.get(&uid.to_ascii_lowercase()).cloned())
+            .collect();
+        self.changed.extend(owners);
+    }
+
+    fn apply(&mut self, observation: &wit::Observation) {
+        match observation {
+            wit::Observation::ServiceUpserted(service) => {
+                let key = (service.namespace.clone(), service.name.clone());
+                if let Some(before) = self.services.insert(key.clone(), service.clone()) {
+                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
+                }
+                self.by_uid.insert(service.uid.to_ascii_lowercase(), key.clone());
+                self.changed.insert(key);
+            }
+            wit::Observation::ServiceDeleted(key) => {
+                if let Some(before) = self.services.remove(key) {
+                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
+                }
+                self.changed.insert(key.clone());
+            }
+            wit::Observation::SliceUpserted(slice) => {
+                let before = self.slices.insert((slice.namespace.clone(), slice.name.clone()), slice.clone());
+                self.mark_owner(before.as_ref());
+                self.mark_owner(Some(slice));
+            }
+            wit::Observation::SliceDeleted(key) => {
+                let before = self.slices.remove(key);
+                self.mark_owner(before.as_ref());
+            }
+            wit::Observation::NodeUpserted(node) => {
+                let ips = node_ipv4s(node);
+                // Nodes change at every status heartbeat; only their IPs matter here.
+                if self.nodes.get(&node.name) != Some(&ips) {
+                    self.nodes.insert(node.name.clone(), ips);
+                    self.mark_on_node(&node.name);
+                }
+            }
+            wit::Observation::NodeDeleted(name) => {
+                if self.nodes.remove(name).is_some() {
+                    self.mark_on_node(name);
+                }
+            }
+            wit::Observation::ListsComplete => {
+                self.listed = true;
+                self.changed.extend(self.services.keys().cloned());
+            }
+        }
+    }
+
+    /// The Service's record, if it exists, and the node IPs of its ready endpoints.
+    fn service(&self, key: &Key) -> Option<(wit::Service, BTreeSet<String>)> {
+        let service = self.services.get(key)?;
+        let in_namespace = self
+            .slices
+            .range((key.0.clone(), String::new())..)
+            .take_while(|((namespace, _), _)| *namespace == key.0)
+            .map(|(_, slice)| slice);
+        Some((service.clone(), ready_node_ips(&service.uid, in_namespace, &self.nodes)))
+    }
+}
+
+/// The backend-pool updater of one term and its producer.
+pub(crate) struct Pools {
+    updater: PoolUpdater<Arc<ArmClient>, LeaseLock, KubeClient>,
+    configurations: Vec<SlbConfiguration>,
+    store: RefCell<Store>,
+    producer: RefCell<PoolProducer>,
+    /// Signalled when a batch marked a Service (a permit is kept while nobody waits).
+    changed: tokio::sync::Notify,
+}
+
+impl Pools {
+    /// The updater, if `settings.config` is multi-SLB local-service mode for `logic`; `None` in
+    /// any other mode (a refused configuration is the supervisor's to report).
+    pub(crate) fn for_mode(logic: &Logic, settings: &Settings) -> Result<Option<Self>, RunError> {
+        let guest = |e| RunError::Pools(PoolUpdaterError::Guest(e));
+        let mode = logic.session().map_err(guest)?.validate_config(&settings.config).map_err(guest)?;
+        if mode != Ok(wit::Mode::MultiSlbLocalServices) {
+            return Ok(None);
+        }
+        let lock = LeaseLock::new(settings.kube.clone(), settings.resource_lock.clone());
+        let kube = KubeClient::new(settings.kube.clone(), settings.instance.clone());
+        let updater =
+            PoolUpdater::new(logic, settings.arm.clone(), lock, kube, ServiceLock::default(), settings.pool_updater)
+                .map_err(RunError::Pools)?;
+        tracing::info!(
+            load_balancers = settings.slb_configurations.len(),
+            interval = ?settings.pool_updater.interval,
+            lock = %format!("{}/{}", settings.resource_lock.namespace, settings.resource_lock.name),
+            "multi-SLB local-service mode: the backend-pool updater runs"
+        );
+        Ok(Some(Self {
+            updater,
+            configurations: settings.slb_configurations.clone(),
+            store: RefCell::default(),
+            producer: RefCell::default(),
+            changed: tokio::sync::Notify::new(),
+        }))
+    }
+
+    /// Takes in a batch the guest is given; see the module documentation.
+    pub(crate) fn observe(&self, batch: &[wit::Observation]) {
+        let mut store = self.store.borrow_mut();
+        for observation in batch {
+            store.apply(observation);
+        }
+        if store.listed && !store.changed.is_empty() {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Produces and ticks until something fatal happens (a guest failure, or leadership lost
+    /// before a tick); never returns `Ok`.
+    pub(crate) async fn run(&self, leadership: &Leadership) -> Result<(), RunError> {
+        let every = self.updater_interval();
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = self.changed.notified() => self.produce().await?,
+                _ = interval.tick() => {
+                    // Services whose pool could not be read are retried before the tick.
+                    self.produce().await?;
+                    if !leadership.holds() {
+                        return Err(RunError::NotLeader);
+                    }
+                    match self.updater.tick().await.map_err(RunError::Pools)? {
+                        Tick::Ran(summary) => tracing::info!(?summary, "backend-pool tick"),
+                        // Already logged (a warning) and counted by the updater.
+                        Tick::LockFailed(_) | Tick::Idle => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn updater_interval(&self) -> std::time::Duration {
+        self.updater.config().interval
+    }
+
+    /// Recomputes the Services marked since the last time, under the service reconcile lock.
+    async fn produce(&self) -> Result<(), RunError> {
+        let changed = {
+            let mut store = self.store.borrow_mut();
+            if !store.listed {
+                return Ok(());
+            }
+            std::mem::take(&mut store.changed)
+        };
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let service_lock = self.updater.service_lock().clone();
+        let reconciling = service_lock.lock().await;
+        let mut notes = Vec::new();
+        for key in changed {
+            let name = format!("{}/{}", key.0, key.1);
+            let found = self.store.borrow().service(&key);
+            let placement = match &found {
+                Some((record, _)) => self.updater.place(&self.configurations, record).map_err(RunError::Pools)?,
+                None => None,
+            };
+            let (Some(placement), Some((_, ips))) = (placement, found) else {
+                self.producer
+                    .borrow_mut()
+                    .forget(&self.updater, &reconciling, &name, &mut notes)
+                    .map_err(RunError::Pools)?;
+                continue;
+            };
+            let contents = if self.producer.borrow().needs_pool_contents(&name, &placement) {
+                match self.pool_contents(&placement).await {
+                    Ok(contents) => Some(contents),
+                    Err(error) => {
+                        tracing::warn!(
+                            service = %name,
+                            load_balancer = %placement.load_balancer,
+                            pool = %placement.pool,
+                            error = %error_chain(&error),
+                            "cannot read the backend pool a local Service starts from; retrying at the next tick"
+                        );
+                        self.store.borrow_mut().changed.insert(key);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let contents = || contents.unwrap_or_default();
+            let mut producer = self.producer.borrow_mut();
+            producer
+                .update(&self.updater, &reconciling, &name, placement, ips, contents, &mut notes)
+                .map_err(RunError::Pools)?;
+        }
+        for note in notes {
+            tracing::info!(%note, "backend-pool producer");
+        }
+        Ok(())
+    }
+
+    /// The canonical IPs the pool holds in Azure; none when it does not exist yet.
+    async fn pool_contents(&self, placement: &ServicePlacement) -> Result<BTreeSet<String>, crate::azure::AzureError> {
+        let pool = PoolRef { load_balancer: placement.load_balancer.clone(), pool: placement.pool.clone() };
+        match self.updater.azure().get_backend_pool(&pool).await {
+            Ok((pool, _)) => Ok(pool.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
+            Err(error) if error.status == 404 => Ok(BTreeSet::new()),
+            Err(error) => Err(error),
+        }
+    }
+}
