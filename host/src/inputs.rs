@@ -182,3 +182,23 @@ pub fn parse_manifests<T: serde::de::DeserializeOwned>(path: &Path, text: &str) 
     }
     Ok(objects)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn interval(text: &str) -> Duration {
+        parse_cloud_config(Path::new("azure.json"), text).unwrap().pool_updater_config().interval
+    }
+
+    #[test]
+    fn the_backend_pool_update_interval_comes_from_the_cloud_config_and_defaults_to_upstreams_when_absent_or_zero() {
+        assert_eq!(interval("loadBalancerBackendPoolUpdateIntervalInSeconds: 5\n"), Duration::from_secs(5));
+        assert_eq!(interval("loadBalancerSku: standard\n"), crate::backend_pools::DEFAULT_INTERVAL);
+        assert_eq!(
+            interval("loadBalancerBackendPoolUpdateIntervalInSeconds: 0\n"),
+            crate::backend_pools::DEFAULT_INTERVAL
+        );
+    }
+}

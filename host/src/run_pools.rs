@@ -277,3 +277,98 @@ impl Pools {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn service(name: &str) -> wit::Observation {
+        let service = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name, "uid": format!("uid-{name}")},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"},
+        }))
+        .unwrap();
+        wit::Observation::ServiceUpserted(crate::records::service(&service))
+    }
+
+    fn slice(service: &str, node: &str) -> wit::Observation {
+        let slice = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "ns", "name": format!("{service}-1"),
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": format!("UID-{service}")}],
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": node}],
+        }))
+        .unwrap();
+        wit::Observation::SliceUpserted(crate::records::endpoint_slice(&slice))
+    }
+
+    fn node(name: &str, ip: &str) -> wit::Observation {
+        wit::Observation::NodeUpserted(wit::Node { name: name.into(), internal_ips: vec![ip.into()] })
+    }
+
+    fn key(name: &str) -> Key {
+        ("ns".into(), name.into())
+    }
+
+    /// A store with Services a (endpoint on n1) and b (endpoint on n2), listed, nothing marked.
+    fn listed() -> Store {
+        let mut store = Store::default();
+        let initial = [
+            service("a"),
+            service("b"),
+            slice("a", "n1"),
+            slice("b", "n2"),
+            node("n1", "10.0.0.1"),
+            node("n2", "10.0.0.2"),
+            wit::Observation::ListsComplete,
+        ];
+        for observation in &initial {
+            store.apply(observation);
+        }
+        assert_eq!(store.changed, BTreeSet::from([key("a"), key("b")]), "the initial lists mark every Service");
+        store.changed.clear();
+        store
+    }
+
+    fn marked_by(observation: wit::Observation) -> BTreeSet<Key> {
+        let mut store = listed();
+        store.apply(&observation);
+        store.changed
+    }
+
+    #[test]
+    fn a_change_marks_only_the_services_it_touches() {
+        assert_eq!(
+            marked_by(slice("a", "n2")),
+            BTreeSet::from([key("a")]),
+            "a slice marks its owner (UIDs in any case)"
+        );
+        assert_eq!(marked_by(wit::Observation::SliceDeleted(("ns".into(), "b-1".into()))), BTreeSet::from([key("b")]));
+        assert_eq!(
+            marked_by(node("n2", "10.0.0.9")),
+            BTreeSet::from([key("b")]),
+            "new node IPs mark the Services on it"
+        );
+        assert_eq!(marked_by(wit::Observation::NodeDeleted("n1".into())), BTreeSet::from([key("a")]));
+        assert_eq!(marked_by(service("a")), BTreeSet::from([key("a")]));
+        assert_eq!(marked_by(wit::Observation::ServiceDeleted(key("b"))), BTreeSet::from([key("b")]));
+    }
+
+    #[test]
+    fn a_node_heartbeat_with_the_same_ips_marks_nothing() {
+        assert!(marked_by(node("n1", "10.0.0.1")).is_empty());
+    }
+
+    #[test]
+    fn a_services_node_ips_are_those_of_its_ready_endpoints_in_its_namespace() {
+        let mut store = listed();
+        store.apply(&slice("a", "n2"));
+        let (record, ips) = store.service(&key("a")).expect("a is known");
+        assert_eq!(record.name, "a");
+        assert_eq!(ips, BTreeSet::from(["10.0.0.2".to_owned()]));
+        assert!(store.service(&key("gone")).is_none());
+    }
+}
