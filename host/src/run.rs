@@ -35,6 +35,11 @@
 //!   when it is lost the whole loop is dropped, running and queued commands with it, and the
 //!   replica stands by. A shutdown while leading stops the term as above (grace included), then
 //!   releases the Lease. Without election, run one replica.
+//! * **Multi-SLB local-service mode** (design §5, `run_pools.rs`): when the guest's
+//!   `validate-config` says so, each term also runs the backend-pool producer, fed with every
+//!   batch the guest is given, and the [`PoolUpdater`](crate::backend_pools::PoolUpdater)
+//!   ticking every [`Settings::pool_updater`] interval under the Azure resource lock
+//!   ([`Settings::resource_lock`]); a tick starts only while leadership holds.
 
 use crate::azure::{ArmClient, AzureApi};
 use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
@@ -157,7 +162,7 @@ pub struct Settings {
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
     /// The Azure resource lock (upstream §f) the backend-pool updater of multi-SLB
-    /// local-service mode takes around each tick that writes pools ([`crate::run_pools`]). CLB
+    /// local-service mode takes around each tick that writes pools (`run_pools.rs`). CLB
     /// mode does not take it, as upstream.
     pub resource_lock: LeaseLockConfig,
     /// `multipleStandardLoadBalancerConfigurations`, as Service placement reads them

@@ -20,6 +20,8 @@
 //! remove of the IPs no longer expected, an add of the whole expected list); a Service new to a
 //! load balancer starts from what its pool holds in Azure, as a reconcile that read the load
 //! balancer would. The updater ticks every `azure.backendPoolUpdateInterval` of virtual time.
+//! The producer is [`crate::pool_producer`], shared with `clb-host run`; here it recomputes
+//! every Service whenever anything changed, which a scenario's size makes cheap.
 
 use crate::azure::{
     AzureApi, BackendPool, DEFAULT_SERVICE_GATEWAY, LbRule, LoadBalancerSpec, PoolRef, PublicIpSpec, Scope,
