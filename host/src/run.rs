@@ -17,8 +17,9 @@
 //!   for a command: changes are delivered between outcomes, so a slow ARM call delays only what
 //!   the guest chose to make depend on it. [`Commands::launch`] is the one place a command
 //!   starts.
-//! * **Stopping.** When `shutdown` completes no queued command starts; running ones get
-//!   [`Settings::shutdown_grace`] to finish and are then dropped. Both are safe: the next start
+//! * **Stopping.** When `shutdown` completes no queued command starts; running ones (and a
+//!   backend-pool tick in progress, in multi-SLB mode) get [`Settings::shutdown_grace`] to
+//!   finish and are then dropped. Both are safe: the next start
 //!   rebuilds the guest's state from the cluster and NRP (design §4, start-up).
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
@@ -633,9 +634,18 @@ async fn reconcile(
         remember_active(active, &supervisor);
     }
     tracing::info!("shutdown requested");
-    if !commands.is_empty() {
-        commands.stop(settings.shutdown_grace).await;
-    }
+    let grace = settings.shutdown_grace;
+    let stop_commands = async {
+        if !commands.is_empty() {
+            commands.stop(grace).await;
+        }
+    };
+    let finish_tick = async {
+        if let Some(pools) = &pools {
+            pools.finish_tick(pool_work.as_mut(), grace).await;
+        }
+    };
+    futures::join!(stop_commands, finish_tick);
     tracing::info!("stopped");
     Ok(())
 }

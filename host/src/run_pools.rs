@@ -18,8 +18,10 @@
 //!   fills the in-memory queue, so it needs no such check.
 //! * **Lifetime.** The queue, the producer's memory and the Lease lock live for one term: a new
 //!   leader starts from the lists and from what the pools hold in Azure, like a restart. A term
-//!   ended mid-tick drops the tick; if it held the resource lock, the Lease stays until its
-//!   duration runs out (renewal stops with the lock), as after a crash.
+//!   that stops (shutdown) lets a tick in progress finish within the shutdown grace period, so
+//!   it releases the resource lock; one that loses leadership drops the tick at once, and a
+//!   resource lock it held stays until the Lease's duration runs out (renewal stops with the
+//!   lock), as after a crash.
 
 use crate::azure::{ArmClient, AzureApi as _, PoolRef};
 use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
@@ -30,9 +32,12 @@ use crate::run::{RunError, Settings};
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{ServicePlacement, SlbConfiguration};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// `(namespace, name)`.
 type Key = (String, String);
@@ -137,6 +142,29 @@ pub(crate) struct Pools {
     producer: RefCell<PoolProducer>,
     /// Signalled when a batch marked a Service (a permit is kept while nobody waits).
     changed: tokio::sync::Notify,
+    /// A tick is in progress (it may hold the resource lock).
+    ticking: Cell<bool>,
+    /// Signalled when a tick ends, however it ends.
+    tick_ended: tokio::sync::Notify,
+    /// The term is stopping: no new tick starts.
+    stopping: Cell<bool>,
+}
+
+/// Marks a tick in progress until dropped (the tick finished, failed or was dropped).
+struct Ticking<'p>(&'p Pools);
+
+impl<'p> Ticking<'p> {
+    fn start(pools: &'p Pools) -> Self {
+        pools.ticking.set(true);
+        Self(pools)
+    }
+}
+
+impl Drop for Ticking<'_> {
+    fn drop(&mut self) {
+        self.0.ticking.set(false);
+        self.0.tick_ended.notify_one();
+    }
 }
 
 impl Pools {
@@ -165,6 +193,9 @@ impl Pools {
             store: RefCell::default(),
             producer: RefCell::default(),
             changed: tokio::sync::Notify::new(),
+            ticking: Cell::new(false),
+            tick_ended: tokio::sync::Notify::new(),
+            stopping: Cell::new(false),
         }))
     }
 
@@ -191,9 +222,13 @@ impl Pools {
                 _ = interval.tick() => {
                     // Services whose pool could not be read are retried before the tick.
                     self.produce().await?;
+                    if self.stopping.get() {
+                        continue;
+                    }
                     if !leadership.holds() {
                         return Err(RunError::NotLeader);
                     }
+                    let _ticking = Ticking::start(self);
                     match self.updater.tick().await.map_err(RunError::Pools)? {
                         Tick::Ran(summary) => tracing::info!(?summary, "backend-pool tick"),
                         // Already logged (a warning) and counted by the updater.
@@ -201,6 +236,40 @@ impl Pools {
                     }
                 }
             }
+        }
+    }
+
+    /// On the way out: no new tick starts, and a tick in progress gets `grace` to finish —
+    /// `work` (the future of [`run`](Self::run)) is driven meanwhile — so that it releases the
+    /// resource lock rather than leave the Lease held until it expires. After `grace` it is
+    /// abandoned, as a crash would.
+    pub(crate) async fn finish_tick<F>(&self, mut work: Pin<&mut F>, grace: Duration)
+    where
+        F: Future<Output = Result<(), RunError>>,
+    {
+        self.stopping.set(true);
+        if !self.ticking.get() {
+            return;
+        }
+        tracing::info!(?grace, "stopping: letting the backend-pool tick in progress finish");
+        let finish = async {
+            while self.ticking.get() {
+                tokio::select! {
+                    result = work.as_mut() => {
+                        if let Err(error) = result {
+                            tracing::warn!(error = %error_chain(&error), "stopping: the backend-pool tick in progress failed");
+                        }
+                        return;
+                    }
+                    () = self.tick_ended.notified() => {}
+                }
+            }
+        };
+        if tokio::time::timeout(grace, finish).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                "stopping: the backend-pool tick still running after the grace period is abandoned; a resource lock it held stays until the Lease expires"
+            );
         }
     }
 

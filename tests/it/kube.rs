@@ -876,3 +876,37 @@ fn in_multi_slb_mode_no_pool_is_written_while_a_foreign_holder_has_the_resource_
         controller.stop().await;
     });
 }
+
+#[test]
+fn in_multi_slb_mode_a_shutdown_during_a_pool_write_lets_the_tick_finish_and_release_the_resource_lock() {
+    e2e(11, async |env| {
+        // Every pool PUT is accepted asynchronously and polled for a few seconds.
+        let slow = FaultMode::Async {
+            outcome: Default::default(),
+            polls: 3,
+            via_location: false,
+            retry_after_secs: Some(1),
+            error: None,
+        };
+        env.emulator.set_fault(Fault::always(Operation::PutBackendPool, slow));
+        let pool = env.slb_pool("web").await;
+        let controller = env.start_multi_slb();
+        let uid = env.service("web", "Local").await;
+        env.endpoints("web", &uid, &[(10, 1)]).await;
+        let lock = env.resource_lock();
+        let leases = Api::<Lease>::namespaced(env.admin.clone(), &lock.namespace);
+        eventually("a tick writes the pool under the resource lock", async || {
+            let puts = env.calls(Operation::PutBackendPool, "");
+            let lease = leases.get_opt(&lock.name).await.map_err(|e| e.to_string())?;
+            let holder = lease.and_then(|l| l.spec).and_then(|s| s.holder_identity).unwrap_or_default();
+            if puts > 0 && holder == lock.holder { Ok(()) } else { Err(format!("{puts} PUT(s), holder {holder:?}")) }
+        })
+        .await;
+
+        controller.stop().await;
+        let lease = leases.get(&lock.name).await.expect("reads the Lease");
+        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        assert_eq!(holder, "", "the tick finished and released the resource lock");
+        assert_eq!(env.pool_ips(&pool).await, BTreeSet::from([env.location(1)]), "the write completed");
+    });
+}
