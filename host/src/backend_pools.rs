@@ -264,6 +264,10 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         &self.stats
     }
 
+    pub fn config(&self) -> &PoolUpdaterConfig {
+        &self.config
+    }
+
     pub fn azure(&self) -> &A {
         &self.azure
     }

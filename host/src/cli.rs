@@ -517,7 +517,7 @@ fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
 fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     use crate::azure::auth::{TokenFile, WorkloadIdentity};
     use crate::azure::{ArmClient, ArmConfig, Credential};
-    let config = match inputs::read_config(&args.cloud_config)
+    let config = match inputs::read_cloud_config(&args.cloud_config)
         .and_then(|config| Ok((config, inputs::read_scope(&args.cloud_config, &args.service_gateway)?)))
     {
         Ok(read) => read,
@@ -526,7 +526,9 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             return Ok(EXIT_BAD_INPUT);
         }
     };
-    let (config, scope) = config;
+    let (cloud_config, scope) = config;
+    let (slb_configurations, pool_updater) = (cloud_config.slb_configurations(), cloud_config.pool_updater_config());
+    let config: crate::sandbox::bindings::clb::reconciler::types::Config = cloud_config.into();
     let election = args.election;
     let instance =
         crate::lease::replica_identity(election.leader_elect_identity.as_deref(), |name| std::env::var(name).ok());
@@ -590,6 +592,8 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
             leader_election,
             resource_lock,
+            slb_configurations,
+            pool_updater,
             ..crate::run::Settings::new(kube, arm, config, instance)
         };
         let operations = match crate::control::Operations::start(&runtime, &settings, operations).await {

@@ -2,6 +2,7 @@
 //! that name the file, the line and the reason.
 
 use crate::azure::Scope;
+use crate::backend_pools::PoolUpdaterConfig;
 use crate::sandbox::bindings::clb::reconciler::types::Config;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use serde::Deserialize;
@@ -43,6 +44,10 @@ pub struct CloudConfig {
     load_balancer_sku: String,
     #[serde(default)]
     multiple_standard_load_balancer_configurations: Vec<MultipleStandardLoadBalancer>,
+    /// `loadBalancerBackendPoolUpdateIntervalInSeconds`: the backend-pool updater's tick
+    /// interval in multi-SLB local-service mode; absent or 0 means upstream's 30 s.
+    #[serde(default)]
+    load_balancer_backend_pool_update_interval_in_seconds: Option<u64>,
 }
 
 /// One entry of `multipleStandardLoadBalancerConfigurations`; its other upstream fields are
@@ -63,10 +68,26 @@ impl CloudConfig {
             .map(|lb| SlbConfiguration { name: lb.name.clone(), allow_service_placement: lb.allow_service_placement })
             .collect()
     }
+
+    /// The backend-pool updater's knobs: the tick interval from
+    /// `loadBalancerBackendPoolUpdateIntervalInSeconds` (upstream's default when absent or 0).
+    pub fn pool_updater_config(&self) -> PoolUpdaterConfig {
+        let interval = self
+            .load_balancer_backend_pool_update_interval_in_seconds
+            .filter(|seconds| *seconds > 0)
+            .map_or(crate::backend_pools::DEFAULT_INTERVAL, std::time::Duration::from_secs);
+        PoolUpdaterConfig { interval, ..PoolUpdaterConfig::default() }
+    }
 }
 
 pub(crate) fn read(path: &Path) -> Result<String, InputError> {
     std::fs::read_to_string(path).map_err(|source| InputError::Read { path: path.to_owned(), source })
+}
+
+/// Reads the cloud configuration's keys this logic reads ([`read_config`] keeps those of
+/// [`Config`]).
+pub fn read_cloud_config(path: &Path) -> Result<CloudConfig, InputError> {
+    parse_cloud_config(path, &read(path)?)
 }
 
 /// Reads the cloud configuration.
@@ -160,4 +181,24 @@ pub fn parse_manifests<T: serde::de::DeserializeOwned>(path: &Path, text: &str) 
         }
     }
     Ok(objects)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn interval(text: &str) -> Duration {
+        parse_cloud_config(Path::new("azure.json"), text).unwrap().pool_updater_config().interval
+    }
+
+    #[test]
+    fn the_backend_pool_update_interval_comes_from_the_cloud_config_and_defaults_to_upstreams_when_absent_or_zero() {
+        assert_eq!(interval("loadBalancerBackendPoolUpdateIntervalInSeconds: 5\n"), Duration::from_secs(5));
+        assert_eq!(interval("loadBalancerSku: standard\n"), crate::backend_pools::DEFAULT_INTERVAL);
+        assert_eq!(
+            interval("loadBalancerBackendPoolUpdateIntervalInSeconds: 0\n"),
+            crate::backend_pools::DEFAULT_INTERVAL
+        );
+    }
 }

@@ -6,7 +6,9 @@
 //! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
 //! files against the emulator and an in-memory [`cluster`]; [`run`] drives the same pieces on real
 //! time against a cluster (watchers, and writes through [`kube`]) and ARM or the emulator, with
-//! leader election and the Azure resource lock on Kubernetes Leases ([`lease`]). The
+//! leader election and the Azure resource lock on Kubernetes Leases ([`lease`]); in multi-SLB
+//! local-service mode both also run the backend-pool updater ([`backend_pools`]) and its
+//! producer ([`pool_producer`]). The
 //! [`supervisor`] keeps the logic's state across traps and swaps; [`metrics`] serves its
 //! counters, the health probes and `/status`; [`control`] carries swap requests — from that
 //! endpoint or the watched [`sources`] — into the run loop and reports each result as an Event. It
@@ -24,8 +26,10 @@ pub mod inputs;
 pub mod kube;
 pub mod lease;
 pub mod metrics;
+pub mod pool_producer;
 pub mod records;
 pub mod run;
+mod run_pools;
 pub mod sandbox;
 pub mod scenario;
 pub mod simulate;

@@ -17,8 +17,9 @@
 //!   for a command: changes are delivered between outcomes, so a slow ARM call delays only what
 //!   the guest chose to make depend on it. [`Commands::launch`] is the one place a command
 //!   starts.
-//! * **Stopping.** When `shutdown` completes no queued command starts; running ones get
-//!   [`Settings::shutdown_grace`] to finish and are then dropped. Both are safe: the next start
+//! * **Stopping.** When `shutdown` completes no queued command starts; running ones (and a
+//!   backend-pool tick in progress, in multi-SLB mode) get [`Settings::shutdown_grace`] to
+//!   finish and are then dropped. Both are safe: the next start
 //!   rebuilds the guest's state from the cluster and NRP (design §4, start-up).
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
@@ -38,15 +39,23 @@
 //!   when it is lost the whole loop is dropped, running and queued commands with it, and the
 //!   replica stands by. A shutdown while leading stops the term as above (grace included), then
 //!   releases the Lease. Without election, run one replica.
+//! * **Multi-SLB local-service mode** (design §5, `run_pools.rs`): when the guest's
+//!   `validate-config` says so, each term also runs the backend-pool producer, fed with every
+//!   batch the guest is given, and the [`PoolUpdater`](crate::backend_pools::PoolUpdater)
+//!   ticking every [`Settings::pool_updater`] interval under the Azure resource lock
+//!   ([`Settings::resource_lock`]); a tick starts only while leadership holds.
 
 use crate::azure::{ArmClient, AzureApi};
+use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
 use crate::control::{Control, ControlEvent};
 use crate::executor::{Executor, KubeApi, command_name};
 use crate::kube::{KubeClient, error_chain};
 use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
 use crate::records;
+use crate::run_pools::Pools;
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use crate::supervisor::{Supervisor, SupervisorError};
 use ::kube::api::Api;
 use ::kube::config::{KubeConfigOptions, Kubeconfig};
@@ -89,6 +98,11 @@ pub enum RunError {
     WatchEnded(&'static str),
     #[error("leader election cannot start")]
     Election(#[source] LeaseError),
+    /// The backend-pool updater of multi-SLB local-service mode failed (its guest session).
+    #[error("the backend-pool updater failed")]
+    Pools(#[source] PoolUpdaterError),
+    #[error("the backend-pool updater stopped")]
+    PoolsEnded,
     /// Leadership ended before a command was started; [`crate::lease::lead`] stands by.
     #[error("not the leader any more")]
     NotLeader,
@@ -142,7 +156,8 @@ pub fn stop_signal() -> std::io::Result<impl Future<Output = ()>> {
 /// What `run` connects.
 pub struct Settings {
     pub kube: ::kube::Client,
-    pub arm: ArmClient,
+    /// Shared by the commands and, in multi-SLB mode, the backend-pool updater.
+    pub arm: std::sync::Arc<ArmClient>,
     pub config: wit::Config,
     /// Which replica this is, in the Events it records.
     pub instance: String,
@@ -150,24 +165,32 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
-    /// The Azure resource lock, for the backend-pool updater of multi-SLB local-service mode
-    /// (`run` does not drive that updater yet, so nothing takes it today; CLB mode does not use
-    /// it, as upstream).
+    /// The Azure resource lock (upstream §f) the backend-pool updater of multi-SLB
+    /// local-service mode takes around each tick that writes pools (`run_pools.rs`). CLB
+    /// mode does not take it, as upstream.
     pub resource_lock: LeaseLockConfig,
+    /// `multipleStandardLoadBalancerConfigurations`, as Service placement reads them
+    /// ([`CloudConfig::slb_configurations`](crate::inputs::CloudConfig::slb_configurations)).
+    pub slb_configurations: Vec<SlbConfiguration>,
+    /// The backend-pool updater's tick interval and retries
+    /// ([`CloudConfig::pool_updater_config`](crate::inputs::CloudConfig::pool_updater_config)).
+    pub pool_updater: PoolUpdaterConfig,
 }
 
 impl Settings {
-    /// Settings with the default [`SHUTDOWN_GRACE`], no leader election and the upstream
-    /// resource lock.
+    /// Settings with the default [`SHUTDOWN_GRACE`], no leader election, the upstream resource
+    /// lock and updater interval, and no multi-SLB configurations.
     pub fn new(kube: ::kube::Client, arm: ArmClient, config: wit::Config, instance: impl Into<String>) -> Self {
         Self {
             kube,
-            arm,
+            arm: std::sync::Arc::new(arm),
             config,
             instance: instance.into(),
             shutdown_grace: SHUTDOWN_GRACE,
             leader_election: None,
             resource_lock: LeaseLockConfig::default(),
+            slb_configurations: Vec::new(),
+            pool_updater: PoolUpdaterConfig::default(),
         }
     }
 }
@@ -537,6 +560,16 @@ async fn reconcile(
         supervisor = supervisor.with_metrics(control.metrics().clone());
     }
     supervisor.start(&settings.config).map_err(RunError::Logic)?;
+    // Multi-SLB local-service mode: the backend-pool producer sees every batch the guest sees,
+    // and the updater ticks alongside the loop (`run_pools`).
+    let pools = Pools::for_mode(supervisor.logic(), settings)?;
+    let pool_leadership = leadership.clone();
+    let mut pool_work = std::pin::pin!(async {
+        match &pools {
+            Some(pools) => pools.run(&pool_leadership).await,
+            None => std::future::pending().await,
+        }
+    });
     let mut mirrors = Mirrors::default();
     let mut lists_sent = false;
     let mut commands = Commands::new(&executor, leadership);
@@ -555,6 +588,11 @@ async fn reconcile(
         // waits for another, so a slow Azure call delays only what depends on its outcome.
         let step = tokio::select! {
             () = &mut shutdown => break,
+            result = &mut pool_work => {
+                // It returns only on failure; an `Ok` would mean it stopped, which it must not.
+                result?;
+                return Err(RunError::PoolsEnded);
+            }
             Some(finished) = commands.running.next(), if !commands.running.is_empty() => {
                 let results = commands.settle(finished);
                 supervisor.complete(now_ms(), &results)
@@ -580,6 +618,9 @@ async fn reconcile(
                 if batch.is_empty() {
                     continue;
                 }
+                if let Some(pools) = &pools {
+                    pools.observe(&batch);
+                }
                 supervisor.observe(now_ms(), &batch)
             }
             event = next_swap(control) => {
@@ -597,9 +638,18 @@ async fn reconcile(
         remember_active(active, &supervisor);
     }
     tracing::info!("shutdown requested");
-    if !commands.is_empty() {
-        commands.stop(settings.shutdown_grace).await;
-    }
+    let grace = settings.shutdown_grace;
+    let stop_commands = async {
+        if !commands.is_empty() {
+            commands.stop(grace).await;
+        }
+    };
+    let finish_tick = async {
+        if let Some(pools) = &pools {
+            pools.finish_tick(pool_work.as_mut(), grace).await;
+        }
+    };
+    futures::join!(stop_commands, finish_tick);
     tracing::info!("stopped");
     Ok(())
 }

@@ -20,6 +20,8 @@
 //! remove of the IPs no longer expected, an add of the whole expected list); a Service new to a
 //! load balancer starts from what its pool holds in Azure, as a reconcile that read the load
 //! balancer would. The updater ticks every `azure.backendPoolUpdateInterval` of virtual time.
+//! The producer is [`crate::pool_producer`], shared with `clb-host run`; here it recomputes
+//! every Service whenever anything changed, which a scenario's size makes cheap.
 
 use crate::azure::{
     AzureApi, BackendPool, DEFAULT_SERVICE_GATEWAY, LbRule, LoadBalancerSpec, PoolRef, PublicIpSpec, Scope,
@@ -30,10 +32,9 @@ use crate::backend_pools::{
 use crate::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::emulator::{Emulator, Resources};
 use crate::executor::{Executor, command_name};
+use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    OperationKind, PoolOperation, ServicePlacement, SlbConfiguration,
-};
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use crate::sandbox::{GuestError, Logic, Runtime};
 use crate::scenario::{
     self, ComponentSource, EventTypeName, Expectation, Scenario, StatusExpectation, Step, SwapExpect,
@@ -42,7 +43,6 @@ use crate::supervisor::{Supervisor, SupervisorError};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -386,23 +386,13 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
     })
 }
 
-/// What the producer last enqueued for one local Service.
-struct Produced {
-    /// `namespace/name` as spelled.
-    service: String,
-    placement: ServicePlacement,
-    /// Canonical node IPs.
-    ips: BTreeSet<String>,
-}
-
 /// The backend-pool updater of multi-SLB local-service mode and its producer's memory.
 struct PoolSim {
     updater: PoolUpdater<Arc<Emulator>, InMemoryLock, Arc<Cluster>>,
     configurations: Vec<SlbConfiguration>,
     interval: u64,
     next_tick: u64,
-    /// Lower-cased `namespace/name` → what was enqueued for it last.
-    known: BTreeMap<String, Produced>,
+    producer: PoolProducer,
 }
 
 struct Simulation<'l> {
@@ -421,19 +411,6 @@ struct Simulation<'l> {
     /// The backend-pool updater, in multi-SLB local-service mode only.
     pools: Option<PoolSim>,
     pool_lines: Vec<String>,
-}
-
-/// The canonical text of an IP, or the trimmed text when it is none.
-fn canonical_ip(text: &str) -> String {
-    text.trim().parse::<IpAddr>().map(|ip| ip.to_string()).unwrap_or_else(|_| text.trim().to_owned())
-}
-
-fn same_placement(a: &ServicePlacement, b: &ServicePlacement) -> bool {
-    a.load_balancer.eq_ignore_ascii_case(&b.load_balancer) && a.pool.eq_ignore_ascii_case(&b.pool)
-}
-
-fn ip_list(ips: &[String]) -> String {
-    format!("[{}]", ips.join(", "))
 }
 
 impl Simulation<'_> {
@@ -493,7 +470,7 @@ impl Simulation<'_> {
                     configurations: scenario.slb_configurations.clone(),
                     interval,
                     next_tick: self.now.saturating_add(interval),
-                    known: BTreeMap::new(),
+                    producer: PoolProducer::new(),
                 });
                 self.produce_pool_operations()?;
             }
@@ -511,13 +488,7 @@ impl Simulation<'_> {
             .iter()
             .map(|n| {
                 let record = crate::records::node(n);
-                let ips = record
-                    .internal_ips
-                    .iter()
-                    .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
-                    .filter(IpAddr::is_ipv4)
-                    .map(|ip| ip.to_string())
-                    .collect();
+                let ips = node_ipv4s(&record);
                 (record.name, ips)
             })
             .collect();
@@ -531,80 +502,23 @@ impl Simulation<'_> {
             let record = crate::records::service(&service);
             let key = format!("{}/{}", record.namespace, record.name);
             let Some(placement) = pools.updater.place(&pools.configurations, &record)? else { continue };
-            let folded = key.to_ascii_lowercase();
-            placed.insert(folded.clone());
-            let uid = record.uid.to_ascii_lowercase();
-            let ips: BTreeSet<String> = slices
-                .iter()
-                .filter(|s| !s.deleting && s.owner_service_uid.as_ref().is_some_and(|o| o.eq_ignore_ascii_case(&uid)))
-                .flat_map(|s| &s.endpoints)
-                .filter(|e| e.ready != Some(false))
-                .filter_map(|e| e.node_name.as_ref().and_then(|n| node_ips.get(n)))
-                .flatten()
-                .cloned()
-                .collect();
-            let baseline = match pools.known.get(&folded) {
-                Some(before) if same_placement(&before.placement, &placement) => before.ips.clone(),
-                before => {
-                    if let Some(before) = before {
-                        let dropped = pools.updater.remove_operations(&key)?;
-                        self.pool_lines.push(format!(
-                            "{key} moved {}:{} → {}:{}: {dropped} queued operation(s) dropped",
-                            before.placement.load_balancer,
-                            before.placement.pool,
-                            placement.load_balancer,
-                            placement.pool
-                        ));
-                    }
-                    let pool = crate::emulator::core::pool_key(&placement.load_balancer, &placement.pool);
-                    resources
-                        .backend_pools
-                        .get(&pool)
-                        .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect())
-                        .unwrap_or_default()
-                }
+            placed.insert(key.to_ascii_lowercase());
+            let ips = ready_node_ips(&record.uid, &slices, &node_ips);
+            let pool = crate::emulator::core::pool_key(&placement.load_balancer, &placement.pool);
+            let pool_contents = || {
+                resources
+                    .backend_pools
+                    .get(&pool)
+                    .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect())
+                    .unwrap_or_default()
             };
-            pools.updater.assign(&reconciling, &key, Some(&placement.load_balancer));
-            let mut operations = Vec::new();
-            let gone: Vec<String> = baseline.difference(&ips).cloned().collect();
-            if !gone.is_empty() {
-                operations.push(PoolOperation {
-                    service: key.clone(),
-                    load_balancer: placement.load_balancer.clone(),
-                    pool: placement.pool.clone(),
-                    kind: OperationKind::Remove,
-                    node_ips: gone,
-                });
-            }
-            if ips != baseline && !ips.is_empty() {
-                operations.push(PoolOperation {
-                    service: key.clone(),
-                    load_balancer: placement.load_balancer.clone(),
-                    pool: placement.pool.clone(),
-                    kind: OperationKind::Add,
-                    node_ips: ips.iter().cloned().collect(),
-                });
-            }
-            if !operations.is_empty() {
-                pools.updater.enqueue(&operations)?;
-                for op in &operations {
-                    let sign = if op.kind == OperationKind::Add { "add" } else { "remove" };
-                    let (lb, pool) = (&op.load_balancer, &op.pool);
-                    self.pool_lines.push(format!("enqueue {key} {sign} {lb}:{pool} {}", ip_list(&op.node_ips)));
-                }
-            }
-            pools.known.insert(folded, Produced { service: key, placement, ips });
+            let notes = &mut self.pool_lines;
+            pools.producer.update(&pools.updater, &reconciling, &key, placement, ips, pool_contents, notes)?;
         }
-        let unplaced: Vec<String> = pools.known.keys().filter(|k| !placed.contains(*k)).cloned().collect();
+        let unplaced: Vec<String> =
+            pools.producer.known().filter(|k| !placed.contains(*k)).map(str::to_owned).collect();
         for folded in unplaced {
-            if let Some(before) = pools.known.remove(&folded) {
-                let dropped = pools.updater.remove_operations(&before.service)?;
-                pools.updater.assign(&reconciling, &before.service, None);
-                self.pool_lines.push(format!(
-                    "{} is no longer a local Service: {dropped} queued operation(s) dropped",
-                    before.service
-                ));
-            }
+            pools.producer.forget(&pools.updater, &reconciling, &folded, &mut self.pool_lines)?;
         }
         Ok(())
     }

@@ -8,12 +8,17 @@
 //! earlier, failed test left behind does not change what a later one sees.
 
 use ::kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use clb_host::azure::{self, ArmClient, ArmConfig, AzureApi as _, Credential, Operation};
+use clb_host::azure::{
+    self, ArmClient, ArmConfig, AzureApi as _, Credential, IpVersion, LoadBalancerSpec, Operation, PoolRef,
+    PublicIpSpec,
+};
 use clb_host::emulator::{Emulator, EmulatorServer, Fault, FaultMode};
+use clb_host::lease::{LeaseLockConfig, RESOURCE_LOCK_NAMESPACE};
 use clb_host::run::RunError;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::apiserver::apiserver;
 use clb_tests::watch_proxy::WatchProxy;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::BTreeSet;
@@ -337,10 +342,23 @@ impl Env {
     /// Starts `clb-host run` with this kubeconfig, on its own thread and runtime as in the
     /// binary; the client is made there, so that it lives on the runtime that uses it.
     fn start_through(&self, kubeconfig: PathBuf) -> Controller {
+        self.start_with(kubeconfig, &self.cloud_config, None)
+    }
+
+    /// Starts `clb-host run` under the ServiceAccount's token with this cloud config (read as
+    /// the binary reads it) and, if given, this Azure resource lock.
+    fn start_with(
+        &self,
+        kubeconfig: PathBuf,
+        cloud_config: &str,
+        resource_lock: Option<LeaseLockConfig>,
+    ) -> Controller {
         let path = Path::new("azure.json");
-        let config = clb_host::inputs::parse_config(path, &self.cloud_config).unwrap();
+        let cloud = clb_host::inputs::parse_cloud_config(path, cloud_config).unwrap();
+        let (slb_configurations, pool_updater) = (cloud.slb_configurations(), cloud.pool_updater_config());
+        let config: wit::Config = cloud.into();
         let scope =
-            clb_host::inputs::parse_scope(path, &self.cloud_config, clb_host::azure::DEFAULT_SERVICE_GATEWAY).unwrap();
+            clb_host::inputs::parse_scope(path, cloud_config, clb_host::azure::DEFAULT_SERVICE_GATEWAY).unwrap();
         let arm_config = ArmConfig::new(self.azure.url(), scope);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -348,7 +366,12 @@ impl Env {
             runtime.block_on(async move {
                 let kube = clb_host::run::connect(Some(&kubeconfig)).await?;
                 let arm = ArmClient::new(arm_config, Credential::None).expect("an ARM client");
-                let settings = clb_host::run::Settings::new(kube, arm, config, "clb-e2e");
+                let mut settings = clb_host::run::Settings::new(kube, arm, config, "clb-e2e");
+                settings.slb_configurations = slb_configurations;
+                settings.pool_updater = pool_updater;
+                if let Some(resource_lock) = resource_lock {
+                    settings.resource_lock = resource_lock;
+                }
                 clb_host::run::run(clb_tests::builtin(), settings, async {
                     let _ = stopped.await;
                 })
@@ -356,6 +379,68 @@ impl Env {
             })
         });
         Controller { stop, thread }
+    }
+
+    /// This test's standard load balancer in multi-SLB local-service mode.
+    fn load_balancer(&self) -> String {
+        format!("lb-{}", self.index)
+    }
+
+    /// A multi-SLB local-service cloud config: one load balancer, [`Env::load_balancer`], and
+    /// the backend-pool updater ticking every second.
+    fn multi_slb_cloud_config(&self) -> String {
+        let scope = clb_host::simulate::scope();
+        format!(
+            "loadBalancerBackendPoolConfigurationType: nodeIP\nloadBalancerSku: standard\n\
+             multipleStandardLoadBalancerConfigurations:\n- name: {}\n\
+             loadBalancerBackendPoolUpdateIntervalInSeconds: 1\n\
+             subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
+            self.load_balancer(),
+            scope.subscription,
+            scope.resource_group,
+            scope.location,
+            scope.vnet
+        )
+    }
+
+    /// This test's Azure resource lock: a Lease of its own in kube-system, where the example
+    /// RBAC lets the controller take it.
+    fn resource_lock(&self) -> LeaseLockConfig {
+        LeaseLockConfig { name: format!("{}-lock", self.namespace), ..LeaseLockConfig::default() }
+    }
+
+    /// Starts `clb-host run` in multi-SLB local-service mode with [`Env::resource_lock`].
+    fn start_multi_slb(&self) -> Controller {
+        self.start_with(self.controller_kubeconfig.clone(), &self.multi_slb_cloud_config(), Some(self.resource_lock()))
+    }
+
+    /// The load balancer in the emulator with the local Service's own pool (`<namespace>-<name>`,
+    /// where placement puts it), empty.
+    async fn slb_pool(&self, service: &str) -> PoolRef {
+        let lb = self.load_balancer();
+        let public_ip = format!("{lb}-frontend");
+        let spec = PublicIpSpec { name: public_ip.clone(), version: IpVersion::IPv4 };
+        self.emulator.put_public_ip(&spec).await.expect("creates the public IP");
+        let pool = format!("{}-{service}", self.namespace);
+        let spec = LoadBalancerSpec { name: lb.clone(), public_ip, backend_pool: pool.clone(), rules: vec![] };
+        self.emulator.put_load_balancer(&spec).await.expect("creates the load balancer");
+        PoolRef { load_balancer: lb, pool }
+    }
+
+    /// The IPs the pool holds in the emulator.
+    async fn pool_ips(&self, pool: &PoolRef) -> BTreeSet<String> {
+        let (content, _) = self.emulator.get_backend_pool(pool).await.expect("reads the pool");
+        content.addresses.into_iter().map(|a| a.ip_address).collect()
+    }
+
+    /// Waits until the pool holds exactly the IPs of these Nodes.
+    async fn pool_holds(&self, pool: &PoolRef, nodes: &[u8]) {
+        let want: BTreeSet<String> = nodes.iter().map(|&n| self.location(n)).collect();
+        eventually(&format!("{}/{} holds {want:?}", pool.load_balancer, pool.pool), async || {
+            let ips = self.pool_ips(pool).await;
+            if ips == want { Ok(()) } else { Err(format!("{ips:?}")) }
+        })
+        .await;
     }
 
     /// Removes what the test made, whether or not a controller still runs: finalizers are taken
@@ -376,6 +461,8 @@ impl Env {
                 let _ = nodes.delete(&name, &DeleteParams::default()).await;
             }
         }
+        let leases = Api::<Lease>::namespaced(self.admin.clone(), RESOURCE_LOCK_NAMESPACE);
+        let _ = leases.delete(&self.resource_lock().name, &DeleteParams::default()).await;
         // There is no namespace controller: the namespace stays Terminating, empty.
         let _ = Api::<Namespace>::all(self.admin.clone()).delete(&self.namespace, &DeleteParams::default()).await;
         let _ = std::fs::remove_file(&self.controller_kubeconfig);
@@ -728,4 +815,98 @@ impl Drop for Child {
             let _ = self.0.wait();
         }
     }
+}
+
+#[test]
+fn in_multi_slb_mode_a_local_services_endpoints_on_two_nodes_put_both_node_ips_into_its_pool_and_a_moved_endpoint_updates_it()
+ {
+    e2e(9, async |env| {
+        env.node(2).await;
+        env.node(3).await;
+        let pool = env.slb_pool("web").await;
+        let controller = env.start_multi_slb();
+        let uid = env.service("web", "Local").await;
+        env.endpoints("web", &uid, &[(10, 1), (11, 2)]).await;
+        env.pool_holds(&pool, &[1, 2]).await;
+
+        // The endpoint on node 2 moves to node 3.
+        env.endpoints("web", &uid, &[(10, 1), (12, 3)]).await;
+        env.pool_holds(&pool, &[1, 3]).await;
+        controller.stop().await;
+    });
+}
+
+#[test]
+fn in_multi_slb_mode_no_pool_is_written_while_a_foreign_holder_has_the_resource_lock_and_the_pool_converges_once_it_releases_it()
+ {
+    e2e(10, async |env| {
+        let lock = env.resource_lock();
+        crate::lease::hold_as_foreign(&env.admin, &lock.namespace, &lock.name, "aks-resource-provider", 600).await;
+        let pool = env.slb_pool("web").await;
+        let controller = env.start_multi_slb();
+        let uid = env.service("web", "Local").await;
+        env.endpoints("web", &uid, &[(10, 1)]).await;
+
+        // The producer read the pool it starts from: the Service's operations are queued. Ticks
+        // come every second and each finds the Lease held; several pass with nothing written.
+        eventually("the producer reads the Service's pool", async || {
+            let reads = env.calls(Operation::GetBackendPool, "200");
+            if reads > 0 { Ok(()) } else { Err("no read yet".into()) }
+        })
+        .await;
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(
+                env.calls(Operation::PutBackendPool, ""),
+                0,
+                "no pool write while the foreign holder has the lock"
+            );
+        }
+        assert!(env.pool_ips(&pool).await.is_empty());
+
+        // The foreign holder releases the Lease, as upstream's holders do.
+        let leases = Api::<Lease>::namespaced(env.admin.clone(), &lock.namespace);
+        let release = Patch::Merge(serde_json::json!({"spec": {"holderIdentity": ""}}));
+        leases.patch(&lock.name, &PatchParams::default(), &release).await.expect("releases the foreign Lease");
+        env.pool_holds(&pool, &[1]).await;
+        // The controller took the lock and gave it back after its tick.
+        let lease = leases.get(&lock.name).await.expect("reads the Lease");
+        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        assert_ne!(holder, "aks-resource-provider", "the foreign holder does not hold it any more");
+        controller.stop().await;
+    });
+}
+
+#[test]
+fn in_multi_slb_mode_a_shutdown_during_a_pool_write_lets_the_tick_finish_and_release_the_resource_lock() {
+    e2e(11, async |env| {
+        // Every pool PUT is accepted asynchronously and polled for a few seconds.
+        let slow = FaultMode::Async {
+            outcome: Default::default(),
+            polls: 3,
+            via_location: false,
+            retry_after_secs: Some(1),
+            error: None,
+        };
+        env.emulator.set_fault(Fault::always(Operation::PutBackendPool, slow));
+        let pool = env.slb_pool("web").await;
+        let controller = env.start_multi_slb();
+        let uid = env.service("web", "Local").await;
+        env.endpoints("web", &uid, &[(10, 1)]).await;
+        let lock = env.resource_lock();
+        let leases = Api::<Lease>::namespaced(env.admin.clone(), &lock.namespace);
+        eventually("a tick writes the pool under the resource lock", async || {
+            let puts = env.calls(Operation::PutBackendPool, "");
+            let lease = leases.get_opt(&lock.name).await.map_err(|e| e.to_string())?;
+            let holder = lease.and_then(|l| l.spec).and_then(|s| s.holder_identity).unwrap_or_default();
+            if puts > 0 && holder == lock.holder { Ok(()) } else { Err(format!("{puts} PUT(s), holder {holder:?}")) }
+        })
+        .await;
+
+        controller.stop().await;
+        let lease = leases.get(&lock.name).await.expect("reads the Lease");
+        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        assert_eq!(holder, "", "the tick finished and released the resource lock");
+        assert_eq!(env.pool_ips(&pool).await, BTreeSet::from([env.location(1)]), "the write completed");
+    });
 }

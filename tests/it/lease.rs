@@ -19,11 +19,11 @@ use clb_host::run::RunError;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
 use clb_tests::apiserver::apiserver;
+use futures::FutureExt as _;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use futures::FutureExt as _;
 use k8s_openapi::jiff::Timestamp;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -69,7 +69,7 @@ fn previous_holder(lease: &Lease) -> Option<String> {
 }
 
 /// The Lease as another component (the AKS RP) writes it: held since now, for `seconds`.
-async fn hold_as_foreign(client: &::kube::Client, namespace: &str, name: &str, who: &str, seconds: i32) {
+pub(crate) async fn hold_as_foreign(client: &::kube::Client, namespace: &str, name: &str, who: &str, seconds: i32) {
     let now = MicroTime(Timestamp::now());
     let lease = Lease {
         metadata: ObjectMeta { name: Some(name.into()), namespace: Some(namespace.into()), ..Default::default() },

@@ -1,0 +1,443 @@
+//! `clb-host run` in multi-SLB local-service mode (design §5, upstream §e and §f): the
+//! backend-pool producer fed from the run loop's watch stream, and the [`PoolUpdater`] ticking on
+//! real time under the Azure resource lock ([`LeaseLock`]).
+//!
+//! * **Producing.** [`Pools::observe`] takes every batch of observations the guest is given and
+//!   keeps the records the producer needs: Services, EndpointSlices and the IPv4 InternalIPs of
+//!   Nodes. It marks as changed only the Services a batch touched — the Service itself, the owner
+//!   of a changed slice, the owners of slices with endpoints on a Node whose IPs changed — and
+//!   the producer ([`PoolProducer`]) recomputes just those: placement through the guest's
+//!   `place-service`, then the node IPs of the ready endpoints against what it enqueued last.
+//!   Nothing is produced before the initial lists are complete (a pool must not lose the IPs of
+//!   Nodes not listed yet). A Service new to a pool starts from what the pool holds in Azure;
+//!   when that read fails the Service stays marked and is retried at the next tick.
+//! * **Ticking.** Every `loadBalancerBackendPoolUpdateIntervalInSeconds` (first one interval
+//!   after the term starts) the updater ticks: service lock → resource lock → drain → GET/PUT
+//!   per pool → Events (see [`crate::backend_pools`]). A tick is started only after checking
+//!   that leadership still holds, as [`crate::run`] does before each command; the producer only
+//!   fills the in-memory queue, so it needs no such check.
+//! * **Lifetime.** The queue, the producer's memory and the Lease lock live for one term: a new
+//!   leader starts from the lists and from what the pools hold in Azure, like a restart. A term
+//!   that stops (shutdown) lets a tick in progress finish within the shutdown grace period, so
+//!   it releases the resource lock; one that loses leadership drops the tick at once, and a
+//!   resource lock it held stays until the Lease's duration runs out (renewal stops with the
+//!   lock), as after a crash.
+
+use crate::azure::{ArmClient, AzureApi as _, PoolRef};
+use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
+use crate::kube::{KubeClient, error_chain};
+use crate::lease::{Leadership, LeaseLock};
+use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
+use crate::run::{RunError, Settings};
+use crate::sandbox::Logic;
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{ServicePlacement, SlbConfiguration};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `(namespace, name)`.
+type Key = (String, String);
+
+/// What the producer reads of the cluster, and which Services changed since it last ran.
+#[derive(Default)]
+struct Store {
+    services: BTreeMap<Key, wit::Service>,
+    /// Lower-cased UID → Service, to find the owner of a slice.
+    by_uid: BTreeMap<String, Key>,
+    slices: BTreeMap<Key, wit::EndpointSlice>,
+    /// Node name → IPv4 InternalIPs.
+    nodes: BTreeMap<String, Vec<String>>,
+    /// Services to recompute.
+    changed: BTreeSet<Key>,
+    /// Whether the initial lists are complete.
+    listed: bool,
+}
+
+impl Store {
+    fn mark_owner(&mut self, slice: Option<&wit::EndpointSlice>) {
+        let owner = slice.and_then(|s| s.owner_service_uid.as_ref()).map(|uid| uid.to_ascii_lowercase());
+        if let Some(key) = owner.and_then(|uid| self.by_uid.get(&uid)) {
+            self.changed.insert(key.clone());
+        }
+    }
+
+    /// Marks the owners of the slices with an endpoint on `node`.
+    fn mark_on_node(&mut self, node: &str) {
+        let owners: Vec<Key> = self
+            .slices
+            .values()
+            .filter(|s| s.endpoints.iter().any(|e| e.node_name.as_deref() == Some(node)))
+            .filter_map(|s| s.owner_service_uid.as_ref())
+            .filter_map(|uid| self.by_uid.get(&uid.to_ascii_lowercase()).cloned())
+            .collect();
+        self.changed.extend(owners);
+    }
+
+    fn apply(&mut self, observation: &wit::Observation) {
+        match observation {
+            wit::Observation::ServiceUpserted(service) => {
+                let key = (service.namespace.clone(), service.name.clone());
+                if let Some(before) = self.services.insert(key.clone(), service.clone()) {
+                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
+                }
+                self.by_uid.insert(service.uid.to_ascii_lowercase(), key.clone());
+                self.changed.insert(key);
+            }
+            wit::Observation::ServiceDeleted(key) => {
+                if let Some(before) = self.services.remove(key) {
+                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
+                }
+                self.changed.insert(key.clone());
+            }
+            wit::Observation::SliceUpserted(slice) => {
+                let before = self.slices.insert((slice.namespace.clone(), slice.name.clone()), slice.clone());
+                self.mark_owner(before.as_ref());
+                self.mark_owner(Some(slice));
+            }
+            wit::Observation::SliceDeleted(key) => {
+                let before = self.slices.remove(key);
+                self.mark_owner(before.as_ref());
+            }
+            wit::Observation::NodeUpserted(node) => {
+                let ips = node_ipv4s(node);
+                // Nodes change at every status heartbeat; only their IPs matter here.
+                if self.nodes.get(&node.name) != Some(&ips) {
+                    self.nodes.insert(node.name.clone(), ips);
+                    self.mark_on_node(&node.name);
+                }
+            }
+            wit::Observation::NodeDeleted(name) => {
+                if self.nodes.remove(name).is_some() {
+                    self.mark_on_node(name);
+                }
+            }
+            wit::Observation::ListsComplete => {
+                self.listed = true;
+                self.changed.extend(self.services.keys().cloned());
+            }
+        }
+    }
+
+    /// The Service's record, if it exists, and the node IPs of its ready endpoints.
+    fn service(&self, key: &Key) -> Option<(wit::Service, BTreeSet<String>)> {
+        let service = self.services.get(key)?;
+        let in_namespace = self
+            .slices
+            .range((key.0.clone(), String::new())..)
+            .take_while(|((namespace, _), _)| *namespace == key.0)
+            .map(|(_, slice)| slice);
+        Some((service.clone(), ready_node_ips(&service.uid, in_namespace, &self.nodes)))
+    }
+}
+
+/// The backend-pool updater of one term and its producer.
+pub(crate) struct Pools {
+    updater: PoolUpdater<Arc<ArmClient>, LeaseLock, KubeClient>,
+    configurations: Vec<SlbConfiguration>,
+    store: RefCell<Store>,
+    producer: RefCell<PoolProducer>,
+    /// Signalled when a batch marked a Service (a permit is kept while nobody waits).
+    changed: tokio::sync::Notify,
+    /// A tick is in progress (it may hold the resource lock).
+    ticking: Cell<bool>,
+    /// Signalled when a tick ends, however it ends.
+    tick_ended: tokio::sync::Notify,
+    /// The term is stopping: no new tick starts.
+    stopping: Cell<bool>,
+}
+
+/// Marks a tick in progress until dropped (the tick finished, failed or was dropped).
+struct Ticking<'p>(&'p Pools);
+
+impl<'p> Ticking<'p> {
+    fn start(pools: &'p Pools) -> Self {
+        pools.ticking.set(true);
+        Self(pools)
+    }
+}
+
+impl Drop for Ticking<'_> {
+    fn drop(&mut self) {
+        self.0.ticking.set(false);
+        self.0.tick_ended.notify_one();
+    }
+}
+
+impl Pools {
+    /// The updater, if `settings.config` is multi-SLB local-service mode for `logic`; `None` in
+    /// any other mode (a refused configuration is the supervisor's to report).
+    pub(crate) fn for_mode(logic: &Logic, settings: &Settings) -> Result<Option<Self>, RunError> {
+        let guest = |e| RunError::Pools(PoolUpdaterError::Guest(e));
+        let mode = logic.session().map_err(guest)?.validate_config(&settings.config).map_err(guest)?;
+        if mode != Ok(wit::Mode::MultiSlbLocalServices) {
+            return Ok(None);
+        }
+        let lock = LeaseLock::new(settings.kube.clone(), settings.resource_lock.clone());
+        let kube = KubeClient::new(settings.kube.clone(), settings.instance.clone());
+        let updater =
+            PoolUpdater::new(logic, settings.arm.clone(), lock, kube, ServiceLock::default(), settings.pool_updater)
+                .map_err(RunError::Pools)?;
+        tracing::info!(
+            load_balancers = settings.slb_configurations.len(),
+            interval = ?settings.pool_updater.interval,
+            lock = %format!("{}/{}", settings.resource_lock.namespace, settings.resource_lock.name),
+            "multi-SLB local-service mode: the backend-pool updater runs"
+        );
+        Ok(Some(Self {
+            updater,
+            configurations: settings.slb_configurations.clone(),
+            store: RefCell::default(),
+            producer: RefCell::default(),
+            changed: tokio::sync::Notify::new(),
+            ticking: Cell::new(false),
+            tick_ended: tokio::sync::Notify::new(),
+            stopping: Cell::new(false),
+        }))
+    }
+
+    /// Takes in a batch the guest is given; see the module documentation.
+    pub(crate) fn observe(&self, batch: &[wit::Observation]) {
+        let mut store = self.store.borrow_mut();
+        for observation in batch {
+            store.apply(observation);
+        }
+        if store.listed && !store.changed.is_empty() {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Produces and ticks until something fatal happens (a guest failure, or leadership lost
+    /// before a tick); never returns `Ok`.
+    pub(crate) async fn run(&self, leadership: &Leadership) -> Result<(), RunError> {
+        let every = self.updater_interval();
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = self.changed.notified() => self.produce().await?,
+                _ = interval.tick() => {
+                    // Services whose pool could not be read are retried before the tick.
+                    self.produce().await?;
+                    if self.stopping.get() {
+                        continue;
+                    }
+                    if !leadership.holds() {
+                        return Err(RunError::NotLeader);
+                    }
+                    let _ticking = Ticking::start(self);
+                    match self.updater.tick().await.map_err(RunError::Pools)? {
+                        Tick::Ran(summary) => tracing::info!(?summary, "backend-pool tick"),
+                        // Already logged (a warning) and counted by the updater.
+                        Tick::LockFailed(_) | Tick::Idle => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// On the way out: no new tick starts, and a tick in progress gets `grace` to finish —
+    /// `work` (the future of [`run`](Self::run)) is driven meanwhile — so that it releases the
+    /// resource lock rather than leave the Lease held until it expires. After `grace` it is
+    /// abandoned, as a crash would.
+    pub(crate) async fn finish_tick<F>(&self, mut work: Pin<&mut F>, grace: Duration)
+    where
+        F: Future<Output = Result<(), RunError>>,
+    {
+        self.stopping.set(true);
+        if !self.ticking.get() {
+            return;
+        }
+        tracing::info!(?grace, "stopping: letting the backend-pool tick in progress finish");
+        let finish = async {
+            while self.ticking.get() {
+                tokio::select! {
+                    result = work.as_mut() => {
+                        if let Err(error) = result {
+                            tracing::warn!(error = %error_chain(&error), "stopping: the backend-pool tick in progress failed");
+                        }
+                        return;
+                    }
+                    () = self.tick_ended.notified() => {}
+                }
+            }
+        };
+        if tokio::time::timeout(grace, finish).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                "stopping: the backend-pool tick still running after the grace period is abandoned; a resource lock it held stays until the Lease expires"
+            );
+        }
+    }
+
+    fn updater_interval(&self) -> std::time::Duration {
+        self.updater.config().interval
+    }
+
+    /// Recomputes the Services marked since the last time, under the service reconcile lock.
+    async fn produce(&self) -> Result<(), RunError> {
+        let changed = {
+            let mut store = self.store.borrow_mut();
+            if !store.listed {
+                return Ok(());
+            }
+            std::mem::take(&mut store.changed)
+        };
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let service_lock = self.updater.service_lock().clone();
+        let reconciling = service_lock.lock().await;
+        let mut notes = Vec::new();
+        for key in changed {
+            let name = format!("{}/{}", key.0, key.1);
+            let found = self.store.borrow().service(&key);
+            let placement = match &found {
+                Some((record, _)) => self.updater.place(&self.configurations, record).map_err(RunError::Pools)?,
+                None => None,
+            };
+            let (Some(placement), Some((_, ips))) = (placement, found) else {
+                self.producer
+                    .borrow_mut()
+                    .forget(&self.updater, &reconciling, &name, &mut notes)
+                    .map_err(RunError::Pools)?;
+                continue;
+            };
+            let contents = if self.producer.borrow().needs_pool_contents(&name, &placement) {
+                match self.pool_contents(&placement).await {
+                    Ok(contents) => Some(contents),
+                    Err(error) => {
+                        tracing::warn!(
+                            service = %name,
+                            load_balancer = %placement.load_balancer,
+                            pool = %placement.pool,
+                            error = %error_chain(&error),
+                            "cannot read the backend pool a local Service starts from; retrying at the next tick"
+                        );
+                        self.store.borrow_mut().changed.insert(key);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let contents = || contents.unwrap_or_default();
+            let mut producer = self.producer.borrow_mut();
+            producer
+                .update(&self.updater, &reconciling, &name, placement, ips, contents, &mut notes)
+                .map_err(RunError::Pools)?;
+        }
+        for note in notes {
+            tracing::info!(%note, "backend-pool producer");
+        }
+        Ok(())
+    }
+
+    /// The canonical IPs the pool holds in Azure; none when it does not exist yet.
+    async fn pool_contents(&self, placement: &ServicePlacement) -> Result<BTreeSet<String>, crate::azure::AzureError> {
+        let pool = PoolRef { load_balancer: placement.load_balancer.clone(), pool: placement.pool.clone() };
+        match self.updater.azure().get_backend_pool(&pool).await {
+            Ok((pool, _)) => Ok(pool.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
+            Err(error) if error.status == 404 => Ok(BTreeSet::new()),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn service(name: &str) -> wit::Observation {
+        let service = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name, "uid": format!("uid-{name}")},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"},
+        }))
+        .unwrap();
+        wit::Observation::ServiceUpserted(crate::records::service(&service))
+    }
+
+    fn slice(service: &str, node: &str) -> wit::Observation {
+        let slice = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "ns", "name": format!("{service}-1"),
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": format!("UID-{service}")}],
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": node}],
+        }))
+        .unwrap();
+        wit::Observation::SliceUpserted(crate::records::endpoint_slice(&slice))
+    }
+
+    fn node(name: &str, ip: &str) -> wit::Observation {
+        wit::Observation::NodeUpserted(wit::Node { name: name.into(), internal_ips: vec![ip.into()] })
+    }
+
+    fn key(name: &str) -> Key {
+        ("ns".into(), name.into())
+    }
+
+    /// A store with Services a (endpoint on n1) and b (endpoint on n2), listed, nothing marked.
+    fn listed() -> Store {
+        let mut store = Store::default();
+        let initial = [
+            service("a"),
+            service("b"),
+            slice("a", "n1"),
+            slice("b", "n2"),
+            node("n1", "10.0.0.1"),
+            node("n2", "10.0.0.2"),
+            wit::Observation::ListsComplete,
+        ];
+        for observation in &initial {
+            store.apply(observation);
+        }
+        assert_eq!(store.changed, BTreeSet::from([key("a"), key("b")]), "the initial lists mark every Service");
+        store.changed.clear();
+        store
+    }
+
+    fn marked_by(observation: wit::Observation) -> BTreeSet<Key> {
+        let mut store = listed();
+        store.apply(&observation);
+        store.changed
+    }
+
+    #[test]
+    fn a_change_marks_only_the_services_it_touches() {
+        assert_eq!(
+            marked_by(slice("a", "n2")),
+            BTreeSet::from([key("a")]),
+            "a slice marks its owner (UIDs in any case)"
+        );
+        assert_eq!(marked_by(wit::Observation::SliceDeleted(("ns".into(), "b-1".into()))), BTreeSet::from([key("b")]));
+        assert_eq!(
+            marked_by(node("n2", "10.0.0.9")),
+            BTreeSet::from([key("b")]),
+            "new node IPs mark the Services on it"
+        );
+        assert_eq!(marked_by(wit::Observation::NodeDeleted("n1".into())), BTreeSet::from([key("a")]));
+        assert_eq!(marked_by(service("a")), BTreeSet::from([key("a")]));
+        assert_eq!(marked_by(wit::Observation::ServiceDeleted(key("b"))), BTreeSet::from([key("b")]));
+    }
+
+    #[test]
+    fn a_node_heartbeat_with_the_same_ips_marks_nothing() {
+        assert!(marked_by(node("n1", "10.0.0.1")).is_empty());
+    }
+
+    #[test]
+    fn a_services_node_ips_are_those_of_its_ready_endpoints_in_its_namespace() {
+        let mut store = listed();
+        store.apply(&slice("a", "n2"));
+        let (record, ips) = store.service(&key("a")).expect("a is known");
+        assert_eq!(record.name, "a");
+        assert_eq!(ips, BTreeSet::from(["10.0.0.2".to_owned()]));
+        assert!(store.service(&key("gone")).is_none());
+    }
+}
