@@ -93,6 +93,9 @@ struct Fault {
     status: u16,
 }
 
+/// A slice in the model: its Service, and `(pod, node, ready)` per endpoint.
+type ModelSlice = (String, Vec<(u8, u8, Option<bool>)>);
+
 /// Kubernetes and Azure as the tracker should see them, written from the specs, not from the
 /// tracker's code.
 #[derive(Default)]
@@ -103,7 +106,7 @@ struct World {
     services: BTreeMap<u8, ServiceObject>,
     /// Identities whose spec was admitted at least once (an ETP change keeps the old spec).
     ever_admitted: BTreeSet<String>,
-    slices: BTreeMap<u8, (String, Vec<(u8, u8, Option<bool>)>)>,
+    slices: BTreeMap<u8, ModelSlice>,
     public_ips: BTreeMap<String, String>,
     load_balancers: BTreeSet<String>,
     registered: BTreeSet<String>,

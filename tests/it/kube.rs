@@ -54,6 +54,12 @@ pub(crate) fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value)
 pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClient, wit::Config) {
     let emulator = Arc::new(Emulator::new(clb_host::simulate::scope()));
     let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let (config, arm) = azure_side(azure.url(), Credential::None);
+    (emulator, azure, arm, config)
+}
+
+/// The CLB-mode cloud config in the emulator's scope, and an ARM client for `url`.
+pub(crate) fn azure_side(url: String, credential: Credential) -> (wit::Config, ArmClient) {
     let scope = clb_host::simulate::scope();
     let cloud_config = format!(
         "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
@@ -63,8 +69,7 @@ pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClien
     let path = std::path::Path::new("azure.json");
     let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
     let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
-    let arm = ArmClient::new(ArmConfig::new(azure.url(), scope), Credential::None).unwrap();
-    (emulator, azure, arm, config)
+    (config, ArmClient::new(ArmConfig::new(url, scope), credential).unwrap())
 }
 
 pub(crate) fn ingress_ips(service: &Service) -> Vec<String> {

@@ -3,10 +3,10 @@
 //! election on its own and with two `clb-host run` replicas sharing one emulator. Durations are
 //! seconds so that expiry happens within a test; every wait is "until the behaviour shows".
 
-use crate::kube::{eventually, ingress_ips, manifest, reconcilers_slot};
+use crate::kube::{azure_side, eventually, ingress_ips, manifest, reconcilers_slot};
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_host::azure::auth::TokenFile;
-use clb_host::azure::{ArmClient, ArmConfig, AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
+use clb_host::azure::{AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
 use clb_host::backend_pools::{PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick};
 use clb_host::cluster::Cluster;
 use clb_host::emulator::{Emulator, EmulatorServer};
@@ -16,7 +16,6 @@ use clb_host::lease::{
     lead,
 };
 use clb_host::run::RunError;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
 use clb_tests::apiserver::apiserver;
 use futures::FutureExt as _;
@@ -479,20 +478,6 @@ fn two_run_replicas_write_only_through_the_leader_and_when_it_is_killed_the_othe
 }
 
 // Fixtures of these tests (the end-to-end tests of `kube.rs` have their own `Env`).
-
-/// The CLB-mode cloud config in the emulator's scope, and an ARM client for `url`.
-fn azure_side(url: String, credential: Credential) -> (wit::Config, ArmClient) {
-    let scope = clb_host::simulate::scope();
-    let cloud_config = format!(
-        "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
-         subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
-        scope.subscription, scope.resource_group, scope.location, scope.vnet
-    );
-    let path = std::path::Path::new("azure.json");
-    let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
-    let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
-    (config, ArmClient::new(ArmConfig::new(url, scope), credential).unwrap())
-}
 
 async fn create_namespace(client: &::kube::Client, namespace: &str) {
     Api::<Namespace>::all(client.clone())
