@@ -196,7 +196,7 @@ fn group_key(load_balancer: &str, pool: &str) -> String {
 /// Canonical IP text, or the trimmed text when it is not an IP: the host's PUT refuses it then,
 /// which reports the mistake instead of silently losing the operation.
 fn canonical_ip(text: &str) -> String {
-    ip::canonical(text).map(|(c, _)| c).unwrap_or_else(|| text.trim().to_owned())
+    ip::canonical(text).map(|(c, _)| String::from(c)).unwrap_or_else(|| text.trim().to_owned())
 }
 
 impl PoolQueue {

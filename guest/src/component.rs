@@ -279,7 +279,7 @@ impl From<wit::Observation> for model::Observation {
         match o {
             wit::Observation::ServiceUpserted(s) => Self::ServiceUpserted(s.into()),
             wit::Observation::ServiceDeleted((ns, name)) => {
-                Self::ServiceDeleted(model::ObjectKey { namespace: ns, name })
+                Self::ServiceDeleted(model::ObjectKey { namespace: ns.into(), name: name.into() })
             }
             wit::Observation::SliceUpserted(s) => Self::SliceUpserted(model::EndpointSlice {
                 namespace: s.namespace,
@@ -293,7 +293,9 @@ impl From<wit::Observation> for model::Observation {
                     .collect(),
                 deleting: s.deleting,
             }),
-            wit::Observation::SliceDeleted((ns, name)) => Self::SliceDeleted(model::ObjectKey { namespace: ns, name }),
+            wit::Observation::SliceDeleted((ns, name)) => {
+                Self::SliceDeleted(model::ObjectKey { namespace: ns.into(), name: name.into() })
+            }
             wit::Observation::NodeUpserted(n) => {
                 Self::NodeUpserted(model::Node { name: n.name, internal_ips: n.internal_ips })
             }

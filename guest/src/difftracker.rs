@@ -6,6 +6,7 @@
 //! (or a fresh read of NRP replaces it).
 
 use crate::model::{NrpAddress, NrpListedLocation, NrpLocation, UpdateAction};
+use crate::name::{Name, VecMap, VecSet};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,42 +21,45 @@ pub enum Class {
     Foreign,
 }
 
-type Services = BTreeSet<String>;
+type Services = VecSet<Name>;
+
+/// A view of NRP (location → address → services) in plain strings, for tests and reports.
+pub type View = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiffTracker {
     /// Kubernetes: location → address → identity → how many EndpointSlices contribute it.
     /// Counting makes an address that two slices list survive the removal from one of them.
-    k8s: BTreeMap<String, BTreeMap<String, BTreeMap<String, u32>>>,
+    k8s: BTreeMap<Name, VecMap<Name, VecMap<Name, u32>>>,
     /// identity → location → number of its addresses there, in `k8s`.
-    k8s_by_identity: BTreeMap<String, BTreeMap<String, u32>>,
+    k8s_by_identity: BTreeMap<Name, VecMap<Name, u32>>,
     /// NRP: registered inbound services.
-    registered: BTreeSet<String>,
+    registered: BTreeSet<Name>,
     /// NRP: location → address → services.
-    nrp: BTreeMap<String, BTreeMap<String, Services>>,
+    nrp: BTreeMap<Name, VecMap<Name, Services>>,
     /// identity → location → number of NRP addresses there that reference it.
-    nrp_by_identity: BTreeMap<String, BTreeMap<String, u32>>,
+    nrp_by_identity: BTreeMap<Name, VecMap<Name, u32>>,
     /// Locations whose two views may differ: `None` the whole location, `Some` only those
     /// addresses (so one changed pod costs one address, not the whole node).
-    dirty: BTreeMap<String, Option<BTreeSet<String>>>,
+    dirty: BTreeMap<Name, Option<BTreeSet<Name>>>,
     /// Locations a failed batch may or may not have changed, with the identities it named (NRP
     /// may reference them there): the next update states such a location whole, so it is right
     /// whatever NRP did.
-    uncertain: BTreeMap<String, BTreeSet<String>>,
+    uncertain: BTreeMap<Name, BTreeSet<Name>>,
 }
 
 /// The value at `key`, inserted as the default if missing. Unlike `entry(key.to_owned())` it
 /// allocates the key only when it inserts: this runs once per endpoint, on the hot path.
-fn slot<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+fn slot<'m, V: Default>(map: &'m mut BTreeMap<Name, V>, key: &str) -> &'m mut V {
     if !map.contains_key(key) {
-        map.insert(key.to_owned(), V::default());
+        map.insert(Name::new(key), V::default());
     }
     map.get_mut(key).expect("inserted above")
 }
 
-fn bump(index: &mut BTreeMap<String, BTreeMap<String, u32>>, identity: &str, location: &str, up: bool) {
+fn bump(index: &mut BTreeMap<Name, VecMap<Name, u32>>, identity: &str, location: &str, up: bool) {
     if up {
-        *slot(slot(index, identity), location) += 1;
+        *slot(index, identity).slot(location, Name::new) += 1;
         return;
     }
     if let Some(locations) = index.get_mut(identity) {
@@ -74,7 +78,7 @@ fn bump(index: &mut BTreeMap<String, BTreeMap<String, u32>>, identity: &str, loc
 impl DiffTracker {
     /// One EndpointSlice now lists `address` on `location` for `identity`.
     pub fn add_endpoint(&mut self, identity: &str, address: &str, location: &str) {
-        let count = slot(slot(slot(&mut self.k8s, location), address), identity);
+        let count = slot(&mut self.k8s, location).slot(address, Name::new).slot(identity, Name::new);
         *count += 1;
         if *count == 1 {
             bump(&mut self.k8s_by_identity, identity, location, true);
@@ -108,11 +112,11 @@ impl DiffTracker {
             Some(None) => {}
             Some(Some(addresses)) => {
                 if !addresses.contains(address) {
-                    addresses.insert(address.to_owned());
+                    addresses.insert(Name::new(address));
                 }
             }
             None => {
-                self.dirty.insert(location.to_owned(), Some(BTreeSet::from([address.to_owned()])));
+                self.dirty.insert(Name::new(location), Some(BTreeSet::from([Name::new(address)])));
             }
         }
     }
@@ -130,14 +134,14 @@ impl DiffTracker {
         self.registered.contains(identity)
     }
 
-    pub fn registered(&self) -> &BTreeSet<String> {
+    pub fn registered(&self) -> &BTreeSet<Name> {
         &self.registered
     }
 
     /// NRP accepted the registration (or the unregistration) of an inbound service.
     pub fn set_registered(&mut self, identity: &str, registered: bool) {
         let changed =
-            if registered { self.registered.insert(identity.to_owned()) } else { self.registered.remove(identity) };
+            if registered { self.registered.insert(Name::new(identity)) } else { self.registered.remove(identity) };
         if changed {
             self.touch_identity(identity);
         }
@@ -158,14 +162,14 @@ impl DiffTracker {
     }
 
     pub fn mark_dirty(&mut self, location: &str) {
-        self.dirty.insert(location.to_owned(), None);
+        self.dirty.insert(Name::new(location), None);
     }
 
     /// A batch carrying this update failed without saying whether NRP applied it.
     pub fn mark_uncertain(&mut self, update: &NrpLocation) {
-        let named = update.addresses.iter().flat_map(|a| a.services.iter().cloned());
-        self.uncertain.entry(update.location.clone()).or_default().extend(named);
-        self.dirty.insert(update.location.clone(), None);
+        let named = update.addresses.iter().flat_map(|a| a.services.iter().map(Name::from));
+        self.uncertain.entry(Name::new(&update.location)).or_default().extend(named);
+        self.dirty.insert(Name::new(&update.location), None);
     }
 
     /// Every location either view knows is dirty (after a fresh read of NRP).
@@ -199,20 +203,20 @@ impl DiffTracker {
     pub fn sync_location(&self, location: &str, class: &impl Fn(&str) -> Class) -> Option<NrpLocation> {
         // Borrowed strings throughout: most locations turn out to be in sync, and checking
         // that must not allocate.
-        let empty = BTreeMap::new();
+        let empty = VecMap::default();
         let actual = self.nrp.get(location);
         let wanted = self.k8s.get(location).unwrap_or(&empty);
         let mut desired: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
         for (address, identities) in wanted {
             let set: BTreeSet<&str> =
-                identities.keys().map(String::as_str).filter(|id| class(id) == Class::Ready).collect();
+                identities.keys().map(Name::as_str).filter(|id| class(id) == Class::Ready).collect();
             if !set.is_empty() {
                 desired.insert(address, set);
             }
         }
         // Other controllers' identities stay as NRP has them.
         for (address, services) in actual.into_iter().flatten() {
-            for service in services.iter().map(String::as_str).filter(|s| class(s) == Class::Foreign) {
+            for service in services.iter().map(Name::as_str).filter(|s| class(s) == Class::Foreign) {
                 desired.entry(address).or_default().insert(service);
             }
         }
@@ -248,7 +252,7 @@ impl DiffTracker {
             }
         }
         for address in actual.keys().filter(|a| !desired.contains_key(a.as_str())) {
-            addresses.push(NrpAddress { address: address.clone(), services: Vec::new() });
+            addresses.push(NrpAddress { address: address.to_string(), services: Vec::new() });
         }
         if addresses.is_empty() {
             return None;
@@ -263,7 +267,7 @@ impl DiffTracker {
     pub fn sync_addresses(
         &self,
         location: &str,
-        addresses: &BTreeSet<String>,
+        addresses: &BTreeSet<Name>,
         class: &impl Fn(&str) -> Class,
     ) -> Option<NrpLocation> {
         let (Some(actual), Some(wanted)) = (self.nrp.get(location), self.k8s.get(location)) else {
@@ -275,7 +279,7 @@ impl DiffTracker {
         let mut updates = Vec::new();
         for address in addresses {
             let mut desired: Services = wanted
-                .get(address)
+                .get(address.as_str())
                 .map(|ids| ids.keys().filter(|id| class(id) == Class::Ready).cloned().collect())
                 .unwrap_or_default();
             let current = actual.get(address);
@@ -285,7 +289,10 @@ impl DiffTracker {
                 None => desired.is_empty(),
             };
             if !unchanged {
-                updates.push(NrpAddress { address: address.clone(), services: desired.into_iter().collect() });
+                updates.push(NrpAddress {
+                    address: address.to_string(),
+                    services: desired.into_iter().map(String::from).collect(),
+                });
             }
         }
         if updates.is_empty() {
@@ -295,9 +302,9 @@ impl DiffTracker {
     }
 
     fn set_nrp_address(&mut self, location: &str, address: &str, services: Option<Services>) {
-        let addresses = self.nrp.entry(location.to_owned()).or_default();
+        let addresses = slot(&mut self.nrp, location);
         let old = match services {
-            Some(services) => addresses.insert(address.to_owned(), services.clone()).map(|old| (old, Some(services))),
+            Some(services) => addresses.insert(Name::new(address), services.clone()).map(|old| (old, Some(services))),
             None => addresses.remove(address).map(|old| (old, None)),
         };
         if addresses.is_empty() {
@@ -316,7 +323,7 @@ impl DiffTracker {
     }
 
     fn remove_nrp_location(&mut self, location: &str) {
-        let addresses: Vec<String> = self.nrp.get(location).map(|a| a.keys().cloned().collect()).unwrap_or_default();
+        let addresses: Vec<Name> = self.nrp.get(location).map(|a| a.keys().cloned().collect()).unwrap_or_default();
         for address in addresses {
             self.set_nrp_address(location, &address, None);
         }
@@ -325,12 +332,12 @@ impl DiffTracker {
     /// NRP accepted `batch`: record it in the mirror (upstream `UpdateLocationsAddresses`).
     pub fn apply(&mut self, batch: &[NrpLocation]) {
         for location in batch {
-            self.uncertain.remove(&location.location);
+            self.uncertain.remove(location.location.as_str());
             if location.addresses.is_empty() || location.action == UpdateAction::FullUpdate {
                 self.remove_nrp_location(&location.location);
             }
             for address in &location.addresses {
-                let services: Services = address.services.iter().cloned().collect();
+                let services: Services = address.services.iter().map(Name::from).collect();
                 let services = if services.is_empty() { None } else { Some(services) };
                 self.set_nrp_address(&location.location, &address.address, services);
             }
@@ -340,7 +347,7 @@ impl DiffTracker {
     /// Replaces the NRP mirror with what NRP listed, canonicalising every IP. Returns the
     /// entries that were not IP addresses, which are skipped.
     pub fn replace_nrp(&mut self, registered: BTreeSet<String>, locations: &[NrpListedLocation]) -> Vec<String> {
-        self.registered = registered;
+        self.registered = registered.into_iter().map(Name::from).collect();
         self.uncertain.clear();
         self.nrp.clear();
         self.nrp_by_identity.clear();
@@ -358,7 +365,7 @@ impl DiffTracker {
                 let services: Services = address
                     .services
                     .iter()
-                    .map(|s| if s.bytes().any(|b| b.is_ascii_uppercase()) { s.to_ascii_lowercase() } else { s.clone() })
+                    .map(|s| if s.bytes().any(|b| b.is_ascii_uppercase()) { Name::from(s.to_ascii_lowercase()) } else { Name::new(s) })
                     .collect();
                 if !services.is_empty() {
                     self.set_nrp_address(&location, &canonical, Some(services));
@@ -370,30 +377,36 @@ impl DiffTracker {
     }
 
     /// NRP's view, for tests and reports: location → address → services.
-    pub fn nrp_view(&self) -> &BTreeMap<String, BTreeMap<String, Services>> {
-        &self.nrp
+    pub fn nrp_view(&self) -> View {
+        let mut view = View::new();
+        for (location, addresses) in &self.nrp {
+            let addresses = addresses.iter().map(|(a, s)| (a.to_string(), s.iter().map(Name::to_string).collect()));
+            view.insert(location.to_string(), addresses.collect());
+        }
+        view
     }
 
     /// The Kubernetes view filtered by `class` as NRP should hold it: location → address →
     /// ready identities. Equal to [`Self::nrp_view`] once every sync has been applied.
-    pub fn desired_view(&self, class: impl Fn(&str) -> Class) -> BTreeMap<String, BTreeMap<String, Services>> {
-        let mut view: BTreeMap<String, BTreeMap<String, Services>> = BTreeMap::new();
+    pub fn desired_view(&self, class: impl Fn(&str) -> Class) -> View {
+        let mut view = View::new();
         for (location, addresses) in &self.k8s {
             for (address, identities) in addresses {
-                let ready: Services = identities.keys().filter(|id| class(id) == Class::Ready).cloned().collect();
+                let ready: BTreeSet<String> =
+                    identities.keys().filter(|id| class(id) == Class::Ready).map(Name::to_string).collect();
                 if !ready.is_empty() {
-                    view.entry(location.clone()).or_default().insert(address.clone(), ready);
+                    view.entry(location.to_string()).or_default().insert(address.to_string(), ready);
                 }
             }
         }
         for (location, addresses) in &self.nrp {
             for (address, services) in addresses {
                 for service in services.iter().filter(|s| class(s) == Class::Foreign) {
-                    view.entry(location.clone())
+                    view.entry(location.to_string())
                         .or_default()
-                        .entry(address.clone())
+                        .entry(address.to_string())
                         .or_default()
-                        .insert(service.clone());
+                        .insert(service.to_string());
                 }
             }
         }
@@ -442,8 +455,8 @@ mod tests {
         let old = batch.iter().find(|l| l.location == "10.0.0.4").unwrap();
         assert!(old.addresses.is_empty(), "the old node is deleted: {old:?}");
         t.apply(&batch);
-        assert_eq!(t.nrp_view(), &t.desired_view(|_| Class::Ready));
-        assert!(t.nrp_view().get("10.0.0.4").is_none());
+        assert_eq!(t.nrp_view(), t.desired_view(|_| Class::Ready));
+        assert!(!t.nrp_view().contains_key("10.0.0.4"));
     }
 
     // Mirrors upstream TestNRPDrainVsRemoveWireShapes.

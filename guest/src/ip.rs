@@ -1,6 +1,7 @@
 //! Canonical IP text: every address and location is parsed and printed back, so that two
 //! spellings of one IPv6 address never become two keys.
 
+use crate::name::Name;
 use std::net::IpAddr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -10,19 +11,19 @@ pub enum Family {
 }
 
 /// The canonical text of an IP address and its family; `None` when it is not an IP address.
-pub fn canonical(text: &str) -> Option<(String, Family)> {
+pub fn canonical(text: &str) -> Option<(Name, Family)> {
     let text = text.trim();
     match text.parse().ok()? {
         // The IPv4 parser accepts only the canonical dotted quad (no leading zeros), so the text
         // is already canonical: no formatting, which is most of the cost on the hot path.
-        IpAddr::V4(_) => Some((text.to_owned(), Family::V4)),
-        ip @ IpAddr::V6(_) => Some((ip.to_string(), Family::V6)),
+        IpAddr::V4(_) => Some((Name::new(text), Family::V4)),
+        ip @ IpAddr::V6(_) => Some((Name::from(ip.to_string()), Family::V6)),
     }
 }
 
 /// The location for an address of `family` on a node: the node's InternalIP of the same family,
 /// the smallest canonical text when it has several (upstream `SelectSameFamilyNodeIP`).
-pub fn same_family_location<'a>(internal_ips: impl IntoIterator<Item = &'a String>, family: Family) -> Option<String> {
+pub fn same_family_location<'a>(internal_ips: impl IntoIterator<Item = &'a String>, family: Family) -> Option<Name> {
     internal_ips.into_iter().filter_map(|ip| canonical(ip)).filter(|(_, f)| *f == family).map(|(ip, _)| ip).min()
 }
 
@@ -33,7 +34,7 @@ mod tests {
     #[test]
     fn ipv6_spellings_collapse_to_one_canonical_text() {
         assert_eq!(canonical("FD00:0:0::0A").unwrap().0, "fd00::a");
-        assert_eq!(canonical(" 10.0.0.1 ").unwrap(), ("10.0.0.1".into(), Family::V4));
+        assert_eq!(canonical(" 10.0.0.1 ").unwrap(), (Name::new("10.0.0.1"), Family::V4));
         assert!(canonical("10.0.0.256").is_none());
         assert!(canonical("010.0.0.1").is_none(), "leading zeros are not an IPv4 address");
     }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod difftracker;
 pub mod ip;
 pub mod model;
+pub mod name;
 pub mod placement;
 #[cfg(test)]
 mod properties;

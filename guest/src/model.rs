@@ -3,6 +3,7 @@
 //! They mirror the WIT records one to one; enumerations stay the strings the user wrote so that
 //! the logic, not the host, decides what an unknown value means.
 
+use crate::name::Name;
 use serde::{Deserialize, Serialize};
 
 /// A Service's `spec.ports[].targetPort`.
@@ -108,13 +109,13 @@ pub struct Node {
 /// Namespace and name of a namespaced object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ObjectKey {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Name,
+    pub name: Name,
 }
 
 impl ObjectKey {
     pub fn new(namespace: &str, name: &str) -> Self {
-        Self { namespace: namespace.to_owned(), name: name.to_owned() }
+        Self { namespace: Name::new(namespace), name: Name::new(name) }
     }
 }
 

@@ -562,7 +562,7 @@ impl Harness {
         let expected = self.world.expected_registered();
         assert_eq!(self.world.registered, expected, "registered services");
         assert_eq!(self.world.nrp, self.world.expected_nrp(), "P1: NRP equals the ready Kubernetes state");
-        assert_eq!(self.tracker.nrp_view(), &self.world.nrp, "the mirror equals NRP");
+        assert_eq!(self.tracker.nrp_view(), self.world.nrp, "the mirror equals NRP");
         let lbs: BTreeSet<String> = expected.iter().cloned().collect();
         assert_eq!(self.world.load_balancers, lbs, "one load balancer per provisioned Service");
         for (index, object) in &self.world.services {

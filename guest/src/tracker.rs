@@ -18,10 +18,12 @@
 
 use crate::admission::{Verdict, admit_service};
 use crate::config::{Config, ConfigError, Mode, validate_config};
-use crate::difftracker::{Class, DiffTracker};
+use crate::difftracker::{Class, DiffTracker, View};
+use crate::name::{Name, VecMap, VecSet};
 use crate::ip;
 use crate::model::*;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The schema version `export_state` writes. Bump it on any change to [`State`] and teach
@@ -257,16 +259,54 @@ struct ServiceRecord {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct SliceRecord {
-    slice: EndpointSlice,
-    owner: Option<String>,
+    slice: StoredSlice,
+    owner: Option<Name>,
     /// Ready addresses → their location, as the Nodes resolve them now.
-    resolved: BTreeMap<String, String>,
+    resolved: VecMap<Name, Name>,
+}
+
+/// An EndpointSlice as the tracker keeps it: [`EndpointSlice`] in compact keys, serialized
+/// exactly like it (field for field), so the state format does not change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredSlice {
+    namespace: Name,
+    name: Name,
+    owner_service_uid: Option<Name>,
+    address_type: Name,
+    endpoints: Vec<StoredEndpoint>,
+    deleting: bool,
+}
+
+/// [`Endpoint`], as [`StoredSlice`] keeps it: nearly always one address, held in place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct StoredEndpoint {
+    addresses: SmallVec<[Name; 1]>,
+    node_name: Option<Name>,
+    ready: Option<bool>,
+}
+
+impl StoredSlice {
+    fn of(slice: &EndpointSlice) -> Self {
+        let endpoints = slice.endpoints.iter().map(|e| StoredEndpoint {
+            addresses: e.addresses.iter().map(Name::from).collect(),
+            node_name: e.node_name.as_ref().map(Name::from),
+            ready: e.ready,
+        });
+        Self {
+            namespace: Name::new(&slice.namespace),
+            name: Name::new(&slice.name),
+            owner_service_uid: slice.owner_service_uid.as_ref().map(Name::from),
+            address_type: Name::new(&slice.address_type),
+            endpoints: endpoints.collect(),
+            deleting: slice.deleting,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct NodeLocations {
-    v4: Option<String>,
-    v6: Option<String>,
+    v4: Option<Name>,
+    v6: Option<Name>,
 }
 
 impl NodeLocations {
@@ -277,7 +317,7 @@ impl NodeLocations {
         }
     }
 
-    fn for_family(&self, family: ip::Family) -> Option<&String> {
+    fn for_family(&self, family: ip::Family) -> Option<&Name> {
         match family {
             ip::Family::V4 => self.v4.as_ref(),
             ip::Family::V6 => self.v6.as_ref(),
@@ -319,8 +359,8 @@ struct State {
     services: BTreeMap<ObjectKey, ServiceRecord>,
     service_by_identity: BTreeMap<String, ObjectKey>,
     slices: BTreeMap<ObjectKey, SliceRecord>,
-    slices_by_owner: BTreeMap<String, BTreeSet<ObjectKey>>,
-    slices_by_node: BTreeMap<String, BTreeSet<ObjectKey>>,
+    slices_by_owner: BTreeMap<Name, VecSet<ObjectKey>>,
+    slices_by_node: BTreeMap<Name, VecSet<ObjectKey>>,
     /// Node name → its locations per family (computed once per Node change, not per endpoint).
     nodes: BTreeMap<String, NodeLocations>,
     diff: DiffTracker,
@@ -419,17 +459,17 @@ impl Tracker {
     }
 
     /// The NRP mirror: what NRP has accepted, location → address → services.
-    pub fn nrp_view(&self) -> &BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    pub fn nrp_view(&self) -> View {
         self.state.diff.nrp_view()
     }
 
     /// Registered inbound services in the NRP mirror.
-    pub fn registered(&self) -> &BTreeSet<String> {
+    pub fn registered(&self) -> &BTreeSet<Name> {
         self.state.diff.registered()
     }
 
     /// What NRP should hold once quiet: the ready-filtered Kubernetes state.
-    pub fn desired_view(&self) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    pub fn desired_view(&self) -> View {
         self.state.diff.desired_view(|id| self.class(id))
     }
 
@@ -630,30 +670,33 @@ impl Tracker {
     }
 
     /// Ready addresses of a slice and their same-family node locations.
-    fn resolve(&self, slice: &EndpointSlice) -> BTreeMap<String, String> {
+    fn resolve(&self, slice: &StoredSlice) -> VecMap<Name, Name> {
         if slice.deleting || slice.address_type.eq_ignore_ascii_case("FQDN") {
-            return BTreeMap::new();
+            return VecMap::default();
         }
         self.resolve_endpoints(slice.endpoints.iter())
     }
 
-    fn resolve_endpoints<'e>(&self, endpoints: impl Iterator<Item = &'e Endpoint>) -> BTreeMap<String, String> {
-        let mut resolved = BTreeMap::new();
+    fn resolve_endpoints<'e>(&self, endpoints: impl Iterator<Item = &'e StoredEndpoint>) -> VecMap<Name, Name> {
+        let mut resolved = Vec::new();
         for endpoint in endpoints.filter(|e| e.ready != Some(false)) {
-            let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.state.nodes.get(n)) else { continue };
+            let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.state.nodes.get(n.as_str())) else {
+                continue;
+            };
             for address in &endpoint.addresses {
                 let Some((address, family)) = ip::canonical(address) else { continue };
                 if let Some(location) = node.for_family(family) {
-                    resolved.insert(address, location.clone());
+                    resolved.push((address, location.clone()));
                 }
             }
         }
-        resolved
+        resolved.into_iter().collect()
     }
 
     fn upsert_slice(&mut self, slice: EndpointSlice) {
         let key = slice.key();
-        let owner = slice.owner_service_uid.as_ref().map(|u| u.to_ascii_lowercase());
+        let owner = slice.owner_service_uid.as_ref().map(|u| Name::from(u.to_ascii_lowercase()));
+        let slice = StoredSlice::of(&slice);
         if self.update_slice_in_place(&key, &owner, &slice) {
             return;
         }
@@ -668,7 +711,7 @@ impl Tracker {
 
     /// The common update — a few endpoints of a slice changed, nothing else — re-resolves
     /// only those endpoints. Returns false when the update is not of that kind.
-    fn update_slice_in_place(&mut self, key: &ObjectKey, owner: &Option<String>, slice: &EndpointSlice) -> bool {
+    fn update_slice_in_place(&mut self, key: &ObjectKey, owner: &Option<Name>, slice: &StoredSlice) -> bool {
         const MOST_CHANGED: usize = 8;
         let Some(old) = self.state.slices.get(key) else { return false };
         let same_shape = old.owner == *owner
@@ -691,7 +734,7 @@ impl Tracker {
         // Each address must stand for exactly one resolved entry, in the old slice and in the
         // changed endpoints, and a changed endpoint must not take an address an unchanged one
         // lists: otherwise (a duplicate, an unknown node, a bad IP) the whole slice is re-read.
-        let ready_addresses = |endpoints: &mut dyn Iterator<Item = &Endpoint>| -> usize {
+        let ready_addresses = |endpoints: &mut dyn Iterator<Item = &StoredEndpoint>| -> usize {
             endpoints.filter(|e| e.ready != Some(false)).map(|e| e.addresses.len()).sum()
         };
         if old.resolved.len() != ready_addresses(&mut old.slice.endpoints.iter())
@@ -714,16 +757,16 @@ impl Tracker {
     fn remove_slice(&mut self, key: &ObjectKey) {
         let Some(old) = self.state.slices.remove(key) else { return };
         self.reindex_slice(key, Some(&old), None);
-        self.apply_slice_change(old.owner.as_deref(), &old.resolved, None, &BTreeMap::new());
+        self.apply_slice_change(old.owner.as_deref(), &old.resolved, None, &VecMap::default());
     }
 
     /// Folds the change of one slice's contribution into the DiffTracker: only what changed.
     fn apply_slice_change(
         &mut self,
         old_owner: Option<&str>,
-        old: &BTreeMap<String, String>,
+        old: &VecMap<Name, Name>,
         new_owner: Option<&str>,
-        new: &BTreeMap<String, String>,
+        new: &VecMap<Name, Name>,
     ) {
         let old_owner = old_owner.filter(|o| self.programmable(o));
         let new_owner = new_owner.filter(|o| self.programmable(o));
@@ -756,10 +799,10 @@ impl Tracker {
     /// Keeps the owner and node indexes of a slice, touching only what changed between the
     /// old and the new record (an ordinary update changes neither).
     fn reindex_slice(&mut self, key: &ObjectKey, old: Option<&SliceRecord>, new: Option<&SliceRecord>) {
-        fn nodes(record: Option<&SliceRecord>) -> BTreeSet<&String> {
+        fn nodes(record: Option<&SliceRecord>) -> BTreeSet<&Name> {
             record.map(|r| r.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()).collect()).unwrap_or_default()
         }
-        fn unlink(index: &mut BTreeMap<String, BTreeSet<ObjectKey>>, at: &str, key: &ObjectKey) {
+        fn unlink(index: &mut BTreeMap<Name, VecSet<ObjectKey>>, at: &str, key: &ObjectKey) {
             if let Some(keys) = index.get_mut(at) {
                 keys.remove(key);
                 if keys.is_empty() {
@@ -1304,7 +1347,7 @@ impl Tracker {
     /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
     /// Kubernetes does not explain (upstream §c.2.4).
     fn reconcile_with_nrp(&mut self) {
-        let registered: Vec<String> = self.state.diff.registered().iter().cloned().collect();
+        let registered: Vec<String> = self.state.diff.registered().iter().map(Name::to_string).collect();
         for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
             if lifecycle.phase == Phase::Created && !self.state.diff.is_registered(identity) {
                 lifecycle.phase = Phase::UpdateInProgress;

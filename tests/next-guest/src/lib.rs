@@ -38,6 +38,8 @@ pub mod difftracker;
 pub mod ip;
 #[path = "../../../guest/src/model.rs"]
 pub mod model;
+#[path = "../../../guest/src/name.rs"]
+pub mod name;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
 /// The real tracker, version 1 of the state.
