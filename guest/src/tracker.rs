@@ -1506,4 +1506,16 @@ mod tests {
         assert_eq!(Tracker::import_state(clb(), 99, &[]), Err(StateError::UnsupportedVersion(99)));
         assert!(matches!(Tracker::import_state(clb(), STATE_VERSION, &[0xff; 3]), Err(StateError::Corrupt(_))));
     }
+
+    /// Pins the state format across the change to compact keys (`name.rs`): this state was
+    /// exported by the tracker before it, when every key was a `String` and every collection a
+    /// `BTreeMap`/`BTreeSet` (7 dual-stack nodes with names longer than a `Name` keeps in place,
+    /// 5 Services, an IPv6 endpoint change in flight and a Service being deleted).
+    #[test]
+    fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_bytes() {
+        let before: &[u8] = include_bytes!("../../tests/fixtures/state/v1-small-cluster.bin");
+        let tracker = Tracker::import_state(clb(), 1, before).expect("a version 1 state");
+        assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
+        assert_eq!(tracker.export_state(), (1, before.to_vec()));
+    }
 }
