@@ -61,10 +61,15 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(|d| workspace.join(d).join("wasm-guests").join(checkout_key(&workspace)))
         .unwrap_or_else(|| out_dir.join("wasm-guests"));
-    for path in watch {
-        println!("cargo:rerun-if-changed={}", path.display());
+    // Relative to the package, which cargo resolves against the checkout it builds: clones
+    // that share CARGO_TARGET_DIR share this script's output, and with absolute paths one clone
+    // would judge it fresh by another clone's files (a fresh clone of a changed guest then got
+    // the old one whenever the previous clone's path still existed).
+    // The workspace manifest holds the `guest` profile the build uses.
+    let (lock, manifest) = (workspace.join("Cargo.lock"), workspace.join("Cargo.toml"));
+    for path in watch.iter().copied().chain([lock.as_path(), manifest.as_path()]) {
+        println!("cargo:rerun-if-changed={}", relative_to(&manifest_dir, path).display());
     }
-    println!("cargo:rerun-if-changed={}", workspace.join("Cargo.lock").display());
 
     ensure_wasm_target();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -101,6 +106,30 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
     path
 }
 
+/// `path` relative to the directory `base` (both absolute, as build scripts get them).
+fn relative_to(base: &Path, path: &Path) -> PathBuf {
+    let (base, path) = (normalize(base), normalize(path));
+    let common = base.iter().zip(path.iter()).take_while(|(a, b)| a == b).count();
+    let up = base.iter().skip(common).map(|_| std::ffi::OsStr::new(".."));
+    up.chain(path.iter().skip(common)).collect()
+}
+
+/// The path with its `..` and `.` components resolved lexically (the watch list writes
+/// `tests/../wit`).
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// A short stable name for a checkout's path (FNV-1a).
 fn checkout_key(workspace: &Path) -> String {
     let hash = workspace
@@ -116,4 +145,22 @@ fn workspace_root(manifest_dir: &Path) -> PathBuf {
         .find(|dir| std::fs::read_to_string(dir.join("Cargo.toml")).is_ok_and(|t| t.contains("[workspace]")))
         .unwrap_or(manifest_dir)
         .to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watched_paths_are_written_relative_to_the_package_so_each_checkout_checks_its_own_files() {
+        let cases = [
+            ("/w/host", "/w/guest/src", "../guest/src"),
+            ("/w/tests", "/w/tests/../wit", "../wit"),
+            ("/w/tests", "/w/tests/next-guest/src", "next-guest/src"),
+            ("/w/host", "/w/Cargo.lock", "../Cargo.lock"),
+        ];
+        for (base, path, want) in cases {
+            assert_eq!(relative_to(Path::new(base), Path::new(path)), PathBuf::from(want), "{path} from {base}");
+        }
+    }
 }

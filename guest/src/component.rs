@@ -366,7 +366,7 @@ impl From<model::NrpAddress> for wit::NrpAddress {
 
 impl From<model::ObjectRef> for wit::ObjectRef {
     fn from(r: model::ObjectRef) -> Self {
-        Self { kind: r.kind, namespace: r.namespace, name: r.name, uid: r.uid }
+        Self { kind: r.kind.into(), namespace: r.namespace.into(), name: r.name.into(), uid: r.uid.into() }
     }
 }
 
@@ -412,21 +412,21 @@ impl From<model::Command> for wit::Command {
                     .collect(),
             }),
             M::PutPublicIp(ip) => wit::Command::PutPublicIp(wit::PublicIp {
-                name: ip.name,
+                name: ip.name.into(),
                 version: match ip.version {
                     model::IpVersion::Ipv4 => wit::IpVersion::Ipv4,
                     model::IpVersion::Ipv6 => wit::IpVersion::Ipv6,
                 },
             }),
             M::PutLoadBalancer(lb) => wit::Command::PutLoadBalancer(wit::LoadBalancer {
-                name: lb.name,
-                public_ip: lb.public_ip,
-                backend_pool: lb.backend_pool,
+                name: lb.name.into(),
+                public_ip: lb.public_ip.into(),
+                backend_pool: lb.backend_pool.into(),
                 rules: lb
                     .rules
                     .into_iter()
                     .map(|r| wit::LbRule {
-                        name: r.name,
+                        name: r.name.into(),
                         protocol: match r.protocol {
                             model::LbProtocol::Tcp => wit::LbProtocol::Tcp,
                             model::LbProtocol::Udp => wit::LbProtocol::Udp,

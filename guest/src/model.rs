@@ -122,10 +122,10 @@ impl ObjectKey {
 /// A namespaced object an Event is about.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectRef {
-    pub kind: String,
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+    pub kind: Name,
+    pub namespace: Name,
+    pub name: Name,
+    pub uid: Name,
 }
 
 /// Something that happened in Kubernetes.
@@ -207,7 +207,7 @@ pub enum IpVersion {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PublicIp {
-    pub name: String,
+    pub name: Name,
     pub version: IpVersion,
 }
 
@@ -219,7 +219,7 @@ pub enum LbProtocol {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LbRule {
-    pub name: String,
+    pub name: Name,
     pub protocol: LbProtocol,
     pub frontend_port: u16,
     pub backend_port: u16,
@@ -230,9 +230,9 @@ pub struct LbRule {
 /// A per-Service load balancer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoadBalancer {
-    pub name: String,
-    pub public_ip: String,
-    pub backend_pool: String,
+    pub name: Name,
+    pub public_ip: Name,
+    pub backend_pool: Name,
     pub rules: Vec<LbRule>,
 }
 

@@ -375,14 +375,14 @@ impl World {
             Command::PutPublicIp(ip) => {
                 let next = self.public_ips.len() + 1;
                 let address =
-                    self.public_ips.entry(ip.name.clone()).or_insert_with(|| format!("20.0.0.{next}")).clone();
+                    self.public_ips.entry(ip.name.to_string()).or_insert_with(|| format!("20.0.0.{next}")).clone();
                 Outcome::PublicIpAddress(address)
             }
             Command::PutLoadBalancer(lb) => {
-                if !self.public_ips.contains_key(&lb.public_ip) {
+                if !self.public_ips.contains_key(lb.public_ip.as_str()) {
                     return Self::failed(400, "InvalidResourceReference");
                 }
-                self.load_balancers.insert(lb.name.clone());
+                self.load_balancers.insert(lb.name.to_string());
                 Outcome::Ok
             }
             Command::DeleteResource(resource) => {

@@ -104,7 +104,7 @@ impl LbConfig {
                 let backend = u16::try_from(port.backend_port()?).ok()?;
                 let proto = if protocol == LbProtocol::Udp { "udp" } else { "tcp" };
                 Some(LbRule {
-                    name: format!("rule-{proto}-{frontend}"),
+                    name: Name::from(format!("rule-{proto}-{frontend}")),
                     protocol,
                     frontend_port: frontend,
                     backend_port: backend,
@@ -113,7 +113,8 @@ impl LbConfig {
                 })
             })
             .collect();
-        let public_ip = PublicIp { name: format!("{uid}-pip"), version };
+        let public_ip = PublicIp { name: Name::from(format!("{uid}-pip")), version };
+        let uid = Name::from(uid);
         let load_balancer =
             LoadBalancer { name: uid.clone(), public_ip: public_ip.name.clone(), backend_pool: uid, rules };
         Self { public_ip, load_balancer }
@@ -381,7 +382,31 @@ pub struct Tracker {
     config: Config,
     mode: Mode,
     state: State,
+    last_export_bytes: SizeHint,
 }
+
+/// The size of the last state export, to size the next one's buffer. A hint, not state: two
+/// trackers that differ only in it are equal, and it is neither exported nor imported.
+#[derive(Clone, Debug, Default)]
+struct SizeHint(std::cell::Cell<usize>);
+
+impl SizeHint {
+    fn get(&self) -> usize {
+        self.0.get()
+    }
+
+    fn set(&self, bytes: usize) {
+        self.0.set(bytes);
+    }
+}
+
+impl PartialEq for SizeHint {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for SizeHint {}
 
 /// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After`.
 pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
@@ -424,9 +449,9 @@ fn classify(
 fn object_ref(service: &Service) -> ObjectRef {
     ObjectRef {
         kind: "Service".into(),
-        namespace: service.namespace.clone(),
-        name: service.name.clone(),
-        uid: service.uid.clone(),
+        namespace: Name::new(&service.namespace),
+        name: Name::new(&service.name),
+        uid: Name::new(&service.uid),
     }
 }
 
@@ -436,7 +461,7 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let state =
             State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        Ok(Self { config, mode, state })
+        Ok(Self { config, mode, state, last_export_bytes: SizeHint::default() })
     }
 
     pub fn mode(&self) -> Mode {
@@ -1375,9 +1400,9 @@ impl Tracker {
                 None => {
                     let orphan = ObjectRef {
                         kind: "Service".into(),
-                        namespace: String::new(),
-                        name: String::new(),
-                        uid: identity.clone(),
+                        namespace: Name::new(""),
+                        name: Name::new(""),
+                        uid: Name::new(&identity),
                     };
                     self.adopt_for_deletion(&identity, orphan, ObjectState::gone());
                 }
@@ -1397,7 +1422,11 @@ impl Tracker {
 
     /// The whole state: `(version, payload)`.
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        let payload = postcard::to_allocvec(&self.state).expect("the state is plain data and always encodes");
+        // Sized from the last export: growing a multi-megabyte buffer by doubling copies it
+        // about twenty times over.
+        let buffer = Vec::with_capacity(self.last_export_bytes.get() + self.last_export_bytes.get() / 8);
+        let payload = postcard::to_extend(&self.state, buffer).expect("the state is plain data and always encodes");
+        self.last_export_bytes.set(payload.len());
         (STATE_VERSION, payload)
     }
 
@@ -1414,7 +1443,9 @@ impl Tracker {
                 .map_err(|e| StateError::Corrupt(format!("state version {version}: {e}")))?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
-        Ok(Self { config, mode, state })
+        let last_export_bytes = SizeHint::default();
+        last_export_bytes.set(payload.len());
+        Ok(Self { config, mode, state, last_export_bytes })
     }
 }
 

@@ -143,7 +143,7 @@ pub fn step_to_wit(step: model::Step) -> wit::Step {
 }
 
 fn object_ref_to_wit(r: model::ObjectRef) -> wit::ObjectRef {
-    wit::ObjectRef { kind: r.kind, namespace: r.namespace, name: r.name, uid: r.uid }
+    wit::ObjectRef { kind: r.kind.into(), namespace: r.namespace.into(), name: r.name.into(), uid: r.uid.into() }
 }
 
 pub fn command_to_wit(command: model::Command) -> wit::Command {
@@ -195,21 +195,21 @@ pub fn command_to_wit(command: model::Command) -> wit::Command {
                 .collect(),
         }),
         M::PutPublicIp(ip) => wit::Command::PutPublicIp(wit::PublicIp {
-            name: ip.name,
+            name: ip.name.into(),
             version: match ip.version {
                 model::IpVersion::Ipv4 => wit::IpVersion::Ipv4,
                 model::IpVersion::Ipv6 => wit::IpVersion::Ipv6,
             },
         }),
         M::PutLoadBalancer(lb) => wit::Command::PutLoadBalancer(wit::LoadBalancer {
-            name: lb.name,
-            public_ip: lb.public_ip,
-            backend_pool: lb.backend_pool,
+            name: lb.name.into(),
+            public_ip: lb.public_ip.into(),
+            backend_pool: lb.backend_pool.into(),
             rules: lb
                 .rules
                 .into_iter()
                 .map(|r| wit::LbRule {
-                    name: r.name,
+                    name: r.name.into(),
                     protocol: match r.protocol {
                         model::LbProtocol::Tcp => wit::LbProtocol::Tcp,
                         model::LbProtocol::Udp => wit::LbProtocol::Udp,

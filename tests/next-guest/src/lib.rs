@@ -51,3 +51,6 @@ pub mod tracker;
 #[cfg(target_arch = "wasm32")]
 #[path = "../../../guest/src/component.rs"]
 mod component;
+#[cfg(target_arch = "wasm32")]
+#[path = "../../../guest/src/wasm_mem.rs"]
+mod wasm_mem;

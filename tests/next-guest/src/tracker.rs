@@ -53,9 +53,9 @@ impl Tracker {
             if has(LEGACY_ANNOTATION) {
                 warnings.push(ObjectRef {
                     kind: "Service".into(),
-                    namespace: service.namespace.clone(),
-                    name: service.name.clone(),
-                    uid: service.uid.clone(),
+                    namespace: service.namespace.as_str().into(),
+                    name: service.name.as_str().into(),
+                    uid: service.uid.as_str().into(),
                 });
             }
         }
