@@ -588,6 +588,37 @@ mod tests {
         assert!(tracker.nrp_view()[NODE].contains_key("10.244.0.9"), "a foreign identity is left alone");
     }
 
+    // Mirrors upstream TestNewSeedsOutboundRefCount and
+    // TestInitOutboundRefCount_NotNegativeOnServiceUIDEgressLabelCollision.
+    #[test]
+    fn a_cold_start_counts_the_listed_egress_pods_and_never_a_pod_whose_label_is_a_services_uid() {
+        let uid = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";
+        let service = Service {
+            uid: uid.into(),
+            namespace: "shop".into(),
+            name: "web".into(),
+            service_type: Some("LoadBalancer".into()),
+            ..Service::default()
+        };
+        let colliding = pod("c", Some(&uid.to_uppercase()), &["10.244.0.7"]);
+        let mut tracker = Tracker::create(clb()).unwrap();
+        tracker.observe(
+            0,
+            vec![
+                Observation::ServiceUpserted(service),
+                Observation::PodUpserted(pod("a", Some("egress-a"), &["10.244.0.5"])),
+                Observation::PodUpserted(pod("b", Some("egress-a"), &["10.244.0.6"])),
+                Observation::PodUpserted(colliding.clone()),
+                Observation::ListsComplete,
+            ],
+        );
+        let counts = BTreeMap::from([("egress-a".to_owned(), 2)]);
+        assert_eq!(tracker.egress().ref_counts(), &counts);
+        tracker.observe(1, vec![Observation::PodDeleted(colliding.key()), Observation::PodDeleted(colliding.key())]);
+        assert_eq!(tracker.egress().ref_counts(), &counts, "a refused pod's deletion releases nothing");
+        assert_eq!(tracker.egress().recount(), counts);
+    }
+
     #[test]
     fn a_refused_label_gets_one_warning_event_about_the_pod_and_the_pod_is_ignored() {
         let mut tracker = Tracker::create(clb()).unwrap();
