@@ -5,7 +5,12 @@ use std::path::Path;
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ is inside the workspace");
     let path = clb_build::build_component(
-        &clb_build::Guest { package: "clb-guest", features: &[], output: "clb_guest.wasm" },
+        &clb_build::Guest {
+            package: "clb-guest",
+            features: &[],
+            output: "clb_guest.wasm",
+            profile: clb_build::PROFILE,
+        },
         &[&root.join("guest/src"), &root.join("guest/Cargo.toml"), &root.join("wit")],
     );
     println!("cargo:rustc-env=CLB_BUILTIN_GUEST={}", path.display());

@@ -6,13 +6,20 @@ use std::path::Path;
 fn main() {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let hostile = clb_build::build_component(
-        &clb_build::Guest { package: "clb-hostile-guest", features: &[], output: "hostile_guest.wasm" },
+        &clb_build::Guest {
+            package: "clb-hostile-guest",
+            features: &[],
+            output: "hostile_guest.wasm",
+            profile: clb_build::PROFILE,
+        },
         &[&here.join("hostile-guest/src"), &here.join("hostile-guest/Cargo.toml"), &here.join("../wit")],
     );
     println!("cargo:rustc-env=CLB_HOSTILE_GUEST={}", hostile.display());
     // The next guest includes the real guest's sources, so it is rebuilt when they change. Its
     // destructive variant is the same crate with a feature; the builds run one after the other,
-    // each encoding its own output before the next overwrites cargo's.
+    // each encoding its own output before the next overwrites cargo's. The destructive variant
+    // is built for size: the operations tests carry it as base64 text in a ConfigMap, which
+    // holds at most 1 MiB, and it is never measured for speed.
     let watch = [
         &here.join("next-guest/src"),
         &here.join("next-guest/Cargo.toml"),
@@ -20,12 +27,12 @@ fn main() {
         &here.join("../wit"),
     ];
     let watch: Vec<&Path> = watch.iter().map(|p| p.as_path()).collect();
-    for (features, output, env) in [
-        (&[][..], "next_guest.wasm", "CLB_NEXT_GUEST"),
-        (&["destructive-tick"][..], "destructive_guest.wasm", "CLB_DESTRUCTIVE_GUEST"),
+    for (features, output, env, profile) in [
+        (&[][..], "next_guest.wasm", "CLB_NEXT_GUEST", clb_build::PROFILE),
+        (&["destructive-tick"][..], "destructive_guest.wasm", "CLB_DESTRUCTIVE_GUEST", clb_build::PROFILE_SMALL),
     ] {
-        let built =
-            clb_build::build_component(&clb_build::Guest { package: "clb-next-guest", features, output }, &watch);
+        let guest = clb_build::Guest { package: "clb-next-guest", features, output, profile };
+        let built = clb_build::build_component(&guest, &watch);
         println!("cargo:rustc-env={env}={}", built.display());
     }
 }

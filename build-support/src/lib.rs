@@ -48,7 +48,15 @@ pub struct Guest<'a> {
     pub features: &'a [&'a str],
     /// The file name of the component written into `OUT_DIR`.
     pub output: &'a str,
+    /// The cargo profile: [`PROFILE`], or [`PROFILE_SMALL`] for a guest that must be small
+    /// rather than fast.
+    pub profile: &'a str,
 }
+
+/// The profile of the built-in guest (the workspace manifest says why its settings).
+pub const PROFILE: &str = "guest";
+/// The same, optimised for size.
+pub const PROFILE_SMALL: &str = "guest-small";
 
 /// Builds the guest and writes the component to `OUT_DIR/<output>`; returns its path.
 /// `watch` names the files and folders whose change must rebuild it.
@@ -76,7 +84,7 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
     let mut build = Command::new(cargo);
     build
         .current_dir(&workspace)
-        .args(["build", "--profile", "guest", "--target", WASM_TARGET, "-p", guest.package, "--target-dir"])
+        .args(["build", "--profile", guest.profile, "--target", WASM_TARGET, "-p", guest.package, "--target-dir"])
         .arg(&target_dir)
         // Flags meant for the host build must not leak into the guest's.
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
@@ -95,7 +103,7 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
         );
     }
     let module_path =
-        target_dir.join(WASM_TARGET).join("guest").join(format!("{}.wasm", guest.package.replace('-', "_")));
+        target_dir.join(WASM_TARGET).join(guest.profile).join(format!("{}.wasm", guest.package.replace('-', "_")));
     let module = std::fs::read(&module_path).unwrap_or_else(|e| panic!("reading {}: {e}", module_path.display()));
     let component = wit_component::ComponentEncoder::default()
         .module(&module)

@@ -300,6 +300,21 @@ impl From<wit::Observation> for model::Observation {
                 Self::NodeUpserted(model::Node { name: n.name, internal_ips: n.internal_ips })
             }
             wit::Observation::NodeDeleted(name) => Self::NodeDeleted(name),
+            wit::Observation::PodUpserted(p) => Self::PodUpserted(model::Pod {
+                namespace: p.namespace,
+                name: p.name,
+                uid: p.uid,
+                egress_label: p.egress_label,
+                phase: p.phase,
+                pod_ips: p.pod_ips,
+                pod_ip: p.pod_ip,
+                host_ips: p.host_ips,
+                host_ip: p.host_ip,
+                deleting: p.deleting,
+            }),
+            wit::Observation::PodDeleted((ns, name)) => {
+                Self::PodDeleted(model::ObjectKey { namespace: ns.into(), name: name.into() })
+            }
             wit::Observation::ListsComplete => Self::ListsComplete,
         }
     }

@@ -15,6 +15,7 @@ pub mod admission;
 pub mod backend_pools;
 pub mod config;
 pub mod difftracker;
+pub mod egress;
 pub mod ip;
 pub mod model;
 pub mod name;

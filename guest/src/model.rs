@@ -106,6 +106,43 @@ pub struct Node {
     pub internal_ips: Vec<String>,
 }
 
+/// A Kubernetes Pod, as far as egress reads it: only pods carrying the egress label (any value)
+/// are watched.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The value of the label `kubernetes.azure.com/service-egress-gateway`, as written.
+    pub egress_label: Option<String>,
+    /// `status.phase` as written (`Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`).
+    pub phase: Option<String>,
+    /// `status.podIPs`.
+    pub pod_ips: Vec<String>,
+    /// `status.podIP`.
+    pub pod_ip: Option<String>,
+    /// `status.hostIPs`.
+    pub host_ips: Vec<String>,
+    /// `status.hostIP`.
+    pub host_ip: Option<String>,
+    pub deleting: bool,
+}
+
+impl Pod {
+    pub fn key(&self) -> ObjectKey {
+        ObjectKey::new(&self.namespace, &self.name)
+    }
+
+    pub fn object_ref(&self) -> ObjectRef {
+        ObjectRef {
+            kind: "Pod".into(),
+            namespace: Name::new(&self.namespace),
+            name: Name::new(&self.name),
+            uid: Name::new(&self.uid),
+        }
+    }
+}
+
 /// Namespace and name of a namespaced object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ObjectKey {
@@ -137,6 +174,10 @@ pub enum Observation {
     SliceDeleted(ObjectKey),
     NodeUpserted(Node),
     NodeDeleted(String),
+    /// A pod carrying the egress label was created or changed.
+    PodUpserted(Pod),
+    /// A pod left the API server, or stopped carrying the egress label.
+    PodDeleted(ObjectKey),
     ListsComplete,
 }
 

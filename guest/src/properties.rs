@@ -6,9 +6,16 @@
 //!   equals NRP);
 //! * P2 — equal states give an empty sync: a quiet tracker sends nothing more;
 //! * P3 — idempotence: seeing every object again changes nothing;
+//! * P4 — the egress reference count is never negative and is zero exactly when no pod carries
+//!   the identity: after every step it equals the model's count of pods carrying each identity;
 //! * P5 — no service is unregistered while an NRP address references it;
-//! * P6 — no address references a service NRP does not have registered.
-//!   (P4, the egress ref-count, waits for the egress path.)
+//! * P6 — no address references a service NRP does not have registered (inbound or outbound).
+//!
+//! Egress pods share pod IPs with the endpoints, so addresses carry inbound and egress identities
+//! together; two of the labels are registered Outbound services in NRP, one is not, one is
+//! reserved and one invalid. An outbound identity that NRP still references when the controller
+//! restarts with no pod carrying it is somebody else's to the new process (egress.rs): the model
+//! leaves it out of P1 until a pod carries it again.
 
 use crate::config::Config;
 use crate::model::*;
@@ -48,6 +55,16 @@ enum Op {
         slice: u8,
         endpoint: u8,
     },
+    /// An egress pod (same pod IPs as the endpoints) is created or changed.
+    EgressPod {
+        pod: u8,
+        label: u8,
+        node: u8,
+        phase: u8,
+    },
+    DeleteEgressPod {
+        pod: u8,
+    },
     Fail {
         count: u8,
         after: bool,
@@ -70,6 +87,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(slice, owner, endpoints)| Op::Slice { slice, owner, endpoints }),
         1 => (0..4u8).prop_map(|slice| Op::DeleteSlice { slice }),
         4 => (0..4u8, 0..4u8).prop_map(|(slice, endpoint)| Op::ToggleReady { slice, endpoint }),
+        3 => (0..6u8, 0..LABELS.len() as u8, 0..4u8, 0..PHASES.len() as u8)
+            .prop_map(|(pod, label, node, phase)| Op::EgressPod { pod, label, node, phase }),
+        1 => (0..6u8).prop_map(|pod| Op::DeleteEgressPod { pod }),
         2 => (1..4u8, any::<bool>(), prop::sample::select(vec![0u16, 409, 429, 500, 503])).prop_map(|(count, after, status)| Op::Fail { count, after, status }),
         2 => (0..40_000u32).prop_map(|ms| Op::Advance { ms }),
         1 => Just(Op::Restart),
@@ -96,6 +116,31 @@ struct Fault {
 /// A slice in the model: its Service, and `(pod, node, ready)` per endpoint.
 type ModelSlice = (String, Vec<(u8, u8, Option<bool>)>);
 
+/// Egress labels: two registered Outbound services (one written in upper case), one NRP does not
+/// have, the reserved one, an invalid one, and none (the label taken away).
+const LABELS: [Option<&str>; 6] =
+    [Some("egress-a"), Some("EGRESS-B"), Some("egress-c"), Some("default-natgw"), Some("bad label"), None];
+/// The Outbound services NRP has registered (not by this controller: that is later work).
+const OUTBOUND: [&str; 2] = ["egress-a", "egress-b"];
+const PHASES: [&str; 4] = ["Running", "Pending", "Succeeded", "Failed"];
+
+/// An egress pod in the model.
+#[derive(Clone, Debug)]
+struct EgressPod {
+    label: Option<&'static str>,
+    host_ip: String,
+    phase: &'static str,
+}
+
+impl EgressPod {
+    /// The identity the pod carries, by the rules of upstream §d.2 stated again.
+    fn carries(&self) -> Option<String> {
+        let identity = self.label?.to_ascii_lowercase();
+        let valid = ["egress-a", "egress-b", "egress-c"].contains(&identity.as_str());
+        (valid && matches!(self.phase, "Running" | "Pending")).then_some(identity)
+    }
+}
+
 /// Kubernetes and Azure as the tracker should see them, written from the specs, not from the
 /// tracker's code.
 #[derive(Default)]
@@ -107,6 +152,9 @@ struct World {
     /// Identities whose spec was admitted at least once (an ETP change keeps the old spec).
     ever_admitted: BTreeSet<String>,
     slices: BTreeMap<u8, ModelSlice>,
+    pods: BTreeMap<u8, EgressPod>,
+    /// Outbound identities a restarted controller found in NRP with no pod carrying them.
+    orphaned: BTreeSet<String>,
     public_ips: BTreeMap<String, String>,
     load_balancers: BTreeSet<String>,
     registered: BTreeSet<String>,
@@ -175,12 +223,36 @@ impl World {
         }
     }
 
+    fn pod_record(&self, pod: u8) -> Pod {
+        let p = &self.pods[&pod];
+        Pod {
+            namespace: NS.into(),
+            name: format!("egress-{pod}"),
+            uid: format!("pod-uid-{pod}"),
+            egress_label: p.label.map(Into::into),
+            phase: Some(p.phase.into()),
+            pod_ips: vec![pod_ip(pod)],
+            host_ips: vec![p.host_ip.clone()],
+            ..Pod::default()
+        }
+    }
+
+    /// Identity → how many pods carry it (P4's reference).
+    fn carried(&self) -> BTreeMap<String, u32> {
+        let mut counts = BTreeMap::new();
+        for identity in self.pods.values().filter_map(EgressPod::carries) {
+            *counts.entry(identity).or_insert(0) += 1;
+        }
+        counts
+    }
+
     /// Everything, as the watchers list it at start-up.
     fn lists(&self) -> Vec<Observation> {
         let mut all: Vec<Observation> =
             self.nodes.keys().map(|n| Observation::NodeUpserted(self.node_record(*n))).collect();
         all.extend(self.services.keys().map(|s| Observation::ServiceUpserted(self.service_record(*s))));
         all.extend(self.slices.keys().map(|s| Observation::SliceUpserted(self.slice_record(*s))));
+        all.extend(self.pods.keys().map(|p| Observation::PodUpserted(self.pod_record(*p))));
         all.push(Observation::ListsComplete);
         all
     }
@@ -244,6 +316,23 @@ impl World {
                     self.pending.push(Observation::SliceDeleted(ObjectKey::new(NS, &format!("slice-{slice}"))));
                 }
             }
+            Op::EgressPod { pod, label, node, phase } => {
+                // The kubelet publishes the host IP the pod's node has now; a later change of the
+                // node's IP reaches the pod only when the pod is updated.
+                let host_ip = node_ip(*node, self.nodes.get(node).copied().unwrap_or(0));
+                let object =
+                    EgressPod { label: LABELS[usize::from(*label)], host_ip, phase: PHASES[usize::from(*phase)] };
+                if let Some(identity) = object.carries() {
+                    self.orphaned.remove(&identity);
+                }
+                self.pods.insert(*pod, object);
+                self.pending.push(Observation::PodUpserted(self.pod_record(*pod)));
+            }
+            Op::DeleteEgressPod { pod } => {
+                if self.pods.remove(pod).is_some() {
+                    self.pending.push(Observation::PodDeleted(ObjectKey::new(NS, &format!("egress-{pod}"))));
+                }
+            }
             Op::Fail { count, after, status } => {
                 self.faults.extend((0..*count).map(|_| Fault { after: *after, status: *status }));
             }
@@ -297,9 +386,11 @@ impl World {
                 services: self
                     .registered
                     .iter()
-                    .map(|s| NrpService {
-                        name: s.clone(),
-                        service_type: "Inbound".into(),
+                    .map(|s| (s.as_str(), "Inbound"))
+                    .chain(OUTBOUND.iter().map(|s| (*s, "Outbound")))
+                    .map(|(name, kind)| NrpService {
+                        name: name.into(),
+                        service_type: kind.into(),
                         backend_pools: vec![],
                         is_default: false,
                     })
@@ -345,7 +436,7 @@ impl World {
                     return Self::failed(400, "DuplicateLocationsInRequest");
                 }
                 for service in locations.iter().flat_map(|l| &l.addresses).flat_map(|a| &a.services) {
-                    if !self.registered.contains(service) {
+                    if !self.registered.contains(service) && !OUTBOUND.contains(&service.as_str()) {
                         self.violations.push(format!("P6: address references unregistered {service}"));
                         return Self::failed(400, "ServiceNotRegistered");
                     }
@@ -444,7 +535,28 @@ impl World {
                 }
             }
         }
+        for (pod, object) in &self.pods {
+            let Some(identity) = object.carries().filter(|id| OUTBOUND.contains(&id.as_str())) else { continue };
+            expected.entry(object.host_ip.clone()).or_default().entry(pod_ip(*pod)).or_default().insert(identity);
+        }
         expected
+    }
+
+    /// NRP (or a view of it) without the orphaned outbound identities, which nobody manages.
+    fn without_orphans(
+        &self,
+        view: &BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    ) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        let mut stripped = BTreeMap::new();
+        for (location, addresses) in view {
+            for (address, services) in addresses {
+                let kept: BTreeSet<String> = services.difference(&self.orphaned).cloned().collect();
+                if !kept.is_empty() {
+                    stripped.entry(location.clone()).or_insert_with(BTreeMap::new).insert(address.clone(), kept);
+                }
+            }
+        }
+        stripped
     }
 
     fn expected_registered(&self) -> BTreeSet<String> {
@@ -505,6 +617,12 @@ impl Harness {
                     world.services.values().filter(|s| s.local).map(|s| s.uid.clone()).collect();
                 let registered = world.registered.clone();
                 world.ever_admitted.retain(|uid| local_now.contains(uid) || registered.contains(uid));
+                let carried = world.carried();
+                let referenced: BTreeSet<String> =
+                    world.nrp.values().flat_map(|a| a.values()).flatten().cloned().collect();
+                for identity in OUTBOUND.iter().filter(|id| referenced.contains(**id) && !carried.contains_key(**id)) {
+                    world.orphaned.insert((*identity).to_owned());
+                }
                 self.tracker = Tracker::create(self.config.clone()).unwrap();
                 self.world.pending.clear();
                 let lists = self.world.lists();
@@ -557,11 +675,22 @@ impl Harness {
         panic!("the tracker did not settle: {:#?}", self.tracker);
     }
 
+    /// P4, at every step: the tracker counts exactly the pods that carry each identity.
+    fn check_ref_counts(&self) {
+        let egress = self.tracker.egress();
+        assert_eq!(egress.ref_counts(), &self.world.carried(), "P4: the reference counts");
+        assert_eq!(egress.recount(), *egress.ref_counts(), "P4: the counts agree with the pods");
+    }
+
     fn check(&mut self) {
         assert!(self.world.violations.is_empty(), "ordering violated: {:?}", self.world.violations);
         let expected = self.world.expected_registered();
         assert_eq!(self.world.registered, expected, "registered services");
-        assert_eq!(self.world.nrp, self.world.expected_nrp(), "P1: NRP equals the ready Kubernetes state");
+        assert_eq!(
+            self.world.without_orphans(&self.world.nrp),
+            self.world.expected_nrp(),
+            "P1: NRP equals the ready Kubernetes state"
+        );
         assert_eq!(self.tracker.nrp_view(), self.world.nrp, "the mirror equals NRP");
         let lbs: BTreeSet<String> = expected.iter().cloned().collect();
         assert_eq!(self.world.load_balancers, lbs, "one load balancer per provisioned Service");
@@ -596,6 +725,7 @@ proptest! {
         for op in &ops {
             harness.run(op);
             prop_assert!(harness.world.violations.is_empty(), "after {op:?}: {:?}", harness.world.violations);
+            harness.check_ref_counts();
         }
         harness.settle();
         harness.check();

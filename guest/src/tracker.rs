@@ -19,6 +19,7 @@
 use crate::admission::{Verdict, admit_service};
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::{Class, DiffTracker, View};
+use crate::egress::Egress;
 use crate::name::{Name, VecMap, VecSet};
 use crate::ip;
 use crate::model::*;
@@ -27,8 +28,9 @@ use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The schema version `export_state` writes. Bump it on any change to [`State`] and teach
-/// `import_state` to read the old one.
-pub const STATE_VERSION: u32 = 1;
+/// `import_state` to read the old one. Version 2 added the egress side ([`Egress`]) after the
+/// version-1 payload; a version-1 state imports with no egress pods.
+pub const STATE_VERSION: u32 = 2;
 
 /// The finalizer that holds a Service until its Azure resources are gone.
 pub const FINALIZER: &str = "servicegateway.azure.com/service-cleanup";
@@ -382,6 +384,8 @@ pub struct Tracker {
     config: Config,
     mode: Mode,
     state: State,
+    /// Egress pods and identities (state version 2), beside the version-1 [`State`].
+    egress: Egress,
     last_export_bytes: SizeHint,
 }
 
@@ -434,15 +438,27 @@ fn looks_like_uid(name: &str) -> bool {
 fn classify(
     lifecycles: &BTreeMap<String, Lifecycle>,
     foreign: &BTreeSet<String>,
+    egress: &Egress,
     diff: &DiffTracker,
     id: &str,
 ) -> Class {
     match lifecycles.get(id) {
         Some(l) if !l.phase.is_deleting() && diff.is_registered(id) => Class::Ready,
         Some(_) => Class::NotReady,
-        None if foreign.contains(id) => Class::Foreign,
-        None if !diff.is_registered(id) && !looks_like_uid(id) => Class::Foreign,
-        None => Class::NotReady,
+        None => classify_not_inbound(foreign, egress, diff, id),
+    }
+}
+
+/// An identity no inbound lifecycle claims: an egress identity of ours, else somebody else's
+/// (a known foreign service, or a name that is not a UID we could have registered).
+fn classify_not_inbound(foreign: &BTreeSet<String>, egress: &Egress, diff: &DiffTracker, id: &str) -> Class {
+    if let Some(class) = egress.class(id) {
+        return class;
+    }
+    if foreign.contains(id) || (!diff.is_registered(id) && !looks_like_uid(id)) {
+        Class::Foreign
+    } else {
+        Class::NotReady
     }
 }
 
@@ -461,7 +477,7 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let state =
             State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        Ok(Self { config, mode, state, last_export_bytes: SizeHint::default() })
+        Ok(Self { config, mode, state, egress: Egress::default(), last_export_bytes: SizeHint::default() })
     }
 
     pub fn mode(&self) -> Mode {
@@ -513,6 +529,8 @@ impl Tracker {
                 Observation::SliceDeleted(key) => self.remove_slice(&key),
                 Observation::NodeUpserted(node) => self.upsert_node(node),
                 Observation::NodeDeleted(name) => self.remove_node(&name),
+                Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
+                Observation::PodDeleted(key) => self.egress.delete(&key, &mut self.state.diff),
                 Observation::ListsComplete => {
                     self.state.lists_complete = true;
                 }
@@ -885,10 +903,24 @@ impl Tracker {
         }
     }
 
+    /// An egress pod was created or changed (the rules are in [`crate::egress`]).
+    fn upsert_pod(&mut self, pod: &Pod, step: &mut Step) {
+        let State { lifecycles, service_by_identity, diff, .. } = &mut self.state;
+        let inbound = |id: &str| lifecycles.contains_key(id) || service_by_identity.contains_key(id);
+        for (regarding, warning) in self.egress.upsert(pod, inbound, diff) {
+            self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+        }
+    }
+
+    /// The egress side: the pods, the identities they carry and the reference counts (P4).
+    pub fn egress(&self) -> &Egress {
+        &self.egress
+    }
+
     // ---- Readiness ----
 
     fn class(&self, identity: &str) -> Class {
-        classify(&self.state.lifecycles, &self.state.nrp.foreign, &self.state.diff, identity)
+        classify(&self.state.lifecycles, &self.state.nrp.foreign, &self.egress, &self.state.diff, identity)
     }
 
     // ---- Commands ----
@@ -1268,8 +1300,8 @@ impl Tracker {
             return;
         }
         let limit = nrp.batch_limit.max(1);
-        let State { diff, lifecycles, nrp, .. } = &mut self.state;
-        let mut batch = diff.take_sync(limit, |diff, id| classify(lifecycles, &nrp.foreign, diff, id));
+        let (State { diff, lifecycles, nrp, .. }, egress) = (&mut self.state, &self.egress);
+        let mut batch = diff.take_sync(limit, |diff, id| classify(lifecycles, &nrp.foreign, egress, diff, id));
         // A location NRP refused on its own waits until its update changes.
         let quarantined = &mut self.state.nrp.quarantined;
         batch.retain(|update| match quarantined.get(&update.location) {
@@ -1349,6 +1381,7 @@ impl Tracker {
             }
         }
         self.state.diff.replace_nrp(inbound, &snapshot.locations);
+        self.egress.nrp_read(&snapshot.services, &self.state.diff);
         let nrp = &mut self.state.nrp;
         nrp.foreign = foreign;
         nrp.loaded = true;
@@ -1420,12 +1453,14 @@ impl Tracker {
 
     // ---- State ----
 
-    /// The whole state: `(version, payload)`.
+    /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
+    /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
         // Sized from the last export: growing a multi-megabyte buffer by doubling copies it
         // about twenty times over.
         let buffer = Vec::with_capacity(self.last_export_bytes.get() + self.last_export_bytes.get() / 8);
-        let payload = postcard::to_extend(&self.state, buffer).expect("the state is plain data and always encodes");
+        let payload = postcard::to_extend(&(&self.state, &self.egress), buffer)
+            .expect("the state is plain data and always encodes");
         self.last_export_bytes.set(payload.len());
         (STATE_VERSION, payload)
     }
@@ -1438,14 +1473,16 @@ impl Tracker {
     /// A tracker from exported state.
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
-        let state = match version {
-            STATE_VERSION => postcard::from_bytes::<State>(payload)
-                .map_err(|e| StateError::Corrupt(format!("state version {version}: {e}")))?,
+        let corrupt = |e: postcard::Error| StateError::Corrupt(format!("state version {version}: {e}"));
+        let (state, egress) = match version {
+            // Before egress: no pods.
+            1 => (postcard::from_bytes::<State>(payload).map_err(corrupt)?, Egress::default()),
+            STATE_VERSION => postcard::from_bytes::<(State, Egress)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
         let last_export_bytes = SizeHint::default();
         last_export_bytes.set(payload.len());
-        Ok(Self { config, mode, state, last_export_bytes })
+        Ok(Self { config, mode, state, egress, last_export_bytes })
     }
 }
 
@@ -1539,14 +1576,30 @@ mod tests {
     }
 
     /// Pins the state format across the change to compact keys (`name.rs`): this state was
-    /// exported by the tracker before it, when every key was a `String` and every collection a
-    /// `BTreeMap`/`BTreeSet` (7 dual-stack nodes with names longer than a `Name` keeps in place,
-    /// 5 Services, an IPv6 endpoint change in flight and a Service being deleted).
+    /// exported by the tracker before it (version 1, at b1976f7), when every key was a `String`
+    /// and every collection a `BTreeMap`/`BTreeSet` (7 dual-stack nodes with names longer than a
+    /// `Name` keeps in place, 5 Services, an IPv6 endpoint change in flight and a Service being
+    /// deleted). Version 2 writes the same bytes, then the egress side.
     #[test]
     fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_bytes() {
         let before: &[u8] = include_bytes!("../../tests/fixtures/state/v1-small-cluster.bin");
         let tracker = Tracker::import_state(clb(), 1, before).expect("a version 1 state");
         assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
-        assert_eq!(tracker.export_state(), (1, before.to_vec()));
+        let (version, payload) = tracker.export_state();
+        assert_eq!(version, STATE_VERSION);
+        let no_pods = postcard::to_allocvec(&Egress::default()).unwrap();
+        assert_eq!(payload, [before, &no_pods].concat());
+    }
+
+    #[test]
+    fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_version_2() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let version_1 = postcard::to_allocvec(&tracker.state).unwrap();
+        let imported = Tracker::import_state(clb(), 1, &version_1).unwrap();
+        assert_eq!(imported, tracker);
+        let (version, payload) = imported.export_state();
+        assert_eq!(version, 2);
+        assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     }
 }

@@ -1,5 +1,5 @@
-//! An in-memory Kubernetes API server for `simulate`: Services, EndpointSlices and Nodes as
-//! k8s-openapi objects, and the watch events their changes produce, turned into WIT
+//! An in-memory Kubernetes API server for `simulate`: Services, EndpointSlices, Nodes and Pods
+//! as k8s-openapi objects, and the watch events their changes produce, turned into WIT
 //! observations by [`records`] exactly as the real watchers will.
 //!
 //! It behaves like the API server where the guest can tell: a Service with finalizers is not
@@ -7,12 +7,14 @@
 //! released; `status` and finalizers survive an apply (they are written by controllers, not by
 //! the manifest); writes from the guest are guarded by UID ([`KubeApi`]). Every apply is
 //! delivered as a watch event even when nothing changed, as an informer's resync delivers an
-//! unchanged object again: that is how scenarios replay duplicate events.
+//! unchanged object again: that is how scenarios replay duplicate events. Pods are watched as
+//! `clb-host run` watches them, through a label selector on the egress label's key: a pod
+//! without the label is not seen, and one that loses it is seen deleted.
 
 use crate::executor::{KubeApi, KubeError};
 use crate::records;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service, ServiceStatus};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Pod, Service, ServiceStatus};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
@@ -24,6 +26,7 @@ pub enum Object {
     Service(Box<Service>),
     EndpointSlice(Box<EndpointSlice>),
     Node(Box<Node>),
+    Pod(Box<Pod>),
 }
 
 /// The kinds of objects the cluster holds.
@@ -32,6 +35,7 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    Pod,
 }
 
 /// Why a change to the cluster was refused.
@@ -59,6 +63,7 @@ struct Inner {
     services: BTreeMap<(String, String), Service>,
     slices: BTreeMap<(String, String), EndpointSlice>,
     nodes: BTreeMap<String, Node>,
+    pods: BTreeMap<(String, String), Pod>,
     /// Watch events not yet delivered.
     watch: Vec<wit::Observation>,
     events: Vec<RecordedEvent>,
@@ -127,6 +132,17 @@ impl Cluster {
                 inner.watch.push(wit::Observation::NodeUpserted(records::node(&node)));
                 inner.nodes.insert(node.metadata.name.clone().unwrap_or_default(), *node);
             }
+            Object::Pod(pod) => {
+                let key = (namespace_of(&pod.metadata), pod.metadata.name.clone().unwrap_or_default());
+                let had_label = inner.pods.get(&key).is_some_and(records::has_egress_label);
+                if records::has_egress_label(&pod) {
+                    inner.watch.push(wit::Observation::PodUpserted(records::pod(&pod)));
+                } else if had_label {
+                    // It no longer matches the watch's label selector: the watch says deleted.
+                    inner.watch.push(wit::Observation::PodDeleted(key.clone()));
+                }
+                inner.pods.insert(key, *pod);
+            }
         }
         Ok(())
     }
@@ -169,6 +185,12 @@ impl Cluster {
                 inner.nodes.remove(name).ok_or_else(|| ClusterError::NotFound { kind, key: name.to_owned() })?;
                 inner.watch.push(wit::Observation::NodeDeleted(name.to_owned()));
             }
+            Kind::Pod => {
+                let pod = inner.pods.remove(&key).ok_or_else(not_found)?;
+                if records::has_egress_label(&pod) {
+                    inner.watch.push(wit::Observation::PodDeleted(key));
+                }
+            }
         }
         Ok(())
     }
@@ -183,13 +205,16 @@ impl Cluster {
         self.lock().watch.clear();
     }
 
-    /// What a fresh list of Services, EndpointSlices and Nodes delivers, then `lists-complete`.
+    /// What a fresh list of Services, EndpointSlices, Nodes and egress Pods delivers, then
+    /// `lists-complete`.
     pub fn list(&self) -> Vec<wit::Observation> {
         let inner = self.lock();
         let mut observations: Vec<wit::Observation> =
             inner.nodes.values().map(|n| wit::Observation::NodeUpserted(records::node(n))).collect();
         observations.extend(inner.services.values().map(|s| wit::Observation::ServiceUpserted(records::service(s))));
         observations.extend(inner.slices.values().map(|s| wit::Observation::SliceUpserted(records::endpoint_slice(s))));
+        let labelled = inner.pods.values().filter(|p| records::has_egress_label(p));
+        observations.extend(labelled.map(|p| wit::Observation::PodUpserted(records::pod(p))));
         observations.push(wit::Observation::ListsComplete);
         observations
     }
@@ -208,6 +233,10 @@ impl Cluster {
 
     pub fn nodes(&self) -> Vec<Node> {
         self.lock().nodes.values().cloned().collect()
+    }
+
+    pub fn pods(&self) -> Vec<Pod> {
+        self.lock().pods.values().cloned().collect()
     }
 
     /// Every Event recorded so far, in order.
@@ -299,5 +328,47 @@ impl KubeApi for Cluster {
         };
         self.lock().events.push(recorded);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(label: Option<&str>) -> Object {
+        let labels = label.map(|value| serde_json::json!({(records::EGRESS_LABEL): value}));
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "shop", "uid": "u-1", "labels": labels},
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.244.0.5"}], "hostIPs": [{"ip": "10.224.0.4"}]},
+        }))
+        .unwrap();
+        Object::Pod(Box::new(pod))
+    }
+
+    fn kinds(observations: &[wit::Observation]) -> Vec<String> {
+        observations
+            .iter()
+            .map(|o| match o {
+                wit::Observation::PodUpserted(p) => format!("upserted {:?}", p.egress_label),
+                wit::Observation::PodDeleted((ns, name)) => format!("deleted {ns}/{name}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pods_are_seen_through_the_egress_label_so_one_without_it_is_not_seen_and_one_that_loses_it_is_seen_deleted() {
+        let cluster = Cluster::new();
+        cluster.apply(pod(None)).unwrap();
+        assert!(cluster.take_watch_events().is_empty(), "no label: not selected");
+        cluster.apply(pod(Some("egress-a"))).unwrap();
+        assert_eq!(kinds(&cluster.take_watch_events()), ["upserted Some(\"egress-a\")"]);
+        assert_eq!(kinds(&cluster.list()[..1]), ["upserted Some(\"egress-a\")"], "listed with the label");
+        cluster.apply(pod(None)).unwrap();
+        assert_eq!(kinds(&cluster.take_watch_events()), ["deleted shop/p"]);
+        assert_eq!(kinds(&cluster.list()), ["Observation::ListsComplete"], "not listed without it");
+        cluster.apply(pod(Some("egress-a"))).unwrap();
+        cluster.delete(Kind::Pod, "shop", "p", false, 0).unwrap();
+        assert_eq!(kinds(&cluster.take_watch_events()), ["upserted Some(\"egress-a\")", "deleted shop/p"]);
     }
 }

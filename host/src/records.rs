@@ -4,7 +4,7 @@
 //! left absent, so the guest sees exactly what the object says.
 
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -71,6 +71,32 @@ pub fn endpoint_slice(slice: &EndpointSlice) -> wit::EndpointSlice {
                 ready: e.conditions.as_ref().and_then(|c| c.ready),
             })
             .collect(),
+        deleting: meta.deletion_timestamp.is_some(),
+    }
+}
+
+/// The pod label that names a pod's egress gateway. The host watches only pods that carry it
+/// (a label selector on the key) and copies its value; what the value means is the guest's call.
+pub const EGRESS_LABEL: &str = "kubernetes.azure.com/service-egress-gateway";
+
+/// Whether a pod carries the egress label (any value): what the watch's label selector selects.
+pub fn has_egress_label(pod: &Pod) -> bool {
+    pod.metadata.labels.as_ref().is_some_and(|labels| labels.contains_key(EGRESS_LABEL))
+}
+
+pub fn pod(pod: &Pod) -> wit::Pod {
+    let meta = &pod.metadata;
+    let status = pod.status.clone().unwrap_or_default();
+    wit::Pod {
+        namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
+        name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        egress_label: meta.labels.as_ref().and_then(|labels| labels.get(EGRESS_LABEL)).cloned(),
+        phase: status.phase,
+        pod_ips: status.pod_ips.unwrap_or_default().into_iter().map(|ip| ip.ip).collect(),
+        pod_ip: status.pod_ip,
+        host_ips: status.host_ips.unwrap_or_default().into_iter().map(|ip| ip.ip).collect(),
+        host_ip: status.host_ip,
         deleting: meta.deletion_timestamp.is_some(),
     }
 }

@@ -2,7 +2,9 @@
 //! time — what [`crate::simulate`] does on virtual time, with watchers instead of the in-memory
 //! cluster.
 //!
-//! * **Watching.** Services, EndpointSlices and Nodes are watched with
+//! * **Watching.** Services, EndpointSlices, Nodes and the Pods that carry the egress label
+//!   (a label selector on its key, [`records::EGRESS_LABEL`]: a pod that loses the label leaves
+//!   the selection and is seen deleted) are watched with
 //!   [`kube::runtime::watcher`] (it re-lists after a 410 and backs off on errors). Each kind has
 //!   a [`Mirror`] of the keys the guest has been told about: a (re-)list is buffered until its
 //!   `InitDone`, then delivered as upserts of everything listed and deletions of whatever the
@@ -63,7 +65,7 @@ use ::kube::runtime::WatchStreamExt as _;
 use ::kube::runtime::watcher::{self, watcher};
 use futures::future::{FutureExt as _, LocalBoxFuture};
 use futures::stream::{BoxStream, FuturesUnordered, StreamExt as _};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
@@ -201,6 +203,7 @@ enum Change {
     Service(Box<watcher::Event<Service>>),
     Slice(Box<watcher::Event<EndpointSlice>>),
     Node(Box<watcher::Event<Node>>),
+    Pod(Box<watcher::Event<Pod>>),
     Failed(&'static str, watcher::Error),
 }
 
@@ -213,11 +216,15 @@ trait Watched: Sized {
     fn deleted(key: (String, String)) -> wit::Observation;
 }
 
+/// `(namespace, name)` of a namespaced object.
+fn namespaced_key(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
+    (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+}
+
 impl Watched for Service {
     const NAME: &'static str = "Services";
     fn key(&self) -> (String, String) {
-        let meta = &self.metadata;
-        (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+        namespaced_key(&self.metadata)
     }
     fn upserted(&self) -> wit::Observation {
         wit::Observation::ServiceUpserted(records::service(self))
@@ -230,8 +237,7 @@ impl Watched for Service {
 impl Watched for EndpointSlice {
     const NAME: &'static str = "EndpointSlices";
     fn key(&self) -> (String, String) {
-        let meta = &self.metadata;
-        (meta.namespace.clone().unwrap_or_default(), meta.name.clone().unwrap_or_default())
+        namespaced_key(&self.metadata)
     }
     fn upserted(&self) -> wit::Observation {
         wit::Observation::SliceUpserted(records::endpoint_slice(self))
@@ -251,6 +257,19 @@ impl Watched for Node {
     }
     fn deleted(key: (String, String)) -> wit::Observation {
         wit::Observation::NodeDeleted(key.1)
+    }
+}
+
+impl Watched for Pod {
+    const NAME: &'static str = "Pods";
+    fn key(&self) -> (String, String) {
+        namespaced_key(&self.metadata)
+    }
+    fn upserted(&self) -> wit::Observation {
+        wit::Observation::PodUpserted(records::pod(self))
+    }
+    fn deleted(key: (String, String)) -> wit::Observation {
+        wit::Observation::PodDeleted(key)
     }
 }
 
@@ -301,6 +320,7 @@ struct Mirrors {
     services: Mirror<Service>,
     slices: Mirror<EndpointSlice>,
     nodes: Mirror<Node>,
+    pods: Mirror<Pod>,
 }
 
 impl Mirrors {
@@ -309,6 +329,7 @@ impl Mirrors {
             Change::Service(event) => self.services.apply(*event, out),
             Change::Slice(event) => self.slices.apply(*event, out),
             Change::Node(event) => self.nodes.apply(*event, out),
+            Change::Pod(event) => self.pods.apply(*event, out),
             Change::Failed(kind, error) => {
                 tracing::warn!(kind, error = %error_chain(&error), "watch failed; retrying with backoff");
             }
@@ -316,15 +337,19 @@ impl Mirrors {
     }
 
     fn listed(&self) -> bool {
-        self.services.listed && self.slices.listed && self.nodes.listed
+        self.services.listed && self.slices.listed && self.nodes.listed && self.pods.listed
     }
 }
 
-fn watch<K>(api: Api<K>, wrap: fn(Box<watcher::Event<K>>) -> Change) -> BoxStream<'static, Change>
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    wrap: fn(Box<watcher::Event<K>>) -> Change,
+) -> BoxStream<'static, Change>
 where
     K: Watched + ::kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    watcher(api, watcher::Config::default())
+    watcher(api, config)
         .default_backoff()
         .map(move |event| match event {
             Ok(event) => wrap(Box::new(event)),
@@ -544,9 +569,10 @@ async fn reconcile(
     let executor = Executor::new(&settings.arm, &kube);
     let client = settings.kube.clone();
     let mut changes = futures::stream::select_all([
-        watch(Api::<Service>::all(client.clone()), Change::Service),
-        watch(Api::<EndpointSlice>::all(client.clone()), Change::Slice),
-        watch(Api::<Node>::all(client), Change::Node),
+        watch(Api::<Service>::all(client.clone()), watcher::Config::default(), Change::Service),
+        watch(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default(), Change::Slice),
+        watch(Api::<Node>::all(client.clone()), watcher::Config::default(), Change::Node),
+        watch(Api::<Pod>::all(client), watcher::Config::default().labels(records::EGRESS_LABEL), Change::Pod),
     ]);
     let mut supervisor = match active.borrow().clone() {
         Some(swapped) => Supervisor::new(swapped),
@@ -598,7 +624,7 @@ async fn reconcile(
                 supervisor.complete(now_ms(), &results)
             }
             change = changes.next() => {
-                let Some(change) = change else { return Err(RunError::WatchEnded("Services, EndpointSlices and Nodes")) };
+                let Some(change) = change else { return Err(RunError::WatchEnded("Services, EndpointSlices, Nodes and Pods")) };
                 let mut batch = Vec::new();
                 mirrors.apply(change, &mut batch);
                 while batch.len() < MAX_BATCH {

@@ -115,6 +115,8 @@ impl Store {
                     self.mark_on_node(name);
                 }
             }
+            // Egress pods do not place Services.
+            wit::Observation::PodUpserted(_) | wit::Observation::PodDeleted(_) => {}
             wit::Observation::ListsComplete => {
                 self.listed = true;
                 self.changed.extend(self.services.keys().cloned());

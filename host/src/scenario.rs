@@ -5,7 +5,7 @@
 //! Parsing is strict (unknown keys are errors) and every error names the file and the line, as
 //! serde_yaml locates it; Kubernetes objects are read with the k8s-openapi types, exactly as
 //! `kubectl apply` would take them, and must carry `metadata.name` (and, but for Nodes,
-//! `metadata.uid`).
+//! `metadata.uid`). Pods are simulated for egress: those with the egress label are watched.
 
 use crate::azure::Operation;
 use crate::cluster::{Kind, Object};
@@ -13,7 +13,7 @@ use crate::emulator::{Fault, FaultMode};
 use crate::inputs::{self, CloudConfig, InputError};
 use crate::sandbox::bindings::clb::reconciler::types::Config;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::de::{self, Deserializer, Error as _};
 use serde::{Deserialize, Serialize};
@@ -63,6 +63,10 @@ pub struct AzureSetup {
     /// The backend-pool updater's tick interval (default 30s).
     #[serde(default)]
     pub backend_pool_update_interval: Option<VirtualDuration>,
+    /// Outbound services registered in NRP before the first step (as the NAT gateway lifecycle,
+    /// which this controller does not build yet, would register them for egress identities).
+    #[serde(default)]
+    pub outbound_services: Vec<String>,
 }
 
 impl AzureSetup {
@@ -123,6 +127,7 @@ fn object_summary(object: &Object) -> String {
         Object::Service(s) => ("Service", &s.metadata),
         Object::EndpointSlice(s) => ("EndpointSlice", &s.metadata),
         Object::Node(n) => ("Node", &n.metadata),
+        Object::Pod(p) => ("Pod", &p.metadata),
     };
     let name = meta.name.clone().unwrap_or_default();
     match &meta.namespace {
@@ -193,10 +198,15 @@ impl<'de> Deserialize<'de> for KubeObject {
                 Object::EndpointSlice(Box::new(serde_yaml::from_value::<EndpointSlice>(value).map_err(typed)?))
             }
             "Node" => Object::Node(Box::new(serde_yaml::from_value::<Node>(value).map_err(typed)?)),
-            "" => return Err(D::Error::custom("an object without `kind` (expected Service, EndpointSlice or Node)")),
+            "Pod" => Object::Pod(Box::new(serde_yaml::from_value::<Pod>(value).map_err(typed)?)),
+            "" => {
+                return Err(D::Error::custom(
+                    "an object without `kind` (expected Service, EndpointSlice, Node or Pod)",
+                ));
+            }
             other => {
                 return Err(D::Error::custom(format!(
-                    "kind {other:?} is not simulated (expected Service, EndpointSlice or Node)"
+                    "kind {other:?} is not simulated (expected Service, EndpointSlice, Node or Pod)"
                 )));
             }
         };
@@ -204,6 +214,7 @@ impl<'de> Deserialize<'de> for KubeObject {
             Object::Service(s) => &s.metadata,
             Object::EndpointSlice(s) => &s.metadata,
             Object::Node(n) => &n.metadata,
+            Object::Pod(p) => &p.metadata,
         };
         if meta.name.as_deref().is_none_or(str::is_empty) {
             return Err(D::Error::custom(format!("{kind}: metadata.name is missing")));
@@ -567,6 +578,9 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     }
     if let Some((lb, _)) = raw.azure.load_balancers.iter().find(|(_, pools)| pools.is_empty()) {
         return Err(invalid(&format!("azure.loadBalancers.{lb}: give at least one backend pool")));
+    }
+    if let Some(name) = raw.azure.outbound_services.iter().find(|n| n.trim().is_empty()) {
+        return Err(invalid(&format!("azure.outboundServices: {name:?} is not a service name")));
     }
     if raw.azure.backend_pool_update_interval.is_some_and(|d| d.0 == 0) {
         return Err(invalid("azure.backendPoolUpdateInterval must be longer than 0s"));

@@ -421,7 +421,8 @@ impl Simulation<'_> {
     }
 
     /// The scenario's `azure:` section: each load balancer with a public IP `<lb>-frontend`
-    /// and its pools, written through the emulator's API before the first step.
+    /// and its pools, and the Outbound services, written through the emulator's API before the
+    /// first step.
     fn set_up_azure(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
         let failed = |e: crate::azure::AzureError| LogicError::AzureSetup(e.to_string());
         for (lb, pools) in &scenario.azure.load_balancers {
@@ -436,6 +437,22 @@ impl Simulation<'_> {
                 let content = BackendPool { addresses: Vec::new(), other_properties: Default::default() };
                 self.runtime.block_on(self.emulator.put_backend_pool(&pool_ref, &content, None)).map_err(failed)?;
             }
+        }
+        let outbound: Vec<crate::azure::ServiceRequest> = scenario
+            .azure
+            .outbound_services
+            .iter()
+            .map(|name| crate::azure::ServiceRequest {
+                name: name.clone(),
+                service_type: crate::azure::ServiceType::Outbound,
+                backend_pools: Vec::new(),
+                nat_gateway: crate::azure::NatGatewayLink::Omit,
+                is_delete: false,
+            })
+            .collect();
+        if !outbound.is_empty() {
+            let action = crate::azure::UpdateAction::PartialUpdate;
+            self.runtime.block_on(self.emulator.update_services(action, &outbound)).map_err(failed)?;
         }
         Ok(())
     }
@@ -775,7 +792,8 @@ impl Simulation<'_> {
             let detail = (!found.is_empty()).then(|| format!("NRP refused with {code}: {}", found.join("; ")));
             checks.push(Check { what: what.to_owned(), ok: detail.is_none(), detail });
         }
-        let (expected, strays) = self.ready_view(&view.services);
+        let (mut expected, strays) = self.ready_view(&view.services);
+        self.add_egress(&mut expected);
         let detail = (!strays.is_empty())
             .then(|| format!("registered, but no live Service has the UID: {strays:?}"))
             .or_else(|| {
@@ -783,11 +801,47 @@ impl Simulation<'_> {
                     .then(|| format!("the cluster's ready endpoints give {}", locations_text(&expected)))
             });
         checks.push(Check {
-            what: "NRP holds exactly the ready endpoints of the registered live Services".into(),
+            what: "NRP holds exactly the ready endpoints of the registered live Services and the egress pods of the \
+                   registered Outbound services"
+                .into(),
             ok: detail.is_none(),
             detail,
         });
         checks
+    }
+
+    /// Adds what NRP should hold for egress: each IP of a Running or Pending pod, not being
+    /// deleted, whose egress label (lower-cased) names a registered Outbound service, under the
+    /// pod's smallest host IP of the same family (the checker's own statement of the rule).
+    fn add_egress(&self, expected: &mut NrpLocations) {
+        let outbound: BTreeSet<String> = self
+            .emulator
+            .resources()
+            .services
+            .iter()
+            .filter(|(_, s)| s.service_type.eq_ignore_ascii_case("Outbound") && !s.is_default)
+            .map(|(name, _)| name.to_ascii_lowercase())
+            .collect();
+        let ips = |list: Vec<String>, single: Option<String>| -> Vec<std::net::IpAddr> {
+            let texts = if list.is_empty() { single.into_iter().collect() } else { list };
+            texts.iter().filter_map(|ip| ip.trim().parse().ok()).collect()
+        };
+        for pod in self.cluster.pods() {
+            let pod = crate::records::pod(&pod);
+            let Some(identity) = pod.egress_label.as_ref().map(|l| l.to_ascii_lowercase()) else { continue };
+            let live = matches!(pod.phase.as_deref(), Some("Running" | "Pending")) && !pod.deleting;
+            if !live || !outbound.contains(&identity) {
+                continue;
+            }
+            let hosts = ips(pod.host_ips, pod.host_ip);
+            for address in ips(pod.pod_ips, pod.pod_ip) {
+                let host = hosts.iter().filter(|h| h.is_ipv4() == address.is_ipv4()).map(|h| h.to_string()).min();
+                if let Some(location) = host {
+                    let services = expected.entry(location).or_default().entry(address.to_string()).or_default();
+                    services.insert(identity.clone());
+                }
+            }
+        }
     }
 
     /// The locations NRP should hold for `registered`, from the cluster's objects: each ready

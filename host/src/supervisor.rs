@@ -240,6 +240,8 @@ fn describe_observation(observation: &wit::Observation) -> String {
         wit::Observation::SliceDeleted((ns, name)) => format!("EndpointSlice {ns}/{name} deleted"),
         wit::Observation::NodeUpserted(n) => format!("Node {}", n.name),
         wit::Observation::NodeDeleted(name) => format!("Node {name} deleted"),
+        wit::Observation::PodUpserted(p) => format!("Pod {}/{}", p.namespace, p.name),
+        wit::Observation::PodDeleted((ns, name)) => format!("Pod {ns}/{name} deleted"),
         wit::Observation::ListsComplete => "lists-complete".into(),
     }
 }

@@ -19,7 +19,7 @@ use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::apiserver::apiserver;
 use clb_tests::watch_proxy::WatchProxy;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Service};
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -214,6 +214,60 @@ impl Env {
             }),
         )
         .await;
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.admin.clone(), &self.namespace)
+    }
+
+    /// An Outbound service registered in NRP, as the NAT gateway lifecycle (not built yet) would.
+    async fn outbound_service(&self, name: &str) {
+        let request = azure::ServiceRequest {
+            name: name.into(),
+            service_type: azure::ServiceType::Outbound,
+            backend_pools: vec![],
+            nat_gateway: azure::NatGatewayLink::Omit,
+            is_delete: false,
+        };
+        self.emulator.update_services(azure::UpdateAction::PartialUpdate, &[request]).await.expect("registers it");
+    }
+
+    /// A running Pod `name` with pod IP `pod` on node `node`, labelled for egress with `label`
+    /// (no label: `None`). Its status is written as a kubelet would, through the subresource.
+    async fn egress_pod(&self, name: &str, label: Option<&str>, pod: u8, node: u8) {
+        // Without a controller manager nobody makes the namespace's default ServiceAccount, which
+        // the API server's admission requires of a Pod.
+        apply(
+            &Api::<ServiceAccount>::namespaced(self.admin.clone(), &self.namespace),
+            "default",
+            serde_json::json!({}),
+        )
+        .await;
+        let labels = match label {
+            Some(value) => serde_json::json!({"app": name, (clb_host::records::EGRESS_LABEL): value}),
+            None => serde_json::json!({"app": name}),
+        };
+        let body = serde_json::json!({
+            "metadata": {"labels": labels},
+            "spec": {
+                "nodeName": self.node_name(node),
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        });
+        apply(&self.pods(), name, body).await;
+        let status = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "status": {
+                "phase": "Running",
+                "podIP": self.pod(pod), "podIPs": [{"ip": self.pod(pod)}],
+                "hostIP": self.location(node), "hostIPs": [{"ip": self.location(node)}],
+            },
+        });
+        self.pods()
+            .patch_status(name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&status))
+            .await
+            .expect("writes the Pod's status");
     }
 
     /// `(location, address)` for every NRP address bound to `uid`.
@@ -459,6 +513,8 @@ impl Env {
             let _ = self.services().delete(&name, &DeleteParams::default()).await;
         }
         let _ = self.slices().delete_collection(&DeleteParams::default(), &ListParams::default()).await;
+        // No kubelet confirms a graceful deletion: Pods go at once.
+        let _ = self.pods().delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default()).await;
         let nodes = Api::<Node>::all(self.admin.clone());
         for node in nodes.list(&ListParams::default()).await.expect("lists the Nodes").items {
             let name = node.metadata.name.unwrap_or_default();
@@ -669,6 +725,38 @@ fn a_restarted_controller_converges_on_what_changed_while_it_was_down() {
     });
 }
 
+#[test]
+fn a_pod_labelled_for_egress_in_the_api_server_gets_its_identity_in_nrp_beside_its_service_and_loses_only_that_when_the_label_goes()
+ {
+    e2e(12, async |env| {
+        env.outbound_service("egress-12").await;
+        let controller = env.start();
+        let uid = env.provisioned("web", &[(10, 1)]).await;
+        env.egress_pod("web-0", Some("Egress-12"), 10, 1).await;
+        env.egress_pod("plain", None, 11, 1).await;
+        env.egress_pod("reserved", Some("default-natgw"), 12, 1).await;
+        let want = BTreeSet::from([(env.location(1), env.pod(10))]);
+        eventually("NRP binds the pod's address to its egress identity", async || {
+            let bound = env.bound("egress-12");
+            if bound == want { Ok(()) } else { Err(format!("{bound:?}")) }
+        })
+        .await;
+        let reserved = env.pods().get("reserved").await.expect("the Pod").metadata.uid.expect("a UID");
+        env.event("Warning", "ServiceGatewayReservedEgressLabel", &reserved).await;
+
+        // The label comes off: the watch's label selector no longer selects the Pod, and only
+        // its egress identity leaves the address.
+        env.egress_pod("web-0", None, 10, 1).await;
+        eventually("NRP unbinds only the egress identity", async || {
+            let bound = env.bound("egress-12");
+            if bound.is_empty() { Ok(()) } else { Err(format!("{bound:?}")) }
+        })
+        .await;
+        env.nrp_binds(&uid, &[(10, 1)]).await;
+        controller.stop().await;
+    });
+}
+
 /// What `examples/deploy/rbac.yaml` must grant the controller's ServiceAccount, and some of what
 /// it must not: `(verb, group, resource, namespace, allowed)`.
 const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
@@ -681,13 +769,16 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("watch", "discovery.k8s.io", "endpointslices", "", true),
     ("list", "", "nodes", "", true),
     ("watch", "", "nodes", "", true),
+    // Egress pods (through a label selector, which RBAC cannot express).
+    ("list", "", "pods", "", true),
+    ("watch", "", "pods", "", true),
     ("create", "", "events", "shop", true),
     ("patch", "", "events", "shop", true),
     ("get", "coordination.k8s.io", "leases", "kube-system", true),
     ("create", "coordination.k8s.io", "leases", "kube-system", true),
     ("update", "coordination.k8s.io", "leases", "kube-system", true),
-    // Not: writing Services beyond finalizers and status, touching Nodes or EndpointSlices,
-    // Leases elsewhere, secrets anywhere.
+    // Not: writing Services beyond finalizers and status, touching Nodes, Pods or EndpointSlices,
+    // Leases elsewhere, secrets anywhere. (Pod finalizers come with the NAT gateway lifecycle.)
     ("create", "", "services", "shop", false),
     ("update", "", "services", "shop", false),
     ("delete", "", "services", "shop", false),
@@ -699,7 +790,9 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("get", "coordination.k8s.io", "leases", "shop", false),
     ("create", "coordination.k8s.io", "leases", "shop", false),
     ("get", "", "secrets", "kube-system", false),
-    ("list", "", "pods", "", false),
+    ("get", "", "pods", "shop", false),
+    ("patch", "", "pods", "shop", false),
+    ("delete", "", "pods", "shop", false),
 ];
 
 /// Rights on named objects, as [`RIGHTS`] plus the object's name.

@@ -210,7 +210,7 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         let last = &status["lastSwap"];
         assert_eq!(last["origin"], format!("file {}", file.display()), "{status}");
         assert_eq!((last["from"].as_str(), last["to"].as_str()), (Some(&builtin_sha[..12]), Some(&next_sha[..12])));
-        assert_eq!(last["stateToVersion"], 2, "the next guest re-exports the state as version 2: {status}");
+        assert_eq!(last["stateToVersion"], 3, "the next guest re-exports the state as version 3: {status}");
         assert!(last["at"].as_str().is_some_and(|at| at.ends_with('Z')), "{status}");
         assert_eq!(status["quarantinedInputs"], 0);
         assert!(status["stateBytes"].as_u64().is_some_and(|b| b > 0), "{status}");
@@ -224,13 +224,13 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         })
         .await;
 
-        // The built-in logic cannot read the next guest's state version 2: the change is
+        // The built-in logic cannot read the next guest's state version 3: the change is
         // refused and the next guest keeps serving.
         replace_file(&file, clb_host::BUILTIN_GUEST);
         let status = host.last_swap("refused", Some("state-refused")).await;
         assert_eq!(status["active"]["sha256"], next_sha, "{status}");
         assert!(
-            status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("unsupported state version 2")),
+            status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("unsupported state version 3")),
             "{status}"
         );
         let refused = event_on(client, ns, "clb-swaps", "LogicSwapRefused", None).await;

@@ -2,6 +2,7 @@
 //! version roll it back, and a swap that cannot be trusted is refused with the old version
 //! serving and its state intact.
 
+use clb_guest::tracker::STATE_VERSION;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, LoadError, Logic};
 use clb_host::scenario;
@@ -117,7 +118,7 @@ fn three_traps_in_a_row_on_a_swapped_in_version_roll_back_to_the_previous_one() 
     let input = [service("api", 2)];
     assert_eq!(supervisor.observe(20, &input).unwrap(), reference.observe(20, &input).unwrap());
     let state = supervisor.export_state().unwrap();
-    assert_eq!(state.version, 1);
+    assert_eq!(state.version, STATE_VERSION);
     assert_eq!(state, reference.export_state().unwrap());
 }
 
@@ -139,7 +140,10 @@ fn refused(start: &'static Logic, bytes: &[u8], now_ms: u64) -> SupervisorError 
 #[test]
 fn a_swap_to_a_guest_that_would_drop_the_state_is_refused() {
     let err = refused(builtin(), HOSTILE_GUEST, 10);
-    assert!(matches!(err, SupervisorError::SwapStateRegression { imported: 1, exported: 0 }), "{err}");
+    assert!(
+        matches!(err, SupervisorError::SwapStateRegression { imported, exported: 0 } if imported == STATE_VERSION),
+        "{err}"
+    );
 }
 
 #[test]
@@ -162,11 +166,11 @@ fn a_swap_to_a_corrupted_file_is_refused() {
 
 #[test]
 fn a_swap_to_a_version_whose_import_state_refuses_the_state_is_refused() {
-    // The built-in logic reads state version 1 only; the next guest exports version 2.
+    // The built-in logic reads state versions 1 and 2; the next guest exports version 3.
     let err = refused(next(), clb_host::BUILTIN_GUEST, 10);
     match err {
-        SupervisorError::StateRefused { version: 2, reason, .. } => {
-            assert!(reason.contains("unsupported state version 2"), "{reason}")
+        SupervisorError::StateRefused { version, reason, .. } if version == STATE_VERSION + 1 => {
+            assert!(reason.contains("unsupported state version 3"), "{reason}")
         }
         other => panic!("expected a refused state, got {other}"),
     }
@@ -208,7 +212,7 @@ fn a_swap_exports_only_when_the_checkpoint_is_stale_and_the_new_version_imports_
         let old = supervisor.previous_logic().expect("on probation");
         assert_eq!(calls(old) - old_calls, exports, "the old version is only asked to export");
         assert_eq!(calls(supervisor.logic()), 3, "the new version: import-state, state-version, the first tick");
-        assert_eq!((report.state_from.0, report.state_to.0), (1, 2));
+        assert_eq!((report.state_from.0, report.state_to.0), (STATE_VERSION, STATE_VERSION + 1));
     }
 }
 
@@ -332,7 +336,7 @@ fn a_staged_swap_refused_by_the_self_check_leaves_the_old_version_with_every_inp
 fn a_staged_swap_to_a_version_refusing_the_state_is_refused_at_the_import() {
     let mut supervisor = started(next(), CheckpointPolicy::default());
     let err = supervisor.stage(builtin()).unwrap().import().err().expect("refused");
-    assert!(matches!(err, SupervisorError::StateRefused { version: 2, .. }), "{err}");
+    assert!(matches!(err, SupervisorError::StateRefused { version, .. } if version == STATE_VERSION + 1), "{err}");
     assert_eq!(version_name(supervisor.logic()), version_name(next()));
 }
 
@@ -346,10 +350,10 @@ fn the_swap_scenario_ends_with_the_same_nrp_as_the_same_events_without_the_swaps
     let text = String::from_utf8(text).unwrap();
     assert!(report.passed, "{text}");
     assert!(
-        text.contains("swap to next-guest: accepted") && text.contains("state v1 (") && text.contains("bytes) → v2"),
+        text.contains("swap to next-guest: accepted") && text.contains("state v2 (") && text.contains("bytes) → v3"),
         "{text}"
     );
-    assert!(text.contains("swap to builtin: refused") && text.contains("unsupported state version 2"), "{text}");
+    assert!(text.contains("swap to builtin: refused") && text.contains("unsupported state version 3"), "{text}");
 
     let mut without = with_swaps.clone();
     without.steps.retain(|s| !matches!(s, scenario::Step::Swap(_) | scenario::Step::Expect(_)));

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 pub const HOSTILE_GUEST: &[u8] = include_bytes!(env!("CLB_HOSTILE_GUEST"));
-/// The second version of the logic (`tests/next-guest`): state version 2, one extra rule, a trap
+/// The second version of the logic (`tests/next-guest`): state version 3 (the built-in writes 2), one extra rule, a trap
 /// trigger.
 pub const NEXT_GUEST: &[u8] = include_bytes!(env!("CLB_NEXT_GUEST"));
 /// The next guest built with `destructive-tick`: every tick proposes deleting a load balancer,
@@ -264,6 +264,19 @@ pub fn observation_to_model(o: &wit::Observation) -> model::Observation {
             model::Observation::NodeUpserted(model::Node { name: n.name.clone(), internal_ips: n.internal_ips.clone() })
         }
         wit::Observation::NodeDeleted(name) => model::Observation::NodeDeleted(name.clone()),
+        wit::Observation::PodUpserted(p) => model::Observation::PodUpserted(model::Pod {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            uid: p.uid.clone(),
+            egress_label: p.egress_label.clone(),
+            phase: p.phase.clone(),
+            pod_ips: p.pod_ips.clone(),
+            pod_ip: p.pod_ip.clone(),
+            host_ips: p.host_ips.clone(),
+            host_ip: p.host_ip.clone(),
+            deleting: p.deleting,
+        }),
+        wit::Observation::PodDeleted((ns, name)) => model::Observation::PodDeleted(model::ObjectKey::new(ns, name)),
         wit::Observation::ListsComplete => model::Observation::ListsComplete,
     }
 }

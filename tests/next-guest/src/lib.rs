@@ -2,7 +2,8 @@
 //! (the guest's own sources) wrapped so that it differs from the built-in logic in exactly four
 //! ways:
 //!
-//! * **state version 2**: an envelope around the version-1 payload plus one new field (the next
+//! * **state version 3** (the real tracker's plus one): an envelope around the real tracker's
+//!   payload plus one new field (the next
 //!   id of the commands this wrapper issues itself); it imports versions 1 and 2 and refuses
 //!   newer ones;
 //! * **one changed rule**: a Service carrying [`tracker::LEGACY_ANNOTATION`] gets an extra
@@ -34,6 +35,8 @@ pub mod backend_pools;
 pub mod config;
 #[path = "../../../guest/src/difftracker.rs"]
 pub mod difftracker;
+#[path = "../../../guest/src/egress.rs"]
+pub mod egress;
 #[path = "../../../guest/src/ip.rs"]
 pub mod ip;
 #[path = "../../../guest/src/model.rs"]
@@ -42,7 +45,7 @@ pub mod model;
 pub mod name;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
-/// The real tracker, version 1 of the state.
+/// The real tracker (state version 2).
 #[path = "../../../guest/src/tracker.rs"]
 pub mod v1;
 

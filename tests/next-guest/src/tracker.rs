@@ -1,4 +1,4 @@
-//! The wrapper around the real tracker: what version 2 of the logic changes.
+//! The wrapper around the real tracker: what the next version of the logic changes.
 
 use crate::config::{Config, ConfigError};
 use crate::model::{
@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::v1::StateError;
 
-/// The schema this version exports.
-pub const STATE_VERSION: u32 = 2;
+/// The schema this version exports: one above the real tracker's (3 while the real one writes 2).
+pub const STATE_VERSION: u32 = v1::STATE_VERSION + 1;
 /// Services carrying it get a Warning Event on every observation (the changed rule).
 pub const LEGACY_ANNOTATION: &str = "clb.test/legacy";
 pub const LEGACY_REASON: &str = "LegacyAnnotation";
@@ -25,7 +25,7 @@ pub const DESTRUCTIVE_TICK_TARGET: &str = "next-guest-destructive-tick";
 /// The wrapper's own command ids live above this bit, so they never meet the tracker's.
 const OWN_ID_BIT: u64 = 1 << 63;
 
-/// Version 2 of the state: the version-1 payload and the new field.
+/// This version's state: the real tracker's payload and the new field.
 #[derive(Serialize, Deserialize)]
 struct StateV2 {
     v1: Vec<u8>,
@@ -108,10 +108,10 @@ impl Tracker {
         STATE_VERSION
     }
 
-    /// Version 1 migrates by starting the new field at zero.
+    /// The real tracker's versions migrate by starting the new field at zero.
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         match version {
-            v1::STATE_VERSION => {
+            ..=v1::STATE_VERSION => {
                 Ok(Self { inner: v1::Tracker::import_state(config, version, payload)?, next_own_id: 0 })
             }
             STATE_VERSION => {

@@ -1,0 +1,642 @@
+//! Egress (outbound) identities in the DiffTracker's data model (upstream-reference §a.1–§a.3,
+//! §b.1 `UpdateK8sPod`, §d.2; design §4).
+//!
+//! A pod labelled `kubernetes.azure.com/service-egress-gateway: <id>` wants its traffic to leave
+//! through the outbound service (NAT gateway) `<id>`, lower-cased. Each of its IPs contributes
+//! the identity at the pod's host IP of the same family, in the DiffTracker's Kubernetes view,
+//! beside whatever inbound identities the address has from EndpointSlices. A pod carries at most
+//! one egress identity; taking it away (label removed or changed, pod deleted, terminating or
+//! terminal) removes only that identity, never the address's inbound ones.
+//!
+//! The rules, in order: no label or an empty value ⇒ not an egress pod; a value that is not a
+//! valid identity ⇒ Warning `ServiceGatewayInvalidEgressLabel`, the reserved `default-natgw` ⇒
+//! Warning `ServiceGatewayReservedEgressLabel`, an identity equal to an inbound Service's ⇒
+//! Warning `ServiceGatewayEgressLabelCollision` (one key space, upstream §i.2.7) — each pod
+//! ignored; a pod being deleted or not `Running`/`Pending` carries nothing; an IP that does not
+//! parse (`ServiceGatewayInvalidPodIP`) or has no host IP of its family
+//! (`ServiceGatewayNoNodeLocation`) is skipped. Warnings are sent when a pod's set of problems
+//! changes, not on every update.
+//!
+//! A per-identity reference count says how many pods carry each identity (upstream
+//! `outboundIdentityPodRefCount`; property P4: never negative, zero exactly when no pod carries
+//! it). NRP's side: an identity that a pod carries and that NRP lists as a registered Outbound
+//! service is programmed; one a pod carries that NRP does not list is held back (NRP would refuse
+//! the reference); one whose pods have all gone is drained. Outbound services that no pod of
+//! this cluster has carried (in this state's lifetime) are somebody else's and left alone.
+//!
+//! Not here (design §4, later work): the NAT gateway lifecycle — public IPs, the NAT gateway,
+//! registering and unregistering the Outbound service, pod finalizers.
+
+use crate::difftracker::{Class, DiffTracker};
+use crate::ip;
+use crate::model::{NrpService, ObjectKey, ObjectRef, Pod};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The pod label that names a pod's egress identity.
+pub const LABEL: &str = "kubernetes.azure.com/service-egress-gateway";
+/// The RP's own default outbound service: never a pod's identity.
+pub const RESERVED_IDENTITY: &str = "default-natgw";
+/// 80 (Azure's resource name limit) less the longest suffix of a derived name (`-pip-v6`).
+pub const MAX_IDENTITY_LEN: usize = 73;
+
+/// Event reasons of egress pods. Operators alert on them: never rename one.
+pub mod reason {
+    pub const INVALID_EGRESS_LABEL: &str = "ServiceGatewayInvalidEgressLabel";
+    pub const RESERVED_EGRESS_LABEL: &str = "ServiceGatewayReservedEgressLabel";
+    pub const EGRESS_LABEL_COLLISION: &str = "ServiceGatewayEgressLabelCollision";
+    pub const INVALID_POD_IP: &str = "ServiceGatewayInvalidPodIP";
+    pub const NO_NODE_LOCATION: &str = "ServiceGatewayNoNodeLocation";
+}
+
+/// Whether a lower-cased label value is a usable identity: `^[a-z0-9]([a-z0-9._-]{0,71}[a-z0-9_])?$`
+/// (an Azure resource name that leaves room for the derived public IP names) and not reserved.
+pub fn is_valid_identity(identity: &str) -> bool {
+    let bytes = identity.as_bytes();
+    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-');
+    let (Some(first), Some(last)) = (bytes.first(), bytes.last()) else { return false };
+    bytes.len() <= MAX_IDENTITY_LEN
+        && (first.is_ascii_lowercase() || first.is_ascii_digit())
+        && (bytes.len() == 1 || last.is_ascii_lowercase() || last.is_ascii_digit() || *last == b'_')
+        && bytes.iter().all(inner)
+        && identity != RESERVED_IDENTITY
+}
+
+/// A Warning Event about a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// What the rules make of one pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reading {
+    /// The identity the pod carries, if it carries one.
+    pub identity: Option<String>,
+    /// Canonical pod IP → the canonical host IP of its family (only when `identity` is set).
+    pub addresses: BTreeMap<String, String>,
+    pub warnings: Vec<Warning>,
+}
+
+/// Whether a pod in this phase carries its egress identity (upstream: Running or Pending).
+fn live_phase(phase: Option<&str>) -> bool {
+    phase.is_some_and(|p| p.eq_ignore_ascii_case("Running") || p.eq_ignore_ascii_case("Pending"))
+}
+
+/// The egress addresses of a pod: every parseable IP of `status.podIPs` (else `status.podIP`)
+/// under the host IP of its family (`status.hostIPs`, else `status.hostIP`; the smallest when
+/// several), with the IPs that could not be placed.
+pub fn pod_addresses(pod: &Pod) -> (BTreeMap<String, String>, Vec<String>, Vec<String>) {
+    let or_single = |list: &[String], single: &Option<String>| -> Vec<String> {
+        if list.is_empty() { single.iter().cloned().collect() } else { list.to_vec() }
+    };
+    let host_ips = or_single(&pod.host_ips, &pod.host_ip);
+    let locations = [ip::Family::V4, ip::Family::V6].map(|f| ip::same_family_location(&host_ips, f));
+    let (mut addresses, mut malformed, mut unplaced) = (BTreeMap::new(), Vec::new(), Vec::new());
+    for text in or_single(&pod.pod_ips, &pod.pod_ip) {
+        let Some((address, family)) = ip::canonical(&text) else {
+            malformed.push(text);
+            continue;
+        };
+        match &locations[usize::from(family == ip::Family::V6)] {
+            Some(location) => {
+                addresses.insert(address.into(), location.to_string());
+            }
+            None => unplaced.push(address.into()),
+        }
+    }
+    (addresses, malformed, unplaced)
+}
+
+/// Applies the rules to a pod. `inbound` says whether an identity is an inbound Service's.
+pub fn read_pod(pod: &Pod, inbound: impl Fn(&str) -> bool) -> Reading {
+    let Some(label) = pod.egress_label.as_deref().filter(|l| !l.is_empty()) else { return Reading::default() };
+    let identity = label.to_ascii_lowercase();
+    let refuse = |reason, message| Reading { warnings: vec![Warning { reason, message }], ..Reading::default() };
+    if identity == RESERVED_IDENTITY {
+        return refuse(
+            reason::RESERVED_EGRESS_LABEL,
+            format!(
+                "egress gateway label {label:?} is reserved for the cluster's default outbound gateway; choose another value"
+            ),
+        );
+    }
+    if !is_valid_identity(&identity) {
+        return refuse(
+            reason::INVALID_EGRESS_LABEL,
+            format!(
+                "egress gateway label {label:?} is not a valid name: lower-case letters, digits, '.', '_' and '-', \
+                 starting with a letter or digit, ending with one or '_', at most {MAX_IDENTITY_LEN} characters"
+            ),
+        );
+    }
+    if inbound(&identity) {
+        return refuse(
+            reason::EGRESS_LABEL_COLLISION,
+            format!("egress gateway label {label:?} is the identity of a LoadBalancer Service; choose another value"),
+        );
+    }
+    if pod.deleting || !live_phase(pod.phase.as_deref()) {
+        return Reading::default();
+    }
+    let (addresses, malformed, unplaced) = pod_addresses(pod);
+    let mut warnings = Vec::new();
+    if !malformed.is_empty() {
+        let message = format!("pod IPs {malformed:?} are not IP addresses; they get no egress");
+        warnings.push(Warning { reason: reason::INVALID_POD_IP, message });
+    }
+    if !unplaced.is_empty() {
+        let message = format!("pod IPs {unplaced:?} have no host IP of their family; they get no egress");
+        warnings.push(Warning { reason: reason::NO_NODE_LOCATION, message });
+    }
+    Reading { identity: Some(identity), addresses, warnings }
+}
+
+/// What one pod contributes now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct PodRecord {
+    identity: Option<String>,
+    addresses: BTreeMap<String, String>,
+    /// The reasons of the Warnings last sent, so an unchanged pod is not warned again.
+    warned: Vec<String>,
+}
+
+/// The egress side of the tracker's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Egress {
+    /// Egress-labelled pods by namespace/name (only those that carry something or were warned).
+    pods: BTreeMap<ObjectKey, PodRecord>,
+    /// Identity → how many pods carry it; no entry is zero.
+    refs: BTreeMap<String, u32>,
+    /// Identities a pod has carried while this state lived: ours, so drained when their pods go.
+    known: BTreeSet<String>,
+    /// Outbound services NRP listed as registered at the last read (not the RP's default).
+    registered: BTreeSet<String>,
+}
+
+impl Egress {
+    /// A pod was created or changed: applies the difference between what it contributed and what
+    /// it contributes now. Returns the Warnings to send.
+    pub fn upsert(
+        &mut self,
+        pod: &Pod,
+        inbound: impl Fn(&str) -> bool,
+        diff: &mut DiffTracker,
+    ) -> Vec<(ObjectRef, Warning)> {
+        let reading = read_pod(pod, inbound);
+        let key = pod.key();
+        let old = self.pods.remove(&key).unwrap_or_default();
+        let reasons: Vec<String> = reading.warnings.iter().map(|w| w.reason.to_owned()).collect();
+        let warnings = if reasons == old.warned { Vec::new() } else { reading.warnings };
+        let new = PodRecord { identity: reading.identity, addresses: reading.addresses, warned: reasons };
+        self.change(&old, &new, diff);
+        if new != PodRecord::default() {
+            self.pods.insert(key, new);
+        }
+        warnings.into_iter().map(|w| (pod.object_ref(), w)).collect()
+    }
+
+    /// A pod left (or stopped carrying the label): its identity leaves its addresses. Deleting
+    /// a pod that is not there is a no-op.
+    pub fn delete(&mut self, key: &ObjectKey, diff: &mut DiffTracker) {
+        if let Some(old) = self.pods.remove(key) {
+            self.change(&old, &PodRecord::default(), diff);
+        }
+    }
+
+    fn change(&mut self, old: &PodRecord, new: &PodRecord, diff: &mut DiffTracker) {
+        let same = old.identity == new.identity;
+        if let Some(identity) = &old.identity {
+            for (address, location) in &old.addresses {
+                if !same || new.addresses.get(address) != Some(location) {
+                    diff.remove_endpoint(identity, address, location);
+                }
+            }
+        }
+        if let Some(identity) = &new.identity {
+            for (address, location) in &new.addresses {
+                if !same || old.addresses.get(address) != Some(location) {
+                    diff.add_endpoint(identity, address, location);
+                }
+            }
+        }
+        if !same {
+            if let Some(identity) = &old.identity {
+                self.release(identity, diff);
+            }
+            if let Some(identity) = &new.identity {
+                self.retain(identity, diff);
+            }
+        }
+    }
+
+    fn retain(&mut self, identity: &str, diff: &mut DiffTracker) {
+        let count = self.refs.entry(identity.to_owned()).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            self.known.insert(identity.to_owned());
+            diff.touch_identity(identity);
+        }
+    }
+
+    /// One pod fewer carries the identity; never below zero (a count that is not there is left
+    /// alone: there is nothing to decrement twice).
+    fn release(&mut self, identity: &str, diff: &mut DiffTracker) {
+        let Some(count) = self.refs.get_mut(identity) else { return };
+        *count -= 1;
+        if *count == 0 {
+            self.refs.remove(identity);
+            diff.touch_identity(identity);
+        }
+    }
+
+    /// How an identity that is no inbound Service's takes part in a sync; `None` when it is
+    /// not an egress identity of this cluster.
+    pub fn class(&self, identity: &str) -> Option<Class> {
+        if self.refs.contains_key(identity) {
+            Some(if self.registered.contains(identity) { Class::Ready } else { Class::NotReady })
+        } else if self.known.contains(identity) {
+            Some(Class::NotReady)
+        } else {
+            None
+        }
+    }
+
+    /// After a read of NRP (and `DiffTracker::replace_nrp`, which marks every location dirty):
+    /// the registered Outbound services, and identities no pod carries that NRP no longer
+    /// references are forgotten.
+    pub fn nrp_read(&mut self, services: &[NrpService], diff: &DiffTracker) {
+        self.registered = services
+            .iter()
+            .filter(|s| s.service_type.eq_ignore_ascii_case("Outbound") && !s.is_default)
+            .map(|s| s.name.to_ascii_lowercase())
+            .collect();
+        let refs = &self.refs;
+        self.known.retain(|id| refs.contains_key(id) || diff.nrp_references(id));
+    }
+
+    /// Identity → how many pods carry it (P4).
+    pub fn ref_counts(&self) -> &BTreeMap<String, u32> {
+        &self.refs
+    }
+
+    /// The identity a pod carries, if any.
+    pub fn identity_of(&self, key: &ObjectKey) -> Option<&str> {
+        self.pods.get(key).and_then(|p| p.identity.as_deref())
+    }
+
+    /// The reference counts recomputed from the pods: equal to [`Self::ref_counts`] always.
+    pub fn recount(&self) -> BTreeMap<String, u32> {
+        let mut counts = BTreeMap::new();
+        for identity in self.pods.values().filter_map(|p| p.identity.as_ref()) {
+            *counts.entry(identity.clone()).or_insert(0) += 1;
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::model::*;
+    use crate::tracker::Tracker;
+
+    const NODE: &str = "10.224.0.4";
+
+    fn pod(name: &str, label: Option<&str>, ips: &[&str]) -> Pod {
+        Pod {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            egress_label: label.map(Into::into),
+            phase: Some("Running".into()),
+            pod_ips: ips.iter().map(|s| (*s).to_owned()).collect(),
+            host_ips: vec![NODE.into()],
+            ..Pod::default()
+        }
+    }
+
+    fn no_inbound(_: &str) -> bool {
+        false
+    }
+
+    /// The Kubernetes view as NRP should hold it when every identity is ready.
+    fn wanted(diff: &DiffTracker) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        diff.desired_view(|_| Class::Ready)
+    }
+
+    fn at(location: &str, address: &str, ids: &[&str]) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        let ids = ids.iter().map(|s| (*s).to_owned()).collect();
+        BTreeMap::from([(location.to_owned(), BTreeMap::from([(address.to_owned(), ids)]))])
+    }
+
+    // Mirrors upstream TestIsValidEgressIdentity and TestIsValidEgressIdentity_RejectsReservedNames.
+    #[test]
+    fn valid_identities_follow_the_azure_name_rule_and_default_natgw_is_reserved() {
+        for ok in ["a", "egress-a", "e.g_1", "x_", "0", &"a".repeat(MAX_IDENTITY_LEN)] {
+            assert!(is_valid_identity(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "a.", "_a", "a b", "a/b", "ÄB", &"a".repeat(MAX_IDENTITY_LEN + 1), "default-natgw"]
+        {
+            assert!(!is_valid_identity(bad), "{bad}");
+        }
+        let reserved = read_pod(&pod("p", Some("Default-NATGW"), &["10.244.0.5"]), no_inbound);
+        assert_eq!(reserved.identity, None);
+        assert_eq!(reserved.warnings[0].reason, reason::RESERVED_EGRESS_LABEL);
+        let invalid = read_pod(&pod("p", Some("bad label!"), &["10.244.0.5"]), no_inbound);
+        assert_eq!(invalid.identity, None);
+        assert_eq!(invalid.warnings[0].reason, reason::INVALID_EGRESS_LABEL);
+        let upper = read_pod(&pod("p", Some("Egress-A"), &["10.244.0.5"]), no_inbound);
+        assert_eq!(upper.identity.as_deref(), Some("egress-a"), "lower-cased");
+        assert!(read_pod(&pod("p", Some(""), &["10.244.0.5"]), no_inbound) == Reading::default(), "empty: no egress");
+    }
+
+    // Mirrors upstream TestUpdateK8sPod: add and remove of an egress assignment.
+    #[test]
+    fn an_egress_pod_adds_its_identity_at_its_host_ip_and_deleting_it_takes_it_away() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        assert!(egress.upsert(&p, no_inbound, &mut diff).is_empty());
+        assert_eq!(wanted(&diff), at(NODE, "10.244.0.5", &["egress-a"]));
+        assert_eq!(egress.ref_counts(), &BTreeMap::from([("egress-a".to_owned(), 1)]));
+        egress.delete(&p.key(), &mut diff);
+        assert!(wanted(&diff).is_empty());
+        assert!(egress.ref_counts().is_empty());
+    }
+
+    // Mirrors upstream TestUpdateK8sPodRemovePreservesInboundIdentities (a Design A defect fixed
+    // in B): egress removal keeps a pod that still backs a LoadBalancer; an egress-only pod goes
+    // and its count is released.
+    #[test]
+    fn removing_the_egress_identity_keeps_the_addresses_inbound_identities() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        diff.add_endpoint("svc-uid", "10.244.0.5", NODE);
+        let both = pod("both", Some("egress-a"), &["10.244.0.5"]);
+        let only = pod("only", Some("egress-a"), &["10.244.0.6"]);
+        egress.upsert(&both, no_inbound, &mut diff);
+        egress.upsert(&only, no_inbound, &mut diff);
+        assert_eq!(wanted(&diff)[NODE]["10.244.0.5"], BTreeSet::from(["egress-a".into(), "svc-uid".into()]));
+        let unlabelled = Pod { egress_label: None, ..both.clone() };
+        egress.upsert(&unlabelled, no_inbound, &mut diff);
+        egress.delete(&only.key(), &mut diff);
+        assert_eq!(wanted(&diff), at(NODE, "10.244.0.5", &["svc-uid"]));
+        assert!(egress.ref_counts().is_empty());
+    }
+
+    // Mirrors upstream TestEgressRefCountSoundness and TestGuardConcurrency_AddPodDeletePod_RefCountSymmetry.
+    #[test]
+    fn duplicate_and_out_of_order_pod_events_never_count_twice_or_below_zero() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        egress.delete(&p.key(), &mut diff); // a delete before its add: nothing to release
+        egress.upsert(&p, no_inbound, &mut diff);
+        egress.upsert(&p, no_inbound, &mut diff);
+        assert_eq!(egress.ref_counts()["egress-a"], 1, "an unchanged pod seen again counts once");
+        egress.delete(&p.key(), &mut diff);
+        egress.delete(&p.key(), &mut diff);
+        assert!(egress.ref_counts().is_empty(), "never below zero");
+        assert!(wanted(&diff).is_empty());
+        assert_eq!(egress.recount(), *egress.ref_counts());
+    }
+
+    #[test]
+    fn a_label_changed_to_another_identity_moves_the_count_and_the_address() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        egress.upsert(&pod("p", Some("egress-a"), &["10.244.0.5"]), no_inbound, &mut diff);
+        egress.upsert(&pod("q", Some("egress-a"), &["10.244.0.6"]), no_inbound, &mut diff);
+        egress.upsert(&pod("p", Some("egress-b"), &["10.244.0.5"]), no_inbound, &mut diff);
+        assert_eq!(egress.ref_counts(), &BTreeMap::from([("egress-a".into(), 1), ("egress-b".into(), 1)]));
+        assert_eq!(wanted(&diff)[NODE]["10.244.0.5"], BTreeSet::from(["egress-b".to_owned()]));
+        assert_eq!(egress.identity_of(&ObjectKey::new("shop", "p")), Some("egress-b"));
+    }
+
+    #[test]
+    fn a_pod_whose_host_ip_changes_moves_its_address_to_the_new_location() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        egress.upsert(&p, no_inbound, &mut diff);
+        let moved = Pod { host_ips: vec!["10.224.0.9".into()], ..p };
+        egress.upsert(&moved, no_inbound, &mut diff);
+        assert_eq!(wanted(&diff), at("10.224.0.9", "10.244.0.5", &["egress-a"]));
+        assert_eq!(egress.ref_counts()["egress-a"], 1);
+    }
+
+    // Mirrors upstream TestProcessK8sEgresses_SkipsTerminatedPhases.
+    #[test]
+    fn pods_that_are_not_running_or_pending_or_are_being_deleted_carry_no_identity() {
+        for (phase, deleting, carries) in [
+            (Some("Running"), false, true),
+            (Some("Pending"), false, true),
+            (Some("Succeeded"), false, false),
+            (Some("Failed"), false, false),
+            (Some("Unknown"), false, false),
+            (None, false, false),
+            (Some("Running"), true, false),
+        ] {
+            let p = Pod { phase: phase.map(Into::into), deleting, ..pod("p", Some("egress-a"), &["10.244.0.5"]) };
+            assert_eq!(read_pod(&p, no_inbound).identity.is_some(), carries, "{phase:?} deleting={deleting}");
+        }
+        // A pod that turns terminal gives its identity back.
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        egress.upsert(&p, no_inbound, &mut diff);
+        egress.upsert(&Pod { phase: Some("Succeeded".into()), ..p }, no_inbound, &mut diff);
+        assert!(egress.ref_counts().is_empty() && wanted(&diff).is_empty());
+    }
+
+    // Mirrors upstream TestProcessK8sEgresses_SkipsMalformedIPs.
+    #[test]
+    fn malformed_pod_ips_are_skipped_with_a_warning_and_the_others_kept() {
+        let reading = read_pod(&pod("p", Some("egress-a"), &["10.244.0.500", "10.244.0.5"]), no_inbound);
+        assert_eq!(reading.addresses, BTreeMap::from([("10.244.0.5".into(), NODE.into())]));
+        assert_eq!(reading.warnings.iter().map(|w| w.reason).collect::<Vec<_>>(), vec![reason::INVALID_POD_IP]);
+    }
+
+    // Mirrors upstream TestProcessK8sEgresses_ImportsAllDualStackAddresses.
+    #[test]
+    fn a_dual_stack_pod_contributes_each_ip_under_its_same_family_host_ip() {
+        let p = Pod {
+            host_ips: vec![NODE.into(), "fd00::4".into()],
+            ..pod("p", Some("egress-a"), &["10.244.0.5", "fd01::5"])
+        };
+        let reading = read_pod(&p, no_inbound);
+        assert_eq!(
+            reading.addresses,
+            BTreeMap::from([("10.244.0.5".into(), NODE.into()), ("fd01::5".into(), "fd00::4".into())])
+        );
+        assert!(reading.warnings.is_empty());
+    }
+
+    // Mirrors upstream TestPodEgressAddresses: status.podIPs, else status.podIP; hostIPs, else hostIP.
+    #[test]
+    fn pod_ips_fall_back_to_pod_ip_and_host_ips_fall_back_to_host_ip() {
+        let p = Pod {
+            pod_ips: vec![],
+            pod_ip: Some("10.244.0.5".into()),
+            host_ips: vec![],
+            host_ip: Some("10.224.0.7".into()),
+            ..pod("p", Some("egress-a"), &[])
+        };
+        assert_eq!(pod_addresses(&p).0, BTreeMap::from([("10.244.0.5".into(), "10.224.0.7".into())]));
+        let both = Pod { pod_ips: vec!["10.244.0.6".into()], host_ips: vec!["10.224.0.8".into()], ..p };
+        assert_eq!(pod_addresses(&both).0, BTreeMap::from([("10.244.0.6".into(), "10.224.0.8".into())]), "lists win");
+        let unscheduled = Pod { pod_ips: vec![], host_ips: vec![], ..pod("p", Some("egress-a"), &[]) };
+        let reading = read_pod(&unscheduled, no_inbound);
+        assert_eq!(
+            (reading.identity.as_deref(), reading.addresses.len()),
+            (Some("egress-a"), 0),
+            "pending: carries, no address"
+        );
+        assert!(reading.warnings.is_empty());
+    }
+
+    // Mirrors upstream TestPodNodeLocationsByFamily_CanonicalizesRepresentation.
+    #[test]
+    fn host_and_pod_ips_in_any_spelling_become_canonical_keys() {
+        let p = Pod { host_ips: vec!["FD00:0::0004".into()], ..pod("p", Some("egress-a"), &["FD01:0:0::5"]) };
+        assert_eq!(pod_addresses(&p).0, BTreeMap::from([("fd01::5".into(), "fd00::4".into())]));
+    }
+
+    // Mirrors upstream TestColdStart_EgressPodNoSameFamilyLocation_NotDesired.
+    #[test]
+    fn an_ip_without_a_host_ip_of_its_family_is_not_desired() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let p = pod("p", Some("egress-a"), &["10.244.0.5", "fd01::5"]);
+        let warnings = egress.upsert(&p, no_inbound, &mut diff);
+        assert_eq!(wanted(&diff), at(NODE, "10.244.0.5", &["egress-a"]));
+        assert_eq!(warnings.iter().map(|(_, w)| w.reason).collect::<Vec<_>>(), vec![reason::NO_NODE_LOCATION]);
+        assert_eq!(warnings[0].0.kind, "Pod");
+        assert!(egress.upsert(&p, no_inbound, &mut diff).is_empty(), "warned once per change, not per update");
+    }
+
+    // Mirrors upstream TestAddPod_RejectsEgressIdentityCollidingWithInboundService.
+    #[test]
+    fn an_identity_equal_to_an_inbound_service_is_refused_with_a_warning() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let uid = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";
+        let warnings = egress.upsert(&pod("p", Some(&uid.to_uppercase()), &["10.244.0.5"]), |id| id == uid, &mut diff);
+        assert_eq!(warnings[0].1.reason, reason::EGRESS_LABEL_COLLISION);
+        assert!(egress.ref_counts().is_empty() && wanted(&diff).is_empty());
+    }
+
+    fn outbound(name: &str) -> NrpService {
+        NrpService { name: name.into(), service_type: "Outbound".into(), backend_pools: vec![], is_default: false }
+    }
+
+    #[test]
+    fn an_identity_a_pod_carries_is_ready_only_while_nrp_lists_it_as_a_registered_outbound_service() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        egress.upsert(&pod("p", Some("egress-a"), &["10.244.0.5"]), no_inbound, &mut diff);
+        assert_eq!(egress.class("egress-a"), Some(Class::NotReady));
+        egress.nrp_read(&[outbound("EGRESS-A")], &diff);
+        assert_eq!(egress.class("egress-a"), Some(Class::Ready));
+        egress.delete(&ObjectKey::new("shop", "p"), &mut diff);
+        assert_eq!(egress.class("egress-a"), Some(Class::NotReady), "its pods went: drained");
+        assert_eq!(egress.class("somebody-elses"), None, "never carried: not ours");
+        egress.nrp_read(&[outbound("egress-a")], &diff);
+        assert_eq!(egress.class("egress-a"), None, "forgotten once NRP no longer references it");
+    }
+
+    fn clb() -> Config {
+        Config { backend_pool_type: "podIP".into(), load_balancer_sku: "standardV2".into(), ..Config::default() }
+    }
+
+    fn updates(step: &Step) -> Vec<NrpLocation> {
+        step.commands
+            .iter()
+            .filter_map(|c| if let Command::UpdateAddressLocations(l) = &c.command { Some(l.clone()) } else { None })
+            .flatten()
+            .collect()
+    }
+
+    fn read_nrp_id(step: &Step) -> u64 {
+        step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("a read of NRP").id
+    }
+
+    /// Through the tracker: an egress identity NRP lists as Outbound is programmed beside a
+    /// foreign one, and taking the label away drains only the egress identity.
+    #[test]
+    fn the_tracker_programs_a_registered_egress_identity_and_drains_it_when_the_label_goes() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.observe(0, vec![Observation::ListsComplete]);
+        let snapshot = NrpState {
+            services: vec![outbound("egress-a"), outbound("other-natgw")],
+            locations: vec![NrpListedLocation {
+                location: NODE.into(),
+                addresses: vec![NrpAddress { address: "10.244.0.9".into(), services: vec!["other-natgw".into()] }],
+            }],
+        };
+        let step = tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(snapshot))]);
+        assert!(step.idle, "{step:?}");
+        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let step = tracker.observe(2, vec![Observation::PodUpserted(p.clone())]);
+        let sent = updates(&step);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(
+            sent[0].addresses,
+            vec![NrpAddress { address: "10.244.0.5".into(), services: vec!["egress-a".into()] }]
+        );
+        let id = step.commands[0].id;
+        assert!(tracker.complete(3, vec![(id, Outcome::Ok)]).idle);
+        assert_eq!(tracker.nrp_view()[NODE]["10.244.0.9"], BTreeSet::from(["other-natgw".to_owned()]));
+        let step = tracker.observe(4, vec![Observation::PodUpserted(Pod { egress_label: None, ..p })]);
+        assert_eq!(updates(&step)[0].addresses, vec![NrpAddress { address: "10.244.0.5".into(), services: vec![] }]);
+        assert!(tracker.complete(5, vec![(step.commands[0].id, Outcome::Ok)]).idle);
+        assert!(!tracker.nrp_view()[NODE].contains_key("10.244.0.5"));
+        assert!(tracker.nrp_view()[NODE].contains_key("10.244.0.9"), "a foreign identity is left alone");
+    }
+
+    // Mirrors upstream TestNewSeedsOutboundRefCount and
+    // TestInitOutboundRefCount_NotNegativeOnServiceUIDEgressLabelCollision.
+    #[test]
+    fn a_cold_start_counts_the_listed_egress_pods_and_never_a_pod_whose_label_is_a_services_uid() {
+        let uid = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";
+        let service = Service {
+            uid: uid.into(),
+            namespace: "shop".into(),
+            name: "web".into(),
+            service_type: Some("LoadBalancer".into()),
+            ..Service::default()
+        };
+        let colliding = pod("c", Some(&uid.to_uppercase()), &["10.244.0.7"]);
+        let mut tracker = Tracker::create(clb()).unwrap();
+        tracker.observe(
+            0,
+            vec![
+                Observation::ServiceUpserted(service),
+                Observation::PodUpserted(pod("a", Some("egress-a"), &["10.244.0.5"])),
+                Observation::PodUpserted(pod("b", Some("egress-a"), &["10.244.0.6"])),
+                Observation::PodUpserted(colliding.clone()),
+                Observation::ListsComplete,
+            ],
+        );
+        let counts = BTreeMap::from([("egress-a".to_owned(), 2)]);
+        assert_eq!(tracker.egress().ref_counts(), &counts);
+        tracker.observe(1, vec![Observation::PodDeleted(colliding.key()), Observation::PodDeleted(colliding.key())]);
+        assert_eq!(tracker.egress().ref_counts(), &counts, "a refused pod's deletion releases nothing");
+        assert_eq!(tracker.egress().recount(), counts);
+    }
+
+    #[test]
+    fn a_refused_label_gets_one_warning_event_about_the_pod_and_the_pod_is_ignored() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let p = pod("p", Some("default-natgw"), &["10.244.0.5"]);
+        let step = tracker.observe(0, vec![Observation::PodUpserted(p.clone())]);
+        let events: Vec<&Event> = step
+            .commands
+            .iter()
+            .filter_map(|c| if let Command::EmitEvent(e) = &c.command { Some(e) } else { None })
+            .collect();
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            (events[0].reason.as_str(), events[0].regarding.kind.as_str()),
+            (reason::RESERVED_EGRESS_LABEL, "Pod")
+        );
+        assert_eq!(events[0].event_type, EventType::Warning);
+        let again = tracker.observe(1, vec![Observation::PodUpserted(p)]);
+        assert!(again.commands.iter().all(|c| !matches!(c.command, Command::EmitEvent(_))));
+        assert!(tracker.egress().ref_counts().is_empty());
+    }
+}
