@@ -43,7 +43,9 @@ impl Name {
 
     pub fn new(text: &str) -> Self {
         if text.len() <= Self::INLINE {
-            Self(Repr::Inline { len: text.len() as u8, bytes: padded(text.as_bytes()) })
+            let mut bytes = [0; Self::INLINE];
+            bytes[..text.len()].copy_from_slice(text.as_bytes());
+            Self(Repr::Inline { len: text.len() as u8, bytes })
         } else {
             Self(Repr::Heap(text.into()))
         }
@@ -57,23 +59,6 @@ impl Name {
             Repr::Heap(text) => text,
         }
     }
-}
-
-/// `text` (at most [`Name::INLINE`] bytes) followed by zeros, copied in fixed-size words. A
-/// `copy_from_slice` of a length known only at run time is a `memory.copy` on wasm32, which the
-/// runtime carries out as a call: dearer than the copy itself for text this short, and this runs
-/// for every key a state import reads.
-fn padded(text: &[u8]) -> [u8; Name::INLINE] {
-    let mut out = [0; Name::INLINE];
-    let (words, tail) = text.as_chunks::<8>();
-    for (at, word) in words.iter().enumerate() {
-        out[at * 8..at * 8 + 8].copy_from_slice(word);
-    }
-    let start = words.len() * 8;
-    for (at, byte) in tail.iter().enumerate() {
-        out[start + at] = *byte;
-    }
-    out
 }
 
 impl Deref for Name {
