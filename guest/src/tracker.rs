@@ -386,31 +386,7 @@ pub struct Tracker {
     state: State,
     /// Egress pods and identities (state version 2), beside the version-1 [`State`].
     egress: Egress,
-    last_export_bytes: SizeHint,
 }
-
-/// The size of the last state export, to size the next one's buffer. A hint, not state: two
-/// trackers that differ only in it are equal, and it is neither exported nor imported.
-#[derive(Clone, Debug, Default)]
-struct SizeHint(std::cell::Cell<usize>);
-
-impl SizeHint {
-    fn get(&self) -> usize {
-        self.0.get()
-    }
-
-    fn set(&self, bytes: usize) {
-        self.0.set(bytes);
-    }
-}
-
-impl PartialEq for SizeHint {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for SizeHint {}
 
 /// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After`.
 pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
@@ -477,7 +453,7 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let state =
             State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        Ok(Self { config, mode, state, egress: Egress::default(), last_export_bytes: SizeHint::default() })
+        Ok(Self { config, mode, state, egress: Egress::default() })
     }
 
     pub fn mode(&self) -> Mode {
@@ -1456,12 +1432,8 @@ impl Tracker {
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        // Sized from the last export: growing a multi-megabyte buffer by doubling copies it
-        // about twenty times over.
-        let buffer = Vec::with_capacity(self.last_export_bytes.get() + self.last_export_bytes.get() / 8);
-        let payload = postcard::to_extend(&(&self.state, &self.egress), buffer)
-            .expect("the state is plain data and always encodes");
-        self.last_export_bytes.set(payload.len());
+        let payload =
+            postcard::to_allocvec(&(&self.state, &self.egress)).expect("the state is plain data and always encodes");
         (STATE_VERSION, payload)
     }
 
@@ -1480,9 +1452,7 @@ impl Tracker {
             STATE_VERSION => postcard::from_bytes::<(State, Egress)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
-        let last_export_bytes = SizeHint::default();
-        last_export_bytes.set(payload.len());
-        Ok(Self { config, mode, state, egress, last_export_bytes })
+        Ok(Self { config, mode, state, egress })
     }
 }
 
