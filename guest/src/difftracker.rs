@@ -75,7 +75,59 @@ fn bump(index: &mut BTreeMap<Name, VecMap<Name, u32>>, identity: &str, location:
     }
 }
 
+/// The addresses one contributor — an EndpointSlice, an egress pod — puts at locations:
+/// address → location.
+pub trait Placements {
+    fn placements(&self) -> impl Iterator<Item = (&str, &str)>;
+    fn location_of(&self, address: &str) -> Option<&str>;
+}
+
+impl Placements for VecMap<Name, Name> {
+    fn placements(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.iter().map(|(a, l)| (a.as_str(), l.as_str()))
+    }
+    fn location_of(&self, address: &str) -> Option<&str> {
+        self.get(address).map(Name::as_str)
+    }
+}
+
+impl Placements for BTreeMap<String, String> {
+    fn placements(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.iter().map(|(a, l)| (a.as_str(), l.as_str()))
+    }
+    fn location_of(&self, address: &str) -> Option<&str> {
+        self.get(address).map(String::as_str)
+    }
+}
+
 impl DiffTracker {
+    /// One contributor's placements changed from `old`, for `old_identity`, to `new`, for
+    /// `new_identity` (`None`: it contributed, or contributes, nothing): folds in only the
+    /// difference, so an update that moves one address costs one address.
+    pub fn replace_placements(
+        &mut self,
+        old_identity: Option<&str>,
+        old: &impl Placements,
+        new_identity: Option<&str>,
+        new: &impl Placements,
+    ) {
+        let same = old_identity == new_identity;
+        if let Some(identity) = old_identity {
+            for (address, location) in old.placements() {
+                if !same || new.location_of(address) != Some(location) {
+                    self.remove_endpoint(identity, address, location);
+                }
+            }
+        }
+        if let Some(identity) = new_identity {
+            for (address, location) in new.placements() {
+                if !same || old.location_of(address) != Some(location) {
+                    self.add_endpoint(identity, address, location);
+                }
+            }
+        }
+    }
+
     /// One EndpointSlice now lists `address` on `location` for `identity`.
     pub fn add_endpoint(&mut self, identity: &str, address: &str, location: &str) {
         let count = slot(&mut self.k8s, location).slot(address, Name::new).slot(identity, Name::new);

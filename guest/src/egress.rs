@@ -206,22 +206,9 @@ impl Egress {
     }
 
     fn change(&mut self, old: &PodRecord, new: &PodRecord, diff: &mut DiffTracker) {
-        let same = old.identity == new.identity;
-        if let Some(identity) = &old.identity {
-            for (address, location) in &old.addresses {
-                if !same || new.addresses.get(address) != Some(location) {
-                    diff.remove_endpoint(identity, address, location);
-                }
-            }
-        }
-        if let Some(identity) = &new.identity {
-            for (address, location) in &new.addresses {
-                if !same || old.addresses.get(address) != Some(location) {
-                    diff.add_endpoint(identity, address, location);
-                }
-            }
-        }
-        if !same {
+        let (old_identity, new_identity) = (old.identity.as_deref(), new.identity.as_deref());
+        diff.replace_placements(old_identity, &old.addresses, new_identity, &new.addresses);
+        if old_identity != new_identity {
             if let Some(identity) = &old.identity {
                 self.release(identity, diff);
             }

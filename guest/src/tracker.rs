@@ -789,30 +789,7 @@ impl Tracker {
     ) {
         let old_owner = old_owner.filter(|o| self.programmable(o));
         let new_owner = new_owner.filter(|o| self.programmable(o));
-        if old_owner == new_owner {
-            let Some(owner) = new_owner else { return };
-            for (address, location) in old {
-                if new.get(address) != Some(location) {
-                    self.state.diff.remove_endpoint(owner, address, location);
-                }
-            }
-            for (address, location) in new {
-                if old.get(address) != Some(location) {
-                    self.state.diff.add_endpoint(owner, address, location);
-                }
-            }
-            return;
-        }
-        if let Some(owner) = old_owner {
-            for (address, location) in old {
-                self.state.diff.remove_endpoint(owner, address, location);
-            }
-        }
-        if let Some(owner) = new_owner {
-            for (address, location) in new {
-                self.state.diff.add_endpoint(owner, address, location);
-            }
-        }
+        self.state.diff.replace_placements(old_owner, old, new_owner, new);
     }
 
     /// Keeps the owner and node indexes of a slice, touching only what changed between the
