@@ -288,6 +288,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::model::*;
+    use crate::difftracker::View;
     use crate::tracker::Tracker;
 
     const NODE: &str = "10.224.0.4";
@@ -310,11 +311,11 @@ mod tests {
     }
 
     /// The Kubernetes view as NRP should hold it when every identity is ready.
-    fn wanted(diff: &DiffTracker) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    fn wanted(diff: &DiffTracker) -> View {
         diff.desired_view(|_| Class::Ready)
     }
 
-    fn at(location: &str, address: &str, ids: &[&str]) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    fn at(location: &str, address: &str, ids: &[&str]) -> View {
         let ids = ids.iter().map(|s| (*s).to_owned()).collect();
         BTreeMap::from([(location.to_owned(), BTreeMap::from([(address.to_owned(), ids)]))])
     }

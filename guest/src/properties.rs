@@ -19,6 +19,7 @@
 
 use crate::config::Config;
 use crate::model::*;
+use crate::difftracker::View;
 use crate::tracker::{FINALIZER, Tracker};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -158,7 +159,7 @@ struct World {
     public_ips: BTreeMap<String, String>,
     load_balancers: BTreeSet<String>,
     registered: BTreeSet<String>,
-    nrp: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    nrp: View,
     faults: VecDeque<Fault>,
     violations: Vec<String>,
     /// Observations the watchers will deliver next.
@@ -514,8 +515,8 @@ impl World {
     }
 
     /// NRP as it must be once quiet: every ready endpoint of every provisioned Service.
-    fn expected_nrp(&self) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
-        let mut expected: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    fn expected_nrp(&self) -> View {
+        let mut expected: View = BTreeMap::new();
         for uid in self.expected_registered() {
             for (owner, endpoints) in self.slices.values() {
                 if *owner != uid {
@@ -545,8 +546,8 @@ impl World {
     /// NRP (or a view of it) without the orphaned outbound identities, which nobody manages.
     fn without_orphans(
         &self,
-        view: &BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
-    ) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+        view: &View,
+    ) -> View {
         let mut stripped = BTreeMap::new();
         for (location, addresses) in view {
             for (address, services) in addresses {
