@@ -580,11 +580,9 @@ impl EventTarget {
     pub const DEFAULT: &str = "kube-system/clb-reconciler";
 
     pub fn parse(text: &str) -> Result<Self, ControlError> {
-        match text.split_once('/') {
-            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(Self { namespace: namespace.into(), name: name.into() })
-            }
-            _ => Err(ControlError::BadObject(text.to_owned())),
+        match crate::kube::namespaced(text) {
+            Some((namespace, name)) => Ok(Self { namespace: namespace.into(), name: name.into() }),
+            None => Err(ControlError::BadObject(text.to_owned())),
         }
     }
 }

@@ -152,6 +152,12 @@ pub fn api_error(error: kube::Error) -> KubeError {
     }
 }
 
+/// `namespace/name` split in two: both parts non-empty, the name without a `/`. The form every
+/// flag and file of this host uses to name a namespaced object.
+pub fn namespaced(text: &str) -> Option<(&str, &str)> {
+    text.split_once('/').filter(|(namespace, name)| !namespace.is_empty() && !name.is_empty() && !name.contains('/'))
+}
+
 /// An error and its sources on one line.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();

@@ -501,11 +501,9 @@ impl fmt::Display for ObjectName {
 impl<'de> Deserialize<'de> for ObjectName {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
-        match text.split_once('/') {
-            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(ObjectName { namespace: namespace.to_owned(), name: name.to_owned() })
-            }
-            _ => Err(D::Error::custom(format!("{text:?} is not `namespace/name`"))),
+        match crate::kube::namespaced(&text) {
+            Some((namespace, name)) => Ok(ObjectName { namespace: namespace.to_owned(), name: name.to_owned() }),
+            None => Err(D::Error::custom(format!("{text:?} is not `namespace/name`"))),
         }
     }
 }

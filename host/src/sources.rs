@@ -70,11 +70,8 @@ pub struct ConfigMapKey {
 impl ConfigMapKey {
     pub fn parse(text: &str) -> Result<Self, SourceError> {
         let bad = || SourceError::BadConfigMapRef(text.to_owned());
-        let (object, key) = text.rsplit_once(':').ok_or_else(bad)?;
-        let (namespace, name) = object.split_once('/').ok_or_else(bad)?;
-        if [namespace, name, key].iter().any(|part| part.is_empty()) || name.contains('/') {
-            return Err(bad());
-        }
+        let (object, key) = text.rsplit_once(':').filter(|(_, key)| !key.is_empty()).ok_or_else(bad)?;
+        let (namespace, name) = crate::kube::namespaced(object).ok_or_else(bad)?;
         Ok(Self { namespace: namespace.into(), name: name.into(), key: key.into() })
     }
 
