@@ -417,7 +417,13 @@ impl DiffTracker {
                 let services: Services = address
                     .services
                     .iter()
-                    .map(|s| if s.bytes().any(|b| b.is_ascii_uppercase()) { Name::from(s.to_ascii_lowercase()) } else { Name::new(s) })
+                    .map(|s| {
+                        if s.bytes().any(|b| b.is_ascii_uppercase()) {
+                            Name::from(s.to_ascii_lowercase())
+                        } else {
+                            Name::new(s)
+                        }
+                    })
                     .collect();
                 if !services.is_empty() {
                     self.set_nrp_address(&location, &canonical, Some(services));

@@ -287,8 +287,8 @@ impl Egress {
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::model::*;
     use crate::difftracker::View;
+    use crate::model::*;
     use crate::tracker::Tracker;
 
     const NODE: &str = "10.224.0.4";

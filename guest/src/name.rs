@@ -521,7 +521,8 @@ mod tests {
     #[test]
     fn a_name_is_forty_bytes_and_keeps_uids_and_ipv4_text_in_place() {
         assert_eq!(std::mem::size_of::<Name>(), 40);
-        for text in ["0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01", "255.255.255.255", "fd00:1234:5678:9abc:def0:1234:5678:0"] {
+        for text in ["0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01", "255.255.255.255", "fd00:1234:5678:9abc:def0:1234:5678:0"]
+        {
             assert!(matches!(Name::new(text).0, Repr::Inline { .. }), "{text}");
         }
         let long = "a".repeat(Name::INLINE + 1);
@@ -542,7 +543,8 @@ mod tests {
 
     #[test]
     fn names_read_non_ascii_text_and_refuse_bytes_that_are_not_utf8() {
-        for text in ["10.0.0.1", "ünïcödé-node-name", "ノード", "a-name-longer-than-thirty-eight-bytes-in-ascii"] {
+        for text in ["10.0.0.1", "ünïcödé-node-name", "ノード", "a-name-longer-than-thirty-eight-bytes-in-ascii"]
+        {
             let bytes = postcard::to_allocvec(text).unwrap();
             assert_eq!(postcard::from_bytes::<Name>(&bytes).unwrap(), text);
         }

@@ -18,8 +18,8 @@
 //! leaves it out of P1 until a pod carries it again.
 
 use crate::config::Config;
-use crate::model::*;
 use crate::difftracker::View;
+use crate::model::*;
 use crate::tracker::{FINALIZER, Tracker};
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -544,10 +544,7 @@ impl World {
     }
 
     /// NRP (or a view of it) without the orphaned outbound identities, which nobody manages.
-    fn without_orphans(
-        &self,
-        view: &View,
-    ) -> View {
+    fn without_orphans(&self, view: &View) -> View {
         let mut stripped = BTreeMap::new();
         for (location, addresses) in view {
             for (address, services) in addresses {
