@@ -517,6 +517,8 @@ impl Operations {
     /// Binds the endpoint and starts the tasks on the current tokio runtime.
     pub async fn start(runtime: &Runtime, settings: &Settings, config: OperationsConfig) -> Result<Self, MetricsError> {
         let metrics = Metrics::new();
+        #[cfg(unix)]
+        metrics.track_memories(runtime.memories().clone());
         let (control, swaps) = Control::new(runtime, config.limits, metrics.clone());
         let admin = Admin { swaps: swaps.clone(), token: config.admin_token };
         let server = MetricsServer::start_with_admin(metrics.clone(), config.listen, Some(admin)).await?;

@@ -25,6 +25,8 @@ pub mod executor;
 pub mod inputs;
 pub mod kube;
 pub mod lease;
+#[cfg(unix)]
+pub mod linear_memory;
 pub mod metrics;
 pub mod pool_producer;
 pub mod records;

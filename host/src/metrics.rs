@@ -104,6 +104,9 @@ pub struct Snapshot {
 #[derive(Default)]
 pub struct Metrics {
     inner: Mutex<Published>,
+    /// The engine's guest memories, once [`Self::track_memories`] names them.
+    #[cfg(unix)]
+    memories: std::sync::OnceLock<Arc<crate::linear_memory::RecyclingMemories>>,
 }
 
 #[derive(Default)]
@@ -178,6 +181,13 @@ impl Metrics {
     fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
         // A panic elsewhere while holding the lock leaves plain counters behind: still valid.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Shows the counts of the engine's memory creator (one per process; the first one named
+    /// stays).
+    #[cfg(unix)]
+    pub fn track_memories(&self, memories: Arc<crate::linear_memory::RecyclingMemories>) {
+        let _ = self.memories.set(memories);
     }
 
     pub fn publish(&self, snapshot: Snapshot) {
@@ -316,17 +326,48 @@ impl Metrics {
         if let Some(serving) = &last.serving {
             sample(&mut out, "clb_logic_serving", &version_labels(serving, &[]), 1.0);
         }
-        family(&mut out, "clb_ready", "gauge", "1 once the tracker has reported idle since it started.");
-        sample(&mut out, "clb_ready", "", if Self::is_ready(&published) { 1.0 } else { 0.0 });
-        family(&mut out, "clb_swap_events_failed_total", "counter", "Swap Events that could not be recorded.");
-        sample(&mut out, "clb_swap_events_failed_total", "", published.event_failures as f64);
-        family(
+        let ready = if Self::is_ready(&published) { 1.0 } else { 0.0 };
+        single(&mut out, "clb_ready", "gauge", "1 once the tracker has reported idle since it started.", ready);
+        single(
+            &mut out,
+            "clb_swap_events_failed_total",
+            "counter",
+            "Swap Events that could not be recorded.",
+            published.event_failures as f64,
+        );
+        single(
             &mut out,
             "clb_swap_requests_denied_total",
             "counter",
             "POST /swap requests refused: not from loopback, or without the token.",
+            published.swap_requests_denied as f64,
         );
-        sample(&mut out, "clb_swap_requests_denied_total", "", published.swap_requests_denied as f64);
+        #[cfg(unix)]
+        if let Some(memories) = self.memories.get() {
+            let m = memories.stats();
+            family(
+                &mut out,
+                "clb_guest_memories_total",
+                "counter",
+                "Guest linear memories handed out, by origin: freshly mapped, or recycled (resident and zeroed).",
+            );
+            sample(&mut out, "clb_guest_memories_total", r#"origin="mapped""#, m.mapped as f64);
+            sample(&mut out, "clb_guest_memories_total", r#"origin="recycled""#, m.recycled as f64);
+            single(
+                &mut out,
+                "clb_guest_memory_zeroed_bytes_total",
+                "counter",
+                "Bytes of dropped guest memories zeroed for reuse.",
+                m.zeroed_bytes as f64,
+            );
+            single(
+                &mut out,
+                "clb_guest_memories_unmapped_total",
+                "counter",
+                "Dropped guest memories given back to the kernel (too many or too large to keep).",
+                m.unmapped as f64,
+            );
+        }
 
         // The supervisor's totals, labelled with the version serving at this scrape.
         let Some(serving) = &last.serving else { return out };
@@ -379,6 +420,12 @@ impl Metrics {
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     // Writing to a String cannot fail.
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// A family of one sample without labels.
+fn single(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
+    family(out, name, kind, help);
+    sample(out, name, "", value);
 }
 
 fn sample(out: &mut String, name: &str, labels: &str, value: f64) {

@@ -168,6 +168,8 @@ pub struct Runtime {
     engine: Engine,
     metering: Metering,
     stop: Arc<AtomicBool>,
+    #[cfg(unix)]
+    memories: Arc<crate::linear_memory::RecyclingMemories>,
 }
 
 impl Runtime {
@@ -178,6 +180,12 @@ impl Runtime {
     pub fn with_metering(metering: Metering) -> Result<Self, LoadError> {
         let mut config = EngineConfig::new();
         config.wasm_component_model(true).consume_fuel(metering.fuel).epoch_interruption(metering.epoch);
+        // Recycled memories are plain mappings: the copy-on-write data image needs wasmtime's
+        // own, so data segments are copied in at instantiation instead (a few kilobytes).
+        #[cfg(unix)]
+        let memories = Arc::new(crate::linear_memory::RecyclingMemories::new());
+        #[cfg(unix)]
+        config.with_host_memory(memories.clone()).memory_init_cow(false);
         let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (ticker_engine, ticker_stop) = (engine.weak(), stop.clone());
@@ -193,11 +201,23 @@ impl Runtime {
                 }
             })
             .map_err(|e| LoadError::Engine(format!("starting the epoch thread: {e}")))?;
-        Ok(Self { engine, metering, stop })
+        Ok(Self {
+            engine,
+            metering,
+            stop,
+            #[cfg(unix)]
+            memories,
+        })
     }
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The engine's memory creator, whose counts `/metrics` shows.
+    #[cfg(unix)]
+    pub fn memories(&self) -> &Arc<crate::linear_memory::RecyclingMemories> {
+        &self.memories
     }
 
     /// Compiles a component without judging it (for `inspect`).

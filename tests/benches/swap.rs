@@ -1,7 +1,8 @@
 //! Hot swap, checkpoints and limits at scale (issue 7), on the cluster of `benches/difftracker.rs`
 //! (1,000 nodes, 30,000 ready pods, 1,000 Services) in steady state, behind the [`Supervisor`]:
 //! (a) a swap to a precompiled version, up to the first call served by it, state move included;
-//! (b) the state move alone (export from the old instance, import into a fresh one);
+//! (b) the state move alone (export from the old instance, import into a fresh one, whose
+//!     memory is recycled from an earlier instance, and again on freshly mapped memory);
 //! (c) one checkpoint (`export-state`), and what the checkpoint policy costs per input;
 //! (d) one endpoint change with the limits on and off;
 //! (e) a staged swap: the state imported (and the journal replayed) on another thread while the old version serves, then
@@ -75,13 +76,19 @@ fn main() {
 
     // (a) Swaps, each followed by the first call on the new version.
     let (mut swap_total, mut swap_call, mut swap_move) = (Vec::new(), Vec::new(), Vec::new());
+    let mut swap_memory = Vec::new();
+    // A change first, so that every swap moves a state changed since the last checkpoint (an
+    // export and an import), the first one too.
+    change(&mut supervisor, 0, 5);
     for i in 0..SWAPS {
         let target = if i % 2 == 0 { &b } else { &a };
+        let recycled = runtime.memories().stats().recycled;
         let start = Instant::now();
         let report = supervisor.swap(target, 10).unwrap();
         assert!(report.first_step.commands.is_empty(), "steady state: the first tick asks for nothing");
-        change(&mut supervisor, i, 10);
+        change(&mut supervisor, i + 1, 10);
         swap_total.push(start.elapsed());
+        swap_memory.push(if runtime.memories().stats().recycled > recycled { "recycled" } else { "mapped" });
         swap_call.push(report.took);
         swap_move.push(report.state_move);
     }
@@ -89,7 +96,7 @@ fn main() {
     let start = Instant::now();
     let to_next = supervisor.swap(&next, 20).unwrap();
     assert!(to_next.first_step.commands.is_empty());
-    change(&mut supervisor, SWAPS, 20);
+    change(&mut supervisor, SWAPS + 1, 20);
     let to_next_total = start.elapsed();
 
     // (e) Staged swaps, on the default checkpoint policy: stage (a checkpoint when the journal
@@ -173,6 +180,21 @@ fn main() {
         import.push(start.elapsed());
     }
     let (export, import) = (median(export), median(import));
+    // The import again on freshly mapped memory: a runtime of its own (its own memories) whose
+    // sessions all stay alive, so that none is recycled.
+    let cold_runtime = Runtime::new().unwrap();
+    let cold_logic = cold_runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
+    let state = steady_a.export_state().unwrap();
+    let (mut cold_import, mut alive) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let mut session = cold_logic.session().unwrap();
+        let start = Instant::now();
+        black_box(session.tracker_import(&config, &state).unwrap().unwrap());
+        cold_import.push(start.elapsed());
+        alive.push(session);
+    }
+    assert_eq!(cold_runtime.memories().stats().recycled, 0, "every import on a fresh mapping");
+    let cold_import = median(cold_import);
 
     // (c) What checkpoints cost per input: the same endpoint changes under each policy. Every
     // change is two inputs (the observation, then the outcome of its update).
@@ -210,9 +232,14 @@ fn main() {
     println!("| measure | value |");
     println!("|---|---|");
     let row = |name: &str, d: Duration| println!("| {name} | {d:.2?} |");
-    row("(a) swap + first call on the new version (median of 5, v1 → v1)", median(swap_total));
+    row("(a) swap + first call on the new version (median of 5, v1 → v1)", median(swap_total.clone()));
     row("(a) of which the swap itself (`Supervisor::swap`)", median(swap_call));
     row("(a) of which its state move (export unless the checkpoint is fresh, import)", median(swap_move));
+    let each: Vec<String> = swap_total.iter().zip(&swap_memory).map(|(d, m)| format!("{d:.2?} ({m})")).collect();
+    println!(
+        "| (a) each swap + first call, in order (the new instance's memory: freshly mapped, or recycled) | {} |",
+        each.join(", ")
+    );
     row("(a) swap + first call, built-in → next guest (v1 → v2, one run)", to_next_total);
     row("(a) of which the swap itself", to_next.took);
     row(
@@ -250,6 +277,7 @@ fn main() {
     println!("| (f) inputs wait / total | {:.3} |", pause.as_secs_f64() / median(product_total).as_secs_f64());
     row("(b) state move alone: export", export);
     row("(b) state move alone: import into a fresh instance", import);
+    row("(b) the same import into a fresh instance on freshly mapped memory (median of 5)", cold_import);
     row("(b) state move alone: export + import", export + import);
     row("(c) one checkpoint (`export-state`)", export);
     for (name, took, checkpoints) in &per_input {

@@ -157,3 +157,25 @@ fn a_rollback_the_supervisor_does_on_its_own_is_recorded_for_status_and_the_even
     assert_eq!(records.try_recv().ok(), Some(record), "the Event reporter is sent the same record");
     assert!(records.try_recv().is_err(), "once");
 }
+
+#[cfg(unix)]
+#[test]
+fn the_engine_s_guest_memories_are_counted_by_origin_once_tracked() {
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let addr = server.local_addr();
+    assert!(!get(addr, "/metrics").1.contains("clb_guest_memories_total"), "nothing tracked yet");
+    metrics.track_memories(runtime().memories().clone());
+    let before = get(addr, "/metrics").1;
+    // Other tests share the engine, so the counts only have to have grown.
+    drop(start(Supervisor::new(builtin())));
+    let after = get(addr, "/metrics").1;
+    let handed_out = |text: &str| {
+        value(text, "clb_guest_memories_total", &["origin=\"mapped\""])
+            + value(text, "clb_guest_memories_total", &["origin=\"recycled\""])
+    };
+    assert!(handed_out(&after) > handed_out(&before), "{after}");
+    for counter in ["clb_guest_memory_zeroed_bytes_total", "clb_guest_memories_unmapped_total"] {
+        assert!(value(&after, counter, &[]) >= value(&before, counter, &[]), "{after}");
+    }
+}

@@ -116,3 +116,52 @@ fn limits_are_per_call_so_many_small_calls_never_add_up_to_a_failure() {
         session.admit_service(&config, &service).unwrap();
     }
 }
+
+/// The engine recycles guest memories (`clb_host::linear_memory`): an instance after another
+/// still sees its data segments, zeroes elsewhere, and traps past its memory's end.
+#[cfg(unix)]
+#[test]
+fn an_instance_on_a_recycled_memory_sees_its_data_zeroes_elsewhere_and_traps_past_the_end() {
+    use wasmtime::{Instance, Module, Store, Trap};
+    let engine = runtime().engine();
+    let wasm = wat::parse_str(
+        r#"(module
+            (memory (export "memory") 2)
+            (data (i32.const 16) "segment")
+            (func (export "load") (param i32) (result i32) local.get 0 i32.load8_u)
+            (func (export "store") (param i32 i32) local.get 0 local.get 1 i32.store8)
+            (func (export "grow") (param i32) (result i32) local.get 0 memory.grow))"#,
+    )
+    .unwrap();
+    let module = Module::new(engine, wasm).unwrap();
+    let recycled_before = runtime().memories().stats().recycled;
+    // Instances one after the other, each writing over all it has; later ones run on the
+    // memories of earlier ones once the zeroing thread has taken them back.
+    for round in 0..20 {
+        let mut store = Store::new(engine, ());
+        store.set_fuel(u64::MAX).unwrap();
+        store.set_epoch_deadline(u64::MAX / 2);
+        let instance = Instance::new(&mut store, &module, &[]).unwrap();
+        let load = instance.get_typed_func::<i32, i32>(&mut store, "load").unwrap();
+        let store8 = instance.get_typed_func::<(i32, i32), ()>(&mut store, "store").unwrap();
+        let grow = instance.get_typed_func::<i32, i32>(&mut store, "grow").unwrap();
+        let text: Vec<u8> = (16..23).map(|at| load.call(&mut store, at).unwrap() as u8).collect();
+        assert_eq!(text, b"segment", "round {round}: the data segment");
+        let traps_at = |store: &mut Store<()>, at: i32| {
+            let past = load.call(store, at).unwrap_err();
+            assert_eq!(past.downcast_ref::<Trap>(), Some(&Trap::MemoryOutOfBounds), "round {round}: {past:?}");
+        };
+        traps_at(&mut store, 2 * 65536);
+        assert_eq!(grow.call(&mut store, 1).unwrap(), 2);
+        let end = 3 * 65536;
+        traps_at(&mut store, end);
+        for at in (0..end).step_by(4096).chain([end - 1]) {
+            if !(16..23).contains(&at) {
+                assert_eq!(load.call(&mut store, at).unwrap(), 0, "round {round}: byte {at} of a fresh instance");
+            }
+            store8.call(&mut store, (at, 0xab)).unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(runtime().memories().stats().recycled > recycled_before, "some instance ran on a recycled memory");
+}
