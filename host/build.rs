@@ -1,9 +1,8 @@
 //! Builds the built-in guest component that the host embeds as its default logic.
 
-use std::path::Path;
-
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("host/ is inside the workspace");
+    let here = clb_build::package_dir();
+    let root = here.parent().expect("host/ is inside the workspace");
     let path = clb_build::build_component(
         &clb_build::Guest {
             package: "clb-guest",

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 fn main() {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let here = clb_build::package_dir();
     let hostile = clb_build::build_component(
         &clb_build::Guest {
             package: "clb-hostile-guest",

@@ -58,10 +58,19 @@ pub const PROFILE: &str = "guest";
 /// The same, optimised for size.
 pub const PROFILE_SMALL: &str = "guest-small";
 
+/// The directory of the package whose build script runs, read when it runs. Never
+/// `env!("CARGO_MANIFEST_DIR")` in a build script: that is the checkout the script was
+/// compiled in, and checkouts sharing `CARGO_TARGET_DIR` share one compiled script, so every
+/// other checkout would watch (and judge fresh by) the first one's files and embed a stale
+/// guest.
+pub fn package_dir() -> PathBuf {
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run from a build script"))
+}
+
 /// Builds the guest and writes the component to `OUT_DIR/<output>`; returns its path.
 /// `watch` names the files and folders whose change must rebuild it.
 pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
-    let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run from a build script"));
+    let manifest_dir = package_dir();
     let workspace = workspace_root(&manifest_dir);
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("run from a build script"));
     // One nested target directory per checkout: two clones sharing CARGO_TARGET_DIR must never
@@ -158,6 +167,19 @@ fn workspace_root(manifest_dir: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: both build scripts took their checkout from `env!`, so after another
+    /// checkout sharing the target directory compiled the script, edits to the guest here were
+    /// not seen and the benchmarks measured the other checkout's guest.
+    #[test]
+    fn the_workspace_build_scripts_find_their_checkout_when_they_run() {
+        let workspace = workspace_root(&package_dir());
+        for script in ["host/build.rs", "tests/build.rs"] {
+            let text = std::fs::read_to_string(workspace.join(script)).unwrap();
+            assert!(!text.contains("env!(\"CARGO_MANIFEST_DIR\")"), "{script} reads its checkout at compile time");
+            assert!(text.contains("clb_build::package_dir()"), "{script}");
+        }
+    }
 
     #[test]
     fn watched_paths_are_written_relative_to_the_package_so_each_checkout_checks_its_own_files() {
