@@ -30,21 +30,28 @@ pub type View = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 pub struct DiffTracker {
     /// Kubernetes: location → address → identity → how many EndpointSlices contribute it.
     /// Counting makes an address that two slices list survive the removal from one of them.
+    #[serde(deserialize_with = "crate::name::btree_map")]
     k8s: BTreeMap<Name, VecMap<Name, VecMap<Name, u32>>>,
     /// identity → location → number of its addresses there, in `k8s`.
+    #[serde(deserialize_with = "crate::name::btree_map")]
     k8s_by_identity: BTreeMap<Name, VecMap<Name, u32>>,
     /// NRP: registered inbound services.
+    #[serde(deserialize_with = "crate::name::btree_set")]
     registered: BTreeSet<Name>,
     /// NRP: location → address → services.
+    #[serde(deserialize_with = "crate::name::btree_map")]
     nrp: BTreeMap<Name, VecMap<Name, Services>>,
     /// identity → location → number of NRP addresses there that reference it.
+    #[serde(deserialize_with = "crate::name::btree_map")]
     nrp_by_identity: BTreeMap<Name, VecMap<Name, u32>>,
     /// Locations whose two views may differ: `None` the whole location, `Some` only those
     /// addresses (so one changed pod costs one address, not the whole node).
+    #[serde(deserialize_with = "crate::name::btree_map")]
     dirty: BTreeMap<Name, Option<BTreeSet<Name>>>,
     /// Locations a failed batch may or may not have changed, with the identities it named (NRP
     /// may reference them there): the next update states such a location whole, so it is right
     /// whatever NRP did.
+    #[serde(deserialize_with = "crate::name::btree_map")]
     uncertain: BTreeMap<Name, BTreeSet<Name>>,
 }
 

@@ -157,6 +157,7 @@ pub fn read_pod(pod: &Pod, inbound: impl Fn(&str) -> bool) -> Reading {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct PodRecord {
     identity: Option<String>,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     addresses: BTreeMap<String, String>,
     /// The reasons of the Warnings last sent, so an unchanged pod is not warned again.
     warned: Vec<String>,
@@ -166,12 +167,16 @@ struct PodRecord {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Egress {
     /// Egress-labelled pods by namespace/name (only those that carry something or were warned).
+    #[serde(deserialize_with = "crate::name::btree_map")]
     pods: BTreeMap<ObjectKey, PodRecord>,
     /// Identity → how many pods carry it; no entry is zero.
+    #[serde(deserialize_with = "crate::name::btree_map")]
     refs: BTreeMap<String, u32>,
     /// Identities a pod has carried while this state lived: ours, so drained when their pods go.
+    #[serde(deserialize_with = "crate::name::btree_set")]
     known: BTreeSet<String>,
     /// Outbound services NRP listed as registered at the last read (not the RP's default).
+    #[serde(deserialize_with = "crate::name::btree_set")]
     registered: BTreeSet<String>,
 }
 

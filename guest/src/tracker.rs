@@ -350,28 +350,41 @@ struct NrpSync {
     /// Halved after a 400 to isolate the location NRP refuses.
     batch_limit: usize,
     /// Locations NRP refused on their own, with the update refused; skipped until it changes.
+    #[serde(deserialize_with = "crate::name::btree_map")]
     quarantined: BTreeMap<String, NrpLocation>,
     service_writes_in_flight: u32,
     /// Non-inbound services of the last read: other controllers' identities, left alone.
+    #[serde(deserialize_with = "crate::name::btree_set")]
     foreign: BTreeSet<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct State {
     next_command_id: u64,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     services: BTreeMap<ObjectKey, ServiceRecord>,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     service_by_identity: BTreeMap<String, ObjectKey>,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     slices: BTreeMap<ObjectKey, SliceRecord>,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     slices_by_owner: BTreeMap<Name, VecSet<ObjectKey>>,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     slices_by_node: BTreeMap<Name, VecSet<ObjectKey>>,
     /// Node name → its locations per family (computed once per Node change, not per endpoint).
+    #[serde(deserialize_with = "crate::name::btree_map")]
     nodes: BTreeMap<String, NodeLocations>,
     diff: DiffTracker,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     lifecycles: BTreeMap<String, Lifecycle>,
+    #[serde(deserialize_with = "crate::name::btree_map")]
     in_flight: BTreeMap<u64, InFlight>,
     service_commands_in_flight: usize,
+    #[serde(deserialize_with = "crate::name::btree_set")]
     runnable: BTreeSet<String>,
+    #[serde(deserialize_with = "crate::name::btree_set")]
     timers: BTreeSet<(u64, String)>,
+    #[serde(deserialize_with = "crate::name::btree_set")]
     draining: BTreeSet<String>,
     nrp: NrpSync,
     lists_complete: bool,
