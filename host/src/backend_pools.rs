@@ -202,7 +202,7 @@ pub struct PoolUpdater<A, L, K> {
     guest: Mutex<GuestQueue>,
     /// Lower-cased `namespace/name` → load balancer, as the last reconcile wrote it.
     assignment: Mutex<BTreeMap<String, (String, String)>>,
-    stats: PoolUpdaterStats,
+    stats: Arc<PoolUpdaterStats>,
 }
 
 fn now_ms() -> u64 {
@@ -256,12 +256,19 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             config,
             guest: Mutex::new(GuestQueue { session, queue }),
             assignment: Mutex::new(BTreeMap::new()),
-            stats: PoolUpdaterStats::default(),
+            stats: Arc::default(),
         })
     }
 
     pub fn stats(&self) -> &PoolUpdaterStats {
         &self.stats
+    }
+
+    /// Counts into `stats` (shared with the updaters of earlier leadership terms, for
+    /// `/metrics`).
+    pub fn counting_into(mut self, stats: Arc<PoolUpdaterStats>) -> Self {
+        self.stats = stats;
+        self
     }
 
     pub fn config(&self) -> &PoolUpdaterConfig {

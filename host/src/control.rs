@@ -519,6 +519,7 @@ impl Operations {
         let metrics = Metrics::new();
         #[cfg(unix)]
         metrics.track_memories(runtime.memories().clone());
+        metrics.track_run(settings.stats.clone());
         let (control, swaps) = Control::new(runtime, config.limits, metrics.clone());
         let admin = Admin { swaps: swaps.clone(), token: config.admin_token };
         let server = MetricsServer::start_with_admin(metrics.clone(), config.listen, Some(admin)).await?;

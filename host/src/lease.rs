@@ -296,6 +296,12 @@ impl LeaseLock {
         &self.stats
     }
 
+    /// Counts into `stats` (shared with earlier locks of the same Lease, for `/metrics`).
+    pub fn counting_into(mut self, stats: Arc<LeaseStats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
     fn ours(&self, holder: &str) -> bool {
         holder.eq_ignore_ascii_case(&self.config.holder)
     }
@@ -590,6 +596,12 @@ impl Elector {
 
     pub fn stats(&self) -> &LeaseStats {
         &self.stats
+    }
+
+    /// Counts into `stats` (for `/metrics`).
+    pub fn counting_into(mut self, stats: Arc<LeaseStats>) -> Self {
+        self.stats = stats;
+        self
     }
 
     /// The view of this elector's leadership that writers check.

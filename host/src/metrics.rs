@@ -107,6 +107,8 @@ pub struct Metrics {
     /// The engine's guest memories, once [`Self::track_memories`] names them.
     #[cfg(unix)]
     memories: std::sync::OnceLock<Arc<crate::linear_memory::RecyclingMemories>>,
+    /// `run`'s leases and backend-pool updater, once [`Self::track_run`] names them.
+    run: std::sync::OnceLock<crate::run::RunStats>,
 }
 
 #[derive(Default)]
@@ -188,6 +190,11 @@ impl Metrics {
     #[cfg(unix)]
     pub fn track_memories(&self, memories: Arc<crate::linear_memory::RecyclingMemories>) {
         let _ = self.memories.set(memories);
+    }
+
+    /// Shows the counters of `run`'s leases and backend-pool updater (the first ones named stay).
+    pub fn track_run(&self, stats: crate::run::RunStats) {
+        let _ = self.run.set(stats);
     }
 
     pub fn publish(&self, snapshot: Snapshot) {
@@ -369,6 +376,9 @@ impl Metrics {
             );
         }
 
+        if let Some(run) = self.run.get() {
+            render_run(&mut out, run);
+        }
         // The supervisor's totals, labelled with the version serving at this scrape.
         let Some(serving) = &last.serving else { return out };
         let s = &last.supervisor;
@@ -420,6 +430,64 @@ impl Metrics {
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     // Writing to a String cannot fail.
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The leases' and the backend-pool updater's counters.
+fn render_run(out: &mut String, run: &crate::run::RunStats) {
+    let n = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed) as f64;
+    family(
+        out,
+        "clb_lease_operations_total",
+        "counter",
+        "Operations on the Leases by lease (leader, resource-lock) and result.",
+    );
+    for (lease, s) in [("leader", &run.leader), ("resource-lock", &run.resource_lock)] {
+        let results = [
+            ("acquired", &s.acquired),
+            ("renewed", &s.renewed),
+            ("released", &s.released),
+            ("held-elsewhere", &s.held_elsewhere),
+            ("conflict", &s.conflicts),
+            ("api-failure", &s.api_failures),
+            ("renew-failure", &s.renew_failures),
+            ("release-failure", &s.release_failures),
+            ("lost", &s.lost),
+        ];
+        for (result, counter) in results {
+            let labels = format!("lease=\"{lease}\",result=\"{result}\"");
+            sample(out, "clb_lease_operations_total", &labels, n(counter));
+        }
+    }
+    let p = &run.pool_updater;
+    family(
+        out,
+        "clb_pool_updater_ticks_total",
+        "counter",
+        "Backend-pool updater ticks: busy (wrote or tried), or idle.",
+    );
+    let busy = (n(&p.ticks) - n(&p.idle_ticks)).max(0.0);
+    sample(out, "clb_pool_updater_ticks_total", r#"result="busy""#, busy);
+    sample(out, "clb_pool_updater_ticks_total", r#"result="idle""#, n(&p.idle_ticks));
+    family(
+        out,
+        "clb_pool_updater_groups_total",
+        "counter",
+        "Backend-pool groups (one pool of one load balancer) by result.",
+    );
+    for (result, counter) in
+        [("written", &p.groups_written), ("unchanged", &p.groups_unchanged), ("failed", &p.groups_failed)]
+    {
+        sample(out, "clb_pool_updater_groups_total", &format!("result=\"{result}\""), n(counter));
+    }
+    family(
+        out,
+        "clb_pool_updater_failures_total",
+        "counter",
+        "Backend-pool updater failures outside a group: the resource lock not taken or not released, an Event not recorded.",
+    );
+    for (kind, counter) in [("lock", &p.lock_failures), ("unlock", &p.unlock_failures), ("event", &p.event_failures)] {
+        sample(out, "clb_pool_updater_failures_total", &format!("kind=\"{kind}\""), n(counter));
+    }
 }
 
 /// A family of one sample without labels.

@@ -48,11 +48,11 @@
 //!   ([`Settings::resource_lock`]); a tick starts only while leadership holds.
 
 use crate::azure::{ArmClient, AzureApi};
-use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
+use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError, PoolUpdaterStats};
 use crate::control::{Control, ControlEvent};
 use crate::executor::{Executor, KubeApi, command_name};
 use crate::kube::{KubeClient, error_chain};
-use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
+use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig, LeaseStats};
 use crate::records;
 use crate::run_pools::Pools;
 use crate::sandbox::Logic;
@@ -177,6 +177,20 @@ pub struct Settings {
     /// The backend-pool updater's tick interval and retries
     /// ([`CloudConfig::pool_updater_config`](crate::inputs::CloudConfig::pool_updater_config)).
     pub pool_updater: PoolUpdaterConfig,
+    /// Where every term's leases and updater count (clones share them).
+    pub stats: RunStats,
+}
+
+/// Counters of the parts of `run` that a leadership term rebuilds, shared by all terms so that
+/// `/metrics` shows process totals.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    /// The leader-election Lease.
+    pub leader: std::sync::Arc<LeaseStats>,
+    /// The Azure resource lock's Lease (multi-SLB local-service mode).
+    pub resource_lock: std::sync::Arc<LeaseStats>,
+    /// The backend-pool updater (multi-SLB local-service mode).
+    pub pool_updater: std::sync::Arc<PoolUpdaterStats>,
 }
 
 impl Settings {
@@ -193,6 +207,7 @@ impl Settings {
             resource_lock: LeaseLockConfig::default(),
             slb_configurations: Vec::new(),
             pool_updater: PoolUpdaterConfig::default(),
+            stats: RunStats::default(),
         }
     }
 }
@@ -512,7 +527,9 @@ pub async fn run_with(
     let Some(election) = settings.leader_election.clone() else {
         return reconcile(logic, &active, &settings, Leadership::unconditional(), &mut control, shutdown).await;
     };
-    let mut elector = Elector::new(settings.kube.clone(), election).map_err(RunError::Election)?;
+    let mut elector = Elector::new(settings.kube.clone(), election)
+        .map_err(RunError::Election)?
+        .counting_into(settings.stats.leader.clone());
     let settings = &settings;
     let control = &mut control;
     if let Some(control) = control {

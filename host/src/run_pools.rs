@@ -178,11 +178,13 @@ impl Pools {
         if mode != Ok(wit::Mode::MultiSlbLocalServices) {
             return Ok(None);
         }
-        let lock = LeaseLock::new(settings.kube.clone(), settings.resource_lock.clone());
+        let lock = LeaseLock::new(settings.kube.clone(), settings.resource_lock.clone())
+            .counting_into(settings.stats.resource_lock.clone());
         let kube = KubeClient::new(settings.kube.clone(), settings.instance.clone());
         let updater =
             PoolUpdater::new(logic, settings.arm.clone(), lock, kube, ServiceLock::default(), settings.pool_updater)
-                .map_err(RunError::Pools)?;
+                .map_err(RunError::Pools)?
+                .counting_into(settings.stats.pool_updater.clone());
         tracing::info!(
             load_balancers = settings.slb_configurations.len(),
             interval = ?settings.pool_updater.interval,

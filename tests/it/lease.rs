@@ -363,6 +363,8 @@ struct Replica {
     kill: Option<tokio::sync::oneshot::Sender<()>>,
     /// `None` when killed.
     thread: Option<std::thread::JoinHandle<Option<Result<(), RunError>>>>,
+    /// What its terms counted, as `/metrics` shows them.
+    stats: clb_host::run::RunStats,
 }
 
 impl Replica {
@@ -382,6 +384,7 @@ impl Replica {
             }),
             ..clb_host::run::Settings::new(client.clone(), arm, config, identity)
         };
+        let stats = settings.stats.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (kill, killed) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -395,7 +398,7 @@ impl Replica {
                 }
             })
         });
-        Self { identity: identity.into(), token, stop: Some(stop), kill: Some(kill), thread: Some(thread) }
+        Self { identity: identity.into(), token, stop: Some(stop), kill: Some(kill), thread: Some(thread), stats }
     }
 
     async fn end(&mut self, kill: bool) -> Option<Result<(), RunError>> {
@@ -473,6 +476,12 @@ fn two_run_replicas_write_only_through_the_leader_and_when_it_is_killed_the_othe
         let stopped = replicas[standby].end(false).await.expect("stopped, not killed");
         stopped.expect("the new leader stopped cleanly");
         assert_eq!(holder(&leases.get("clb-reconciler").await.unwrap()), "", "a stopped leader releases");
+        // Each replica's settings carried the counters of its terms (`/metrics` shows them).
+        let leader_stats = |r: &Replica| {
+            (r.stats.leader.acquired.load(Ordering::Relaxed), r.stats.leader.released.load(Ordering::Relaxed))
+        };
+        assert_eq!(leader_stats(&replicas[leader]), (1, 0), "killed in its one term, without a release");
+        assert_eq!(leader_stats(&replicas[standby]), (1, 1), "took over once, released when stopped");
         delete_node(&client, &node).await;
     });
 }

@@ -179,3 +179,36 @@ fn the_engine_s_guest_memories_are_counted_by_origin_once_tracked() {
         assert!(value(&after, counter, &[]) >= value(&before, counter, &[]), "{after}");
     }
 }
+
+#[test]
+fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_tracked() {
+    use std::sync::atomic::Ordering;
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let addr = server.local_addr();
+    assert!(!get(addr, "/metrics").1.contains("clb_lease_operations_total"), "nothing tracked yet");
+    let stats = clb_host::run::RunStats::default();
+    metrics.track_run(stats.clone());
+    stats.leader.acquired.fetch_add(2, Ordering::Relaxed);
+    stats.leader.lost.fetch_add(1, Ordering::Relaxed);
+    stats.resource_lock.conflicts.fetch_add(3, Ordering::Relaxed);
+    stats.pool_updater.ticks.fetch_add(10, Ordering::Relaxed);
+    stats.pool_updater.idle_ticks.fetch_add(7, Ordering::Relaxed);
+    stats.pool_updater.groups_written.fetch_add(4, Ordering::Relaxed);
+    stats.pool_updater.unlock_failures.fetch_add(1, Ordering::Relaxed);
+
+    let text = get(addr, "/metrics").1;
+    let lease = |lease: &str, result: &str| {
+        value(&text, "clb_lease_operations_total", &[&format!("lease=\"{lease}\""), &format!("result=\"{result}\"")])
+    };
+    assert_eq!(lease("leader", "acquired"), 2.0);
+    assert_eq!(lease("leader", "lost"), 1.0);
+    assert_eq!(lease("leader", "renewed"), 0.0);
+    assert_eq!(lease("resource-lock", "conflict"), 3.0);
+    assert_eq!(lease("resource-lock", "acquired"), 0.0);
+    assert_eq!(value(&text, "clb_pool_updater_ticks_total", &["result=\"busy\""]), 3.0);
+    assert_eq!(value(&text, "clb_pool_updater_ticks_total", &["result=\"idle\""]), 7.0);
+    assert_eq!(value(&text, "clb_pool_updater_groups_total", &["result=\"written\""]), 4.0);
+    assert_eq!(value(&text, "clb_pool_updater_groups_total", &["result=\"failed\""]), 0.0);
+    assert_eq!(value(&text, "clb_pool_updater_failures_total", &["kind=\"unlock\""]), 1.0);
+}

@@ -238,6 +238,9 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         let metrics = host.get("/metrics").await.1;
         let serving = format!("sha256=\"{next_sha}\"");
         assert_eq!(sample(&metrics, "clb_logic_serving", &[&serving]), 1.0);
+        // `run`'s own counters are tracked too (CLB mode: no pool updater ticks).
+        assert_eq!(sample(&metrics, "clb_pool_updater_ticks_total", &["result=\"busy\""]), 0.0);
+        assert!(sample(&metrics, "clb_guest_memories_total", &["origin=\"mapped\""]) > 0.0);
         assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &[&serving, "result=\"accepted\""]), 1.0);
         assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &[&serving, "result=\"state-refused\""]), 1.0);
 
