@@ -142,6 +142,22 @@ pub struct LeaseStats {
 }
 
 impl LeaseStats {
+    /// Every counter with the `result` label `/metrics` gives it.
+    pub fn by_result(&self) -> [(&'static str, u64); 9] {
+        let n = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        [
+            ("acquired", n(&self.acquired)),
+            ("renewed", n(&self.renewed)),
+            ("released", n(&self.released)),
+            ("held-elsewhere", n(&self.held_elsewhere)),
+            ("conflict", n(&self.conflicts)),
+            ("api-failure", n(&self.api_failures)),
+            ("renew-failure", n(&self.renew_failures)),
+            ("release-failure", n(&self.release_failures)),
+            ("lost", n(&self.lost)),
+        ]
+    }
+
     fn failed(&self, error: &LeaseError) {
         let counter = match error {
             LeaseError::HeldByOther { .. } => &self.held_elsewhere,

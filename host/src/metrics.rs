@@ -441,21 +441,10 @@ fn render_run(out: &mut String, run: &crate::run::RunStats) {
         "counter",
         "Operations on the Leases by lease (leader, resource-lock) and result.",
     );
-    for (lease, s) in [("leader", &run.leader), ("resource-lock", &run.resource_lock)] {
-        let results = [
-            ("acquired", &s.acquired),
-            ("renewed", &s.renewed),
-            ("released", &s.released),
-            ("held-elsewhere", &s.held_elsewhere),
-            ("conflict", &s.conflicts),
-            ("api-failure", &s.api_failures),
-            ("renew-failure", &s.renew_failures),
-            ("release-failure", &s.release_failures),
-            ("lost", &s.lost),
-        ];
-        for (result, counter) in results {
+    for (lease, stats) in [("leader", &run.leader), ("resource-lock", &run.resource_lock)] {
+        for (result, count) in stats.by_result() {
             let labels = format!("lease=\"{lease}\",result=\"{result}\"");
-            sample(out, "clb_lease_operations_total", &labels, n(counter));
+            sample(out, "clb_lease_operations_total", &labels, count as f64);
         }
     }
     let p = &run.pool_updater;
