@@ -24,6 +24,7 @@ use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
     ServicePlacement, SlbConfiguration,
 };
 use crate::sandbox::{GuestError, Logic, Session};
+use crate::trace::{Arg, Ended, Recorder, arg, lazy};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
@@ -203,6 +204,8 @@ pub struct PoolUpdater<A, L, K> {
     /// Lower-cased `namespace/name` → load balancer, as the last reconcile wrote it.
     assignment: Mutex<BTreeMap<String, (String, String)>>,
     stats: Arc<PoolUpdaterStats>,
+    /// The trace its guest calls go to, and the queue's handle there.
+    trace: Option<(Arc<Recorder>, u64)>,
 }
 
 fn now_ms() -> u64 {
@@ -257,7 +260,37 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             guest: Mutex::new(GuestQueue { session, queue }),
             assignment: Mutex::new(BTreeMap::new()),
             stats: Arc::default(),
+            trace: None,
         })
+    }
+
+    /// Records the queue's guest calls (`docs/traces.md`), from its creation on.
+    pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
+        let handle = recorder.new_handle();
+        let max_retries = self.config.max_retries;
+        recorder.call("pool-queue.create", vec![arg(max_retries)], Ended::Returned(lazy(handle)));
+        self.trace = Some((recorder, handle));
+        self
+    }
+
+    /// Records one guest call of the queue (`queue`: a method of it) and passes its result on.
+    fn traced<R: serde::Serialize + Clone + Send + 'static>(
+        &self,
+        call: &'static str,
+        queue: bool,
+        args: impl FnOnce() -> Vec<Arg>,
+        result: Result<R, PoolUpdaterError>,
+    ) -> Result<R, PoolUpdaterError> {
+        if let Some((recorder, handle)) = &self.trace {
+            let ended = match &result {
+                Ok(value) => Ended::Returned(lazy(value.clone())),
+                Err(error) => Ended::Trapped(error.to_string()),
+            };
+            let mut all = if queue { vec![Arg::Handle(*handle)] } else { Vec::new() };
+            all.extend(args());
+            recorder.call(call, all, ended);
+        }
+        result
     }
 
     pub fn stats(&self) -> &PoolUpdaterStats {
@@ -305,18 +338,33 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// Queues operations (EndpointSlice changes, the end of a reconcile). Waits for at most one
     /// short guest call, never for a tick's Azure calls.
     pub fn enqueue(&self, operations: &[PoolOperation]) -> Result<(), PoolUpdaterError> {
-        self.with_guest(|s, q| s.pool_queue_enqueue(q, operations))
+        let result = self.with_guest(|s, q| s.pool_queue_enqueue(q, operations));
+        if let Some((recorder, handle)) = &self.trace {
+            let ended = match &result {
+                Ok(()) => Ended::Unit,
+                Err(error) => Ended::Trapped(error.to_string()),
+            };
+            recorder.call("pool-queue.enqueue", vec![Arg::Handle(*handle), arg(operations.to_vec())], ended);
+        }
+        result
     }
 
     /// Cancels a Service's queued operations (a reconcile moved it off its load balancer).
     pub fn remove_operations(&self, service: &str) -> Result<u32, PoolUpdaterError> {
-        self.with_guest(|s, q| s.pool_queue_remove_operations(q, service))
+        let result = self.with_guest(|s, q| s.pool_queue_remove_operations(q, service));
+        self.traced("pool-queue.remove-operations", true, || vec![arg(service.to_owned())], result)
     }
 
     /// How full the queue is now.
     pub fn status(&self) -> Result<QueueStatus, PoolUpdaterError> {
-        let now = now_ms();
-        self.with_guest(|s, q| s.pool_queue_status(q, now))
+        self.status_at(now_ms())
+    }
+
+    /// [`status`](Self::status) at a given instant of the caller's clock (virtual time in
+    /// `simulate`, which must not read the real clock: its runs are deterministic).
+    pub fn status_at(&self, now: u64) -> Result<QueueStatus, PoolUpdaterError> {
+        let result = self.with_guest(|s, q| s.pool_queue_status(q, now));
+        self.traced("pool-queue.status", true, || vec![arg(now)], result)
     }
 
     /// Asks the guest where a Service belongs (`None`: not a local Service in this mode). The
@@ -327,7 +375,8 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         configurations: &[SlbConfiguration],
         service: &wit::Service,
     ) -> Result<Option<ServicePlacement>, PoolUpdaterError> {
-        self.with_guest(|s, _| s.place_service(configurations, service))
+        let result = self.with_guest(|s, _| s.place_service(configurations, service));
+        self.traced("place-service", false, || vec![arg(configurations.to_vec()), arg(service.clone())], result)
     }
 
     /// Records where a local Service lives (`None`: not a local Service in this mode any more).
@@ -358,7 +407,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         self.stats.ticks.fetch_add(1, Ordering::Relaxed);
         let now = clock();
         // An idle (or wholly parked) queue costs no lock traffic (upstream `countOperations`).
-        if !self.with_guest(|s, q| s.pool_queue_status(q, now))?.ready {
+        if !self.status_at(now)?.ready {
             self.stats.idle_ticks.fetch_add(1, Ordering::Relaxed);
             return Ok(Tick::Idle);
         }
@@ -384,7 +433,8 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             .values()
             .map(|(service, lb)| ServiceAssignment { service: service.clone(), load_balancer: lb.clone() })
             .collect();
-        let groups = self.with_guest(|s, q| s.pool_queue_drain_and_group(q, now, &assignment))?;
+        let groups = self.with_guest(|s, q| s.pool_queue_drain_and_group(q, now, &assignment));
+        let groups = self.traced("pool-queue.drain-and-group", true, || vec![arg(now), arg(assignment.clone())], groups)?;
         let mut summary = TickSummary { groups: groups.len(), ..TickSummary::default() };
         for group in &groups {
             let outcome = self.apply(group).await;
@@ -403,7 +453,12 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
                 }
             }
             let now = clock();
-            let Some(report) = self.with_guest(|s, q| s.pool_queue_report(q, now, group.id, &outcome))? else {
+            let report = self.with_guest(|s, q| s.pool_queue_report(q, now, group.id, &outcome));
+            let id = group.id;
+            let traced_outcome = outcome.clone();
+            let report =
+                self.traced("pool-queue.report", true, || vec![arg(now), arg(id), arg(traced_outcome)], report)?;
+            let Some(report) = report else {
                 continue;
             };
             match report.disposition {

@@ -61,8 +61,27 @@ enum Command {
         /// Print the reports as one JSON array instead of text.
         #[arg(long)]
         json: bool,
+        /// Record a trace of every call into the logic (docs/traces.md): a file for one
+        /// scenario; a directory (created if missing) holding `<scenario file>.jsonl` for
+        /// several, or when the path ends in `/`.
+        #[arg(long, value_name = "FILE|DIR")]
+        record: Option<PathBuf>,
         #[command(flatten)]
         logic: LogicArgs,
+    },
+    /// Replay traces through a component and compare every result with the recorded one (the
+    /// shadow check; docs/traces.md).
+    ///
+    /// Exits 0 when every result is identical, 1 when one differs (the first divergence is
+    /// printed, or every one with --all-divergences), 2 when a trace cannot be read or replayed
+    /// (with the file, the line and why).
+    Replay(ReplayArgs),
+    /// Print the schema of the component's functions that other hosts read
+    /// (hosts/schema/clb-reconciler.json; docs/traces.md).
+    Schema {
+        /// A component instead of the built-in logic.
+        #[arg(long, value_name = "FILE")]
+        component: Option<PathBuf>,
     },
     /// Serve the local Azure emulator (NRP serviceGateways, public IPs, load balancers, backend
     /// pools, faults at /emulator/faults, state at /emulator/state) until killed.
@@ -101,6 +120,25 @@ struct SwapArgs {
     /// A file holding the admin token, when the host was started with --admin-token-file.
     #[arg(long, value_name = "FILE")]
     token_file: Option<PathBuf>,
+}
+
+/// What `replay` compares.
+#[derive(Args)]
+struct ReplayArgs {
+    /// Trace files (JSON Lines).
+    #[arg(required = true)]
+    traces: Vec<PathBuf>,
+    /// What a `swap` line to component NAME replays into (default: the replayed component).
+    #[arg(long, value_name = "NAME=FILE")]
+    swap_component: Vec<String>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Go on past the first divergence and summarise them by command kind.
+    #[arg(long)]
+    all_divergences: bool,
+    #[command(flatten)]
+    logic: LogicArgs,
 }
 
 /// Where `run` listens by default: every interface, so that probes and scrapes reach it in a
@@ -144,6 +182,23 @@ struct RunArgs {
     logic: LogicArgs,
     #[command(flatten)]
     operations: OperationsArgs,
+    #[command(flatten)]
+    record: RecordArgs,
+}
+
+/// `run --record`: a trace of every call into the logic (docs/traces.md, docs/operations.md).
+#[derive(Args)]
+struct RecordArgs {
+    /// Record a trace to this file (off by default). Written in the background: a slow or full
+    /// disk costs trace lines (counted in clb_trace_lines_total), never a reconcile.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Start a new file once the current one holds this many MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256, requires = "record", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    record_max_file_mib: u64,
+    /// Older files kept (FILE.1 the newest); 0 keeps only the current one.
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "record", value_parser = clap::value_parser!(u32).range(0..=1000))]
+    record_keep_files: u32,
 }
 
 /// The endpoint and the sources of new logic versions of `run`.
@@ -321,7 +376,9 @@ pub fn run(
     let result = match cli.command {
         Command::Inspect { file } => inspect(&file, out),
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
-        Command::Simulate { files, json, logic } => simulate(&files, json, &logic, out, err),
+        Command::Simulate { files, json, record, logic } => simulate(&files, json, record.as_deref(), &logic, out, err),
+        Command::Replay(args) => replay(&args, out, err),
+        Command::Schema { component } => schema(component.as_deref(), out),
         Command::Emulator(args) => emulator(args, out),
         Command::Run(args) => run_reconciler(*args, out, err),
         Command::Swap(args) => swap(args, out, err),
@@ -440,10 +497,12 @@ fn validate(
 fn simulate(
     files: &[PathBuf],
     json: bool,
+    record: Option<&std::path::Path>,
     logic: &LogicArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
+    use crate::simulate::Reconciler as _;
     use crate::{scenario, simulate};
     // Every file is read first: a typo in the last one should not cost a whole run.
     let mut scenarios = Vec::new();
@@ -457,13 +516,44 @@ fn simulate(
         }
     }
     let runtime = Runtime::new()?;
+    let logic_args = logic;
     let logic = runtime.load(&logic.bytes()?, logic.limits())?;
+    let traces = match record {
+        Some(path) => match crate::trace::trace_paths(path, files) {
+            Ok(paths) => paths,
+            Err(e) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        },
+        None => Vec::new(),
+    };
     let mut reports = Vec::new();
-    for scenario in &scenarios {
+    for (index, scenario) in scenarios.iter().enumerate() {
         // `swap` steps may name `builtin` or a file; only the test suite registers other names.
         let mut reconciler =
             simulate::ComponentReconciler::new(&logic).with_components(&runtime, std::collections::BTreeMap::new());
-        let report = match simulate::run(scenario, &mut reconciler) {
+        if let Some(path) = traces.get(index) {
+            let component = logic_args.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
+            match crate::trace::record_scenario(&logic, &component, path, &scenario.name) {
+                Ok(recorder) => reconciler = reconciler.with_recorder(recorder),
+                Err(e) => {
+                    writeln!(err, "error: {e}")?;
+                    return Ok(EXIT_BAD_INPUT);
+                }
+            }
+        }
+        let report = simulate::run(scenario, &mut reconciler);
+        if let Some(recorder) = reconciler.recorder() {
+            recorder.flush();
+            let stats = recorder.stats();
+            let lost = stats.lines_dropped.load(std::sync::atomic::Ordering::Relaxed);
+            if lost > 0 {
+                writeln!(err, "error: {}: {lost} trace lines could not be written", traces[index].display())?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+        let report = match report {
             Ok(report) => report,
             Err(e @ simulate::SimulateError::Cluster { .. }) => {
                 writeln!(err, "error: {e}")?;
@@ -485,6 +575,65 @@ fn simulate(
         writeln!(out, "{passed} of {} scenarios passed", reports.len())?;
     }
     Ok(if passed == reports.len() { EXIT_OK } else { EXIT_REFUSED })
+}
+
+fn replay(args: &ReplayArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
+    use crate::trace::replay;
+    let runtime = Runtime::new()?;
+    let limits = args.logic.limits();
+    let primary = match args.logic.bytes() {
+        Ok(bytes) => runtime.load(&bytes, limits)?,
+        Err(e) => {
+            writeln!(err, "error: {e:#}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let mut named = std::collections::BTreeMap::new();
+    for pair in &args.swap_component {
+        let Some((name, file)) = pair.split_once('=') else {
+            writeln!(err, "error: --swap-component {pair:?}: expected NAME=FILE")?;
+            return Ok(EXIT_BAD_INPUT);
+        };
+        let loaded = std::fs::read(file)
+            .with_context(|| format!("{file}: cannot read"))
+            .and_then(|bytes| runtime.load(&bytes, limits).with_context(|| file.to_owned()));
+        match loaded {
+            Ok(logic) => named.insert(name.to_owned(), logic),
+            Err(e) => {
+                writeln!(err, "error: {e:#}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        };
+    }
+    let mut reports = Vec::new();
+    for path in &args.traces {
+        let components = replay::Components { primary: &primary, named: &named };
+        match replay::replay_file(path, components, args.all_divergences) {
+            Ok(report) => reports.push(report),
+            Err(e) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+    }
+    if args.json {
+        writeln!(out, "{}", replay::json_report(&reports, args.all_divergences))?;
+    } else {
+        replay::text_report(&reports, args.all_divergences, out)?;
+    }
+    let identical = reports.iter().all(|r| r.divergences.is_empty());
+    Ok(if identical { EXIT_OK } else { EXIT_REFUSED })
+}
+
+fn schema(component: Option<&std::path::Path>, out: &mut dyn Write) -> anyhow::Result<u8> {
+    let bytes = match component {
+        Some(path) => std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?,
+        None => BUILTIN_GUEST.to_vec(),
+    };
+    let runtime = Runtime::new()?;
+    let logic = runtime.load(&bytes, Limits::default())?;
+    writeln!(out, "{}", crate::trace::schema_text(&logic))?;
+    Ok(EXIT_OK)
 }
 
 fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
@@ -564,6 +713,19 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
     let arm = ArmClient::new(ArmConfig::new(args.azure_url, scope), credential)?;
     let runtime = Runtime::new()?;
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
+    let trace = match &args.record.record {
+        Some(path) => {
+            let options = crate::trace::RecordOptions {
+                max_file_bytes: args.record.record_max_file_mib << 20,
+                keep_files: args.record.record_keep_files,
+                ..crate::trace::RecordOptions::live(path.clone())
+            };
+            let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
+            let component = crate::trace::ComponentRef::of(&logic, Some(&name));
+            Some(crate::trace::Recorder::start(options, logic.signatures(), &component)?)
+        }
+        None => None,
+    };
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let ops = args.operations;
@@ -595,6 +757,10 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             slb_configurations,
             pool_updater,
             ..crate::run::Settings::new(kube, arm, config, instance)
+        };
+        let settings = crate::run::Settings {
+            stats: crate::run::RunStats { trace, ..settings.stats.clone() },
+            ..settings
         };
         let operations = match crate::control::Operations::start(&runtime, &settings, operations).await {
             Ok(operations) => operations,

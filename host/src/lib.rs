@@ -37,6 +37,7 @@ pub mod scenario;
 pub mod simulate;
 pub mod sources;
 pub mod supervisor;
+pub mod trace;
 
 /// The logic this host was built with, used when no other component is given.
 pub const BUILTIN_GUEST: &[u8] = include_bytes!(env!("CLB_BUILTIN_GUEST"));

@@ -477,6 +477,18 @@ fn render_run(out: &mut String, run: &crate::run::RunStats) {
     for (kind, counter) in [("lock", &p.lock_failures), ("unlock", &p.unlock_failures), ("event", &p.event_failures)] {
         sample(out, "clb_pool_updater_failures_total", &format!("kind=\"{kind}\""), n(counter));
     }
+    if let Some(trace) = &run.trace {
+        let t = trace.stats();
+        family(out, "clb_trace_lines_total", "counter", "Trace lines (run --record) written, or dropped (a full queue or disk).");
+        sample(out, "clb_trace_lines_total", r#"result="written""#, n(&t.lines_written));
+        sample(out, "clb_trace_lines_total", r#"result="dropped""#, n(&t.lines_dropped));
+        family(out, "clb_trace_bytes_total", "counter", "Bytes written to trace files.");
+        sample(out, "clb_trace_bytes_total", "", n(&t.bytes_written));
+        family(out, "clb_trace_write_errors_total", "counter", "Trace files that could not be opened, written or flushed.");
+        sample(out, "clb_trace_write_errors_total", "", n(&t.write_errors));
+        family(out, "clb_trace_files_total", "counter", "Trace files started (the first one, and one per rotation or loss).");
+        sample(out, "clb_trace_files_total", "", n(&t.files));
+    }
 }
 
 /// A family of one sample without labels.

@@ -191,6 +191,8 @@ pub struct RunStats {
     pub resource_lock: std::sync::Arc<LeaseStats>,
     /// The backend-pool updater (multi-SLB local-service mode).
     pub pool_updater: std::sync::Arc<PoolUpdaterStats>,
+    /// `--record`: the trace every term's calls into the logic go to.
+    pub trace: Option<std::sync::Arc<crate::trace::Recorder>>,
 }
 
 impl Settings {
@@ -595,6 +597,9 @@ async fn reconcile(
         Some(swapped) => Supervisor::new(swapped),
         None => Supervisor::new(logic),
     };
+    if let Some(recorder) = &settings.stats.trace {
+        supervisor.record_into(recorder.clone());
+    }
     let _term = Term(control.as_ref().map(|control| control.metrics().clone()));
     if let Some(control) = control.as_mut() {
         control.start_term();

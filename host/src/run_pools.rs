@@ -185,6 +185,10 @@ impl Pools {
             PoolUpdater::new(logic, settings.arm.clone(), lock, kube, ServiceLock::default(), settings.pool_updater)
                 .map_err(RunError::Pools)?
                 .counting_into(settings.stats.pool_updater.clone());
+        let updater = match &settings.stats.trace {
+            Some(recorder) => updater.with_recorder(recorder.clone()),
+            None => updater,
+        };
         tracing::info!(
             load_balancers = settings.slb_configurations.len(),
             interval = ?settings.pool_updater.interval,

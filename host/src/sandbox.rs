@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use wasmtime::component::{Component, Linker, ResourceAny, types::ComponentItem};
+use wasmtime::component::{Component, Func, Instance, Linker, ResourceAny, Val, types::ComponentItem};
 use wasmtime::{Config as EngineConfig, Engine, Store, Trap};
 
 /// Generated bindings of the `clb` world.
@@ -19,7 +19,8 @@ pub mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "clb",
-        additional_derives: [PartialEq, Eq, Hash],
+        // Serialize: traces encode the host's values through serde (`trace::canonical`).
+        additional_derives: [PartialEq, Eq, Hash, serde::Serialize],
     });
 }
 
@@ -320,6 +321,11 @@ impl ComponentInfo {
     }
 }
 
+/// The sha256 of `bytes` in lower-case hex, as [`ComponentInfo::sha256`] gives it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -368,6 +374,11 @@ impl Logic {
         &self.stats
     }
 
+    /// The functions it exports, with their WIT types (for traces).
+    pub fn signatures(&self) -> crate::trace::Signatures {
+        crate::trace::Signatures::of(&self.engine, self.pre.instance_pre().component())
+    }
+
     /// A fresh instance in its own store.
     pub fn session(&self) -> Result<Session, GuestError> {
         let mut store = Store::new(&self.engine, HostState::new(self.limits.memory_bytes));
@@ -375,10 +386,15 @@ impl Logic {
         store.epoch_deadline_trap();
         // Instantiation runs guest code (start functions, data segments) under the same limits.
         set_budget(&mut store, self.limits, self.metering).map_err(|e| GuestError::Instantiate(format!("{e:#}")))?;
-        let bindings =
-            self.pre.instantiate(&mut store).map_err(|e| classify(&e, "instantiate", self.limits, &store))?;
+        let instance = self
+            .pre
+            .instance_pre()
+            .instantiate(&mut store)
+            .map_err(|e| classify(&e, "instantiate", self.limits, &store))?;
+        let bindings = Clb::new(&mut store, &instance).map_err(|e| classify(&e, "instantiate", self.limits, &store))?;
         Ok(Session {
             store,
+            instance,
             bindings,
             limits: self.limits,
             metering: self.metering,
@@ -419,6 +435,7 @@ fn classify(err: &wasmtime::Error, call: &'static str, limits: Limits, store: &S
 /// An instance and its store: one run of calls.
 pub struct Session {
     store: Store<HostState>,
+    instance: Instance,
     bindings: Clb,
     limits: Limits,
     metering: Metering,
@@ -453,6 +470,24 @@ impl Session {
             self.stats.record_failure(&err);
             tracing::warn!(call, kind = err.kind(), error = %err, "guest call failed");
             err
+        })
+    }
+
+    /// The exported function `export` of `interface` (names as the component gives them), for
+    /// calls by value ([`Self::call_dynamic`]): replaying a trace through any component.
+    pub fn export(&mut self, interface: &str, export: &str) -> Option<Func> {
+        let outer = self.instance.get_export_index(&mut self.store, None, interface)?;
+        let index = self.instance.get_export_index(&mut self.store, Some(&outer), export)?;
+        self.instance.get_func(&mut self.store, index)
+    }
+
+    /// Calls `func` with `params` under the limits, like every typed call.
+    pub fn call_dynamic(&mut self, call: &'static str, func: Func, params: &[Val]) -> Result<Vec<Val>, GuestError> {
+        let results = func.ty(&self.store).results().len();
+        self.call(call, |_, store| {
+            let mut out = vec![Val::Bool(false); results];
+            func.call(&mut *store, params, &mut out)?;
+            Ok(out)
         })
     }
 

@@ -40,6 +40,7 @@ use crate::scenario::{
     self, ComponentSource, EventTypeName, Expectation, Scenario, StatusExpectation, Step, SwapExpect,
 };
 use crate::supervisor::{Supervisor, SupervisorError};
+use crate::trace::{Ended, Recorder, arg, lazy};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -116,6 +117,10 @@ pub trait Reconciler {
     fn pool_logic(&self) -> Option<&Logic> {
         None
     }
+    /// The trace being recorded of this run's calls into the logic, if any.
+    fn recorder(&self) -> Option<Arc<Recorder>> {
+        None
+    }
 }
 
 /// The component behind a [`Supervisor`]: a new instance (as a restarted process has) per
@@ -142,6 +147,12 @@ impl<'a> ComponentReconciler<'a> {
 
     pub fn supervisor(&mut self) -> &mut Supervisor<'a> {
         &mut self.supervisor
+    }
+
+    /// Records the run's calls into the logic (`docs/traces.md`).
+    pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
+        self.supervisor.record_into(recorder);
+        self
     }
 }
 
@@ -178,6 +189,12 @@ impl Reconciler for ComponentReconciler<'_> {
                 .map_err(|source| LogicError::ReadComponent { path: path.display().to_string(), source })?,
         };
         let limits = self.supervisor.logic().limits();
+        let name = match component {
+            ComponentSource::Builtin => "builtin".to_owned(),
+            ComponentSource::Named(name) => name.clone(),
+            ComponentSource::File(path) => path.display().to_string(),
+        };
+        self.supervisor.name_component(&crate::sandbox::sha256_hex(&bytes), &name);
         match self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms) {
             Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
             Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
@@ -195,6 +212,10 @@ impl Reconciler for ComponentReconciler<'_> {
 
     fn pool_logic(&self) -> Option<&Logic> {
         Some(self.supervisor.logic())
+    }
+
+    fn recorder(&self) -> Option<Arc<Recorder>> {
+        self.supervisor.recorder().cloned()
     }
 }
 
@@ -469,12 +490,21 @@ impl Simulation<'_> {
         self.absorb(step);
         if !scenario.config.multiple_standard_load_balancers.is_empty() {
             let logic = self.logic.pool_logic().ok_or(LogicError::PoolsUnsupported)?;
-            let mode = logic.session()?.validate_config(&scenario.config)?;
+            let mode = logic.session()?.validate_config(&scenario.config);
+            let recorder = self.logic.recorder();
+            if let Some(recorder) = &recorder {
+                let ended = match &mode {
+                    Ok(mode) => Ended::Returned(lazy(mode.clone())),
+                    Err(error) => Ended::Trapped(error.to_string()),
+                };
+                recorder.call("validate-config", vec![arg(scenario.config.clone())], ended);
+            }
+            let mode = mode?;
             if mode == Ok(wit::Mode::MultiSlbLocalServices) {
                 let interval = scenario.azure.pool_update_interval_ms();
                 let config =
                     PoolUpdaterConfig { interval: Duration::from_millis(interval), max_retries: DEFAULT_MAX_RETRIES };
-                let updater = PoolUpdater::new(
+                let mut updater = PoolUpdater::new(
                     logic,
                     self.emulator.clone(),
                     InMemoryLock::new(),
@@ -482,6 +512,9 @@ impl Simulation<'_> {
                     ServiceLock::default(),
                     config,
                 )?;
+                if let Some(recorder) = recorder {
+                    updater = updater.with_recorder(recorder);
+                }
                 self.pools = Some(PoolSim {
                     updater,
                     configurations: scenario.slb_configurations.clone(),
@@ -565,7 +598,7 @@ impl Simulation<'_> {
     fn pools_idle(&self) -> Result<bool, LogicError> {
         match &self.pools {
             None => Ok(true),
-            Some(pools) => Ok(pools.updater.status()?.queued == 0),
+            Some(pools) => Ok(pools.updater.status_at(self.now)?.queued == 0),
         }
     }
 

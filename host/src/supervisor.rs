@@ -56,6 +56,7 @@
 use crate::metrics::{Metrics, Snapshot, VersionSnapshot};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{GuestError, Limits, LoadError, Logic, Runtime, Session};
+use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::ops::Deref;
@@ -382,6 +383,19 @@ pub struct Supervisor<'a> {
     idle_seen: bool,
     stats: SupervisorStats,
     metrics: Option<Arc<Metrics>>,
+    trace: Option<Traced>,
+}
+
+/// The trace this supervisor records into (`docs/traces.md`): the serving tracker's calls as
+/// the logic saw them — inputs with their steps, traps and the rebuilds after them, swaps and
+/// rollbacks — and none of the calls it makes only to keep the state safe (checkpoints, journal
+/// replays, refused swaps), which leave the serving state as it was.
+struct Traced {
+    recorder: Arc<Recorder>,
+    /// The serving tracker's handle in the trace; `None` before a tracker exists.
+    handle: Option<u64>,
+    /// How the host names components, by sha256, for the `swap` lines.
+    names: BTreeMap<String, String>,
 }
 
 impl<'a> Supervisor<'a> {
@@ -407,6 +421,79 @@ impl<'a> Supervisor<'a> {
             idle_seen: false,
             stats: SupervisorStats::default(),
             metrics: None,
+            trace: None,
+        }
+    }
+
+    /// Records every call of the serving tracker into `recorder`.
+    pub fn with_recorder(mut self, recorder: Arc<Recorder>) -> Self {
+        self.record_into(recorder);
+        self
+    }
+
+    /// [`Self::with_recorder`] in place; from the next `start` on.
+    pub fn record_into(&mut self, recorder: Arc<Recorder>) {
+        self.trace = Some(Traced { recorder, handle: None, names: BTreeMap::new() });
+    }
+
+    /// The trace being recorded, if any.
+    pub fn recorder(&self) -> Option<&Arc<Recorder>> {
+        self.trace.as_ref().map(|t| &t.recorder)
+    }
+
+    /// The name a trace gives the component with this sha256 (`--swap-component NAME=FILE`
+    /// on replay); without one, its short sha256.
+    pub fn name_component(&mut self, sha256: &str, name: &str) {
+        if let Some(trace) = &mut self.trace {
+            trace.names.insert(sha256.to_owned(), name.to_owned());
+        }
+    }
+
+    fn component_ref(&self, logic: &Logic) -> ComponentRef {
+        let name = self.trace.as_ref().and_then(|t| t.names.get(&logic.info().sha256));
+        ComponentRef::of(logic, name.map(String::as_str))
+    }
+
+    fn trace_input(&self, input: &Input, result: Result<&wit::Step, &GuestError>) {
+        let Some(Traced { recorder, handle: Some(handle), .. }) = &self.trace else { return };
+        let ended = match result {
+            Ok(step) => Ended::Returned(lazy(step.clone())),
+            Err(error) => Ended::Trapped(error.to_string()),
+        };
+        let this = Arg::Handle(*handle);
+        match input {
+            Input::Observe { now_ms, batch } => {
+                let batch = batch.clone();
+                let batch = Arg::Value(Box::new(move || serde_json::to_value(&*batch).expect("serializes")));
+                recorder.call("tracker.observe", vec![this, arg(*now_ms), batch], ended);
+            }
+            Input::Complete { now_ms, results } => {
+                let results = results.clone();
+                let results = Arg::Value(Box::new(move || serde_json::to_value(&*results).expect("serializes")));
+                recorder.call("tracker.complete", vec![this, arg(*now_ms), results], ended);
+            }
+            Input::Tick { now_ms } => recorder.call("tracker.tick", vec![this, arg(*now_ms)], ended),
+        }
+    }
+
+    fn trace_rebuild(&self) {
+        if let Some(Traced { recorder, handle: Some(handle), .. }) = &self.trace {
+            recorder.rebuild(*handle);
+        }
+    }
+
+    /// Before an input: when the trace lost lines or its file is full, it goes on from the
+    /// state now, under a new handle.
+    fn trace_resync(&mut self) {
+        let due = self.trace.as_ref().is_some_and(|t| t.handle.is_some() && t.recorder.needs_state());
+        if !due || self.checkpoint_now().is_err() {
+            return;
+        }
+        let (Some(config), Some(trace)) = (self.config.clone(), self.trace.as_ref()) else { return };
+        let component = self.component_ref(&self.logic);
+        let state = wit::VersionedState::clone(&self.checkpoint);
+        if let Some(handle) = trace.recorder.resync(lazy(config), lazy(state), &component) {
+            self.trace.as_mut().expect("checked above").handle = Some(handle);
         }
     }
 
@@ -478,8 +565,21 @@ impl<'a> Supervisor<'a> {
         self.probation = None;
         self.idle_seen = false;
         let mut session = self.logic.session().map_err(guest("instantiating"))?;
-        let tracker = session
-            .tracker_create(config)
+        let created = session.tracker_create(config);
+        if let Some(trace) = &mut self.trace {
+            trace.handle = None;
+            let (ended, handle) = match &created {
+                Ok(Ok(_)) => {
+                    let handle = trace.recorder.new_handle();
+                    (Ended::Returned(Box::new(move || serde_json::json!({ "Ok": handle }))), Some(handle))
+                }
+                Ok(Err(refused)) => (Ended::Returned(lazy(Err::<(), _>(refused.clone()))), None),
+                Err(error) => (Ended::Trapped(error.to_string()), None),
+            };
+            trace.recorder.call("tracker.create", vec![arg(config.clone())], ended);
+            trace.handle = handle;
+        }
+        let tracker = created
             .map_err(guest("tracker.create"))?
             .map_err(|e| SupervisorError::ConfigRefused { field: e.field, reason: e.reason, message: e.message })?;
         self.config = Some(config.clone());
@@ -513,13 +613,18 @@ impl<'a> Supervisor<'a> {
     }
 
     fn deliver_inner(&mut self, input: Input) -> Result<wit::Step, SupervisorError> {
+        self.trace_resync();
         let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
         match running.call(&input) {
             Ok(step) => {
+                self.trace_input(&input, Ok(&step));
                 self.accept(input, &step)?;
                 Ok(step)
             }
-            Err(error) => self.recover(input, error),
+            Err(error) => {
+                self.trace_input(&input, Err(&error));
+                self.recover(input, error)
+            }
         }
     }
 
@@ -598,6 +703,7 @@ impl<'a> Supervisor<'a> {
         self.stats.recoveries += 1;
         tracing::warn!(version = %version_name(&self.logic), input = %input.describe(), %error, "the logic trapped; rebuilding it from its checkpoint");
         self.rebuild()?;
+        self.trace_rebuild();
         let parts = input.split();
         let mut step = wit::Step { commands: Vec::new(), wake_at_ms: self.last_wake, idle: self.last_idle };
         if parts.len() <= 1 {
@@ -607,14 +713,17 @@ impl<'a> Supervisor<'a> {
                 let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
                 match running.call(&part) {
                     Ok(part_step) => {
+                        self.trace_input(&part, Ok(&part_step));
                         self.accept(part.clone(), &part_step)?;
                         step.commands.extend(part_step.commands);
                         step.wake_at_ms = part_step.wake_at_ms;
                         step.idle = part_step.idle;
                     }
                     Err(error) => {
+                        self.trace_input(&part, Err(&error));
                         self.stats.recoveries += 1;
                         self.rebuild()?;
+                        self.trace_rebuild();
                         self.quarantine(part, &error)?;
                     }
                 }
@@ -645,6 +754,11 @@ impl<'a> Supervisor<'a> {
             Ok(running) => {
                 tracing::error!(%from, %to, failures = self.failures_in_a_row, "rolled back to the previous version");
                 self.stats.rollbacks += 1;
+                if let Some(Traced { recorder, handle: Some(handle), .. }) = &mut self.trace {
+                    let new = recorder.new_handle();
+                    recorder.rollback(*handle, new);
+                    *handle = new;
+                }
                 self.logic = probation.previous;
                 self.running = Some(running);
                 self.checkpoint = probation.state;
@@ -790,6 +904,13 @@ impl<'a> Supervisor<'a> {
         };
         tracing::info!(swap = %report, took = ?report.took, state_move = ?report.state_move, "swapped the logic");
         *self.stats.swaps.entry("accepted").or_default() += 1;
+        let to = self.component_ref(&new);
+        if let Some(Traced { recorder, handle: Some(handle), .. }) = &mut self.trace {
+            let new_handle = recorder.new_handle();
+            recorder.swap(*handle, &to, Box::new(move || serde_json::json!({ "Ok": new_handle })));
+            *handle = new_handle;
+        }
+        self.trace_input(&Input::Tick { now_ms: prepared.now_ms }, Ok(&prepared.first_step));
         let previous = std::mem::replace(&mut self.logic, new);
         // The previous version rebuilds, on a rollback, from the same checkpoint and journal.
         let journal = self.journal.clone();

@@ -401,7 +401,12 @@ impl Env {
     /// Starts `clb-host run` with this kubeconfig, on its own thread and runtime as in the
     /// binary; the client is made there, so that it lives on the runtime that uses it.
     fn start_through(&self, kubeconfig: PathBuf) -> Controller {
-        self.start_with(kubeconfig, &self.cloud_config, None)
+        self.start_with(kubeconfig, &self.cloud_config, None, None)
+    }
+
+    /// Starts `clb-host run` recording its calls into the logic (`run --record`).
+    fn start_recording(&self, trace: Arc<clb_host::trace::Recorder>) -> Controller {
+        self.start_with(self.controller_kubeconfig.clone(), &self.cloud_config, None, Some(trace))
     }
 
     /// Starts `clb-host run` under the ServiceAccount's token with this cloud config (read as
@@ -411,6 +416,7 @@ impl Env {
         kubeconfig: PathBuf,
         cloud_config: &str,
         resource_lock: Option<LeaseLockConfig>,
+        trace: Option<Arc<clb_host::trace::Recorder>>,
     ) -> Controller {
         let path = Path::new("azure.json");
         let cloud = clb_host::inputs::parse_cloud_config(path, cloud_config).unwrap();
@@ -431,6 +437,7 @@ impl Env {
                 if let Some(resource_lock) = resource_lock {
                     settings.resource_lock = resource_lock;
                 }
+                settings.stats.trace = trace;
                 clb_host::run::run(clb_tests::builtin(), settings, async {
                     let _ = stopped.await;
                 })
@@ -470,7 +477,7 @@ impl Env {
 
     /// Starts `clb-host run` in multi-SLB local-service mode with [`Env::resource_lock`].
     fn start_multi_slb(&self) -> Controller {
-        self.start_with(self.controller_kubeconfig.clone(), &self.multi_slb_cloud_config(), Some(self.resource_lock()))
+        self.start_with(self.controller_kubeconfig.clone(), &self.multi_slb_cloud_config(), Some(self.resource_lock()), None)
     }
 
     /// The load balancer in the emulator with the local Service's own pool (`<namespace>-<name>`,
@@ -804,6 +811,44 @@ const NAMED_RIGHTS: &[(&str, &str, &str, &str, &str, bool)] = &[
     ("get", "", "configmaps", "kube-system", "kubeadm-config", false),
     ("update", "", "configmaps", "kube-system", "clb-logic", false),
 ];
+
+/// `run --record`: what a live controller recorded replays identically, and a trace that
+/// cannot be written costs counted lines, never a reconcile (issue 13).
+#[test]
+fn a_controller_run_with_record_writes_a_trace_that_replays_identically_and_an_unwritable_one_costs_only_lines() {
+    use clb_host::trace::{ComponentRef, RecordOptions, Recorder};
+    use std::sync::atomic::Ordering;
+    e2e(14, async |env| {
+        let dir = std::env::temp_dir().join(format!("clb-e2e-record-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.jsonl");
+        let logic = clb_tests::builtin();
+        let start = |path: PathBuf| {
+            Recorder::start(RecordOptions::live(path), logic.signatures(), &ComponentRef::of(logic, Some("builtin")))
+                .unwrap()
+        };
+        let recorder = start(path.clone());
+        let controller = env.start_recording(recorder.clone());
+        let uid = env.provisioned("web", &[(10, 1)]).await;
+        env.endpoints("web", &uid, &[(10, 1), (11, 1)]).await;
+        env.nrp_binds(&uid, &[(10, 1), (11, 1)]).await;
+        controller.stop().await;
+        recorder.flush();
+        assert_eq!(recorder.stats().lines_dropped.load(Ordering::Relaxed), 0);
+        let (code, out, err) = super::traces::clb_replay(&[&path], &[]);
+        assert_eq!(code, clb_host::cli::EXIT_OK, "{out}{err}");
+        assert!(out.contains("identical"), "{out}");
+
+        let unwritable = start(PathBuf::from("/nonexistent-clb-e2e/run.jsonl"));
+        let controller = env.start_recording(unwritable.clone());
+        let uid = env.provisioned("api", &[(12, 1)]).await;
+        env.nrp_binds(&uid, &[(12, 1)]).await;
+        controller.stop().await;
+        let stats = unwritable.stats();
+        assert!(stats.lines_dropped.load(Ordering::Relaxed) > 0, "{stats:?}");
+        assert_eq!(stats.lines_written.load(Ordering::Relaxed), 0, "{stats:?}");
+    });
+}
 
 #[test]
 fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {

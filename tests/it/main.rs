@@ -13,3 +13,4 @@ mod sandbox;
 mod scenarios;
 mod supervisor;
 mod tracker;
+mod traces;

@@ -1,0 +1,123 @@
+//! Traces (issue 13): what recording costs on the hot path, and what the hosts cost per call.
+//! (a) `admit-service`, and one endpoint change through the supervisor on the 1,000-node
+//!     cluster, with and without `run --record`'s recorder (target: recording under 10% of
+//!     the call);
+//! (b) replaying the largest golden trace through `clb-host replay`, and through the Python and
+//!     JavaScript hosts when `hosts/setup.sh` has installed them.
+//! Run with `cargo bench -p clb-tests --bench traces`; prints a Markdown table.
+
+use clb_host::sandbox::Limits;
+use clb_host::supervisor::Supervisor;
+use clb_host::trace::{ComponentRef, RecordOptions, Recorder};
+use clb_tests::cluster::*;
+use clb_tests::*;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+fn main() {
+    let config = read_config("clb.yaml");
+    let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
+    let logic = runtime().load(clb_host::BUILTIN_GUEST, limits).unwrap();
+    let service = read_service("etp-local.yaml");
+    let mut session = logic.session().unwrap();
+    let admit = median_per_iteration(2_000, || {
+        std::hint::black_box(session.admit_service(&config, &service).unwrap());
+    });
+
+    let dir = std::env::temp_dir().join(format!("clb-bench-traces-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut change = |record: bool| -> Duration {
+        let mut supervisor = Supervisor::new(&logic);
+        if record {
+            let options = RecordOptions::live(dir.join("run.jsonl"));
+            let recorder = Recorder::start(options, logic.signatures(), &ComponentRef::of(&logic, None)).unwrap();
+            supervisor = supervisor.with_recorder(recorder);
+        }
+        supervisor.start(&config).unwrap();
+        let step = supervisor.observe(0, &lists()).unwrap();
+        settle(step, |results| supervisor.complete(1, results).unwrap());
+        let mut round = 0;
+        median_per_iteration(2_000, || {
+            round += 1;
+            let now = 2 + round as u64;
+            let step = supervisor.observe(now, &[endpoint_change(round)]).unwrap();
+            settle(step, |results| supervisor.complete(now, results).unwrap());
+        })
+    };
+    let plain = change(false);
+    let recorded = change(true);
+    println!("| call | time |");
+    println!("|---|---|");
+    println!("| admit-service (component) | {:.1} µs |", micros(admit));
+    println!("| one endpoint change, not recorded | {:.1} µs |", micros(plain));
+    println!("| one endpoint change, `run --record` | {:.1} µs |", micros(recorded));
+    println!("| recording overhead | {:.1}% |", (micros(recorded) / micros(plain) - 1.0) * 100.0);
+
+    let largest = largest_golden_trace();
+    println!("\n| replay of {} | time |", largest.file_name().unwrap().to_string_lossy());
+    println!("|---|---|");
+    let guests = dir.join("guests");
+    std::fs::create_dir_all(&guests).unwrap();
+    let builtin = guests.join("clb_guest.wasm");
+    std::fs::write(&builtin, clb_host::BUILTIN_GUEST).unwrap();
+    let rust = time(|| {
+        let code = clb_host::cli::run(
+            ["clb-host", "replay", largest.to_str().unwrap()],
+            &mut std::io::sink(),
+            &mut std::io::sink(),
+        );
+        assert_eq!(code, 0);
+    });
+    println!("| clb-host replay (in process, includes compiling the component) | {:.1} ms |", rust.as_secs_f64() * 1e3);
+    for (host, program, args) in other_hosts(&largest, &builtin) {
+        let Some(program) = program else {
+            println!("| {host} | not installed (run hosts/setup.sh) |");
+            continue;
+        };
+        let took = time(|| {
+            let status = std::process::Command::new(&program).args(&args).status().unwrap();
+            assert!(status.success(), "{host} replay failed");
+        });
+        println!("| {host} (a new process) | {:.1} ms |", took.as_secs_f64() * 1e3);
+    }
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn time(f: impl FnOnce()) -> Duration {
+    let started = Instant::now();
+    f();
+    started.elapsed()
+}
+
+fn largest_golden_trace() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("traces");
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .expect("golden traces")
+}
+
+/// The Python and JavaScript replays of `trace`, with their programs where installed.
+fn other_hosts(trace: &std::path::Path, component: &std::path::Path) -> Vec<(&'static str, Option<PathBuf>, Vec<String>)> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cache = std::env::var("CLB_CACHE").unwrap_or_else(|_| "/var/cache/clb-reconciler".into());
+    let python = PathBuf::from(&cache).join("venv/bin/python");
+    let node_ready = root.join("hosts/js/node_modules").is_dir();
+    let (trace, component) = (trace.display().to_string(), component.display().to_string());
+    vec![
+        (
+            "python -m clb_reconciler replay",
+            python.exists().then_some(python),
+            vec!["-m".into(), "clb_reconciler".into(), "replay".into(), trace.clone(), "--component".into(), component.clone()],
+        ),
+        (
+            "node hosts/js/replay.mjs",
+            node_ready.then(|| PathBuf::from("node")),
+            vec![root.join("hosts/js/replay.mjs").display().to_string(), trace, "--component".into(), component],
+        ),
+    ]
+}
