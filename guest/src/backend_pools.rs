@@ -12,6 +12,10 @@
 //!   it decides), so add/remove pairs cost nothing and the host writes a pool only when the
 //!   change is not already there (§i.3 item 5, the direction of PR #10730);
 //! * groups come out sorted by key, not in map order (§i.3 item 6);
+//! * the order of operations per pool is kept across retries: a pool with a group in flight
+//!   (drained, not yet reported) is not drained again until that group is reported, so an
+//!   operation requeued by the report stays ahead of everything queued for its pool since
+//!   (issue 14, found 5);
 //! * failures are classified (404 stale ⇒ dropped silently; 409/412/429 ⇒ requeued at the head
 //!   with a bounded budget, the pool parked until `Retry-After`; anything else ⇒ abandoned)
 //!   instead of all dropped (§i.3 item 1, DOC-10417);
@@ -246,19 +250,36 @@ impl PoolQueue {
         self.parked.get(key).is_some_and(|&until| until > now_ms)
     }
 
-    /// How full the queue is at `now_ms`; stops at the first drainable operation.
+    /// The pools with a group drained and not yet reported (a handful: the groups of one tick).
+    fn pools_in_flight(&self) -> BTreeSet<&str> {
+        self.in_flight.values().map(|f| f.key.as_str()).collect()
+    }
+
+    /// How full the queue is at `now_ms`; stops at the first drainable operation. An operation
+    /// of a pool with a group in flight is not drainable: the report of that group makes it so.
     pub fn status(&self, now_ms: u64) -> QueueStatus {
+        let in_flight = self.pools_in_flight();
         QueueStatus {
             queued: u32::try_from(self.queue.len()).unwrap_or(u32::MAX),
-            ready: self.queue.iter().any(|q| !self.is_parked(&q.key, now_ms)),
+            ready: self.queue.iter().any(|q| !self.is_parked(&q.key, now_ms) && !in_flight.contains(q.key.as_str())),
             wake_at_ms: self.parked.values().copied().filter(|&until| until > now_ms).min(),
         }
     }
 
-    /// Takes every operation whose pool is not parked, keeps those whose Service is still
-    /// assigned to the operation's load balancer, and returns one group per pool, sorted by key.
+    /// Takes every operation whose pool is neither parked nor has a group in flight, keeps
+    /// those whose Service is still assigned to the operation's load balancer, and returns one
+    /// group per pool, sorted by key.
+    ///
+    /// A pool with a group drained and not yet [reported](Self::report) keeps its operations
+    /// queued: were they drained now, a requeue of the group in flight (409/412/429) would put
+    /// its older operations back at the head and a later drain would apply them after these
+    /// newer ones (an add of X, then a remove of X, written as add X). Held back, they drain
+    /// after the report, behind whatever it requeued, so per pool the last operation still wins.
+    /// The host reports every group it drained (`PoolUpdater` does so in the same tick); a
+    /// group never reported holds its pool's later operations.
     pub fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Vec<PoolGroup> {
         self.parked.retain(|_, until| *until > now_ms);
+        let in_flight: BTreeSet<String> = self.pools_in_flight().into_iter().map(str::to_owned).collect();
         let assigned: BTreeMap<String, String> =
             assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())).collect();
 
@@ -273,7 +294,7 @@ impl PoolQueue {
         let mut groups: BTreeMap<String, Building> = BTreeMap::new();
         let mut kept = VecDeque::new();
         for queued in std::mem::take(&mut self.queue) {
-            if self.parked.contains_key(&queued.key) {
+            if self.parked.contains_key(&queued.key) || in_flight.contains(&queued.key) {
                 kept.push_back(queued);
                 continue;
             }
@@ -583,6 +604,8 @@ mod tests {
         q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
         let first = q.drain_and_group(0, &a);
         q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.2"])]);
+        // The host reports a group before the next tick drains its pool again (found 5).
+        q.report(0, first[0].id, &GroupOutcome::Updated).unwrap();
         let second = q.drain_and_group(0, &a);
         assert_eq!(first[0].add, strings(&["10.0.0.1"]));
         assert_eq!(second[0].add, strings(&["10.0.0.2"]));
@@ -729,6 +752,31 @@ mod tests {
         // Chronological order kept: the requeued add first, the newer remove last ⇒ removed.
         assert_eq!(g.remove, strings(&["10.0.0.1"]));
         assert!(g.add.is_empty());
+    }
+
+    // Regression: issue 14, found 5 (a requeued older add ran after a newer remove).
+    #[test]
+    fn a_pool_with_a_group_in_flight_is_not_drained_again_until_that_group_is_reported() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g1 = q.drain_and_group(0, &a).remove(0);
+        assert_eq!(g1.add, strings(&["10.0.0.1"]));
+        q.enqueue([remove("ns/a", "lb1", "pool1", &["10.0.0.1"]), add("ns/b", "lb1", "pool2", &["10.0.0.2"])]);
+        assert!(q.status(0).ready, "another pool is drainable");
+        let groups = q.drain_and_group(0, &a);
+        assert_eq!(keys(&groups), strings(&["lb1:pool2"]), "pool1 waits for g1's report");
+        assert_eq!(q.len(), 1, "the remove stays queued");
+        assert_eq!(q.status(0), QueueStatus { queued: 1, ready: false, wake_at_ms: None });
+        q.report(0, groups[0].id, &GroupOutcome::Updated).unwrap();
+        assert!(q.drain_and_group(0, &a).is_empty(), "still waiting for g1");
+        let report = q.report(0, g1.id, &failed(409, None)).unwrap();
+        assert_eq!(report.disposition, Disposition::Requeued);
+        assert!(q.status(0).ready);
+        let g = q.drain_and_group(0, &a).remove(0);
+        // The requeued add first, then the newer remove: the net effect is the remove.
+        assert_eq!((g.add, g.remove), (vec![], strings(&["10.0.0.1"])));
+        assert!(q.is_empty());
     }
 
     #[test]
