@@ -286,6 +286,19 @@ impl Egress {
         }
         counts
     }
+
+    /// For a state import: the reference counts are the pods' (P4), so none is zero and none
+    /// can be released below zero later. One pass over the egress pods.
+    pub fn check(&self) -> Result<(), String> {
+        if self.refs != self.recount() {
+            return Err(format!(
+                "egress reference counts {:?} are not those of the pods, {:?}",
+                self.refs,
+                self.recount()
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -610,6 +623,26 @@ mod tests {
         tracker.observe(1, vec![Observation::PodDeleted(colliding.key()), Observation::PodDeleted(colliding.key())]);
         assert_eq!(tracker.egress().ref_counts(), &counts, "a refused pod's deletion releases nothing");
         assert_eq!(tracker.egress().recount(), counts);
+    }
+
+    // Regression: issue 14, found 4 (an imported state's reference counts were not validated).
+    #[test]
+    fn a_state_whose_egress_reference_counts_are_not_the_pods_is_refused_as_corrupt() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        tracker.observe(0, vec![Observation::PodUpserted(pod("p", Some("egress-a"), &["10.244.0.5"]))]);
+        let (version, payload) = tracker.export_state();
+        let egress_bytes = postcard::to_allocvec(tracker.egress()).unwrap();
+        let state_bytes = &payload[..payload.len() - egress_bytes.len()];
+        assert!(Tracker::import_state(clb(), version, &payload).is_ok());
+        for tamper in [|e: &mut Egress| e.refs.clear(), |e: &mut Egress| *e.refs.get_mut("egress-a").unwrap() = 2] {
+            let mut egress = tracker.egress().clone();
+            tamper(&mut egress);
+            let tampered = [state_bytes, &postcard::to_allocvec(&egress).unwrap()].concat();
+            match Tracker::import_state(clb(), version, &tampered) {
+                Err(crate::tracker::StateError::Corrupt(why)) => assert!(why.contains("reference counts"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -1432,17 +1432,82 @@ impl Tracker {
         STATE_VERSION
     }
 
-    /// A tracker from exported state.
+    /// A tracker from exported state. The payload must be exactly one value of its version
+    /// (bytes after it are refused: a version-2 payload offered as version 1 would otherwise
+    /// import without its egress side), and what [`State::check`] and [`Egress::check`] verify
+    /// must hold; anything else is [`StateError::Corrupt`].
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
-        let corrupt = |e: postcard::Error| StateError::Corrupt(format!("state version {version}: {e}"));
+        let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
         let (state, egress) = match version {
             // Before egress: no pods.
-            1 => (postcard::from_bytes::<State>(payload).map_err(corrupt)?, Egress::default()),
-            STATE_VERSION => postcard::from_bytes::<(State, Egress)>(payload).map_err(corrupt)?,
+            1 => (decode_exact::<State>(payload).map_err(corrupt)?, Egress::default()),
+            STATE_VERSION => decode_exact::<(State, Egress)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
+        state.check().map_err(corrupt)?;
+        egress.check().map_err(corrupt)?;
         Ok(Self { config, mode, state, egress })
+    }
+}
+
+/// One postcard value that is the whole of `payload`.
+fn decode_exact<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    let (value, rest) = postcard::take_from_bytes::<T>(payload).map_err(|e| e.to_string())?;
+    if !rest.is_empty() {
+        return Err(format!("{} byte(s) after the payload", rest.len()));
+    }
+    Ok(value)
+}
+
+impl State {
+    /// What an import cannot take on trust, checked cheaply (a pass over the commands in flight
+    /// and one over the lifecycles): the counters of commands in flight, which `complete`
+    /// decrements, against the commands themselves; each Service command against the lifecycle
+    /// that waits for it (and no lifecycle waiting for a command that is not in flight: it would
+    /// never run again); the one read and the one batch in flight against their flags; and every
+    /// id in flight below the next id (a new command would take it). The DiffTracker's own counts
+    /// are not re-derived: that would cost a pass over every address.
+    fn check(&self) -> Result<(), String> {
+        let (mut service_commands, mut nrp_writes, mut reads, mut batches) = (0usize, 0u32, 0usize, Vec::new());
+        for (&id, what) in &self.in_flight {
+            if id >= self.next_command_id {
+                return Err(format!("command {id} is in flight, but the next command id is {}", self.next_command_id));
+            }
+            match what {
+                InFlight::Service { identity, step } => {
+                    service_commands += 1;
+                    nrp_writes += u32::from(step.writes_nrp());
+                    if self.lifecycles.get(identity).and_then(|l| l.in_flight) != Some((id, *step)) {
+                        return Err(format!(
+                            "command {id} ({step:?}) is in flight for {identity}, whose lifecycle does not wait for it"
+                        ));
+                    }
+                }
+                InFlight::Locations(_) => batches.push(id),
+                InFlight::ReadNrp => reads += 1,
+                InFlight::Event => {}
+            }
+        }
+        let waiting = self.lifecycles.values().filter(|l| l.in_flight.is_some()).count();
+        let counts = [
+            ("Service commands counted", self.service_commands_in_flight, "Service commands", service_commands),
+            ("lifecycles wait for a command", waiting, "Service commands", service_commands),
+            ("NRP writes counted", self.nrp.service_writes_in_flight as usize, "NRP writes", nrp_writes as usize),
+            ("reads of NRP flagged", usize::from(self.nrp.read_in_flight), "reads of NRP", reads),
+        ];
+        for (what, counted, which, in_flight) in counts {
+            if counted != in_flight {
+                return Err(format!("{counted} {what} in flight, but {in_flight} {which} are in flight"));
+            }
+        }
+        if batches != self.nrp.batch_in_flight.into_iter().collect::<Vec<_>>() {
+            return Err(format!(
+                "address-location batches in flight {batches:?}, but the batch in flight is {:?}",
+                self.nrp.batch_in_flight
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1549,6 +1614,73 @@ mod tests {
         assert_eq!(version, STATE_VERSION);
         let no_pods = postcard::to_allocvec(&Egress::default()).unwrap();
         assert_eq!(payload, [before, &no_pods].concat());
+    }
+
+    fn corrupt(result: Result<Tracker, StateError>) -> String {
+        match result {
+            Err(StateError::Corrupt(why)) => why,
+            other => panic!("expected a corrupt state, got {other:?}"),
+        }
+    }
+
+    /// A tracker with Service commands, an Event and nothing else in flight: the lists are in,
+    /// NRP was read, and the Service's first command (its finalizer) waits for its outcome.
+    fn tracker_with_commands_in_flight() -> Tracker {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).unwrap().id;
+        let step = tracker.complete(1, vec![(read, Outcome::NrpSnapshot(NrpState::default()))]);
+        assert!(step.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{step:?}");
+        tracker
+    }
+
+    // Regression: issue 14, found 4 (state import accepted trailing bytes).
+    #[test]
+    fn a_state_payload_with_bytes_after_it_is_refused_as_corrupt() {
+        let tracker = tracker_with_commands_in_flight();
+        let (version, payload) = tracker.export_state();
+        assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
+        let longer = [payload.as_slice(), &[0]].concat();
+        let why = corrupt(Tracker::import_state(clb(), version, &longer));
+        assert!(why.contains("1 byte(s) after the payload"), "{why}");
+    }
+
+    // Regression: issue 14, found 4 (a version-2 payload imported as version 1, without its egress side).
+    #[test]
+    fn a_version_2_payload_offered_as_version_1_is_refused_as_corrupt() {
+        let (version, payload) = tracker_with_commands_in_flight().export_state();
+        assert_eq!(version, 2);
+        let why = corrupt(Tracker::import_state(clb(), 1, &payload));
+        assert!(why.starts_with("state version 1:") && why.contains("after the payload"), "{why}");
+    }
+
+    // Regression: issue 14, found 4 (counters of commands in flight were not validated on import).
+    #[test]
+    fn a_state_whose_counters_disagree_with_its_commands_in_flight_is_refused_as_corrupt() {
+        let tracker = tracker_with_commands_in_flight();
+        let tampered: [(&str, fn(&mut State)); 7] = [
+            ("Service commands counted", |s| s.service_commands_in_flight += 1),
+            ("NRP writes counted", |s| s.nrp.service_writes_in_flight += 1),
+            ("reads of NRP flagged", |s| s.nrp.read_in_flight = true),
+            ("batch in flight", |s| s.nrp.batch_in_flight = Some(0)),
+            ("the next command id is 1", |s| s.next_command_id = 1),
+            ("whose lifecycle does not wait for it", |s| {
+                s.lifecycles.values_mut().for_each(|l| l.in_flight = None);
+            }),
+            ("lifecycles wait for a command", |s| {
+                let (&id, _) = s.in_flight.iter().find(|(_, f)| matches!(f, InFlight::Service { .. })).unwrap();
+                s.in_flight.remove(&id);
+                s.service_commands_in_flight -= 1;
+            }),
+        ];
+        for (expected, tamper) in tampered {
+            let mut state = tracker.state.clone();
+            tamper(&mut state);
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
+            let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
+            assert!(why.contains(expected), "{expected:?} not in {why:?}");
+        }
     }
 
     #[test]
