@@ -36,6 +36,12 @@ pub const REASON_RETRYING: &str = "LoadBalancerBackendPoolUpdateRetrying";
 pub const REASON_FAILED: &str = "LoadBalancerBackendPoolUpdateFailed";
 /// The default retry budget (upstream's `loadBalancerBackendPoolUpdateMaxRetries`, DOC-10417).
 pub const DEFAULT_MAX_RETRIES: u32 = 3;
+/// The longest a pool stays parked after a `Retry-After` (issue 15, defect 2): five minutes, the
+/// tracker's resync period (`tracker::timing::RETRY_AFTER_CAP_MS`, the same policy). A longer
+/// `Retry-After` is wrong or misread (the host turns one of ~1.8e16 s or more into `u64::MAX`)
+/// and would hold the pool's node IPs indefinitely; a capped one says so in the
+/// `LoadBalancerBackendPoolUpdateRetrying` Event.
+pub const MAX_RETRY_AFTER_MS: u64 = 5 * 60_000;
 
 /// Whether an operation puts node IPs into a pool or takes them out of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -385,12 +391,18 @@ impl PoolQueue {
                     GroupReport { disposition: Disposition::Dropped, not_before_ms: None, events: vec![] }
                 }
                 FailureClass::Retriable if !flight.ops.is_empty() && spent(&flight.ops) < self.max_retries => {
-                    let not_before = now_ms.saturating_add(failure.retry_after_ms.unwrap_or(0));
+                    let asked = failure.retry_after_ms.unwrap_or(0);
+                    let not_before = now_ms.saturating_add(asked.min(MAX_RETRY_AFTER_MS));
+                    let capped = if asked > MAX_RETRY_AFTER_MS {
+                        format!(" (Retry-After of {asked} ms capped at {MAX_RETRY_AFTER_MS} ms)")
+                    } else {
+                        String::new()
+                    };
                     let parked = self.parked.entry(flight.key.clone()).or_insert(not_before);
                     *parked = (*parked).max(not_before);
                     // Back at the head, in arrival order: older than anything queued since.
                     for mut queued in flight.ops.iter().rev().cloned() {
-                        queued.retries += 1;
+                        queued.retries = queued.retries.saturating_add(1);
                         self.queue.push_front(queued);
                     }
                     GroupReport {
@@ -400,9 +412,9 @@ impl PoolQueue {
                             EventType::Normal,
                             REASON_RETRYING,
                             format!(
-                                "updating backend pool {pool} failed with HTTP {}, retrying (attempt {} of {}): {}",
+                                "updating backend pool {pool} failed with HTTP {}, retrying (attempt {} of {}){capped}: {}",
                                 failure.status,
-                                spent(&flight.ops) + 1,
+                                spent(&flight.ops).saturating_add(1),
                                 self.max_retries,
                                 failure.message
                             ),
@@ -777,6 +789,28 @@ mod tests {
         // The requeued add first, then the newer remove: the net effect is the remove.
         assert_eq!((g.add, g.remove), (vec![], strings(&["10.0.0.1"])));
         assert!(q.is_empty());
+    }
+
+    // Regression: issue 15, defect 2 (Retry-After never capped) and issue 14, found 1 (u64 overflow
+    // from a Retry-After).
+    #[test]
+    fn a_retry_after_longer_than_five_minutes_parks_the_pool_for_five_minutes_and_says_so() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1")]);
+        let now = 1_700_000_000_000;
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(now, &a).remove(0);
+        let report = q.report(now, g.id, &failed(429, Some(u64::MAX))).unwrap();
+        assert_eq!(report.not_before_ms, Some(now + MAX_RETRY_AFTER_MS));
+        assert!(report.events[0].message.contains("capped at 300000 ms"), "{}", report.events[0].message);
+        assert_eq!(q.status(now).wake_at_ms, Some(now + MAX_RETRY_AFTER_MS));
+        assert!(q.drain_and_group(now + MAX_RETRY_AFTER_MS - 1, &a).is_empty());
+        let g = q.drain_and_group(now + MAX_RETRY_AFTER_MS, &a).remove(0);
+        // At the end of time the park saturates instead of wrapping round to "now".
+        let report = q.report(u64::MAX - 1, g.id, &failed(429, Some(10_000))).unwrap();
+        assert_eq!(report.not_before_ms, Some(u64::MAX));
+        assert!(!report.events[0].message.contains("capped"));
+        assert!(!q.status(u64::MAX - 1).ready);
     }
 
     #[test]

@@ -357,4 +357,25 @@ pub struct Step {
     pub wake_at_ms: Option<u64>,
     /// Nothing in flight, nothing left to do but the periodic resync.
     pub idle: bool,
+    /// Lines for the host's log, which the adapter sends through the `diagnostics` import (they
+    /// are not part of the WIT `step`): what an operator may want to know that is neither a
+    /// command nor an Event, e.g. a `Retry-After` the tracker did not honour in full. Computed
+    /// from the inputs like everything else, so deterministic.
+    pub logs: Vec<LogLine>,
+}
+
+/// How much a log line matters: the `diagnostics` import's levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// One line for the host's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    pub level: LogLevel,
+    pub message: String,
 }

@@ -43,6 +43,19 @@ pub mod timing {
     pub const JITTER_PERCENT: u64 = 20;
     /// How often NRP is read back to repair drift.
     pub const RESYNC_INTERVAL_MS: u64 = 5 * 60_000;
+    /// The longest `Retry-After` the tracker honours (issue 15, defect 2): the resync period.
+    /// A longer one would hold a Service's retries, every Service's addresses (the
+    /// address-location batch) or the read of NRP past the next periodic resync, which is the
+    /// slowest the tracker otherwise ever acts on anything; a server asking for more than that
+    /// is wrong or the header was misread (the host turns a `Retry-After` of ~1.8e16 s or more
+    /// into `u64::MAX`). A capped value is logged (`Step::logs`).
+    pub const RETRY_AFTER_CAP_MS: u64 = RESYNC_INTERVAL_MS;
+    /// The longest delay the tracker ever schedules: a backoff (at most 36 s, or a capped
+    /// `Retry-After`) or the resync period.
+    pub const MAX_DELAY_MS: u64 = RESYNC_INTERVAL_MS;
+    const _: () = assert!(
+        BACKOFF_CAP_MS + BACKOFF_CAP_MS * JITTER_PERCENT / 100 <= MAX_DELAY_MS && RETRY_AFTER_CAP_MS <= MAX_DELAY_MS
+    );
 }
 
 /// The most locations one `update-address-locations` carries.
@@ -401,7 +414,8 @@ pub struct Tracker {
     egress: Egress,
 }
 
-/// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After`.
+/// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After` up to
+/// [`timing::RETRY_AFTER_CAP_MS`].
 pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
     let exponent = attempt.saturating_sub(1).min(5);
     let base = (timing::BACKOFF_BASE_MS << exponent).min(timing::BACKOFF_CAP_MS);
@@ -411,7 +425,22 @@ pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
     }
     let jitter = base * (hash % (timing::JITTER_PERCENT + 1)) / 100;
-    (base + jitter).max(retry_after_ms.unwrap_or(0))
+    (base + jitter).max(retry_after_ms.unwrap_or(0).min(timing::RETRY_AFTER_CAP_MS))
+}
+
+/// [`backoff_ms`] after a failure, logging a `Retry-After` longer than the cap: what it was
+/// asked for (`what`) and what is honoured instead.
+fn retry_delay(key: &str, attempt: u32, failure: &Failure, what: impl std::fmt::Display, step: &mut Step) -> u64 {
+    let delay = backoff_ms(key, attempt, failure.retry_after_ms);
+    if let Some(asked) = failure.retry_after_ms.filter(|&ms| ms > timing::RETRY_AFTER_CAP_MS) {
+        let message = format!(
+            "{what}: HTTP {} asked to retry after {asked} ms; retrying after {delay} ms (Retry-After is capped at {} ms)",
+            failure.status,
+            timing::RETRY_AFTER_CAP_MS
+        );
+        step.logs.push(LogLine { level: LogLevel::Warn, message });
+    }
+    delay
 }
 
 /// Orphan clean-up touches only names shaped like Kubernetes UIDs, as upstream does.
@@ -542,8 +571,8 @@ impl Tracker {
                     }
                     self.service_outcome(&identity, id, op, outcome, now_ms, &mut step);
                 }
-                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now_ms),
-                InFlight::ReadNrp => self.read_outcome(outcome, now_ms),
+                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now_ms, &mut step),
+                InFlight::ReadNrp => self.read_outcome(outcome, now_ms, &mut step),
                 // Events are best effort; a lost one is not worth a retry.
                 InFlight::Event => {}
             }
@@ -1218,10 +1247,11 @@ impl Tracker {
             self.event(&service, EventType::Warning, reason::LOAD_BALANCER_CONFIGURATION_REJECTED, message, step);
             return;
         }
-        lifecycle.retries += 1;
-        let delay = backoff_ms(identity, lifecycle.retries, failure.retry_after_ms);
-        lifecycle.not_before_ms = now + delay;
-        self.state.timers.insert((now + delay, identity.to_owned()));
+        lifecycle.retries = lifecycle.retries.saturating_add(1);
+        let what = format!("{op:?} for load balancer {identity}");
+        let at = now.saturating_add(retry_delay(identity, lifecycle.retries, &failure, what, step));
+        lifecycle.not_before_ms = at;
+        self.state.timers.insert((at, identity.to_owned()));
         if !lifecycle.failing {
             lifecycle.failing = true;
             let message = format!(
@@ -1285,7 +1315,7 @@ impl Tracker {
         self.state.nrp.batch_in_flight = Some(id);
     }
 
-    fn locations_outcome(&mut self, batch: Vec<NrpLocation>, outcome: Outcome, now: u64) {
+    fn locations_outcome(&mut self, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
         self.state.nrp.batch_in_flight = None;
         match outcome {
             Outcome::Failed(failure) => {
@@ -1304,35 +1334,38 @@ impl Tracker {
                     }
                     return;
                 }
-                nrp.batch_retries += 1;
-                nrp.batch_not_before_ms =
-                    now + backoff_ms("address-locations", nrp.batch_retries, failure.retry_after_ms);
+                // Every Service's addresses wait for this batch: the cap bounds how long.
+                nrp.batch_retries = nrp.batch_retries.saturating_add(1);
+                let what = "update-address-locations";
+                let delay = retry_delay("address-locations", nrp.batch_retries, &failure, what, step);
+                nrp.batch_not_before_ms = now.saturating_add(delay);
             }
             _ => {
                 self.state.diff.apply(&batch);
                 let nrp = &mut self.state.nrp;
                 nrp.batch_retries = 0;
                 nrp.batch_not_before_ms = 0;
-                nrp.batch_limit = (nrp.batch_limit * 2).min(MAX_LOCATIONS_PER_BATCH);
+                nrp.batch_limit = nrp.batch_limit.saturating_mul(2).min(MAX_LOCATIONS_PER_BATCH);
             }
         }
     }
 
     // ---- Reading NRP ----
 
-    fn read_outcome(&mut self, outcome: Outcome, now: u64) {
+    fn read_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) {
         self.state.nrp.read_in_flight = false;
         let snapshot = match outcome {
             Outcome::NrpSnapshot(snapshot) => snapshot,
             Outcome::Failed(failure) => {
                 let nrp = &mut self.state.nrp;
-                nrp.read_retries += 1;
-                nrp.next_read_ms = now + backoff_ms("read-nrp", nrp.read_retries, failure.retry_after_ms);
+                nrp.read_retries = nrp.read_retries.saturating_add(1);
+                let delay = retry_delay("read-nrp", nrp.read_retries, &failure, "read-nrp", step);
+                nrp.next_read_ms = now.saturating_add(delay);
                 return;
             }
             // Any other answer is a host bug; read again after the shortest backoff.
             Outcome::Ok | Outcome::PublicIpAddress(_) => {
-                self.state.nrp.next_read_ms = now + timing::BACKOFF_BASE_MS;
+                self.state.nrp.next_read_ms = now.saturating_add(timing::BACKOFF_BASE_MS);
                 return;
             }
         };
@@ -1352,7 +1385,9 @@ impl Tracker {
         nrp.foreign = foreign;
         nrp.loaded = true;
         nrp.read_retries = 0;
-        nrp.next_read_ms = now + timing::RESYNC_INTERVAL_MS;
+        // Saturating, like every deadline: near the end of u64 time a wrapped deadline would
+        // keep a read always due, and a due read holds every NRP write.
+        nrp.next_read_ms = now.saturating_add(timing::RESYNC_INTERVAL_MS);
         nrp.quarantined.clear();
         if self.state.reconciled {
             self.reconcile_with_nrp();
@@ -1592,6 +1627,167 @@ mod tests {
             assert_eq!(delay, backoff_ms("uid", attempt, None), "deterministic");
         }
         assert_eq!(backoff_ms("uid", 1, Some(45_000)), 45_000, "Retry-After wins when longer");
+    }
+
+    // Regression: issue 15, defect 2 (Retry-After never capped).
+    #[test]
+    fn a_retry_after_is_honoured_up_to_the_resync_period_and_no_further() {
+        assert_eq!(backoff_ms("uid", 1, Some(timing::RETRY_AFTER_CAP_MS)), timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(backoff_ms("uid", 1, Some(timing::RETRY_AFTER_CAP_MS + 1)), timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(backoff_ms("uid", 40, Some(u64::MAX)), timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(timing::RETRY_AFTER_CAP_MS, timing::RESYNC_INTERVAL_MS);
+    }
+
+    const NOW: u64 = 1_700_000_000_000;
+    const UID: &str = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";
+
+    fn throttled(retry_after_ms: u64) -> Outcome {
+        Outcome::Failed(Failure {
+            status: 429,
+            code: None,
+            retry_after_ms: Some(retry_after_ms),
+            message: "throttled".into(),
+        })
+    }
+
+    /// What Azure and the API server answer when all goes well; NRP lists `registered`.
+    fn answer_ok(registered: &[&str]) -> impl Fn(&Command) -> Outcome {
+        let services: Vec<NrpService> = registered
+            .iter()
+            .map(|name| NrpService {
+                name: (*name).into(),
+                service_type: "Inbound".into(),
+                backend_pools: vec![],
+                is_default: false,
+            })
+            .collect();
+        move |command| match command {
+            Command::PutPublicIp(_) => Outcome::PublicIpAddress("20.0.0.1".into()),
+            Command::ReadNrp => Outcome::NrpSnapshot(NrpState { services: services.clone(), locations: vec![] }),
+            _ => Outcome::Ok,
+        }
+    }
+
+    /// Runs `step`'s commands and every command that follows at `now`, answered by `answer`;
+    /// returns them all, every log line, and the last step.
+    fn drive(
+        tracker: &mut Tracker,
+        now: u64,
+        mut step: Step,
+        mut answer: impl FnMut(&Command) -> Outcome,
+    ) -> (Vec<Command>, Vec<LogLine>, Step) {
+        let (mut issued, mut logs) = (Vec::new(), Vec::new());
+        for _ in 0..1_000 {
+            logs.extend(step.logs.iter().cloned());
+            if step.commands.is_empty() {
+                return (issued, logs, step);
+            }
+            let results = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+            issued.extend(step.commands.iter().map(|c| c.command.clone()));
+            step = tracker.complete(now, results);
+        }
+        panic!("the tracker kept issuing commands: {:?}", &issued[issued.len() - 10..]);
+    }
+
+    fn is_location_update(command: &Command) -> bool {
+        matches!(command, Command::UpdateAddressLocations(_))
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow from a Retry-After): the shortest sequence.
+    #[test]
+    fn a_retry_after_of_u64_max_on_a_read_of_nrp_waits_the_cap_instead_of_reading_again_at_once() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.tick(NOW);
+        assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, throttled(u64::MAX))]);
+        assert!(step.commands.is_empty(), "no read again at once: {:?}", step.commands);
+        assert_eq!(step.wake_at_ms, Some(NOW + timing::RETRY_AFTER_CAP_MS));
+        assert_eq!(step.logs.len(), 1, "{:?}", step.logs);
+        assert_eq!(step.logs[0].level, LogLevel::Warn);
+        assert!(step.logs[0].message.contains("read-nrp") && step.logs[0].message.contains("capped at 300000 ms"));
+        assert!(tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS - 1).commands.is_empty());
+        let step = tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
+        assert!(step.logs.is_empty());
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in `service_outcome`.
+    #[test]
+    fn a_retry_after_of_u64_max_on_a_service_command_holds_that_service_for_the_cap() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
+        let finalizer = step.commands.iter().find(|c| matches!(c.command, Command::SetFinalizer { .. })).unwrap().id;
+        let step = tracker.complete(NOW, vec![(finalizer, throttled(u64::MAX))]);
+        assert!(step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))), "{:?}", step.commands);
+        assert_eq!(step.wake_at_ms, Some(NOW + timing::RETRY_AFTER_CAP_MS));
+        assert!(step.logs[0].message.contains("AddFinalizer for load balancer"), "{:?}", step.logs);
+        let early = tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS - 1);
+        assert!(early.commands.iter().all(|c| !matches!(c.command, Command::SetFinalizer { .. })));
+        let due = tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS);
+        assert!(due.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{due:?}");
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in the address-location
+    // batch, which every Service's addresses wait for: they wait no longer than the cap.
+    #[test]
+    fn a_retry_after_of_u64_max_on_the_address_location_batch_holds_the_addresses_no_longer_than_the_cap() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let slice = EndpointSlice {
+            namespace: "default".into(),
+            name: "web-1".into(),
+            owner_service_uid: Some(UID.into()),
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint {
+                addresses: vec!["10.244.0.5".into()],
+                node_name: Some("n1".into()),
+                ready: Some(true),
+            }],
+            deleting: false,
+        };
+        let step = tracker.observe(
+            NOW,
+            vec![
+                Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] }),
+                Observation::ServiceUpserted(lb_service("Local")),
+                Observation::SliceUpserted(slice),
+                Observation::ListsComplete,
+            ],
+        );
+        let ok = answer_ok(&[UID]);
+        let mut batches = 0;
+        let (issued, logs, _) = drive(&mut tracker, NOW, step, |command| {
+            if is_location_update(command) {
+                batches += 1;
+                return throttled(u64::MAX);
+            }
+            ok(command)
+        });
+        assert_eq!(batches, 1, "{issued:?}");
+        assert!(logs.iter().any(|l| l.message.contains("update-address-locations")), "{logs:?}");
+        assert!(tracker.tick(NOW + 1).commands.is_empty());
+        let wait = timing::RETRY_AFTER_CAP_MS;
+        let step = tracker.tick(NOW + wait - 1);
+        assert!(!step.commands.iter().any(|c| is_location_update(&c.command)));
+        let step = tracker.tick(NOW + wait);
+        let (issued, _, _) = drive(&mut tracker, NOW + wait, step, &ok);
+        assert!(issued.iter().any(is_location_update), "sent after the cap: {issued:?}");
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow): a read within five minutes of the end of u64
+    // time set a wrapped deadline that kept a read always due, holding NRP writes forever.
+    #[test]
+    fn a_read_of_nrp_near_the_end_of_u64_time_does_not_hold_nrp_writes_forever() {
+        let now = u64::MAX - 60_000;
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(now, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let (issued, _, last) = drive(&mut tracker, now, step, answer_ok(&[]));
+        assert_eq!(issued.iter().filter(|c| **c == Command::ReadNrp).count(), 1, "{issued:?}");
+        assert!(issued.iter().any(|c| matches!(c, Command::UpdateServices(_))), "registered: {issued:?}");
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
+        assert_eq!(last.wake_at_ms, Some(u64::MAX), "the next resync saturates");
     }
 
     #[test]
