@@ -25,6 +25,7 @@
 //! keys in upstream's map and ARM names do; IPs compare in canonical text.
 
 use crate::ip;
+use crate::model::Clock;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -191,6 +192,9 @@ pub struct PoolQueue {
     parked: BTreeMap<String, u64>,
     in_flight: BTreeMap<u64, InFlight>,
     next_group: u64,
+    /// The queue's time: the host's `now-ms`, monotonic ([`Clock`]); `parked` is in it, so a
+    /// step back of the host's clock does not stretch a park.
+    clock: Clock,
 }
 
 impl Default for PoolQueue {
@@ -212,7 +216,14 @@ fn canonical_ip(text: &str) -> String {
 impl PoolQueue {
     /// An empty queue; a failed group is retried at most `max_retries` times.
     pub fn new(max_retries: u32) -> Self {
-        Self { max_retries, queue: VecDeque::new(), parked: BTreeMap::new(), in_flight: BTreeMap::new(), next_group: 1 }
+        Self {
+            max_retries,
+            queue: VecDeque::new(),
+            parked: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            next_group: 1,
+            clock: Clock::default(),
+        }
     }
 
     /// Queued operations (upstream `countOperations`), parked ones included.
@@ -264,11 +275,13 @@ impl PoolQueue {
     /// How full the queue is at `now_ms`; stops at the first drainable operation. An operation
     /// of a pool with a group in flight is not drainable: the report of that group makes it so.
     pub fn status(&self, now_ms: u64) -> QueueStatus {
+        let mut clock = self.clock; // as a call now would leave it, without changing it
+        let now = clock.read(now_ms);
         let in_flight = self.pools_in_flight();
         QueueStatus {
             queued: u32::try_from(self.queue.len()).unwrap_or(u32::MAX),
-            ready: self.queue.iter().any(|q| !self.is_parked(&q.key, now_ms) && !in_flight.contains(q.key.as_str())),
-            wake_at_ms: self.parked.values().copied().filter(|&until| until > now_ms).min(),
+            ready: self.queue.iter().any(|q| !self.is_parked(&q.key, now) && !in_flight.contains(q.key.as_str())),
+            wake_at_ms: self.parked.values().copied().filter(|&until| until > now).min().map(|at| clock.to_host(at)),
         }
     }
 
@@ -284,7 +297,8 @@ impl PoolQueue {
     /// The host reports every group it drained (`PoolUpdater` does so in the same tick); a
     /// group never reported holds its pool's later operations.
     pub fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Vec<PoolGroup> {
-        self.parked.retain(|_, until| *until > now_ms);
+        let now = self.clock.read(now_ms);
+        self.parked.retain(|_, until| *until > now);
         let in_flight: BTreeSet<String> = self.pools_in_flight().into_iter().map(str::to_owned).collect();
         let assigned: BTreeMap<String, String> =
             assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())).collect();
@@ -362,6 +376,7 @@ impl PoolQueue {
 
     /// The outcome of a drained group; `None` when the id is unknown or already reported.
     pub fn report(&mut self, now_ms: u64, group: u64, outcome: &GroupOutcome) -> Option<GroupReport> {
+        let now = self.clock.read(now_ms);
         let flight = self.in_flight.remove(&group)?;
         let pool = format!("{}/{}", flight.load_balancer, flight.pool);
         let events = |event_type, reason: &str, message: String| -> Vec<ServiceEvent> {
@@ -392,7 +407,7 @@ impl PoolQueue {
                 }
                 FailureClass::Retriable if !flight.ops.is_empty() && spent(&flight.ops) < self.max_retries => {
                     let asked = failure.retry_after_ms.unwrap_or(0);
-                    let not_before = now_ms.saturating_add(asked.min(MAX_RETRY_AFTER_MS));
+                    let not_before = now.saturating_add(asked.min(MAX_RETRY_AFTER_MS));
                     let capped = if asked > MAX_RETRY_AFTER_MS {
                         format!(" (Retry-After of {asked} ms capped at {MAX_RETRY_AFTER_MS} ms)")
                     } else {
@@ -407,7 +422,7 @@ impl PoolQueue {
                     }
                     GroupReport {
                         disposition: Disposition::Requeued,
-                        not_before_ms: Some(not_before),
+                        not_before_ms: Some(self.clock.to_host(not_before)),
                         events: events(
                             EventType::Normal,
                             REASON_RETRYING,
@@ -811,6 +826,28 @@ mod tests {
         assert_eq!(report.not_before_ms, Some(u64::MAX));
         assert!(!report.events[0].message.contains("capped"));
         assert!(!q.status(u64::MAX - 1).ready);
+    }
+
+    // Regression: issue 14, found 3 (after the clock steps back, deadlines wait for it to catch up).
+    #[test]
+    fn after_the_clock_steps_back_a_parked_pool_waits_only_what_was_left_of_its_park() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(10_000_000, &a).remove(0);
+        let report = q.report(10_000_000, g.id, &failed(429, Some(60_000))).unwrap();
+        assert_eq!(report.not_before_ms, Some(10_060_000));
+        assert!(q.drain_and_group(10_020_000, &a).is_empty(), "parked");
+        // The host's clock steps back an hour: 40 s of the park are left, not 1 h 40 s.
+        let back = 10_020_000 - 3_600_000;
+        assert_eq!(q.status(back).wake_at_ms, Some(back + 40_000));
+        assert!(q.drain_and_group(back, &a).is_empty());
+        assert!(q.drain_and_group(back + 39_999, &a).is_empty());
+        let g = q.drain_and_group(back + 40_000, &a).remove(0);
+        // Times the host is told are in its own clock.
+        let report = q.report(back + 40_000, g.id, &failed(429, Some(1_000))).unwrap();
+        assert_eq!(report.not_before_ms, Some(back + 41_000));
+        assert_eq!(q.status(back + 40_500).wake_at_ms, Some(back + 41_000));
     }
 
     #[test]

@@ -405,14 +405,26 @@ struct State {
     reconciled: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Tracker {
     config: Config,
     mode: Mode,
     state: State,
     /// Egress pods and identities (state version 2), beside the version-1 [`State`].
     egress: Egress,
+    /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
+    /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
+    clock: Clock,
 }
+
+/// Two trackers are equal when their configuration and state are: the clock is not state.
+impl PartialEq for Tracker {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.config, self.mode, &self.state, &self.egress) == (&other.config, other.mode, &other.state, &other.egress)
+    }
+}
+
+impl Eq for Tracker {}
 
 /// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After` up to
 /// [`timing::RETRY_AFTER_CAP_MS`].
@@ -495,7 +507,7 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let state =
             State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        Ok(Self { config, mode, state, egress: Egress::default() })
+        Ok(Self { config, mode, state, egress: Egress::default(), clock: Clock::default() })
     }
 
     pub fn mode(&self) -> Mode {
@@ -538,6 +550,7 @@ impl Tracker {
     }
 
     pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
+        let now = self.clock.read(now_ms);
         let mut step = Step::default();
         for observation in batch {
             match observation {
@@ -554,11 +567,12 @@ impl Tracker {
                 }
             }
         }
-        self.pump(now_ms, &mut step);
+        self.pump(now, &mut step);
         step
     }
 
     pub fn complete(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>) -> Step {
+        let now = self.clock.read(now_ms);
         let mut step = Step::default();
         for (id, outcome) in results {
             // An unknown id is a duplicate or stale answer: ignoring it is safe.
@@ -569,21 +583,22 @@ impl Tracker {
                     if op.writes_nrp() {
                         self.state.nrp.service_writes_in_flight -= 1;
                     }
-                    self.service_outcome(&identity, id, op, outcome, now_ms, &mut step);
+                    self.service_outcome(&identity, id, op, outcome, now, &mut step);
                 }
-                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now_ms, &mut step),
-                InFlight::ReadNrp => self.read_outcome(outcome, now_ms, &mut step),
+                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now, &mut step),
+                InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
                 // Events are best effort; a lost one is not worth a retry.
                 InFlight::Event => {}
             }
         }
-        self.pump(now_ms, &mut step);
+        self.pump(now, &mut step);
         step
     }
 
     pub fn tick(&mut self, now_ms: u64) -> Step {
+        let now = self.clock.read(now_ms);
         let mut step = Step::default();
-        self.pump(now_ms, &mut step);
+        self.pump(now, &mut step);
         step
     }
 
@@ -940,7 +955,8 @@ impl Tracker {
         self.state.lists_complete && self.state.nrp.loaded && self.state.reconciled
     }
 
-    /// Starts whatever can start now; sets when to be called again.
+    /// Starts whatever can start now (the tracker's time, [`Clock`]); sets when to be called
+    /// again (the host's time).
     fn pump(&mut self, now: u64, step: &mut Step) {
         if self.mode != Mode::ContainerLoadBalancer {
             // Outside CLB mode the tracker provisions nothing (the backend-pool updater serves
@@ -948,6 +964,7 @@ impl Tracker {
             step.idle = step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_)));
             return;
         }
+        self.bring_in_deadlines(now);
         self.maybe_reconcile();
         while let Some((at, identity)) = self.state.timers.first().cloned() {
             if at > now {
@@ -984,9 +1001,30 @@ impl Tracker {
                 self.sync_locations(now, step);
             }
         }
-        step.wake_at_ms = self.next_wake(now);
+        step.wake_at_ms = self.next_wake(now).map(|at| self.clock.to_host(at));
         step.idle =
             step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))) && self.is_quiet_after_events();
+    }
+
+    /// No deadline is further ahead than the longest delay the tracker schedules
+    /// ([`timing::MAX_DELAY_MS`]), which its own deadlines never are (its clock does not go back).
+    /// One that is was set by a clock ahead of this one (a state imported from another host, or
+    /// exported before a step back) or by an older version that honoured any `Retry-After`: it
+    /// is brought in to now plus that delay, so nothing waits longer. Costs a look at the last
+    /// timer unless there is something to bring in; `advance` does the same for a Service's own
+    /// deadline.
+    fn bring_in_deadlines(&mut self, now: u64) {
+        let latest = now.saturating_add(timing::MAX_DELAY_MS);
+        let nrp = &mut self.state.nrp;
+        nrp.next_read_ms = nrp.next_read_ms.min(latest);
+        nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
+        while let Some((_, identity)) = self.state.timers.last().filter(|(at, _)| *at > latest).cloned() {
+            self.state.timers.pop_last();
+            if let Some(lifecycle) = self.state.lifecycles.get_mut(&identity) {
+                lifecycle.not_before_ms = lifecycle.not_before_ms.min(latest);
+            }
+            self.state.timers.insert((latest, identity));
+        }
     }
 
     /// Quiet once the Events just issued are counted as done (they need no answer to proceed).
@@ -1033,6 +1071,8 @@ impl Tracker {
                 return true;
             }
             if lifecycle.not_before_ms > now {
+                // As `bring_in_deadlines`: never further ahead than the longest delay.
+                lifecycle.not_before_ms = lifecycle.not_before_ms.min(now.saturating_add(timing::MAX_DELAY_MS));
                 self.state.timers.insert((lifecycle.not_before_ms, identity.to_owned()));
                 return true;
             }
@@ -1278,7 +1318,11 @@ impl Tracker {
             OpStep::ClearStatus => lifecycle.object.ingress.clear(),
             _ => {}
         }
+        // The backoff was for the step that just succeeded: the next step, or the end of the
+        // operation, must not wait for it (issue 14, found 3: after the clock stepped back, a
+        // stale deadline held `finish_operation` back after the finalizer was removed).
         lifecycle.retries = 0;
+        lifecycle.not_before_ms = 0;
         lifecycle.failing = false;
         if lifecycle.phase.is_deleting() && !op.is_delete_step() {
             return; // pre-empted by a delete; its facts are recorded above
@@ -1482,7 +1526,7 @@ impl Tracker {
         };
         state.check().map_err(corrupt)?;
         egress.check().map_err(corrupt)?;
-        Ok(Self { config, mode, state, egress })
+        Ok(Self { config, mode, state, egress, clock: Clock::default() })
     }
 }
 
@@ -1788,6 +1832,111 @@ mod tests {
         assert!(issued.iter().any(|c| matches!(c, Command::UpdateServices(_))), "registered: {issued:?}");
         assert_eq!(tracker.phase(UID), Some(Phase::Created));
         assert_eq!(last.wake_at_ms, Some(u64::MAX), "the next resync saturates");
+    }
+
+    fn failed(status: u16) -> Outcome {
+        Outcome::Failed(Failure { status, code: None, retry_after_ms: None, message: format!("HTTP {status}") })
+    }
+
+    fn finalizer_change(step: &Step) -> Option<(u64, bool)> {
+        step.commands.iter().find_map(|c| match c.command {
+            Command::SetFinalizer { present, .. } => Some((c.id, present)),
+            _ => None,
+        })
+    }
+
+    /// A tracker whose Service's first command (adding the finalizer) failed at [`NOW`].
+    fn tracker_retrying_its_finalizer() -> (Tracker, Step) {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
+        let (id, _) = finalizer_change(&step).unwrap();
+        let step = tracker.complete(NOW, vec![(id, failed(500))]);
+        (tracker, step)
+    }
+
+    // Regression: issue 14, found 3 (the clock stepping back): a stale backoff deadline held back
+    // the end of a deletion after its finalizer was removed, an upsert that re-added the finalizer
+    // in that window was absorbed, and the lifecycle was dropped with the finalizer still held.
+    #[test]
+    fn after_the_clock_steps_back_a_deletion_ends_when_its_finalizer_is_gone_and_a_finalizer_put_back_is_removed() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        drive(&mut tracker, NOW, step, answer_ok(&[]));
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
+        let deleting = Service { deleting: true, finalizers: vec![FINALIZER.into()], ..lb_service("Local") };
+        let t1 = NOW + 60_000;
+        let step = tracker.observe(t1, vec![Observation::ServiceUpserted(deleting.clone())]);
+        let mut removals = 0;
+        drive(&mut tracker, t1, step, |command| match command {
+            Command::SetFinalizer { present: false, .. } => {
+                removals += 1;
+                failed(500)
+            }
+            other => answer_ok(&[])(other),
+        });
+        assert_eq!(removals, 1);
+        let retry = tracker.tick(t1 + 2_000);
+        assert_eq!(finalizer_change(&retry).map(|(_, present)| present), Some(false), "{retry:?}");
+        // The finalizer is removed; the answer comes after the host's clock stepped back an hour.
+        let back = t1 - 3_600_000;
+        let step = tracker.complete(back, vec![(finalizer_change(&retry).unwrap().0, Outcome::Ok)]);
+        let deleted = step
+            .commands
+            .iter()
+            .any(|c| matches!(&c.command, Command::EmitEvent(e) if e.reason == reason::DELETED_LOAD_BALANCER));
+        assert!(deleted, "the deletion ends at once: {step:?}");
+        assert_eq!(tracker.phase(UID), None);
+        // Someone puts the finalizer back: it is ours, so it is cleaned up and released again.
+        let step = tracker.observe(back + 1, vec![Observation::ServiceUpserted(deleting)]);
+        let (issued, _, _) = drive(&mut tracker, back + 1, step, answer_ok(&[]));
+        assert!(issued.iter().any(|c| matches!(c, Command::SetFinalizer { present: false, .. })), "{issued:?}");
+        assert_eq!(tracker.phase(UID), None);
+    }
+
+    // Regression: issue 14, found 3 (the clock stepping back): absolute deadlines stalled every
+    // retry until the clock caught up.
+    #[test]
+    fn after_the_clock_steps_back_an_hour_a_retry_waits_only_what_was_left_of_its_backoff() {
+        let (mut tracker, step) = tracker_retrying_its_finalizer();
+        let wake = step.wake_at_ms.unwrap();
+        assert!((NOW + 1_000..=NOW + 1_200).contains(&wake), "{wake}");
+        let back = NOW - 3_600_000;
+        let step = tracker.tick(back);
+        assert_eq!(finalizer_change(&step), None);
+        assert_eq!(step.wake_at_ms, Some(wake - 3_600_000), "told in the host's clock");
+        assert_eq!(finalizer_change(&tracker.tick(wake - 3_600_000 - 1)), None);
+        assert_eq!(finalizer_change(&tracker.tick(wake - 3_600_000)).map(|(_, present)| present), Some(true));
+        // A step forward is time that passed: the next backoff counts from it.
+        let step = tracker.complete(NOW + 7_200_000, vec![]);
+        assert!(step.commands.iter().any(|c| c.command == Command::ReadNrp), "the resync is overdue: {step:?}");
+    }
+
+    // Regression: issue 14, found 3 and issue 15, defect 2: a state imported with deadlines further
+    // ahead than the tracker ever schedules (set under a clock that was ahead, or by a version that
+    // honoured any Retry-After) waits no longer than the longest delay.
+    #[test]
+    fn an_imported_deadline_further_ahead_than_the_longest_delay_is_brought_in_to_it() {
+        let (mut tracker, _) = tracker_retrying_its_finalizer();
+        let far = NOW + 1_000_000_000_000_000;
+        let lifecycle = tracker.state.lifecycles.get_mut(UID).unwrap();
+        assert!(lifecycle.not_before_ms > NOW);
+        lifecycle.not_before_ms = far;
+        tracker.state.timers = BTreeSet::from([(far, UID.to_owned())]);
+        tracker.state.nrp.next_read_ms = far;
+        let (version, payload) = tracker.export_state();
+        let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
+        let latest = NOW + 1 + timing::MAX_DELAY_MS;
+        let step = imported.tick(NOW + 1);
+        assert!(step.commands.is_empty(), "{step:?}");
+        assert_eq!(step.wake_at_ms, Some(latest));
+        let step = imported.tick(latest - 1);
+        assert!(step.commands.is_empty(), "{step:?}");
+        let step = imported.tick(latest);
+        assert!(step.commands.iter().any(|c| c.command == Command::ReadNrp), "{step:?}");
+        assert_eq!(finalizer_change(&step).map(|(_, present)| present), Some(true), "{step:?}");
     }
 
     #[test]
