@@ -642,8 +642,9 @@ impl Tracker {
             }
             Verdict::Rejected(_) | Verdict::NothingToProvision => {}
         }
-        self.state.service_by_identity.insert(identity, key.clone());
+        self.state.service_by_identity.insert(identity.clone(), key.clone());
         self.state.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
+        self.refuse_colliding_pods(&identity, step);
     }
 
     fn remove_service_object(&mut self, key: &ObjectKey) {
@@ -922,6 +923,15 @@ impl Tracker {
         }
     }
 
+    /// An inbound identity is known now (a Service, an orphan in NRP): egress pods carrying it
+    /// are refused, as they would have been had it been known when they were read (issue 14,
+    /// found 2; [`Egress::refuse_identity`]).
+    fn refuse_colliding_pods(&mut self, identity: &str, step: &mut Step) {
+        for (regarding, warning) in self.egress.refuse_identity(identity, &mut self.state.diff) {
+            self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+        }
+    }
+
     /// The egress side: the pods, the identities they carry and the reference counts (P4).
     pub fn egress(&self) -> &Egress {
         &self.egress
@@ -965,7 +975,7 @@ impl Tracker {
             return;
         }
         self.bring_in_deadlines(now);
-        self.maybe_reconcile();
+        self.maybe_reconcile(step);
         while let Some((at, identity)) = self.state.timers.first().cloned() {
             if at > now {
                 break;
@@ -1434,22 +1444,22 @@ impl Tracker {
         nrp.next_read_ms = now.saturating_add(timing::RESYNC_INTERVAL_MS);
         nrp.quarantined.clear();
         if self.state.reconciled {
-            self.reconcile_with_nrp();
+            self.reconcile_with_nrp(step);
         } else {
-            self.maybe_reconcile();
+            self.maybe_reconcile(step);
         }
     }
 
-    fn maybe_reconcile(&mut self) {
+    fn maybe_reconcile(&mut self, step: &mut Step) {
         if !self.state.reconciled && self.state.lists_complete && self.state.nrp.loaded {
             self.state.reconciled = true;
-            self.reconcile_with_nrp();
+            self.reconcile_with_nrp(step);
         }
     }
 
     /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
     /// Kubernetes does not explain (upstream §c.2.4).
-    fn reconcile_with_nrp(&mut self) {
+    fn reconcile_with_nrp(&mut self, step: &mut Step) {
         let registered: Vec<String> = self.state.diff.registered().iter().map(Name::to_string).collect();
         for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
             if lifecycle.phase == Phase::Created && !self.state.diff.is_registered(identity) {
@@ -1483,6 +1493,7 @@ impl Tracker {
                         uid: Name::new(&identity),
                     };
                     self.adopt_for_deletion(&identity, orphan, ObjectState::gone());
+                    self.refuse_colliding_pods(&identity, step);
                 }
             }
         }
