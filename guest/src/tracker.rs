@@ -13,8 +13,10 @@
 //! * One address-location batch is in flight at a time; it carries only registered, live
 //!   Services, so a failing Service never blocks another's addresses.
 //! * Failures back off per Service (1 s doubling to 30 s, deterministic jitter, at least
-//!   `Retry-After`); a periodic read of NRP repairs drift; nothing is written before the
-//!   initial lists are complete and NRP has been read.
+//!   `Retry-After` up to [`timing::RETRY_AFTER_CAP_MS`]); a periodic read of NRP repairs drift;
+//!   nothing is written before the initial lists are complete and NRP has been read.
+//! * Time is the host's `now`, made monotonic ([`Clock`]); every deadline saturates, and none is
+//!   further ahead than [`timing::MAX_DELAY_MS`].
 
 use crate::admission::{Verdict, admit_service};
 use crate::config::{Config, ConfigError, Mode, validate_config};
