@@ -12,6 +12,10 @@
 //!   it decides), so add/remove pairs cost nothing and the host writes a pool only when the
 //!   change is not already there (§i.3 item 5, the direction of PR #10730);
 //! * groups come out sorted by key, not in map order (§i.3 item 6);
+//! * the order of operations per pool is kept across retries: a pool with a group in flight
+//!   (drained, not yet reported) is not drained again until that group is reported, so an
+//!   operation requeued by the report stays ahead of everything queued for its pool since
+//!   (issue 14, found 5);
 //! * failures are classified (404 stale ⇒ dropped silently; 409/412/429 ⇒ requeued at the head
 //!   with a bounded budget, the pool parked until `Retry-After`; anything else ⇒ abandoned)
 //!   instead of all dropped (§i.3 item 1, DOC-10417);
@@ -21,6 +25,7 @@
 //! keys in upstream's map and ARM names do; IPs compare in canonical text.
 
 use crate::ip;
+use crate::model::Clock;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -32,6 +37,12 @@ pub const REASON_RETRYING: &str = "LoadBalancerBackendPoolUpdateRetrying";
 pub const REASON_FAILED: &str = "LoadBalancerBackendPoolUpdateFailed";
 /// The default retry budget (upstream's `loadBalancerBackendPoolUpdateMaxRetries`, DOC-10417).
 pub const DEFAULT_MAX_RETRIES: u32 = 3;
+/// The longest a pool stays parked after a `Retry-After` (issue 15, defect 2): five minutes, the
+/// tracker's resync period (`tracker::timing::RETRY_AFTER_CAP_MS`, the same policy). A longer
+/// `Retry-After` is wrong or misread (the host turns one of ~1.8e16 s or more into `u64::MAX`)
+/// and would hold the pool's node IPs indefinitely; a capped one says so in the
+/// `LoadBalancerBackendPoolUpdateRetrying` Event.
+pub const MAX_RETRY_AFTER_MS: u64 = 5 * 60_000;
 
 /// Whether an operation puts node IPs into a pool or takes them out of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -181,6 +192,9 @@ pub struct PoolQueue {
     parked: BTreeMap<String, u64>,
     in_flight: BTreeMap<u64, InFlight>,
     next_group: u64,
+    /// The queue's time: the host's `now-ms`, monotonic ([`Clock`]); `parked` is in it, so a
+    /// step back of the host's clock does not stretch a park.
+    clock: Clock,
 }
 
 impl Default for PoolQueue {
@@ -202,7 +216,14 @@ fn canonical_ip(text: &str) -> String {
 impl PoolQueue {
     /// An empty queue; a failed group is retried at most `max_retries` times.
     pub fn new(max_retries: u32) -> Self {
-        Self { max_retries, queue: VecDeque::new(), parked: BTreeMap::new(), in_flight: BTreeMap::new(), next_group: 1 }
+        Self {
+            max_retries,
+            queue: VecDeque::new(),
+            parked: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            next_group: 1,
+            clock: Clock::default(),
+        }
     }
 
     /// Queued operations (upstream `countOperations`), parked ones included.
@@ -246,19 +267,39 @@ impl PoolQueue {
         self.parked.get(key).is_some_and(|&until| until > now_ms)
     }
 
-    /// How full the queue is at `now_ms`; stops at the first drainable operation.
+    /// The pools with a group drained and not yet reported (a handful: the groups of one tick).
+    fn pools_in_flight(&self) -> BTreeSet<&str> {
+        self.in_flight.values().map(|f| f.key.as_str()).collect()
+    }
+
+    /// How full the queue is at `now_ms`; stops at the first drainable operation. An operation
+    /// of a pool with a group in flight is not drainable: the report of that group makes it so.
     pub fn status(&self, now_ms: u64) -> QueueStatus {
+        let mut clock = self.clock; // as a call now would leave it, without changing it
+        let now = clock.read(now_ms);
+        let in_flight = self.pools_in_flight();
         QueueStatus {
             queued: u32::try_from(self.queue.len()).unwrap_or(u32::MAX),
-            ready: self.queue.iter().any(|q| !self.is_parked(&q.key, now_ms)),
-            wake_at_ms: self.parked.values().copied().filter(|&until| until > now_ms).min(),
+            ready: self.queue.iter().any(|q| !self.is_parked(&q.key, now) && !in_flight.contains(q.key.as_str())),
+            wake_at_ms: self.parked.values().copied().filter(|&until| until > now).min().map(|at| clock.to_host(at)),
         }
     }
 
-    /// Takes every operation whose pool is not parked, keeps those whose Service is still
-    /// assigned to the operation's load balancer, and returns one group per pool, sorted by key.
+    /// Takes every operation whose pool is neither parked nor has a group in flight, keeps
+    /// those whose Service is still assigned to the operation's load balancer, and returns one
+    /// group per pool, sorted by key.
+    ///
+    /// A pool with a group drained and not yet [reported](Self::report) keeps its operations
+    /// queued: were they drained now, a requeue of the group in flight (409/412/429) would put
+    /// its older operations back at the head and a later drain would apply them after these
+    /// newer ones (an add of X, then a remove of X, written as add X). Held back, they drain
+    /// after the report, behind whatever it requeued, so per pool the last operation still wins.
+    /// The host reports every group it drained (`PoolUpdater` does so in the same tick); a
+    /// group never reported holds its pool's later operations.
     pub fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Vec<PoolGroup> {
-        self.parked.retain(|_, until| *until > now_ms);
+        let now = self.clock.read(now_ms);
+        self.parked.retain(|_, until| *until > now);
+        let in_flight: BTreeSet<String> = self.pools_in_flight().into_iter().map(str::to_owned).collect();
         let assigned: BTreeMap<String, String> =
             assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())).collect();
 
@@ -273,7 +314,7 @@ impl PoolQueue {
         let mut groups: BTreeMap<String, Building> = BTreeMap::new();
         let mut kept = VecDeque::new();
         for queued in std::mem::take(&mut self.queue) {
-            if self.parked.contains_key(&queued.key) {
+            if self.parked.contains_key(&queued.key) || in_flight.contains(&queued.key) {
                 kept.push_back(queued);
                 continue;
             }
@@ -335,6 +376,7 @@ impl PoolQueue {
 
     /// The outcome of a drained group; `None` when the id is unknown or already reported.
     pub fn report(&mut self, now_ms: u64, group: u64, outcome: &GroupOutcome) -> Option<GroupReport> {
+        let now = self.clock.read(now_ms);
         let flight = self.in_flight.remove(&group)?;
         let pool = format!("{}/{}", flight.load_balancer, flight.pool);
         let events = |event_type, reason: &str, message: String| -> Vec<ServiceEvent> {
@@ -364,24 +406,30 @@ impl PoolQueue {
                     GroupReport { disposition: Disposition::Dropped, not_before_ms: None, events: vec![] }
                 }
                 FailureClass::Retriable if !flight.ops.is_empty() && spent(&flight.ops) < self.max_retries => {
-                    let not_before = now_ms.saturating_add(failure.retry_after_ms.unwrap_or(0));
+                    let asked = failure.retry_after_ms.unwrap_or(0);
+                    let not_before = now.saturating_add(asked.min(MAX_RETRY_AFTER_MS));
+                    let capped = if asked > MAX_RETRY_AFTER_MS {
+                        format!(" (Retry-After of {asked} ms capped at {MAX_RETRY_AFTER_MS} ms)")
+                    } else {
+                        String::new()
+                    };
                     let parked = self.parked.entry(flight.key.clone()).or_insert(not_before);
                     *parked = (*parked).max(not_before);
                     // Back at the head, in arrival order: older than anything queued since.
                     for mut queued in flight.ops.iter().rev().cloned() {
-                        queued.retries += 1;
+                        queued.retries = queued.retries.saturating_add(1);
                         self.queue.push_front(queued);
                     }
                     GroupReport {
                         disposition: Disposition::Requeued,
-                        not_before_ms: Some(not_before),
+                        not_before_ms: Some(self.clock.to_host(not_before)),
                         events: events(
                             EventType::Normal,
                             REASON_RETRYING,
                             format!(
-                                "updating backend pool {pool} failed with HTTP {}, retrying (attempt {} of {}): {}",
+                                "updating backend pool {pool} failed with HTTP {}, retrying (attempt {} of {}){capped}: {}",
                                 failure.status,
-                                spent(&flight.ops) + 1,
+                                spent(&flight.ops).saturating_add(1),
                                 self.max_retries,
                                 failure.message
                             ),
@@ -583,6 +631,8 @@ mod tests {
         q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
         let first = q.drain_and_group(0, &a);
         q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.2"])]);
+        // The host reports a group before the next tick drains its pool again (found 5).
+        q.report(0, first[0].id, &GroupOutcome::Updated).unwrap();
         let second = q.drain_and_group(0, &a);
         assert_eq!(first[0].add, strings(&["10.0.0.1"]));
         assert_eq!(second[0].add, strings(&["10.0.0.2"]));
@@ -729,6 +779,75 @@ mod tests {
         // Chronological order kept: the requeued add first, the newer remove last ⇒ removed.
         assert_eq!(g.remove, strings(&["10.0.0.1"]));
         assert!(g.add.is_empty());
+    }
+
+    // Regression: issue 14, found 5 (a requeued older add ran after a newer remove).
+    #[test]
+    fn a_pool_with_a_group_in_flight_is_not_drained_again_until_that_group_is_reported() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1"), ("ns/b", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g1 = q.drain_and_group(0, &a).remove(0);
+        assert_eq!(g1.add, strings(&["10.0.0.1"]));
+        q.enqueue([remove("ns/a", "lb1", "pool1", &["10.0.0.1"]), add("ns/b", "lb1", "pool2", &["10.0.0.2"])]);
+        assert!(q.status(0).ready, "another pool is drainable");
+        let groups = q.drain_and_group(0, &a);
+        assert_eq!(keys(&groups), strings(&["lb1:pool2"]), "pool1 waits for g1's report");
+        assert_eq!(q.len(), 1, "the remove stays queued");
+        assert_eq!(q.status(0), QueueStatus { queued: 1, ready: false, wake_at_ms: None });
+        q.report(0, groups[0].id, &GroupOutcome::Updated).unwrap();
+        assert!(q.drain_and_group(0, &a).is_empty(), "still waiting for g1");
+        let report = q.report(0, g1.id, &failed(409, None)).unwrap();
+        assert_eq!(report.disposition, Disposition::Requeued);
+        assert!(q.status(0).ready);
+        let g = q.drain_and_group(0, &a).remove(0);
+        // The requeued add first, then the newer remove: the net effect is the remove.
+        assert_eq!((g.add, g.remove), (vec![], strings(&["10.0.0.1"])));
+        assert!(q.is_empty());
+    }
+
+    // Regression: issue 15, defect 2 (Retry-After never capped) and issue 14, found 1 (u64 overflow
+    // from a Retry-After).
+    #[test]
+    fn a_retry_after_longer_than_five_minutes_parks_the_pool_for_five_minutes_and_says_so() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1")]);
+        let now = 1_700_000_000_000;
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(now, &a).remove(0);
+        let report = q.report(now, g.id, &failed(429, Some(u64::MAX))).unwrap();
+        assert_eq!(report.not_before_ms, Some(now + MAX_RETRY_AFTER_MS));
+        assert!(report.events[0].message.contains("capped at 300000 ms"), "{}", report.events[0].message);
+        assert_eq!(q.status(now).wake_at_ms, Some(now + MAX_RETRY_AFTER_MS));
+        assert!(q.drain_and_group(now + MAX_RETRY_AFTER_MS - 1, &a).is_empty());
+        let g = q.drain_and_group(now + MAX_RETRY_AFTER_MS, &a).remove(0);
+        // At the end of time the park saturates instead of wrapping round to "now".
+        let report = q.report(u64::MAX - 1, g.id, &failed(429, Some(10_000))).unwrap();
+        assert_eq!(report.not_before_ms, Some(u64::MAX));
+        assert!(!report.events[0].message.contains("capped"));
+        assert!(!q.status(u64::MAX - 1).ready);
+    }
+
+    // Regression: issue 14, found 3 (after the clock steps back, deadlines wait for it to catch up).
+    #[test]
+    fn after_the_clock_steps_back_a_parked_pool_waits_only_what_was_left_of_its_park() {
+        let mut q = PoolQueue::default();
+        let a = assign(&[("ns/a", "lb1")]);
+        q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
+        let g = q.drain_and_group(10_000_000, &a).remove(0);
+        let report = q.report(10_000_000, g.id, &failed(429, Some(60_000))).unwrap();
+        assert_eq!(report.not_before_ms, Some(10_060_000));
+        assert!(q.drain_and_group(10_020_000, &a).is_empty(), "parked");
+        // The host's clock steps back an hour: 40 s of the park are left, not 1 h 40 s.
+        let back = 10_020_000 - 3_600_000;
+        assert_eq!(q.status(back).wake_at_ms, Some(back + 40_000));
+        assert!(q.drain_and_group(back, &a).is_empty());
+        assert!(q.drain_and_group(back + 39_999, &a).is_empty());
+        let g = q.drain_and_group(back + 40_000, &a).remove(0);
+        // Times the host is told are in its own clock.
+        let report = q.report(back + 40_000, g.id, &failed(429, Some(1_000))).unwrap();
+        assert_eq!(report.not_before_ms, Some(back + 41_000));
+        assert_eq!(q.status(back + 40_500).wake_at_ms, Some(back + 41_000));
     }
 
     #[test]

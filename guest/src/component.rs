@@ -64,18 +64,18 @@ impl wit_reconciler::GuestTracker for TrackerResource {
     fn observe(&self, now_ms: u64, batch: Vec<wit::Observation>) -> wit::Step {
         install_panic_hook();
         let batch = batch.into_iter().map(Into::into).collect();
-        self.0.borrow_mut().observe(now_ms, batch).into()
+        deliver(self.0.borrow_mut().observe(now_ms, batch))
     }
 
     fn complete(&self, now_ms: u64, results: Vec<(u64, wit::Outcome)>) -> wit::Step {
         install_panic_hook();
         let results = results.into_iter().map(|(id, o)| (id, o.into())).collect();
-        self.0.borrow_mut().complete(now_ms, results).into()
+        deliver(self.0.borrow_mut().complete(now_ms, results))
     }
 
     fn tick(&self, now_ms: u64) -> wit::Step {
         install_panic_hook();
-        self.0.borrow_mut().tick(now_ms).into()
+        deliver(self.0.borrow_mut().tick(now_ms))
     }
 
     fn export_state(&self) -> wit::VersionedState {
@@ -468,6 +468,20 @@ impl From<model::Command> for wit::Command {
             }
         }
     }
+}
+
+/// A step for the host: its log lines go out through the `diagnostics` import first.
+fn deliver(step: model::Step) -> wit::Step {
+    for line in &step.logs {
+        let level = match line.level {
+            model::LogLevel::Debug => diagnostics::Level::Debug,
+            model::LogLevel::Info => diagnostics::Level::Info,
+            model::LogLevel::Warn => diagnostics::Level::Warn,
+            model::LogLevel::Error => diagnostics::Level::Error,
+        };
+        diagnostics::log(level, &line.message);
+    }
+    step.into()
 }
 
 impl From<model::Step> for wit::Step {

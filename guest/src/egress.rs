@@ -17,6 +17,19 @@
 //! (`ServiceGatewayNoNodeLocation`) is skipped. Warnings are sent when a pod's set of problems
 //! changes, not on every update.
 //!
+//! The collision rule does not depend on which came first (issue 14, found 2). A pod is judged
+//! against the inbound identities known when it is read; and when an inbound identity appears
+//! (a Service is observed, or start-up finds an orphan registered in NRP), the pods already
+//! carrying it are refused then ([`Egress::refuse_identity`]), with the same Warning, so their
+//! addresses never become backends of the Service and the state is the one the other order
+//! gives. (That Warning names the pod by namespace and name only, and its label lower-cased: a
+//! pod's record keeps neither its UID nor its label as written.)
+//! When the inbound identity goes away, a refused pod is re-admitted at its next update or
+//! re-list, in either order: a refused pod's record keeps neither its label nor its addresses,
+//! and keeping them would change state version 2, so there is nothing to re-admit it from before
+//! the pod is read again. Re-reading applies the rules to the facts of that moment, as a
+//! restarted controller would.
+//!
 //! A per-identity reference count says how many pods carry each identity (upstream
 //! `outboundIdentityPodRefCount`; property P4: never negative, zero exactly when no pod carries
 //! it). NRP's side: an identity that a pod carries and that NRP lists as a registered Outbound
@@ -132,10 +145,7 @@ pub fn read_pod(pod: &Pod, inbound: impl Fn(&str) -> bool) -> Reading {
         );
     }
     if inbound(&identity) {
-        return refuse(
-            reason::EGRESS_LABEL_COLLISION,
-            format!("egress gateway label {label:?} is the identity of a LoadBalancer Service; choose another value"),
-        );
+        return refuse(reason::EGRESS_LABEL_COLLISION, collision_message(label));
     }
     if pod.deleting || !live_phase(pod.phase.as_deref()) {
         return Reading::default();
@@ -151,6 +161,10 @@ pub fn read_pod(pod: &Pod, inbound: impl Fn(&str) -> bool) -> Reading {
         warnings.push(Warning { reason: reason::NO_NODE_LOCATION, message });
     }
     Reading { identity: Some(identity), addresses, warnings }
+}
+
+fn collision_message(label: &str) -> String {
+    format!("egress gateway label {label:?} is the identity of a LoadBalancer Service; choose another value")
 }
 
 /// What one pod contributes now.
@@ -200,6 +214,29 @@ impl Egress {
             self.pods.insert(key, new);
         }
         warnings.into_iter().map(|w| (pod.object_ref(), w)).collect()
+    }
+
+    /// An inbound identity appeared (a Service, or an orphan found in NRP): every pod carrying it
+    /// as its egress identity is refused now, as it would have been had the identity been known
+    /// when the pod was read (see the module's doc). Returns the Warnings to send. Costs a look
+    /// at the reference counts unless a pod carries the identity, then a pass over the egress pods.
+    pub fn refuse_identity(&mut self, identity: &str, diff: &mut DiffTracker) -> Vec<(ObjectRef, Warning)> {
+        if !self.refs.contains_key(identity) {
+            return Vec::new();
+        }
+        let carrying: Vec<ObjectKey> =
+            self.pods.iter().filter(|(_, p)| p.identity.as_deref() == Some(identity)).map(|(k, _)| k.clone()).collect();
+        let reason = reason::EGRESS_LABEL_COLLISION;
+        let mut warnings = Vec::new();
+        for key in carrying {
+            let old = self.pods.remove(&key).expect("listed above");
+            let new = PodRecord { identity: None, addresses: BTreeMap::new(), warned: vec![reason.to_owned()] };
+            self.change(&old, &new, diff);
+            self.pods.insert(key.clone(), new);
+            let regarding = ObjectRef { kind: "Pod".into(), namespace: key.namespace, name: key.name, uid: "".into() };
+            warnings.push((regarding, Warning { reason, message: collision_message(identity) }));
+        }
+        warnings
     }
 
     /// A pod left (or stopped carrying the label): its identity leaves its addresses. Deleting
@@ -285,6 +322,19 @@ impl Egress {
             *counts.entry(identity.clone()).or_insert(0) += 1;
         }
         counts
+    }
+
+    /// For a state import: the reference counts are the pods' (P4), so none is zero and none
+    /// can be released below zero later. One pass over the egress pods.
+    pub fn check(&self) -> Result<(), String> {
+        if self.refs != self.recount() {
+            return Err(format!(
+                "egress reference counts {:?} are not those of the pods, {:?}",
+                self.refs,
+                self.recount()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -610,6 +660,159 @@ mod tests {
         tracker.observe(1, vec![Observation::PodDeleted(colliding.key()), Observation::PodDeleted(colliding.key())]);
         assert_eq!(tracker.egress().ref_counts(), &counts, "a refused pod's deletion releases nothing");
         assert_eq!(tracker.egress().recount(), counts);
+    }
+
+    const UID: &str = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";
+
+    fn web() -> Service {
+        Service {
+            uid: UID.into(),
+            namespace: "shop".into(),
+            name: "web".into(),
+            service_type: Some("LoadBalancer".into()),
+            external_traffic_policy: Some("Local".into()),
+            ports: vec![ServicePort {
+                name: None,
+                protocol: Some("TCP".into()),
+                port: 80,
+                target_port: None,
+                node_port: None,
+            }],
+            ..Service::default()
+        }
+    }
+
+    /// Runs every command until there are none, answering as Azure and the API server do when
+    /// all goes well; returns the commands with the UID of the pods they name blanked (the
+    /// Warning sent when a Service arrives cannot name it; see the module's doc).
+    fn run(tracker: &mut Tracker, now: u64, mut step: Step) -> Vec<Command> {
+        let mut issued = Vec::new();
+        while !step.commands.is_empty() {
+            let results = step
+                .commands
+                .iter()
+                .map(|c| {
+                    let outcome = match c.command {
+                        Command::PutPublicIp(_) => Outcome::PublicIpAddress("20.0.0.1".into()),
+                        Command::ReadNrp => Outcome::NrpSnapshot(NrpState::default()),
+                        _ => Outcome::Ok,
+                    };
+                    (c.id, outcome)
+                })
+                .collect();
+            issued.extend(step.commands.into_iter().map(|c| match c.command {
+                Command::EmitEvent(mut e) if e.regarding.kind.as_str() == "Pod" => {
+                    e.regarding.uid = "".into();
+                    Command::EmitEvent(e)
+                }
+                other => other,
+            }));
+            step = tracker.complete(now, results);
+        }
+        issued
+    }
+
+    /// The story of a pod labelled with a Service's UID, the pod and the Service observed in
+    /// `batches` (one, or two) in the order given: the commands, the NRP mirror and the state once
+    /// quiet; then the commands of a re-list of the pod.
+    fn story(batches: Vec<Vec<Observation>>) -> (Vec<Command>, View, Vec<u8>, Vec<Command>) {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.observe(0, vec![Observation::ListsComplete]);
+        let mut commands = run(&mut tracker, 0, step);
+        for (now, batch) in (1..).zip(batches) {
+            let step = tracker.observe(now, batch);
+            commands.extend(run(&mut tracker, now, step));
+        }
+        // The next resync: a pod that carried the identity for a while left it among the
+        // identities this cluster may have written (`known`) until NRP is read again.
+        let resync = crate::tracker::timing::RESYNC_INTERVAL_MS + 10;
+        let step = tracker.tick(resync);
+        commands.extend(run(&mut tracker, resync, step));
+        assert!(tracker.is_quiet());
+        let (view, (_, state)) = (tracker.nrp_view(), tracker.export_state());
+        let step = tracker.observe(resync, vec![Observation::PodUpserted(labelled_with_the_uid())]);
+        let relist = run(&mut tracker, resync, step);
+        (commands, view, state, relist)
+    }
+
+    fn labelled_with_the_uid() -> Pod {
+        pod("c", Some(UID), &["10.244.0.7"])
+    }
+
+    // Regression: issue 14, found 2 (an egress label equal to a Service's UID treated differently
+    // depending on event order).
+    #[test]
+    fn a_pod_labelled_with_a_services_uid_is_refused_whether_it_is_seen_before_or_after_the_service() {
+        let pod_first =
+            story(vec![vec![Observation::PodUpserted(labelled_with_the_uid()), Observation::ServiceUpserted(web())]]);
+        let service_first =
+            story(vec![vec![Observation::ServiceUpserted(web()), Observation::PodUpserted(labelled_with_the_uid())]]);
+        let pod_batch_first = story(vec![
+            vec![Observation::PodUpserted(labelled_with_the_uid())],
+            vec![Observation::ServiceUpserted(web())],
+        ]);
+        let service_batch_first = story(vec![
+            vec![Observation::ServiceUpserted(web())],
+            vec![Observation::PodUpserted(labelled_with_the_uid())],
+        ]);
+        let (commands, view, state, relist) = &service_first;
+        assert!(!commands.iter().any(|c| matches!(c, Command::UpdateAddressLocations(_))), "{commands:?}");
+        assert!(view.is_empty(), "the pod's IP is no backend of the Service: {view:?}");
+        let warned = commands.iter().filter(|c| {
+            matches!(c, Command::EmitEvent(e) if e.reason == reason::EGRESS_LABEL_COLLISION && e.regarding.name == "c")
+        });
+        assert_eq!(warned.count(), 1);
+        assert!(relist.is_empty(), "a re-list changes nothing: {relist:?}");
+        assert_eq!(&pod_first, &service_first, "the same commands, NRP and state in either order");
+        let (commands, view, state_2, relist) = &pod_batch_first;
+        assert_eq!((view, state_2, relist), (&service_first.1, state, &service_first.3));
+        let writes = |c: &&Command| !matches!(c, Command::EmitEvent(_));
+        assert_eq!(
+            commands.iter().filter(writes).collect::<Vec<_>>(),
+            service_batch_first.0.iter().filter(writes).collect::<Vec<_>>(),
+            "across batches too, only the Events' places differ"
+        );
+        assert_eq!((&service_batch_first.1, &service_batch_first.2), (view, state));
+    }
+
+    /// The decision for a Service that goes away (module doc): a refused pod stays refused until
+    /// it is read again, whichever order it and the Service came in; then it carries its label.
+    #[test]
+    fn a_pod_refused_for_a_services_uid_carries_it_once_it_is_read_again_after_the_service_went() {
+        for order in [[0, 1], [1, 0]] {
+            let observations = [Observation::PodUpserted(labelled_with_the_uid()), Observation::ServiceUpserted(web())];
+            let mut tracker = Tracker::create(clb()).unwrap();
+            let step = tracker.observe(0, vec![Observation::ListsComplete]);
+            run(&mut tracker, 0, step);
+            let step = tracker.observe(1, order.map(|i| observations[i].clone()).to_vec());
+            run(&mut tracker, 1, step);
+            let step = tracker.observe(2, vec![Observation::ServiceDeleted(web().key())]);
+            run(&mut tracker, 2, step);
+            assert_eq!(tracker.phase(UID), None, "{order:?}");
+            assert!(tracker.egress().ref_counts().is_empty(), "{order:?}: refused until read again");
+            tracker.observe(3, vec![Observation::PodUpserted(labelled_with_the_uid())]);
+            assert_eq!(tracker.egress().ref_counts(), &BTreeMap::from([(UID.to_owned(), 1)]), "{order:?}");
+        }
+    }
+
+    // Regression: issue 14, found 4 (an imported state's reference counts were not validated).
+    #[test]
+    fn a_state_whose_egress_reference_counts_are_not_the_pods_is_refused_as_corrupt() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        tracker.observe(0, vec![Observation::PodUpserted(pod("p", Some("egress-a"), &["10.244.0.5"]))]);
+        let (version, payload) = tracker.export_state();
+        let egress_bytes = postcard::to_allocvec(tracker.egress()).unwrap();
+        let state_bytes = &payload[..payload.len() - egress_bytes.len()];
+        assert!(Tracker::import_state(clb(), version, &payload).is_ok());
+        for tamper in [|e: &mut Egress| e.refs.clear(), |e: &mut Egress| *e.refs.get_mut("egress-a").unwrap() = 2] {
+            let mut egress = tracker.egress().clone();
+            tamper(&mut egress);
+            let tampered = [state_bytes, &postcard::to_allocvec(&egress).unwrap()].concat();
+            match Tracker::import_state(clb(), version, &tampered) {
+                Err(crate::tracker::StateError::Corrupt(why)) => assert!(why.contains("reference counts"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]

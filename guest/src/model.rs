@@ -357,4 +357,66 @@ pub struct Step {
     pub wake_at_ms: Option<u64>,
     /// Nothing in flight, nothing left to do but the periodic resync.
     pub idle: bool,
+    /// Lines for the host's log, which the adapter sends through the `diagnostics` import (they
+    /// are not part of the WIT `step`): what an operator may want to know that is neither a
+    /// command nor an Event, e.g. a `Retry-After` the tracker did not honour in full. Computed
+    /// from the inputs like everything else, so deterministic.
+    pub logs: Vec<LogLine>,
+}
+
+/// The host's `now-ms`, made monotonic without freezing (issue 14, found 3).
+///
+/// The host's clock may step back (a wall clock set back; another host's clock after a state
+/// import). Time going back is taken to mean nothing: this clock goes on from the largest time
+/// it has given, by as much as the host's clock advances, so after a step back of `d` it runs
+/// `d` ahead of the host's. Deadlines kept in its time therefore neither come due again nor wait
+/// `d` longer: a retry due in 2 s is still due in 2 s. (Keeping the largest `now` seen, a plain
+/// `max`, would instead freeze time until the host's clock caught up, holding every retry and
+/// read for `d`.) A step forward is taken as time that passed. Time that passed between the
+/// last call and a step back is not counted: the clock cannot see it. Times handed back to the host
+/// (`wake-at-ms`, `not-before-ms`) are turned back into its clock with [`Clock::to_host`].
+///
+/// It lives in memory only, never in exported state (whose bytes per version are fixed): a
+/// fresh or imported tracker starts with the host's clock as it is. That loses nothing while
+/// the host's clock is monotonic (as `clb-host`'s is); a deadline an imported state holds from
+/// a clock that was ahead is bounded by the tracker's own rule (at most its longest delay ahead).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Clock {
+    /// The largest time given so far (in this clock's time).
+    last: Option<u64>,
+    /// How far this clock runs ahead of the host's: the sum of the steps back seen.
+    ahead: u64,
+}
+
+impl Clock {
+    /// The time of a call at the host's `host_ms`: never less than the last one given. (A
+    /// reader that must not change the clock reads a copy: it is `Copy`.)
+    pub fn read(&mut self, host_ms: u64) -> u64 {
+        let ahead = host_ms.saturating_add(self.ahead);
+        let now = self.last.map_or(ahead, |last| ahead.max(last));
+        self.ahead = now - host_ms; // never negative: `now` is at least `host_ms`
+        self.last = Some(now);
+        now
+    }
+
+    /// A time of this clock in the host's clock, for a deadline the host is told.
+    pub fn to_host(&self, at: u64) -> u64 {
+        at.saturating_sub(self.ahead)
+    }
+}
+
+/// How much a log line matters: the `diagnostics` import's levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// One line for the host's log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogLine {
+    pub level: LogLevel,
+    pub message: String,
 }

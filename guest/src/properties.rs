@@ -1,6 +1,7 @@
 //! Property tests of the tracker (upstream-reference §j P1–P6) over random sequences of
-//! Kubernetes events, injected Azure failures (before and after the change took effect),
-//! restarts and state round trips, against an independent model of Kubernetes and Azure.
+//! Kubernetes events, injected Azure failures (before and after the change took effect, some
+//! with a `Retry-After`, up to `u64::MAX`), restarts, state round trips and a host clock that
+//! jumps forward and steps back, against an independent model of Kubernetes and Azure.
 //!
 //! * P1 — once quiet, NRP equals the ready-filtered Kubernetes state (and the tracker's mirror
 //!   equals NRP);
@@ -70,8 +71,14 @@ enum Op {
         count: u8,
         after: bool,
         status: u16,
+        /// Up to `u64::MAX`: the host's reading of an absurd `Retry-After` (issue 14, found 1).
+        retry_after_ms: Option<u64>,
     },
     Advance {
+        ms: u32,
+    },
+    /// The host's clock steps back (issue 14, found 3).
+    StepBack {
         ms: u32,
     },
     Restart,
@@ -91,8 +98,10 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..6u8, 0..LABELS.len() as u8, 0..4u8, 0..PHASES.len() as u8)
             .prop_map(|(pod, label, node, phase)| Op::EgressPod { pod, label, node, phase }),
         1 => (0..6u8).prop_map(|pod| Op::DeleteEgressPod { pod }),
-        2 => (1..4u8, any::<bool>(), prop::sample::select(vec![0u16, 409, 429, 500, 503])).prop_map(|(count, after, status)| Op::Fail { count, after, status }),
-        2 => (0..40_000u32).prop_map(|ms| Op::Advance { ms }),
+        2 => (1..4u8, any::<bool>(), prop::sample::select(vec![0u16, 409, 429, 500, 503]), prop::sample::select(vec![None, None, Some(2_000u64), Some(u64::MAX)]))
+            .prop_map(|(count, after, status, retry_after_ms)| Op::Fail { count, after, status, retry_after_ms }),
+        2 => prop_oneof![9 => 0..40_000u32, 1 => Just(3_600_000u32)].prop_map(|ms| Op::Advance { ms }),
+        1 => prop::sample::select(vec![1_000u32, 60_000, 3_600_000]).prop_map(|ms| Op::StepBack { ms }),
         1 => Just(Op::Restart),
         1 => Just(Op::RoundTrip),
     ]
@@ -112,6 +121,7 @@ struct ServiceObject {
 struct Fault {
     after: bool,
     status: u16,
+    retry_after_ms: Option<u64>,
 }
 
 /// A slice in the model: its Service, and `(pod, node, ready)` per endpoint.
@@ -334,10 +344,12 @@ impl World {
                     self.pending.push(Observation::PodDeleted(ObjectKey::new(NS, &format!("egress-{pod}"))));
                 }
             }
-            Op::Fail { count, after, status } => {
-                self.faults.extend((0..*count).map(|_| Fault { after: *after, status: *status }));
+            Op::Fail { count, after, status, retry_after_ms } => {
+                let fault = Fault { after: *after, status: *status, retry_after_ms: *retry_after_ms };
+                self.faults.extend((0..*count).map(|_| fault));
             }
             Op::Advance { ms } => self.now += u64::from(*ms),
+            Op::StepBack { ms } => self.now -= u64::from(*ms),
             Op::Restart | Op::RoundTrip => {}
         }
     }
@@ -362,7 +374,11 @@ impl World {
     }
 
     fn failed(status: u16, code: &str) -> Outcome {
-        Outcome::Failed(Failure { status, code: Some(code.into()), retry_after_ms: None, message: code.into() })
+        Self::failed_retry_after(status, code, None)
+    }
+
+    fn failed_retry_after(status: u16, code: &str, retry_after_ms: Option<u64>) -> Outcome {
+        Outcome::Failed(Failure { status, code: Some(code.into()), retry_after_ms, message: code.into() })
     }
 
     fn execute(&mut self, command: &Command) -> Outcome {
@@ -370,12 +386,14 @@ impl World {
             Command::EmitEvent(_) => None,
             _ => self.faults.pop_front(),
         };
-        if let Some(Fault { after: false, status }) = fault {
-            return Self::failed(status, "Injected");
+        if let Some(Fault { after: false, status, retry_after_ms }) = fault {
+            return Self::failed_retry_after(status, "Injected", retry_after_ms);
         }
         let outcome = self.carry_out(command);
         match fault {
-            Some(Fault { status, .. }) => Self::failed(status, "InjectedAfterApplying"),
+            Some(Fault { status, retry_after_ms, .. }) => {
+                Self::failed_retry_after(status, "InjectedAfterApplying", retry_after_ms)
+            }
             None => outcome,
         }
     }
@@ -576,7 +594,9 @@ impl Harness {
     fn new() -> Self {
         let config =
             Config { backend_pool_type: "podIP".into(), load_balancer_sku: "standardV2".into(), ..Config::default() };
-        let mut harness = Self { world: World::default(), tracker: Tracker::create(config.clone()).unwrap(), config };
+        // A wall clock's time, so that the clock can step back.
+        let world = World { now: 1_700_000_000_000, ..World::default() };
+        let mut harness = Self { world, tracker: Tracker::create(config.clone()).unwrap(), config };
         harness.deliver(vec![Observation::ListsComplete]);
         harness
     }

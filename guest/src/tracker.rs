@@ -13,8 +13,10 @@
 //! * One address-location batch is in flight at a time; it carries only registered, live
 //!   Services, so a failing Service never blocks another's addresses.
 //! * Failures back off per Service (1 s doubling to 30 s, deterministic jitter, at least
-//!   `Retry-After`); a periodic read of NRP repairs drift; nothing is written before the
-//!   initial lists are complete and NRP has been read.
+//!   `Retry-After` up to [`timing::RETRY_AFTER_CAP_MS`]); a periodic read of NRP repairs drift;
+//!   nothing is written before the initial lists are complete and NRP has been read.
+//! * Time is the host's `now`, made monotonic ([`Clock`]); every deadline saturates, and none is
+//!   further ahead than [`timing::MAX_DELAY_MS`].
 
 use crate::admission::{Verdict, admit_service};
 use crate::config::{Config, ConfigError, Mode, validate_config};
@@ -43,6 +45,19 @@ pub mod timing {
     pub const JITTER_PERCENT: u64 = 20;
     /// How often NRP is read back to repair drift.
     pub const RESYNC_INTERVAL_MS: u64 = 5 * 60_000;
+    /// The longest `Retry-After` the tracker honours (issue 15, defect 2): the resync period.
+    /// A longer one would hold a Service's retries, every Service's addresses (the
+    /// address-location batch) or the read of NRP past the next periodic resync, which is the
+    /// slowest the tracker otherwise ever acts on anything; a server asking for more than that
+    /// is wrong or the header was misread (the host turns a `Retry-After` of ~1.8e16 s or more
+    /// into `u64::MAX`). A capped value is logged (`Step::logs`).
+    pub const RETRY_AFTER_CAP_MS: u64 = RESYNC_INTERVAL_MS;
+    /// The longest delay the tracker ever schedules: a backoff (at most 36 s, or a capped
+    /// `Retry-After`) or the resync period.
+    pub const MAX_DELAY_MS: u64 = RESYNC_INTERVAL_MS;
+    const _: () = assert!(
+        BACKOFF_CAP_MS + BACKOFF_CAP_MS * JITTER_PERCENT / 100 <= MAX_DELAY_MS && RETRY_AFTER_CAP_MS <= MAX_DELAY_MS
+    );
 }
 
 /// The most locations one `update-address-locations` carries.
@@ -392,16 +407,29 @@ struct State {
     reconciled: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Tracker {
     config: Config,
     mode: Mode,
     state: State,
     /// Egress pods and identities (state version 2), beside the version-1 [`State`].
     egress: Egress,
+    /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
+    /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
+    clock: Clock,
 }
 
-/// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After`.
+/// Two trackers are equal when their configuration and state are: the clock is not state.
+impl PartialEq for Tracker {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.config, self.mode, &self.state, &self.egress) == (&other.config, other.mode, &other.state, &other.egress)
+    }
+}
+
+impl Eq for Tracker {}
+
+/// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After` up to
+/// [`timing::RETRY_AFTER_CAP_MS`].
 pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
     let exponent = attempt.saturating_sub(1).min(5);
     let base = (timing::BACKOFF_BASE_MS << exponent).min(timing::BACKOFF_CAP_MS);
@@ -411,7 +439,22 @@ pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
     }
     let jitter = base * (hash % (timing::JITTER_PERCENT + 1)) / 100;
-    (base + jitter).max(retry_after_ms.unwrap_or(0))
+    (base + jitter).max(retry_after_ms.unwrap_or(0).min(timing::RETRY_AFTER_CAP_MS))
+}
+
+/// [`backoff_ms`] after a failure, logging a `Retry-After` longer than the cap: what it was
+/// asked for (`what`) and what is honoured instead.
+fn retry_delay(key: &str, attempt: u32, failure: &Failure, what: impl std::fmt::Display, step: &mut Step) -> u64 {
+    let delay = backoff_ms(key, attempt, failure.retry_after_ms);
+    if let Some(asked) = failure.retry_after_ms.filter(|&ms| ms > timing::RETRY_AFTER_CAP_MS) {
+        let message = format!(
+            "{what}: HTTP {} asked to retry after {asked} ms; retrying after {delay} ms (Retry-After is capped at {} ms)",
+            failure.status,
+            timing::RETRY_AFTER_CAP_MS
+        );
+        step.logs.push(LogLine { level: LogLevel::Warn, message });
+    }
+    delay
 }
 
 /// Orphan clean-up touches only names shaped like Kubernetes UIDs, as upstream does.
@@ -466,7 +509,7 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let state =
             State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        Ok(Self { config, mode, state, egress: Egress::default() })
+        Ok(Self { config, mode, state, egress: Egress::default(), clock: Clock::default() })
     }
 
     pub fn mode(&self) -> Mode {
@@ -509,6 +552,7 @@ impl Tracker {
     }
 
     pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
+        let now = self.clock.read(now_ms);
         let mut step = Step::default();
         for observation in batch {
             match observation {
@@ -525,11 +569,12 @@ impl Tracker {
                 }
             }
         }
-        self.pump(now_ms, &mut step);
+        self.pump(now, &mut step);
         step
     }
 
     pub fn complete(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>) -> Step {
+        let now = self.clock.read(now_ms);
         let mut step = Step::default();
         for (id, outcome) in results {
             // An unknown id is a duplicate or stale answer: ignoring it is safe.
@@ -540,21 +585,22 @@ impl Tracker {
                     if op.writes_nrp() {
                         self.state.nrp.service_writes_in_flight -= 1;
                     }
-                    self.service_outcome(&identity, id, op, outcome, now_ms, &mut step);
+                    self.service_outcome(&identity, id, op, outcome, now, &mut step);
                 }
-                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now_ms),
-                InFlight::ReadNrp => self.read_outcome(outcome, now_ms),
+                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now, &mut step),
+                InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
                 // Events are best effort; a lost one is not worth a retry.
                 InFlight::Event => {}
             }
         }
-        self.pump(now_ms, &mut step);
+        self.pump(now, &mut step);
         step
     }
 
     pub fn tick(&mut self, now_ms: u64) -> Step {
+        let now = self.clock.read(now_ms);
         let mut step = Step::default();
-        self.pump(now_ms, &mut step);
+        self.pump(now, &mut step);
         step
     }
 
@@ -598,8 +644,9 @@ impl Tracker {
             }
             Verdict::Rejected(_) | Verdict::NothingToProvision => {}
         }
-        self.state.service_by_identity.insert(identity, key.clone());
+        self.state.service_by_identity.insert(identity.clone(), key.clone());
         self.state.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
+        self.refuse_colliding_pods(&identity, step);
     }
 
     fn remove_service_object(&mut self, key: &ObjectKey) {
@@ -878,6 +925,15 @@ impl Tracker {
         }
     }
 
+    /// An inbound identity is known now (a Service, an orphan in NRP): egress pods carrying it
+    /// are refused, as they would have been had it been known when they were read (issue 14,
+    /// found 2; [`Egress::refuse_identity`]).
+    fn refuse_colliding_pods(&mut self, identity: &str, step: &mut Step) {
+        for (regarding, warning) in self.egress.refuse_identity(identity, &mut self.state.diff) {
+            self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+        }
+    }
+
     /// The egress side: the pods, the identities they carry and the reference counts (P4).
     pub fn egress(&self) -> &Egress {
         &self.egress
@@ -911,7 +967,8 @@ impl Tracker {
         self.state.lists_complete && self.state.nrp.loaded && self.state.reconciled
     }
 
-    /// Starts whatever can start now; sets when to be called again.
+    /// Starts whatever can start now (the tracker's time, [`Clock`]); sets when to be called
+    /// again (the host's time).
     fn pump(&mut self, now: u64, step: &mut Step) {
         if self.mode != Mode::ContainerLoadBalancer {
             // Outside CLB mode the tracker provisions nothing (the backend-pool updater serves
@@ -919,7 +976,8 @@ impl Tracker {
             step.idle = step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_)));
             return;
         }
-        self.maybe_reconcile();
+        self.bring_in_deadlines(now);
+        self.maybe_reconcile(step);
         while let Some((at, identity)) = self.state.timers.first().cloned() {
             if at > now {
                 break;
@@ -955,9 +1013,30 @@ impl Tracker {
                 self.sync_locations(now, step);
             }
         }
-        step.wake_at_ms = self.next_wake(now);
+        step.wake_at_ms = self.next_wake(now).map(|at| self.clock.to_host(at));
         step.idle =
             step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))) && self.is_quiet_after_events();
+    }
+
+    /// No deadline is further ahead than the longest delay the tracker schedules
+    /// ([`timing::MAX_DELAY_MS`]), which its own deadlines never are (its clock does not go back).
+    /// One that is was set by a clock ahead of this one (a state imported from another host, or
+    /// exported before a step back) or by an older version that honoured any `Retry-After`: it
+    /// is brought in to now plus that delay, so nothing waits longer. Costs a look at the last
+    /// timer unless there is something to bring in; `advance` does the same for a Service's own
+    /// deadline.
+    fn bring_in_deadlines(&mut self, now: u64) {
+        let latest = now.saturating_add(timing::MAX_DELAY_MS);
+        let nrp = &mut self.state.nrp;
+        nrp.next_read_ms = nrp.next_read_ms.min(latest);
+        nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
+        while let Some((_, identity)) = self.state.timers.last().filter(|(at, _)| *at > latest).cloned() {
+            self.state.timers.pop_last();
+            if let Some(lifecycle) = self.state.lifecycles.get_mut(&identity) {
+                lifecycle.not_before_ms = lifecycle.not_before_ms.min(latest);
+            }
+            self.state.timers.insert((latest, identity));
+        }
     }
 
     /// Quiet once the Events just issued are counted as done (they need no answer to proceed).
@@ -1004,6 +1083,8 @@ impl Tracker {
                 return true;
             }
             if lifecycle.not_before_ms > now {
+                // As `bring_in_deadlines`: never further ahead than the longest delay.
+                lifecycle.not_before_ms = lifecycle.not_before_ms.min(now.saturating_add(timing::MAX_DELAY_MS));
                 self.state.timers.insert((lifecycle.not_before_ms, identity.to_owned()));
                 return true;
             }
@@ -1218,10 +1299,11 @@ impl Tracker {
             self.event(&service, EventType::Warning, reason::LOAD_BALANCER_CONFIGURATION_REJECTED, message, step);
             return;
         }
-        lifecycle.retries += 1;
-        let delay = backoff_ms(identity, lifecycle.retries, failure.retry_after_ms);
-        lifecycle.not_before_ms = now + delay;
-        self.state.timers.insert((now + delay, identity.to_owned()));
+        lifecycle.retries = lifecycle.retries.saturating_add(1);
+        let what = format!("{op:?} for load balancer {identity}");
+        let at = now.saturating_add(retry_delay(identity, lifecycle.retries, &failure, what, step));
+        lifecycle.not_before_ms = at;
+        self.state.timers.insert((at, identity.to_owned()));
         if !lifecycle.failing {
             lifecycle.failing = true;
             let message = format!(
@@ -1248,7 +1330,11 @@ impl Tracker {
             OpStep::ClearStatus => lifecycle.object.ingress.clear(),
             _ => {}
         }
+        // The backoff was for the step that just succeeded: the next step, or the end of the
+        // operation, must not wait for it (issue 14, found 3: after the clock stepped back, a
+        // stale deadline held `finish_operation` back after the finalizer was removed).
         lifecycle.retries = 0;
+        lifecycle.not_before_ms = 0;
         lifecycle.failing = false;
         if lifecycle.phase.is_deleting() && !op.is_delete_step() {
             return; // pre-empted by a delete; its facts are recorded above
@@ -1285,7 +1371,7 @@ impl Tracker {
         self.state.nrp.batch_in_flight = Some(id);
     }
 
-    fn locations_outcome(&mut self, batch: Vec<NrpLocation>, outcome: Outcome, now: u64) {
+    fn locations_outcome(&mut self, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
         self.state.nrp.batch_in_flight = None;
         match outcome {
             Outcome::Failed(failure) => {
@@ -1304,35 +1390,38 @@ impl Tracker {
                     }
                     return;
                 }
-                nrp.batch_retries += 1;
-                nrp.batch_not_before_ms =
-                    now + backoff_ms("address-locations", nrp.batch_retries, failure.retry_after_ms);
+                // Every Service's addresses wait for this batch: the cap bounds how long.
+                nrp.batch_retries = nrp.batch_retries.saturating_add(1);
+                let what = "update-address-locations";
+                let delay = retry_delay("address-locations", nrp.batch_retries, &failure, what, step);
+                nrp.batch_not_before_ms = now.saturating_add(delay);
             }
             _ => {
                 self.state.diff.apply(&batch);
                 let nrp = &mut self.state.nrp;
                 nrp.batch_retries = 0;
                 nrp.batch_not_before_ms = 0;
-                nrp.batch_limit = (nrp.batch_limit * 2).min(MAX_LOCATIONS_PER_BATCH);
+                nrp.batch_limit = nrp.batch_limit.saturating_mul(2).min(MAX_LOCATIONS_PER_BATCH);
             }
         }
     }
 
     // ---- Reading NRP ----
 
-    fn read_outcome(&mut self, outcome: Outcome, now: u64) {
+    fn read_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) {
         self.state.nrp.read_in_flight = false;
         let snapshot = match outcome {
             Outcome::NrpSnapshot(snapshot) => snapshot,
             Outcome::Failed(failure) => {
                 let nrp = &mut self.state.nrp;
-                nrp.read_retries += 1;
-                nrp.next_read_ms = now + backoff_ms("read-nrp", nrp.read_retries, failure.retry_after_ms);
+                nrp.read_retries = nrp.read_retries.saturating_add(1);
+                let delay = retry_delay("read-nrp", nrp.read_retries, &failure, "read-nrp", step);
+                nrp.next_read_ms = now.saturating_add(delay);
                 return;
             }
             // Any other answer is a host bug; read again after the shortest backoff.
             Outcome::Ok | Outcome::PublicIpAddress(_) => {
-                self.state.nrp.next_read_ms = now + timing::BACKOFF_BASE_MS;
+                self.state.nrp.next_read_ms = now.saturating_add(timing::BACKOFF_BASE_MS);
                 return;
             }
         };
@@ -1352,25 +1441,27 @@ impl Tracker {
         nrp.foreign = foreign;
         nrp.loaded = true;
         nrp.read_retries = 0;
-        nrp.next_read_ms = now + timing::RESYNC_INTERVAL_MS;
+        // Saturating, like every deadline: near the end of u64 time a wrapped deadline would
+        // keep a read always due, and a due read holds every NRP write.
+        nrp.next_read_ms = now.saturating_add(timing::RESYNC_INTERVAL_MS);
         nrp.quarantined.clear();
         if self.state.reconciled {
-            self.reconcile_with_nrp();
+            self.reconcile_with_nrp(step);
         } else {
-            self.maybe_reconcile();
+            self.maybe_reconcile(step);
         }
     }
 
-    fn maybe_reconcile(&mut self) {
+    fn maybe_reconcile(&mut self, step: &mut Step) {
         if !self.state.reconciled && self.state.lists_complete && self.state.nrp.loaded {
             self.state.reconciled = true;
-            self.reconcile_with_nrp();
+            self.reconcile_with_nrp(step);
         }
     }
 
     /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
     /// Kubernetes does not explain (upstream §c.2.4).
-    fn reconcile_with_nrp(&mut self) {
+    fn reconcile_with_nrp(&mut self, step: &mut Step) {
         let registered: Vec<String> = self.state.diff.registered().iter().map(Name::to_string).collect();
         for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
             if lifecycle.phase == Phase::Created && !self.state.diff.is_registered(identity) {
@@ -1404,6 +1495,7 @@ impl Tracker {
                         uid: Name::new(&identity),
                     };
                     self.adopt_for_deletion(&identity, orphan, ObjectState::gone());
+                    self.refuse_colliding_pods(&identity, step);
                 }
             }
         }
@@ -1432,17 +1524,82 @@ impl Tracker {
         STATE_VERSION
     }
 
-    /// A tracker from exported state.
+    /// A tracker from exported state. The payload must be exactly one value of its version
+    /// (bytes after it are refused: a version-2 payload offered as version 1 would otherwise
+    /// import without its egress side), and what [`State::check`] and [`Egress::check`] verify
+    /// must hold; anything else is [`StateError::Corrupt`].
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
-        let corrupt = |e: postcard::Error| StateError::Corrupt(format!("state version {version}: {e}"));
+        let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
         let (state, egress) = match version {
             // Before egress: no pods.
-            1 => (postcard::from_bytes::<State>(payload).map_err(corrupt)?, Egress::default()),
-            STATE_VERSION => postcard::from_bytes::<(State, Egress)>(payload).map_err(corrupt)?,
+            1 => (decode_exact::<State>(payload).map_err(corrupt)?, Egress::default()),
+            STATE_VERSION => decode_exact::<(State, Egress)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
-        Ok(Self { config, mode, state, egress })
+        state.check().map_err(corrupt)?;
+        egress.check().map_err(corrupt)?;
+        Ok(Self { config, mode, state, egress, clock: Clock::default() })
+    }
+}
+
+/// One postcard value that is the whole of `payload`.
+fn decode_exact<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    let (value, rest) = postcard::take_from_bytes::<T>(payload).map_err(|e| e.to_string())?;
+    if !rest.is_empty() {
+        return Err(format!("{} byte(s) after the payload", rest.len()));
+    }
+    Ok(value)
+}
+
+impl State {
+    /// What an import cannot take on trust, checked cheaply (a pass over the commands in flight
+    /// and one over the lifecycles): the counters of commands in flight, which `complete`
+    /// decrements, against the commands themselves; each Service command against the lifecycle
+    /// that waits for it (and no lifecycle waiting for a command that is not in flight: it would
+    /// never run again); the one read and the one batch in flight against their flags; and every
+    /// id in flight below the next id (a new command would take it). The DiffTracker's own counts
+    /// are not re-derived: that would cost a pass over every address.
+    fn check(&self) -> Result<(), String> {
+        let (mut service_commands, mut nrp_writes, mut reads, mut batches) = (0usize, 0u32, 0usize, Vec::new());
+        for (&id, what) in &self.in_flight {
+            if id >= self.next_command_id {
+                return Err(format!("command {id} is in flight, but the next command id is {}", self.next_command_id));
+            }
+            match what {
+                InFlight::Service { identity, step } => {
+                    service_commands += 1;
+                    nrp_writes += u32::from(step.writes_nrp());
+                    if self.lifecycles.get(identity).and_then(|l| l.in_flight) != Some((id, *step)) {
+                        return Err(format!(
+                            "command {id} ({step:?}) is in flight for {identity}, whose lifecycle does not wait for it"
+                        ));
+                    }
+                }
+                InFlight::Locations(_) => batches.push(id),
+                InFlight::ReadNrp => reads += 1,
+                InFlight::Event => {}
+            }
+        }
+        let waiting = self.lifecycles.values().filter(|l| l.in_flight.is_some()).count();
+        let counts = [
+            ("Service commands counted", self.service_commands_in_flight, "Service commands", service_commands),
+            ("lifecycles wait for a command", waiting, "Service commands", service_commands),
+            ("NRP writes counted", self.nrp.service_writes_in_flight as usize, "NRP writes", nrp_writes as usize),
+            ("reads of NRP flagged", usize::from(self.nrp.read_in_flight), "reads of NRP", reads),
+        ];
+        for (what, counted, which, in_flight) in counts {
+            if counted != in_flight {
+                return Err(format!("{counted} {what} in flight, but {in_flight} {which} are in flight"));
+            }
+        }
+        if batches != self.nrp.batch_in_flight.into_iter().collect::<Vec<_>>() {
+            return Err(format!(
+                "address-location batches in flight {batches:?}, but the batch in flight is {:?}",
+                self.nrp.batch_in_flight
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -1529,6 +1686,272 @@ mod tests {
         assert_eq!(backoff_ms("uid", 1, Some(45_000)), 45_000, "Retry-After wins when longer");
     }
 
+    // Regression: issue 15, defect 2 (Retry-After never capped).
+    #[test]
+    fn a_retry_after_is_honoured_up_to_the_resync_period_and_no_further() {
+        assert_eq!(backoff_ms("uid", 1, Some(timing::RETRY_AFTER_CAP_MS)), timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(backoff_ms("uid", 1, Some(timing::RETRY_AFTER_CAP_MS + 1)), timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(backoff_ms("uid", 40, Some(u64::MAX)), timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(timing::RETRY_AFTER_CAP_MS, timing::RESYNC_INTERVAL_MS);
+    }
+
+    const NOW: u64 = 1_700_000_000_000;
+    const UID: &str = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";
+
+    fn throttled(retry_after_ms: u64) -> Outcome {
+        Outcome::Failed(Failure {
+            status: 429,
+            code: None,
+            retry_after_ms: Some(retry_after_ms),
+            message: "throttled".into(),
+        })
+    }
+
+    /// What Azure and the API server answer when all goes well; NRP lists `registered`.
+    fn answer_ok(registered: &[&str]) -> impl Fn(&Command) -> Outcome {
+        let services: Vec<NrpService> = registered
+            .iter()
+            .map(|name| NrpService {
+                name: (*name).into(),
+                service_type: "Inbound".into(),
+                backend_pools: vec![],
+                is_default: false,
+            })
+            .collect();
+        move |command| match command {
+            Command::PutPublicIp(_) => Outcome::PublicIpAddress("20.0.0.1".into()),
+            Command::ReadNrp => Outcome::NrpSnapshot(NrpState { services: services.clone(), locations: vec![] }),
+            _ => Outcome::Ok,
+        }
+    }
+
+    /// Runs `step`'s commands and every command that follows at `now`, answered by `answer`;
+    /// returns them all, every log line, and the last step.
+    fn drive(
+        tracker: &mut Tracker,
+        now: u64,
+        mut step: Step,
+        mut answer: impl FnMut(&Command) -> Outcome,
+    ) -> (Vec<Command>, Vec<LogLine>, Step) {
+        let (mut issued, mut logs) = (Vec::new(), Vec::new());
+        for _ in 0..1_000 {
+            logs.extend(step.logs.iter().cloned());
+            if step.commands.is_empty() {
+                return (issued, logs, step);
+            }
+            let results = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+            issued.extend(step.commands.iter().map(|c| c.command.clone()));
+            step = tracker.complete(now, results);
+        }
+        panic!("the tracker kept issuing commands: {:?}", &issued[issued.len() - 10..]);
+    }
+
+    fn is_location_update(command: &Command) -> bool {
+        matches!(command, Command::UpdateAddressLocations(_))
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow from a Retry-After): the shortest sequence.
+    #[test]
+    fn a_retry_after_of_u64_max_on_a_read_of_nrp_waits_the_cap_instead_of_reading_again_at_once() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.tick(NOW);
+        assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, throttled(u64::MAX))]);
+        assert!(step.commands.is_empty(), "no read again at once: {:?}", step.commands);
+        assert_eq!(step.wake_at_ms, Some(NOW + timing::RETRY_AFTER_CAP_MS));
+        assert_eq!(step.logs.len(), 1, "{:?}", step.logs);
+        assert_eq!(step.logs[0].level, LogLevel::Warn);
+        assert!(step.logs[0].message.contains("read-nrp") && step.logs[0].message.contains("capped at 300000 ms"));
+        assert!(tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS - 1).commands.is_empty());
+        let step = tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS);
+        assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
+        assert!(step.logs.is_empty());
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in `service_outcome`.
+    #[test]
+    fn a_retry_after_of_u64_max_on_a_service_command_holds_that_service_for_the_cap() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
+        let finalizer = step.commands.iter().find(|c| matches!(c.command, Command::SetFinalizer { .. })).unwrap().id;
+        let step = tracker.complete(NOW, vec![(finalizer, throttled(u64::MAX))]);
+        assert!(step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))), "{:?}", step.commands);
+        assert_eq!(step.wake_at_ms, Some(NOW + timing::RETRY_AFTER_CAP_MS));
+        assert!(step.logs[0].message.contains("AddFinalizer for load balancer"), "{:?}", step.logs);
+        let early = tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS - 1);
+        assert!(early.commands.iter().all(|c| !matches!(c.command, Command::SetFinalizer { .. })));
+        let due = tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS);
+        assert!(due.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{due:?}");
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in the address-location
+    // batch, which every Service's addresses wait for: they wait no longer than the cap.
+    #[test]
+    fn a_retry_after_of_u64_max_on_the_address_location_batch_holds_the_addresses_no_longer_than_the_cap() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let slice = EndpointSlice {
+            namespace: "default".into(),
+            name: "web-1".into(),
+            owner_service_uid: Some(UID.into()),
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint {
+                addresses: vec!["10.244.0.5".into()],
+                node_name: Some("n1".into()),
+                ready: Some(true),
+            }],
+            deleting: false,
+        };
+        let step = tracker.observe(
+            NOW,
+            vec![
+                Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] }),
+                Observation::ServiceUpserted(lb_service("Local")),
+                Observation::SliceUpserted(slice),
+                Observation::ListsComplete,
+            ],
+        );
+        let ok = answer_ok(&[UID]);
+        let mut batches = 0;
+        let (issued, logs, _) = drive(&mut tracker, NOW, step, |command| {
+            if is_location_update(command) {
+                batches += 1;
+                return throttled(u64::MAX);
+            }
+            ok(command)
+        });
+        assert_eq!(batches, 1, "{issued:?}");
+        assert!(logs.iter().any(|l| l.message.contains("update-address-locations")), "{logs:?}");
+        assert!(tracker.tick(NOW + 1).commands.is_empty());
+        let wait = timing::RETRY_AFTER_CAP_MS;
+        let step = tracker.tick(NOW + wait - 1);
+        assert!(!step.commands.iter().any(|c| is_location_update(&c.command)));
+        let step = tracker.tick(NOW + wait);
+        let (issued, _, _) = drive(&mut tracker, NOW + wait, step, &ok);
+        assert!(issued.iter().any(is_location_update), "sent after the cap: {issued:?}");
+    }
+
+    // Regression: issue 14, found 1 (u64 overflow): a read within five minutes of the end of u64
+    // time set a wrapped deadline that kept a read always due, holding NRP writes forever.
+    #[test]
+    fn a_read_of_nrp_near_the_end_of_u64_time_does_not_hold_nrp_writes_forever() {
+        let now = u64::MAX - 60_000;
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(now, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let (issued, _, last) = drive(&mut tracker, now, step, answer_ok(&[]));
+        assert_eq!(issued.iter().filter(|c| **c == Command::ReadNrp).count(), 1, "{issued:?}");
+        assert!(issued.iter().any(|c| matches!(c, Command::UpdateServices(_))), "registered: {issued:?}");
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
+        assert_eq!(last.wake_at_ms, Some(u64::MAX), "the next resync saturates");
+    }
+
+    fn failed(status: u16) -> Outcome {
+        Outcome::Failed(Failure { status, code: None, retry_after_ms: None, message: format!("HTTP {status}") })
+    }
+
+    fn finalizer_change(step: &Step) -> Option<(u64, bool)> {
+        step.commands.iter().find_map(|c| match c.command {
+            Command::SetFinalizer { present, .. } => Some((c.id, present)),
+            _ => None,
+        })
+    }
+
+    /// A tracker whose Service's first command (adding the finalizer) failed at [`NOW`].
+    fn tracker_retrying_its_finalizer() -> (Tracker, Step) {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
+        let (id, _) = finalizer_change(&step).unwrap();
+        let step = tracker.complete(NOW, vec![(id, failed(500))]);
+        (tracker, step)
+    }
+
+    // Regression: issue 14, found 3 (the clock stepping back): a stale backoff deadline held back
+    // the end of a deletion after its finalizer was removed, an upsert that re-added the finalizer
+    // in that window was absorbed, and the lifecycle was dropped with the finalizer still held.
+    #[test]
+    fn after_the_clock_steps_back_a_deletion_ends_when_its_finalizer_is_gone_and_a_finalizer_put_back_is_removed() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        drive(&mut tracker, NOW, step, answer_ok(&[]));
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
+        let deleting = Service { deleting: true, finalizers: vec![FINALIZER.into()], ..lb_service("Local") };
+        let t1 = NOW + 60_000;
+        let step = tracker.observe(t1, vec![Observation::ServiceUpserted(deleting.clone())]);
+        let mut removals = 0;
+        drive(&mut tracker, t1, step, |command| match command {
+            Command::SetFinalizer { present: false, .. } => {
+                removals += 1;
+                failed(500)
+            }
+            other => answer_ok(&[])(other),
+        });
+        assert_eq!(removals, 1);
+        let retry = tracker.tick(t1 + 2_000);
+        assert_eq!(finalizer_change(&retry).map(|(_, present)| present), Some(false), "{retry:?}");
+        // The finalizer is removed; the answer comes after the host's clock stepped back an hour.
+        let back = t1 - 3_600_000;
+        let step = tracker.complete(back, vec![(finalizer_change(&retry).unwrap().0, Outcome::Ok)]);
+        let deleted = step
+            .commands
+            .iter()
+            .any(|c| matches!(&c.command, Command::EmitEvent(e) if e.reason == reason::DELETED_LOAD_BALANCER));
+        assert!(deleted, "the deletion ends at once: {step:?}");
+        assert_eq!(tracker.phase(UID), None);
+        // Someone puts the finalizer back: it is ours, so it is cleaned up and released again.
+        let step = tracker.observe(back + 1, vec![Observation::ServiceUpserted(deleting)]);
+        let (issued, _, _) = drive(&mut tracker, back + 1, step, answer_ok(&[]));
+        assert!(issued.iter().any(|c| matches!(c, Command::SetFinalizer { present: false, .. })), "{issued:?}");
+        assert_eq!(tracker.phase(UID), None);
+    }
+
+    // Regression: issue 14, found 3 (the clock stepping back): absolute deadlines stalled every
+    // retry until the clock caught up.
+    #[test]
+    fn after_the_clock_steps_back_an_hour_a_retry_waits_only_what_was_left_of_its_backoff() {
+        let (mut tracker, step) = tracker_retrying_its_finalizer();
+        let wake = step.wake_at_ms.unwrap();
+        assert!((NOW + 1_000..=NOW + 1_200).contains(&wake), "{wake}");
+        let back = NOW - 3_600_000;
+        let step = tracker.tick(back);
+        assert_eq!(finalizer_change(&step), None);
+        assert_eq!(step.wake_at_ms, Some(wake - 3_600_000), "told in the host's clock");
+        assert_eq!(finalizer_change(&tracker.tick(wake - 3_600_000 - 1)), None);
+        assert_eq!(finalizer_change(&tracker.tick(wake - 3_600_000)).map(|(_, present)| present), Some(true));
+        // A step forward is time that passed: the next backoff counts from it.
+        let step = tracker.complete(NOW + 7_200_000, vec![]);
+        assert!(step.commands.iter().any(|c| c.command == Command::ReadNrp), "the resync is overdue: {step:?}");
+    }
+
+    // Regression: issue 14, found 3 and issue 15, defect 2: a state imported with deadlines further
+    // ahead than the tracker ever schedules (set under a clock that was ahead, or by a version that
+    // honoured any Retry-After) waits no longer than the longest delay.
+    #[test]
+    fn an_imported_deadline_further_ahead_than_the_longest_delay_is_brought_in_to_it() {
+        let (mut tracker, _) = tracker_retrying_its_finalizer();
+        let far = NOW + 1_000_000_000_000_000;
+        let lifecycle = tracker.state.lifecycles.get_mut(UID).unwrap();
+        assert!(lifecycle.not_before_ms > NOW);
+        lifecycle.not_before_ms = far;
+        tracker.state.timers = BTreeSet::from([(far, UID.to_owned())]);
+        tracker.state.nrp.next_read_ms = far;
+        let (version, payload) = tracker.export_state();
+        let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
+        let latest = NOW + 1 + timing::MAX_DELAY_MS;
+        let step = imported.tick(NOW + 1);
+        assert!(step.commands.is_empty(), "{step:?}");
+        assert_eq!(step.wake_at_ms, Some(latest));
+        let step = imported.tick(latest - 1);
+        assert!(step.commands.is_empty(), "{step:?}");
+        let step = imported.tick(latest);
+        assert!(step.commands.iter().any(|c| c.command == Command::ReadNrp), "{step:?}");
+        assert_eq!(finalizer_change(&step).map(|(_, present)| present), Some(true), "{step:?}");
+    }
+
     #[test]
     fn import_refuses_a_newer_version_and_a_corrupt_payload() {
         assert_eq!(Tracker::import_state(clb(), 99, &[]), Err(StateError::UnsupportedVersion(99)));
@@ -1549,6 +1972,73 @@ mod tests {
         assert_eq!(version, STATE_VERSION);
         let no_pods = postcard::to_allocvec(&Egress::default()).unwrap();
         assert_eq!(payload, [before, &no_pods].concat());
+    }
+
+    fn corrupt(result: Result<Tracker, StateError>) -> String {
+        match result {
+            Err(StateError::Corrupt(why)) => why,
+            other => panic!("expected a corrupt state, got {other:?}"),
+        }
+    }
+
+    /// A tracker with Service commands, an Event and nothing else in flight: the lists are in,
+    /// NRP was read, and the Service's first command (its finalizer) waits for its outcome.
+    fn tracker_with_commands_in_flight() -> Tracker {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).unwrap().id;
+        let step = tracker.complete(1, vec![(read, Outcome::NrpSnapshot(NrpState::default()))]);
+        assert!(step.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{step:?}");
+        tracker
+    }
+
+    // Regression: issue 14, found 4 (state import accepted trailing bytes).
+    #[test]
+    fn a_state_payload_with_bytes_after_it_is_refused_as_corrupt() {
+        let tracker = tracker_with_commands_in_flight();
+        let (version, payload) = tracker.export_state();
+        assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
+        let longer = [payload.as_slice(), &[0]].concat();
+        let why = corrupt(Tracker::import_state(clb(), version, &longer));
+        assert!(why.contains("1 byte(s) after the payload"), "{why}");
+    }
+
+    // Regression: issue 14, found 4 (a version-2 payload imported as version 1, without its egress side).
+    #[test]
+    fn a_version_2_payload_offered_as_version_1_is_refused_as_corrupt() {
+        let (version, payload) = tracker_with_commands_in_flight().export_state();
+        assert_eq!(version, 2);
+        let why = corrupt(Tracker::import_state(clb(), 1, &payload));
+        assert!(why.starts_with("state version 1:") && why.contains("after the payload"), "{why}");
+    }
+
+    // Regression: issue 14, found 4 (counters of commands in flight were not validated on import).
+    #[test]
+    fn a_state_whose_counters_disagree_with_its_commands_in_flight_is_refused_as_corrupt() {
+        let tracker = tracker_with_commands_in_flight();
+        let tampered: [(&str, fn(&mut State)); 7] = [
+            ("Service commands counted", |s| s.service_commands_in_flight += 1),
+            ("NRP writes counted", |s| s.nrp.service_writes_in_flight += 1),
+            ("reads of NRP flagged", |s| s.nrp.read_in_flight = true),
+            ("batch in flight", |s| s.nrp.batch_in_flight = Some(0)),
+            ("the next command id is 1", |s| s.next_command_id = 1),
+            ("whose lifecycle does not wait for it", |s| {
+                s.lifecycles.values_mut().for_each(|l| l.in_flight = None);
+            }),
+            ("lifecycles wait for a command", |s| {
+                let (&id, _) = s.in_flight.iter().find(|(_, f)| matches!(f, InFlight::Service { .. })).unwrap();
+                s.in_flight.remove(&id);
+                s.service_commands_in_flight -= 1;
+            }),
+        ];
+        for (expected, tamper) in tampered {
+            let mut state = tracker.state.clone();
+            tamper(&mut state);
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
+            let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
+            assert!(why.contains(expected), "{expected:?} not in {why:?}");
+        }
     }
 
     #[test]
