@@ -14,3 +14,4 @@ mod scenarios;
 mod supervisor;
 mod tracker;
 mod traces;
+mod hosts;

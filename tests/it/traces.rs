@@ -295,13 +295,20 @@ fn a_rotated_trace_file_begins_from_a_state_and_replays_on_its_own() {
     let path = dir.join("run.jsonl");
     let options = RecordOptions { max_file_bytes: 2_000, keep_files: 8, ..RecordOptions::live(path.clone()) };
     let recorder = Recorder::start(options, builtin().signatures(), &ComponentRef::of(builtin(), None)).unwrap();
-    let scenario_path = scenario_files().into_iter().find(|p| p.to_string_lossy().contains("scaling-a-deployment")).unwrap();
-    let scenario = clb_host::scenario::read(&scenario_path).unwrap();
-    let mut reconciler = clb_host::simulate::ComponentReconciler::new(builtin()).with_recorder(recorder.clone());
-    simulate::run(&scenario, &mut reconciler).unwrap();
-    recorder.flush();
-    drop(reconciler);
+    let mut supervisor = clb_host::supervisor::Supervisor::new(builtin()).with_recorder(recorder.clone());
+    supervisor.start(&read_config("clb.yaml")).unwrap();
+    supervisor.observe(0, &[clb_host::sandbox::bindings::clb::reconciler::types::Observation::ListsComplete]).unwrap();
     let rotated = dir.join("run.jsonl.1");
+    for now in 1..200 {
+        // The writer learns that its file is full when it writes; let it catch up, so that the
+        // next input starts the new file (a live controller does so at a later input).
+        recorder.flush();
+        supervisor.tick(now * 1_000).unwrap();
+        if rotated.exists() && std::fs::read_to_string(&path).is_ok_and(|t| t.lines().count() > 3) {
+            break;
+        }
+    }
+    recorder.flush();
     assert!(rotated.exists(), "no rotation happened");
     let current = std::fs::read_to_string(&path).unwrap();
     assert!(current.lines().nth(1).unwrap().contains("\"call\":\"tracker.import-state\""), "{current}");

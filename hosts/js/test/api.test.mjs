@@ -1,0 +1,100 @@
+// The integrator API against the component: re-making every call of each golden trace through
+// callByName, recording a trace, gives the golden trace's lines byte for byte (the header aside).
+import assert from 'node:assert/strict';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { callByName, CodecError, loadComponent } from '../index.mjs';
+
+const here = fileURLToPath(new URL('.', import.meta.url));
+const tracesDir = join(here, '..', '..', '..', 'tests', 'traces');
+const component = process.env.CLB_COMPONENT || '/tmp/clb-artifacts/clb_guest.wasm';
+const have = existsSync(component) && existsSync(tracesDir);
+const config = { 'backend-pool-type': 'podIP', 'load-balancer-sku': 'standardV2', 'multiple-standard-load-balancers': [] };
+
+test('recording through the API reproduces the golden traces', { skip: !have }, async () => {
+  const files = readdirSync(tracesDir).filter((f) => f.endsWith('.jsonl')).sort();
+  let checked = 0;
+  for (const f of files) {
+    const lines = readFileSync(join(tracesDir, f), 'utf8').trimEnd().split('\n');
+    const calls = lines.slice(1).map((l) => JSON.parse(l));
+    if (calls.some((c) => ['swap', 'rollback', 'rebuild'].includes(c.call) || 'trap' in c)) continue;
+    const out = [];
+    const clb = await loadComponent(component, { record: (line) => out.push(line) });
+    const handles = new Map();
+    for (const c of calls) {
+      const args = { ...c.args };
+      if ('self' in args) args.self = handles.get(args.self);
+      let r = callByName(clb, c.call, args);
+      if (r instanceof Promise) r = await r;
+      if (c.call.endsWith('.create') || c.call === 'tracker.import-state') {
+        const h = r && r.tag ? r.val : r;
+        if (h && typeof h === 'object') handles.set(h.handle, h);
+      }
+    }
+    assert.deepEqual(out.slice(1), lines.slice(1), f);
+    checked++;
+  }
+  assert.ok(checked > 10);
+});
+
+test('values in, values out', { skip: !existsSync(component) }, async () => {
+  const clb = await loadComponent(component);
+  assert.deepEqual(clb.validateConfig(config), { tag: 'ok', val: 'container-load-balancer' });
+  assert.equal(clb.validateConfig({ ...config, 'backend-pool-type': 'x' }).tag, 'err');
+  assert.throws(() => clb.validateConfig({ ...config, extra: 1 }), CodecError);
+  const created = await clb.Tracker.create(config);
+  assert.equal(created.tag, 'ok');
+  const tracker = created.val;
+  const step = tracker.observe(5n, [{ tag: 'lists-complete' }]);
+  assert.deepEqual(step, { commands: [{ id: '0', command: { tag: 'read-nrp' } }], 'wake-at-ms': null, idle: false });
+  const after = tracker.complete('6', [[0, { tag: 'nrp-snapshot', val: { services: [], locations: [] } }]]);
+  assert.equal(typeof after.idle, 'boolean');
+  const state = tracker.exportState();
+  assert.equal(typeof state.payload, 'string');
+  assert.equal(state.version, tracker.stateVersion());
+  const copy = await clb.Tracker.importState(config, state);
+  assert.equal(copy.tag, 'ok');
+  assert.deepEqual(copy.val.exportState(), state);
+  const bad = await clb.Tracker.importState(config, { version: 999, payload: '' });
+  assert.deepEqual(bad, { tag: 'err', val: { tag: 'unsupported-version', val: 999 } });
+  tracker.checkpoint();
+  tracker.rebuild();
+  assert.deepEqual(tracker.exportState(), state);
+  const q = await clb.PoolQueue.create(2);
+  q.enqueue([{ service: 'shop/web', 'load-balancer': 'lb1', pool: 'shop-web', kind: 'add', 'node-ips': ['10.0.0.4'] }]);
+  assert.equal(q.status(1).queued, 1);
+  const groups = q.drainAndGroup(2, [{ service: 'shop/web', 'load-balancer': 'lb1' }]);
+  assert.equal(groups.length, 1);
+  assert.equal(q.report(3, groups[0].id, { tag: 'updated' }).disposition, 'done');
+  assert.equal(q.report(3, groups[0].id, { tag: 'updated' }), null);
+});
+
+const next = process.env.CLB_NEXT_COMPONENT || '/tmp/clb-artifacts/next_guest.wasm';
+
+test('swap and rollback through the API, recorded, replay identically', { skip: !existsSync(component) || !existsSync(next) }, async () => {
+  const { mkdtempSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { spawnSync } = await import('node:child_process');
+  const trace = join(mkdtempSync(join(tmpdir(), 'clb-api-')), 'swap.jsonl');
+  const clb = await loadComponent(component, { record: trace, source: 'test' });
+  const candidate = await loadComponent(next);
+  const tracker = (await clb.Tracker.create(config)).val;
+  tracker.observe(0, [{ tag: 'lists-complete' }]);
+  tracker.complete(1, [[0, { tag: 'nrp-snapshot', val: { services: [], locations: [] } }]]);
+  const swapped = await tracker.swap(candidate, { name: 'next-guest' });
+  assert.equal(swapped.tag, 'ok');
+  const svc = { uid: 'u-1', namespace: 'shop', name: 'web', 'service-type': 'LoadBalancer', 'external-traffic-policy': 'Local', 'ip-families': ['IPv4'], ports: [{ port: 80 }], annotations: [['clb.test/legacy', 'true']], finalizers: [], deleting: false, 'ingress-ips': [] };
+  swapped.val.observe(2, [{ tag: 'service-upserted', val: svc }]);
+  assert.equal(swapped.val.stateVersion(), 3);
+  assert.throws(() => tracker.tick(2), /was swapped/);
+  const back = await swapped.val.rollback();
+  back.tick(3);
+  await clb.close();
+  for (const cmd of [[process.execPath, join(here, '..', 'replay.mjs')]]) {
+    const r = spawnSync(cmd[0], [cmd[1], trace, '--component', component, '--swap-component', `next-guest=${next}`], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /: 8 calls, identical\n$/);
+  }
+});

@@ -1,0 +1,144 @@
+//! The other hosts of the same `.wasm` (`hosts/python`, `hosts/js`): each replays every golden
+//! trace byte-identically, and reports a changed trace and a truncated one exactly as
+//! `clb-host replay` does (`docs/traces.md`). `hosts/setup.sh` installs them (a venv and
+//! `npm ci`, cached outside the clone); these tests run it first, so they need nothing set up
+//! by hand — only python3 with pip, Node with npm, and the package registries.
+
+use super::traces::{golden_traces, guest_files, with_one_result_changed};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The venv's python, once `hosts/setup.sh` has installed both hosts.
+fn python() -> &'static Path {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(|| {
+        let output = Command::new("bash").arg(root().join("hosts/setup.sh")).current_dir(root()).output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "hosts/setup.sh failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        PathBuf::from(stdout.lines().last().expect("setup.sh prints the venv's python").trim())
+    })
+}
+
+/// Which host, and how to start its replay.
+#[derive(Clone, Copy)]
+enum Host {
+    Python,
+    Js,
+}
+
+/// Replays `traces` in `host` through the built-in logic, or `component`.
+fn replay(host: Host, traces: &[&Path], component: Option<&Path>, extra: &[&str]) -> (i32, String, String) {
+    let (builtin, next) = guest_files();
+    let component = component.unwrap_or(builtin);
+    let mut command = match host {
+        Host::Python => {
+            let mut c = Command::new(python());
+            c.args(["-m", "clb_reconciler", "replay"]);
+            c
+        }
+        Host::Js => {
+            python(); // setup.sh installs both
+            let mut c = Command::new("node");
+            c.arg(root().join("hosts/js/replay.mjs"));
+            c
+        }
+    };
+    command.args(traces).arg("--component").arg(component);
+    command.arg("--swap-component").arg(format!("next-guest={}", next.display()));
+    command.args(extra);
+    let output = command.output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8(output.stdout).unwrap(),
+        String::from_utf8(output.stderr).unwrap(),
+    )
+}
+
+fn every_golden_trace_replays_identically(host: Host) {
+    let traces = golden_traces();
+    let refs: Vec<&Path> = traces.iter().map(PathBuf::as_path).collect();
+    let (code, out, err) = replay(host, &refs, None, &[]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.lines().filter(|l| l.ends_with("calls, identical")).count(), traces.len(), "{out}");
+    let (_, rust, _) = super::traces::clb_replay(&refs, &[]);
+    assert_eq!(out, rust, "the same report as clb-host replay");
+}
+
+/// Trap texts are each runtime's own; everything else of a report is the same.
+fn without_trap_texts(report: &str) -> serde_json::Value {
+    let mut value: serde_json::Value = serde_json::from_str(report).unwrap();
+    if let Some(traces) = value["traces"].as_array_mut() {
+        for d in traces.iter_mut().flat_map(|t| t["divergences"].as_array_mut().into_iter().flatten()) {
+            for side in ["recorded", "replayed"] {
+                if d[side].get("trap").is_some() {
+                    d[side] = serde_json::json!({"trap": "…"});
+                }
+            }
+        }
+    }
+    value
+}
+
+fn a_changed_trace_is_reported_as_clb_host_reports_it(host: Host) {
+    let dir = std::env::temp_dir().join(format!("clb-hosts-{}-{}", std::process::id(), host as u8));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (path, seq) = with_one_result_changed(&dir);
+    let (code, out, err) = replay(host, &[&path], None, &["--json"]);
+    assert_eq!(code, 1, "{out}{err}");
+    let (_, rust, _) = super::traces::clb_replay(&[&path], &["--json"]);
+    assert_eq!(without_trap_texts(&out), without_trap_texts(&rust));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["traces"][0]["divergences"][0]["seq"].as_u64(), Some(seq));
+
+    let text = std::fs::read_to_string(&golden_traces()[0]).unwrap();
+    let truncated = dir.join("truncated.jsonl");
+    std::fs::write(&truncated, &text[..text.len() - 10]).unwrap();
+    let (code, _, err) = replay(host, &[&truncated], None, &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("truncated.jsonl:{}: ", text.lines().count())), "{err}");
+}
+
+#[test]
+fn every_golden_trace_replays_identically_under_the_python_host() {
+    every_golden_trace_replays_identically(Host::Python);
+}
+
+#[test]
+fn every_golden_trace_replays_identically_under_the_javascript_host() {
+    every_golden_trace_replays_identically(Host::Js);
+}
+
+#[test]
+fn the_python_host_reports_a_changed_and_a_truncated_trace_as_clb_host_does() {
+    a_changed_trace_is_reported_as_clb_host_reports_it(Host::Python);
+}
+
+#[test]
+fn the_javascript_host_reports_a_changed_and_a_truncated_trace_as_clb_host_does() {
+    a_changed_trace_is_reported_as_clb_host_reports_it(Host::Js);
+}
+
+/// The shadow check in another language: the next guest over the hot-swap trace.
+#[test]
+fn the_other_hosts_find_the_same_divergences_of_the_next_guest_as_clb_host() {
+    let source = super::traces::legacy_annotation_trace();
+    let source = source.as_path();
+    let next = &guest_files().1;
+    let next_text = next.display().to_string();
+    let args = ["--all-divergences", "--json"];
+    let (_, rust, _) = super::traces::clb_replay(&[source], &["--component", &next_text, args[0], args[1]]);
+    for host in [Host::Python, Host::Js] {
+        let (code, out, err) = replay(host, &[source], Some(next), &args);
+        assert_eq!(code, 1, "{out}{err}");
+        assert_eq!(without_trap_texts(&out), without_trap_texts(&rust));
+    }
+}
