@@ -76,6 +76,13 @@ enum Command {
     /// printed, or every one with --all-divergences), 2 when a trace cannot be read or replayed
     /// (with the file, the line and why).
     Replay(ReplayArgs),
+    /// Write the built-in component (the .wasm this host runs by default) to FILE, for other
+    /// hosts (hosts/python, hosts/js) or a ConfigMap.
+    Component {
+        /// Where to write it.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
     /// Print the schema of the component's functions that other hosts read
     /// (hosts/schema/clb-reconciler.json; docs/traces.md).
     Schema {
@@ -379,6 +386,14 @@ pub fn run(
         Command::Simulate { files, json, record, logic } => simulate(&files, json, record.as_deref(), &logic, out, err),
         Command::Replay(args) => replay(&args, out, err),
         Command::Schema { component } => schema(component.as_deref(), out),
+        Command::Component { out: path } => {
+            std::fs::write(&path, BUILTIN_GUEST)
+                .with_context(|| format!("{}: cannot write", path.display()))
+                .map(|()| {
+                    let _ = writeln!(out, "{}: {} bytes, sha256 {}", path.display(), BUILTIN_GUEST.len(), crate::sandbox::sha256_hex(BUILTIN_GUEST));
+                    EXIT_OK
+                })
+        }
         Command::Emulator(args) => emulator(args, out),
         Command::Run(args) => run_reconciler(*args, out, err),
         Command::Swap(args) => swap(args, out, err),

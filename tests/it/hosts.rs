@@ -142,3 +142,47 @@ fn the_other_hosts_find_the_same_divergences_of_the_next_guest_as_clb_host() {
         assert_eq!(without_trap_texts(&out), without_trap_texts(&rust));
     }
 }
+
+/// Each host's own unit tests (codec, line reader, API, replay), given both components so that
+/// none is skipped.
+fn own_tests(host: Host) -> (bool, String) {
+    let (builtin, next) = guest_files();
+    let mut command = match host {
+        Host::Python => {
+            let mut c = Command::new(python());
+            c.args(["-m", "unittest", "discover", "-v", "-s"]).arg(root().join("hosts/python/tests"));
+            c
+        }
+        Host::Js => {
+            python();
+            let mut c = Command::new("node");
+            c.arg("--test").arg(root().join("hosts/js/test"));
+            c
+        }
+    };
+    let output = command
+        .current_dir(root())
+        .env("CLB_GUEST", builtin)
+        .env("CLB_COMPONENT", builtin)
+        .env("CLB_NEXT_GUEST", next)
+        .env("CLB_NEXT_COMPONENT", next)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), text)
+}
+
+#[test]
+fn the_python_hosts_own_tests_pass_with_none_skipped() {
+    let (passed, text) = own_tests(Host::Python);
+    assert!(passed, "{text}");
+    assert!(!text.contains("skipped"), "{text}");
+    assert!(text.contains("\nOK"), "{text}");
+}
+
+#[test]
+fn the_javascript_hosts_own_tests_pass_with_none_skipped() {
+    let (passed, text) = own_tests(Host::Js);
+    assert!(passed, "{text}");
+    assert!(text.contains("# skipped 0") && text.contains("# fail 0"), "{text}");
+}
