@@ -278,6 +278,13 @@ struct ResourceLockArgs {
     azure_resource_lock_renew_period: Duration,
 }
 
+fn parse_memory_mib(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(mib @ 1..=4096) => Ok(mib),
+        _ => Err(format!("{text:?}: give 1 to 4096 MiB (a 32-bit guest addresses at most 4 GiB)")),
+    }
+}
+
 /// `15s`, `500ms`, `2m`, or plain seconds.
 fn duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -334,14 +341,14 @@ struct LogicArgs {
     /// A component to run instead of the built-in logic.
     #[arg(long, value_name = "FILE")]
     component: Option<PathBuf>,
-    /// Fuel (roughly, wasm instructions) one guest call may use.
-    #[arg(long, default_value_t = Limits::default().fuel)]
+    /// Fuel (roughly, wasm instructions) one guest call may use; at least 1.
+    #[arg(long, default_value_t = Limits::default().fuel, value_parser = clap::value_parser!(u64).range(1..))]
     fuel: u64,
-    /// Wall-clock milliseconds one guest call may take.
-    #[arg(long, default_value_t = Limits::default().deadline.as_millis() as u64)]
+    /// Wall-clock milliseconds one guest call may take: 1 to 3,600,000 (an hour).
+    #[arg(long, default_value_t = Limits::default().deadline.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     deadline_ms: u64,
-    /// Linear memory the guest may hold, in MiB.
-    #[arg(long, default_value_t = Limits::default().memory_bytes >> 20)]
+    /// Linear memory the guest may hold, in MiB: 1 to 4,096 (a 32-bit guest addresses 4 GiB).
+    #[arg(long, default_value_t = Limits::default().memory_bytes >> 20, value_parser = parse_memory_mib)]
     memory_mib: usize,
 }
 
@@ -728,6 +735,18 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
     let arm = ArmClient::new(ArmConfig::new(args.azure_url, scope), credential)?;
     let runtime = Runtime::new()?;
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
+    // A configuration the logic refuses cannot start a controller: say so before connecting.
+    if let Err(refused) = logic.session()?.validate_config(&config)? {
+        writeln!(
+            err,
+            "error: {}: the logic refuses the configuration: {} ({}): {}",
+            args.cloud_config.display(),
+            refused.reason,
+            refused.field,
+            refused.message
+        )?;
+        return Ok(EXIT_BAD_INPUT);
+    }
     let trace = match &args.record.record {
         Some(path) => {
             let options = crate::trace::RecordOptions {

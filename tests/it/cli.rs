@@ -144,3 +144,39 @@ fn run_exits_two_before_connecting_when_a_lease_setting_is_malformed_or_inconsis
         assert!(err.contains(expected), "{flags:?}: {err}");
     }
 }
+
+// Regression: issue 15, defect 7 (`--deadline-ms 0` and a `--memory-mib` of u64::MAX were
+// accepted).
+#[test]
+fn limits_outside_their_range_are_refused_with_exit_2() {
+    for args in [["--deadline-ms", "0"], ["--memory-mib", "18446744073709551615"], ["--memory-mib", "0"], ["--fuel", "0"]] {
+        let config = fixture("configs/clb.yaml");
+        let (code, _, err) = clb_host(&["validate", config.to_str().unwrap(), args[0], args[1]]);
+        assert_eq!(code, EXIT_BAD_INPUT, "{args:?}: {err}");
+        assert!(err.contains(args[0]), "{args:?}: {err}");
+    }
+}
+
+// Regression: issue 15, defect 7 (`run` with a refused cloud config exited 1, not 2: it cannot
+// start).
+#[test]
+fn run_with_a_cloud_config_the_logic_refuses_cannot_start_and_exits_2() {
+    let config = temp_file(
+        "refused-cloud-config.yaml",
+        b"loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standard\n\
+          subscriptionId: s\nresourceGroup: rg\nlocation: eastus\nvnetName: vnet\n",
+    );
+    let (code, _, err) = clb_host(&[
+        "run",
+        "--cloud-config",
+        config.to_str().unwrap(),
+        "--credential",
+        "none",
+        "--leader-elect",
+        "false",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains("refuses the configuration"), "{err}");
+}
