@@ -271,6 +271,11 @@ pub struct NativeReconciler {
 }
 
 impl NativeReconciler {
+    /// The tracker, once started (the fuzz seeds export its state).
+    pub fn state(&self) -> Option<&clb_guest::tracker::Tracker> {
+        self.tracker.as_ref()
+    }
+
     fn tracker(&mut self) -> Result<&mut clb_guest::tracker::Tracker, LogicError> {
         self.tracker.as_mut().ok_or(LogicError::NotStarted)
     }
