@@ -14,14 +14,17 @@ pub const WASM_TARGET: &str = "wasm32-unknown-unknown";
 /// this build, installing it with rustup when it is missing. `RUSTUP_AUTO_INSTALL=0` means a
 /// `targets` line in `rust-toolchain.toml` alone installs nothing, so this is what does.
 pub fn ensure_wasm_target() {
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let sysroot = Command::new(&rustc).args(["--print", "sysroot"]).output().ok().filter(|o| o.status.success());
+    let sysroot = match guest_toolchain() {
+        Some(toolchain) => Command::new("rustup").args(["run", &toolchain, "rustc", "--print", "sysroot"]).output(),
+        None => Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into())).args(["--print", "sysroot"]).output(),
+    };
+    let sysroot = sysroot.ok().filter(|o| o.status.success());
     let sysroot = sysroot.map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
     let installed = |root: &Path| root.join("lib/rustlib").join(WASM_TARGET).join("lib").is_dir();
     if sysroot.as_deref().is_some_and(installed) {
         return;
     }
-    let toolchain = std::env::var("RUSTUP_TOOLCHAIN").ok();
+    let toolchain = guest_toolchain().or_else(|| std::env::var("RUSTUP_TOOLCHAIN").ok());
     let mut add = Command::new("rustup");
     add.args(["target", "add", WASM_TARGET]);
     if let Some(toolchain) = &toolchain {
@@ -38,6 +41,15 @@ pub fn ensure_wasm_target() {
             panic!("the {WASM_TARGET} target is missing and rustup could not be run ({err}); run `{command_line}`")
         }
     }
+}
+
+/// The toolchain to build guests with when it is not the one running the build:
+/// `CLB_GUEST_TOOLCHAIN` (a rustup toolchain name). The fuzz build sets it (`fuzz/run.sh`,
+/// `fuzz/.cargo/config.toml`): it runs on nightly, which has no `wasm32-unknown-unknown`
+/// standard library installed here, while the guest is the pinned toolchain's either way.
+fn guest_toolchain() -> Option<String> {
+    println!("cargo:rerun-if-env-changed=CLB_GUEST_TOOLCHAIN");
+    std::env::var("CLB_GUEST_TOOLCHAIN").ok().filter(|t| !t.is_empty())
 }
 
 /// One guest crate of the workspace to build as a component.
@@ -89,8 +101,16 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
     }
 
     ensure_wasm_target();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
+    let mut build = match guest_toolchain() {
+        Some(toolchain) => {
+            let mut rustup = Command::new("rustup");
+            rustup.args(["run", &toolchain, "cargo"]);
+            // The running toolchain's own tools must not leak into the other one's build.
+            rustup.env_remove("RUSTC").env_remove("RUSTUP_TOOLCHAIN").env_remove("RUSTDOC").env_remove("CARGO");
+            rustup
+        }
+        None => Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())),
+    };
     build
         .current_dir(&workspace)
         .args(["build", "--profile", guest.profile, "--target", WASM_TARGET, "-p", guest.package, "--target-dir"])

@@ -16,6 +16,9 @@ pub mod backend_pools;
 pub mod config;
 pub mod difftracker;
 pub mod egress;
+/// The P1–P6 model and checker (`properties.rs` and the fuzz crate share it).
+#[cfg(any(test, feature = "invariants"))]
+pub mod invariants;
 pub mod ip;
 pub mod model;
 pub mod name;

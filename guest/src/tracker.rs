@@ -985,7 +985,10 @@ impl Tracker {
             self.state.timers.pop_first();
             self.state.runnable.insert(identity);
         }
-        let read_due = !self.state.nrp.loaded || now >= self.state.nrp.next_read_ms;
+        // A read scheduled past the end of time (its deadline saturated at `u64::MAX`) never
+        // comes: at `now = u64::MAX` it would be due again after every read, a read per answer.
+        let scheduled = self.state.nrp.next_read_ms < u64::MAX;
+        let read_due = !self.state.nrp.loaded || (scheduled && now >= self.state.nrp.next_read_ms);
         if read_due
             && !self.state.nrp.read_in_flight
             && self.state.nrp.batch_in_flight.is_none()
@@ -1049,7 +1052,8 @@ impl Tracker {
             && self.state.timers.is_empty()
             && self.state.draining.is_empty()
             && self.state.in_flight.values().all(|f| matches!(f, InFlight::Event));
-        #[cfg(test)]
+        // Also under the fuzz crate's `invariants` feature, so that fuzzing checks it.
+        #[cfg(any(test, feature = "invariants"))]
         if quiet {
             let settled = self.state.lifecycles.values().all(|l| l.phase == Phase::Created || l.parked);
             assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.state.lifecycles);
@@ -1950,6 +1954,20 @@ mod tests {
         let step = imported.tick(latest);
         assert!(step.commands.iter().any(|c| c.command == Command::ReadNrp), "{step:?}");
         assert_eq!(finalizer_change(&step).map(|(_, present)| present), Some(true), "{step:?}");
+    }
+
+    // Regression: fuzz target tracker, a clock at the end of u64 time (now = u64::MAX) made the
+    // resync always due: every answered read issued the next one and the tracker was never idle.
+    #[test]
+    fn at_the_end_of_time_the_tracker_reads_nrp_once_and_is_idle() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.observe(u64::MAX, vec![Observation::ListsComplete]);
+        let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("the first read").id;
+        let step = tracker.complete(u64::MAX, vec![(read, Outcome::NrpSnapshot(NrpState::default()))]);
+        assert!(step.commands.is_empty(), "{step:?}");
+        assert!(step.idle, "{step:?}");
+        let step = tracker.tick(u64::MAX);
+        assert!(step.commands.is_empty() && step.idle, "{step:?}");
     }
 
     #[test]

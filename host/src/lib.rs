@@ -28,6 +28,8 @@ pub mod lease;
 #[cfg(unix)]
 pub mod linear_memory;
 pub mod metrics;
+#[cfg(feature = "native")]
+pub mod native;
 pub mod pool_producer;
 pub mod records;
 pub mod run;

@@ -1,0 +1,491 @@
+//! The `tracker` target: the guest's tracker, natively, under hostile input (part A), then the
+//! P1–P6 property run of `guest/src/properties.rs` on fuzzer-chosen operations (part B).
+//!
+//! **Part A** ([`Hostile`]) drives a tracker with a [`Program`]: odd observations (bad IPs,
+//! IPv4-mapped IPv6, zone ids, unknown enum strings, duplicates, deletions of what was never
+//! there, out-of-order), answers to the commands it issued in any order (the truth, a failure
+//! of any status and `Retry-After` before or after the change took effect, any outcome at
+//! all), stray answers, and a clock that jumps, stands still, steps back and sits at the ends
+//! of `u64`. Azure is the property model's [`World`] (its Kubernetes half is unused), Kubernetes
+//! a store of the last object of each key, changed by the tracker's status and finalizer
+//! writes as the API server would. Nothing may panic. At the end every command is answered
+//! truthfully and time runs until the tracker is quiet (it must get there), and then:
+//! * P2: a tick sends nothing; P4: the egress reference counts agree with the pods; export →
+//!   import is the same tracker and export is a fixed point;
+//! * when no answer claimed that something was not found (a 404 it did not earn, which makes
+//!   the tracker drop what it believes gone) and no literal outcome lied: P3 (every object seen
+//!   again causes no write), P5/P6 and the ordering rules the World checks as it executes, and
+//!   the mirror equals NRP;
+//! * when, in addition, nothing was refused for good (400, 422, a terminal code, a literal
+//!   outcome), P1 in the model-free form: NRP holds exactly what the tracker wants it to hold.
+//!
+//! **Part B** runs [`Op`]s (bounded, as the proptest draws them, with any status the model
+//! treats as transient and any `Retry-After`, and any jump or step back of the clock) through
+//! the property [`Harness`], with the checks after every operation and, at the end, `settle`
+//! and `check`: P1–P6 against the independent model.
+//!
+//! The expensive part (drive to idle, the checks) runs once per input, after at most
+//! [`crate::program::MAX_STEPS`] steps and [`MAX_OPS`] operations.
+
+use crate::input::Dec;
+use crate::program::{Answer, Program, Step, Time};
+use clb_guest::invariants::{Harness, LABELS, Op, PHASES, World};
+use clb_guest::model::{self, Command, Issued, Observation, Outcome};
+use clb_guest::tracker::Tracker;
+use clb_host::native::{config_to_model, observation_to_model, outcome_to_model};
+use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The most property operations of part B.
+pub const MAX_OPS: usize = 48;
+/// Rounds of answering and waiting before the tracker must be quiet.
+const SETTLE_ROUNDS: usize = 2_000;
+
+/// The fuzz target.
+pub fn tracker(data: &[u8]) {
+    let mut d = Dec::new(data);
+    let program = d.program();
+    let ops = ops(&mut d);
+    run_hostile(&program);
+    run_modelled(&ops);
+}
+
+/// Statuses the property model treats as transient: a 404 would claim that something it holds
+/// is gone, 400/422 refuse for good, which the model does not predict.
+const TRANSIENT: &[u16] = &[0, 401, 403, 408, 409, 412, 429, 500, 502, 503, 504];
+
+/// Part B's operations, drawn as `properties.rs` draws them, wider where the model allows.
+pub fn ops(d: &mut Dec<'_>) -> Vec<Op> {
+    let count = d.below(MAX_OPS + 1);
+    let mut ops = Vec::new();
+    for _ in 0..count {
+        if d.is_empty() {
+            break;
+        }
+        let op = match d.byte() % 16 {
+            0 => Op::Node { node: d.byte() % 4, variant: d.byte() % 2 },
+            1 => Op::DeleteNode { node: d.byte() % 4 },
+            2 => Op::Service { service: d.byte() % 3, local: d.byte() % 5 != 0, port: [80, 443][d.below(2)] },
+            3 => Op::DeleteService { service: d.byte() % 3 },
+            4 | 5 => Op::Slice {
+                slice: d.byte() % 4,
+                owner: d.byte() % 3,
+                endpoints: (0..d.len(4)).map(|_| (d.byte() % 6, d.byte() % 4, d.opt_bool())).collect(),
+            },
+            6 => Op::DeleteSlice { slice: d.byte() % 4 },
+            7 => Op::ToggleReady { slice: d.byte() % 4, endpoint: d.byte() % 4 },
+            8 => Op::EgressPod {
+                pod: d.byte() % 6,
+                label: d.byte() % LABELS.len() as u8,
+                node: d.byte() % 4,
+                phase: d.byte() % PHASES.len() as u8,
+            },
+            9 => Op::DeleteEgressPod { pod: d.byte() % 6 },
+            10 | 11 => Op::Fail {
+                count: 1 + d.byte() % 3,
+                after: d.flag(),
+                status: TRANSIENT[d.below(TRANSIENT.len())],
+                retry_after_ms: d.opt_u64(),
+            },
+            12 => Op::Advance { ms: u32::from_le_bytes([d.byte(), d.byte(), d.byte(), d.byte()]) },
+            // At most 2^32 ms back per operation: the model's clock starts at 1.7e12 ms.
+            13 => Op::StepBack { ms: u32::from_le_bytes([d.byte(), d.byte(), d.byte(), d.byte()]) },
+            14 => Op::Restart,
+            _ => Op::RoundTrip,
+        };
+        ops.push(op);
+    }
+    ops
+}
+
+/// Part B.
+pub fn run_modelled(ops: &[Op]) {
+    if ops.is_empty() {
+        return;
+    }
+    let mut harness = Harness::new();
+    for op in ops {
+        harness.run(op);
+        assert!(harness.world.violations.is_empty(), "after {op:?}: {:?}", harness.world.violations);
+        harness.check_ref_counts();
+    }
+    harness.settle();
+    harness.check();
+}
+
+/// Kubernetes as the API server keeps it: the last object of each key.
+#[derive(Default)]
+struct Objects {
+    services: BTreeMap<(String, String), model::Service>,
+    slices: BTreeMap<(String, String), model::EndpointSlice>,
+    nodes: BTreeMap<String, model::Node>,
+    pods: BTreeMap<(String, String), model::Pod>,
+}
+
+impl Objects {
+    fn see(&mut self, o: &Observation) {
+        let key = |k: &model::ObjectKey| (k.namespace.to_string(), k.name.to_string());
+        match o {
+            Observation::ServiceUpserted(s) => {
+                self.services.insert((s.namespace.clone(), s.name.clone()), s.clone());
+            }
+            Observation::ServiceDeleted(k) => {
+                self.services.remove(&key(k));
+            }
+            Observation::SliceUpserted(s) => {
+                self.slices.insert((s.namespace.clone(), s.name.clone()), s.clone());
+            }
+            Observation::SliceDeleted(k) => {
+                self.slices.remove(&key(k));
+            }
+            Observation::NodeUpserted(n) => {
+                self.nodes.insert(n.name.clone(), n.clone());
+            }
+            Observation::NodeDeleted(name) => {
+                self.nodes.remove(name);
+            }
+            Observation::PodUpserted(p) => {
+                self.pods.insert((p.namespace.clone(), p.name.clone()), p.clone());
+            }
+            Observation::PodDeleted(k) => {
+                self.pods.remove(&key(k));
+            }
+            Observation::ListsComplete => {}
+        }
+    }
+
+    fn list(&self) -> Vec<Observation> {
+        let mut all: Vec<Observation> = self.nodes.values().cloned().map(Observation::NodeUpserted).collect();
+        all.extend(self.services.values().cloned().map(Observation::ServiceUpserted));
+        all.extend(self.slices.values().cloned().map(Observation::SliceUpserted));
+        all.extend(self.pods.values().cloned().map(Observation::PodUpserted));
+        all.push(Observation::ListsComplete);
+        all
+    }
+}
+
+fn failed(status: u16, code: &str) -> Outcome {
+    Outcome::Failed(model::Failure { status, code: Some(code.into()), retry_after_ms: None, message: code.into() })
+}
+
+/// Part A's world: the tracker, Azure (the model's [`World`]), Kubernetes ([`Objects`]).
+pub struct Hostile {
+    tracker: Tracker,
+    config: clb_guest::Config,
+    azure: World,
+    objects: Objects,
+    /// Watch events the tracker's writes caused, not yet delivered.
+    pending: Vec<Observation>,
+    in_flight: Vec<Issued>,
+    answered: BTreeSet<u64>,
+    now: u64,
+    /// An answer claimed a 404 the world did not give, or a literal outcome answered a command.
+    lied: bool,
+    /// Something was refused for good (400, 422, a terminal code).
+    refused: bool,
+}
+
+impl Hostile {
+    fn absorb(&mut self, step: model::Step) {
+        self.in_flight.extend(step.commands);
+    }
+
+    /// Delivers the watch events of the tracker's own writes: already applied to [`Objects`].
+    fn deliver_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        let step = self.tracker.observe(self.now, pending);
+        self.absorb(step);
+    }
+
+    /// A change in Kubernetes, delivered after the watch events still pending (a watch keeps
+    /// each object's events in order).
+    fn observe(&mut self, batch: Vec<Observation>) {
+        // A UID names one object (the API server's rule; identities are UIDs lower-cased): a
+        // Service arriving with the UID of a Service under another key means that one is gone,
+        // and a watcher would have said so first.
+        let mut delivered = std::mem::take(&mut self.pending);
+        for o in batch {
+            if let Observation::ServiceUpserted(s) = &o {
+                let key = (s.namespace.clone(), s.name.clone());
+                let other = self.objects.services.iter().find(|(k, old)| **k != key && old.identity() == s.identity());
+                if let Some(((namespace, name), _)) = other {
+                    let gone = Observation::ServiceDeleted(model::ObjectKey::new(namespace, name));
+                    self.objects.see(&gone);
+                    delivered.push(gone);
+                }
+            }
+            self.objects.see(&o);
+            delivered.push(o);
+        }
+        let step = self.tracker.observe(self.now, delivered);
+        self.absorb(step);
+    }
+
+    /// What Kubernetes does with a status or finalizer write.
+    fn kubernetes(&mut self, command: &Command) -> Outcome {
+        let (target, change): (&model::ObjectRef, Box<dyn Fn(&mut model::Service) -> Result<(), Outcome>>) =
+            match command {
+                Command::PatchServiceStatus { service, ingress_ips } => {
+                    let ips = ingress_ips.clone();
+                    (
+                        service,
+                        Box::new(move |s: &mut model::Service| {
+                            s.ingress_ips = ips.clone();
+                            Ok(())
+                        }),
+                    )
+                }
+                Command::SetFinalizer { service, finalizer, present } => {
+                    let (finalizer, present) = (finalizer.clone(), *present);
+                    (
+                        service,
+                        Box::new(move |s: &mut model::Service| {
+                            let had = s.finalizers.contains(&finalizer);
+                            if present && !had {
+                                if s.deleting {
+                                    return Err(failed(422, "Invalid"));
+                                }
+                                s.finalizers.push(finalizer.clone());
+                            } else if !present {
+                                s.finalizers.retain(|f| *f != finalizer);
+                            }
+                            Ok(())
+                        }),
+                    )
+                }
+                _ => return Outcome::Ok, // an Event
+            };
+        let key = (target.namespace.to_string(), target.name.to_string());
+        let Some(service) = self.objects.services.get_mut(&key) else { return failed(404, "NotFound") };
+        if service.uid != target.uid.as_str() {
+            return failed(409, "UIDMismatch");
+        }
+        let before = service.clone();
+        if let Err(refused) = change(service) {
+            return refused;
+        }
+        if service.deleting && service.finalizers.is_empty() {
+            self.objects.services.remove(&key);
+            self.pending.push(Observation::ServiceDeleted(model::ObjectKey::new(&key.0, &key.1)));
+        } else if *service != before {
+            self.pending.push(Observation::ServiceUpserted(service.clone()));
+        }
+        Outcome::Ok
+    }
+
+    /// Carries a command out truthfully.
+    fn truth(&mut self, command: &Command) -> Outcome {
+        match command {
+            Command::EmitEvent(_) | Command::PatchServiceStatus { .. } | Command::SetFinalizer { .. } => {
+                self.kubernetes(command)
+            }
+            _ => self.azure.carry_out(command),
+        }
+    }
+
+    fn note(&mut self, failure: &model::Failure) {
+        if failure.status == 404 {
+            self.lied = true;
+        }
+        const TERMINAL: &[&str] =
+            &["InvalidParameter", "QuotaExceeded", "PublicIPCountLimitReached", "MaxPublicIpCountLimitReached"];
+        let code = failure.code.as_deref().unwrap_or("");
+        if matches!(failure.status, 400 | 422)
+            || TERMINAL.contains(&code)
+            || code == "RulesUseSameBackendPortProtocolAndPool"
+            || code == "ServiceWithOverlayMappingsCannotBeDeleted"
+        {
+            self.refused = true;
+        }
+    }
+
+    fn answer(&mut self, issued: &Issued, answer: &Answer) -> Outcome {
+        let to_model = |f: &wit::Failure| match outcome_to_model(&wit::Outcome::Failed(f.clone())) {
+            Outcome::Failed(f) => f,
+            _ => unreachable!(),
+        };
+        match answer {
+            Answer::Truth => self.truth(&issued.command),
+            Answer::FailBefore(f) => {
+                let f = to_model(f);
+                self.note(&f);
+                Outcome::Failed(f)
+            }
+            Answer::FailAfter(f) => {
+                let f = to_model(f);
+                self.note(&f);
+                let _ = self.truth(&issued.command);
+                Outcome::Failed(f)
+            }
+            Answer::Literal(o) => {
+                let o = outcome_to_model(o);
+                match &o {
+                    Outcome::Failed(f) => self.note(f),
+                    _ => {
+                        self.lied = true;
+                        self.refused = true;
+                    }
+                }
+                o
+            }
+        }
+    }
+
+    fn step(&mut self, step: &Step) {
+        match step {
+            Step::Observe(batch) => self.observe(batch.iter().map(observation_to_model).collect()),
+            Step::Big(slice) => self.observe(vec![observation_to_model(&wit::Observation::SliceUpserted(slice.clone()))]),
+            Step::Answer(answers) => {
+                let mut results = Vec::new();
+                for (index, answer) in answers {
+                    if self.in_flight.is_empty() {
+                        break;
+                    }
+                    let issued = self.in_flight.remove(usize::from(*index) % self.in_flight.len());
+                    results.push((issued.id, self.answer(&issued, answer)));
+                    self.answered.insert(issued.id);
+                }
+                let step = self.tracker.complete(self.now, results);
+                self.absorb(step);
+            }
+            Step::Stray(answers) => {
+                // Ids answered already, or far beyond any the tracker issued: never in flight.
+                let answered: Vec<u64> = self.answered.iter().copied().collect();
+                let results = answers
+                    .iter()
+                    .map(|(id, outcome)| {
+                        let id = if answered.is_empty() || id % 2 == 0 {
+                            id | (1 << 63)
+                        } else {
+                            answered[(id / 2) as usize % answered.len()]
+                        };
+                        (id, outcome_to_model(outcome))
+                    })
+                    .collect();
+                let step = self.tracker.complete(self.now, results);
+                self.absorb(step);
+            }
+            Step::Tick => {
+                let step = self.tracker.tick(self.now);
+                self.absorb(step);
+            }
+            Step::Time(t) => {
+                self.now = match *t {
+                    Time::Forward(ms) => self.now.saturating_add(ms),
+                    Time::Back(ms) => self.now.saturating_sub(ms),
+                    Time::Still => self.now,
+                    Time::Set(ms) => ms,
+                }
+            }
+            Step::RoundTrip => self.round_trip(),
+            Step::Deliver => self.deliver_pending(),
+            Step::Relist => {
+                self.pending.clear();
+                let all = self.objects.list();
+                self.observe(all);
+            }
+        }
+    }
+
+    fn round_trip(&mut self) {
+        let (version, payload) = self.tracker.export_state();
+        let imported = Tracker::import_state(self.config.clone(), version, &payload)
+            .unwrap_or_else(|e| panic!("a state the tracker exported does not import: {e:?}"));
+        assert_eq!(imported, self.tracker, "import(export(state)) is the same state");
+        assert_eq!(imported.export_state(), (version, payload), "export is a fixed point");
+        self.tracker = imported;
+    }
+
+    /// Every command answered truthfully, time running, until the tracker is idle; false when it
+    /// is not within the bound after a lie (told that a public IP exists that does not, it
+    /// rightly retries its load balancer for ever), a panic when it is not without one.
+    fn settle(&mut self) -> bool {
+        for _ in 0..SETTLE_ROUNDS {
+            if !self.in_flight.is_empty() {
+                let issued = std::mem::take(&mut self.in_flight);
+                let results = issued.iter().map(|i| (i.id, self.truth(&i.command))).collect();
+                let step = self.tracker.complete(self.now, results);
+                self.absorb(step);
+                continue;
+            }
+            if !self.pending.is_empty() {
+                self.deliver_pending();
+                continue;
+            }
+            let step = self.tracker.tick(self.now);
+            let (wake, idle) = (step.wake_at_ms, step.idle);
+            self.absorb(step);
+            // Idle as the host sees it: nothing in flight, nothing to do but the resync.
+            if self.in_flight.is_empty() && idle {
+                return true;
+            }
+            if self.in_flight.is_empty() {
+                let next = wake.filter(|w| *w > self.now).unwrap_or(self.now.saturating_add(1_000));
+                self.now = next.min(self.now.saturating_add(60_000));
+            }
+        }
+        if self.lied {
+            return false;
+        }
+        panic!("the tracker did not settle with every command answered: {:#?}", self.tracker);
+    }
+
+    fn check(&mut self) {
+        // P2: a quiet tracker sends nothing more.
+        let step = self.tracker.tick(self.now);
+        assert!(step.commands.is_empty(), "P2: a quiet tracker sent {:?}", step.commands);
+        // P4: the reference counts are the pods'.
+        let egress = self.tracker.egress();
+        assert_eq!(egress.recount(), *egress.ref_counts(), "P4: the counts agree with the pods");
+        self.round_trip();
+        if !self.lied {
+            assert!(self.azure.violations.is_empty(), "P5/P6 or ordering violated: {:?}", self.azure.violations);
+            assert_eq!(self.tracker.nrp_view(), self.azure.nrp, "the mirror equals NRP");
+            if !self.refused {
+                assert_eq!(self.azure.nrp, self.tracker.desired_view(), "P1: NRP holds what the tracker wants");
+            }
+        }
+        if self.lied {
+            return;
+        }
+        // P3: every object seen again changes nothing. (After a 404 it did not earn the tracker
+        // rightly provisions again a Service it was told is gone.)
+        let all = self.objects.list();
+        let before = self.tracker.clone();
+        let step = self.tracker.observe(self.now, all);
+        let writes: Vec<&Command> =
+            step.commands.iter().map(|c| &c.command).filter(|c| !matches!(c, Command::EmitEvent(_))).collect();
+        assert!(
+            writes.is_empty(),
+            "P3: seeing every object again wrote {writes:?}\nServices: {:#?}\ntracker before: {before:#?}",
+            self.objects.services
+        );
+    }
+}
+
+/// Part A.
+pub fn run_hostile(program: &Program) {
+    let config = config_to_model(&program.config);
+    let Ok(tracker) = Tracker::create(config.clone()) else { return };
+    let now = 1_700_000_000_000;
+    let mut world = Hostile {
+        tracker,
+        config,
+        azure: World { now, ..World::default() },
+        objects: Objects::default(),
+        pending: Vec::new(),
+        in_flight: Vec::new(),
+        answered: BTreeSet::new(),
+        now,
+        lied: false,
+        refused: false,
+    };
+    for step in &program.steps {
+        world.step(step);
+    }
+    // The initial lists end at the latest here: a tracker waits for them before it writes.
+    world.observe(vec![Observation::ListsComplete]);
+    if world.settle() {
+        world.check();
+    }
+}

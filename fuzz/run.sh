@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Fuzzes every target (or the ones named) for MINUTES each, one after the other, and prints per
+# target: executions per second, libFuzzer's final coverage (cov: edges, ft: features), and the
+# crashes it found. docs/fuzzing.md says how to read and use the results.
+#
+#   fuzz/run.sh MINUTES [TARGET...]
+#
+# * Installs what it needs: the nightly toolchain (rustup) and cargo-fuzz (cargo install --locked).
+# * libFuzzer's working corpus is fuzz/work/<target>/ (seeded from fuzz/corpus/<target>/, which
+#   it only reads); crashes are saved in fuzz/artifacts/<target>/ (crash-*, timeout-*, oom-*).
+#   libFuzzer stops at a crash: the run goes on with the time left, up to 20 crashes a target.
+# * Logs: fuzz/logs/<target>.log; one line per run appended to fuzz/logs/runs.tsv.
+# * SANITIZER=address runs under ASan (default: none — the code is safe Rust apart from two
+#   UTF-8 reads in guest/src/name.rs, and ASan costs half the executions). One target at a
+#   time, one process: the machine is shared.
+set -euo pipefail
+
+MINUTES=${1:?usage: fuzz/run.sh MINUTES [TARGET...]}
+shift || true
+HERE=$(cd "$(dirname "$0")" && pwd)
+cd "$HERE"
+if [ $# -gt 0 ]; then
+  TARGETS=("$@")
+else
+  TARGETS=()
+  for f in fuzz_targets/*.rs; do TARGETS+=("$(basename "$f" .rs)"); done
+fi
+SANITIZER=${SANITIZER:-none}
+
+# What the run needs.
+if ! rustup toolchain list | grep -q '^nightly'; then
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo +nightly fuzz --version > /dev/null 2>&1; then
+  cargo install cargo-fuzz --locked
+fi
+# The guest component clb-host embeds is built with the pinned toolchain, not nightly.
+CLB_GUEST_TOOLCHAIN=$(sed -n 's/^channel = "\(.*\)"/\1/p' ../rust-toolchain.toml)
+export CLB_GUEST_TOOLCHAIN
+
+cargo +nightly fuzz build -s "$SANITIZER"
+
+mkdir -p logs
+printf '%-14s %8s %10s %9s %8s %8s %7s\n' target minutes execs exec/s cov ft crashes
+for target in "${TARGETS[@]}"; do
+  mkdir -p "work/$target" "artifacts/$target"
+  log="logs/$target.log"
+  : > "$log"
+  left=$((MINUTES * 60))
+  execs=0 crashes=0 cov=0 ft=0 runs=0
+  start=$(date +%s)
+  while [ "$left" -gt 0 ] && [ "$crashes" -lt 20 ]; do
+    runs=$((runs + 1))
+    out=$(mktemp)
+    cargo +nightly fuzz run -s "$SANITIZER" "$target" "work/$target" "corpus/$target" -- \
+      -max_total_time="$left" -print_final_stats=1 -timeout=30 -rss_limit_mb=4096 -max_len=16384 \
+      -artifact_prefix="artifacts/$target/" > "$out" 2>&1 || true
+    cat "$out" >> "$log"
+    n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out" | tail -1)
+    execs=$((execs + ${n:-0}))
+    last=$(grep -E 'cov: [0-9]+' "$out" | tail -1 || true)
+    c=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<< "$last")
+    f=$(sed -n 's/.*ft: \([0-9]*\).*/\1/p' <<< "$last")
+    [ -n "$c" ] && [ "$c" -gt "$cov" ] && cov=$c
+    [ -n "$f" ] && [ "$f" -gt "$ft" ] && ft=$f
+    if grep -q 'Test unit written to' "$out"; then
+      crashes=$((crashes + $(grep -c 'Test unit written to' "$out")))
+      grep 'Test unit written to' "$out" | sed "s/^/  $target: /"
+    elif ! grep -q 'stat::number_of_executed_units' "$out"; then
+      echo "  $target: the run ended without stats (see $log)"
+      rm -f "$out"
+      break
+    fi
+    rm -f "$out"
+    left=$((MINUTES * 60 - ($(date +%s) - start)))
+  done
+  secs=$(( $(date +%s) - start ))
+  rate=$(( execs / (secs > 0 ? secs : 1) ))
+  printf '%-14s %8s %10s %9s %8s %8s %7s\n' "$target" "$MINUTES" "$execs" "$rate" "$cov" "$ft" "$crashes"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$target" "$MINUTES" "$secs" "$execs" \
+    "$rate" "$cov" "$ft" "$crashes" >> logs/runs.tsv
+done
