@@ -11,13 +11,20 @@ pub enum Family {
 }
 
 /// The canonical text of an IP address and its family; `None` when it is not an IP address.
+///
+/// An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) is the IPv4 address it maps (`10.0.0.1`), as
+/// Go's `net.ParseIP` and Kubernetes' legacy validation read it; it is not an IPv6 location
+/// (issue 15, defect 6). A zone id (`fe80::1%eth0`) is not an address.
 pub fn canonical(text: &str) -> Option<(Name, Family)> {
     let text = text.trim();
     match text.parse().ok()? {
         // The IPv4 parser accepts only the canonical dotted quad (no leading zeros), so the text
         // is already canonical: no formatting, which is most of the cost on the hot path.
         IpAddr::V4(_) => Some((Name::new(text), Family::V4)),
-        ip @ IpAddr::V6(_) => Some((Name::from(ip.to_string()), Family::V6)),
+        IpAddr::V6(ip) => match ip.to_ipv4_mapped() {
+            Some(v4) => Some((Name::from(v4.to_string()), Family::V4)),
+            None => Some((Name::from(ip.to_string()), Family::V6)),
+        },
     }
 }
 
@@ -30,6 +37,15 @@ pub fn same_family_location<'a>(internal_ips: impl IntoIterator<Item = &'a Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Regression: issue 15, defect 6 — IPv4-mapped IPv6 addresses became IPv6 locations.
+    #[test]
+    fn an_ipv4_mapped_ipv6_address_is_the_ipv4_address_it_maps_and_a_zone_id_is_no_address() {
+        assert_eq!(canonical("::ffff:10.244.0.1").unwrap(), (Name::new("10.244.0.1"), Family::V4));
+        assert_eq!(canonical("::FFFF:0a00:0001").unwrap(), (Name::new("10.0.0.1"), Family::V4));
+        assert_eq!(canonical("::10.0.0.1").unwrap().1, Family::V6, "IPv4-compatible is IPv6");
+        assert!(canonical("fe80::1%eth0").is_none());
+    }
 
     #[test]
     fn ipv6_spellings_collapse_to_one_canonical_text() {

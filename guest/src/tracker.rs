@@ -429,6 +429,13 @@ impl PartialEq for Tracker {
 impl Eq for Tracker {}
 
 /// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After` up to
+/// The address types whose endpoints are pod IPs, `IPv4` and `IPv6` (in any case, as the NRP
+/// types are read): only their endpoints are programmed; `FQDN` and types Kubernetes does not
+/// have are not (issue 15, defect 6).
+fn programmable(address_type: &str) -> bool {
+    address_type.eq_ignore_ascii_case("IPv4") || address_type.eq_ignore_ascii_case("IPv6")
+}
+
 /// [`timing::RETRY_AFTER_CAP_MS`].
 pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
     let exponent = attempt.saturating_sub(1).min(5);
@@ -558,9 +565,18 @@ impl Tracker {
             match observation {
                 Observation::ServiceUpserted(service) => self.upsert_service(service, &mut step),
                 Observation::ServiceDeleted(key) => self.remove_service_object(&key),
-                Observation::SliceUpserted(slice) => self.upsert_slice(slice),
+                Observation::SliceUpserted(slice) => {
+                    if !programmable(&slice.address_type) && !slice.address_type.eq_ignore_ascii_case("FQDN") {
+                        let message = format!(
+                            "EndpointSlice {}/{}: addressType {:?} is not IPv4, IPv6 or FQDN; its endpoints are not programmed",
+                            slice.namespace, slice.name, slice.address_type
+                        );
+                        step.logs.push(LogLine { level: LogLevel::Warn, message });
+                    }
+                    self.upsert_slice(slice)
+                }
                 Observation::SliceDeleted(key) => self.remove_slice(&key),
-                Observation::NodeUpserted(node) => self.upsert_node(node),
+                Observation::NodeUpserted(node) => self.upsert_node(node, &mut step),
                 Observation::NodeDeleted(name) => self.remove_node(&name),
                 Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
                 Observation::PodDeleted(key) => self.egress.delete(&key, &mut self.state.diff),
@@ -750,7 +766,7 @@ impl Tracker {
 
     /// Ready addresses of a slice and their same-family node locations.
     fn resolve(&self, slice: &StoredSlice) -> VecMap<Name, Name> {
-        if slice.deleting || slice.address_type.eq_ignore_ascii_case("FQDN") {
+        if slice.deleting || !programmable(&slice.address_type) {
             return VecMap::default();
         }
         self.resolve_endpoints(slice.endpoints.iter())
@@ -798,7 +814,7 @@ impl Tracker {
             && !old.slice.deleting
             && !slice.deleting
             && old.slice.endpoints.len() == slice.endpoints.len();
-        if !same_shape || slice.address_type.eq_ignore_ascii_case("FQDN") {
+        if !same_shape || !programmable(&slice.address_type) {
             return false;
         }
         let pairs = old.slice.endpoints.iter().zip(&slice.endpoints);
@@ -900,14 +916,29 @@ impl Tracker {
         }
     }
 
-    fn upsert_node(&mut self, node: Node) {
+    /// A changed Node whose InternalIPs do not all parse is logged (WARN), naming it: the
+    /// addresses of its pods reach NRP only through the ones that do, and not at all when none
+    /// does (issue 15, defect 6).
+    fn upsert_node(&mut self, node: Node, step: &mut Step) {
         let name = node.name.clone();
         let locations = NodeLocations::of(&node);
         let unchanged = self.state.nodes.get(&name) == Some(&locations);
         self.state.nodes.insert(name.clone(), locations);
-        if !unchanged {
-            self.reresolve_node(&name);
+        if unchanged {
+            return;
         }
+        let bad: Vec<&String> = node.internal_ips.iter().filter(|ip| ip::canonical(ip).is_none()).collect();
+        let usable = node.internal_ips.len() - bad.len();
+        // A Node with no InternalIP yet (its kubelet has not reported them) is not worth a line.
+        if !bad.is_empty() {
+            let what = match usable {
+                0 => "the addresses of its pods are not programmed in NRP",
+                _ => "its other InternalIPs are its locations",
+            };
+            let message = format!("node {name}: InternalIPs {bad:?} are not IP addresses ({usable} usable); {what}");
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+        }
+        self.reresolve_node(&name);
     }
 
     fn remove_node(&mut self, name: &str) {
@@ -1788,6 +1819,55 @@ mod tests {
         assert!(early.commands.iter().all(|c| !matches!(c.command, Command::SetFinalizer { .. })));
         let due = tracker.tick(NOW + timing::RETRY_AFTER_CAP_MS);
         assert!(due.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{due:?}");
+    }
+
+    // Regression: issue 15, defect 6 — an EndpointSlice of an addressType Kubernetes does not
+    // have was programmed, IPv4-mapped IPv6 node IPs became IPv6 locations, and a Node whose
+    // InternalIPs do not parse left its pods out of NRP without a word.
+    #[test]
+    fn only_ip_slices_are_programmed_and_a_node_with_internal_ips_that_do_not_parse_is_logged() {
+        // (address type, the node's InternalIPs, programmed, a WARN line saying)
+        let cases: [(&str, &[&str], bool, Option<&str>); 6] = [
+            ("IPv4", &["10.224.0.4"], true, None),
+            ("IPv5", &["10.224.0.4"], false, Some("addressType \"IPv5\" is not IPv4, IPv6 or FQDN")),
+            ("FQDN", &["10.224.0.4"], false, None),
+            ("IPv4", &["10.224.0.4%eth0"], false, Some("node n1: InternalIPs [\"10.224.0.4%eth0\"] are not IP addresses (0 usable)")),
+            ("IPv4", &["junk", "10.224.0.4"], true, Some("(1 usable); its other InternalIPs are its locations")),
+            ("IPv4", &["::ffff:10.224.0.4"], true, None),
+        ];
+        for (address_type, ips, programmed, warns) in cases {
+            let case = format!("{address_type} on {ips:?}");
+            let mut tracker = Tracker::create(clb()).unwrap();
+            let slice = EndpointSlice {
+                namespace: "default".into(),
+                name: "web-1".into(),
+                owner_service_uid: Some(UID.into()),
+                address_type: address_type.into(),
+                endpoints: vec![Endpoint {
+                    addresses: vec!["10.244.0.5".into()],
+                    node_name: Some("n1".into()),
+                    ready: Some(true),
+                }],
+                deleting: false,
+            };
+            let node = Node { name: "n1".into(), internal_ips: ips.iter().map(|ip| ip.to_string()).collect() };
+            let step = tracker.observe(
+                NOW,
+                vec![
+                    Observation::NodeUpserted(node),
+                    Observation::ServiceUpserted(lb_service("Local")),
+                    Observation::SliceUpserted(slice),
+                    Observation::ListsComplete,
+                ],
+            );
+            let (issued, logs, _) = drive(&mut tracker, NOW, step, answer_ok(&[UID]));
+            assert_eq!(issued.iter().any(is_location_update), programmed, "{case}: {issued:?}");
+            let warned: Vec<_> = logs.iter().filter(|l| l.level == LogLevel::Warn).map(|l| &l.message).collect();
+            match warns {
+                Some(text) => assert!(warned.len() == 1 && warned[0].contains(text), "{case}: {warned:?}"),
+                None => assert!(warned.is_empty(), "{case}: {warned:?}"),
+            }
+        }
     }
 
     // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in the address-location
