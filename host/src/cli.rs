@@ -168,6 +168,16 @@ struct RunArgs {
     /// ARM's base URL, or the emulator's (`clb-host emulator` prints it).
     #[arg(long, default_value = crate::azure::arm::DEFAULT_BASE_URL)]
     azure_url: String,
+    /// The longest one request to ARM (public IPs, load balancers, backend pools) may take.
+    #[arg(long, default_value = "60s", value_parser = request_timeout)]
+    arm_request_timeout: Duration,
+    /// The longest one request to NRP (the ServiceGateway's services and address locations)
+    /// may take; every Service's endpoint changes wait for a hung one that long.
+    #[arg(long, default_value = "20s", value_parser = request_timeout)]
+    nrp_request_timeout: Duration,
+    /// The longest the polling of one asynchronous ARM operation may take.
+    #[arg(long, default_value = "5m", value_parser = request_timeout)]
+    arm_operation_timeout: Duration,
     /// The ARM credential: none (the emulator), a bearer token kept in a file, or workload
     /// identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`).
     #[arg(long, value_enum, default_value_t = CredentialKind::WorkloadIdentity)]
@@ -233,6 +243,11 @@ struct OperationsArgs {
     /// kube-system/clb-reconciler.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     swap_events_configmap: Option<crate::control::EventTarget>,
+    /// How many inputs a swapped-in version serves on probation: until then, three inputs in a
+    /// row that it traps on roll it back to the version it replaced.
+    #[arg(long, default_value_t = crate::supervisor::PROBATION_INPUTS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    probation_inputs: u64,
 }
 
 /// Leader election among replicas (client-go's flags and defaults).
@@ -286,6 +301,16 @@ fn parse_memory_mib(text: &str) -> Result<usize, String> {
 }
 
 /// `15s`, `500ms`, `2m`, or plain seconds.
+/// A request or operation timeout: from 100 ms to an hour.
+fn request_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = duration(text)?;
+    if (Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&timeout) {
+        Ok(timeout)
+    } else {
+        Err(format!("{text:?}: a timeout is from 100ms to 1h"))
+    }
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
@@ -732,7 +757,13 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             WorkloadIdentity::from_env(|name| std::env::var(name).ok()).context("workload identity")?,
         ),
     };
-    let arm = ArmClient::new(ArmConfig::new(args.azure_url, scope), credential)?;
+    let arm_config = ArmConfig {
+        request_timeout: args.arm_request_timeout,
+        nrp_request_timeout: args.nrp_request_timeout,
+        operation_timeout: args.arm_operation_timeout,
+        ..ArmConfig::new(args.azure_url, scope)
+    };
+    let arm = ArmClient::new(arm_config, credential)?;
     let runtime = Runtime::new()?;
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
     // A configuration the logic refuses cannot start a controller: say so before connecting.
@@ -786,6 +817,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
         let kube = crate::run::connect(args.kubeconfig.as_deref()).await?;
         let settings = crate::run::Settings {
             shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
+            probation_inputs: usize::try_from(ops.probation_inputs).unwrap_or(usize::MAX),
             leader_election,
             resource_lock,
             slb_configurations,

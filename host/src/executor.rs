@@ -117,6 +117,38 @@ pub fn command_name(command: &wit::Command) -> &'static str {
     }
 }
 
+/// What a command is about, for a log line: the objects or resources it names, the first few
+/// of a batch and how many.
+pub fn command_subject(command: &wit::Command) -> String {
+    fn few<'a>(names: impl ExactSizeIterator<Item = &'a str>) -> String {
+        let count = names.len();
+        let shown: Vec<&str> = names.take(3).collect();
+        match count {
+            0..=3 => shown.join(", "),
+            _ => format!("{} and {} more", shown.join(", "), count - 3),
+        }
+    }
+    match command {
+        wit::Command::ReadNrp => String::new(),
+        wit::Command::EmitEvent(event) => {
+            format!("{} {}/{}: {}", event.regarding.kind, event.regarding.namespace, event.regarding.name, event.reason)
+        }
+        wit::Command::UpdateServices(update) => {
+            format!("services {}", few(update.services.iter().map(|s| s.name.as_str())))
+        }
+        wit::Command::UpdateAddressLocations(update) => {
+            let addresses: usize = update.locations.iter().map(|l| l.addresses.len()).sum();
+            let locations = few(update.locations.iter().map(|l| l.location.as_str()));
+            format!("locations {locations} ({addresses} addresses)")
+        }
+        wit::Command::PutPublicIp(ip) => ip.name.clone(),
+        wit::Command::PutLoadBalancer(lb) => lb.name.clone(),
+        wit::Command::DeleteResource(resource) => resource.name.clone(),
+        wit::Command::PatchServiceStatus(status) => format!("{}/{}", status.service.namespace, status.service.name),
+        wit::Command::SetFinalizer(change) => format!("{}/{}", change.service.namespace, change.service.name),
+    }
+}
+
 /// Checks a command before it runs (design §2.4).
 pub fn check(command: &wit::Command) -> Result<(), InvalidCommand> {
     let name = command_name(command);

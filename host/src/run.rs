@@ -50,7 +50,7 @@
 use crate::azure::{ArmClient, AzureApi};
 use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError, PoolUpdaterStats};
 use crate::control::{Control, ControlEvent};
-use crate::executor::{Executor, KubeApi, command_name};
+use crate::executor::{Executor, KubeApi, command_name, command_subject};
 use crate::kube::{KubeClient, error_chain};
 use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig, LeaseStats};
 use crate::records;
@@ -165,6 +165,8 @@ pub struct Settings {
     pub instance: String,
     /// How long a stopping `run` lets running commands finish before it abandons them.
     pub shutdown_grace: Duration,
+    /// Inputs a swapped-in version serves on probation ([`Supervisor::with_probation_inputs`]).
+    pub probation_inputs: usize,
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
     /// The Azure resource lock (upstream §f) the backend-pool updater of multi-SLB
@@ -205,6 +207,7 @@ impl Settings {
             config,
             instance: instance.into(),
             shutdown_grace: SHUTDOWN_GRACE,
+            probation_inputs: crate::supervisor::PROBATION_INPUTS,
             leader_election: None,
             resource_lock: LeaseLockConfig::default(),
             slb_configurations: Vec::new(),
@@ -490,14 +493,18 @@ impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
     }
 }
 
+/// A failed command is a WARN with what it was about (issue 15, defect 3): the guest retries
+/// it, but an operator reading the log must see which Service or location waits, and why.
 fn log_outcome(issued: &wit::Issued, outcome: &wit::Outcome) {
     let command = command_name(&issued.command);
     match outcome {
-        wit::Outcome::Failed(failure) => tracing::info!(
+        wit::Outcome::Failed(failure) => tracing::warn!(
             id = issued.id,
             command,
+            subject = %command_subject(&issued.command),
             status = failure.status,
             code = failure.code.as_deref().unwrap_or(""),
+            retry_after_ms = failure.retry_after_ms,
             message = %failure.message,
             "command failed"
         ),
@@ -596,7 +603,8 @@ async fn reconcile(
     let mut supervisor = match active.borrow().clone() {
         Some(swapped) => Supervisor::new(swapped),
         None => Supervisor::new(logic),
-    };
+    }
+    .with_probation_inputs(settings.probation_inputs);
     if let Some(recorder) = &settings.stats.trace {
         supervisor.record_into(recorder.clone());
     }

@@ -340,9 +340,14 @@ impl<'de> Deserialize<'de> for FaultStep {
     }
 }
 
-/// A span of virtual time, written `250ms`, `30s`, `5m` or `1h`.
+/// A span of virtual time, written `250ms`, `30s`, `5m` or `1h`; at most [`MAX_DURATION_MS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct VirtualDuration(pub u64);
+
+/// The longest span a scenario may give: a week. The simulation jumps from one wake-up of the
+/// guest to the next, but an idle tracker still wakes every resync period (5 minutes) to read
+/// NRP: a week is ~2,000 wake-ups, 10^12 hours would be ~10^13 (issue 15, defect 5).
+pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 
 impl VirtualDuration {
     pub fn parse(text: &str) -> Option<Self> {
@@ -357,7 +362,7 @@ impl VirtualDuration {
             "h" => 3_600_000,
             _ => return None,
         };
-        number.checked_mul(scale).map(VirtualDuration)
+        number.checked_mul(scale).filter(|ms| *ms <= MAX_DURATION_MS).map(VirtualDuration)
     }
 }
 
@@ -383,7 +388,9 @@ impl<'de> Deserialize<'de> for VirtualDuration {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         VirtualDuration::parse(&text).ok_or_else(|| {
-            D::Error::custom(format!("{text:?} is not a duration (write a whole number and ms, s, m or h: `30s`)"))
+            D::Error::custom(format!(
+                "{text:?} is not a duration (write a whole number and ms, s, m or h: `30s`; at most 168h)"
+            ))
         })
     }
 }
@@ -560,12 +567,26 @@ struct RawScenario {
     steps: Vec<Step>,
 }
 
-/// Reads and checks a scenario file.
+/// Reads and checks a scenario file, and that each file a `swap` step names is one (a scenario
+/// naming a file that is not there is invalid, not a failed expectation: issue 15, defect 7).
 pub fn read(path: &Path) -> Result<Scenario, ScenarioError> {
-    parse(path, &inputs::read(path)?)
+    let scenario = parse(path, &inputs::read(path)?)?;
+    for (n, step) in scenario.steps.iter().enumerate() {
+        if let Step::Swap(SwapStep { component: ComponentSource::File(file), .. }) = step {
+            let problem = match std::fs::metadata(file) {
+                Ok(meta) if meta.is_file() => continue,
+                Ok(_) => "not a regular file".to_owned(),
+                Err(error) => error.to_string(),
+            };
+            let reason = format!("step {}: swap to {}: {problem}", n + 1, file.display());
+            return Err(ScenarioError::Invalid { path: path.to_owned(), reason });
+        }
+    }
+    Ok(scenario)
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
+    let text = inputs::check_yaml(path, text)?;
     let raw: RawScenario = serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?;
     let invalid = |reason: &str| ScenarioError::Invalid { path: path.to_owned(), reason: reason.to_owned() };
     if raw.name.trim().is_empty() {
@@ -615,5 +636,9 @@ mod tests {
             assert_eq!(VirtualDuration::parse(bad), None, "{bad}");
         }
         assert_eq!(VirtualDuration(1_500).to_string(), "1.500s");
+        // Regression: issue 15, defect 5 — a scenario could advance for 10^12 hours.
+        assert_eq!(VirtualDuration::parse("168h"), Some(VirtualDuration(MAX_DURATION_MS)));
+        assert_eq!(VirtualDuration::parse("169h"), None);
+        assert_eq!(VirtualDuration::parse("1000000000000h"), None);
     }
 }

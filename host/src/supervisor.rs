@@ -66,8 +66,10 @@ use wasmtime::component::ResourceAny;
 
 /// Quarantined inputs in a row, on a version that came from a swap, that roll it back.
 pub const ROLLBACK_AFTER: u32 = 3;
-/// Inputs a swapped-in version serves before the previous one is released; until then a
-/// rollback replays them into the previous version.
+/// Inputs a swapped-in version serves before the previous one is released, by default; until
+/// then a rollback replays them into the previous version. Only the new version's own inputs
+/// count: the journal a probation keeps also holds those from before the swap (issue 15,
+/// defect 1).
 pub const PROBATION_INPUTS: usize = 1_000;
 
 /// When the supervisor replaces its checkpoint.
@@ -263,10 +265,13 @@ pub struct Quarantined {
 pub struct SwapReport {
     pub from: String,
     pub to: String,
-    /// The state moved: its version and size as the old version exported it.
+    /// The state the new version imported: its version and size as the old version exported
+    /// it. For a staged swap, the checkpoint, which [`Self::replayed`] and the inputs the
+    /// import replayed bring up to date (after a restart it is the empty start-up state).
     pub state_from: (u32, usize),
     /// The state version the new version holds (what its `export-state` would write, by its
-    /// `state-version`) and the size of the state it imported.
+    /// `state-version`) and the size of the state moved: for a staged swap, the new version's
+    /// own export after the import's replay (issue 15, defect 7), else the state it imported.
     pub state_to: (u32, usize),
     /// The new version's first step: what its self-check `tick` at the swap's `now_ms` asked
     /// for. The caller must carry it out as it would the step of [`Supervisor::tick`] (execute
@@ -292,8 +297,8 @@ impl std::fmt::Display for SwapReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} → {}, state v{} ({} bytes) → v{}",
-            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0
+            "{} → {}, state v{} ({} bytes) → v{} ({} bytes)",
+            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0, self.state_to.1
         )
     }
 }
@@ -356,8 +361,11 @@ struct Probation<'a> {
     previous: LogicRef<'a>,
     /// The state the previous version exported at the swap.
     state: Arc<wit::VersionedState>,
-    /// Every input the new version took since.
+    /// The inputs since that state: the previous version's journal at the swap, then every
+    /// input the new version took.
     journal: Vec<Input>,
+    /// Of those, the new version's.
+    served: usize,
 }
 
 /// Owns the running logic; see the module documentation.
@@ -373,6 +381,7 @@ pub struct Supervisor<'a> {
     journal_steps: Vec<Option<u64>>,
     journal_items: usize,
     probation: Option<Probation<'a>>,
+    probation_inputs: usize,
     policy: CheckpointPolicy,
     failures_in_a_row: u32,
     /// `wake-at-ms` and `idle` of the last step: what a quarantined input leaves unchanged.
@@ -413,6 +422,7 @@ impl<'a> Supervisor<'a> {
             journal_steps: Vec::new(),
             journal_items: 0,
             probation: None,
+            probation_inputs: PROBATION_INPUTS,
             policy,
             failures_in_a_row: 0,
             last_wake: None,
@@ -423,6 +433,13 @@ impl<'a> Supervisor<'a> {
             metrics: None,
             trace: None,
         }
+    }
+
+    /// How many inputs a swapped-in version serves on probation (default [`PROBATION_INPUTS`];
+    /// at least 1).
+    pub fn with_probation_inputs(mut self, inputs: usize) -> Self {
+        self.probation_inputs = inputs.max(1);
+        self
     }
 
     /// Records every call of the serving tracker into `recorder`.
@@ -638,8 +655,9 @@ impl<'a> Supervisor<'a> {
         self.journal_items += input.items();
         if let Some(probation) = &mut self.probation {
             probation.journal.push(input.clone());
-            if probation.journal.len() >= PROBATION_INPUTS {
-                tracing::info!(version = %version_name(&self.logic), "swapped-in version served its probation; the previous one is released");
+            probation.served += 1;
+            if probation.served >= self.probation_inputs {
+                tracing::info!(version = %version_name(&self.logic), inputs = probation.served, "swapped-in version served its probation; the previous one is released");
                 self.probation = None;
             }
         }
@@ -862,7 +880,9 @@ impl<'a> Supervisor<'a> {
         }
         // The import replayed the journal as it was at `stage`; it must still begin this
         // journal (a rollback since replaced it, with steps no longer known).
-        let Some(steps) = prefix.filter(|steps| self.journal_steps.get(..steps.len()) == Some(&steps[..])) else {
+        let Some(StagedPrefix { steps, state }) =
+            prefix.filter(|prefix| self.journal_steps.get(..prefix.steps.len()) == Some(&prefix.steps[..]))
+        else {
             tracing::info!(version = %version_name(&new), "the staged version answered the journal differently, or it changed since staging; moving the whole state");
             return self.swap_inner(new, now_ms, started);
         };
@@ -877,7 +897,8 @@ impl<'a> Supervisor<'a> {
         }
         match self.check_new(running, import, now_ms) {
             Ok(prepared) => {
-                let prepared = PreparedSwap { replayed: Some(self.journal.len() - done), ..prepared };
+                let adopt = Adopt { state, journal_from: done };
+                let prepared = PreparedSwap { replayed: Some(self.journal.len() - done), adopt: Some(adopt), ..prepared };
                 self.switch(new, prepared, started)
             }
             Err(error) => Err(self.refused(error)),
@@ -892,11 +913,12 @@ impl<'a> Supervisor<'a> {
         started: Instant,
     ) -> Result<SwapReport, SupervisorError> {
         let size = self.checkpoint.payload.len();
+        let moved = prepared.adopt.as_ref().map_or(size, |adopt| adopt.state.payload.len());
         let report = SwapReport {
             from: version_name(&self.logic),
             to: version_name(&new),
             state_from: (self.checkpoint.version, size),
-            state_to: (prepared.state_version, size),
+            state_to: (prepared.state_version, moved),
             first_step: prepared.first_step.clone(),
             replayed: prepared.replayed,
             took: started.elapsed(),
@@ -914,10 +936,18 @@ impl<'a> Supervisor<'a> {
         let previous = std::mem::replace(&mut self.logic, new);
         // The previous version rebuilds, on a rollback, from the same checkpoint and journal.
         let journal = self.journal.clone();
-        self.probation = Some(Probation { previous, state: self.checkpoint.clone(), journal });
+        self.probation = Some(Probation { previous, state: self.checkpoint.clone(), journal, served: 0 });
         self.running = Some(prepared.running);
-        // The checkpoint and the journal stay: the new version took them, so it rebuilds from
-        // them; its first input is the self-check tick.
+        // Else the checkpoint and the journal stay: the new version took them, so it rebuilds
+        // from them. Its first input is the self-check tick.
+        if let Some(Adopt { state, journal_from }) = prepared.adopt {
+            // Not counted with the checkpoints: those are the serving instance's exports.
+            self.stats.last_checkpoint_bytes = state.payload.len();
+            self.checkpoint = state;
+            self.journal.drain(..journal_from);
+            self.journal_steps.drain(..journal_from);
+            self.journal_items = self.journal.iter().map(Input::items).sum();
+        }
         self.accept(Input::Tick { now_ms: prepared.now_ms }, &prepared.first_step)?;
         Ok(report)
     }
@@ -971,7 +1001,7 @@ impl<'a> Supervisor<'a> {
                 return Err(refusal);
             }
         }
-        Ok(PreparedSwap { running, first_step, now_ms, state_version, state_move, replayed: None })
+        Ok(PreparedSwap { running, first_step, now_ms, state_version, state_move, replayed: None, adopt: None })
     }
 }
 
@@ -990,6 +1020,12 @@ impl<'a> Staging<'a> {
     /// staged with it. A failure of the import is the refusal [`Supervisor::swap`] would give
     /// (the old version was never touched); a replay answered differently (or a trap in it) is
     /// not a refusal: the switch then moves the whole state, as a plain swap decides.
+    ///
+    /// After the replay the new version exports its state, here off the serving path: the
+    /// switch adopts it as the checkpoint, so the size a swap reports and the next rebuild are
+    /// those of the state moved, not of an old checkpoint and its journal (after a restart, the
+    /// empty start-up state: issue 15, defect 7). A version that cannot export what it
+    /// imported is refused now rather than at its first checkpoint.
     pub fn import(self) -> Result<Staged<'a>, SupervisorError> {
         let started = Instant::now();
         let mut running = Running::rebuild(&self.new, &self.config, &self.checkpoint, &[])?;
@@ -997,7 +1033,14 @@ impl<'a> Staging<'a> {
             // What the replay issues was handed out by the serving version: it is dropped.
             running.call(input).is_ok_and(|step| expected.is_some_and(|e| e == digest(&step)))
         });
-        let prefix = same.then_some(self.steps);
+        let prefix = match same {
+            true => {
+                let state =
+                    running.session.tracker_export(running.tracker).map_err(guest("export-state (new version)"))?;
+                Some(StagedPrefix { steps: self.steps, state: Arc::new(state) })
+            }
+            false => None,
+        };
         Ok(Staged { new: self.new, checkpoint: self.checkpoint, running, import: started.elapsed(), prefix })
     }
 }
@@ -1008,9 +1051,16 @@ pub struct Staged<'a> {
     checkpoint: Arc<wit::VersionedState>,
     running: Running,
     import: Duration,
-    /// The steps of the journal replayed by the import, when the new version answered them all
-    /// as the serving one did.
-    prefix: Option<Vec<Option<u64>>>,
+    /// When the new version answered the whole journal replayed by the import as the serving
+    /// one did.
+    prefix: Option<StagedPrefix>,
+}
+
+/// The journal a staged import replayed: the step of each input, and the new version's state
+/// after them.
+struct StagedPrefix {
+    steps: Vec<Option<u64>>,
+    state: Arc<wit::VersionedState>,
 }
 
 impl Staged<'_> {
@@ -1037,6 +1087,15 @@ struct PreparedSwap {
     state_version: u32,
     state_move: Duration,
     replayed: Option<usize>,
+    /// A staged swap's new checkpoint.
+    adopt: Option<Adopt>,
+}
+
+/// The new version's own export, taken by a staged import after it replayed the journal up to
+/// `journal_from`: the switch makes it the checkpoint, and the journal the inputs after it.
+struct Adopt {
+    state: Arc<wit::VersionedState>,
+    journal_from: usize,
 }
 
 /// The self-check's verdict on the ticks of the old and the new version at the same state and

@@ -16,6 +16,7 @@ fn emulator() -> Arc<Emulator> {
 fn client(url: &str, request_timeout: Duration, credential: Credential) -> ArmClient {
     let mut config = ArmConfig::new(url, test_scope());
     config.request_timeout = request_timeout;
+    config.nrp_request_timeout = request_timeout;
     config.poll_interval = Duration::from_millis(10);
     ArmClient::new(config, credential).expect("the client builds")
 }
@@ -212,6 +213,25 @@ async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and
             assert_eq!(call(&client, op).await.expect(&case), expected_result, "{case}, over HTTP");
             assert_eq!(served.resources(), expected_state, "{case}, over HTTP");
         }
+    }
+}
+
+// Regression: issue 15, defect 3 — one timeout (60 s, not a flag) held every NRP call. Each
+// hung request ends on its own side's timeout: were it the other side's (an hour), the test
+// would not end.
+#[tokio::test]
+async fn a_hung_nrp_request_ends_on_the_nrp_timeout_and_a_hung_arm_request_on_the_arm_one() {
+    let (short, long) = (Duration::from_millis(300), Duration::from_secs(3600));
+    for op in [Operation::UpdateAddressLocations, Operation::ListServices, Operation::PutPublicIp, Operation::PutLoadBalancer] {
+        let served = emulator();
+        let server = serve(served.clone()).await;
+        let mut config = ArmConfig::new(server.url(), test_scope());
+        (config.request_timeout, config.nrp_request_timeout) = if op.is_nrp() { (long, short) } else { (short, long) };
+        let client = ArmClient::new(config, Credential::None).expect("the client builds");
+        seed(&client).await;
+        served.set_fault(Fault::times(op, 1, FaultMode::Hang));
+        let error = call(&client, op).await.expect_err("the request hangs");
+        assert_eq!(error.kind, ErrorKind::Timeout, "{op}: {error}");
     }
 }
 

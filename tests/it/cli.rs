@@ -180,3 +180,71 @@ fn run_with_a_cloud_config_the_logic_refuses_cannot_start_and_exits_2() {
     assert_eq!(code, EXIT_BAD_INPUT, "{err}");
     assert!(err.contains("refuses the configuration"), "{err}");
 }
+
+/// A Service manifest, written with `key` twice in its metadata.
+const DUPLICATE_KEY: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\n  name: api\nspec:\n  type: LoadBalancer\n";
+
+// Regression: issue 15, defects 5 and 6 — each hostile input file is refused with exit 2, a
+// message naming the file (and its line where there is one), quickly and in bounded memory.
+#[test]
+fn hostile_input_files_are_refused_with_exit_2_naming_the_file_and_what_is_wrong() {
+    let config = fixture("configs/clb.yaml");
+    let config = config.to_str().unwrap();
+    let nested_flow = format!("a: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    let nested_block: String = (0..200).map(|depth| format!("{}k{depth}:\n", " ".repeat(depth))).collect();
+    let mut not_text = b"apiVersion: v1\nkind: Service\nmetadata:\n  name: ".to_vec();
+    not_text.extend([0xff, 0xfe, b'\n']);
+    let mut huge = b"apiVersion: v1\nkind: Service\n".to_vec();
+    huge.resize(2 << 20, b' ');
+    // (what, the Service file's bytes or a path, what the error must say)
+    let cases: Vec<(&str, std::path::PathBuf, &str)> = vec![
+        ("a key twice in one mapping", temp_file("dup.yaml", DUPLICATE_KEY.as_bytes()), ":4: metadata: duplicate entry with key \"name\""),
+        ("flow collections 100,000 deep", temp_file("flow.yaml", nested_flow.as_bytes()), ":1: nested deeper than 64 levels"),
+        ("block mappings 200 deep", temp_file("block.yaml", nested_block.as_bytes()), ":65: nested deeper than 64 levels"),
+        ("bytes that are not UTF-8", temp_file("bytes.yaml", &not_text), "not UTF-8 text (at byte 47)"),
+        ("2 MiB", temp_file("huge.yaml", &huge), "larger than 1048576 bytes"),
+        ("a device that never ends", "/dev/zero".into(), "larger than 1048576 bytes"),
+    ];
+    for (what, path, says) in cases {
+        let (code, _, err) = clb_host(&["validate", config, path.to_str().unwrap()]);
+        assert_eq!(code, EXIT_BAD_INPUT, "{what}: {err}");
+        assert!(err.contains(&format!("{}:", path.display())) && err.contains(says), "{what}: {err}");
+    }
+    // And the cloud config is read the same way.
+    let (code, _, err) = clb_host(&["validate", "/dev/zero"]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains("/dev/zero: larger than 1048576 bytes"), "{err}");
+}
+
+// Regression: issue 15, defect 6 — a UTF-8 byte order mark before the YAML is ignored, as
+// Kubernetes does, instead of failing with a misleading error.
+#[test]
+fn a_manifest_that_starts_with_a_byte_order_mark_is_read_as_without_it() {
+    let config = fixture("configs/clb.yaml");
+    let text = std::fs::read(fixture("services/etp-local.yaml")).unwrap();
+    let with_bom = temp_file("bom.yaml", &[&[0xef, 0xbb, 0xbf][..], &text].concat());
+    let (code, out, err) = clb_host(&["validate", config.to_str().unwrap(), with_bom.to_str().unwrap()]);
+    assert_eq!(code, EXIT_OK, "{out}{err}");
+}
+
+// Regression: issue 15, defects 5 and 7 — a scenario that swaps to a file that is not there, or
+// advances by 10^12 hours, is an invalid scenario (exit 2), not a failed expectation or a run
+// that never ends.
+#[test]
+fn a_scenario_swapping_to_a_missing_file_or_advancing_past_a_week_is_invalid_with_exit_2() {
+    let scenario = |name: &str, step: &str| {
+        let text = format!("name: {name}\nconfig:\n  loadBalancerSku: standardv2\n  loadBalancerBackendPoolConfigurationType: podIP\nsteps:\n  - {step}\n");
+        temp_file(&format!("{name}.yaml"), text.as_bytes())
+    };
+    let cases = [
+        (scenario("missing", "swap: {component: missing.wasm, expect: accepted}"), "step 1: swap to "),
+        (scenario("folder", "swap: {component: ./, expect: accepted}"), "not a regular file"),
+        (scenario("forever", "advance: 1000000000000h"), "at most 168h"),
+        (scenario("week", "advance: 169h"), "at most 168h"),
+    ];
+    for (path, says) in cases {
+        let (code, out, err) = clb_host(&["simulate", path.to_str().unwrap()]);
+        assert_eq!(code, EXIT_BAD_INPUT, "{}: {out}{err}", path.display());
+        assert!(err.contains(&path.display().to_string()) && err.contains(says), "{}: {err}", path.display());
+    }
+}

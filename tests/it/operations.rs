@@ -30,13 +30,18 @@ struct Options {
     pin: Option<Sha256Pin>,
     events: Option<EventTarget>,
     admin_token: Option<String>,
+    /// `--probation-inputs`; the default when `None`.
+    probation_inputs: Option<usize>,
 }
 
 impl Host {
     async fn start(client: &::kube::Client, options: Options) -> Self {
-        let Options { source, pin, events, admin_token } = options;
+        let Options { source, pin, events, admin_token, probation_inputs } = options;
         let (_emulator, azure, arm, config) = emulated_azure().await;
-        let settings = clb_host::run::Settings::new(client.clone(), arm, config, "clb-ops-test");
+        let mut settings = clb_host::run::Settings::new(client.clone(), arm, config, "clb-ops-test");
+        if let Some(inputs) = probation_inputs {
+            settings.probation_inputs = inputs;
+        }
         let operations = OperationsConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             admin_token,
@@ -514,6 +519,70 @@ fn a_swap_requested_while_services_are_created_is_staged_every_service_is_provis
         let swapped = event_on(client, ns, "clb-swaps", "LogicSwapped", None).await;
         assert!(swapped.message.as_deref().is_some_and(|m| m.contains("beside serving")), "{swapped:?}");
         next_guest_serves(client, ns).await;
+        host.stop().await;
+    });
+}
+
+// Regression: issue 15, defect 1 — the probation journal began as a copy of the inputs since
+// the last checkpoint, so a swap into a busy controller ended its probation at once and three
+// quarantines in a row never rolled back. And defect 7: a staged swap after a restart reported
+// the empty start-up checkpoint's size as the state it moved.
+#[test]
+fn a_staged_swap_in_run_serves_its_probation_on_its_own_inputs_and_three_traps_in_it_roll_back() {
+    in_namespace("probation", async |client, ns| {
+        // Far fewer inputs than the Services below cost before the swap (each one an
+        // observation and the outcomes of its writes), and more than the new version takes
+        // before the traps (its self-check tick).
+        let options = Options { probation_inputs: Some(8), ..Default::default() };
+        let host = Host::start(client, options).await;
+        for i in 0..SERVICES {
+            create_service(client, ns, &format!("web-{i}"), json!({})).await;
+        }
+        every_service_provisioned(client, ns).await;
+
+        let file = temp_dir(ns).join("logic.wasm");
+        std::fs::write(&file, NEXT_GUEST).unwrap();
+        let args = vec!["--to".into(), file.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+        let (code, out, err) = clb_host_swap(args).await;
+        assert_eq!(code, 0, "{out}{err}");
+        let status = host.status().await;
+        assert_eq!(status["active"]["sha256"], sha256_hex(NEXT_GUEST), "{status}");
+        assert_eq!(status["previous"]["sha256"], builtin().info().sha256, "on probation: {status}");
+        let last = &status["lastSwap"];
+        let (from, to) = (last["stateFromBytes"].as_u64().unwrap(), last["stateToBytes"].as_u64().unwrap());
+        assert!(to > from, "the state moved holds {SERVICES} Services, the start-up checkpoint none: {status}");
+        assert_eq!(status["stateBytes"], last["stateToBytes"], "the moved state is the checkpoint now: {status}");
+
+        // The next guest's trap trigger (`tests/next-guest`, `PANIC_ANNOTATION`).
+        let trap = json!({"clb.test/panic-on-observe": "true"});
+        for n in 0..3 {
+            create_service(client, ns, &format!("boom-{n}"), trap.clone()).await;
+        }
+        let status = host.last_swap("rolled-back", None).await;
+        assert_eq!(status["active"]["sha256"], builtin().info().sha256, "{status}");
+        assert!(status["previous"].is_null(), "{status}");
+        assert_eq!((status["rollbacks"].as_u64(), status["quarantinedInputs"].as_u64()), (Some(1), Some(3)), "{status}");
+        assert!(status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("3 inputs in a row")), "{status}");
+
+        // The built-in logic serves what follows, with every Service the new version took.
+        create_service(client, ns, "after", json!({})).await;
+        let services = Api::<Service>::namespaced(client.clone(), ns);
+        eventually("the Service created after the rollback provisioned", async || {
+            let after = services.get("after").await.map_err(|e| e.to_string())?;
+            if ingress_ips(&after).len() == 1 { Ok(()) } else { Err(format!("{:?}", after.status)) }
+        })
+        .await;
+        // Gone before the next test's host (maybe the next guest) lists them: nobody took them,
+        // so they hold no finalizer.
+        for n in 0..3 {
+            services.delete(&format!("boom-{n}"), &DeleteParams::default()).await.unwrap();
+        }
+        eventually("the trapping Services gone", async || {
+            let listed = services.list(&Default::default()).await.map_err(|e| e.to_string())?;
+            let left: Vec<_> = listed.items.iter().filter_map(|s| s.metadata.name.clone()).filter(|n| n.starts_with("boom")).collect();
+            if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+        })
+        .await;
         host.stop().await;
     });
 }

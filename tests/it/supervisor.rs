@@ -308,9 +308,45 @@ fn a_long_journal_at_stage_is_replayed_by_the_import_not_checkpointed_and_the_sw
     let report = supervisor.swap_staged(staged, 20).expect("accepted");
     assert_eq!(report.replayed, Some(1), "only the input delivered after `stage`");
     assert_eq!(supervisor.stats().checkpoints, checkpoints, "no whole state move either");
+    // Regression: issue 15, defect 7 — the size reported is the state moved (the new version's
+    // export after the import's replay), not the checkpoint before the journal.
+    assert!(report.state_to.1 > report.state_from.1, "{report}");
+    assert_eq!(supervisor.stats().last_checkpoint_bytes, report.state_to.1, "the moved state is the checkpoint now");
     let plain = reference.swap(next(), 20).expect("accepted");
     assert_eq!(report.first_step, plain.first_step);
     assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap());
+}
+
+// Regression: issue 15, defect 1 — a probation began with the previous version's journal, so
+// after a long journal it ended at the swap and three traps in a row did not roll back.
+#[test]
+fn a_staged_swap_after_a_long_journal_serves_its_probation_on_its_own_inputs() {
+    const PROBATION: usize = 10;
+    let swapped = || {
+        let mut supervisor = start(Supervisor::new(builtin()).with_probation_inputs(PROBATION));
+        for n in 0..100u32 {
+            supervisor.observe(1, &[service(&format!("s{n}"), n)]).unwrap();
+        }
+        let staged = supervisor.stage(next()).unwrap().import().expect("the import succeeds");
+        supervisor.swap_staged(staged, 2).expect("accepted");
+        assert!(supervisor.previous_logic().is_some(), "on probation after the swap");
+        supervisor
+    };
+
+    let mut trapped = swapped();
+    for n in 0..3 {
+        trapped.observe(3, &[service(&format!("boom-{n}"), 200 + n)]).unwrap();
+    }
+    assert_eq!((trapped.stats().quarantined, trapped.stats().rollbacks), (3, 1));
+    assert_eq!(version_name(trapped.logic()), version_name(builtin()), "rolled back");
+
+    // The self-check tick was the first of its own inputs.
+    let mut serving = swapped();
+    for n in 1..PROBATION as u32 {
+        assert!(serving.previous_logic().is_some(), "still on probation after {n} inputs");
+        serving.tick(3 + u64::from(n)).unwrap();
+    }
+    assert!(serving.previous_logic().is_none(), "released after {PROBATION} inputs of its own");
 }
 
 #[test]

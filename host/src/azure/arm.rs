@@ -22,6 +22,12 @@ pub const NETWORK_API_VERSION: &str = "2024-05-01";
 /// A list that pages on past this many pages is taken as a server loop.
 const MAX_PAGES: usize = 10_000;
 
+/// [`ArmConfig::request_timeout`] by default (`--arm-request-timeout`).
+pub const DEFAULT_ARM_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// [`ArmConfig::nrp_request_timeout`] by default (`--nrp-request-timeout`): NRP answers in
+/// well under a second when healthy.
+pub const DEFAULT_NRP_REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// How the client reaches ARM.
 #[derive(Clone, Debug)]
 pub struct ArmConfig {
@@ -29,8 +35,13 @@ pub struct ArmConfig {
     pub scope: Scope,
     pub service_gateway_api_version: String,
     pub network_api_version: String,
-    /// The longest one HTTP request (connect, send, read the answer) may take.
+    /// The longest one HTTP request to ARM (public IPs, load balancers, backend pools: connect,
+    /// send, read the answer) may take.
     pub request_timeout: Duration,
+    /// The same for NRP (the ServiceGateway's services and address locations), whose calls every
+    /// Service's endpoints wait for: shorter, so that one hung call holds them less long (issue
+    /// 15, defect 3).
+    pub nrp_request_timeout: Duration,
     /// The longest polling of an asynchronous operation may take, all polls together.
     pub operation_timeout: Duration,
     /// The wait between polls when the server gives no `Retry-After`.
@@ -44,7 +55,8 @@ impl ArmConfig {
             scope,
             service_gateway_api_version: SERVICE_GATEWAY_API_VERSION.to_owned(),
             network_api_version: NETWORK_API_VERSION.to_owned(),
-            request_timeout: Duration::from_secs(60),
+            request_timeout: DEFAULT_ARM_REQUEST_TIMEOUT,
+            nrp_request_timeout: DEFAULT_NRP_REQUEST_TIMEOUT,
             operation_timeout: Duration::from_secs(5 * 60),
             poll_interval: Duration::from_secs(5),
         }
@@ -75,8 +87,10 @@ impl ArmClient {
         if base.cannot_be_a_base() || !matches!(base.scheme(), "http" | "https") {
             return Err(invalid(format!("the base URL {:?} is not an http(s) URL", config.base_url)));
         }
+        // ARM and NRP requests set their own timeout (by operation); this one bounds the rest
+        // (the token requests of a workload identity).
         let http = reqwest::Client::builder()
-            .timeout(config.request_timeout)
+            .timeout(config.request_timeout.max(config.nrp_request_timeout))
             .build()
             .map_err(|e| invalid(format!("the HTTP client cannot be built: {e}")).with_source(e))?;
         Ok(Self { config, base, credential, http })
@@ -141,7 +155,8 @@ impl ArmClient {
             .token(&self.http)
             .await
             .map_err(|e| AzureError::new(op, ErrorKind::Auth, e.to_string()).with_source(e))?;
-        let mut request = self.http.request(method, url);
+        let timeout = if op.is_nrp() { self.config.nrp_request_timeout } else { self.config.request_timeout };
+        let mut request = self.http.request(method, url).timeout(timeout);
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }

@@ -54,6 +54,17 @@ impl Operation {
         Operation::PutBackendPool,
     ];
 
+    /// Whether NRP (the ServiceGateway) answers it, rather than ARM's network resources.
+    pub fn is_nrp(self) -> bool {
+        matches!(
+            self,
+            Operation::UpdateServices
+                | Operation::UpdateAddressLocations
+                | Operation::ListServices
+                | Operation::ListAddressLocations
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Operation::UpdateServices => "update-services",
