@@ -5,7 +5,7 @@
 use crate::sandbox::bindings::clb::reconciler::types::Mode;
 use crate::sandbox::bindings::exports::clb::reconciler::validation::Verdict;
 use crate::sandbox::{ComponentInfo, Limits, PACKAGE, Runtime};
-use crate::{BUILTIN_GUEST, inputs, records};
+use crate::{BUILTIN_GUEST, compression, inputs, records};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use k8s_openapi::api::core::v1::Service;
@@ -82,11 +82,15 @@ enum Command {
         /// Where to write it.
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
+        /// Write it compressed (gzip: level 9), e.g. for a ConfigMap's binaryData; every way
+        /// in takes it so. For zstd, compress the plain file with `zstd -19`.
+        #[arg(long, value_enum, value_name = "FORMAT")]
+        compress: Option<CompressArg>,
     },
     /// Print the schema of the component's functions that other hosts read
     /// (hosts/schema/clb-reconciler.json; docs/traces.md).
     Schema {
-        /// A component instead of the built-in logic.
+        /// A component instead of the built-in logic (gzip or zstd compressed or not).
         #[arg(long, value_name = "FILE")]
         component: Option<PathBuf>,
     },
@@ -115,10 +119,11 @@ enum Command {
 /// What `swap` sends where.
 #[derive(Args)]
 struct SwapArgs {
-    /// The new component (.wasm).
+    /// The new component (.wasm), gzip or zstd compressed or not; it is sent as it is.
     #[arg(long, value_name = "FILE")]
     to: PathBuf,
-    /// The sha256 the component must have; the running host refuses it otherwise.
+    /// The sha256 the component must have (of the decompressed component, when it is
+    /// compressed); the running host refuses it otherwise.
     #[arg(long, value_name = "HEX")]
     sha256: Option<crate::control::Sha256Pin>,
     /// The endpoint of the running host (its --listen).
@@ -236,7 +241,8 @@ struct OperationsArgs {
     /// whenever it changes.
     #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
     logic_configmap: Option<crate::sources::ConfigMapKey>,
-    /// Refuse, before loading, any version from the source whose sha256 is not this one.
+    /// Refuse, before loading, any version from the source whose sha256 is not this one (the
+    /// sha256 of the decompressed component, when the source holds it compressed).
     #[arg(long, value_name = "HEX", requires = "logic_source")]
     logic_sha256: Option<crate::control::Sha256Pin>,
     /// The ConfigMap swap Events regard; default: the --logic-configmap one, else
@@ -363,7 +369,7 @@ struct EmulatorArgs {
 /// Which logic to run and under which limits.
 #[derive(Args)]
 struct LogicArgs {
-    /// A component to run instead of the built-in logic.
+    /// A component to run instead of the built-in logic (gzip or zstd compressed or not).
     #[arg(long, value_name = "FILE")]
     component: Option<PathBuf>,
     /// Fuel (roughly, wasm instructions) one guest call may use; at least 1.
@@ -388,10 +394,29 @@ impl LogicArgs {
 
     fn bytes(&self) -> anyhow::Result<Vec<u8>> {
         match &self.component {
-            Some(path) => std::fs::read(path).with_context(|| format!("{}: cannot read", path.display())),
+            Some(path) => read_component(path),
             None => Ok(BUILTIN_GUEST.to_vec()),
         }
     }
+}
+
+/// How `component --compress` writes the built-in component.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum CompressArg {
+    Gzip,
+}
+
+/// A component file's bytes and, when it is compressed, its compression and size (a file the
+/// command line reads is taken compressed or not: `crate::compression`).
+fn read_component_file(path: &std::path::Path) -> anyhow::Result<compression::Decompressed> {
+    let bytes = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    let _file = tracing::info_span!("component", path = %path.display()).entered();
+    compression::decompress(bytes).with_context(|| format!("{}: not a component", path.display()))
+}
+
+/// A component file's bytes, decompressed when it is compressed.
+fn read_component(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    Ok(read_component_file(path)?.bytes)
 }
 
 /// Runs the command line `args` (the first is the program name); returns the exit code.
@@ -418,14 +443,7 @@ pub fn run(
         Command::Simulate { files, json, record, logic } => simulate(&files, json, record.as_deref(), &logic, out, err),
         Command::Replay(args) => replay(&args, out, err),
         Command::Schema { component } => schema(component.as_deref(), out),
-        Command::Component { out: path } => {
-            std::fs::write(&path, BUILTIN_GUEST)
-                .with_context(|| format!("{}: cannot write", path.display()))
-                .map(|()| {
-                    let _ = writeln!(out, "{}: {} bytes, sha256 {}", path.display(), BUILTIN_GUEST.len(), crate::sandbox::sha256_hex(BUILTIN_GUEST));
-                    EXIT_OK
-                })
-        }
+        Command::Component { out: path, compress } => write_component(&path, compress, out),
         Command::Emulator(args) => emulator(args, out),
         Command::Run(args) => run_reconciler(*args, out, err),
         Command::Swap(args) => swap(args, out, err),
@@ -434,6 +452,28 @@ pub fn run(
         let _ = writeln!(err, "error: {e:#}");
         EXIT_BAD_INPUT
     })
+}
+
+/// `component --out FILE [--compress FORMAT]`: the sha256 printed is the component's, which a pin
+/// names whether it travels compressed or not.
+fn write_component(path: &std::path::Path, compress: Option<CompressArg>, out: &mut dyn Write) -> anyhow::Result<u8> {
+    let sha256 = crate::sandbox::sha256_hex(BUILTIN_GUEST);
+    let written = match compress {
+        None => std::borrow::Cow::Borrowed(BUILTIN_GUEST),
+        Some(CompressArg::Gzip) => std::borrow::Cow::Owned(compression::compress_gzip(BUILTIN_GUEST)),
+    };
+    std::fs::write(path, &written).with_context(|| format!("{}: cannot write", path.display()))?;
+    match compress {
+        None => writeln!(out, "{}: {} bytes, sha256 {sha256}", path.display(), written.len())?,
+        Some(CompressArg::Gzip) => writeln!(
+            out,
+            "{}: {} bytes (gzip of {} bytes), sha256 {sha256} (of the decompressed component)",
+            path.display(),
+            written.len(),
+            BUILTIN_GUEST.len()
+        )?,
+    }
+    Ok(EXIT_OK)
 }
 
 /// The mode as the WIT spells it.
@@ -446,13 +486,17 @@ fn mode_name(mode: Mode) -> &'static str {
 }
 
 fn inspect(file: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<u8> {
-    let bytes = std::fs::read(file).with_context(|| format!("{}: cannot read", file.display()))?;
+    let read = read_component_file(file)?;
+    let bytes = read.bytes;
     let runtime = Runtime::new()?;
     let component = runtime.compile(&bytes).with_context(|| file.display().to_string())?;
     let info = ComponentInfo::of(runtime.engine(), &component, &bytes);
     writeln!(out, "file:     {}", file.display())?;
     writeln!(out, "sha256:   {}", info.sha256)?;
     writeln!(out, "size:     {} bytes", info.size)?;
+    if let Some((format, size)) = read.compressed {
+        writeln!(out, "compressed: {format}, {size} bytes (sha256 and size are the decompressed component's)")?;
+    }
     match info.package_version() {
         Some(version) => writeln!(out, "package:  {PACKAGE}@{version}")?,
         None => writeln!(out, "package:  none (exports no {PACKAGE} interface)")?,
@@ -641,8 +685,7 @@ fn replay(args: &ReplayArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow
             writeln!(err, "error: --swap-component {pair:?}: expected NAME=FILE")?;
             return Ok(EXIT_BAD_INPUT);
         };
-        let loaded = std::fs::read(file)
-            .with_context(|| format!("{file}: cannot read"))
+        let loaded = read_component(std::path::Path::new(file))
             .and_then(|bytes| runtime.load(&bytes, limits).with_context(|| file.to_owned()));
         match loaded {
             Ok(logic) => named.insert(name.to_owned(), logic),
@@ -674,7 +717,7 @@ fn replay(args: &ReplayArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow
 
 fn schema(component: Option<&std::path::Path>, out: &mut dyn Write) -> anyhow::Result<u8> {
     let bytes = match component {
-        Some(path) => std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?,
+        Some(path) => read_component(path)?,
         None => BUILTIN_GUEST.to_vec(),
     };
     let runtime = Runtime::new()?;
@@ -858,6 +901,11 @@ fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     use crate::control::SwapResult;
     let bytes = std::fs::read(&args.to).with_context(|| format!("{}: cannot read", args.to.display()))?;
+    // A compressed file travels as it is (smaller), and the host decompresses it; one that does
+    // not decompress is refused here, as an unreadable file is.
+    if compression::Compression::detect(&bytes).is_some() {
+        compression::decompress(bytes.clone()).with_context(|| format!("{}: not a component", args.to.display()))?;
+    }
     let token = args.token_file.as_deref().map(read_token).transpose()?;
     let url = format!("{}/swap", args.endpoint.trim_end_matches('/'));
     let tokio =

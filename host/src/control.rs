@@ -19,8 +19,10 @@
 //!   ([`Control::start_term`]) drops the stale import and takes that request first, staging it
 //!   again against its own supervisor, so the requester gets the answer of the replica that
 //!   then leads, as any request still queued does.
-//! * **Before the loop.** The sender refuses bytes whose sha256 differs from the pin (kind
-//!   `digest`) before anything compiles them, answers bytes that are the serving version
+//! * **Before the loop.** The sender decompresses gzip or zstd bytes on a blocking thread
+//!   ([`crate::compression`], refusing a bad stream with kind `decompress`), refuses a component
+//!   whose sha256 — the decompressed one's — differs from the pin (kind `digest`) before anything
+//!   compiles it, answers bytes that are the serving version
 //!   `unchanged`, and compiles the rest on a blocking thread ([`Loader`]), refusing what does not
 //!   load (kind `load`) — so the loop never waits for a compile.
 //! * **Records.** Every accepted or refused swap, and every rollback the supervisor does on its
@@ -29,6 +31,7 @@
 //!   the well-known ConfigMap ([`EventTarget`]): `LogicSwapped` (Normal), `LogicSwapRefused`,
 //!   `LogicRolledBack`, `LogicRollbackFailed` (Warning).
 
+use crate::compression::Compression;
 use crate::executor::{KubeApi, KubeError};
 use crate::kube::{KubeClient, api_error, error_chain};
 use crate::metrics::{Admin, Metrics, MetricsError, MetricsServer};
@@ -62,6 +65,10 @@ pub const REASON_SWAPPED: &str = "LogicSwapped";
 pub const REASON_REFUSED: &str = "LogicSwapRefused";
 pub const REASON_ROLLED_BACK: &str = "LogicRolledBack";
 pub const REASON_ROLLBACK_FAILED: &str = "LogicRollbackFailed";
+
+/// The refusal kind of bytes that are compressed but give no component (corrupt, truncated, too
+/// large decompressed, compressed twice): nothing was compiled.
+pub const REFUSED_DECOMPRESS: &str = "decompress";
 
 /// Why a swap request could not be handled or a pin not read.
 #[derive(Debug, thiserror::Error)]
@@ -266,6 +273,22 @@ impl SwapSender {
         origin: impl Into<String>,
     ) -> Result<SwapResult, ControlError> {
         let origin = origin.into();
+        let span = tracing::info_span!("swap", %origin);
+        let decompressed = tokio::task::spawn_blocking(move || {
+            let _origin = span.entered();
+            // The sha256 a refusal names: of the bytes as they came, when they are not the component.
+            let received = Compression::detect(&bytes).map(|_| sha256_hex(&bytes));
+            crate::compression::decompress(bytes).map_err(|error| (error, received.unwrap_or_default()))
+        })
+        .await
+        .map_err(ControlError::LoadAborted)?;
+        let bytes = match decompressed {
+            Ok(decompressed) => decompressed.bytes,
+            Err((error, received)) => {
+                return Ok(self.refused_before_the_loop(origin, REFUSED_DECOMPRESS, error_chain(&error), received));
+            }
+        };
+        // The pin, as every sha256 of a version, is of the decompressed component.
         let sha256 = sha256_hex(&bytes);
         if let Some(pin) = pin.filter(|pin| pin.as_str() != sha256) {
             let error = ControlError::DigestMismatch { expected: pin.as_str().to_owned(), actual: sha256.clone() };

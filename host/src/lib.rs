@@ -19,6 +19,7 @@ pub mod azure;
 pub mod backend_pools;
 pub mod cli;
 pub mod cluster;
+pub mod compression;
 pub mod control;
 pub mod emulator;
 pub mod executor;

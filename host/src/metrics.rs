@@ -20,13 +20,16 @@
 //!   return to, the last swap result ([`SwapRecord`]), swaps by result, quarantined inputs, the
 //!   state size. A rollback the supervisor does on its own is noticed here, when the snapshot
 //!   after it is published, and recorded like a swap.
-//! * `POST /swap` (only with an [`Admin`]): the body is a component; the optional header
-//!   [`SHA256_HEADER`] pins its digest. Accepted only from a loopback peer, or — when the admin
+//! * `POST /swap` (only with an [`Admin`]): the body is a component, gzip- or zstd-compressed or
+//!   not ([`crate::compression`]); the optional header [`SHA256_HEADER`] pins the digest of the
+//!   decompressed component. Accepted only from a loopback peer, or — when the admin
 //!   has a token — from any peer presenting `Authorization: Bearer <token>`. The request goes to
 //!   the run loop through the [`SwapSender`]; the answer is a [`SwapResult`] as JSON: 200 when
-//!   accepted or unchanged, 409 when refused.
+//!   accepted or unchanged, 409 when refused, 400 when refused as compressed bytes that give no
+//!   component (kind `decompress`).
 
-use crate::control::{Sha256Pin, SwapRecord, SwapResult, SwapSender};
+use crate::compression::MAX_COMPONENT_BYTES;
+use crate::control::{REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult, SwapSender};
 use crate::sandbox::Logic;
 use crate::supervisor::{ROLLBACK_AFTER, SupervisorStats};
 use http_body_util::{BodyExt as _, Full, Limited};
@@ -515,8 +518,6 @@ fn escape(value: &str) -> String {
 
 /// The header of `POST /swap` that pins the component's sha256.
 pub const SHA256_HEADER: &str = "x-clb-sha256";
-/// The largest component `POST /swap` takes.
-pub const MAX_COMPONENT_BYTES: usize = 64 << 20;
 
 /// What `POST /swap` needs: where requests go, and who may send them.
 #[derive(Clone)]
@@ -650,8 +651,15 @@ async fn swap(metrics: &Metrics, admin: &Admin, peer: SocketAddr, request: Reque
         Err(error) => return reply(StatusCode::BAD_REQUEST, text, format!("reading the body: {error}\n")),
     };
     match admin.swaps.swap(bytes, pin, format!("endpoint {peer}")).await {
-        Ok(result @ SwapResult::Refused { .. }) => json(StatusCode::CONFLICT, &result),
-        Ok(result) => json(StatusCode::OK, &result),
+        Ok(result) => {
+            let status = match &result {
+                // Compressed, but not a component: the request is wrong, not the version.
+                SwapResult::Refused { kind, .. } if kind == REFUSED_DECOMPRESS => StatusCode::BAD_REQUEST,
+                SwapResult::Refused { .. } => StatusCode::CONFLICT,
+                _ => StatusCode::OK,
+            };
+            json(status, &result)
+        }
         Err(error) => reply(StatusCode::SERVICE_UNAVAILABLE, text, format!("{error}\n")),
     }
 }

@@ -264,10 +264,11 @@ pub struct SwapStep {
 pub enum ComponentSource {
     /// `builtin`: the logic this host was built with.
     Builtin,
-    /// A name without `/` and not ending in `.wasm`: a component the runner registered (the
-    /// test suite registers its test guests).
+    /// A name without `/` and not ending in `.wasm` (nor `.wasm.gz`, `.wasm.zst`): a component
+    /// the runner registered (the test suite registers its test guests).
     Named(String),
-    /// A file; relative paths are resolved against the scenario file's folder.
+    /// A file, gzip or zstd compressed or not; relative paths are resolved against the scenario
+    /// file's folder.
     File(PathBuf),
 }
 
@@ -287,7 +288,9 @@ impl<'de> Deserialize<'de> for ComponentSource {
         Ok(match text.as_str() {
             "" => return Err(D::Error::custom("swap: `component` is empty")),
             "builtin" => ComponentSource::Builtin,
-            path if path.contains('/') || path.ends_with(".wasm") => ComponentSource::File(PathBuf::from(path)),
+            path if path.contains('/') || [".wasm", ".wasm.gz", ".wasm.zst"].iter().any(|end| path.ends_with(end)) => {
+                ComponentSource::File(PathBuf::from(path))
+            }
             name => ComponentSource::Named(name.to_owned()),
         })
     }

@@ -74,7 +74,9 @@ pub enum LogicError {
     Pools(#[from] PoolUpdaterError),
     #[error("setting up Azure: {0}")]
     AzureSetup(String),
-    #[error("no component is known by the name {0:?} (a path needs a `/` or the `.wasm` ending)")]
+    #[error(
+        "no component is known by the name {0:?} (a path needs a `/` or the `.wasm`, `.wasm.gz` or `.wasm.zst` ending)"
+    )]
     UnknownComponent(String),
     #[error("{path}: cannot read the component: {source}")]
     ReadComponent {
@@ -187,6 +189,14 @@ impl Reconciler for ComponentReconciler<'_> {
             }
             ComponentSource::File(path) => std::fs::read(path)
                 .map_err(|source| LogicError::ReadComponent { path: path.display().to_string(), source })?,
+        };
+        // Compressed like every component the host takes; a stream that gives none is refused
+        // as a file that is no component is.
+        let bytes = match crate::compression::decompress(bytes) {
+            Ok(decompressed) => decompressed.bytes,
+            Err(error) => {
+                return Ok(SwapResult::Refused(crate::kube::error_chain(&error)));
+            }
         };
         let limits = self.supervisor.logic().limits();
         let name = match component {

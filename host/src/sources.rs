@@ -10,7 +10,11 @@
 //!   name (it re-lists and backs off on errors). The key is read from `binaryData`, else from
 //!   `data` as base64. A missing object or key is logged and waited out.
 //!
-//! Each source offers a given sha256 once: a refused (or rolled back) version is not retried
+//! The content may be gzip- or zstd-compressed (a ConfigMap holds 1 MiB): it is offered as it is
+//! found, and [`SwapSender::swap`] decompresses it ([`crate::compression`]) before the pin — the
+//! sha256 of the decompressed component — is checked.
+//!
+//! Each source offers a given sha256 (of the content as found) once: a refused (or rolled back) version is not retried
 //! until the content changes. A source never stops the running version: everything that goes
 //! wrong — unreadable, missing, not base64, refused — is logged with the source, and the version
 //! serving keeps serving. The swap itself, the pin check and the records are [`crate::control`]'s.

@@ -248,3 +248,58 @@ fn a_scenario_swapping_to_a_missing_file_or_advancing_past_a_week_is_invalid_wit
         assert!(err.contains(&path.display().to_string()) && err.contains(says), "{}: {err}", path.display());
     }
 }
+
+#[test]
+fn a_gzip_or_zstd_component_file_is_taken_by_every_command_and_known_by_the_sha256_of_the_component() {
+    let sha256 = &builtin().info().sha256;
+    let (config, service) = (fixture("configs/clb.yaml"), fixture("services/etp-local.yaml"));
+    let (config, service) = (config.to_str().unwrap(), service.to_str().unwrap());
+    for (format, compressed) in [("gzip", gzip(clb_host::BUILTIN_GUEST)), ("zstd", zstd(clb_host::BUILTIN_GUEST))] {
+        let path = temp_file(&format!("builtin.wasm.{format}"), &compressed);
+        let path = path.to_str().unwrap();
+
+        let (code, out, err) = clb_host(&["inspect", path]);
+        assert_eq!(code, EXIT_OK, "{format}: {out}{err}");
+        assert!(out.contains(&format!("sha256:   {sha256}")), "{format}: the decompressed component's: {out}");
+        assert!(out.contains(&format!("size:     {} bytes", clb_host::BUILTIN_GUEST.len())), "{format}: {out}");
+        assert!(out.contains(&format!("compressed: {format}, {} bytes", compressed.len())), "{format}: {out}");
+
+        let (code, out, err) = clb_host(&["validate", config, service, "--component", path]);
+        assert_eq!(code, EXIT_OK, "{format}: {out}{err}");
+        assert!(out.contains("admitted"), "{format}: {out}");
+        let (code, out, err) = clb_host(&["schema", "--component", path]);
+        assert_eq!(code, EXIT_OK, "{format}: {out}{err}");
+    }
+}
+
+#[test]
+fn a_truncated_compressed_component_file_exits_two_naming_the_file_and_the_format() {
+    for (format, compressed) in [("gzip", gzip(clb_host::BUILTIN_GUEST)), ("zstd", zstd(clb_host::BUILTIN_GUEST))] {
+        let path = temp_file(&format!("truncated.wasm.{format}"), &compressed[..compressed.len() / 2]);
+        let path = path.to_str().unwrap();
+        let config = fixture("configs/clb.yaml");
+        for args in [vec!["inspect", path], vec!["validate", config.to_str().unwrap(), "--component", path]] {
+            let (code, out, err) = clb_host(&args);
+            assert_eq!(code, EXIT_BAD_INPUT, "{args:?}: {out}{err}");
+            let expected = format!("{path}: not a component: the {format} stream is truncated or corrupt");
+            assert!(err.contains(&expected), "{args:?}: expected {expected:?} in {err}");
+        }
+    }
+}
+
+#[test]
+fn component_out_compress_gzip_writes_the_built_in_component_gzipped_and_names_its_sha256() {
+    use std::io::Read as _;
+    let path = temp_file("written.wasm.gz", b"");
+    let (code, out, err) = clb_host(&["component", "--out", path.to_str().unwrap(), "--compress", "gzip"]);
+    assert_eq!(code, EXIT_OK, "{out}{err}");
+    let written = std::fs::read(&path).unwrap();
+    assert!(
+        out.contains(&format!("{} bytes (gzip of {} bytes)", written.len(), clb_host::BUILTIN_GUEST.len())),
+        "{out}"
+    );
+    assert!(out.contains(&builtin().info().sha256), "{out}");
+    let mut decompressed = Vec::new();
+    flate2::read::GzDecoder::new(&written[..]).read_to_end(&mut decompressed).unwrap();
+    assert!(decompressed == clb_host::BUILTIN_GUEST, "gunzip gives the built-in component back");
+}

@@ -648,3 +648,110 @@ fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answer
         assert_eq!((last.origin.as_str(), &last.result), ("test", &answer), "recorded once, as answered");
     });
 }
+
+/// `POST /swap` of `body` (with the pin header when given): the status and the JSON answer.
+async fn post_swap(host: &Host, body: Vec<u8>, pin: Option<&str>) -> (u16, Value) {
+    let mut request = reqwest::Client::new().post(format!("http://{}/swap", host.addr)).body(body);
+    if let Some(pin) = pin {
+        request = request.header(clb_host::metrics::SHA256_HEADER, pin);
+    }
+    let response = request.send().await.expect("the endpoint answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("{status}: not JSON: {text}")))
+}
+
+#[test]
+fn a_gzip_or_zstd_component_swaps_through_post_swap_pinned_by_the_sha256_of_the_decompressed_component() {
+    in_namespace("compressed", async |client, ns| {
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let host = Host::start(client, Options { events: Some(events), ..Default::default() }).await;
+        let (builtin_sha, next_sha) = (builtin().info().sha256.clone(), sha256_hex(NEXT_GUEST));
+        let (zstd_next, gzip_next) = (zstd(NEXT_GUEST), gzip(NEXT_GUEST));
+
+        // A pin names the component, not the bytes it travels in.
+        let (code, answer) = post_swap(&host, zstd_next.clone(), Some(&sha256_hex(&zstd_next))).await;
+        assert_eq!((code, &answer["kind"]), (409, &json!("digest")), "{answer}");
+        assert!(answer["reason"].as_str().is_some_and(|r| r.contains(&format!("of the component is {next_sha}"))));
+        // Compressed bytes that give no component: 400, refused before anything compiles.
+        let bad: [(Vec<u8>, &str); 3] = [
+            (zstd_next[..zstd_next.len() - 8].to_vec(), "the zstd stream is truncated or corrupt"),
+            (gzip(&gzip_next), "the gzip stream holds a gzip stream"),
+            ([gzip_next.as_slice(), &b"junk"[..]].concat(), "4 bytes follow the end of the gzip stream"),
+        ];
+        for (body, reason) in bad {
+            let (code, answer) = post_swap(&host, body, None).await;
+            assert_eq!((code, &answer["result"], &answer["kind"]), (400, &json!("refused"), &json!("decompress")));
+            assert!(answer["reason"].as_str().is_some_and(|r| r.contains(reason)), "expected {reason:?}: {answer}");
+        }
+        assert_eq!(host.status().await["active"]["sha256"], builtin_sha, "the built-in version keeps serving");
+
+        // `clb-host swap` sends a zstd file as it is, pinned by the component's sha256.
+        let dir = temp_dir("compressed");
+        let file = |name: &str, bytes: &[u8]| {
+            let path = dir.join(name);
+            std::fs::write(&path, bytes).unwrap();
+            path.display().to_string()
+        };
+        let endpoint = format!("http://{}", host.addr);
+        let swap = |to: String, extra: &[&str]| {
+            let mut args = vec!["--to".to_owned(), to, "--endpoint".to_owned(), endpoint.clone()];
+            args.extend(extra.iter().map(|a| a.to_string()));
+            clb_host_swap(args)
+        };
+        let (code, out, err) = swap(file("next.wasm.zst", &zstd_next), &["--sha256", &next_sha]).await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains(&format!("accepted: {} → {} (sha256 {next_sha})", &builtin_sha[..12], &next_sha[..12])));
+        // The same component gzipped is the same version.
+        let (code, out, err) = swap(file("next.wasm.gz", &gzip_next), &[]).await;
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains(&format!("unchanged: {} is already serving", &next_sha[..12])), "{out}");
+        // A file that does not decompress is refused by `clb-host swap` itself: exit 2.
+        let (code, out, err) = swap(file("truncated.wasm.gz", &gzip_next[..100]), &[]).await;
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(err.contains("not a component: the gzip stream is truncated or corrupt"), "{err}");
+
+        let status = host.status().await;
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        assert_eq!(status["swaps"], json!({"accepted": 1, "digest": 1, "decompress": 3}), "{status}");
+        let metrics = host.get("/metrics").await.1;
+        assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &["result=\"decompress\""]), 3.0);
+        let refused = event_on(client, ns, "clb-swaps", "LogicSwapRefused", None).await;
+        assert_eq!(refused.type_.as_deref(), Some("Warning"));
+        host.stop().await;
+    });
+}
+
+#[test]
+fn a_zstd_component_in_a_configmap_swaps_in_under_its_pin_and_a_truncated_one_is_refused_with_a_warning() {
+    in_namespace("compressed-configmap", async |client, ns| {
+        let configmaps = Api::<ConfigMap>::namespaced(client.clone(), ns);
+        let holding = |bytes: Vec<u8>| ConfigMap {
+            metadata: manifest(json!({"name": "clb-logic"})),
+            binary_data: Some([("logic.wasm.zst".to_owned(), k8s_openapi::ByteString(bytes))].into()),
+            ..Default::default()
+        };
+        let created = configmaps.create(&PostParams::default(), &holding(zstd(NEXT_GUEST))).await.unwrap();
+        let uid = created.metadata.uid.clone().unwrap();
+        let next_sha = sha256_hex(NEXT_GUEST);
+        let source = LogicSource::ConfigMap(ConfigMapKey::parse(&format!("{ns}/clb-logic:logic.wasm.zst")).unwrap());
+        let pin = Sha256Pin::parse(&next_sha).unwrap();
+        let host = Host::start(client, Options { source: Some(source), pin: Some(pin), ..Default::default() }).await;
+
+        let status = host.last_swap("accepted", None).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        event_on(client, ns, "clb-logic", "LogicSwapped", Some(&uid)).await;
+
+        let truncated = zstd(NEXT_GUEST);
+        let mut changed = holding(truncated[..truncated.len() / 2].to_vec());
+        changed.metadata.resource_version = None;
+        configmaps.replace("clb-logic", &PostParams::default(), &changed).await.expect("updates the ConfigMap");
+        let status = host.last_swap("refused", Some("decompress")).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "the swapped-in version keeps serving: {status}");
+        let refused = event_on(client, ns, "clb-logic", "LogicSwapRefused", Some(&uid)).await;
+        assert_eq!(refused.type_.as_deref(), Some("Warning"));
+        let message = refused.message.unwrap_or_default();
+        assert!(message.contains("(decompress)") && message.contains("the zstd stream is truncated or corrupt"));
+        host.stop().await;
+    });
+}

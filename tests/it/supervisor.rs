@@ -412,6 +412,32 @@ fn a_swap_step_expecting_the_wrong_result_fails_the_scenario() {
     assert_eq!(check.detail.as_deref(), Some("expected it accepted"));
 }
 
+#[test]
+fn a_swap_step_takes_a_zstd_or_gzip_file_and_refuses_a_truncated_one() {
+    let path = scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
+    let dir = std::env::temp_dir().join(format!("clb-compressed-swap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let truncated = gzip(HOSTILE_GUEST);
+    std::fs::write(dir.join("next.wasm.zst"), zstd(NEXT_GUEST)).unwrap();
+    std::fs::write(dir.join("destructive.wasm.gz"), gzip(DESTRUCTIVE_GUEST)).unwrap();
+    std::fs::write(dir.join("hostile.wasm.gz"), &truncated[..truncated.len() - 3]).unwrap();
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("component: next-guest,", "component: next.wasm.zst,")
+        .replace("component: destructive-guest,", "component: destructive.wasm.gz,")
+        .replace("component: hostile-guest,", "component: hostile.wasm.gz,");
+    let copy = dir.join(path.file_name().unwrap());
+    let scenario = scenario::parse(&copy, &text).unwrap();
+    let report = simulate::run(&scenario, &mut component_reconciler()).unwrap();
+    let mut rendered = Vec::new();
+    simulate::render(&report, &mut rendered).unwrap();
+    let rendered = String::from_utf8(rendered).unwrap();
+    assert!(report.passed, "{rendered}");
+    assert!(rendered.contains("next.wasm.zst: accepted") && rendered.contains("bytes) → v3"), "{rendered}");
+    assert!(rendered.contains("the gzip stream is truncated or corrupt"), "{rendered}");
+    assert!(rendered.contains("destructive.wasm.gz: refused") && rendered.contains("self-check"), "{rendered}");
+}
+
 /// A step that asks NRP to unregister the named Services (`is_delete`), each in its own command.
 fn unregistering(names: &[&str]) -> wit::Step {
     let commands = names

@@ -34,6 +34,23 @@ pub fn component_reconciler() -> clb_host::simulate::ComponentReconciler<'static
     clb_host::simulate::ComponentReconciler::new(builtin()).with_components(runtime(), test_guests())
 }
 
+/// `bytes` as `gzip -9` writes them.
+pub fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// `bytes` as `zstd -19` writes them (with the content checksum).
+pub fn zstd(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = zstd::Encoder::new(Vec::new(), 19).unwrap();
+    encoder.include_checksum(true).unwrap();
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
 /// One engine per process, as in production.
 pub fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
