@@ -187,8 +187,11 @@ impl Reconciler for ComponentReconciler<'_> {
             ComponentSource::Named(name) => {
                 self.named.get(name).ok_or_else(|| LogicError::UnknownComponent(name.clone()))?.to_vec()
             }
-            ComponentSource::File(path) => std::fs::read(path)
-                .map_err(|source| LogicError::ReadComponent { path: path.display().to_string(), source })?,
+            ComponentSource::File(path) => {
+                crate::inputs::read_bounded(path, crate::compression::MAX_COMPONENT_BYTES as u64).map_err(|e| {
+                    LogicError::ReadComponent { path: path.display().to_string(), source: std::io::Error::other(e) }
+                })?
+            }
         };
         // Compressed like every component the host takes; a stream that gives none is refused
         // as a file that is no component is.

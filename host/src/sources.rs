@@ -193,7 +193,8 @@ async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
             if known == Some(stamp) {
                 return Ok(None);
             }
-            Ok(Some((stamp, std::fs::read(&read_path)?)))
+            let limit = crate::compression::MAX_COMPONENT_BYTES as u64;
+            Ok(Some((stamp, crate::inputs::read_bounded(&read_path, limit).map_err(std::io::Error::other)?)))
         })
         .await;
         match read {

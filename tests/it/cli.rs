@@ -210,10 +210,13 @@ fn hostile_input_files_are_refused_with_exit_2_naming_the_file_and_what_is_wrong
         assert_eq!(code, EXIT_BAD_INPUT, "{what}: {err}");
         assert!(err.contains(&format!("{}:", path.display())) && err.contains(says), "{what}: {err}");
     }
-    // And the cloud config is read the same way.
+    // And the cloud config is read the same way, and a component file up to 64 MiB.
     let (code, _, err) = clb_host(&["validate", "/dev/zero"]);
     assert_eq!(code, EXIT_BAD_INPUT, "{err}");
     assert!(err.contains("/dev/zero: larger than 1048576 bytes"), "{err}");
+    let (code, _, err) = clb_host(&["inspect", "/dev/zero"]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains("/dev/zero: larger than 67108864 bytes"), "{err}");
 }
 
 // Regression: issue 15, defect 6 — a UTF-8 byte order mark before the YAML is ignored, as

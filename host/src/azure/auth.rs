@@ -100,8 +100,13 @@ impl TokenFile {
     }
 }
 
+/// The largest token file read: a JWT is a few kilobytes.
+pub const MAX_TOKEN_BYTES: u64 = 64 << 10;
+
 fn read_trimmed(path: &Path) -> Result<String, AuthError> {
-    let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read { path: path.to_owned(), source })?;
+    let error = |source| AuthError::Read { path: path.to_owned(), source };
+    let bytes = crate::inputs::read_bounded(path, MAX_TOKEN_BYTES).map_err(|e| error(std::io::Error::other(e)))?;
+    let text = String::from_utf8(bytes).map_err(|e| error(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     let token = text.trim();
     if token.is_empty() {
         return Err(AuthError::Empty { path: path.to_owned() });
