@@ -1831,7 +1831,12 @@ mod tests {
             ("IPv4", &["10.224.0.4"], true, None),
             ("IPv5", &["10.224.0.4"], false, Some("addressType \"IPv5\" is not IPv4, IPv6 or FQDN")),
             ("FQDN", &["10.224.0.4"], false, None),
-            ("IPv4", &["10.224.0.4%eth0"], false, Some("node n1: InternalIPs [\"10.224.0.4%eth0\"] are not IP addresses (0 usable)")),
+            (
+                "IPv4",
+                &["10.224.0.4%eth0"],
+                false,
+                Some("node n1: InternalIPs [\"10.224.0.4%eth0\"] are not IP addresses (0 usable)"),
+            ),
             ("IPv4", &["junk", "10.224.0.4"], true, Some("(1 usable); its other InternalIPs are its locations")),
             ("IPv4", &["::ffff:10.224.0.4"], true, None),
         ];

@@ -48,6 +48,7 @@ func main() {
 	verbosity := flag.Int("v", 0, "kube-apiserver log verbosity")
 	startTimeout := flag.Duration("start-timeout", 120*time.Second, "give up when /readyz is not ok after this long")
 	watchStdin := flag.Bool("watch-stdin", true, "exit when stdin reaches end of file (the parent holds the other end of a pipe)")
+	watchParent := flag.Bool("watch-parent", true, "exit when the process that started this one exits (false: outlive the shell, for a walkthrough whose steps run in shells of their own)")
 	flag.Parse()
 
 	if *logPath != "" {
@@ -65,12 +66,12 @@ func main() {
 	if err != nil {
 		fatalf("temp dir: %v", err)
 	}
-	code := run(dir, *kubeconfig, *verbosity, *startTimeout, *watchStdin)
+	code := run(dir, *kubeconfig, *verbosity, *startTimeout, *watchStdin, *watchParent)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-func run(dir, kubeconfig string, verbosity int, startTimeout time.Duration, watchStdin bool) int {
+func run(dir, kubeconfig string, verbosity int, startTimeout time.Duration, watchStdin, watchParent bool) int {
 	if kubeconfig == "" {
 		kubeconfig = filepath.Join(dir, "kubeconfig")
 	}
@@ -200,12 +201,14 @@ func run(dir, kubeconfig string, verbosity int, startTimeout time.Duration, watc
 	}
 	parent := os.Getppid()
 	orphaned := make(chan struct{})
-	go func() {
-		for os.Getppid() == parent {
-			time.Sleep(time.Second)
-		}
-		close(orphaned)
-	}()
+	if watchParent {
+		go func() {
+			for os.Getppid() == parent {
+				time.Sleep(time.Second)
+			}
+			close(orphaned)
+		}()
+	}
 	select {
 	case err := <-apiDone: // SIGTERM/SIGINT, handled by the apiserver's signal context
 		if err != nil {

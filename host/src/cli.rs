@@ -549,6 +549,27 @@ fn validate(
             }
         }
     }
+    // No two Kubernetes objects share a UID (issue 15, defect 6): such input is no cluster's.
+    let mut uids = std::collections::BTreeMap::new();
+    for (path, service) in &services {
+        let Some(uid) = service.metadata.uid.as_deref().filter(|uid| !uid.is_empty()) else { continue };
+        let key = format!(
+            "{}/{}",
+            service.metadata.namespace.as_deref().unwrap_or("default"),
+            service.metadata.name.as_deref().unwrap_or("")
+        );
+        if let Some((first_path, first)) = uids.insert(uid.to_ascii_lowercase(), (path, key.clone()))
+            && first != key
+        {
+            writeln!(
+                err,
+                "error: {}: Service {key} has UID {uid}, which Service {first} in {} has too; no two objects share a UID",
+                path.display(),
+                first_path.display()
+            )?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    }
     let runtime = Runtime::new()?;
     let logic = runtime.load(&logic.bytes()?, logic.limits())?;
     let mut session = logic.session()?;
@@ -867,10 +888,8 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             pool_updater,
             ..crate::run::Settings::new(kube, arm, config, instance)
         };
-        let settings = crate::run::Settings {
-            stats: crate::run::RunStats { trace, ..settings.stats.clone() },
-            ..settings
-        };
+        let settings =
+            crate::run::Settings { stats: crate::run::RunStats { trace, ..settings.stats.clone() }, ..settings };
         let operations = match crate::control::Operations::start(&runtime, &settings, operations).await {
             Ok(operations) => operations,
             Err(e) => {

@@ -45,6 +45,8 @@ pub enum ClusterError {
     UidTaken { kind: Kind, key: String, existing: String, applied: String },
     #[error("{kind:?} {key} does not exist")]
     NotFound { kind: Kind, key: String },
+    #[error("{kind:?} {key} has UID {uid}, which {kind:?} {holder} has; no two objects share a UID")]
+    UidInUse { kind: Kind, key: String, uid: String, holder: String },
 }
 
 /// An Event the guest had recorded.
@@ -119,6 +121,19 @@ impl Cluster {
                     service.metadata.finalizers = Some(finalizers).filter(|f| !f.is_empty());
                     service.metadata.deletion_timestamp = existing.metadata.deletion_timestamp.clone();
                     service.status = existing.status.clone();
+                } else if let Some(uid) = service.metadata.uid.as_deref().filter(|uid| !uid.is_empty())
+                    && let Some((holder, _)) = inner
+                        .services
+                        .iter()
+                        .find(|(_, other)| other.metadata.uid.as_deref().is_some_and(|o| o.eq_ignore_ascii_case(uid)))
+                {
+                    // Issue 15, defect 6: two Services with one UID were accepted.
+                    return Err(ClusterError::UidInUse {
+                        kind: Kind::Service,
+                        key: key_text(&key),
+                        uid: uid.to_owned(),
+                        holder: key_text(holder),
+                    });
                 }
                 inner.watch.push(wit::Observation::ServiceUpserted(records::service(&service)));
                 inner.services.insert(key, service);
@@ -370,5 +385,28 @@ mod tests {
         cluster.apply(pod(Some("egress-a"))).unwrap();
         cluster.delete(Kind::Pod, "shop", "p", false, 0).unwrap();
         assert_eq!(kinds(&cluster.take_watch_events()), ["upserted Some(\"egress-a\")", "deleted shop/p"]);
+    }
+
+    // Regression: issue 15, defect 6 — two Services with one UID were accepted.
+    #[test]
+    fn a_service_with_the_uid_of_another_service_is_refused_and_changes_nothing() {
+        let service = |name: &str, uid: &str| {
+            let service: Service = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "shop", "uid": uid},
+                "spec": {"type": "LoadBalancer"},
+            }))
+            .unwrap();
+            Object::Service(Box::new(service))
+        };
+        let cluster = Cluster::new();
+        cluster.apply(service("web", "6a1f0c8e-0000-4000-8000-000000000001")).unwrap();
+        cluster.take_watch_events();
+        let err = cluster.apply(service("api", "6A1F0C8E-0000-4000-8000-000000000001")).unwrap_err();
+        assert!(
+            matches!(&err, ClusterError::UidInUse { key, holder, .. } if key == "shop/api" && holder == "shop/web"),
+            "{err}"
+        );
+        assert!(cluster.take_watch_events().is_empty(), "nothing delivered");
+        cluster.apply(service("web", "6a1f0c8e-0000-4000-8000-000000000001")).expect("the same object again");
     }
 }

@@ -126,9 +126,11 @@ fn too_deep(text: &str) -> Option<usize> {
             return Some(n + 1);
         }
         let end = rest.split(" #").next().unwrap_or(rest).trim_end();
-        if flow == 0 && end.rsplit([' ', ':']).next().is_some_and(|last| {
-            last.starts_with(['|', '>']) && last[1..].chars().all(|c| matches!(c, '-' | '+' | '1'..='9'))
-        }) {
+        if flow == 0
+            && end.rsplit([' ', ':']).next().is_some_and(|last| {
+                last.starts_with(['|', '>']) && last[1..].chars().all(|c| matches!(c, '-' | '+' | '1'..='9'))
+            })
+        {
             scalar = Some(indent);
         }
     }

@@ -596,9 +596,11 @@ impl<'a> Supervisor<'a> {
             trace.recorder.call("tracker.create", vec![arg(config.clone())], ended);
             trace.handle = handle;
         }
-        let tracker = created
-            .map_err(guest("tracker.create"))?
-            .map_err(|e| SupervisorError::ConfigRefused { field: e.field, reason: e.reason, message: e.message })?;
+        let tracker = created.map_err(guest("tracker.create"))?.map_err(|e| SupervisorError::ConfigRefused {
+            field: e.field,
+            reason: e.reason,
+            message: e.message,
+        })?;
         self.config = Some(config.clone());
         self.running = Some(Running { session, tracker });
         self.failures_in_a_row = 0;
@@ -898,7 +900,8 @@ impl<'a> Supervisor<'a> {
         match self.check_new(running, import, now_ms) {
             Ok(prepared) => {
                 let adopt = Adopt { state, journal_from: done };
-                let prepared = PreparedSwap { replayed: Some(self.journal.len() - done), adopt: Some(adopt), ..prepared };
+                let prepared =
+                    PreparedSwap { replayed: Some(self.journal.len() - done), adopt: Some(adopt), ..prepared };
                 self.switch(new, prepared, started)
             }
             Err(error) => Err(self.refused(error)),

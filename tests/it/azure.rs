@@ -222,7 +222,9 @@ async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and
 #[tokio::test]
 async fn a_hung_nrp_request_ends_on_the_nrp_timeout_and_a_hung_arm_request_on_the_arm_one() {
     let (short, long) = (Duration::from_millis(300), Duration::from_secs(3600));
-    for op in [Operation::UpdateAddressLocations, Operation::ListServices, Operation::PutPublicIp, Operation::PutLoadBalancer] {
+    for op in
+        [Operation::UpdateAddressLocations, Operation::ListServices, Operation::PutPublicIp, Operation::PutLoadBalancer]
+    {
         let served = emulator();
         let server = serve(served.clone()).await;
         let mut config = ArmConfig::new(server.url(), test_scope());
@@ -746,4 +748,22 @@ fn clb_host_emulator_exits_two_when_it_cannot_listen() {
     let code = clb_host::cli::run(["clb-host", "emulator", "--listen", &address], &mut std::io::sink(), &mut err);
     assert_eq!(code, clb_host::cli::EXIT_BAD_INPUT);
     assert!(String::from_utf8_lossy(&err).contains(&format!("cannot listen on {address}")));
+}
+
+// Regression: issue 15, defect 5 — the emulator buffered a request body of any size (a 2 GB
+// body took 4 GB of memory). Past its limit a body is answered 413 without being read on, and
+// the emulator serves the next request.
+#[tokio::test]
+async fn the_emulator_answers_a_body_over_its_limit_with_413_and_keeps_serving() {
+    use clb_host::emulator::server::MAX_REQUEST_BYTES;
+    let served = emulator();
+    let server = serve(served.clone()).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/emulator/faults", server.url());
+    let answer = http.post(&url).body(vec![b' '; MAX_REQUEST_BYTES + 1]).send().await.expect("an answer");
+    assert_eq!(answer.status().as_u16(), 413);
+    let text = answer.text().await.unwrap();
+    assert!(text.contains("RequestEntityTooLarge") && text.contains(&MAX_REQUEST_BYTES.to_string()), "{text}");
+    let state = http.get(format!("{}/emulator/state", server.url())).send().await.expect("still serving");
+    assert_eq!(state.status().as_u16(), 200);
 }

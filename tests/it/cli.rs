@@ -149,7 +149,9 @@ fn run_exits_two_before_connecting_when_a_lease_setting_is_malformed_or_inconsis
 // accepted).
 #[test]
 fn limits_outside_their_range_are_refused_with_exit_2() {
-    for args in [["--deadline-ms", "0"], ["--memory-mib", "18446744073709551615"], ["--memory-mib", "0"], ["--fuel", "0"]] {
+    for args in
+        [["--deadline-ms", "0"], ["--memory-mib", "18446744073709551615"], ["--memory-mib", "0"], ["--fuel", "0"]]
+    {
         let config = fixture("configs/clb.yaml");
         let (code, _, err) = clb_host(&["validate", config.to_str().unwrap(), args[0], args[1]]);
         assert_eq!(code, EXIT_BAD_INPUT, "{args:?}: {err}");
@@ -198,9 +200,21 @@ fn hostile_input_files_are_refused_with_exit_2_naming_the_file_and_what_is_wrong
     huge.resize(2 << 20, b' ');
     // (what, the Service file's bytes or a path, what the error must say)
     let cases: Vec<(&str, std::path::PathBuf, &str)> = vec![
-        ("a key twice in one mapping", temp_file("dup.yaml", DUPLICATE_KEY.as_bytes()), ":4: metadata: duplicate entry with key \"name\""),
-        ("flow collections 100,000 deep", temp_file("flow.yaml", nested_flow.as_bytes()), ":1: nested deeper than 64 levels"),
-        ("block mappings 200 deep", temp_file("block.yaml", nested_block.as_bytes()), ":65: nested deeper than 64 levels"),
+        (
+            "a key twice in one mapping",
+            temp_file("dup.yaml", DUPLICATE_KEY.as_bytes()),
+            ":4: metadata: duplicate entry with key \"name\"",
+        ),
+        (
+            "flow collections 100,000 deep",
+            temp_file("flow.yaml", nested_flow.as_bytes()),
+            ":1: nested deeper than 64 levels",
+        ),
+        (
+            "block mappings 200 deep",
+            temp_file("block.yaml", nested_block.as_bytes()),
+            ":65: nested deeper than 64 levels",
+        ),
         ("bytes that are not UTF-8", temp_file("bytes.yaml", &not_text), "not UTF-8 text (at byte 47)"),
         ("2 MiB", temp_file("huge.yaml", &huge), "larger than 1048576 bytes"),
         ("a device that never ends", "/dev/zero".into(), "larger than 1048576 bytes"),
@@ -217,6 +231,23 @@ fn hostile_input_files_are_refused_with_exit_2_naming_the_file_and_what_is_wrong
     let (code, _, err) = clb_host(&["inspect", "/dev/zero"]);
     assert_eq!(code, EXIT_BAD_INPUT, "{err}");
     assert!(err.contains("/dev/zero: larger than 67108864 bytes"), "{err}");
+}
+
+// Regression: issue 15, defect 6 — two Services with one UID were accepted.
+#[test]
+fn validate_exits_two_when_two_services_share_a_uid() {
+    let config = fixture("configs/clb.yaml");
+    let text = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: shop\n  uid: 6a1f0c8e-0000-4000-8000-000000000001\nspec:\n  type: LoadBalancer\n"
+        )
+    };
+    let (web, api) =
+        (temp_file("uid-web.yaml", text("web").as_bytes()), temp_file("uid-api.yaml", text("api").as_bytes()));
+    let (code, _, err) =
+        clb_host(&["validate", config.to_str().unwrap(), web.to_str().unwrap(), api.to_str().unwrap()]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains(&format!("{}: Service shop/api has UID", api.display())) && err.contains("shop/web"), "{err}");
 }
 
 // Regression: issue 15, defect 6 — a UTF-8 byte order mark before the YAML is ignored, as
@@ -236,7 +267,9 @@ fn a_manifest_that_starts_with_a_byte_order_mark_is_read_as_without_it() {
 #[test]
 fn a_scenario_swapping_to_a_missing_file_or_advancing_past_a_week_is_invalid_with_exit_2() {
     let scenario = |name: &str, step: &str| {
-        let text = format!("name: {name}\nconfig:\n  loadBalancerSku: standardv2\n  loadBalancerBackendPoolConfigurationType: podIP\nsteps:\n  - {step}\n");
+        let text = format!(
+            "name: {name}\nconfig:\n  loadBalancerSku: standardv2\n  loadBalancerBackendPoolConfigurationType: podIP\nsteps:\n  - {step}\n"
+        );
         temp_file(&format!("{name}.yaml"), text.as_bytes())
     };
     let cases = [

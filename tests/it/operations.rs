@@ -542,7 +542,8 @@ fn a_staged_swap_in_run_serves_its_probation_on_its_own_inputs_and_three_traps_i
 
         let file = temp_dir(ns).join("logic.wasm");
         std::fs::write(&file, NEXT_GUEST).unwrap();
-        let args = vec!["--to".into(), file.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+        let args =
+            vec!["--to".into(), file.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
         let (code, out, err) = clb_host_swap(args).await;
         assert_eq!(code, 0, "{out}{err}");
         let status = host.status().await;
@@ -561,7 +562,11 @@ fn a_staged_swap_in_run_serves_its_probation_on_its_own_inputs_and_three_traps_i
         let status = host.last_swap("rolled-back", None).await;
         assert_eq!(status["active"]["sha256"], builtin().info().sha256, "{status}");
         assert!(status["previous"].is_null(), "{status}");
-        assert_eq!((status["rollbacks"].as_u64(), status["quarantinedInputs"].as_u64()), (Some(1), Some(3)), "{status}");
+        assert_eq!(
+            (status["rollbacks"].as_u64(), status["quarantinedInputs"].as_u64()),
+            (Some(1), Some(3)),
+            "{status}"
+        );
         assert!(status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("3 inputs in a row")), "{status}");
 
         // The built-in logic serves what follows, with every Service the new version took.
@@ -579,7 +584,8 @@ fn a_staged_swap_in_run_serves_its_probation_on_its_own_inputs_and_three_traps_i
         }
         eventually("the trapping Services gone", async || {
             let listed = services.list(&Default::default()).await.map_err(|e| e.to_string())?;
-            let left: Vec<_> = listed.items.iter().filter_map(|s| s.metadata.name.clone()).filter(|n| n.starts_with("boom")).collect();
+            let left: Vec<_> =
+                listed.items.iter().filter_map(|s| s.metadata.name.clone()).filter(|n| n.starts_with("boom")).collect();
             if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
         })
         .await;
