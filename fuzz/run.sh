@@ -58,6 +58,7 @@ for target in "${TARGETS[@]}"; do
   cpu0=$(children_cpu)
   while [ "$left" -gt 0 ] && [ "$crashes" -lt 20 ]; do
     runs=$((runs + 1))
+    run_start=$(date +%s)
     out=$(mktemp)
     cargo +nightly fuzz run -s "$SANITIZER" "$target" "work/$target" "corpus/$target" -- \
       -max_total_time="$left" -print_final_stats=1 -timeout=30 -rss_limit_mb=4096 -max_len=16384 \
@@ -65,8 +66,10 @@ for target in "${TARGETS[@]}"; do
     cat "$out" >> "$log"
     n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$out" | tail -1)
     execs=$((execs + ${n:-0}))
+    # libFuzzer's own seconds when it says them; a run that ended in a crash does not, so its
+    # wall time counts instead.
     t=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$out" | tail -1)
-    fuzzed=$((fuzzed + ${t:-0}))
+    fuzzed=$((fuzzed + ${t:-$(($(date +%s) - run_start))}))
     last=$(grep -E 'cov: [0-9]+' "$out" | tail -1 || true)
     c=$(sed -n 's/.*cov: \([0-9]*\).*/\1/p' <<< "$last")
     f=$(sed -n 's/.*ft: \([0-9]*\).*/\1/p' <<< "$last")
