@@ -150,6 +150,11 @@ pub enum Phase {
 }
 
 impl Lifecycle {
+    /// Not created and not parked (waiting for a new spec): the tracker has steps to run for it.
+    fn has_work_left(&self) -> bool {
+        self.phase != Phase::Created && !self.parked
+    }
+
     fn new(service: ObjectRef, phase: Phase, object: ObjectState, desired: Option<LbConfig>) -> Self {
         let steps = if phase == Phase::NotStarted { OpStep::ENSURE.into() } else { VecDeque::new() };
         Self {
@@ -1086,7 +1091,7 @@ impl Tracker {
         // Also under the fuzz crate's `invariants` feature, so that fuzzing checks it.
         #[cfg(any(test, feature = "invariants"))]
         if quiet {
-            let settled = self.state.lifecycles.values().all(|l| l.phase == Phase::Created || l.parked);
+            let settled = self.state.lifecycles.values().all(|l| !l.has_work_left());
             assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.state.lifecycles);
         }
         quiet
@@ -1593,8 +1598,10 @@ impl State {
     /// decrements, against the commands themselves; each Service command against the lifecycle
     /// that waits for it (and no lifecycle waiting for a command that is not in flight: it would
     /// never run again); the one read and the one batch in flight against their flags; and every
-    /// id in flight below the next id (a new command would take it). The DiffTracker's own counts
-    /// are not re-derived: that would cost a pass over every address.
+    /// id in flight below the next id (a new command would take it); and every lifecycle with work
+    /// left in a work set (a pass over the timers and one over the lifecycles): the tracker only
+    /// ever looks at those sets for work, so a lifecycle outside them would never run again. The
+    /// DiffTracker's own counts are not re-derived: that would cost a pass over every address.
     fn check(&self) -> Result<(), String> {
         let (mut service_commands, mut nrp_writes, mut reads, mut batches) = (0usize, 0u32, 0usize, Vec::new());
         for (&id, what) in &self.in_flight {
@@ -1633,6 +1640,23 @@ impl State {
                 "address-location batches in flight {batches:?}, but the batch in flight is {:?}",
                 self.nrp.batch_in_flight
             ));
+        }
+        // Where the tracker looks for each lifecycle's work: a pending deletion waits in
+        // `draining` (and only one does, or the tracker would never be idle), any other work left
+        // is in flight, runnable or on a timer.
+        let on_timers: BTreeSet<&str> = self.timers.iter().map(|(_, identity)| identity.as_str()).collect();
+        for (identity, l) in &self.lifecycles {
+            let draining = self.draining.contains(identity);
+            let scheduled = l.in_flight.is_some() || self.runnable.contains(identity) || on_timers.contains(identity.as_str());
+            let why = match (l.phase == Phase::DeletionPending, draining) {
+                (true, false) => "a pending deletion is not draining",
+                (false, true) => "draining, but no deletion is pending",
+                (false, false) if l.has_work_left() && !scheduled => {
+                    "work left, but in no work set (runnable, timers, in flight)"
+                }
+                _ => continue,
+            };
+            return Err(format!("the lifecycle of {identity:?} ({:?}): {why}", l.phase));
         }
         Ok(())
     }
@@ -2141,6 +2165,51 @@ mod tests {
             let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
             let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
             assert!(why.contains(expected), "{expected:?} not in {why:?}");
+        }
+    }
+
+    // Regression: fuzz target state_import, fuzz/regressions/state_import/lifecycle-in-no-work-set-*
+    // (a state whose unsettled lifecycle was in no work set, or a pending deletion outside
+    // `draining`, imported, and that Service was never worked on again; under the invariants
+    // feature the first quiet tick panicked).
+    #[test]
+    fn a_state_with_a_lifecycle_outside_the_work_set_its_phase_needs_is_refused_as_corrupt() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let identity = tracker.state.lifecycles.keys().next().unwrap().clone();
+        assert!(tracker.state.runnable.contains(&identity) && tracker.state.lifecycles[&identity].has_work_left());
+        let (version, payload) = tracker.export_state();
+        assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
+        type Tamper = fn(&mut State, &str);
+        let import = |tamper: Tamper| {
+            let mut state = tracker.state.clone();
+            state.runnable.clear();
+            tamper(&mut state, &identity);
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
+            Tracker::import_state(clb(), STATE_VERSION, &payload)
+        };
+        let refused: [(&str, Tamper); 3] = [
+            ("(NotStarted): work left, but in no work set", |_, _| {}),
+            ("(NotStarted): draining, but no deletion is pending", |s, id| _ = s.draining.insert(id.to_owned())),
+            ("(DeletionPending): a pending deletion is not draining", |s, id| {
+                s.lifecycles.get_mut(id).unwrap().phase = Phase::DeletionPending;
+                s.runnable.insert(id.to_owned());
+            }),
+        ];
+        for (expected, tamper) in refused {
+            let why = corrupt(import(tamper));
+            assert!(why.contains(&format!("the lifecycle of {identity:?} {expected}")), "{expected:?} not in {why:?}");
+        }
+        let accounted: [Tamper; 3] = [
+            |s, id| _ = s.timers.insert((5_000, id.to_owned())),
+            |s, id| s.lifecycles.get_mut(id).unwrap().parked = true,
+            |s, id| {
+                s.lifecycles.get_mut(id).unwrap().phase = Phase::DeletionPending;
+                s.draining.insert(id.to_owned());
+            },
+        ];
+        for tamper in accounted {
+            import(tamper).unwrap();
         }
     }
 
