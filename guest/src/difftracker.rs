@@ -220,6 +220,10 @@ impl DiffTracker {
         !self.dirty.is_empty()
     }
 
+    pub fn is_dirty(&self, location: &str) -> bool {
+        self.dirty.contains_key(location)
+    }
+
     pub fn mark_dirty(&mut self, location: &str) {
         self.dirty.insert(Name::new(location), None);
     }
@@ -241,10 +245,21 @@ impl DiffTracker {
     /// updates. Dirty locations found in sync are dropped from the dirty set on the way; those
     /// returned leave it until the caller puts them back ([`Self::mark_dirty`]) on failure.
     /// `class` is given the tracker, since registration is part of readiness.
-    pub fn take_sync(&mut self, max: usize, class: impl Fn(&DiffTracker, &str) -> Class) -> Vec<NrpLocation> {
+    /// Locations for which `waits` is true are passed over and stay dirty.
+    pub fn take_sync(
+        &mut self,
+        max: usize,
+        waits: impl Fn(&str) -> bool,
+        class: impl Fn(&DiffTracker, &str) -> Class,
+    ) -> Vec<NrpLocation> {
         let mut batch = Vec::new();
+        let mut waiting = Vec::new();
         while batch.len() < max {
             let Some((location, scope)) = self.dirty.pop_first() else { break };
+            if waits(&location) {
+                waiting.push((location, scope));
+                continue;
+            }
             let class = |id: &str| class(self, id);
             let update = match scope {
                 Some(addresses) => self.sync_addresses(&location, &addresses, &class),
@@ -254,6 +269,7 @@ impl DiffTracker {
                 batch.push(update);
             }
         }
+        self.dirty.extend(waiting);
         batch
     }
 
@@ -489,7 +505,7 @@ mod tests {
 
     fn converge(tracker: &mut DiffTracker, class: impl Fn(&DiffTracker, &str) -> Class + Copy) {
         loop {
-            let batch = tracker.take_sync(usize::MAX, class);
+            let batch = tracker.take_sync(usize::MAX, |_| false, class);
             if batch.is_empty() {
                 break;
             }
@@ -502,7 +518,7 @@ mod tests {
     fn a_location_new_to_nrp_is_sent_as_a_full_update_with_its_addresses() {
         let mut t = DiffTracker::default();
         t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
-        let batch = t.take_sync(10, ready_all);
+        let batch = t.take_sync(10, |_| false, ready_all);
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].action, UpdateAction::FullUpdate);
         assert_eq!(batch[0].addresses, vec![NrpAddress { address: "10.1.0.5".into(), services: vec!["svc-a".into()] }]);
@@ -516,7 +532,7 @@ mod tests {
         converge(&mut t, ready_all);
         t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
         t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.5");
-        let batch = t.take_sync(10, ready_all);
+        let batch = t.take_sync(10, |_| false, ready_all);
         let old = batch.iter().find(|l| l.location == "10.0.0.4").unwrap();
         assert!(old.addresses.is_empty(), "the old node is deleted: {old:?}");
         t.apply(&batch);
@@ -534,7 +550,7 @@ mod tests {
         converge(&mut t, ready_all);
         t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
         t.remove_endpoint("svc-a", "10.1.0.7", "10.0.0.5");
-        let batch = t.take_sync(10, ready_all);
+        let batch = t.take_sync(10, |_| false, ready_all);
         assert_eq!(
             batch,
             vec![
@@ -555,7 +571,7 @@ mod tests {
         t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
         converge(&mut t, ready_all);
         t.mark_all_dirty();
-        assert!(t.take_sync(10, ready_all).is_empty());
+        assert!(t.take_sync(10, |_| false, ready_all).is_empty());
     }
 
     #[test]
@@ -576,7 +592,7 @@ mod tests {
         t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
         t.remove_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
         assert!(!t.has_endpoints("svc-a"));
-        assert!(t.take_sync(10, ready_all).is_empty());
+        assert!(t.take_sync(10, |_| false, ready_all).is_empty());
     }
 
     #[test]
@@ -592,7 +608,7 @@ mod tests {
         t.replace_nrp(BTreeSet::from(["svc-a".to_string()]), &listed);
         t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
         let class = |_: &DiffTracker, id: &str| if id == "egress-x" { Class::Foreign } else { Class::NotReady };
-        let batch = t.take_sync(10, class);
+        let batch = t.take_sync(10, |_| false, class);
         assert_eq!(
             batch[0].addresses,
             vec![NrpAddress { address: "10.1.0.5".into(), services: vec!["egress-x".into()] }]
@@ -611,6 +627,6 @@ mod tests {
         }];
         t.replace_nrp(BTreeSet::from(["svc-a".to_string()]), &listed);
         t.add_endpoint("svc-a", "fd00:1::5", "fd00::4");
-        assert!(t.take_sync(10, ready_all).is_empty(), "{:?}", t.nrp_view());
+        assert!(t.take_sync(10, |_| false, ready_all).is_empty(), "{:?}", t.nrp_view());
     }
 }

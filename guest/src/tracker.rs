@@ -10,8 +10,12 @@
 //!   IP, load balancer, NRP registration, status; and on deletion, after NRP no longer maps any
 //!   address to it: unlink, delete the load balancer, unregister, delete the public IP, release
 //!   the finalizer.
-//! * One address-location batch is in flight at a time; it carries only registered, live
-//!   Services, so a failing Service never blocks another's addresses.
+//! * An address-location batch carries only registered, live Services, so a failing Service
+//!   never blocks another's addresses; and a slow or failing batch costs only the locations it
+//!   covers (issue 15, defect 3): while one has been in flight for [`timing::SLOW_BATCH_MS`],
+//!   another may go over other locations (at most [`MAX_BATCHES_IN_FLIGHT`], no location in two),
+//!   and a failed batch's locations back off on their own. Only a throttled batch (429) holds
+//!   back every location: the throttle is the subscription's.
 //! * Failures back off per Service (1 s doubling to 30 s, deterministic jitter, at least
 //!   `Retry-After` up to [`timing::RETRY_AFTER_CAP_MS`]); a periodic read of NRP repairs drift;
 //!   nothing is written before the initial lists are complete and NRP has been read.
@@ -31,8 +35,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The schema version `export_state` writes. Bump it on any change to [`State`] and teach
 /// `import_state` to read the old one. Version 2 added the egress side ([`Egress`]) after the
-/// version-1 payload; a version-1 state imports with no egress pods.
-pub const STATE_VERSION: u32 = 2;
+/// version-1 payload; a version-1 state imports with no egress pods. Version 3 keeps several
+/// address-location batches in flight and per-location backoff ([`NrpSync`]); a version 1 or 2
+/// state's one batch in flight carries over.
+pub const STATE_VERSION: u32 = 3;
 
 /// The finalizer that holds a Service until its Azure resources are gone.
 pub const FINALIZER: &str = "servicegateway.azure.com/service-cleanup";
@@ -55,6 +61,11 @@ pub mod timing {
     /// The longest delay the tracker ever schedules: a backoff (at most 36 s, or a capped
     /// `Retry-After`) or the resync period.
     pub const MAX_DELAY_MS: u64 = RESYNC_INTERVAL_MS;
+    /// An address-location batch in flight this long is slow: the next batch need not wait for
+    /// it (it goes over other locations). Shorter than NRP's request timeout, so that a hung call
+    /// holds the other Services' endpoints this long, not until it times out; long enough that a
+    /// batch answered at NRP's usual pace lets the changes behind it coalesce into one batch.
+    pub const SLOW_BATCH_MS: u64 = 2_000;
     const _: () = assert!(
         BACKOFF_CAP_MS + BACKOFF_CAP_MS * JITTER_PERCENT / 100 <= MAX_DELAY_MS && RETRY_AFTER_CAP_MS <= MAX_DELAY_MS
     );
@@ -64,6 +75,8 @@ pub mod timing {
 pub const MAX_LOCATIONS_PER_BATCH: usize = 200;
 /// The most Service commands (Azure or Kubernetes) in flight at once.
 pub const MAX_SERVICE_COMMANDS_IN_FLIGHT: usize = 16;
+/// The most address-location batches in flight at once (each over other locations).
+pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
 
 /// Event reasons of the lifecycle. Operators alert on them: never rename one.
 pub mod reason {
@@ -364,7 +377,10 @@ struct NrpSync {
     read_in_flight: bool,
     read_retries: u32,
     next_read_ms: u64,
-    batch_in_flight: Option<u64>,
+    /// Address-location batches in flight: command id → when it was issued.
+    #[serde(deserialize_with = "crate::name::btree_map")]
+    batches_in_flight: BTreeMap<u64, u64>,
+    /// Throttled batches in a row (429), and until when every batch waits.
     batch_retries: u32,
     batch_not_before_ms: u64,
     /// Halved after a 400 to isolate the location NRP refuses.
@@ -372,14 +388,65 @@ struct NrpSync {
     /// Locations NRP refused on their own, with the update refused; skipped until it changes.
     #[serde(deserialize_with = "crate::name::btree_map")]
     quarantined: BTreeMap<String, NrpLocation>,
+    /// Locations whose batch failed (not refused, not throttled): failures in a row and until
+    /// when they wait; the others' batches go on. Forgotten when the location is next accepted.
+    #[serde(deserialize_with = "crate::name::btree_map")]
+    location_backoff: BTreeMap<String, Backoff>,
     service_writes_in_flight: u32,
     /// Non-inbound services of the last read: other controllers' identities, left alone.
     #[serde(deserialize_with = "crate::name::btree_set")]
     foreign: BTreeSet<String>,
 }
 
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Backoff {
+    retries: u32,
+    not_before_ms: u64,
+}
+
+/// [`NrpSync`] as state versions 1 and 2 have it: at most one batch in flight, one backoff.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct NrpSyncV2 {
+    loaded: bool,
+    read_in_flight: bool,
+    read_retries: u32,
+    next_read_ms: u64,
+    batch_in_flight: Option<u64>,
+    batch_retries: u32,
+    batch_not_before_ms: u64,
+    batch_limit: usize,
+    #[serde(deserialize_with = "crate::name::btree_map")]
+    quarantined: BTreeMap<String, NrpLocation>,
+    service_writes_in_flight: u32,
+    #[serde(deserialize_with = "crate::name::btree_set")]
+    foreign: BTreeSet<String>,
+}
+
+impl NrpSyncV2 {
+    /// The batch in flight keeps its place (issued at time 0: slow, so another may go beside
+    /// it); its one backoff, which held every location, still does (as a throttle).
+    fn upgrade(self) -> NrpSync {
+        NrpSync {
+            loaded: self.loaded,
+            read_in_flight: self.read_in_flight,
+            read_retries: self.read_retries,
+            next_read_ms: self.next_read_ms,
+            batches_in_flight: self.batch_in_flight.map(|id| (id, 0)).into_iter().collect(),
+            batch_retries: self.batch_retries,
+            batch_not_before_ms: self.batch_not_before_ms,
+            batch_limit: self.batch_limit,
+            quarantined: self.quarantined,
+            location_backoff: BTreeMap::new(),
+            service_writes_in_flight: self.service_writes_in_flight,
+            foreign: self.foreign,
+        }
+    }
+}
+
+/// `N`: the NRP bookkeeping of the state version read ([`NrpSyncV2`] for versions 1 and 2).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct State {
+struct State<N = NrpSync> {
     next_command_id: u64,
     #[serde(deserialize_with = "crate::name::btree_map")]
     services: BTreeMap<ObjectKey, ServiceRecord>,
@@ -406,7 +473,7 @@ struct State {
     timers: BTreeSet<(u64, String)>,
     #[serde(deserialize_with = "crate::name::btree_set")]
     draining: BTreeSet<String>,
-    nrp: NrpSync,
+    nrp: N,
     lists_complete: bool,
     /// Start-up reconciliation against NRP has run.
     reconciled: bool,
@@ -608,7 +675,7 @@ impl Tracker {
                     }
                     self.service_outcome(&identity, id, op, outcome, now, &mut step);
                 }
-                InFlight::Locations(batch) => self.locations_outcome(batch, outcome, now, &mut step),
+                InFlight::Locations(batch) => self.locations_outcome(id, batch, outcome, now, &mut step),
                 InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
                 // Events are best effort; a lost one is not worth a retry.
                 InFlight::Event => {}
@@ -1027,7 +1094,7 @@ impl Tracker {
         let read_due = !self.state.nrp.loaded || (scheduled && now >= self.state.nrp.next_read_ms);
         if read_due
             && !self.state.nrp.read_in_flight
-            && self.state.nrp.batch_in_flight.is_none()
+            && self.state.nrp.batches_in_flight.is_empty()
             && self.state.nrp.service_writes_in_flight == 0
             && now >= self.state.nrp.next_read_ms
         {
@@ -1069,6 +1136,9 @@ impl Tracker {
         let nrp = &mut self.state.nrp;
         nrp.next_read_ms = nrp.next_read_ms.min(latest);
         nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
+        for backoff in nrp.location_backoff.values_mut() {
+            backoff.not_before_ms = backoff.not_before_ms.min(latest);
+        }
         while let Some((_, identity)) = self.state.timers.last().filter(|(at, _)| *at > latest).cloned() {
             self.state.timers.pop_last();
             if let Some(lifecycle) = self.state.lifecycles.get_mut(&identity) {
@@ -1104,8 +1174,21 @@ impl Tracker {
         if !nrp.read_in_flight {
             consider(nrp.next_read_ms.max(now));
         }
-        if nrp.batch_in_flight.is_none() && self.state.diff.has_dirty() && nrp.batch_not_before_ms > now {
-            consider(nrp.batch_not_before_ms);
+        if self.state.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
+            if nrp.batch_not_before_ms > now {
+                consider(nrp.batch_not_before_ms);
+            } else {
+                // The next batch may go once the youngest in flight is slow, and a location
+                // backing off once its delay is over. Past either, only an answer or a change
+                // can make a batch: nothing to wake for.
+                let slow_at = nrp.batches_in_flight.values().max().map(|at| at.saturating_add(timing::SLOW_BATCH_MS));
+                if let Some(at) = slow_at.filter(|&at| at > now) {
+                    consider(at);
+                }
+                if let Some(due) = nrp.location_backoff.values().map(|b| b.not_before_ms).filter(|&at| at > now).min() {
+                    consider(due);
+                }
+            }
         }
         wake
     }
@@ -1274,13 +1357,15 @@ impl Tracker {
     }
 
     fn batch_in_flight_mentions(&self, identity: &str) -> bool {
-        let Some(id) = self.state.nrp.batch_in_flight else { return false };
-        match self.state.in_flight.get(&id) {
-            Some(InFlight::Locations(batch)) => {
-                batch.iter().flat_map(|l| &l.addresses).any(|a| a.services.iter().any(|s| s == identity))
-            }
-            _ => false,
-        }
+        self.batches_in_flight().flatten().flat_map(|l| &l.addresses).any(|a| a.services.iter().any(|s| s == identity))
+    }
+
+    /// The address-location batches in flight.
+    fn batches_in_flight(&self) -> impl Iterator<Item = &[NrpLocation]> {
+        self.state.nrp.batches_in_flight.keys().filter_map(|id| match self.state.in_flight.get(id) {
+            Some(InFlight::Locations(batch)) => Some(batch.as_slice()),
+            _ => None,
+        })
     }
 
     fn service_outcome(&mut self, identity: &str, id: u64, op: OpStep, outcome: Outcome, now: u64, step: &mut Step) {
@@ -1388,12 +1473,36 @@ impl Tracker {
 
     fn sync_locations(&mut self, now: u64, step: &mut Step) {
         let nrp = &self.state.nrp;
-        if nrp.batch_in_flight.is_some() || now < nrp.batch_not_before_ms || !self.state.diff.has_dirty() {
+        // Another batch beside those in flight only once they are all slow: a batch answered at
+        // NRP's usual pace lets the changes behind it coalesce.
+        let all_slow = nrp.batches_in_flight.values().all(|&at| now.saturating_sub(at) >= timing::SLOW_BATCH_MS);
+        if nrp.batches_in_flight.len() >= MAX_BATCHES_IN_FLIGHT
+            || !all_slow
+            || now < nrp.batch_not_before_ms
+            || !self.state.diff.has_dirty()
+        {
             return;
         }
-        let limit = nrp.batch_limit.max(1);
-        let (State { diff, lifecycles, nrp, .. }, egress) = (&mut self.state, &self.egress);
-        let mut batch = diff.take_sync(limit, |diff, id| classify(lifecycles, &nrp.foreign, egress, diff, id));
+        let State { diff, lifecycles, nrp, in_flight, .. } = &mut self.state;
+        let busy: BTreeSet<&str> = nrp
+            .batches_in_flight
+            .keys()
+            .filter_map(|id| match in_flight.get(id) {
+                Some(InFlight::Locations(batch)) => Some(batch.iter().map(|l| l.location.as_str())),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        // A backoff is kept while its location may fail again: until it is next accepted, or
+        // once over, if the location is neither dirty nor in flight (it came back in sync).
+        nrp.location_backoff
+            .retain(|location, b| b.not_before_ms > now || busy.contains(location.as_str()) || diff.is_dirty(location));
+        // A location in flight or backing off stays dirty for a later batch.
+        let backoff = &nrp.location_backoff;
+        let waits =
+            |location: &str| busy.contains(location) || backoff.get(location).is_some_and(|b| b.not_before_ms > now);
+        let (limit, foreign, egress) = (nrp.batch_limit.max(1), &nrp.foreign, &self.egress);
+        let mut batch = diff.take_sync(limit, waits, |diff, id| classify(lifecycles, foreign, egress, diff, id));
         // A location NRP refused on its own waits until its update changes.
         let quarantined = &mut self.state.nrp.quarantined;
         batch.retain(|update| match quarantined.get(&update.location) {
@@ -1408,11 +1517,11 @@ impl Tracker {
             return;
         }
         let id = self.issue(Command::UpdateAddressLocations(batch.clone()), InFlight::Locations(batch), step);
-        self.state.nrp.batch_in_flight = Some(id);
+        self.state.nrp.batches_in_flight.insert(id, now);
     }
 
-    fn locations_outcome(&mut self, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
-        self.state.nrp.batch_in_flight = None;
+    fn locations_outcome(&mut self, id: u64, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
+        self.state.nrp.batches_in_flight.remove(&id);
         match outcome {
             Outcome::Failed(failure) => {
                 for location in &batch {
@@ -1430,15 +1539,30 @@ impl Tracker {
                     }
                     return;
                 }
-                // Every Service's addresses wait for this batch: the cap bounds how long.
-                nrp.batch_retries = nrp.batch_retries.saturating_add(1);
                 let what = "update-address-locations";
-                let delay = retry_delay("address-locations", nrp.batch_retries, &failure, what, step);
-                nrp.batch_not_before_ms = now.saturating_add(delay);
+                if failure.status == 429 {
+                    // Throttled: the subscription's budget, so every batch waits.
+                    nrp.batch_retries = nrp.batch_retries.saturating_add(1);
+                    let delay = retry_delay("address-locations", nrp.batch_retries, &failure, what, step);
+                    nrp.batch_not_before_ms = now.saturating_add(delay);
+                    return;
+                }
+                // Failed or timed out: only these locations wait, backing off together.
+                let backoff = &mut nrp.location_backoff;
+                let retries = batch.iter().filter_map(|l| backoff.get(&l.location)).map(|b| b.retries).max();
+                let retries = retries.unwrap_or(0).saturating_add(1);
+                let key = batch.first().map_or("address-locations", |l| l.location.as_str());
+                let not_before_ms = now.saturating_add(retry_delay(key, retries, &failure, what, step));
+                for location in batch {
+                    backoff.insert(location.location, Backoff { retries, not_before_ms });
+                }
             }
             _ => {
                 self.state.diff.apply(&batch);
                 let nrp = &mut self.state.nrp;
+                for location in &batch {
+                    nrp.location_backoff.remove(&location.location);
+                }
                 nrp.batch_retries = 0;
                 nrp.batch_not_before_ms = 0;
                 nrp.batch_limit = nrp.batch_limit.saturating_mul(2).min(MAX_LOCATIONS_PER_BATCH);
@@ -1573,7 +1697,11 @@ impl Tracker {
         let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
         let (state, egress) = match version {
             // Before egress: no pods.
-            1 => (decode_exact::<State>(payload).map_err(corrupt)?, Egress::default()),
+            1 => (decode_exact::<State<NrpSyncV2>>(payload).map_err(corrupt)?.upgrade(), Egress::default()),
+            2 => {
+                let (state, egress) = decode_exact::<(State<NrpSyncV2>, Egress)>(payload).map_err(corrupt)?;
+                (state.upgrade(), egress)
+            }
             STATE_VERSION => decode_exact::<(State, Egress)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
@@ -1582,6 +1710,9 @@ impl Tracker {
         Ok(Self { config, mode, state, egress, clock: Clock::default() })
     }
 }
+
+/// The largest next command id an imported state may hold (see [`State::check`]).
+const MAX_NEXT_COMMAND_ID: u64 = 1 << 63;
 
 /// One postcard value that is the whole of `payload`.
 fn decode_exact<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
@@ -1592,17 +1723,52 @@ fn decode_exact<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, Str
     Ok(value)
 }
 
+impl State<NrpSyncV2> {
+    fn upgrade(self) -> State {
+        self.map_nrp(NrpSyncV2::upgrade)
+    }
+}
+
+impl<N> State<N> {
+    fn map_nrp<M>(self, f: impl FnOnce(N) -> M) -> State<M> {
+        State {
+            next_command_id: self.next_command_id,
+            services: self.services,
+            service_by_identity: self.service_by_identity,
+            slices: self.slices,
+            slices_by_owner: self.slices_by_owner,
+            slices_by_node: self.slices_by_node,
+            nodes: self.nodes,
+            diff: self.diff,
+            lifecycles: self.lifecycles,
+            in_flight: self.in_flight,
+            service_commands_in_flight: self.service_commands_in_flight,
+            runnable: self.runnable,
+            timers: self.timers,
+            draining: self.draining,
+            nrp: f(self.nrp),
+            lists_complete: self.lists_complete,
+            reconciled: self.reconciled,
+        }
+    }
+}
+
 impl State {
     /// What an import cannot take on trust, checked cheaply (a pass over the commands in flight
     /// and one over the lifecycles): the counters of commands in flight, which `complete`
     /// decrements, against the commands themselves; each Service command against the lifecycle
     /// that waits for it (and no lifecycle waiting for a command that is not in flight: it would
-    /// never run again); the one read and the one batch in flight against their flags; and every
+    /// never run again); the one read and the batches in flight against their flags (at most [`MAX_BATCHES_IN_FLIGHT`], no location in two); and every
     /// id in flight below the next id (a new command would take it); and every lifecycle with work
     /// left in a work set (a pass over the timers and one over the lifecycles): the tracker only
     /// ever looks at those sets for work, so a lifecycle outside them would never run again. The
     /// DiffTracker's own counts are not re-derived: that would cost a pass over every address.
     fn check(&self) -> Result<(), String> {
+        // One id per command, counting up: no real state comes near the end of u64, and
+        // refusing the upper half keeps `issue` from ever overflowing.
+        if self.next_command_id > MAX_NEXT_COMMAND_ID {
+            return Err(format!("the next command id {} is past {MAX_NEXT_COMMAND_ID}", self.next_command_id));
+        }
         let (mut service_commands, mut nrp_writes, mut reads, mut batches) = (0usize, 0u32, 0usize, Vec::new());
         for (&id, what) in &self.in_flight {
             if id >= self.next_command_id {
@@ -1635,11 +1801,22 @@ impl State {
                 return Err(format!("{counted} {what} in flight, but {in_flight} {which} are in flight"));
             }
         }
-        if batches != self.nrp.batch_in_flight.into_iter().collect::<Vec<_>>() {
+        if !batches.iter().eq(self.nrp.batches_in_flight.keys()) {
             return Err(format!(
-                "address-location batches in flight {batches:?}, but the batch in flight is {:?}",
-                self.nrp.batch_in_flight
+                "address-location batches in flight {batches:?}, but the batches counted in flight are {:?}",
+                self.nrp.batches_in_flight.keys().collect::<Vec<_>>()
             ));
+        }
+        if batches.len() > MAX_BATCHES_IN_FLIGHT {
+            return Err(format!("{} address-location batches in flight, over {MAX_BATCHES_IN_FLIGHT}", batches.len()));
+        }
+        // No location in two batches in flight: their answers could arrive in either order.
+        let mut locations = BTreeSet::new();
+        for id in &batches {
+            let Some(InFlight::Locations(batch)) = self.in_flight.get(id) else { continue };
+            if let Some(twice) = batch.iter().find(|l| !locations.insert(l.location.as_str())) {
+                return Err(format!("location {:?} is in more than one batch in flight", twice.location));
+            }
         }
         // Where the tracker looks for each lifecycle's work: a pending deletion waits in
         // `draining` (and only one does, or the tracker would never be idle), any other work left
@@ -1647,7 +1824,8 @@ impl State {
         let on_timers: BTreeSet<&str> = self.timers.iter().map(|(_, identity)| identity.as_str()).collect();
         for (identity, l) in &self.lifecycles {
             let draining = self.draining.contains(identity);
-            let scheduled = l.in_flight.is_some() || self.runnable.contains(identity) || on_timers.contains(identity.as_str());
+            let scheduled =
+                l.in_flight.is_some() || self.runnable.contains(identity) || on_timers.contains(identity.as_str());
             let why = match (l.phase == Phase::DeletionPending, draining) {
                 (true, false) => "a pending deletion is not draining",
                 (false, true) => "draining, but no deletion is pending",
@@ -1945,6 +2123,121 @@ mod tests {
         assert!(issued.iter().any(is_location_update), "sent after the cap: {issued:?}");
     }
 
+    /// A slice of the test Service with one ready endpoint per `(address, node)`.
+    fn slice_on(endpoints: &[(&str, &str)]) -> EndpointSlice {
+        EndpointSlice {
+            namespace: "default".into(),
+            name: "web-1".into(),
+            owner_service_uid: Some(UID.into()),
+            address_type: "IPv4".into(),
+            endpoints: endpoints
+                .iter()
+                .map(|(address, node)| Endpoint {
+                    addresses: vec![(*address).into()],
+                    node_name: Some((*node).into()),
+                    ready: Some(true),
+                })
+                .collect(),
+            deleting: false,
+        }
+    }
+
+    /// Answers `step`'s commands and those that follow at `now` as all going well, except the
+    /// address-location batches: left in flight and returned (id, the locations they cover).
+    fn drive_holding_batches(tracker: &mut Tracker, now: u64, step: Step) -> Vec<(u64, Vec<String>)> {
+        let (ok, mut held, mut step) = (answer_ok(&[UID]), Vec::new(), step);
+        while !step.commands.is_empty() {
+            let mut results = Vec::new();
+            for issued in &step.commands {
+                match &issued.command {
+                    Command::UpdateAddressLocations(batch) => {
+                        held.push((issued.id, batch.iter().map(|l| l.location.clone()).collect()));
+                    }
+                    command => results.push((issued.id, ok(command))),
+                }
+            }
+            step = tracker.complete(now, results);
+        }
+        held
+    }
+
+    /// The test Service provisioned with a pod on node n1 (location 10.224.0.4; node n2 is
+    /// 10.224.0.5), its first address-location batch in flight, unanswered.
+    fn tracker_with_a_batch_in_flight() -> (Tracker, u64) {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let node =
+            |name: &str, ip: &str| Observation::NodeUpserted(Node { name: name.into(), internal_ips: vec![ip.into()] });
+        let step = tracker.observe(
+            NOW,
+            vec![
+                node("n1", "10.224.0.4"),
+                node("n2", "10.224.0.5"),
+                Observation::ServiceUpserted(lb_service("Local")),
+                Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+                Observation::ListsComplete,
+            ],
+        );
+        let held = drive_holding_batches(&mut tracker, NOW, step);
+        assert_eq!(held.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>(), [vec!["10.224.0.4".to_owned()]]);
+        (tracker, held[0].0)
+    }
+
+    // Regression: issue 15, defect 3 — one hung update-address-locations made every Service's
+    // endpoint changes wait for it (for NRP's whole request timeout).
+    #[test]
+    fn a_hung_address_location_batch_holds_only_its_own_locations_once_it_is_slow() {
+        let (mut tracker, hung) = tracker_with_a_batch_in_flight();
+        // A pod on n2 (another location) and one more on n1 (the hung batch's).
+        let change =
+            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1"), ("10.244.0.6", "n1"), ("10.244.1.5", "n2")]));
+        let step = tracker.observe(NOW + 100, vec![change]);
+        assert!(drive_holding_batches(&mut tracker, NOW + 100, step).is_empty(), "not slow yet: the change coalesces");
+        let step = tracker.tick(NOW + 100);
+        assert_eq!(step.wake_at_ms, Some(NOW + timing::SLOW_BATCH_MS), "woken when the batch in flight is slow");
+        let step = tracker.tick(NOW + timing::SLOW_BATCH_MS);
+        let beside = drive_holding_batches(&mut tracker, NOW + timing::SLOW_BATCH_MS, step);
+        assert_eq!(beside.len(), 1);
+        assert_eq!(beside[0].1, ["10.224.0.5"], "n2 goes beside the hung batch; n1 waits for it");
+        let step = tracker.complete(NOW + 2_500, vec![(beside[0].0, Outcome::Ok)]);
+        assert!(drive_holding_batches(&mut tracker, NOW + 2_500, step).is_empty(), "n1 still waits for its batch");
+        assert!(tracker.nrp_view().contains_key("10.224.0.5"), "{:?}", tracker.nrp_view());
+        // The hung batch times out: n1 backs off on its own, then goes with both its pods.
+        let timeout =
+            Outcome::Failed(Failure { status: 504, code: None, retry_after_ms: None, message: "timed out".into() });
+        let step = tracker.complete(NOW + 20_000, vec![(hung, timeout)]);
+        assert!(drive_holding_batches(&mut tracker, NOW + 20_000, step).is_empty(), "backing off");
+        let due = backoff_ms("10.224.0.4", 1, None);
+        let step = tracker.tick(NOW + 20_000 + due);
+        let retried = drive_holding_batches(&mut tracker, NOW + 20_000 + due, step);
+        assert_eq!(retried.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>(), [vec!["10.224.0.4".to_owned()]]);
+        let (version, payload) = tracker.export_state();
+        assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
+    }
+
+    // Regression: issue 15, defect 3 — a failing batch backed off every Service's addresses; only
+    // a throttled one (429: the subscription's budget) should.
+    #[test]
+    fn a_failed_address_location_batch_backs_off_only_its_own_locations_and_a_throttled_one_every_location() {
+        for (status, others_wait) in [(500, false), (504, false), (429, true)] {
+            let (mut tracker, batch) = tracker_with_a_batch_in_flight();
+            let failure = Outcome::Failed(Failure { status, code: None, retry_after_ms: None, message: "no".into() });
+            let step = tracker.complete(NOW + 10, vec![(batch, failure)]);
+            assert!(drive_holding_batches(&mut tracker, NOW + 10, step).is_empty(), "{status}: n1 backs off");
+            let change = Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1"), ("10.244.1.5", "n2")]));
+            let step = tracker.observe(NOW + 20, vec![change]);
+            let sent = drive_holding_batches(&mut tracker, NOW + 20, step);
+            if others_wait {
+                assert!(sent.is_empty(), "{status}: every location waits out the throttle: {sent:?}");
+            } else {
+                assert_eq!(
+                    sent.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>(),
+                    [vec!["10.224.0.5".to_owned()]],
+                    "{status}"
+                );
+            }
+        }
+    }
+
     // Regression: issue 14, found 1 (u64 overflow): a read within five minutes of the end of u64
     // time set a wrapped deadline that kept a read always due, holding NRP writes forever.
     #[test]
@@ -2097,8 +2390,10 @@ mod tests {
         assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
         let (version, payload) = tracker.export_state();
         assert_eq!(version, STATE_VERSION);
-        let no_pods = postcard::to_allocvec(&Egress::default()).unwrap();
-        assert_eq!(payload, [before, &no_pods].concat());
+        // Version 3 writes the same state with its NRP bookkeeping reshaped, then no pods.
+        let upgraded = decode_exact::<State<NrpSyncV2>>(before).unwrap().upgrade();
+        assert_eq!(payload, postcard::to_allocvec(&(&upgraded, &Egress::default())).unwrap());
+        assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     }
 
     fn corrupt(result: Result<Tracker, StateError>) -> String {
@@ -2134,8 +2429,7 @@ mod tests {
     // Regression: issue 14, found 4 (a version-2 payload imported as version 1, without its egress side).
     #[test]
     fn a_version_2_payload_offered_as_version_1_is_refused_as_corrupt() {
-        let (version, payload) = tracker_with_commands_in_flight().export_state();
-        assert_eq!(version, 2);
+        let (_, payload) = as_versions_1_and_2(&tracker_with_commands_in_flight());
         let why = corrupt(Tracker::import_state(clb(), 1, &payload));
         assert!(why.starts_with("state version 1:") && why.contains("after the payload"), "{why}");
     }
@@ -2148,7 +2442,7 @@ mod tests {
             ("Service commands counted", |s| s.service_commands_in_flight += 1),
             ("NRP writes counted", |s| s.nrp.service_writes_in_flight += 1),
             ("reads of NRP flagged", |s| s.nrp.read_in_flight = true),
-            ("batch in flight", |s| s.nrp.batch_in_flight = Some(0)),
+            ("batches counted in flight are [0]", |s| _ = s.nrp.batches_in_flight.insert(0, 0)),
             ("the next command id is 1", |s| s.next_command_id = 1),
             ("whose lifecycle does not wait for it", |s| {
                 s.lifecycles.values_mut().for_each(|l| l.in_flight = None);
@@ -2213,15 +2507,66 @@ mod tests {
         }
     }
 
+    // Regression: fuzz target state_import, fuzz/regressions/state_import/next-command-id-at-u64-max
+    // (an imported next command id of u64::MAX overflowed at the first command: a panic with
+    // overflow checks, and without them ids wrapped to 0, onto the commands in flight).
     #[test]
-    fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_version_2() {
+    fn a_state_whose_next_command_id_leaves_no_room_to_count_is_refused_as_corrupt() {
+        let tracker = tracker_with_commands_in_flight();
+        for (next, refused) in [(u64::MAX, true), (MAX_NEXT_COMMAND_ID + 1, true), (MAX_NEXT_COMMAND_ID, false)] {
+            let mut state = tracker.state.clone();
+            state.next_command_id = next;
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
+            match Tracker::import_state(clb(), STATE_VERSION, &payload) {
+                Err(StateError::Corrupt(why)) if refused => assert!(why.contains("the next command id"), "{why}"),
+                Ok(mut imported) if !refused => _ = imported.tick(NOW),
+                other => panic!("next command id {next}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_the_current_version() {
         let mut tracker = Tracker::create(clb()).unwrap();
         tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
-        let version_1 = postcard::to_allocvec(&tracker.state).unwrap();
+        let (version_1, _) = as_versions_1_and_2(&tracker);
         let imported = Tracker::import_state(clb(), 1, &version_1).unwrap();
         assert_eq!(imported, tracker);
         let (version, payload) = imported.export_state();
-        assert_eq!(version, 2);
+        assert_eq!(version, STATE_VERSION);
         assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
+    }
+
+    #[test]
+    fn a_version_2_state_with_its_batch_in_flight_imports_with_that_batch_in_flight_and_its_answer_applies() {
+        let (mut tracker, batch) = tracker_with_a_batch_in_flight();
+        let (_, version_2) = as_versions_1_and_2(&tracker);
+        let mut imported = Tracker::import_state(clb(), 2, &version_2).unwrap();
+        // Issued at time 0 as far as version 3 knows: otherwise the same state.
+        tracker.state.nrp.batches_in_flight.values_mut().for_each(|at| *at = 0);
+        assert_eq!(imported, tracker);
+        imported.complete(10_000, vec![(batch, Outcome::Ok)]);
+        assert!(imported.state.nrp.batches_in_flight.is_empty() && !imported.nrp_view().is_empty());
+    }
+
+    /// The tracker's state as versions 1 and 2 wrote it (one batch in flight at most).
+    fn as_versions_1_and_2(tracker: &Tracker) -> (Vec<u8>, Vec<u8>) {
+        let state = tracker.state.clone().map_nrp(|n| {
+            assert!(n.batches_in_flight.len() <= 1 && n.location_backoff.is_empty(), "{n:?}");
+            NrpSyncV2 {
+                loaded: n.loaded,
+                read_in_flight: n.read_in_flight,
+                read_retries: n.read_retries,
+                next_read_ms: n.next_read_ms,
+                batch_in_flight: n.batches_in_flight.keys().next().copied(),
+                batch_retries: n.batch_retries,
+                batch_not_before_ms: n.batch_not_before_ms,
+                batch_limit: n.batch_limit,
+                quarantined: n.quarantined,
+                service_writes_in_flight: n.service_writes_in_flight,
+                foreign: n.foreign,
+            }
+        });
+        (postcard::to_allocvec(&state).unwrap(), postcard::to_allocvec(&(&state, &tracker.egress)).unwrap())
     }
 }

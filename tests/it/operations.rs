@@ -5,6 +5,7 @@
 
 use crate::kube::{emulated_azure, eventually, ingress_ips, manifest, reconcilers_slot};
 use ::kube::api::{Api, DeleteParams, PostParams};
+use clb_guest::tracker::STATE_VERSION;
 use clb_host::control::{EventTarget, Operations, OperationsConfig, Sha256Pin, sha256_hex};
 use clb_host::sources::{ConfigMapKey, LogicSource};
 use clb_tests::apiserver::apiserver;
@@ -215,7 +216,8 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         let last = &status["lastSwap"];
         assert_eq!(last["origin"], format!("file {}", file.display()), "{status}");
         assert_eq!((last["from"].as_str(), last["to"].as_str()), (Some(&builtin_sha[..12]), Some(&next_sha[..12])));
-        assert_eq!(last["stateToVersion"], 3, "the next guest re-exports the state as version 3: {status}");
+        let next_version = STATE_VERSION + 1;
+        assert_eq!(last["stateToVersion"], next_version, "the next guest re-exports the state one version up: {status}");
         assert!(last["at"].as_str().is_some_and(|at| at.ends_with('Z')), "{status}");
         assert_eq!(status["quarantinedInputs"], 0);
         assert!(status["stateBytes"].as_u64().is_some_and(|b| b > 0), "{status}");
@@ -229,13 +231,15 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         })
         .await;
 
-        // The built-in logic cannot read the next guest's state version 3: the change is
-        // refused and the next guest keeps serving.
+        // The built-in logic cannot read the next guest's state version: the change is refused
+        // and the next guest keeps serving.
         replace_file(&file, clb_host::BUILTIN_GUEST);
         let status = host.last_swap("refused", Some("state-refused")).await;
         assert_eq!(status["active"]["sha256"], next_sha, "{status}");
         assert!(
-            status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("unsupported state version 3")),
+            status["lastSwap"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains(&format!("unsupported state version {next_version}"))),
             "{status}"
         );
         let refused = event_on(client, ns, "clb-swaps", "LogicSwapRefused", None).await;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::v1::StateError;
 
-/// The schema this version exports: one above the real tracker's (3 while the real one writes 2).
+/// The schema this version exports: one above the real tracker's.
 pub const STATE_VERSION: u32 = v1::STATE_VERSION + 1;
 /// Services carrying it get a Warning Event on every observation (the changed rule).
 pub const LEGACY_ANNOTATION: &str = "clb.test/legacy";
