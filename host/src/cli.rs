@@ -2,6 +2,7 @@
 //! `clb-host run` and `clb-host swap`. Output goes to the writers it
 //! is given, so tests run it in-process.
 
+use crate::logging::LogFormat;
 use crate::sandbox::bindings::clb::reconciler::types::Mode;
 use crate::sandbox::bindings::exports::clb::reconciler::validation::Verdict;
 use crate::sandbox::{ComponentInfo, Limits, PACKAGE, Runtime};
@@ -24,6 +25,11 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines (stderr) are written: `text` for people (coloured only on a terminal),
+    /// `json` for log pipelines, one JSON object a line. What is logged: RUST_LOG (default warn).
+    /// The binary's; `crate::logging`.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 #[derive(Subcommand)]
@@ -425,6 +431,18 @@ pub fn run(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> u8 {
+    run_with_logging(args, out, err, |_| {})
+}
+
+/// [`run`], calling `init_logging` with the `--log-format` asked for once the command line
+/// parsed (before the command runs): the binary sets up its subscriber there; the library's
+/// callers (tests) keep theirs.
+pub fn run_with_logging(
+    args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+    init_logging: impl FnOnce(LogFormat),
+) -> u8 {
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(usage) => {
@@ -437,6 +455,7 @@ pub fn run(
             return EXIT_OK;
         }
     };
+    init_logging(cli.log_format);
     let result = match cli.command {
         Command::Inspect { file } => inspect(&file, out),
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),

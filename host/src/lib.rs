@@ -28,6 +28,7 @@ pub mod kube;
 pub mod lease;
 #[cfg(unix)]
 pub mod linear_memory;
+pub mod logging;
 pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native;

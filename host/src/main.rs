@@ -3,9 +3,6 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
-    ExitCode::from(clb_host::cli::run(std::env::args_os(), &mut std::io::stdout(), &mut std::io::stderr()))
+    let (out, err) = (&mut std::io::stdout(), &mut std::io::stderr());
+    ExitCode::from(clb_host::cli::run_with_logging(std::env::args_os(), out, err, clb_host::logging::init))
 }

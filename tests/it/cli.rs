@@ -339,3 +339,60 @@ fn component_out_compress_gzip_writes_the_built_in_component_gzipped_and_names_i
     flate2::read::GzDecoder::new(&written[..]).read_to_end(&mut decompressed).unwrap();
     assert!(decompressed == clb_host::BUILTIN_GUEST, "gunzip gives the built-in component back");
 }
+
+/// A log sink the tests read back: what the subscriber wrote, shared.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn logged(format: clb_host::logging::LogFormat, ansi: bool) -> String {
+    let sink = Captured::default();
+    let writer = sink.clone();
+    let subscriber = clb_host::logging::subscriber(format, "warn", move || writer.clone(), ansi);
+    tracing::subscriber::with_default(subscriber, || {
+        let _service = tracing::warn_span!("service", service = "shop/web").entered();
+        tracing::warn!(id = 7, "command failed");
+        tracing::info!("below the filter");
+    });
+    String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+}
+
+// Issue 18: log lines carried ANSI colour codes into files and log collectors, and there was no
+// format a log pipeline reads.
+#[test]
+fn log_lines_off_a_terminal_carry_no_colour_codes_and_log_format_json_writes_one_object_a_line() {
+    use clb_host::logging::LogFormat;
+    let text = logged(LogFormat::Text, false);
+    assert!(text.contains("command failed") && text.contains("id=7") && text.contains("shop/web"), "{text}");
+    assert!(!text.contains('\u{1b}') && !text.contains("below the filter"), "{text:?}");
+    assert!(logged(LogFormat::Text, true).contains('\u{1b}'), "colour on a terminal");
+    let json = logged(LogFormat::Json, false);
+    let lines: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).expect(l)).collect();
+    assert_eq!(lines.len(), 1, "{json}");
+    assert_eq!(lines[0]["level"], "WARN", "{json}");
+    assert_eq!(lines[0]["fields"]["message"], "command failed", "{json}");
+    assert_eq!(lines[0]["fields"]["id"], 7, "{json}");
+    assert_eq!(lines[0]["span"]["name"], "service", "{json}");
+    assert_eq!(lines[0]["span"]["service"], "shop/web", "{json}");
+}
+
+#[test]
+fn log_format_is_taken_by_every_command_and_an_unknown_one_is_refused() {
+    let path = temp_file("builtin-for-logs.wasm", clb_host::BUILTIN_GUEST);
+    let mut format = None;
+    let args = ["clb-host", "inspect", path.to_str().unwrap(), "--log-format", "json"];
+    let code = clb_host::cli::run_with_logging(args, &mut Vec::new(), &mut Vec::new(), |f| format = Some(f));
+    assert_eq!((code, format), (EXIT_OK, Some(clb_host::logging::LogFormat::Json)));
+    let (code, _, err) = clb_host(&["--log-format", "xml", "inspect", path.to_str().unwrap()]);
+    assert_eq!(code, EXIT_BAD_INPUT);
+    assert!(err.contains("invalid value 'xml' for '--log-format"), "{err}");
+}
