@@ -1362,10 +1362,7 @@ impl Tracker {
 
     /// The address-location batches in flight.
     fn batches_in_flight(&self) -> impl Iterator<Item = &[NrpLocation]> {
-        self.state.nrp.batches_in_flight.keys().filter_map(|id| match self.state.in_flight.get(id) {
-            Some(InFlight::Locations(batch)) => Some(batch.as_slice()),
-            _ => None,
-        })
+        location_batches(&self.state.nrp.batches_in_flight, &self.state.in_flight)
     }
 
     fn service_outcome(&mut self, identity: &str, id: u64, op: OpStep, outcome: Outcome, now: u64, step: &mut Step) {
@@ -1484,15 +1481,8 @@ impl Tracker {
             return;
         }
         let State { diff, lifecycles, nrp, in_flight, .. } = &mut self.state;
-        let busy: BTreeSet<&str> = nrp
-            .batches_in_flight
-            .keys()
-            .filter_map(|id| match in_flight.get(id) {
-                Some(InFlight::Locations(batch)) => Some(batch.iter().map(|l| l.location.as_str())),
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        let busy: BTreeSet<&str> =
+            location_batches(&nrp.batches_in_flight, in_flight).flatten().map(|l| l.location.as_str()).collect();
         // A backoff is kept while its location may fail again: until it is next accepted, or
         // once over, if the location is neither dirty nor in flight (it came back in sync).
         nrp.location_backoff
@@ -1711,6 +1701,18 @@ impl Tracker {
     }
 }
 
+/// The address-location batches of `ids` (`NrpSync::batches_in_flight`), as `in_flight` holds them (a free
+/// function, so that callers holding other fields of the state mutably can use it).
+fn location_batches<'a>(
+    ids: &'a BTreeMap<u64, u64>,
+    in_flight: &'a BTreeMap<u64, InFlight>,
+) -> impl Iterator<Item = &'a [NrpLocation]> {
+    ids.keys().filter_map(|id| match in_flight.get(id) {
+        Some(InFlight::Locations(batch)) => Some(batch.as_slice()),
+        _ => None,
+    })
+}
+
 /// The largest next command id an imported state may hold (see [`State::check`]).
 const MAX_NEXT_COMMAND_ID: u64 = 1 << 63;
 
@@ -1812,11 +1814,11 @@ impl State {
         }
         // No location in two batches in flight: their answers could arrive in either order.
         let mut locations = BTreeSet::new();
-        for id in &batches {
-            let Some(InFlight::Locations(batch)) = self.in_flight.get(id) else { continue };
-            if let Some(twice) = batch.iter().find(|l| !locations.insert(l.location.as_str())) {
-                return Err(format!("location {:?} is in more than one batch in flight", twice.location));
-            }
+        if let Some(twice) = location_batches(&self.nrp.batches_in_flight, &self.in_flight)
+            .flatten()
+            .find(|l| !locations.insert(l.location.as_str()))
+        {
+            return Err(format!("location {:?} is in more than one batch in flight", twice.location));
         }
         // Where the tracker looks for each lifecycle's work: a pending deletion waits in
         // `draining` (and only one does, or the tracker would never be idle), any other work left
