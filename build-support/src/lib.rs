@@ -119,7 +119,12 @@ pub fn build_component(guest: &Guest<'_>, watch: &[&Path]) -> PathBuf {
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_BUILD_TARGET")
-        .env_remove("CARGO_TARGET_DIR");
+        .env_remove("CARGO_TARGET_DIR")
+        // Under `cargo clippy` the guest is still built, not linted: clippy's driver and its
+        // `-D warnings` would otherwise wrap this build too and miss the cached artifacts.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
+        .env_remove("CLIPPY_CONF_DIR");
     if !guest.features.is_empty() {
         build.args(["--features", &guest.features.join(",")]);
     }

@@ -23,8 +23,11 @@ pub use pools::backend_pools;
 pub use state_import::state_import;
 pub use tracker::tracker;
 
+/// A target: one input, any bytes; it panics where the input breaks what the target checks.
+pub type Target = fn(&[u8]);
+
 /// Every target by name, as `fuzz/fuzz_targets/` names them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("state_import", state_import),
     ("tracker", tracker),
     ("admission", admission),
@@ -36,6 +39,6 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// The target called `name`.
-pub fn target(name: &str) -> Option<fn(&[u8])> {
+pub fn target(name: &str) -> Option<Target> {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
 }

@@ -56,6 +56,9 @@ pub fn tracker(data: &[u8]) {
 /// is gone, 400/422 refuse for good, which the model does not predict.
 const TRANSIENT: &[u16] = &[0, 401, 403, 408, 409, 412, 429, 500, 502, 503, 504];
 
+/// A status or finalizer write applied to the stored Service, or the outcome that refuses it.
+type ServiceWrite = Box<dyn Fn(&mut model::Service) -> Result<(), Outcome>>;
+
 /// Part B's operations, drawn as `properties.rs` draws them, wider where the model allows.
 pub fn ops(d: &mut Dec<'_>) -> Vec<Op> {
     let count = d.below(MAX_OPS + 1);
@@ -67,7 +70,7 @@ pub fn ops(d: &mut Dec<'_>) -> Vec<Op> {
         let op = match d.byte() % 16 {
             0 => Op::Node { node: d.byte() % 4, variant: d.byte() % 2 },
             1 => Op::DeleteNode { node: d.byte() % 4 },
-            2 => Op::Service { service: d.byte() % 3, local: d.byte() % 5 != 0, port: [80, 443][d.below(2)] },
+            2 => Op::Service { service: d.byte() % 3, local: !d.byte().is_multiple_of(5), port: [80, 443][d.below(2)] },
             3 => Op::DeleteService { service: d.byte() % 3 },
             4 | 5 => Op::Slice {
                 slice: d.byte() % 4,
@@ -251,7 +254,7 @@ impl Hostile {
 
     /// What Kubernetes does with a status or finalizer write.
     fn kubernetes(&mut self, command: &Command) -> Outcome {
-        let (target, change): (&model::ObjectRef, Box<dyn Fn(&mut model::Service) -> Result<(), Outcome>>) =
+        let (target, change): (&model::ObjectRef, ServiceWrite) =
             match command {
                 Command::PatchServiceStatus { service, ingress_ips } => {
                     let ips = ingress_ips.clone();

@@ -2440,7 +2440,8 @@ mod tests {
     #[test]
     fn a_state_whose_counters_disagree_with_its_commands_in_flight_is_refused_as_corrupt() {
         let tracker = tracker_with_commands_in_flight();
-        let tampered: [(&str, fn(&mut State)); 7] = [
+        type Tamper = fn(&mut State);
+        let tampered: [(&str, Tamper); 7] = [
             ("Service commands counted", |s| s.service_commands_in_flight += 1),
             ("NRP writes counted", |s| s.nrp.service_writes_in_flight += 1),
             ("reads of NRP flagged", |s| s.nrp.read_in_flight = true),

@@ -2,10 +2,9 @@
 //! (the guest's own sources) wrapped so that it differs from the built-in logic in exactly four
 //! ways:
 //!
-//! * **state version 3** (the real tracker's plus one): an envelope around the real tracker's
-//!   payload plus one new field (the next
-//!   id of the commands this wrapper issues itself); it imports versions 1 and 2 and refuses
-//!   newer ones;
+//! * **its state version is the real tracker's plus one**: an envelope around the real
+//!   tracker's payload plus one new field (the next id of the commands this wrapper issues
+//!   itself); it imports every version the real tracker imports and refuses newer ones;
 //! * **one changed rule**: a Service carrying [`tracker::LEGACY_ANNOTATION`] gets an extra
 //!   Warning Event [`tracker::LEGACY_REASON`] each time it is observed;
 //! * **a trap trigger**: observing a Service carrying [`tracker::PANIC_ANNOTATION`] panics, so
@@ -45,7 +44,7 @@ pub mod model;
 pub mod name;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
-/// The real tracker (state version 2).
+/// The real tracker (its state version is `v1::STATE_VERSION`).
 #[path = "../../../guest/src/tracker.rs"]
 pub mod v1;
 
