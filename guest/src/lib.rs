@@ -29,6 +29,8 @@ pub mod tracker;
 
 #[cfg(target_arch = "wasm32")]
 mod component;
+// The WIT <-> model conversions, one macro for the adapter above and for clb-host's native view.
+mod wit_convert;
 // On wasm32 it replaces the toolchain's byte-loop `memcmp`; natively only its tests run (the
 // functions are not exported there: the C library's stay in use).
 #[cfg(any(target_arch = "wasm32", test))]

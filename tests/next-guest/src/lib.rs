@@ -53,6 +53,8 @@ pub mod tracker;
 #[cfg(target_arch = "wasm32")]
 #[path = "../../../guest/src/component.rs"]
 mod component;
+#[path = "../../../guest/src/wit_convert.rs"]
+mod wit_convert;
 #[cfg(target_arch = "wasm32")]
 #[path = "../../../guest/src/wasm_mem.rs"]
 mod wasm_mem;

@@ -1,0 +1,305 @@
+//! The one mapping between the WIT records (`wit/`) and the logic's model and config, as a macro.
+//!
+//! Two generators make Rust types from the same WIT: wit-bindgen for the guest's adapter
+//! (`component.rs`, also built into `tests/next-guest`) and wasmtime's `bindgen!` for the host's
+//! view of the native library (`clb_host::native`, the differential runs). Both name every type,
+//! field and case as the WIT does, so this one text compiles against either and the native and
+//! sandboxed paths cannot convert differently. Field copies only; no rule lives here.
+
+/// Expands to the `From` conversions between the WIT types and `$crate`'s `model` and
+/// `config`, both ways where the logic needs both. The caller has `wit` in scope: the generated
+/// module of the `clb:reconciler/types` interface.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! wit_conversions {
+    () => {
+        // In a block of its own so that these names cannot clash with the caller's imports;
+        // the impls inside are global as any.
+        const _: () = {
+            use $crate::{config, model};
+
+            impl From<wit::Config> for config::Config {
+                fn from(c: wit::Config) -> Self {
+                    Self {
+                        backend_pool_type: c.backend_pool_type,
+                        load_balancer_sku: c.load_balancer_sku,
+                        multiple_standard_load_balancers: c.multiple_standard_load_balancers,
+                    }
+                }
+            }
+
+            impl From<config::ConfigError> for wit::ConfigError {
+                fn from(e: config::ConfigError) -> Self {
+                    Self { field: e.field, reason: e.reason, message: e.message }
+                }
+            }
+
+            impl From<config::Mode> for wit::Mode {
+                fn from(m: config::Mode) -> Self {
+                    match m {
+                        config::Mode::ContainerLoadBalancer => Self::ContainerLoadBalancer,
+                        config::Mode::MultiSlbLocalServices => Self::MultiSlbLocalServices,
+                        config::Mode::Inactive => Self::Inactive,
+                    }
+                }
+            }
+
+            impl From<wit::Service> for model::Service {
+                fn from(s: wit::Service) -> Self {
+                    Self {
+                        uid: s.uid,
+                        namespace: s.namespace,
+                        name: s.name,
+                        service_type: s.service_type,
+                        external_traffic_policy: s.external_traffic_policy,
+                        session_affinity: s.session_affinity,
+                        load_balancer_ip: s.load_balancer_ip,
+                        load_balancer_class: s.load_balancer_class,
+                        ip_families: s.ip_families,
+                        ports: s
+                            .ports
+                            .into_iter()
+                            .map(|p| model::ServicePort {
+                                name: p.name,
+                                protocol: p.protocol,
+                                port: p.port,
+                                target_port: p.target_port.map(|t| match t {
+                                    wit::TargetPort::Number(n) => model::TargetPort::Number(n),
+                                    wit::TargetPort::Name(n) => model::TargetPort::Name(n),
+                                }),
+                                node_port: p.node_port,
+                            })
+                            .collect(),
+                        annotations: s.annotations,
+                        finalizers: s.finalizers,
+                        deleting: s.deleting,
+                        ingress_ips: s.ingress_ips,
+                    }
+                }
+            }
+
+            impl From<wit::Observation> for model::Observation {
+                fn from(o: wit::Observation) -> Self {
+                    match o {
+                        wit::Observation::ServiceUpserted(s) => Self::ServiceUpserted(s.into()),
+                        wit::Observation::ServiceDeleted((ns, name)) => {
+                            Self::ServiceDeleted(model::ObjectKey { namespace: ns.into(), name: name.into() })
+                        }
+                        wit::Observation::SliceUpserted(s) => Self::SliceUpserted(model::EndpointSlice {
+                            namespace: s.namespace,
+                            name: s.name,
+                            owner_service_uid: s.owner_service_uid,
+                            address_type: s.address_type,
+                            endpoints: s
+                                .endpoints
+                                .into_iter()
+                                .map(|e| model::Endpoint {
+                                    addresses: e.addresses,
+                                    node_name: e.node_name,
+                                    ready: e.ready,
+                                })
+                                .collect(),
+                            deleting: s.deleting,
+                        }),
+                        wit::Observation::SliceDeleted((ns, name)) => {
+                            Self::SliceDeleted(model::ObjectKey { namespace: ns.into(), name: name.into() })
+                        }
+                        wit::Observation::NodeUpserted(n) => {
+                            Self::NodeUpserted(model::Node { name: n.name, internal_ips: n.internal_ips })
+                        }
+                        wit::Observation::NodeDeleted(name) => Self::NodeDeleted(name),
+                        wit::Observation::PodUpserted(p) => Self::PodUpserted(model::Pod {
+                            namespace: p.namespace,
+                            name: p.name,
+                            uid: p.uid,
+                            egress_label: p.egress_label,
+                            phase: p.phase,
+                            pod_ips: p.pod_ips,
+                            pod_ip: p.pod_ip,
+                            host_ips: p.host_ips,
+                            host_ip: p.host_ip,
+                            deleting: p.deleting,
+                        }),
+                        wit::Observation::PodDeleted((ns, name)) => {
+                            Self::PodDeleted(model::ObjectKey { namespace: ns.into(), name: name.into() })
+                        }
+                        wit::Observation::ListsComplete => Self::ListsComplete,
+                    }
+                }
+            }
+
+            impl From<wit::Outcome> for model::Outcome {
+                fn from(o: wit::Outcome) -> Self {
+                    match o {
+                        wit::Outcome::Ok => Self::Ok,
+                        wit::Outcome::PublicIpAddress(ip) => Self::PublicIpAddress(ip),
+                        wit::Outcome::NrpSnapshot(state) => Self::NrpSnapshot(model::NrpState {
+                            services: state
+                                .services
+                                .into_iter()
+                                .map(|s| model::NrpService {
+                                    name: s.name,
+                                    service_type: s.service_type,
+                                    backend_pools: s.backend_pools.into_iter().map(Into::into).collect(),
+                                    is_default: s.is_default,
+                                })
+                                .collect(),
+                            locations: state
+                                .locations
+                                .into_iter()
+                                .map(|l| model::NrpListedLocation {
+                                    location: l.location,
+                                    addresses: l.addresses.into_iter().map(Into::into).collect(),
+                                })
+                                .collect(),
+                        }),
+                        wit::Outcome::Failed(f) => Self::Failed(model::Failure {
+                            status: f.status,
+                            code: f.code,
+                            retry_after_ms: f.retry_after_ms,
+                            message: f.message,
+                        }),
+                    }
+                }
+            }
+
+            impl From<wit::PoolRef> for model::PoolRef {
+                fn from(p: wit::PoolRef) -> Self {
+                    Self { load_balancer: p.load_balancer, pool: p.pool }
+                }
+            }
+
+            impl From<model::PoolRef> for wit::PoolRef {
+                fn from(p: model::PoolRef) -> Self {
+                    Self { load_balancer: p.load_balancer, pool: p.pool }
+                }
+            }
+
+            impl From<wit::NrpAddress> for model::NrpAddress {
+                fn from(a: wit::NrpAddress) -> Self {
+                    Self { address: a.address, services: a.services }
+                }
+            }
+
+            impl From<model::NrpAddress> for wit::NrpAddress {
+                fn from(a: model::NrpAddress) -> Self {
+                    Self { address: a.address, services: a.services }
+                }
+            }
+
+            impl From<model::ObjectRef> for wit::ObjectRef {
+                fn from(r: model::ObjectRef) -> Self {
+                    Self { kind: r.kind.into(), namespace: r.namespace.into(), name: r.name.into(), uid: r.uid.into() }
+                }
+            }
+
+            impl From<model::Command> for wit::Command {
+                fn from(c: model::Command) -> Self {
+                    use model::Command as M;
+                    match c {
+                        M::EmitEvent(e) => wit::Command::EmitEvent(wit::Event {
+                            regarding: e.regarding.into(),
+                            event_type: match e.event_type {
+                                model::EventType::Normal => wit::EventType::Normal,
+                                model::EventType::Warning => wit::EventType::Warning,
+                            },
+                            reason: e.reason,
+                            message: e.message,
+                        }),
+                        M::ReadNrp => wit::Command::ReadNrp,
+                        M::UpdateServices(services) => wit::Command::UpdateServices(wit::UpdateServices {
+                            services: services
+                                .into_iter()
+                                .map(|s| wit::NrpServiceRequest {
+                                    name: s.name,
+                                    service_type: match s.service_type {
+                                        model::NrpServiceType::Inbound => wit::NrpServiceType::Inbound,
+                                        model::NrpServiceType::Outbound => wit::NrpServiceType::Outbound,
+                                    },
+                                    backend_pools: s.backend_pools.into_iter().map(Into::into).collect(),
+                                    is_delete: s.is_delete,
+                                })
+                                .collect(),
+                        }),
+                        M::UpdateAddressLocations(locations) => {
+                            wit::Command::UpdateAddressLocations(wit::UpdateAddressLocations {
+                                locations: locations
+                                    .into_iter()
+                                    .map(|l| wit::NrpLocation {
+                                        location: l.location,
+                                        action: match l.action {
+                                            model::UpdateAction::PartialUpdate => wit::UpdateAction::PartialUpdate,
+                                            model::UpdateAction::FullUpdate => wit::UpdateAction::FullUpdate,
+                                        },
+                                        addresses: l.addresses.into_iter().map(Into::into).collect(),
+                                    })
+                                    .collect(),
+                            })
+                        }
+                        M::PutPublicIp(ip) => wit::Command::PutPublicIp(wit::PublicIp {
+                            name: ip.name.into(),
+                            version: match ip.version {
+                                model::IpVersion::Ipv4 => wit::IpVersion::Ipv4,
+                                model::IpVersion::Ipv6 => wit::IpVersion::Ipv6,
+                            },
+                        }),
+                        M::PutLoadBalancer(lb) => wit::Command::PutLoadBalancer(wit::LoadBalancer {
+                            name: lb.name.into(),
+                            public_ip: lb.public_ip.into(),
+                            backend_pool: lb.backend_pool.into(),
+                            rules: lb
+                                .rules
+                                .into_iter()
+                                .map(|r| wit::LbRule {
+                                    name: r.name.into(),
+                                    protocol: match r.protocol {
+                                        model::LbProtocol::Tcp => wit::LbProtocol::Tcp,
+                                        model::LbProtocol::Udp => wit::LbProtocol::Udp,
+                                    },
+                                    frontend_port: r.frontend_port,
+                                    backend_port: r.backend_port,
+                                    idle_timeout_minutes: r.idle_timeout_minutes,
+                                    enable_tcp_reset: r.enable_tcp_reset,
+                                })
+                                .collect(),
+                        }),
+                        M::DeleteResource(r) => wit::Command::DeleteResource(wit::ResourceRef {
+                            kind: match r.kind {
+                                model::ResourceKind::PublicIp => wit::ResourceKind::PublicIp,
+                                model::ResourceKind::LoadBalancer => wit::ResourceKind::LoadBalancer,
+                            },
+                            name: r.name,
+                        }),
+                        M::PatchServiceStatus { service, ingress_ips } => {
+                            wit::Command::PatchServiceStatus(wit::ServiceStatus {
+                                service: service.into(),
+                                ingress_ips,
+                            })
+                        }
+                        M::SetFinalizer { service, finalizer, present } => {
+                            wit::Command::SetFinalizer(wit::FinalizerChange {
+                                service: service.into(),
+                                finalizer,
+                                present,
+                            })
+                        }
+                    }
+                }
+            }
+
+            impl From<model::Step> for wit::Step {
+                fn from(s: model::Step) -> Self {
+                    Self {
+                        commands: s
+                            .commands
+                            .into_iter()
+                            .map(|issued| wit::Issued { id: issued.id, command: issued.command.into() })
+                            .collect(),
+                        wake_at_ms: s.wake_at_ms,
+                        idle: s.idle,
+                    }
+                }
+            }
+        };
+    };
+}
