@@ -415,7 +415,7 @@ enum CompressArg {
 /// A component file's bytes and, when it is compressed, its compression and size (a file the
 /// command line reads is taken compressed or not: `crate::compression`).
 fn read_component_file(path: &std::path::Path) -> anyhow::Result<compression::Decompressed> {
-    let bytes = crate::inputs::read_bounded(path, compression::MAX_COMPONENT_BYTES as u64)?;
+    let bytes = crate::bounded::read(path, compression::MAX_COMPONENT_BYTES as u64)?;
     let _file = tracing::info_span!("component", path = %path.display()).entered();
     compression::decompress(bytes).with_context(|| format!("{}: not a component", path.display()))
 }
@@ -870,7 +870,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             };
             let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
             let component = crate::trace::ComponentRef::of(&logic, Some(&name));
-            Some(crate::trace::Recorder::start(options, logic.signatures(), &component)?)
+            Some(crate::trace::Recorder::start(options, crate::trace::Signatures::of_logic(&logic), &component)?)
         }
         None => None,
     };
@@ -930,7 +930,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
 
 /// A token file's content without surrounding whitespace; an empty token is refused.
 fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
-    let token = crate::inputs::read_bounded(path, crate::azure::auth::MAX_TOKEN_BYTES)?;
+    let token = crate::bounded::read(path, crate::azure::auth::MAX_TOKEN_BYTES)?;
     let token = String::from_utf8(token).with_context(|| format!("{}: the token is not UTF-8", path.display()))?;
     let token = token.trim();
     anyhow::ensure!(!token.is_empty(), "{}: the token file is empty", path.display());
@@ -939,7 +939,7 @@ fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 
 fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     use crate::control::SwapResult;
-    let bytes = crate::inputs::read_bounded(&args.to, compression::MAX_COMPONENT_BYTES as u64)?;
+    let bytes = crate::bounded::read(&args.to, compression::MAX_COMPONENT_BYTES as u64)?;
     // A compressed file travels as it is (smaller), and the host decompresses it; one that does
     // not decompress is refused here, as an unreadable file is.
     if compression::Compression::detect(&bytes).is_some() {

@@ -1,7 +1,7 @@
 //! Reading the operator's files: the cloud configuration and Kubernetes manifests, with errors
 //! that name the file, the line and the reason.
 //!
-//! Every file is read through [`read_bounded`] (so `/dev/zero` or a 2 GB file is refused after
+//! Every file is read through [`crate::bounded::read`] (so `/dev/zero` or a 2 GB file is refused after
 //! its limit, not read to the end), and every YAML text is checked by [`check_yaml`] before it
 //! is deserialized: nesting at most [`MAX_DEPTH`] deep, no key twice in one mapping (Kubernetes
 //! refuses a manifest with a duplicate key; serde would keep the last), a leading UTF-8 byte
@@ -17,18 +17,12 @@ use std::path::{Path, PathBuf};
 /// Why an input file could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
-    #[error("{path}: cannot read: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] crate::bounded::ReadError),
     #[error("{path}:{line}: {reason}")]
     Parse { path: PathBuf, line: usize, reason: String },
     #[error("{path}: `{key}` is missing or empty; `clb-host run` needs it to name the Azure resources")]
     Missing { path: PathBuf, key: &'static str },
-    #[error("{path}: larger than {limit} bytes, the most this input may be")]
-    TooLarge { path: PathBuf, limit: u64 },
     #[error("{path}: not UTF-8 text (at byte {at})")]
     NotText { path: PathBuf, at: usize },
 }
@@ -39,20 +33,6 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 20;
 /// The deepest nesting of YAML collections accepted; a Kubernetes object, `managedFields`
 /// included, stays far below it.
 pub const MAX_DEPTH: usize = 64;
-
-/// Reads at most `limit` bytes of `path`: a longer file (or a device that never ends) is
-/// [`InputError::TooLarge`] after `limit + 1` bytes, whatever its size says.
-pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, InputError> {
-    use std::io::Read as _;
-    let error = |source| InputError::Read { path: path.to_owned(), source };
-    let file = std::fs::File::open(path).map_err(error)?;
-    let mut bytes = Vec::new();
-    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(error)?;
-    if bytes.len() as u64 > limit {
-        return Err(InputError::TooLarge { path: path.to_owned(), limit });
-    }
-    Ok(bytes)
-}
 
 /// `text` without a leading byte order mark, once its YAML is known to nest at most
 /// [`MAX_DEPTH`] deep and to hold no duplicate key.
@@ -196,7 +176,7 @@ impl CloudConfig {
 
 /// A text file of at most [`MAX_TEXT_BYTES`].
 pub(crate) fn read(path: &Path) -> Result<String, InputError> {
-    String::from_utf8(read_bounded(path, MAX_TEXT_BYTES)?)
+    String::from_utf8(crate::bounded::read(path, MAX_TEXT_BYTES)?)
         .map_err(|e| InputError::NotText { path: path.to_owned(), at: e.utf8_error().valid_up_to() })
 }
 
@@ -345,13 +325,6 @@ mod tests {
         let err = check_yaml(Path::new("x.yaml"), "a: 1\nb:\n  c: 1\n  c: 2\n").unwrap_err().to_string();
         assert!(err.starts_with("x.yaml:") && err.contains("duplicate entry with key \"c\""), "{err}");
         assert_eq!(check_yaml(Path::new("x.yaml"), "\u{feff}a: 1\n").unwrap(), "a: 1\n");
-    }
-
-    #[cfg(unix)]
-    #[test]
-    fn a_file_longer_than_its_limit_is_refused_after_the_limit_not_read_to_its_end() {
-        let err = read_bounded(Path::new("/dev/zero"), 4_096).unwrap_err();
-        assert!(matches!(err, InputError::TooLarge { limit: 4_096, .. }), "{err}");
     }
 
     #[test]

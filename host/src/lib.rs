@@ -17,6 +17,7 @@
 
 pub mod azure;
 pub mod backend_pools;
+pub mod bounded;
 pub mod cli;
 pub mod cluster;
 pub mod compression;

@@ -374,9 +374,13 @@ impl Logic {
         &self.stats
     }
 
-    /// The functions it exports, with their WIT types (for traces).
-    pub fn signatures(&self) -> crate::trace::Signatures {
-        crate::trace::Signatures::of(&self.engine, self.pre.instance_pre().component())
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The compiled component (what a trace's schema reads its exports from).
+    pub fn component(&self) -> &wasmtime::component::Component {
+        self.pre.instance_pre().component()
     }
 
     /// A fresh instance in its own store.

@@ -188,7 +188,7 @@ impl Reconciler for ComponentReconciler<'_> {
                 self.named.get(name).ok_or_else(|| LogicError::UnknownComponent(name.clone()))?.to_vec()
             }
             ComponentSource::File(path) => {
-                crate::inputs::read_bounded(path, crate::compression::MAX_COMPONENT_BYTES as u64).map_err(|e| {
+                crate::bounded::read(path, crate::compression::MAX_COMPONENT_BYTES as u64).map_err(|e| {
                     LogicError::ReadComponent { path: path.display().to_string(), source: std::io::Error::other(e) }
                 })?
             }

@@ -194,7 +194,7 @@ async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
                 return Ok(None);
             }
             let limit = crate::compression::MAX_COMPONENT_BYTES as u64;
-            Ok(Some((stamp, crate::inputs::read_bounded(&read_path, limit).map_err(std::io::Error::other)?)))
+            Ok(Some((stamp, crate::bounded::read(&read_path, limit).map_err(std::io::Error::other)?)))
         })
         .await;
         match read {

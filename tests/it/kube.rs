@@ -824,8 +824,12 @@ fn a_controller_run_with_record_writes_a_trace_that_replays_identically_and_an_u
         let path = dir.join("run.jsonl");
         let logic = clb_tests::builtin();
         let start = |path: PathBuf| {
-            Recorder::start(RecordOptions::live(path), logic.signatures(), &ComponentRef::of(logic, Some("builtin")))
-                .unwrap()
+            Recorder::start(
+                RecordOptions::live(path),
+                clb_host::trace::Signatures::of_logic(logic),
+                &ComponentRef::of(logic, Some("builtin")),
+            )
+            .unwrap()
         };
         let recorder = start(path.clone());
         let controller = env.start_recording(recorder.clone());

@@ -105,7 +105,7 @@ pub const MAX_TOKEN_BYTES: u64 = 64 << 10;
 
 fn read_trimmed(path: &Path) -> Result<String, AuthError> {
     let error = |source| AuthError::Read { path: path.to_owned(), source };
-    let bytes = crate::inputs::read_bounded(path, MAX_TOKEN_BYTES).map_err(|e| error(std::io::Error::other(e)))?;
+    let bytes = crate::bounded::read(path, MAX_TOKEN_BYTES).map_err(|e| error(std::io::Error::other(e)))?;
     let text = String::from_utf8(bytes).map_err(|e| error(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     let token = text.trim();
     if token.is_empty() {

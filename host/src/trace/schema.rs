@@ -33,6 +33,11 @@ pub struct Signatures {
 }
 
 impl Signatures {
+    /// The functions `logic` exports, with their WIT types.
+    pub fn of_logic(logic: &crate::sandbox::Logic) -> Self {
+        Self::of(logic.engine(), logic.component())
+    }
+
     pub fn of(engine: &Engine, component: &Component) -> Self {
         let ty = component.component_type();
         let mut package = String::new();
