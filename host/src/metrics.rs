@@ -30,8 +30,7 @@
 
 use crate::compression::MAX_COMPONENT_BYTES;
 use crate::control::{REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult, SwapSender};
-use crate::sandbox::Logic;
-use crate::supervisor::{ROLLBACK_AFTER, SupervisorStats};
+use crate::supervisor::{ROLLBACK_AFTER, Snapshot, VersionSnapshot};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
@@ -39,7 +38,6 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Why the metrics server could not start.
@@ -53,53 +51,10 @@ pub enum MetricsError {
     },
 }
 
-/// The counters of one logic version, read from its [`GuestStats`](crate::sandbox::GuestStats).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VersionSnapshot {
-    pub version: String,
-    pub sha256: String,
-    pub calls: u64,
-    pub fuel_used: u64,
-    /// By [`GuestError::kind`](crate::sandbox::GuestError::kind) (`poisoned` and `instantiate`
-    /// are counted together as `other`).
-    pub failures: BTreeMap<&'static str, u64>,
-}
-
-impl VersionSnapshot {
-    pub fn of(logic: &Logic) -> Self {
-        let stats = logic.stats();
-        let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
-        let failures = [
-            ("fuel", read(&stats.failures_fuel)),
-            ("deadline", read(&stats.failures_deadline)),
-            ("memory", read(&stats.failures_memory)),
-            ("panic", read(&stats.failures_panic)),
-            ("trap", read(&stats.failures_trap)),
-            ("other", read(&stats.failures_other)),
-        ]
-        .into_iter()
-        .collect();
-        Self {
-            version: logic.info().sha256.chars().take(12).collect(),
-            sha256: logic.info().sha256.clone(),
-            calls: read(&stats.calls),
-            fuel_used: read(&stats.fuel_used),
-            failures,
-        }
+impl crate::supervisor::Publish for Metrics {
+    fn publish(&self, snapshot: Snapshot) {
+        Metrics::publish(self, snapshot);
     }
-}
-
-/// What the supervisor publishes after each call.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    /// The version serving, if a tracker runs.
-    pub serving: Option<VersionSnapshot>,
-    /// Every version the supervisor holds: the serving one first, then the one a rollback would
-    /// return to.
-    pub versions: Vec<VersionSnapshot>,
-    pub supervisor: SupervisorStats,
-    /// The tracker has reported `idle` since it started.
-    pub ready: bool,
 }
 
 /// The last published state, and every version ever seen (so swapped-out versions keep their

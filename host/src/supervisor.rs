@@ -53,7 +53,6 @@
 //! input that arrives meanwhile waits for the call to return, and is then delivered to
 //! whichever version is serving.
 
-use crate::metrics::{Metrics, Snapshot, VersionSnapshot};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{GuestError, Limits, LoadError, Logic, Runtime, Session};
 use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
@@ -61,6 +60,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::ops::Deref;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use wasmtime::component::ResourceAny;
 
@@ -303,6 +303,62 @@ impl std::fmt::Display for SwapReport {
     }
 }
 
+/// The counters of one logic version, read from its [`GuestStats`](crate::sandbox::GuestStats).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VersionSnapshot {
+    pub version: String,
+    pub sha256: String,
+    pub calls: u64,
+    pub fuel_used: u64,
+    /// By [`GuestError::kind`](crate::sandbox::GuestError::kind) (`poisoned` and `instantiate`
+    /// are counted together as `other`).
+    pub failures: BTreeMap<&'static str, u64>,
+}
+
+impl VersionSnapshot {
+    pub fn of(logic: &Logic) -> Self {
+        let stats = logic.stats();
+        let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
+        let failures = [
+            ("fuel", read(&stats.failures_fuel)),
+            ("deadline", read(&stats.failures_deadline)),
+            ("memory", read(&stats.failures_memory)),
+            ("panic", read(&stats.failures_panic)),
+            ("trap", read(&stats.failures_trap)),
+            ("other", read(&stats.failures_other)),
+        ]
+        .into_iter()
+        .collect();
+        Self {
+            version: logic.info().sha256.chars().take(12).collect(),
+            sha256: logic.info().sha256.clone(),
+            calls: read(&stats.calls),
+            fuel_used: read(&stats.fuel_used),
+            failures,
+        }
+    }
+}
+
+/// What the supervisor publishes after each call.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// The version serving, if a tracker runs.
+    pub serving: Option<VersionSnapshot>,
+    /// Every version the supervisor holds: the serving one first, then the one a rollback would
+    /// return to.
+    pub versions: Vec<VersionSnapshot>,
+    pub supervisor: SupervisorStats,
+    /// The tracker has reported `idle` since it started.
+    pub ready: bool,
+}
+
+/// Where the supervisor publishes a [`Snapshot`] after every call: the metrics registry
+/// (`crate::metrics::Metrics`) implements it. The supervisor owns the trait so that it knows
+/// nothing of the layer that serves its counters.
+pub trait Publish: Send + Sync {
+    fn publish(&self, snapshot: Snapshot);
+}
+
 /// What the supervisor has done, for metrics.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SupervisorStats {
@@ -391,7 +447,7 @@ pub struct Supervisor<'a> {
     /// Whether a step has said `idle` since the last start: readiness (`/readyz`).
     idle_seen: bool,
     stats: SupervisorStats,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<dyn Publish>>,
     trace: Option<Traced>,
 }
 
@@ -516,7 +572,7 @@ impl<'a> Supervisor<'a> {
 
     /// Publishes the counters to `metrics` after every call, so that a scrape sees them
     /// without taking the supervisor's `&mut` (it is busy serving).
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: Arc<dyn Publish>) -> Self {
         metrics.publish(self.snapshot());
         self.metrics = Some(metrics);
         self
@@ -537,7 +593,7 @@ impl<'a> Supervisor<'a> {
         self.idle_seen
     }
 
-    /// What [`Metrics`] shows: the counters of the versions held and of the supervisor.
+    /// What `/metrics` shows: the counters of the versions held and of the supervisor.
     pub fn snapshot(&self) -> Snapshot {
         let mut versions = vec![VersionSnapshot::of(&self.logic)];
         versions.extend(self.previous_logic().map(VersionSnapshot::of));
