@@ -131,7 +131,7 @@ struct SwapArgs {
     /// The sha256 the component must have (of the decompressed component, when it is
     /// compressed); the running host refuses it otherwise.
     #[arg(long, value_name = "HEX")]
-    sha256: Option<crate::control::Sha256Pin>,
+    sha256: Option<crate::swap::Sha256Pin>,
     /// The endpoint of the running host (its --listen).
     #[arg(long, value_name = "URL", default_value = DEFAULT_ENDPOINT)]
     endpoint: String,
@@ -250,7 +250,7 @@ struct OperationsArgs {
     /// Refuse, before loading, any version from the source whose sha256 is not this one (the
     /// sha256 of the decompressed component, when the source holds it compressed).
     #[arg(long, value_name = "HEX", requires = "logic_source")]
-    logic_sha256: Option<crate::control::Sha256Pin>,
+    logic_sha256: Option<crate::swap::Sha256Pin>,
     /// The ConfigMap swap Events regard; default: the --logic-configmap one, else
     /// kube-system/clb-reconciler.
     #[arg(long, value_name = "NAMESPACE/NAME")]
@@ -938,7 +938,7 @@ fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 }
 
 fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
-    use crate::control::SwapResult;
+    use crate::swap::SwapResult;
     let bytes = crate::bounded::read(&args.to, compression::MAX_COMPONENT_BYTES as u64)?;
     // A compressed file travels as it is (smaller), and the host decompresses it; one that does
     // not decompress is refused here, as an unreadable file is.

@@ -37,12 +37,11 @@ use crate::kube::{KubeClient, api_error, error_chain};
 use crate::metrics::{Admin, Metrics, MetricsError, MetricsServer};
 use crate::run::{RunError, Settings, run_with};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::{Limits, Loader, Logic, Runtime};
+use crate::sandbox::{Limits, Loader, Logic, Runtime, sha256_hex};
+use crate::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
 use crate::sources::LogicSource;
 use crate::supervisor::{Staged, Supervisor, SupervisorError, SwapReport};
 use k8s_openapi::api::core::v1::ConfigMap;
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -60,23 +59,11 @@ const EVENT_DRAIN: Duration = Duration::from_secs(10);
 /// The API server refuses Events whose message is longer (core/v1 with `reportingComponent`).
 const MESSAGE_LIMIT: usize = 1024;
 
-/// The Event reasons of swap results.
-pub const REASON_SWAPPED: &str = "LogicSwapped";
-pub const REASON_REFUSED: &str = "LogicSwapRefused";
-pub const REASON_ROLLED_BACK: &str = "LogicRolledBack";
-pub const REASON_ROLLBACK_FAILED: &str = "LogicRollbackFailed";
-
-/// The refusal kind of bytes that are compressed but give no component (corrupt, truncated, too
-/// large decompressed, compressed twice): nothing was compiled.
-pub const REFUSED_DECOMPRESS: &str = "decompress";
-
-/// Why a swap request could not be handled or a pin not read.
+/// Why a swap request could not be handled.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("`{0}` is not a sha256: 64 hex digits expected")]
-    BadSha256(String),
-    #[error("the sha256 of the component is {actual}, but {expected} is pinned")]
-    DigestMismatch { expected: String, actual: String },
+    #[error(transparent)]
+    Pin(#[from] PinError),
     #[error("the run loop is not taking swap requests (it stopped)")]
     LoopGone,
     #[error("loading the component did not finish")]
@@ -93,157 +80,6 @@ pub enum ControlError {
         #[source]
         source: KubeError,
     },
-}
-
-/// A sha256 pin: 64 lower-case hex digits.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sha256Pin(String);
-
-impl Sha256Pin {
-    pub fn parse(text: &str) -> Result<Self, ControlError> {
-        let text = text.trim();
-        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            Ok(Self(text.to_ascii_lowercase()))
-        } else {
-            Err(ControlError::BadSha256(text.to_owned()))
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// `Ok` when `bytes` hash to the pin; their sha256 either way.
-    pub fn check(&self, bytes: &[u8]) -> Result<String, ControlError> {
-        let actual = sha256_hex(bytes);
-        if actual == self.0 {
-            Ok(actual)
-        } else {
-            Err(ControlError::DigestMismatch { expected: self.0.clone(), actual })
-        }
-    }
-}
-
-impl std::str::FromStr for Sha256Pin {
-    type Err = ControlError;
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        Self::parse(text)
-    }
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// What a swap request, or the supervisor on its own, did.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "result", rename_all = "kebab-case", rename_all_fields = "camelCase")]
-pub enum SwapResult {
-    /// The new version serves, with the state moved into it.
-    Accepted {
-        from: String,
-        to: String,
-        sha256: String,
-        state_from_version: u32,
-        state_from_bytes: usize,
-        state_to_version: u32,
-        state_to_bytes: usize,
-        state_move_ms: f64,
-        /// How long inputs waited: the whole swap when the state moved on the loop; for a
-        /// staged swap the switch alone, the state move (`state_move_ms`) having run beside
-        /// serving.
-        took_ms: f64,
-        /// For a staged swap, the inputs delivered during its state move and replayed into the
-        /// new version at the switch; absent when the state moved whole while inputs waited.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        replayed_inputs: Option<usize>,
-    },
-    /// The bytes are the serving version: nothing to do.
-    Unchanged { version: String, sha256: String },
-    /// The running version keeps serving; `kind` is the supervisor's refusal kind, or `digest`.
-    Refused { kind: String, reason: String, sha256: String },
-    /// The supervisor rolled a swapped-in version back after repeated traps.
-    RolledBack { from: String, to: String, reason: String },
-    /// A rollback failed; `version` keeps serving.
-    RollbackFailed { version: String, reason: String },
-}
-
-impl SwapResult {
-    fn accepted(report: &SwapReport, sha256: String) -> Self {
-        SwapResult::Accepted {
-            from: report.from.clone(),
-            to: report.to.clone(),
-            sha256,
-            state_from_version: report.state_from.0,
-            state_from_bytes: report.state_from.1,
-            state_to_version: report.state_to.0,
-            state_to_bytes: report.state_to.1,
-            state_move_ms: report.state_move.as_secs_f64() * 1e3,
-            took_ms: report.took.as_secs_f64() * 1e3,
-            replayed_inputs: report.replayed,
-        }
-    }
-
-    /// The Event this result is reported with: reason, type, message; none for `unchanged`.
-    pub fn event(&self, origin: &str) -> Option<(&'static str, wit::EventType, String)> {
-        use wit::EventType::{Normal, Warning};
-        Some(match self {
-            SwapResult::Accepted {
-                from,
-                to,
-                sha256,
-                state_to_version,
-                state_move_ms,
-                took_ms,
-                replayed_inputs,
-                ..
-            } => {
-                let pause = match replayed_inputs {
-                    Some(n) => format!(" beside serving; inputs waited {took_ms:.0} ms ({n} replayed)"),
-                    None => String::new(),
-                };
-                (
-                    REASON_SWAPPED,
-                    Normal,
-                    format!(
-                        "logic swapped from {from} to {to} (sha256 {sha256}, from {origin}); state v{state_to_version} moved in {state_move_ms:.0} ms{pause}"
-                    ),
-                )
-            }
-            SwapResult::Refused { kind, reason, sha256 } => (
-                REASON_REFUSED,
-                Warning,
-                format!(
-                    "swap to sha256 {sha256} (from {origin}) refused ({kind}); the running version keeps serving: {reason}"
-                ),
-            ),
-            SwapResult::RolledBack { from, to, reason } => {
-                (REASON_ROLLED_BACK, Warning, format!("logic rolled back from {from} to {to}: {reason}"))
-            }
-            SwapResult::RollbackFailed { version, reason } => {
-                (REASON_ROLLBACK_FAILED, Warning, format!("rolling back failed; {version} keeps serving: {reason}"))
-            }
-            SwapResult::Unchanged { .. } => return None,
-        })
-    }
-}
-
-/// A swap result with where it came from and when, as `/status` and the Events show it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SwapRecord {
-    /// RFC 3339, UTC.
-    pub at: String,
-    /// `file PATH`, `configmap NS/NAME:KEY`, `endpoint PEER`, or `supervisor` for rollbacks.
-    pub origin: String,
-    #[serde(flatten)]
-    pub result: SwapResult,
-}
-
-impl SwapRecord {
-    pub fn now(origin: impl Into<String>, result: SwapResult) -> Self {
-        Self { at: k8s_openapi::jiff::Timestamp::now().to_string(), origin: origin.into(), result }
-    }
 }
 
 /// A loaded version on its way to the run loop, and where the answer goes.
@@ -291,7 +127,7 @@ impl SwapSender {
         // The pin, as every sha256 of a version, is of the decompressed component.
         let sha256 = sha256_hex(&bytes);
         if let Some(pin) = pin.filter(|pin| pin.as_str() != sha256) {
-            let error = ControlError::DigestMismatch { expected: pin.as_str().to_owned(), actual: sha256.clone() };
+            let error = PinError::DigestMismatch { expected: pin.as_str().to_owned(), actual: sha256.clone() };
             return Ok(self.refused_before_the_loop(origin, "digest", error.to_string(), sha256));
         }
         // Spares a compile; the loop checks again against the version serving when it swaps.

@@ -42,6 +42,7 @@ pub mod scenario;
 pub mod simulate;
 pub mod sources;
 pub mod supervisor;
+pub mod swap;
 pub mod trace;
 
 /// The logic this host was built with, used when no other component is given.

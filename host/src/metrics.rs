@@ -29,7 +29,8 @@
 //!   component (kind `decompress`).
 
 use crate::compression::MAX_COMPONENT_BYTES;
-use crate::control::{REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult, SwapSender};
+use crate::control::SwapSender;
+use crate::swap::{REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
 use crate::supervisor::{ROLLBACK_AFTER, Snapshot, VersionSnapshot};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};

@@ -19,7 +19,9 @@
 //! wrong — unreadable, missing, not base64, refused — is logged with the source, and the version
 //! serving keeps serving. The swap itself, the pin check and the records are [`crate::control`]'s.
 
-use crate::control::{ControlError, Sha256Pin, SwapResult, SwapSender, sha256_hex};
+use crate::control::{ControlError, SwapSender};
+use crate::sandbox::sha256_hex;
+use crate::swap::{Sha256Pin, SwapResult};
 use crate::kube::error_chain;
 use base64::Engine as _;
 use futures::StreamExt as _;

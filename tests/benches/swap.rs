@@ -13,7 +13,8 @@
 //!     switch recorded and answered — built-in → next guest, each on a fresh supervisor.
 //! Run with `cargo bench -p clb-tests --bench swap`; prints a Markdown table.
 
-use clb_host::control::{Control, ControlEvent, SwapResult};
+use clb_host::control::{Control, ControlEvent};
+use clb_host::swap::SwapResult;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, Logic, Metering, Runtime};
 use clb_host::supervisor::{CheckpointPolicy, Supervisor};

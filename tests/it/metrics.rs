@@ -134,7 +134,7 @@ fn a_trap_a_refused_swap_and_an_accepted_one_are_counted_under_their_versions() 
 
 #[test]
 fn a_rollback_the_supervisor_does_on_its_own_is_recorded_for_status_and_the_events() {
-    use clb_host::control::SwapResult;
+    use clb_host::swap::SwapResult;
     let metrics = Metrics::new();
     let mut records = metrics.subscribe_swaps();
     let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics.clone()));

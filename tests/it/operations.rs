@@ -6,7 +6,9 @@
 use crate::kube::{emulated_azure, eventually, ingress_ips, manifest, reconcilers_slot};
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_guest::tracker::STATE_VERSION;
-use clb_host::control::{EventTarget, Operations, OperationsConfig, Sha256Pin, sha256_hex};
+use clb_host::control::{EventTarget, Operations, OperationsConfig};
+use clb_host::sandbox::sha256_hex;
+use clb_host::swap::Sha256Pin;
 use clb_host::sources::{ConfigMapKey, LogicSource};
 use clb_tests::apiserver::apiserver;
 use clb_tests::*;
@@ -626,7 +628,8 @@ fn a_staged_swap_the_self_check_refuses_leaves_the_old_version_serving_with_ever
 
 #[test]
 fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answered_once() {
-    use clb_host::control::{Control, ControlEvent, SwapResult};
+    use clb_host::control::{Control, ControlEvent};
+    use clb_host::swap::SwapResult;
     use clb_host::supervisor::{Supervisor, version_name};
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     tokio.block_on(async {

@@ -1,0 +1,175 @@
+//! The swap protocol's records: what a swap request or the supervisor did ([`SwapResult`]), as
+//! `/status`, the metrics and the Events show it ([`SwapRecord`]), and the sha256 pin a version
+//! must match ([`Sha256Pin`]). Plain data below every layer that handles swaps: the run loop's
+//! [`crate::control`], the watched [`crate::sources`], the metrics registry and its endpoint.
+
+use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::sha256_hex;
+use crate::supervisor::SwapReport;
+use serde::{Deserialize, Serialize};
+
+/// The Event reasons of swap results.
+pub const REASON_SWAPPED: &str = "LogicSwapped";
+pub const REASON_REFUSED: &str = "LogicSwapRefused";
+pub const REASON_ROLLED_BACK: &str = "LogicRolledBack";
+pub const REASON_ROLLBACK_FAILED: &str = "LogicRollbackFailed";
+
+/// The refusal kind of bytes that are compressed but give no component (corrupt, truncated, too
+/// large decompressed, compressed twice): nothing was compiled.
+pub const REFUSED_DECOMPRESS: &str = "decompress";
+
+/// Why a pin could not be read, or a component does not match it.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    #[error("`{0}` is not a sha256: 64 hex digits expected")]
+    BadSha256(String),
+    #[error("the sha256 of the component is {actual}, but {expected} is pinned")]
+    DigestMismatch { expected: String, actual: String },
+}
+
+/// A sha256 pin: 64 lower-case hex digits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sha256Pin(String);
+
+impl Sha256Pin {
+    pub fn parse(text: &str) -> Result<Self, PinError> {
+        let text = text.trim();
+        if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Ok(Self(text.to_ascii_lowercase()))
+        } else {
+            Err(PinError::BadSha256(text.to_owned()))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `Ok` when `bytes` hash to the pin; their sha256 either way.
+    pub fn check(&self, bytes: &[u8]) -> Result<String, PinError> {
+        let actual = sha256_hex(bytes);
+        if actual == self.0 {
+            Ok(actual)
+        } else {
+            Err(PinError::DigestMismatch { expected: self.0.clone(), actual })
+        }
+    }
+}
+
+impl std::str::FromStr for Sha256Pin {
+    type Err = PinError;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+/// What a swap request, or the supervisor on its own, did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "kebab-case", rename_all_fields = "camelCase")]
+pub enum SwapResult {
+    /// The new version serves, with the state moved into it.
+    Accepted {
+        from: String,
+        to: String,
+        sha256: String,
+        state_from_version: u32,
+        state_from_bytes: usize,
+        state_to_version: u32,
+        state_to_bytes: usize,
+        state_move_ms: f64,
+        /// How long inputs waited: the whole swap when the state moved on the loop; for a
+        /// staged swap the switch alone, the state move (`state_move_ms`) having run beside
+        /// serving.
+        took_ms: f64,
+        /// For a staged swap, the inputs delivered during its state move and replayed into the
+        /// new version at the switch; absent when the state moved whole while inputs waited.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replayed_inputs: Option<usize>,
+    },
+    /// The bytes are the serving version: nothing to do.
+    Unchanged { version: String, sha256: String },
+    /// The running version keeps serving; `kind` is the supervisor's refusal kind, or `digest`.
+    Refused { kind: String, reason: String, sha256: String },
+    /// The supervisor rolled a swapped-in version back after repeated traps.
+    RolledBack { from: String, to: String, reason: String },
+    /// A rollback failed; `version` keeps serving.
+    RollbackFailed { version: String, reason: String },
+}
+
+impl SwapResult {
+    pub(crate) fn accepted(report: &SwapReport, sha256: String) -> Self {
+        SwapResult::Accepted {
+            from: report.from.clone(),
+            to: report.to.clone(),
+            sha256,
+            state_from_version: report.state_from.0,
+            state_from_bytes: report.state_from.1,
+            state_to_version: report.state_to.0,
+            state_to_bytes: report.state_to.1,
+            state_move_ms: report.state_move.as_secs_f64() * 1e3,
+            took_ms: report.took.as_secs_f64() * 1e3,
+            replayed_inputs: report.replayed,
+        }
+    }
+
+    /// The Event this result is reported with: reason, type, message; none for `unchanged`.
+    pub fn event(&self, origin: &str) -> Option<(&'static str, wit::EventType, String)> {
+        use wit::EventType::{Normal, Warning};
+        Some(match self {
+            SwapResult::Accepted {
+                from,
+                to,
+                sha256,
+                state_to_version,
+                state_move_ms,
+                took_ms,
+                replayed_inputs,
+                ..
+            } => {
+                let pause = match replayed_inputs {
+                    Some(n) => format!(" beside serving; inputs waited {took_ms:.0} ms ({n} replayed)"),
+                    None => String::new(),
+                };
+                (
+                    REASON_SWAPPED,
+                    Normal,
+                    format!(
+                        "logic swapped from {from} to {to} (sha256 {sha256}, from {origin}); state v{state_to_version} moved in {state_move_ms:.0} ms{pause}"
+                    ),
+                )
+            }
+            SwapResult::Refused { kind, reason, sha256 } => (
+                REASON_REFUSED,
+                Warning,
+                format!(
+                    "swap to sha256 {sha256} (from {origin}) refused ({kind}); the running version keeps serving: {reason}"
+                ),
+            ),
+            SwapResult::RolledBack { from, to, reason } => {
+                (REASON_ROLLED_BACK, Warning, format!("logic rolled back from {from} to {to}: {reason}"))
+            }
+            SwapResult::RollbackFailed { version, reason } => {
+                (REASON_ROLLBACK_FAILED, Warning, format!("rolling back failed; {version} keeps serving: {reason}"))
+            }
+            SwapResult::Unchanged { .. } => return None,
+        })
+    }
+}
+
+/// A swap result with where it came from and when, as `/status` and the Events show it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SwapRecord {
+    /// RFC 3339, UTC.
+    pub at: String,
+    /// `file PATH`, `configmap NS/NAME:KEY`, `endpoint PEER`, or `supervisor` for rollbacks.
+    pub origin: String,
+    #[serde(flatten)]
+    pub result: SwapResult,
+}
+
+impl SwapRecord {
+    pub fn now(origin: impl Into<String>, result: SwapResult) -> Self {
+        Self { at: k8s_openapi::jiff::Timestamp::now().to_string(), origin: origin.into(), result }
+    }
+}
