@@ -952,7 +952,7 @@ fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
     let (status, body) = tokio.block_on(async {
         let mut request = reqwest::Client::new().post(&url).body(bytes);
         if let Some(pin) = &args.sha256 {
-            request = request.header(crate::metrics::SHA256_HEADER, pin.as_str());
+            request = request.header(crate::endpoint::SHA256_HEADER, pin.as_str());
         }
         if let Some(token) = &token {
             request = request.bearer_auth(token);

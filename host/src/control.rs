@@ -34,7 +34,8 @@
 use crate::compression::Compression;
 use crate::executor::{KubeApi, KubeError};
 use crate::kube::{KubeClient, api_error, error_chain};
-use crate::metrics::{Admin, Metrics, MetricsError, MetricsServer};
+use crate::endpoint::{Admin, EndpointError, MetricsServer};
+use crate::metrics::Metrics;
 use crate::run::{RunError, Settings, run_with};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{Limits, Loader, Logic, Runtime, sha256_hex};
@@ -374,7 +375,7 @@ pub struct Operations {
 
 impl Operations {
     /// Binds the endpoint and starts the tasks on the current tokio runtime.
-    pub async fn start(runtime: &Runtime, settings: &Settings, config: OperationsConfig) -> Result<Self, MetricsError> {
+    pub async fn start(runtime: &Runtime, settings: &Settings, config: OperationsConfig) -> Result<Self, EndpointError> {
         let metrics = Metrics::new();
         #[cfg(unix)]
         metrics.track_memories(runtime.memories().clone());

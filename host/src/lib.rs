@@ -23,6 +23,7 @@ pub mod cluster;
 pub mod compression;
 pub mod control;
 pub mod emulator;
+pub mod endpoint;
 pub mod executor;
 pub mod inputs;
 pub mod kube;

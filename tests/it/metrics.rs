@@ -3,7 +3,8 @@
 //! by logic version.
 
 use crate::supervisor::{next, node, service, start};
-use clb_host::metrics::{Metrics, MetricsServer};
+use clb_host::endpoint::MetricsServer;
+use clb_host::metrics::Metrics;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::supervisor::{CheckpointPolicy, Supervisor};
 use clb_tests::*;

@@ -666,7 +666,7 @@ fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answer
 async fn post_swap(host: &Host, body: Vec<u8>, pin: Option<&str>) -> (u16, Value) {
     let mut request = reqwest::Client::new().post(format!("http://{}/swap", host.addr)).body(body);
     if let Some(pin) = pin {
-        request = request.header(clb_host::metrics::SHA256_HEADER, pin);
+        request = request.header(clb_host::endpoint::SHA256_HEADER, pin);
     }
     let response = request.send().await.expect("the endpoint answers");
     let status = response.status().as_u16();
