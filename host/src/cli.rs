@@ -908,7 +908,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             ..crate::run::Settings::new(kube, arm, config, instance)
         };
         let settings =
-            crate::run::Settings { stats: crate::run::RunStats { trace, ..settings.stats.clone() }, ..settings };
+            crate::run::Settings { stats: crate::metrics::RunStats { trace, ..settings.stats.clone() }, ..settings };
         let operations = match crate::control::Operations::start(&runtime, &settings, operations).await {
             Ok(operations) => operations,
             Err(e) => {

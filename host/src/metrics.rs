@@ -31,6 +31,20 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, PoisonError};
 
+/// Counters of the parts of `run` that a leadership term rebuilds, shared by all terms so that
+/// `/metrics` shows process totals.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    /// The leader-election Lease.
+    pub leader: std::sync::Arc<crate::lease::LeaseStats>,
+    /// The Azure resource lock's Lease (multi-SLB local-service mode).
+    pub resource_lock: std::sync::Arc<crate::lease::LeaseStats>,
+    /// The backend-pool updater (multi-SLB local-service mode).
+    pub pool_updater: std::sync::Arc<crate::backend_pools::PoolUpdaterStats>,
+    /// `--record`: the trace every term's calls into the logic go to.
+    pub trace: Option<std::sync::Arc<crate::trace::Recorder>>,
+}
+
 impl crate::supervisor::Publish for Metrics {
     fn publish(&self, snapshot: Snapshot) {
         Metrics::publish(self, snapshot);
@@ -46,7 +60,7 @@ pub struct Metrics {
     #[cfg(unix)]
     memories: std::sync::OnceLock<Arc<crate::linear_memory::RecyclingMemories>>,
     /// `run`'s leases and backend-pool updater, once [`Self::track_run`] names them.
-    run: std::sync::OnceLock<crate::run::RunStats>,
+    run: std::sync::OnceLock<RunStats>,
 }
 
 #[derive(Default)]
@@ -131,7 +145,7 @@ impl Metrics {
     }
 
     /// Shows the counters of `run`'s leases and backend-pool updater (the first ones named stay).
-    pub fn track_run(&self, stats: crate::run::RunStats) {
+    pub fn track_run(&self, stats: RunStats) {
         let _ = self.run.set(stats);
     }
 
@@ -371,7 +385,7 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// The leases' and the backend-pool updater's counters.
-fn render_run(out: &mut String, run: &crate::run::RunStats) {
+fn render_run(out: &mut String, run: &RunStats) {
     let n = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed) as f64;
     family(
         out,

@@ -48,11 +48,12 @@
 //!   ([`Settings::resource_lock`]); a tick starts only while leadership holds.
 
 use crate::azure::{ArmClient, AzureApi};
-use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError, PoolUpdaterStats};
+use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
 use crate::control::{Control, ControlEvent};
 use crate::executor::{Executor, KubeApi, command_name, command_subject};
 use crate::kube::{KubeClient, error_chain};
-use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig, LeaseStats};
+use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
+use crate::metrics::RunStats;
 use crate::records;
 use crate::run_pools::Pools;
 use crate::sandbox::Logic;
@@ -181,20 +182,6 @@ pub struct Settings {
     pub pool_updater: PoolUpdaterConfig,
     /// Where every term's leases and updater count (clones share them).
     pub stats: RunStats,
-}
-
-/// Counters of the parts of `run` that a leadership term rebuilds, shared by all terms so that
-/// `/metrics` shows process totals.
-#[derive(Clone, Debug, Default)]
-pub struct RunStats {
-    /// The leader-election Lease.
-    pub leader: std::sync::Arc<LeaseStats>,
-    /// The Azure resource lock's Lease (multi-SLB local-service mode).
-    pub resource_lock: std::sync::Arc<LeaseStats>,
-    /// The backend-pool updater (multi-SLB local-service mode).
-    pub pool_updater: std::sync::Arc<PoolUpdaterStats>,
-    /// `--record`: the trace every term's calls into the logic go to.
-    pub trace: Option<std::sync::Arc<crate::trace::Recorder>>,
 }
 
 impl Settings {

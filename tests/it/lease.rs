@@ -364,7 +364,7 @@ struct Replica {
     /// `None` when killed.
     thread: Option<std::thread::JoinHandle<Option<Result<(), RunError>>>>,
     /// What its terms counted, as `/metrics` shows them.
-    stats: clb_host::run::RunStats,
+    stats: clb_host::metrics::RunStats,
 }
 
 impl Replica {

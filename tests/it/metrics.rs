@@ -188,7 +188,7 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
     let (_runtime, server) = serve(metrics.clone());
     let addr = server.local_addr();
     assert!(!get(addr, "/metrics").1.contains("clb_lease_operations_total"), "nothing tracked yet");
-    let stats = clb_host::run::RunStats::default();
+    let stats = clb_host::metrics::RunStats::default();
     metrics.track_run(stats.clone());
     stats.leader.acquired.fetch_add(2, Ordering::Relaxed);
     stats.leader.lost.fetch_add(1, Ordering::Relaxed);
