@@ -2,7 +2,7 @@
 //! (`scenario`), and from the guest (`commands`).
 
 use crate::input::Dec;
-use clb_host::cluster::{Cluster, Object};
+use clb_host::simulator::cluster::{Cluster, Object};
 use clb_host::emulator::Emulator;
 use clb_host::executor::{self, Executor};
 use clb_host::native::observation_to_model;
@@ -63,7 +63,7 @@ pub fn records(data: &[u8]) {
 /// `scenario`: any text through the scenario parser: a scenario or an error, never a panic.
 pub fn scenario(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    if let Ok(scenario) = clb_host::scenario::parse(std::path::Path::new("fuzz.yaml"), &text) {
+    if let Ok(scenario) = clb_host::simulator::scenario::parse(std::path::Path::new("fuzz.yaml"), &text) {
         for step in &scenario.steps {
             let _ = step.summary();
         }
@@ -85,7 +85,7 @@ fn web() -> Service {
 /// pass is carried out, and its answer is never `InvalidCommand`. Never a panic.
 pub fn commands(data: &[u8]) {
     let mut d = Dec::new(data);
-    let emulator = Emulator::new(clb_host::simulate::scope());
+    let emulator = Emulator::new(clb_host::simulator::simulate::scope());
     let cluster = Cluster::new();
     cluster.apply(Object::Service(Box::new(web()))).expect("an empty cluster takes a Service");
     let executor = Executor::new(&emulator, &cluster);

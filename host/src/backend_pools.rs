@@ -7,7 +7,7 @@
 //!    whole tick, so the tick never writes a load balancer a reconcile is writing, and the
 //!    Service→LB assignment cannot change under the grouping;
 //! 2. the **Azure resource lock** ([`ResourceLock`]; the Kubernetes Lease of upstream §f is
-//!    [`crate::lease::LeaseLock`]), taken only when something is ready to drain;
+//!    [`crate::live::lease::LeaseLock`]), taken only when something is ready to drain;
 //! 3. the **queue**: the guest session behind its own `std::sync::Mutex`, held only for one short
 //!    guest call at a time and never across an Azure call, so producers ([`PoolUpdater::enqueue`],
 //!    [`PoolUpdater::remove_operations`]) never wait for ARM.
@@ -65,7 +65,7 @@ impl LockError {
 }
 
 /// The distributed lock that keeps other writers of the same Azure resources (the AKS resource
-/// provider) out while a tick writes pools: [`crate::lease::LeaseLock`] on a Kubernetes Lease;
+/// provider) out while a tick writes pools: [`crate::live::lease::LeaseLock`] on a Kubernetes Lease;
 /// [`InMemoryLock`] stands in for `simulate` and tests.
 #[allow(async_fn_in_trait)] // used generically, never as `dyn`
 pub trait ResourceLock {

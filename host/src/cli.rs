@@ -131,7 +131,7 @@ struct SwapArgs {
     /// The sha256 the component must have (of the decompressed component, when it is
     /// compressed); the running host refuses it otherwise.
     #[arg(long, value_name = "HEX")]
-    sha256: Option<crate::swap::Sha256Pin>,
+    sha256: Option<crate::live::swap::Sha256Pin>,
     /// The endpoint of the running host (its --listen).
     #[arg(long, value_name = "URL", default_value = DEFAULT_ENDPOINT)]
     endpoint: String,
@@ -200,7 +200,7 @@ struct RunArgs {
     #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
     service_gateway: String,
     /// On SIGTERM/SIGINT, how long running commands may finish before they are abandoned.
-    #[arg(long, default_value_t = crate::run::SHUTDOWN_GRACE.as_secs())]
+    #[arg(long, default_value_t = crate::live::settings::SHUTDOWN_GRACE.as_secs())]
     shutdown_grace_secs: u64,
     #[command(flatten)]
     election: ElectionArgs,
@@ -246,15 +246,15 @@ struct OperationsArgs {
     /// Watch this ConfigMap key (binaryData, or base64 in data) and swap to it at start and
     /// whenever it changes.
     #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
-    logic_configmap: Option<crate::sources::ConfigMapKey>,
+    logic_configmap: Option<crate::live::sources::ConfigMapKey>,
     /// Refuse, before loading, any version from the source whose sha256 is not this one (the
     /// sha256 of the decompressed component, when the source holds it compressed).
     #[arg(long, value_name = "HEX", requires = "logic_source")]
-    logic_sha256: Option<crate::swap::Sha256Pin>,
+    logic_sha256: Option<crate::live::swap::Sha256Pin>,
     /// The ConfigMap swap Events regard; default: the --logic-configmap one, else
     /// kube-system/clb-reconciler.
     #[arg(long, value_name = "NAMESPACE/NAME")]
-    swap_events_configmap: Option<crate::control::EventTarget>,
+    swap_events_configmap: Option<crate::live::control::EventTarget>,
     /// How many inputs a swapped-in version serves on probation: until then, three inputs in a
     /// row that it traps on roll it back to the version it replaced.
     #[arg(long, default_value_t = crate::supervisor::PROBATION_INPUTS as u64,
@@ -278,9 +278,9 @@ struct ElectionArgs {
     /// Time between a standby's attempts and between the leader's renewals.
     #[arg(long, default_value = "2s", value_parser = duration)]
     leader_elect_retry_period: Duration,
-    #[arg(long, default_value = crate::lease::LEADER_ELECTION_NAME)]
+    #[arg(long, default_value = crate::live::lease::LEADER_ELECTION_NAME)]
     leader_elect_resource_name: String,
-    #[arg(long, default_value = crate::lease::LEADER_ELECTION_NAMESPACE)]
+    #[arg(long, default_value = crate::live::lease::LEADER_ELECTION_NAMESPACE)]
     leader_elect_resource_namespace: String,
     /// This replica's holder identity; default: `POD_NAME` (else `HOSTNAME`) and a random
     /// suffix. Also the `reportingInstance` of its Events.
@@ -291,12 +291,12 @@ struct ElectionArgs {
 /// The Azure resource lock of upstream's `AzureResourceLocker` (its Lease, holder and duration).
 #[derive(Args)]
 struct ResourceLockArgs {
-    #[arg(long, default_value = crate::lease::RESOURCE_LOCK_NAME)]
+    #[arg(long, default_value = crate::live::lease::RESOURCE_LOCK_NAME)]
     azure_resource_lock_name: String,
-    #[arg(long, default_value = crate::lease::RESOURCE_LOCK_NAMESPACE)]
+    #[arg(long, default_value = crate::live::lease::RESOURCE_LOCK_NAMESPACE)]
     azure_resource_lock_namespace: String,
     /// Shared by every replica on purpose: the lock excludes other components (the AKS RP).
-    #[arg(long, default_value = crate::lease::RESOURCE_LOCK_HOLDER)]
+    #[arg(long, default_value = crate::live::lease::RESOURCE_LOCK_HOLDER)]
     azure_resource_lock_holder: String,
     #[arg(long, default_value = "900s", value_parser = duration)]
     azure_resource_lock_duration: Duration,
@@ -633,8 +633,8 @@ fn simulate(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
-    use crate::simulate::Reconciler as _;
-    use crate::{scenario, simulate};
+    use crate::simulator::simulate::Reconciler as _;
+    use crate::simulator::{scenario, simulate};
     // Every file is read first: a typo in the last one should not cost a whole run.
     let mut scenarios = Vec::new();
     for path in files {
@@ -809,9 +809,10 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
     let (slb_configurations, pool_updater) = (cloud_config.slb_configurations(), cloud_config.pool_updater_config());
     let config: crate::sandbox::bindings::clb::reconciler::types::Config = cloud_config.into();
     let election = args.election;
-    let instance =
-        crate::lease::replica_identity(election.leader_elect_identity.as_deref(), |name| std::env::var(name).ok());
-    let leader_election = election.leader_elect.then(|| crate::lease::ElectionConfig {
+    let instance = crate::live::lease::replica_identity(election.leader_elect_identity.as_deref(), |name| {
+        std::env::var(name).ok()
+    });
+    let leader_election = election.leader_elect.then(|| crate::live::lease::ElectionConfig {
         name: election.leader_elect_resource_name,
         namespace: election.leader_elect_resource_namespace,
         identity: instance.clone(),
@@ -820,14 +821,14 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
         retry_period: election.leader_elect_retry_period,
     });
     let lock = args.resource_lock;
-    let resource_lock = crate::lease::LeaseLockConfig {
+    let resource_lock = crate::live::lease::LeaseLockConfig {
         name: lock.azure_resource_lock_name,
         namespace: lock.azure_resource_lock_namespace,
         holder: lock.azure_resource_lock_holder,
         duration: lock.azure_resource_lock_duration,
         renew_period: lock.azure_resource_lock_renew_period,
     };
-    let election_valid = leader_election.as_ref().map_or(Ok(()), crate::lease::ElectionConfig::validate);
+    let election_valid = leader_election.as_ref().map_or(Ok(()), crate::live::lease::ElectionConfig::validate);
     if let Err(e) = election_valid.and_then(|()| resource_lock.validate()) {
         writeln!(err, "error: {e}")?;
         return Ok(EXIT_BAD_INPUT);
@@ -882,34 +883,36 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
         None => None,
     };
     let source = match (ops.logic_file, ops.logic_configmap) {
-        (Some(path), _) => Some(crate::sources::LogicSource::File(path)),
-        (None, Some(key)) => Some(crate::sources::LogicSource::ConfigMap(key)),
+        (Some(path), _) => Some(crate::live::sources::LogicSource::File(path)),
+        (None, Some(key)) => Some(crate::live::sources::LogicSource::ConfigMap(key)),
         (None, None) => None,
     };
-    let operations = crate::control::OperationsConfig {
+    let operations = crate::live::operations::OperationsConfig {
         listen: ops.listen,
         admin_token,
         source,
         pin: ops.logic_sha256,
         events: ops.swap_events_configmap,
         limits: args.logic.limits(),
-        poll: crate::sources::FILE_POLL,
+        poll: crate::live::sources::FILE_POLL,
     };
     tokio.block_on(async {
-        let interrupted = crate::run::stop_signal().context("installing the SIGTERM/SIGINT handlers")?;
-        let kube = crate::run::connect(args.kubeconfig.as_deref()).await?;
-        let settings = crate::run::Settings {
+        let interrupted = crate::live::settings::stop_signal().context("installing the SIGTERM/SIGINT handlers")?;
+        let kube = crate::live::settings::connect(args.kubeconfig.as_deref()).await?;
+        let settings = crate::live::settings::Settings {
             shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
             probation_inputs: usize::try_from(ops.probation_inputs).unwrap_or(usize::MAX),
             leader_election,
             resource_lock,
             slb_configurations,
             pool_updater,
-            ..crate::run::Settings::new(kube, arm, config, instance)
+            ..crate::live::settings::Settings::new(kube, arm, config, instance)
         };
-        let settings =
-            crate::run::Settings { stats: crate::metrics::RunStats { trace, ..settings.stats.clone() }, ..settings };
-        let operations = match crate::control::Operations::start(&runtime, &settings, operations).await {
+        let settings = crate::live::settings::Settings {
+            stats: crate::live::metrics::RunStats { trace, ..settings.stats.clone() },
+            ..settings
+        };
+        let operations = match crate::live::operations::Operations::start(&runtime, &settings, operations).await {
             Ok(operations) => operations,
             Err(e) => {
                 writeln!(err, "error: {:#}", anyhow::Error::new(e))?;
@@ -938,7 +941,7 @@ fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 }
 
 fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
-    use crate::swap::SwapResult;
+    use crate::live::swap::SwapResult;
     let bytes = crate::bounded::read(&args.to, compression::MAX_COMPONENT_BYTES as u64)?;
     // A compressed file travels as it is (smaller), and the host decompresses it; one that does
     // not decompress is refused here, as an unreadable file is.
@@ -952,7 +955,7 @@ fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Res
     let (status, body) = tokio.block_on(async {
         let mut request = reqwest::Client::new().post(&url).body(bytes);
         if let Some(pin) = &args.sha256 {
-            request = request.header(crate::endpoint::SHA256_HEADER, pin.as_str());
+            request = request.header(crate::live::endpoint::SHA256_HEADER, pin.as_str());
         }
         if let Some(token) = &token {
             request = request.bearer_auth(token);

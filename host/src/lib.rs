@@ -1,49 +1,38 @@
 //! The thin host of the CLB reconciler.
 //!
-//! It loads the logic — a WebAssembly component — into a sandbox ([`sandbox`]), copies
-//! Kubernetes objects into the records the logic reads ([`records`]), reads the operator's files
-//! ([`inputs`]), and carries out what the logic asks — on Azure through [`azure`], against real
-//! ARM or the local [`emulator`] — through the [`executor`]; [`simulate`] replays [`scenario`]
-//! files against the emulator and an in-memory [`cluster`]; [`run`] drives the same pieces on real
-//! time against a cluster (watchers, and writes through [`kube`]) and ARM or the emulator, with
-//! leader election and the Azure resource lock on Kubernetes Leases ([`lease`]); in multi-SLB
-//! local-service mode both also run the backend-pool updater ([`backend_pools`]) and its
-//! producer ([`pool_producer`]). The
-//! [`supervisor`] keeps the logic's state across traps and swaps; [`metrics`] serves its
-//! counters, the health probes and `/status`; [`control`] carries swap requests — from that
-//! endpoint or the watched [`sources`] — into the run loop and reports each result as an Event. It
-//! decides nothing about load balancers: every rule a reviewer could argue about lives in the
-//! guest (`clb-guest`).
+//! It loads the logic — a WebAssembly component — into a sandbox ([`sandbox`]) kept alive by the
+//! [`supervisor`] across traps and swaps, copies Kubernetes objects into the records the logic
+//! reads ([`records`]), reads the operator's files ([`inputs`], through [`bounded`]), and carries
+//! out what the logic asks — on Azure through [`azure`], against real ARM or the local
+//! [`emulator`] — through the [`executor`] (Kubernetes writes through [`kube`]); in multi-SLB
+//! local-service mode also the backend-pool updater ([`backend_pools`]) and its producer
+//! ([`pool_producer`]). Two drivers use those pieces: the [`simulator`] replays scenario files on
+//! virtual time against the emulator and an in-memory cluster, and the [`live`] controller runs
+//! them on real time against a cluster (watchers, leader election and the Azure resource lock on
+//! Leases, the metrics endpoint, hot swaps). [`cli`] is the command line; [`trace`] records and
+//! replays the calls into the logic. It decides nothing about load balancers: every rule a
+//! reviewer could argue about lives in the guest (`clb-guest`).
+//!
+//! Modules form layers, no module importing one above it (ARCHITECTURE.md, invariant 11).
 
 pub mod azure;
 pub mod backend_pools;
 pub mod bounded;
 pub mod cli;
-pub mod cluster;
 pub mod compression;
-pub mod control;
 pub mod emulator;
-pub mod endpoint;
 pub mod executor;
 pub mod inputs;
 pub mod kube;
-pub mod lease;
-#[cfg(unix)]
-pub mod linear_memory;
+pub mod live;
 pub mod logging;
-pub mod metrics;
 #[cfg(feature = "native")]
 pub mod native;
 pub mod pool_producer;
 pub mod records;
-pub mod run;
-mod run_pools;
 pub mod sandbox;
-pub mod scenario;
-pub mod simulate;
-pub mod sources;
+pub mod simulator;
 pub mod supervisor;
-pub mod swap;
 pub mod trace;
 
 /// The logic this host was built with, used when no other component is given.

@@ -7,7 +7,7 @@
 
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::validation as wit_validation;
-use crate::simulate::{LogicError, Reconciler};
+use crate::simulator::simulate::{LogicError, Reconciler};
 use clb_guest::model;
 
 // The guest adapter's own conversions, expanded over the host's generated types.

@@ -7,7 +7,7 @@
 //! would; its operations queued for the old pool are dropped.
 //!
 //! Shared by `simulate` (which recomputes every Service when the cluster changes) and `run`
-//! (`crate::run_pools`, which recomputes only the Services a change touched). Both call it under
+//! (`crate::live::pools`, which recomputes only the Services a change touched). Both call it under
 //! the service reconcile lock, as upstream's reconcile writes its local-service map.
 
 use crate::azure::AzureApi;

@@ -353,7 +353,7 @@ pub struct Snapshot {
 }
 
 /// Where the supervisor publishes a [`Snapshot`] after every call: the metrics registry
-/// (`crate::metrics::Metrics`) implements it. The supervisor owns the trait so that it knows
+/// (`crate::live::metrics::Metrics`) implements it. The supervisor owns the trait so that it knows
 /// nothing of the layer that serves its counters.
 pub trait Publish: Send + Sync {
     fn publish(&self, snapshot: Snapshot);

@@ -13,8 +13,8 @@
 //!     switch recorded and answered — built-in → next guest, each on a fresh supervisor.
 //! Run with `cargo bench -p clb-tests --bench swap`; prints a Markdown table.
 
-use clb_host::control::{Control, ControlEvent};
-use clb_host::swap::SwapResult;
+use clb_host::live::control::{Control, ControlEvent};
+use clb_host::live::swap::SwapResult;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, Logic, Metering, Runtime};
 use clb_host::supervisor::{CheckpointPolicy, Supervisor};
@@ -138,7 +138,7 @@ fn main() {
     let mut stage_checkpoints = 0;
     for _ in 0..PRODUCT_SWAPS {
         let mut serving = steady(&a, CheckpointPolicy::default(), &config);
-        let (mut control, sender) = Control::new(runtime, limits(), clb_host::metrics::Metrics::new());
+        let (mut control, sender) = Control::new(runtime, limits(), clb_host::live::metrics::Metrics::new());
         tokio.block_on(async {
             let asked = tokio::spawn(async move { sender.swap(NEXT_GUEST.to_vec(), None, "bench").await });
             let ControlEvent::Request(request) = control.next().await else { unreachable!("nothing staged yet") };

@@ -5,7 +5,7 @@
 
 use clb_host::azure::*;
 use clb_host::backend_pools::*;
-use clb_host::cluster::Cluster;
+use clb_host::simulator::cluster::Cluster;
 use clb_host::emulator::{Emulator, Fault, FaultMode};
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
 use clb_tests::test_scope;

@@ -13,8 +13,8 @@ use clb_host::azure::{
     PublicIpSpec,
 };
 use clb_host::emulator::{Emulator, EmulatorServer, Fault, FaultMode};
-use clb_host::lease::{LeaseLockConfig, RESOURCE_LOCK_NAMESPACE};
-use clb_host::run::RunError;
+use clb_host::live::lease::{LeaseLockConfig, RESOURCE_LOCK_NAMESPACE};
+use clb_host::live::settings::RunError;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::apiserver::apiserver;
 use clb_tests::watch_proxy::WatchProxy;
@@ -52,7 +52,7 @@ pub(crate) fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value)
 /// The emulated Azure over HTTP, an ARM client of it, and a CLB-mode cloud config in its scope.
 /// Keep the server: the emulator stops serving when it is dropped.
 pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClient, wit::Config) {
-    let emulator = Arc::new(Emulator::new(clb_host::simulate::scope()));
+    let emulator = Arc::new(Emulator::new(clb_host::simulator::simulate::scope()));
     let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let (config, arm) = azure_side(azure.url(), Credential::None);
     (emulator, azure, arm, config)
@@ -60,7 +60,7 @@ pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClien
 
 /// The CLB-mode cloud config in the emulator's scope, and an ARM client for `url`.
 pub(crate) fn azure_side(url: String, credential: Credential) -> (wit::Config, ArmClient) {
-    let scope = clb_host::simulate::scope();
+    let scope = clb_host::simulator::simulate::scope();
     let cloud_config = format!(
         "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
          subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
@@ -122,7 +122,7 @@ impl Env {
         let controller_kubeconfig = server.controller_kubeconfig(&admin, None).await;
         let namespace = format!("clb-e2e-{}-{index}", std::process::id());
         apply(&Api::<Namespace>::all(admin.clone()), &namespace, serde_json::json!({})).await;
-        let scope = clb_host::simulate::scope();
+        let scope = clb_host::simulator::simulate::scope();
         let emulator = Arc::new(Emulator::new(scope.clone()));
         let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
         let cloud_config = format!(
@@ -429,16 +429,16 @@ impl Env {
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async move {
-                let kube = clb_host::run::connect(Some(&kubeconfig)).await?;
+                let kube = clb_host::live::settings::connect(Some(&kubeconfig)).await?;
                 let arm = ArmClient::new(arm_config, Credential::None).expect("an ARM client");
-                let mut settings = clb_host::run::Settings::new(kube, arm, config, "clb-e2e");
+                let mut settings = clb_host::live::settings::Settings::new(kube, arm, config, "clb-e2e");
                 settings.slb_configurations = slb_configurations;
                 settings.pool_updater = pool_updater;
                 if let Some(resource_lock) = resource_lock {
                     settings.resource_lock = resource_lock;
                 }
                 settings.stats.trace = trace;
-                clb_host::run::run(clb_tests::builtin(), settings, async {
+                clb_host::live::run::run(clb_tests::builtin(), settings, async {
                     let _ = stopped.await;
                 })
                 .await
@@ -455,7 +455,7 @@ impl Env {
     /// A multi-SLB local-service cloud config: one load balancer, [`Env::load_balancer`], and
     /// the backend-pool updater ticking every second.
     fn multi_slb_cloud_config(&self) -> String {
-        let scope = clb_host::simulate::scope();
+        let scope = clb_host::simulator::simulate::scope();
         format!(
             "loadBalancerBackendPoolConfigurationType: nodeIP\nloadBalancerSku: standard\n\
              multipleStandardLoadBalancerConfigurations:\n- name: {}\n\

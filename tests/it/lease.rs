@@ -8,14 +8,14 @@ use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_host::azure::auth::TokenFile;
 use clb_host::azure::{AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
 use clb_host::backend_pools::{PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick};
-use clb_host::cluster::Cluster;
+use clb_host::simulator::cluster::Cluster;
 use clb_host::emulator::{Emulator, EmulatorServer};
 use clb_host::kube::COMPONENT;
-use clb_host::lease::{
+use clb_host::live::lease::{
     ElectionConfig, Elector, LeaseError, LeaseLock, LeaseLockConfig, PREVIOUS_HOLDER_ANNOTATION, RESOURCE_LOCK_HOLDER,
     lead,
 };
-use clb_host::run::RunError;
+use clb_host::live::settings::RunError;
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
 use clb_tests::apiserver::apiserver;
 use futures::FutureExt as _;
@@ -42,7 +42,7 @@ fn in_namespace<F: AsyncFnOnce(::kube::Client, String)>(prefix: &str, test: F) {
 }
 
 async fn connect(server: &clb_tests::apiserver::ApiServer) -> ::kube::Client {
-    clb_host::run::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server")
+    clb_host::live::settings::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server")
 }
 
 fn lock_config(namespace: &str, holder: &str, duration: Duration) -> LeaseLockConfig {
@@ -90,7 +90,7 @@ pub(crate) async fn hold_as_foreign(client: &::kube::Client, namespace: &str, na
 fn a_resource_lock_held_by_a_foreign_holder_refuses_by_name_and_no_pool_is_written_until_it_expires_and_is_taken_over()
 {
     in_namespace("clb-lock-foreign", async |client, namespace| {
-        let name = clb_host::lease::RESOURCE_LOCK_NAME;
+        let name = clb_host::live::lease::RESOURCE_LOCK_NAME;
         hold_as_foreign(&client, &namespace, name, "aks-resource-provider", 3).await;
 
         // The backend-pool updater, with the Lease as its resource lock, against the emulator.
@@ -250,7 +250,7 @@ fn a_held_resource_lock_is_renewed_past_its_duration_and_its_release_lets_anothe
         let first = LeaseLock::new(client.clone(), lock_config(&namespace, "first", duration));
         let second = LeaseLock::new(client.clone(), lock_config(&namespace, "second", duration));
         first.acquire().await.expect("a free lock is taken");
-        let name = clb_host::lease::RESOURCE_LOCK_NAME;
+        let name = clb_host::live::lease::RESOURCE_LOCK_NAME;
 
         // Held for longer than its duration: the renewals moved renewTime on past acquireTime + duration.
         let lease = eventually("renewals beyond the first duration", async || {
@@ -364,7 +364,7 @@ struct Replica {
     /// `None` when killed.
     thread: Option<std::thread::JoinHandle<Option<Result<(), RunError>>>>,
     /// What its terms counted, as `/metrics` shows them.
-    stats: clb_host::metrics::RunStats,
+    stats: clb_host::live::metrics::RunStats,
 }
 
 impl Replica {
@@ -375,14 +375,14 @@ impl Replica {
         let token_file = dir.join(format!("{namespace}-{identity}.token"));
         std::fs::write(&token_file, &token).unwrap();
         let (config, arm) = azure_side(azure_url.into(), Credential::TokenFile(TokenFile::new(token_file)));
-        let settings = clb_host::run::Settings {
+        let settings = clb_host::live::settings::Settings {
             leader_election: Some(ElectionConfig {
                 lease_duration: Duration::from_secs(3),
                 renew_deadline: Duration::from_secs(2),
                 retry_period: Duration::from_millis(300),
                 ..election(namespace, identity)
             }),
-            ..clb_host::run::Settings::new(client.clone(), arm, config, identity)
+            ..clb_host::live::settings::Settings::new(client.clone(), arm, config, identity)
         };
         let stats = settings.stats.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -390,7 +390,7 @@ impl Replica {
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async {
-                let run = clb_host::run::run(clb_tests::builtin(), settings, async { drop(stopped.await) });
+                let run = clb_host::live::run::run(clb_tests::builtin(), settings, async { drop(stopped.await) });
                 // A kill drops `run` where it stands: no release, no cleanup, as SIGKILL.
                 tokio::select! {
                     result = run => Some(result),
@@ -415,7 +415,7 @@ fn two_run_replicas_write_only_through_the_leader_and_when_it_is_killed_the_othe
     in_namespace("clb-replicas", async |client, namespace| {
         let node = format!("{namespace}-node");
         create_node(&client, &node, "10.224.0.5").await;
-        let emulator = Arc::new(Emulator::new(clb_host::simulate::scope()));
+        let emulator = Arc::new(Emulator::new(clb_host::simulator::simulate::scope()));
         let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
         let mut replicas = [
             Replica::start(&client, &azure.url(), &namespace, "replica-a"),

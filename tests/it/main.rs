@@ -6,6 +6,7 @@ mod azure;
 mod backend_pools;
 mod cli;
 mod kube;
+mod layers;
 mod lease;
 mod metrics;
 mod operations;

@@ -3,8 +3,8 @@
 //! by logic version.
 
 use crate::supervisor::{next, node, service, start};
-use clb_host::endpoint::MetricsServer;
-use clb_host::metrics::Metrics;
+use clb_host::live::endpoint::MetricsServer;
+use clb_host::live::metrics::Metrics;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::supervisor::{CheckpointPolicy, Supervisor};
 use clb_tests::*;
@@ -135,7 +135,7 @@ fn a_trap_a_refused_swap_and_an_accepted_one_are_counted_under_their_versions() 
 
 #[test]
 fn a_rollback_the_supervisor_does_on_its_own_is_recorded_for_status_and_the_events() {
-    use clb_host::swap::SwapResult;
+    use clb_host::live::swap::SwapResult;
     let metrics = Metrics::new();
     let mut records = metrics.subscribe_swaps();
     let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics.clone()));
@@ -188,7 +188,7 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
     let (_runtime, server) = serve(metrics.clone());
     let addr = server.local_addr();
     assert!(!get(addr, "/metrics").1.contains("clb_lease_operations_total"), "nothing tracked yet");
-    let stats = clb_host::metrics::RunStats::default();
+    let stats = clb_host::live::metrics::RunStats::default();
     metrics.track_run(stats.clone());
     stats.leader.acquired.fetch_add(2, Ordering::Relaxed);
     stats.leader.lost.fetch_add(1, Ordering::Relaxed);

@@ -6,10 +6,11 @@
 use crate::kube::{emulated_azure, eventually, ingress_ips, manifest, reconcilers_slot};
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_guest::tracker::STATE_VERSION;
-use clb_host::control::{EventTarget, Operations, OperationsConfig};
+use clb_host::live::control::EventTarget;
+use clb_host::live::operations::{Operations, OperationsConfig};
 use clb_host::sandbox::sha256_hex;
-use clb_host::swap::Sha256Pin;
-use clb_host::sources::{ConfigMapKey, LogicSource};
+use clb_host::live::swap::Sha256Pin;
+use clb_host::live::sources::{ConfigMapKey, LogicSource};
 use clb_tests::apiserver::apiserver;
 use clb_tests::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service};
@@ -22,7 +23,7 @@ use std::time::Duration;
 struct Host {
     addr: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
-    thread: std::thread::JoinHandle<Result<(), clb_host::run::RunError>>,
+    thread: std::thread::JoinHandle<Result<(), clb_host::live::settings::RunError>>,
     _azure: clb_host::emulator::EmulatorServer,
 }
 
@@ -41,7 +42,7 @@ impl Host {
     async fn start(client: &::kube::Client, options: Options) -> Self {
         let Options { source, pin, events, admin_token, probation_inputs } = options;
         let (_emulator, azure, arm, config) = emulated_azure().await;
-        let mut settings = clb_host::run::Settings::new(client.clone(), arm, config, "clb-ops-test");
+        let mut settings = clb_host::live::settings::Settings::new(client.clone(), arm, config, "clb-ops-test");
         if let Some(inputs) = probation_inputs {
             settings.probation_inputs = inputs;
         }
@@ -189,7 +190,7 @@ fn in_namespace(name: &str, test: impl AsyncFnOnce(&::kube::Client, &str)) {
     let _turn = reconcilers_slot();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
-        let client = clb_host::run::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server");
+        let client = clb_host::live::settings::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server");
         let namespaces = Api::<Namespace>::all(client.clone());
         let namespace = format!("clb-ops-{name}-{}", std::process::id());
         let created = manifest(json!({"metadata": {"name": namespace}}));
@@ -628,12 +629,12 @@ fn a_staged_swap_the_self_check_refuses_leaves_the_old_version_serving_with_ever
 
 #[test]
 fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answered_once() {
-    use clb_host::control::{Control, ControlEvent};
-    use clb_host::swap::SwapResult;
+    use clb_host::live::control::{Control, ControlEvent};
+    use clb_host::live::swap::SwapResult;
     use clb_host::supervisor::{Supervisor, version_name};
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     tokio.block_on(async {
-        let metrics = clb_host::metrics::Metrics::new();
+        let metrics = clb_host::live::metrics::Metrics::new();
         let (mut control, sender) = Control::new(clb_tests::runtime(), Default::default(), metrics.clone());
         let asked = tokio::spawn(async move { sender.swap(NEXT_GUEST.to_vec(), None, "test").await });
 
@@ -666,7 +667,7 @@ fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answer
 async fn post_swap(host: &Host, body: Vec<u8>, pin: Option<&str>) -> (u16, Value) {
     let mut request = reqwest::Client::new().post(format!("http://{}/swap", host.addr)).body(body);
     if let Some(pin) = pin {
-        request = request.header(clb_host::endpoint::SHA256_HEADER, pin);
+        request = request.header(clb_host::live::endpoint::SHA256_HEADER, pin);
     }
     let response = request.send().await.expect("the endpoint answers");
     let status = response.status().as_u16();

@@ -117,7 +117,7 @@ fn limits_are_per_call_so_many_small_calls_never_add_up_to_a_failure() {
     }
 }
 
-/// The engine recycles guest memories (`clb_host::linear_memory`): an instance after another
+/// The engine recycles guest memories (`clb_host::sandbox::linear_memory`): an instance after another
 /// still sees its data segments, zeroes elsewhere, and traps past its memory's end.
 #[cfg(unix)]
 #[test]

@@ -4,12 +4,12 @@
 
 use clb_host::azure::{AzureError, ErrorKind, Operation};
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
-use clb_host::cluster::{Cluster, Object};
+use clb_host::simulator::cluster::{Cluster, Object};
 use clb_host::emulator::{AsyncOutcome, Emulator, Fault, FaultMode};
 use clb_host::executor::{Executor, INVALID_COMMAND, MAX_BATCH, UID_MISMATCH, azure_failure};
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::simulate::{self, ComponentReconciler, ScenarioReport};
-use clb_host::{scenario, simulate::scope};
+use clb_host::simulator::simulate::{self, ComponentReconciler, ScenarioReport};
+use clb_host::simulator::{scenario, simulate::scope};
 use clb_tests::*;
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 use clb_guest::tracker::STATE_VERSION;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, LoadError, Logic};
-use clb_host::scenario;
-use clb_host::simulate;
+use clb_host::simulator::scenario;
+use clb_host::simulator::simulate;
 use clb_host::supervisor::{CheckpointPolicy, Supervisor, SupervisorError, self_check, version_name};
 use clb_tests::*;
 use std::sync::OnceLock;

@@ -3,7 +3,7 @@
 //! says; the schema file is what the component says; recording never blocks on a bad disk.
 
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
-use clb_host::simulate;
+use clb_host::simulator::simulate;
 use clb_host::trace::{self, ComponentRef, Overflow, RecordOptions, Recorder};
 use clb_tests::*;
 use std::path::{Path, PathBuf};
@@ -57,7 +57,7 @@ fn without_shas(text: &str) -> String {
 }
 
 fn record(scenario_path: &Path, out: &Path) {
-    let scenario = clb_host::scenario::read(scenario_path).unwrap();
+    let scenario = clb_host::simulator::scenario::read(scenario_path).unwrap();
     let recorder = trace::record_scenario(builtin(), "builtin", out, &scenario.name).unwrap();
     let mut reconciler = component_reconciler().with_recorder(recorder.clone());
     simulate::run(&scenario, &mut reconciler).unwrap();

@@ -30,8 +30,8 @@ pub fn test_guests() -> std::collections::BTreeMap<String, &'static [u8]> {
 }
 
 /// The built-in logic behind a supervisor that can swap to the test guests.
-pub fn component_reconciler() -> clb_host::simulate::ComponentReconciler<'static> {
-    clb_host::simulate::ComponentReconciler::new(builtin()).with_components(runtime(), test_guests())
+pub fn component_reconciler() -> clb_host::simulator::simulate::ComponentReconciler<'static> {
+    clb_host::simulator::simulate::ComponentReconciler::new(builtin()).with_components(runtime(), test_guests())
 }
 
 /// `bytes` as `gzip -9` writes them.

@@ -29,14 +29,14 @@ use crate::azure::{
 use crate::backend_pools::{
     DEFAULT_MAX_RETRIES, InMemoryLock, PoolUpdater, PoolUpdaterConfig, PoolUpdaterError, ServiceLock, Tick,
 };
-use crate::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::emulator::{Emulator, Resources};
 use crate::executor::{Executor, command_name};
 use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use crate::sandbox::{GuestError, Logic, Runtime};
-use crate::scenario::{
+use crate::simulator::cluster::{Cluster, ClusterError, RecordedEvent};
+use crate::simulator::scenario::{
     self, ComponentSource, EventTypeName, Expectation, Scenario, StatusExpectation, Step, SwapExpect,
 };
 use crate::supervisor::{Supervisor, SupervisorError};

@@ -8,11 +8,11 @@
 //! `metadata.uid`). Pods are simulated for egress: those with the egress label are watched.
 
 use crate::azure::Operation;
-use crate::cluster::{Kind, Object};
 use crate::emulator::{Fault, FaultMode};
 use crate::inputs::{self, CloudConfig, InputError};
 use crate::sandbox::bindings::clb::reconciler::types::Config;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
+use crate::simulator::cluster::{Kind, Object};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::de::{self, Deserializer, Error as _};

@@ -7,6 +7,8 @@
 //! call runs under a fuel budget, an epoch deadline and a memory cap; hitting one, or any other
 //! trap, is a [`GuestError`] and never takes the host down.
 
+#[cfg(unix)]
+pub mod linear_memory;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -170,7 +172,7 @@ pub struct Runtime {
     metering: Metering,
     stop: Arc<AtomicBool>,
     #[cfg(unix)]
-    memories: Arc<crate::linear_memory::RecyclingMemories>,
+    memories: Arc<crate::sandbox::linear_memory::RecyclingMemories>,
 }
 
 impl Runtime {
@@ -184,7 +186,7 @@ impl Runtime {
         // Recycled memories are plain mappings: the copy-on-write data image needs wasmtime's
         // own, so data segments are copied in at instantiation instead (a few kilobytes).
         #[cfg(unix)]
-        let memories = Arc::new(crate::linear_memory::RecyclingMemories::new());
+        let memories = Arc::new(crate::sandbox::linear_memory::RecyclingMemories::new());
         #[cfg(unix)]
         config.with_host_memory(memories.clone()).memory_init_cow(false);
         let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
@@ -217,7 +219,7 @@ impl Runtime {
 
     /// The engine's memory creator, whose counts `/metrics` shows.
     #[cfg(unix)]
-    pub fn memories(&self) -> &Arc<crate::linear_memory::RecyclingMemories> {
+    pub fn memories(&self) -> &Arc<crate::sandbox::linear_memory::RecyclingMemories> {
         &self.memories
     }
 

@@ -1,5 +1,5 @@
 //! `clb-host run`: the reconciler against a real cluster and a real (or emulated) Azure, on real
-//! time — what [`crate::simulate`] does on virtual time, with watchers instead of the in-memory
+//! time — what [`crate::simulator::simulate`] does on virtual time, with watchers instead of the in-memory
 //! cluster.
 //!
 //! * **Watching.** Services, EndpointSlices, Nodes and the Pods that carry the egress label
@@ -26,14 +26,14 @@
 //! * **Time.** `now` is milliseconds since the start of this process (monotonic). The guest's
 //!   `wake-at-ms` is honoured with a timer that calls `tick`.
 //! * **Operations.** With a [`Control`] ([`run_with`]), the supervisor publishes to its
-//!   [`Metrics`](crate::metrics::Metrics) (readiness also waits for the initial lists), and the
+//!   [`Metrics`](crate::live::metrics::Metrics) (readiness also waits for the initial lists), and the
 //!   loop takes swap requests between inputs: it stages each (the state move runs on a
 //!   blocking thread while the old version serves) and switches when the import comes back
-//!   through the same `select!`; see [`crate::control`]. A version swapped in stays the active
+//!   through the same `select!`; see [`crate::live::control`]. A version swapped in stays the active
 //!   one across leadership terms, and a swap still staging when a term ends is staged again by
 //!   the next one ([`Control::start_term`]).
 //!
-//! * **Leader election** (design §6, [`crate::lease`]): with [`Settings::leader_election`] set,
+//! * **Leader election** (design §6, [`crate::live::lease`]): with [`Settings::leader_election`] set,
 //!   a replica that does not lead watches nothing and runs no logic; when it becomes the leader
 //!   it starts all of the above afresh — watches, a new supervisor, the start-up reconcile that
 //!   re-reads NRP — so nothing a previous leader left half-done is lost. [`Commands::launch`]
@@ -41,27 +41,24 @@
 //!   when it is lost the whole loop is dropped, running and queued commands with it, and the
 //!   replica stands by. A shutdown while leading stops the term as above (grace included), then
 //!   releases the Lease. Without election, run one replica.
-//! * **Multi-SLB local-service mode** (design §5, `run_pools.rs`): when the guest's
+//! * **Multi-SLB local-service mode** (design §5, `live/pools.rs`): when the guest's
 //!   `validate-config` says so, each term also runs the backend-pool producer, fed with every
 //!   batch the guest is given, and the [`PoolUpdater`](crate::backend_pools::PoolUpdater)
 //!   ticking every [`Settings::pool_updater`] interval under the Azure resource lock
 //!   ([`Settings::resource_lock`]); a tick starts only while leadership holds.
 
-use crate::azure::{ArmClient, AzureApi};
-use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
-use crate::control::{Control, ControlEvent};
+use crate::azure::AzureApi;
 use crate::executor::{Executor, KubeApi, command_name, command_subject};
 use crate::kube::{KubeClient, error_chain};
-use crate::lease::{ElectionConfig, Elector, Leadership, LeaseError, LeaseLockConfig};
-use crate::metrics::RunStats;
+use crate::live::control::{Control, ControlEvent};
+use crate::live::lease::{Elector, Leadership};
+use crate::live::pools::Pools;
+use crate::live::settings::{RunError, Settings};
 use crate::records;
-use crate::run_pools::Pools;
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
-use crate::supervisor::{Supervisor, SupervisorError};
+use crate::supervisor::Supervisor;
 use ::kube::api::Api;
-use ::kube::config::{KubeConfigOptions, Kubeconfig};
 use ::kube::runtime::WatchStreamExt as _;
 use ::kube::runtime::watcher::{self, watcher};
 use futures::future::{FutureExt as _, LocalBoxFuture};
@@ -70,7 +67,6 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Observations delivered in one `observe` call at most.
@@ -79,131 +75,6 @@ const MAX_BATCH: usize = 1_000;
 /// plus one NRP read or address batch, plus Events; this bounds the requests a burst of Events
 /// (a thousand rejected Services at start-up) could open at once.
 const MAX_RUNNING: usize = 32;
-/// How long a stopping `run` lets the commands it started finish, unless told otherwise.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// Why `run` stopped or could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error("{path}: cannot read the kubeconfig")]
-    Kubeconfig {
-        path: String,
-        #[source]
-        source: ::kube::config::KubeconfigError,
-    },
-    #[error("no Kubernetes configuration (in-cluster or default kubeconfig)")]
-    InferConfig(#[source] ::kube::config::InferConfigError),
-    #[error("cannot build the Kubernetes client")]
-    Client(#[source] ::kube::Error),
-    #[error("the logic failed")]
-    Logic(#[source] SupervisorError),
-    #[error("the watch of {0} ended")]
-    WatchEnded(&'static str),
-    #[error("leader election cannot start")]
-    Election(#[source] LeaseError),
-    /// The backend-pool updater of multi-SLB local-service mode failed (its guest session).
-    #[error("the backend-pool updater failed")]
-    Pools(#[source] PoolUpdaterError),
-    #[error("the backend-pool updater stopped")]
-    PoolsEnded,
-    /// Leadership ended before a command was started; [`crate::lease::lead`] stands by.
-    #[error("not the leader any more")]
-    NotLeader,
-}
-
-/// A Kubernetes client from `kubeconfig`, or else the in-cluster configuration or the default
-/// kubeconfig (`KUBECONFIG`, `~/.kube/config`).
-pub async fn connect(kubeconfig: Option<&Path>) -> Result<::kube::Client, RunError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kubeconfig_error = |source| RunError::Kubeconfig { path: path.display().to_string(), source };
-            let file = Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
-            ::kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-                .await
-                .map_err(kubeconfig_error)?
-        }
-        None => ::kube::Config::infer().await.map_err(RunError::InferConfig)?,
-    };
-    ::kube::Client::try_from(config).map_err(RunError::Client)
-}
-
-/// SIGTERM or SIGINT (Ctrl-C elsewhere than Unix), whichever comes first, logged. The handlers
-/// are installed now, so a signal that arrives before the future is polled is not lost; call
-/// it inside the runtime.
-pub fn stop_signal() -> std::io::Result<impl Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut terminate = signal(SignalKind::terminate())?;
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        Ok(async move {
-            let name = tokio::select! {
-                _ = terminate.recv() => "SIGTERM",
-                _ = interrupt.recv() => "SIGINT",
-            };
-            tracing::info!(signal = name, "stopping on a signal");
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                tracing::info!(signal = "Ctrl-C", "stopping on a signal");
-            } else {
-                std::future::pending::<()>().await;
-            }
-        })
-    }
-}
-
-/// What `run` connects.
-pub struct Settings {
-    pub kube: ::kube::Client,
-    /// Shared by the commands and, in multi-SLB mode, the backend-pool updater.
-    pub arm: std::sync::Arc<ArmClient>,
-    pub config: wit::Config,
-    /// Which replica this is, in the Events it records.
-    pub instance: String,
-    /// How long a stopping `run` lets running commands finish before it abandons them.
-    pub shutdown_grace: Duration,
-    /// Inputs a swapped-in version serves on probation ([`Supervisor::with_probation_inputs`]).
-    pub probation_inputs: usize,
-    /// `None`: no election, this replica writes (run one).
-    pub leader_election: Option<ElectionConfig>,
-    /// The Azure resource lock (upstream §f) the backend-pool updater of multi-SLB
-    /// local-service mode takes around each tick that writes pools (`run_pools.rs`). CLB
-    /// mode does not take it, as upstream.
-    pub resource_lock: LeaseLockConfig,
-    /// `multipleStandardLoadBalancerConfigurations`, as Service placement reads them
-    /// ([`CloudConfig::slb_configurations`](crate::inputs::CloudConfig::slb_configurations)).
-    pub slb_configurations: Vec<SlbConfiguration>,
-    /// The backend-pool updater's tick interval and retries
-    /// ([`CloudConfig::pool_updater_config`](crate::inputs::CloudConfig::pool_updater_config)).
-    pub pool_updater: PoolUpdaterConfig,
-    /// Where every term's leases and updater count (clones share them).
-    pub stats: RunStats,
-}
-
-impl Settings {
-    /// Settings with the default [`SHUTDOWN_GRACE`], no leader election, the upstream resource
-    /// lock and updater interval, and no multi-SLB configurations.
-    pub fn new(kube: ::kube::Client, arm: ArmClient, config: wit::Config, instance: impl Into<String>) -> Self {
-        Self {
-            kube,
-            arm: std::sync::Arc::new(arm),
-            config,
-            instance: instance.into(),
-            shutdown_grace: SHUTDOWN_GRACE,
-            probation_inputs: crate::supervisor::PROBATION_INPUTS,
-            leader_election: None,
-            resource_lock: LeaseLockConfig::default(),
-            slb_configurations: Vec::new(),
-            pool_updater: PoolUpdaterConfig::default(),
-            stats: RunStats::default(),
-        }
-    }
-}
-
 /// One watched change.
 enum Change {
     // Boxed: the three differ in size by hundreds of bytes, and a change is moved a few times.
@@ -533,7 +404,7 @@ pub async fn run_with(
     }
     // Both see the shutdown: `lead` while standing by, the term to stop with its grace period.
     let shutdown = shutdown.shared();
-    crate::lease::lead(&mut elector, shutdown.clone(), async |leadership| {
+    crate::live::lease::lead(&mut elector, shutdown.clone(), async |leadership| {
         reconcile(logic, &active, settings, leadership, control, shutdown.clone()).await
     })
     .await
@@ -548,7 +419,7 @@ async fn next_swap(control: &mut Option<Control>) -> ControlEvent {
 }
 
 /// Marks the metrics as standing by again when a term ends, however it ends.
-struct Term(Option<std::sync::Arc<crate::metrics::Metrics>>);
+struct Term(Option<std::sync::Arc<crate::live::metrics::Metrics>>);
 
 impl Drop for Term {
     fn drop(&mut self) {
@@ -771,7 +642,7 @@ mod tests {
         issued: impl IntoIterator<Item = wit::Command>,
         test: impl FnOnce(&mut Commands<'_, Emulator, SlowKube>, &SlowKube),
     ) {
-        let azure = Emulator::new(crate::simulate::scope());
+        let azure = Emulator::new(crate::simulator::simulate::scope());
         let kube = SlowKube::default();
         let executor = Executor::new(&azure, &kube);
         let mut commands = Commands::new(&executor, Leadership::unconditional());

@@ -1,7 +1,7 @@
 //! The swap protocol's records: what a swap request or the supervisor did ([`SwapResult`]), as
 //! `/status`, the metrics and the Events show it ([`SwapRecord`]), and the sha256 pin a version
 //! must match ([`Sha256Pin`]). Plain data below every layer that handles swaps: the run loop's
-//! [`crate::control`], the watched [`crate::sources`], the metrics registry and its endpoint.
+//! [`crate::live::control`], the watched [`crate::live::sources`], the metrics registry and its endpoint.
 
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::sha256_hex;
@@ -48,11 +48,7 @@ impl Sha256Pin {
     /// `Ok` when `bytes` hash to the pin; their sha256 either way.
     pub fn check(&self, bytes: &[u8]) -> Result<String, PinError> {
         let actual = sha256_hex(bytes);
-        if actual == self.0 {
-            Ok(actual)
-        } else {
-            Err(PinError::DigestMismatch { expected: self.0.clone(), actual })
-        }
+        if actual == self.0 { Ok(actual) } else { Err(PinError::DigestMismatch { expected: self.0.clone(), actual }) }
     }
 }
 

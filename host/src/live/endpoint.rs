@@ -12,9 +12,9 @@
 //!   component (kind `decompress`).
 
 use crate::compression::MAX_COMPONENT_BYTES;
-use crate::control::SwapSender;
-use crate::metrics::Metrics;
-use crate::swap::{REFUSED_DECOMPRESS, Sha256Pin, SwapResult};
+use crate::live::control::SwapSender;
+use crate::live::metrics::Metrics;
+use crate::live::swap::{REFUSED_DECOMPRESS, Sha256Pin, SwapResult};
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};

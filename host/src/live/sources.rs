@@ -17,12 +17,12 @@
 //! Each source offers a given sha256 (of the content as found) once: a refused (or rolled back) version is not retried
 //! until the content changes. A source never stops the running version: everything that goes
 //! wrong — unreadable, missing, not base64, refused — is logged with the source, and the version
-//! serving keeps serving. The swap itself, the pin check and the records are [`crate::control`]'s.
+//! serving keeps serving. The swap itself, the pin check and the records are [`crate::live::control`]'s.
 
-use crate::control::{ControlError, SwapSender};
-use crate::sandbox::sha256_hex;
-use crate::swap::{Sha256Pin, SwapResult};
 use crate::kube::error_chain;
+use crate::live::control::{ControlError, SwapSender};
+use crate::live::swap::{Sha256Pin, SwapResult};
+use crate::sandbox::sha256_hex;
 use base64::Engine as _;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;

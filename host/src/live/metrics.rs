@@ -1,7 +1,7 @@
 //! What an operator scrapes, as data: the registry the supervisor publishes into and its
 //! Prometheus text exposition (format 0.0.4, design §7: metrics per call labelled by logic
 //! version), the health and readiness it implies and the `/status` document.
-//! [`crate::endpoint`] serves them over HTTP.
+//! [`crate::live::endpoint`] serves them over HTTP.
 //!
 //! The [`Supervisor`](crate::supervisor::Supervisor) serves with `&mut self`, so a scrape cannot
 //! ask it; instead it publishes a [`Snapshot`] into [`Metrics`] (through
@@ -24,7 +24,7 @@
 //!   supervisor does on its own is noticed here, when the snapshot after it is published, and
 //!   recorded like a swap.
 
-use crate::swap::{SwapRecord, SwapResult};
+use crate::live::swap::{SwapRecord, SwapResult};
 use crate::supervisor::{ROLLBACK_AFTER, Snapshot, VersionSnapshot};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -36,9 +36,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
     /// The leader-election Lease.
-    pub leader: std::sync::Arc<crate::lease::LeaseStats>,
+    pub leader: std::sync::Arc<crate::live::lease::LeaseStats>,
     /// The Azure resource lock's Lease (multi-SLB local-service mode).
-    pub resource_lock: std::sync::Arc<crate::lease::LeaseStats>,
+    pub resource_lock: std::sync::Arc<crate::live::lease::LeaseStats>,
     /// The backend-pool updater (multi-SLB local-service mode).
     pub pool_updater: std::sync::Arc<crate::backend_pools::PoolUpdaterStats>,
     /// `--record`: the trace every term's calls into the logic go to.
@@ -58,7 +58,7 @@ pub struct Metrics {
     inner: Mutex<Published>,
     /// The engine's guest memories, once [`Self::track_memories`] names them.
     #[cfg(unix)]
-    memories: std::sync::OnceLock<Arc<crate::linear_memory::RecyclingMemories>>,
+    memories: std::sync::OnceLock<Arc<crate::sandbox::linear_memory::RecyclingMemories>>,
     /// `run`'s leases and backend-pool updater, once [`Self::track_run`] names them.
     run: std::sync::OnceLock<RunStats>,
 }
@@ -140,7 +140,7 @@ impl Metrics {
     /// Shows the counts of the engine's memory creator (one per process; the first one named
     /// stays).
     #[cfg(unix)]
-    pub fn track_memories(&self, memories: Arc<crate::linear_memory::RecyclingMemories>) {
+    pub fn track_memories(&self, memories: Arc<crate::sandbox::linear_memory::RecyclingMemories>) {
         let _ = self.memories.set(memories);
     }
 
@@ -431,14 +431,29 @@ fn render_run(out: &mut String, run: &RunStats) {
     }
     if let Some(trace) = &run.trace {
         let t = trace.stats();
-        family(out, "clb_trace_lines_total", "counter", "Trace lines (run --record) written, or dropped (a full queue or disk).");
+        family(
+            out,
+            "clb_trace_lines_total",
+            "counter",
+            "Trace lines (run --record) written, or dropped (a full queue or disk).",
+        );
         sample(out, "clb_trace_lines_total", r#"result="written""#, n(&t.lines_written));
         sample(out, "clb_trace_lines_total", r#"result="dropped""#, n(&t.lines_dropped));
         family(out, "clb_trace_bytes_total", "counter", "Bytes written to trace files.");
         sample(out, "clb_trace_bytes_total", "", n(&t.bytes_written));
-        family(out, "clb_trace_write_errors_total", "counter", "Trace files that could not be opened, written or flushed.");
+        family(
+            out,
+            "clb_trace_write_errors_total",
+            "counter",
+            "Trace files that could not be opened, written or flushed.",
+        );
         sample(out, "clb_trace_write_errors_total", "", n(&t.write_errors));
-        family(out, "clb_trace_files_total", "counter", "Trace files started (the first one, and one per rotation or loss).");
+        family(
+            out,
+            "clb_trace_files_total",
+            "counter",
+            "Trace files started (the first one, and one per rotation or loss).",
+        );
         sample(out, "clb_trace_files_total", "", n(&t.files));
     }
 }

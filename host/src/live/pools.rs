@@ -14,7 +14,7 @@
 //! * **Ticking.** Every `loadBalancerBackendPoolUpdateIntervalInSeconds` (first one interval
 //!   after the term starts) the updater ticks: service lock → resource lock → drain → GET/PUT
 //!   per pool → Events (see [`crate::backend_pools`]). A tick is started only after checking
-//!   that leadership still holds, as [`crate::run`] does before each command; the producer only
+//!   that leadership still holds, as [`crate::live::run`] does before each command; the producer only
 //!   fills the in-memory queue, so it needs no such check.
 //! * **Lifetime.** The queue, the producer's memory and the Lease lock live for one term: a new
 //!   leader starts from the lists and from what the pools hold in Azure, like a restart. A term
@@ -26,9 +26,9 @@
 use crate::azure::{ArmClient, AzureApi as _, PoolRef};
 use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
 use crate::kube::{KubeClient, error_chain};
-use crate::lease::{Leadership, LeaseLock};
+use crate::live::lease::{Leadership, LeaseLock};
+use crate::live::settings::{RunError, Settings};
 use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
-use crate::run::{RunError, Settings};
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{ServicePlacement, SlbConfiguration};

@@ -1,0 +1,24 @@
+//! The live controller, `clb-host run`: the reconciler against a real cluster and a real (or
+//! emulated) Azure, on real time. In layers, lowest first — no module imports one above it:
+//!
+//! * [`lease`] — leader election and the Azure resource lock on Kubernetes Leases;
+//! * [`swap`] — the swap protocol's records;
+//! * [`metrics`] — the registry the supervisor publishes into, and its exposition;
+//! * [`control`] — swap requests carried into the loop, results reported as Events;
+//! * [`sources`] — the watched file or ConfigMap that offers new versions;
+//! * [`endpoint`] — `/metrics`, `/healthz`, `/readyz`, `/status`, `POST /swap`;
+//! * [`settings`] — what `run` is given, why it stops;
+//! * `pools` — the backend-pool updater's term (multi-SLB local-service mode);
+//! * [`run`] — the loop: watchers, the supervisor, commands, terms;
+//! * [`operations`] — all of it assembled around the loop.
+
+pub mod control;
+pub mod endpoint;
+pub mod lease;
+pub mod metrics;
+pub mod operations;
+mod pools;
+pub mod run;
+pub mod settings;
+pub mod sources;
+pub mod swap;

@@ -1,0 +1,110 @@
+//! `clb-host run` assembled: the HTTP endpoint, the watched source of new versions and the
+//! swap Event reporter started around the loop ([`run_with`]) with its [`Control`]. The top of
+//! the live controller: nothing in it is imported by the parts it assembles.
+
+use crate::kube::KubeClient;
+use crate::live::control::{Control, EventTarget, report_events};
+use crate::live::endpoint::{Admin, EndpointError, MetricsServer};
+use crate::live::metrics::Metrics;
+use crate::live::run::run_with;
+use crate::live::settings::{RunError, Settings};
+use crate::live::sources::LogicSource;
+use crate::live::swap::Sha256Pin;
+use crate::sandbox::{Limits, Logic, Runtime};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// How long shutdown waits for the Event reporter.
+const EVENT_DRAIN: Duration = Duration::from_secs(10);
+
+/// What `clb-host run` serves around its loop.
+pub struct OperationsConfig {
+    /// The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`, `POST /swap`.
+    pub listen: SocketAddr,
+    /// See [`Admin::token`].
+    pub admin_token: Option<String>,
+    /// A watched source of new versions.
+    pub source: Option<LogicSource>,
+    /// The sha256 every version from the source must have.
+    pub pin: Option<Sha256Pin>,
+    /// Where swap Events go; default: the ConfigMap source, else [`EventTarget::DEFAULT`].
+    pub events: Option<EventTarget>,
+    /// Limits of the versions swapped in.
+    pub limits: Limits,
+    /// How often a file source is looked at.
+    pub poll: Duration,
+}
+
+/// The endpoint, the source's watcher and the Event reporter, started; [`Operations::run`] runs
+/// the loop with them.
+pub struct Operations {
+    server: MetricsServer,
+    control: Control,
+    source: Option<JoinHandle<()>>,
+    events: JoinHandle<()>,
+    target: EventTarget,
+}
+
+impl Operations {
+    /// Binds the endpoint and starts the tasks on the current tokio runtime.
+    pub async fn start(
+        runtime: &Runtime,
+        settings: &Settings,
+        config: OperationsConfig,
+    ) -> Result<Self, EndpointError> {
+        let metrics = Metrics::new();
+        #[cfg(unix)]
+        metrics.track_memories(runtime.memories().clone());
+        metrics.track_run(settings.stats.clone());
+        let (control, swaps) = Control::new(runtime, config.limits, metrics.clone());
+        let admin = Admin { swaps: swaps.clone(), token: config.admin_token };
+        let server = MetricsServer::start_with_admin(metrics.clone(), config.listen, Some(admin)).await?;
+        let target = match (config.events, &config.source) {
+            (Some(target), _) => target,
+            (None, Some(LogicSource::ConfigMap(key))) => {
+                EventTarget { namespace: key.namespace.clone(), name: key.name.clone() }
+            }
+            (None, _) => EventTarget::parse(EventTarget::DEFAULT).expect("the default names an object"),
+        };
+        let kube = KubeClient::new(settings.kube.clone(), settings.instance.clone());
+        let events = tokio::spawn(report_events(kube, target.clone(), metrics.clone(), metrics.subscribe_swaps()));
+        let source = config
+            .source
+            .map(|source| tokio::spawn(source.watch(settings.kube.clone(), config.pin, swaps, config.poll)));
+        tracing::info!(addr = %server.local_addr(), events = %target, "serving /metrics, /healthz, /readyz, /status and POST /swap");
+        Ok(Self { server, control, source, events, target })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    /// The ConfigMap swap Events regard.
+    pub fn event_target(&self) -> &EventTarget {
+        &self.target
+    }
+
+    /// Runs the loop until `shutdown`; then stops the endpoint and the source, and lets the
+    /// Event reporter write what it holds.
+    pub async fn run(
+        self,
+        logic: &Logic,
+        settings: Settings,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), RunError> {
+        let Operations { server, control, source, events, .. } = self;
+        let metrics = control.metrics().clone();
+        let result = run_with(logic, settings, Some(control), shutdown).await;
+        drop(server);
+        if let Some(source) = source {
+            source.abort();
+        }
+        metrics.unsubscribe_swaps();
+        if tokio::time::timeout(EVENT_DRAIN, events).await.is_err() {
+            tracing::warn!("swap Events still unwritten at shutdown are dropped (they are in the log)");
+        }
+        result
+    }
+}

@@ -1,0 +1,282 @@
+//! ARCHITECTURE.md's layering invariant, checked on the sources: the modules of `clb-host` and
+//! of `clb-guest` form layers, no module imports one above it, that is the import graph has no
+//! cycle.
+//!
+//! An edge is any path a module's code names that starts at `crate::`, `super::`, `self::` or
+//! one of its own child modules and reaches another module of the crate (the longest prefix that
+//! is a module file). Two things are not edges: a folder's `mod.rs` re-exporting its children's
+//! items (`pub use child::Item` is the folder's public face, not a dependency of its code), and
+//! the `#[cfg(test)] mod tests` at the end of a file (tests may reach anywhere).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Module = Vec<String>;
+
+/// Every module of the crate whose root is `src`: its path (`[]` for the crate root) and file.
+fn modules(src: &Path) -> BTreeMap<Module, PathBuf> {
+    fn walk(dir: &Path, src: &Path, out: &mut BTreeMap<Module, PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, src, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(src).unwrap().with_extension("");
+                let mut module: Module = relative.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+                match module.last().map(String::as_str) {
+                    Some("mod") => _ = module.pop(),
+                    Some("lib") if module.len() == 1 => module.clear(),
+                    Some("main") if module.len() == 1 => continue,
+                    _ => {}
+                }
+                out.insert(module, path);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(src, src, &mut out);
+    out
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Token {
+    Ident(String),
+    Sep,
+    Open,
+    Close,
+    Comma,
+    Semi,
+    Punct(char),
+}
+
+/// The code's tokens, as far as paths need: comments, strings and the trailing test module gone.
+fn tokens(text: &str) -> Vec<Token> {
+    let text = text.find("#[cfg(test)]\nmod tests").map_or(text, |at| &text[..at]);
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let rest = &bytes[i..];
+        let find = |needle: &[u8]| rest.windows(needle.len()).position(|w| w == needle);
+        if c.is_ascii_whitespace() || !c.is_ascii() {
+            i += 1;
+        } else if rest.starts_with(b"//") {
+            i += find(b"\n").unwrap_or(rest.len());
+        } else if rest.starts_with(b"/*") {
+            i += find(b"*/").map_or(rest.len(), |end| end + 2);
+        } else if c == b'"' {
+            // A string (escapes skipped); raw strings in this code base hold no `"` inside.
+            i += 1;
+            while i < bytes.len() && bytes[i] != b'"' {
+                i += if bytes[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+            out.push(Token::Punct('"'));
+        } else if c == b'\'' && bytes.get(i + 2) == Some(&b'\'') {
+            i += 3; // a char literal; a lifetime is a Punct below
+            out.push(Token::Punct('\''));
+        } else if c.is_ascii_alphabetic() || c == b'_' {
+            let start = i;
+            while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                i += 1;
+            }
+            out.push(Token::Ident(text[start..i].to_owned()));
+        } else {
+            out.push(match (c, bytes.get(i + 1)) {
+                (b':', Some(b':')) => {
+                    i += 1;
+                    Token::Sep
+                }
+                (b'{', _) => Token::Open,
+                (b'}', _) => Token::Close,
+                (b',', _) => Token::Comma,
+                (b';', _) => Token::Semi,
+                _ => Token::Punct(c as char),
+            });
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The paths starting at `tokens[at]`: `a::b::{c, d::{e}}` gives `a::b::c`, `a::b::d::e`, and the
+/// index after them.
+fn paths(tokens: &[Token], mut at: usize) -> (Vec<Vec<String>>, usize) {
+    let mut prefix = Vec::new();
+    loop {
+        match tokens.get(at) {
+            Some(Token::Ident(name)) => {
+                prefix.push(name.clone());
+                at += 1;
+            }
+            Some(Token::Open) if tokens.get(at.wrapping_sub(1)) == Some(&Token::Sep) => {
+                let mut out = Vec::new();
+                at += 1;
+                while let Some(token) = tokens.get(at) {
+                    match token {
+                        Token::Close => {
+                            at += 1;
+                            break;
+                        }
+                        Token::Comma => at += 1,
+                        Token::Ident(_) => {
+                            let (inner, next) = paths(tokens, at);
+                            out.extend(inner.into_iter().map(|p| [prefix.clone(), p].concat()));
+                            at = next;
+                        }
+                        _ => at += 1,
+                    }
+                }
+                return (out, at);
+            }
+            _ => return (vec![prefix], at),
+        }
+        if tokens.get(at) != Some(&Token::Sep) {
+            return (vec![prefix], at);
+        }
+        at += 1;
+    }
+}
+
+/// The modules `module`'s code imports.
+fn imports(module: &Module, text: &str, all: &BTreeMap<Module, PathBuf>) -> BTreeSet<Module> {
+    let tokens = tokens(text);
+    let is_folder = all.keys().any(|m| m.len() > module.len() && m.starts_with(module));
+    let mut out = BTreeSet::new();
+    let mut at = 0;
+    let mut re_export = false;
+    while at < tokens.len() {
+        match &tokens[at] {
+            Token::Semi => re_export = false,
+            Token::Ident(word) if word == "use" => {
+                // `pub use` or `pub(crate) use`, `pub(super) use`.
+                let pub_at = |back: usize| at >= back && tokens[at - back] == Token::Ident("pub".into());
+                re_export = pub_at(1) || (pub_at(4) && tokens[at - 1] == Token::Punct(')'));
+            }
+            _ => {}
+        }
+        let starts_path = matches!(&tokens[at], Token::Ident(_))
+            && tokens.get(at + 1) == Some(&Token::Sep)
+            && !matches!(tokens.get(at.wrapping_sub(1)), Some(Token::Sep));
+        if !starts_path {
+            at += 1;
+            continue;
+        }
+        let (found, next) = paths(&tokens, at);
+        for path in found {
+            let (base, rest): (Module, &[String]) = match path[0].as_str() {
+                "crate" => (Vec::new(), &path[1..]),
+                "self" => (module.clone(), &path[1..]),
+                "super" => {
+                    let ups = path.iter().take_while(|s| *s == "super").count();
+                    let Some(keep) = module.len().checked_sub(ups) else { continue };
+                    (module[..keep].to_vec(), &path[ups..])
+                }
+                child if all.contains_key(&[module.clone(), vec![child.to_owned()]].concat()) => {
+                    (module.clone(), &path[..])
+                }
+                _ => continue,
+            };
+            let full = [base, rest.to_vec()].concat();
+            let target = (1..=full.len()).rev().map(|n| full[..n].to_vec()).find(|m| all.contains_key(m));
+            let Some(target) = target else { continue };
+            let facade = re_export && is_folder && target.starts_with(module);
+            if &target != module && !facade {
+                out.insert(target);
+            }
+        }
+        at = next;
+    }
+    out
+}
+
+/// A cycle of the import graph, if there is one, as `a -> b -> ... -> a`.
+fn cycle(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Option<String> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    fn visit(
+        node: &Module,
+        graph: &BTreeMap<Module, BTreeSet<Module>>,
+        marks: &mut BTreeMap<Module, Mark>,
+        stack: &mut Vec<Module>,
+    ) -> Option<Vec<Module>> {
+        match marks.get(node) {
+            Some(Mark::Done) => return None,
+            Some(Mark::Open) => {
+                let from = stack.iter().position(|m| m == node).unwrap();
+                return Some([&stack[from..], std::slice::from_ref(node)].concat());
+            }
+            None => {}
+        }
+        marks.insert(node.clone(), Mark::Open);
+        stack.push(node.clone());
+        for next in &graph[node] {
+            if let Some(found) = visit(next, graph, marks, stack) {
+                return Some(found);
+            }
+        }
+        stack.pop();
+        marks.insert(node.clone(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for node in graph.keys() {
+        if let Some(found) = visit(node, graph, &mut marks, &mut Vec::new()) {
+            let name = |m: &Module| if m.is_empty() { "crate".to_owned() } else { m.join("::") };
+            return Some(found.iter().map(name).collect::<Vec<_>>().join(" -> "));
+        }
+    }
+    None
+}
+
+fn graph_of(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
+    let all = modules(src);
+    all.iter()
+        .map(|(module, file)| (module.clone(), imports(module, &std::fs::read_to_string(file).unwrap(), &all)))
+        .collect()
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+#[test]
+fn host_modules_form_layers_no_module_imports_one_above_it() {
+    let graph = graph_of(&workspace().join("host/src"));
+    assert!(graph.len() > 30, "the host's modules were not found: {:?}", graph.keys());
+    assert_eq!(cycle(&graph), None, "an import cycle among clb-host's modules (ARCHITECTURE.md, invariants)");
+}
+
+#[test]
+fn guest_modules_form_layers_no_module_imports_one_above_it() {
+    let graph = graph_of(&workspace().join("guest/src"));
+    assert!(graph.len() > 10, "the guest's modules were not found: {:?}", graph.keys());
+    assert_eq!(cycle(&graph), None, "an import cycle among clb-guest's modules (ARCHITECTURE.md, invariants)");
+}
+
+#[test]
+fn the_layer_check_finds_an_import_cycle_through_a_child_a_parent_and_a_grouped_use() {
+    let dir = std::env::temp_dir().join(format!("clb-layers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("outer")).unwrap();
+    let write = |path: &str, text: &str| std::fs::write(dir.join(path), text).unwrap();
+    write("lib.rs", "pub mod low;\npub mod outer;\n");
+    write("low.rs", "// crate::outer::inner here is a comment\npub fn f() -> &'static str { \"crate::outer\" }\n");
+    write("outer/mod.rs", "pub mod inner;\npub use inner::Thing;\npub struct Face;\n");
+    write("outer/inner.rs", "use crate::{low, outer::Face};\npub struct Thing;\n");
+    let graph = graph_of(&dir);
+    assert_eq!(cycle(&graph), None, "a re-export is the folder's face, comments and strings are no paths: {graph:?}");
+    // The parent's code using its child, whose code uses the parent: a cycle.
+    write("outer/mod.rs", "pub mod inner;\nuse self::inner::Thing;\npub struct Face(Thing);\n");
+    assert_eq!(cycle(&graph_of(&dir)).as_deref(), Some("outer -> outer::inner -> outer"));
+    // A lower module reaching up through `super` from a nested file.
+    write("outer/mod.rs", "pub mod inner;\npub struct Face;\n");
+    write("low.rs", "pub fn f() -> crate::outer::inner::Thing { crate::outer::inner::Thing }\n");
+    write("outer/inner.rs", "use super::super::low::f;\npub struct Thing;\n");
+    assert_eq!(cycle(&graph_of(&dir)).as_deref(), Some("low -> outer::inner -> low"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
