@@ -65,8 +65,15 @@ fn tokens(text: &str) -> Vec<Token> {
             i += find(b"\n").unwrap_or(rest.len());
         } else if rest.starts_with(b"/*") {
             i += find(b"*/").map_or(rest.len(), |end| end + 2);
+        } else if let Some(hashes) = raw_string_at(rest) {
+            // `r"…"`, `r#"…"#`, `br#"…"#`: up to the quote followed by as many `#`.
+            let open = hashes + if c == b'b' { 3 } else { 2 };
+            let close = [b"\"".as_slice(), &vec![b'#'; hashes]].concat();
+            let body = &rest[open..];
+            i += open + body.windows(close.len()).position(|w| w == close).map_or(body.len(), |at| at + close.len());
+            out.push(Token::Punct('"'));
         } else if c == b'"' {
-            // A string (escapes skipped); raw strings in this code base hold no `"` inside.
+            // A string, its escapes skipped.
             i += 1;
             while i < bytes.len() && bytes[i] != b'"' {
                 i += if bytes[i] == b'\\' { 2 } else { 1 };
@@ -98,6 +105,17 @@ fn tokens(text: &str) -> Vec<Token> {
         }
     }
     out
+}
+
+/// How many `#` open the raw string at the start of `text`, if one starts there.
+fn raw_string_at(text: &[u8]) -> Option<usize> {
+    let after_r = match text {
+        [b'r', rest @ ..] => rest,
+        [b'b', b'r', rest @ ..] => rest,
+        _ => return None,
+    };
+    let hashes = after_r.iter().take_while(|b| **b == b'#').count();
+    (after_r.get(hashes) == Some(&b'"')).then_some(hashes)
 }
 
 /// The paths starting at `tokens[at]`: `a::b::{c, d::{e}}` gives `a::b::c`, `a::b::d::e`, and the
@@ -266,9 +284,12 @@ fn the_layer_check_finds_an_import_cycle_through_a_child_a_parent_and_a_grouped_
     let write = |path: &str, text: &str| std::fs::write(dir.join(path), text).unwrap();
     write("lib.rs", "pub mod low;\npub mod outer;\n");
     write("low.rs", "// crate::outer::inner here is a comment\npub fn f() -> &'static str { \"crate::outer\" }\n");
-    write("outer/mod.rs", "pub mod inner;\npub use inner::Thing;\npub struct Face;\n");
+    // A raw string holding quotes ends where it ends: the path after it still counts.
+    write("outer/other.rs", "const A: &str = r#\"x=\"y\"\"#;\nuse crate::low;\n");
+    write("outer/mod.rs", "pub mod inner;\npub mod other;\npub use inner::Thing;\npub struct Face;\n");
     write("outer/inner.rs", "use crate::{low, outer::Face};\npub struct Thing;\n");
     let graph = graph_of(&dir);
+    assert!(graph[&vec!["outer".to_owned(), "other".to_owned()]].contains(&vec!["low".to_owned()]), "{graph:?}");
     assert_eq!(cycle(&graph), None, "a re-export is the folder's face, comments and strings are no paths: {graph:?}");
     // The parent's code using its child, whose code uses the parent: a cycle.
     write("outer/mod.rs", "pub mod inner;\nuse self::inner::Thing;\npub struct Face(Thing);\n");
