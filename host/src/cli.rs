@@ -871,7 +871,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             };
             let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
             let component = crate::trace::ComponentRef::of(&logic, Some(&name));
-            Some(crate::trace::Recorder::start(options, crate::trace::Signatures::of_logic(&logic), &component)?)
+            Some(crate::trace::Recorder::start(options, crate::trace::Signatures::of(&logic), &component)?)
         }
         None => None,
     };

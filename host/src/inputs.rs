@@ -1,9 +1,9 @@
 //! Reading the operator's files: the cloud configuration and Kubernetes manifests, with errors
 //! that name the file, the line and the reason.
 //!
-//! Every file is read through [`crate::bounded::read`] (so `/dev/zero` or a 2 GB file is refused after
-//! its limit, not read to the end), and every YAML text is checked by [`check_yaml`] before it
-//! is deserialized: nesting at most [`MAX_DEPTH`] deep, no key twice in one mapping (Kubernetes
+//! Every file is read through [`crate::bounded::read`] (so `/dev/zero` or a 2 GB file is
+//! refused after its limit, not read to the end), and every YAML text is checked by
+//! [`check_yaml`] before it is deserialized: nesting at most [`MAX_DEPTH`] deep, no key twice in one mapping (Kubernetes
 //! refuses a manifest with a duplicate key; serde would keep the last), a leading UTF-8 byte
 //! order mark ignored (issue 15, defects 5 and 6).
 

@@ -1,8 +1,8 @@
 //! The native library (`clb-guest`) seen through the host's WIT types (feature `native`): the
 //! conversions the guest's adapter (`guest/src/component.rs`) makes, from the same macro
 //! (`clb_guest::wit_conversions!`) expanded over the host's generated types, and
-//! [`NativeReconciler`], the library behind the simulator's [`Reconciler`] trait. Differential runs feed the same records to the library and to the
-//! component and compare what comes back: the integration tests (`clb-tests`) and the fuzz
+//! [`NativeReconciler`], the library behind the simulator's [`Reconciler`] trait. Differential
+//! runs feed the same records to the library and to the component and compare what comes back: the integration tests (`clb-tests`) and the fuzz
 //! crate's `differential` target (`fuzz-lib/`).
 
 use crate::sandbox::bindings::clb::reconciler::types as wit;

@@ -447,7 +447,7 @@ pub struct Supervisor<'a> {
     /// Whether a step has said `idle` since the last start: readiness (`/readyz`).
     idle_seen: bool,
     stats: SupervisorStats,
-    metrics: Option<Arc<dyn Publish>>,
+    publisher: Option<Arc<dyn Publish>>,
     trace: Option<Traced>,
 }
 
@@ -486,7 +486,7 @@ impl<'a> Supervisor<'a> {
             quarantined: Vec::new(),
             idle_seen: false,
             stats: SupervisorStats::default(),
-            metrics: None,
+            publisher: None,
             trace: None,
         }
     }
@@ -574,7 +574,7 @@ impl<'a> Supervisor<'a> {
     /// without taking the supervisor's `&mut` (it is busy serving).
     pub fn with_metrics(mut self, metrics: Arc<dyn Publish>) -> Self {
         metrics.publish(self.snapshot());
-        self.metrics = Some(metrics);
+        self.publisher = Some(metrics);
         self
     }
 
@@ -606,7 +606,7 @@ impl<'a> Supervisor<'a> {
     }
 
     fn publish(&self) {
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = &self.publisher {
             metrics.publish(self.snapshot());
         }
     }

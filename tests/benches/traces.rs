@@ -32,12 +32,9 @@ fn main() {
         let mut supervisor = Supervisor::new(&logic);
         if record {
             let options = RecordOptions::live(dir.join("run.jsonl"));
-            let recorder = Recorder::start(
-                options,
-                clb_host::trace::Signatures::of_logic(&logic),
-                &ComponentRef::of(&logic, None),
-            )
-            .unwrap();
+            let recorder =
+                Recorder::start(options, clb_host::trace::Signatures::of(&logic), &ComponentRef::of(&logic, None))
+                    .unwrap();
             supervisor = supervisor.with_recorder(recorder);
         }
         supervisor.start(&config).unwrap();

@@ -826,7 +826,7 @@ fn a_controller_run_with_record_writes_a_trace_that_replays_identically_and_an_u
         let start = |path: PathBuf| {
             Recorder::start(
                 RecordOptions::live(path),
-                clb_host::trace::Signatures::of_logic(logic),
+                clb_host::trace::Signatures::of(logic),
                 &ComponentRef::of(logic, Some("builtin")),
             )
             .unwrap()

@@ -276,7 +276,7 @@ fn a_trace_that_cannot_be_written_costs_counted_lines_and_never_a_call() {
         ..RecordOptions::live(PathBuf::from("/nonexistent-clb-dir/trace.jsonl"))
     };
     let recorder =
-        Recorder::start(options, clb_host::trace::Signatures::of_logic(builtin()), &ComponentRef::of(builtin(), None))
+        Recorder::start(options, clb_host::trace::Signatures::of(builtin()), &ComponentRef::of(builtin(), None))
             .unwrap();
     let mut supervisor = clb_host::supervisor::Supervisor::new(builtin()).with_recorder(recorder.clone());
     supervisor.start(&read_config("clb.yaml")).unwrap();
@@ -297,7 +297,7 @@ fn a_rotated_trace_file_begins_from_a_state_and_replays_on_its_own() {
     let path = dir.join("run.jsonl");
     let options = RecordOptions { max_file_bytes: 2_000, keep_files: 8, ..RecordOptions::live(path.clone()) };
     let recorder =
-        Recorder::start(options, clb_host::trace::Signatures::of_logic(builtin()), &ComponentRef::of(builtin(), None))
+        Recorder::start(options, clb_host::trace::Signatures::of(builtin()), &ComponentRef::of(builtin(), None))
             .unwrap();
     let mut supervisor = clb_host::supervisor::Supervisor::new(builtin()).with_recorder(recorder.clone());
     supervisor.start(&read_config("clb.yaml")).unwrap();

@@ -56,8 +56,6 @@ const MESSAGE_LIMIT: usize = 1024;
 /// Why a swap request could not be handled.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error(transparent)]
-    Pin(#[from] PinError),
     #[error("the run loop is not taking swap requests (it stopped)")]
     LoopGone,
     #[error("loading the component did not finish")]

@@ -172,7 +172,7 @@ pub struct Runtime {
     metering: Metering,
     stop: Arc<AtomicBool>,
     #[cfg(unix)]
-    memories: Arc<crate::sandbox::linear_memory::RecyclingMemories>,
+    memories: Arc<linear_memory::RecyclingMemories>,
 }
 
 impl Runtime {
@@ -186,7 +186,7 @@ impl Runtime {
         // Recycled memories are plain mappings: the copy-on-write data image needs wasmtime's
         // own, so data segments are copied in at instantiation instead (a few kilobytes).
         #[cfg(unix)]
-        let memories = Arc::new(crate::sandbox::linear_memory::RecyclingMemories::new());
+        let memories = Arc::new(linear_memory::RecyclingMemories::new());
         #[cfg(unix)]
         config.with_host_memory(memories.clone()).memory_init_cow(false);
         let engine = Engine::new(&config).map_err(|e| LoadError::Engine(e.to_string()))?;
@@ -219,7 +219,7 @@ impl Runtime {
 
     /// The engine's memory creator, whose counts `/metrics` shows.
     #[cfg(unix)]
-    pub fn memories(&self) -> &Arc<crate::sandbox::linear_memory::RecyclingMemories> {
+    pub fn memories(&self) -> &Arc<linear_memory::RecyclingMemories> {
         &self.memories
     }
 

@@ -33,7 +33,7 @@ impl ComponentRef {
 
 /// The schema file's text (`hosts/schema/clb-reconciler.json`).
 pub fn schema_text(logic: &Logic) -> String {
-    serde_json::to_string_pretty(&Signatures::of_logic(logic).schema()).expect("a JSON value always prints")
+    serde_json::to_string_pretty(&Signatures::of(logic).schema()).expect("a JSON value always prints")
 }
 
 /// Where `simulate --record PATH` writes each scenario's trace: PATH itself for one scenario,
@@ -66,5 +66,5 @@ pub fn record_scenario(
     name: &str,
 ) -> Result<std::sync::Arc<Recorder>, recorder::RecordError> {
     let options = RecordOptions::whole(path.to_owned(), format!("simulate {name}"));
-    Recorder::start(options, Signatures::of_logic(logic), &ComponentRef::of(logic, Some(component)))
+    Recorder::start(options, Signatures::of(logic), &ComponentRef::of(logic, Some(component)))
 }

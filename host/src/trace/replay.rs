@@ -151,7 +151,7 @@ pub fn replay_file(path: &Path, components: Components<'_>, all: bool) -> Result
             ),
         ));
     }
-    let signatures = crate::trace::Signatures::of_logic(components.primary);
+    let signatures = crate::trace::Signatures::of(components.primary);
     let mut replayer = Replayer { components, signatures, held: BTreeMap::new(), pure: None };
     let mut number = 1;
     loop {
@@ -431,7 +431,7 @@ impl Replayer<'_> {
         let handle = self_handle(args)?;
         let name = args.get("component").and_then(|c| c.get("name")).and_then(Json::as_str).ok_or("swap: component.name missing")?;
         let logic = self.components.named.get(name).unwrap_or(self.components.primary).clone();
-        let signatures = crate::trace::Signatures::of_logic(&logic);
+        let signatures = crate::trace::Signatures::of(&logic);
         let held = self.held.get_mut(&handle).ok_or_else(|| format!("swap of handle {handle}, which does not exist"))?;
         let export = held.signatures.get("tracker.export-state").cloned().ok_or("the component lacks tracker.export-state")?;
         let state = match invoke(&mut held.session, &export, &[Val::Resource(held.resource)])? {
@@ -470,7 +470,7 @@ impl Replayer<'_> {
         let held = self.held.remove(&handle).ok_or_else(|| format!("rollback of handle {handle}, which does not exist"))?;
         let (logic, mut lineage) = *held.before_swap.ok_or("rollback of a handle that no swap made")?;
         lineage.extend(held.lineage.into_iter().skip(1));
-        let signatures = crate::trace::Signatures::of_logic(&logic);
+        let signatures = crate::trace::Signatures::of(&logic);
         let (session, resource) = build(&logic, &signatures, &lineage)?;
         self.held.insert(new_handle, Held {
             logic,

@@ -5,8 +5,6 @@
 use super::canonical::kind;
 use crate::sandbox::PACKAGE;
 use serde_json::{Value as Json, json};
-use wasmtime::Engine;
-use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 use wasmtime::component::types::Type;
 
@@ -34,11 +32,8 @@ pub struct Signatures {
 
 impl Signatures {
     /// The functions `logic` exports, with their WIT types.
-    pub fn of_logic(logic: &crate::sandbox::Logic) -> Self {
-        Self::of(logic.engine(), logic.component())
-    }
-
-    pub fn of(engine: &Engine, component: &Component) -> Self {
+    pub fn of(logic: &crate::sandbox::Logic) -> Self {
+        let (engine, component) = (logic.engine(), logic.component());
         let ty = component.component_type();
         let mut package = String::new();
         let mut functions = Vec::new();
