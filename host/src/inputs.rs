@@ -2,10 +2,11 @@
 //! that name the file, the line and the reason.
 //!
 //! Every file is read through [`crate::bounded::read`] (so `/dev/zero` or a 2 GB file is
-//! refused after its limit, not read to the end), and every YAML text is checked by
-//! [`check_yaml`] before it is deserialized: nesting at most [`MAX_DEPTH`] deep, no key twice in one mapping (Kubernetes
-//! refuses a manifest with a duplicate key; serde would keep the last), a leading UTF-8 byte
-//! order mark ignored (issue 15, defects 5 and 6).
+//! refused after its limit, not read to the end), and every YAML text is parsed by
+//! [`from_yaml`] or [`from_yaml_documents`] (serde-saphyr, a pure-Rust parser that enforces its
+//! limits while it parses): nesting at most [`MAX_DEPTH`] deep, a bounded number of nodes, no
+//! key twice in one mapping (Kubernetes refuses a manifest with a duplicate key), a leading
+//! UTF-8 byte order mark ignored (issue 15, defects 5 and 6).
 
 use crate::azure::Scope;
 use crate::backend_pools::PoolUpdaterConfig;
@@ -34,97 +35,63 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 20;
 /// included, stays far below it.
 pub const MAX_DEPTH: usize = 64;
 
-/// `text` without a leading byte order mark, once its YAML is known to nest at most
-/// [`MAX_DEPTH`] deep and to hold no duplicate key.
-pub fn check_yaml<'t>(path: &Path, text: &'t str) -> Result<&'t str, InputError> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    if let Some(line) = too_deep(text) {
-        let reason = format!("nested deeper than {MAX_DEPTH} levels");
-        return Err(InputError::Parse { path: path.to_owned(), line, reason });
+/// The parser's limits: serde-saphyr's budget (at most 250,000 nodes, 1,000,000 events and
+/// 1,024 documents; anchors and aliases bounded against alias bombs), nesting at most
+/// [`MAX_DEPTH`] deep (flow collections included), and no key twice in one mapping — anywhere,
+/// even in fields the reader ignores.
+fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! { max_depth: MAX_DEPTH, flow_nesting_limit: MAX_DEPTH },
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
     }
-    // A `Value` refuses a key it already holds (serde_yaml's `Mapping`), with its line.
-    for document in serde_yaml::Deserializer::from_str(text) {
-        serde_yaml::Value::deserialize(document).map_err(|e| InputError::parse(path, &e))?;
-    }
-    Ok(text)
 }
 
-/// The first line at which `text` may nest deeper than [`MAX_DEPTH`]: a scan, not a parse, that
-/// counts a stack of indentations for block collections, the `- ` that open sequences on one
-/// line and the open `[` and `{` of flow collections (outside quotes and comments). It may
-/// overcount, never by much on a real manifest. It runs before the parser, whose time on deep
-/// input grows faster than its size (libyaml reads the whole document before serde_yaml's own
-/// recursion limit of 128 applies).
-fn too_deep(text: &str) -> Option<usize> {
-    let mut indents: Vec<usize> = Vec::new();
-    let mut flow = 0usize;
-    // While in a block scalar (`|`, `>`): the indentation of the line that opened it.
-    let mut scalar: Option<usize> = None;
-    for (n, line) in text.lines().enumerate() {
-        let body = line.trim_start_matches(' ');
-        let indent = line.len() - body.len();
-        if body.is_empty() || scalar.is_some_and(|opened| indent > opened) {
-            continue;
-        }
-        scalar = None;
-        if body.starts_with('#') {
-            continue;
-        }
-        if flow == 0 {
-            while indents.last().is_some_and(|&i| i > indent) {
-                indents.pop();
-            }
-            if indents.last() != Some(&indent) {
-                indents.push(indent);
-            }
-        }
-        let mut dashes = 0;
-        let mut rest = body;
-        while let Some(after) = rest.strip_prefix("- ").or_else(|| (rest == "-").then_some("")) {
-            dashes += 1;
-            rest = after.trim_start_matches(' ');
-        }
-        let mut deepest = flow;
-        let mut quote: Option<char> = None;
-        let mut previous = ' ';
-        for c in rest.chars() {
-            match (quote, c) {
-                (Some(q), c) if c == q => quote = None,
-                (Some(_), _) => {}
-                (None, '"' | '\'') if matches!(previous, ' ' | '[' | '{' | ',' | ':') => quote = Some(c),
-                (None, '#') if previous == ' ' => break,
-                (None, '[' | '{') => {
-                    flow += 1;
-                    deepest = deepest.max(flow);
-                }
-                (None, ']' | '}') => flow = flow.saturating_sub(1),
-                _ => {}
-            }
-            previous = c;
-        }
-        if indents.len().saturating_sub(1) + dashes.max(1) + deepest > MAX_DEPTH {
-            return Some(n + 1);
-        }
-        let end = rest.split(" #").next().unwrap_or(rest).trim_end();
-        if flow == 0
-            && end.rsplit([' ', ':']).next().is_some_and(|last| {
-                last.starts_with(['|', '>']) && last[1..].chars().all(|c| matches!(c, '-' | '+' | '1'..='9'))
-            })
-        {
-            scalar = Some(indent);
-        }
-    }
-    None
+/// Reads one YAML (or JSON) document as a `T`: `None` when it holds nothing (empty, or only
+/// comments). A leading byte order mark is skipped.
+pub fn from_yaml<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<Option<T>, InputError> {
+    serde_saphyr::from_str_with_options(text, yaml_options()).map_err(|e| InputError::parse(path, text, &e))
+}
+
+/// Reads every document of a YAML stream (`---` separates them) as a `T`; empty ones are
+/// skipped.
+pub fn from_yaml_documents<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<Vec<T>, InputError> {
+    serde_saphyr::from_multiple_with_options(text, yaml_options()).map_err(|e| InputError::parse(path, text, &e))
 }
 
 impl InputError {
-    pub(crate) fn parse(path: &Path, err: &serde_yaml::Error) -> Self {
-        let line = err.location().map(|l| l.line()).unwrap_or(1);
-        // serde_yaml appends " at line L column C"; the line is already in front.
-        let reason = err.to_string();
-        let reason = reason.split(" at line ").next().unwrap_or(&reason).to_owned();
+    fn parse(path: &Path, text: &str, err: &serde_saphyr::Error) -> Self {
+        let location = err.location();
+        let line = location.map_or(1, |l| usize::try_from(l.line()).unwrap_or(usize::MAX));
+        let plain = err.without_snippet();
+        // The parser's own recursion guard fires before the budget on deep flow collections.
+        let message = plain.render_with_formatter(&serde_saphyr::UserMessageFormatter);
+        let too_deep = matches!(
+            plain,
+            serde_saphyr::Error::Budget { breach: serde_saphyr::budget::BudgetBreach::Depth { .. }, .. }
+        ) || message.starts_with("recursion limit exceeded");
+        let mut reason = if too_deep {
+            format!("nested deeper than {MAX_DEPTH} levels")
+        } else {
+            // The message ends with " at line L, column C"; the line is already in front.
+            message.split(" at line ").next().unwrap_or(&message).to_owned()
+        };
+        // "invalid i32" says what was expected, not what was found: quote the scalar.
+        if reason.starts_with("invalid ")
+            && let Some(found) = location.and_then(|l| scalar_at(text, line, usize::try_from(l.column()).ok()?))
+        {
+            reason = format!("{reason}, found {found:?}");
+        }
         Self::Parse { path: path.to_owned(), line, reason }
     }
+}
+
+/// The scalar that starts at `line`:`column` (1-based) of `text`, as written: up to the end of
+/// the line, a comment or a flow delimiter, and at most 64 characters.
+fn scalar_at(text: &str, line: usize, column: usize) -> Option<String> {
+    let rest: String = text.lines().nth(line.checked_sub(1)?)?.chars().skip(column.checked_sub(1)?).collect();
+    let end = rest.find([',', ']', '}']).unwrap_or(rest.len()).min(rest.find(" #").unwrap_or(rest.len()));
+    let found: String = rest[..end].trim().chars().take(64).collect();
+    (!found.is_empty()).then_some(found)
 }
 
 /// The keys of the Azure cloud configuration (`azure.json`, YAML or JSON) this logic reads.
@@ -198,11 +165,7 @@ pub fn parse_config(path: &Path, text: &str) -> Result<Config, InputError> {
 /// Reads the cloud configuration's keys this logic reads, for [`Config`] and for
 /// [`CloudConfig::slb_configurations`].
 pub fn parse_cloud_config(path: &Path, text: &str) -> Result<CloudConfig, InputError> {
-    let text = check_yaml(path, text)?;
-    if text.trim().is_empty() {
-        return Ok(CloudConfig::default());
-    }
-    serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))
+    Ok(from_yaml(path, text)?.unwrap_or_default())
 }
 
 impl From<CloudConfig> for Config {
@@ -243,12 +206,7 @@ pub fn read_scope(path: &Path, service_gateway: &str) -> Result<Scope, InputErro
 }
 
 pub fn parse_scope(path: &Path, text: &str, service_gateway: &str) -> Result<Scope, InputError> {
-    let text = check_yaml(path, text)?;
-    let keys: ScopeKeys = if text.trim().is_empty() {
-        ScopeKeys::default()
-    } else {
-        serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?
-    };
+    let keys: ScopeKeys = from_yaml(path, text)?.unwrap_or_default();
     let required = |value: String, key: &'static str| {
         if value.trim().is_empty() { Err(InputError::Missing { path: path.to_owned(), key }) } else { Ok(value) }
     };
@@ -271,15 +229,7 @@ pub fn read_manifests<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec
 }
 
 pub fn parse_manifests<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<Vec<T>, InputError> {
-    let text = check_yaml(path, text)?;
-    let mut objects = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(text) {
-        // An empty document (e.g. after a trailing `---`) reads as `None`.
-        if let Some(object) = Option::<T>::deserialize(document).map_err(|e| InputError::parse(path, &e))? {
-            objects.push(object);
-        }
-    }
-    Ok(objects)
+    from_yaml_documents(path, text)
 }
 
 #[cfg(test)]
@@ -292,7 +242,7 @@ mod tests {
     }
 
     fn depth_error(text: &str) -> Option<usize> {
-        match check_yaml(Path::new("x.yaml"), text) {
+        match from_yaml::<serde::de::IgnoredAny>(Path::new("x.yaml"), text) {
             Err(InputError::Parse { line, reason, .. }) if reason.contains("nested deeper") => Some(line),
             _ => None,
         }
@@ -317,14 +267,29 @@ mod tests {
         let text = format!(
             "a: \"{brackets}\"\nb: '{brackets}'\nc: 1 # {brackets}\nd: |\n  {brackets}\n  don't [ {{\ne: {{f: [1, 2]}}\n"
         );
-        assert_eq!(check_yaml(Path::new("x.yaml"), &text).map(|_| ()).map_err(|e| e.to_string()), Ok(()));
+        let read = from_yaml::<serde::de::IgnoredAny>(Path::new("x.yaml"), &text);
+        assert_eq!(read.map(|_| ()).map_err(|e| e.to_string()), Ok(()));
     }
 
     #[test]
     fn a_key_twice_in_one_mapping_is_refused_and_a_byte_order_mark_is_dropped() {
-        let err = check_yaml(Path::new("x.yaml"), "a: 1\nb:\n  c: 1\n  c: 2\n").unwrap_err().to_string();
-        assert!(err.starts_with("x.yaml:") && err.contains("duplicate entry with key \"c\""), "{err}");
-        assert_eq!(check_yaml(Path::new("x.yaml"), "\u{feff}a: 1\n").unwrap(), "a: 1\n");
+        type Map = std::collections::BTreeMap<String, serde::de::IgnoredAny>;
+        let err = from_yaml::<Map>(Path::new("x.yaml"), "a: 1\nb:\n  c: 1\n  c: 2\n").unwrap_err().to_string();
+        assert_eq!(err, "x.yaml:4: duplicate mapping key `c` is not allowed here");
+        // Even where the reader ignores the field (a struct without `b`).
+        let err = parse_cloud_config(Path::new("x.yaml"), "b:\n  c: 1\n  c: 2\n").unwrap_err().to_string();
+        assert!(err.starts_with("x.yaml:3: duplicate mapping key"), "{err}");
+        let read = from_yaml::<std::collections::BTreeMap<String, u32>>(Path::new("x.yaml"), "\u{feff}a: 1\n").unwrap();
+        assert_eq!(read, Some([("a".to_owned(), 1)].into()));
+    }
+
+    #[test]
+    fn a_value_of_the_wrong_type_is_refused_with_its_line_and_the_text_found() {
+        let text = "loadBalancerSku: standard\nloadBalancerBackendPoolUpdateIntervalInSeconds: soon # later\n";
+        let err = parse_cloud_config(Path::new("azure.yaml"), text).unwrap_err().to_string();
+        assert_eq!(err, "azure.yaml:2: invalid u64, found \"soon\"");
+        assert_eq!(scalar_at("a: [1, x2]\n", 1, 8).as_deref(), Some("x2"));
+        assert_eq!(scalar_at("a: 1\n", 3, 1), None);
     }
 
     #[test]

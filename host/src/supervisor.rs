@@ -357,6 +357,9 @@ pub struct Snapshot {
 /// nothing of the layer that serves its counters.
 pub trait Publish: Send + Sync {
     fn publish(&self, snapshot: Snapshot);
+    /// How long the serving version (`sha256`) took over one delivered input: the call into
+    /// the guest, not the rebuild after a trap nor checkpoints.
+    fn guest_call(&self, sha256: &str, took: Duration);
 }
 
 /// What the supervisor has done, for metrics.
@@ -690,7 +693,12 @@ impl<'a> Supervisor<'a> {
     fn deliver_inner(&mut self, input: Input) -> Result<wit::Step, SupervisorError> {
         self.trace_resync();
         let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
-        match running.call(&input) {
+        let started = Instant::now();
+        let called = running.call(&input);
+        if let Some(publisher) = &self.publisher {
+            publisher.guest_call(&self.logic.info().sha256, started.elapsed());
+        }
+        match called {
             Ok(step) => {
                 self.trace_input(&input, Ok(&step));
                 self.accept(input, &step)?;

@@ -24,7 +24,9 @@ struct AdmissionCase {
 
 fn cases<T: serde::de::DeserializeOwned>(table: &str) -> Vec<T> {
     let path = fixture(table);
-    serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    clb_host::inputs::from_yaml(&path, &std::fs::read_to_string(&path).unwrap())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|| panic!("{}: empty", path.display()))
 }
 
 #[test]

@@ -90,7 +90,7 @@ fn validate_exits_two_naming_the_file_and_line_of_malformed_yaml() {
     let (code, _, err) = clb_host(&["validate", config.to_str().unwrap(), path.to_str().unwrap()]);
     assert_eq!(code, EXIT_BAD_INPUT, "{err}");
     assert!(err.contains(&format!("{}:7:", path.display())), "{err}");
-    assert!(err.contains("invalid type"), "{err}");
+    assert!(err.contains("invalid i32, found \"eighty\""), "{err}");
 }
 
 #[test]
@@ -203,7 +203,7 @@ fn hostile_input_files_are_refused_with_exit_2_naming_the_file_and_what_is_wrong
         (
             "a key twice in one mapping",
             temp_file("dup.yaml", DUPLICATE_KEY.as_bytes()),
-            ":4: metadata: duplicate entry with key \"name\"",
+            ":6: duplicate mapping key `name` is not allowed here",
         ),
         (
             "flow collections 100,000 deep",

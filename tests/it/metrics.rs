@@ -213,3 +213,55 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
     assert_eq!(value(&text, "clb_pool_updater_groups_total", &["result=\"failed\""]), 0.0);
     assert_eq!(value(&text, "clb_pool_updater_failures_total", &["kind=\"unlock\""]), 1.0);
 }
+
+/// Issue 18: `/metrics` moved from exposition text written by hand to `prometheus-client`; the
+/// sample names and label keys are the operators' contract and stay exactly as they were
+/// (`tests/fixtures/metrics/contract.txt`), the histograms added beside them.
+#[cfg(unix)]
+#[test]
+fn every_sample_name_and_label_key_of_a_full_scrape_is_the_documented_contract() {
+    use clb_host::live::metrics::{RunStats, SwapPhase};
+    use clb_host::trace::{ComponentRef, Overflow, RecordOptions, Recorder, Signatures};
+    use std::collections::BTreeSet;
+    use std::time::Duration;
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    metrics.track_memories(runtime().memories().clone());
+    let options = RecordOptions {
+        overflow: Overflow::Drop,
+        ..RecordOptions::live(std::path::PathBuf::from("/nonexistent-clb-dir/trace.jsonl"))
+    };
+    let trace = Recorder::start(options, Signatures::of(builtin()), &ComponentRef::of(builtin(), None)).unwrap();
+    metrics.track_run(RunStats { trace: Some(trace), ..RunStats::default() });
+    let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics.clone()));
+    supervisor.swap(next(), 1).expect("accepted");
+    supervisor.observe(2, &[service("boom", 9)]).unwrap();
+    metrics.observe_command("read-nrp", false, Duration::from_millis(3));
+    metrics.observe_swap_phase(SwapPhase::Switch, Duration::from_millis(2));
+
+    let (status, text) = get(server.local_addr(), "/metrics");
+    assert_eq!(status, 200);
+    assert!(text.ends_with("# EOF\n"), "an OpenMetrics exposition ends with its EOF marker:\n{text}");
+    let scraped: BTreeSet<String> = text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .map(|line| {
+            let series = line.rsplit_once(' ').map_or(line, |(series, _value)| series);
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            let mut keys: Vec<&str> =
+                labels.trim_end_matches('}').split(',').filter_map(|l| l.split_once('=')).map(|(k, _)| k).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            if keys.is_empty() { name.to_owned() } else { format!("{name} {}", keys.join(",")) }
+        })
+        .collect();
+    let contract: BTreeSet<String> = std::fs::read_to_string(fixture("metrics/contract.txt"))
+        .unwrap()
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(str::to_owned)
+        .collect();
+    let missing: Vec<_> = contract.difference(&scraped).collect();
+    let unknown: Vec<_> = scraped.difference(&contract).collect();
+    assert!(missing.is_empty() && unknown.is_empty(), "missing {missing:?}, not in the contract {unknown:?}:\n{text}");
+}

@@ -118,9 +118,11 @@ fn bad_scenario_files_are_refused_with_the_file_the_line_and_why() {
     let cases = [
         ("unknown-step.yaml", 7, "unknown variant `wait`"),
         ("bad-duration.yaml", 6, "\"5 minutes\" is not a duration"),
-        ("fault-without-count.yaml", 7, "give `count: N` or `always: true`"),
+        // The line where the fault's mapping begins: the refusal is of the mapping as a whole.
+        ("fault-without-count.yaml", 8, "give `count: N` or `always: true`"),
         ("bad-status.yaml", 8, "expected present, absent, deleted or an IP address"),
-        ("service-without-uid.yaml", 7, "Service web: metadata.uid is missing"),
+        // The object's own first line, the second of its `apply` list.
+        ("service-without-uid.yaml", 10, "Service web: metadata.uid is missing"),
         ("service-port-not-a-number.yaml", 7, "Service web: invalid type: string \"eighty\", expected i32"),
         ("unknown-kind.yaml", 7, "kind \"Deployment\" is not simulated"),
     ];
@@ -254,7 +256,8 @@ fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_o
     let cluster = Cluster::new();
     let executor = Executor::new(&emulator, &cluster);
     let text = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop, uid: uid-2}\n";
-    let service: k8s_openapi::api::core::v1::Service = serde_yaml::from_str(text).unwrap();
+    let service: k8s_openapi::api::core::v1::Service =
+        clb_host::inputs::from_yaml(std::path::Path::new("web.yaml"), text).unwrap().unwrap();
     let reference = |uid: &str| wit::ObjectRef {
         kind: "Service".into(),
         namespace: "shop".into(),

@@ -150,8 +150,9 @@ pub async fn apply_file(client: &kube::Client, path: &Path) {
     use kube::discovery::{Scope, pinned_kind};
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let params = PatchParams::apply("clb-tests").force();
-    for document in serde_yaml::Deserializer::from_str(&text) {
-        let object: DynamicObject = serde::Deserialize::deserialize(document).expect("a Kubernetes object");
+    let objects: Vec<DynamicObject> = clb_host::inputs::from_yaml_documents(path, &text)
+        .unwrap_or_else(|e| panic!("Kubernetes objects in {}: {e}", path.display()));
+    for object in objects {
         let types = object.types.clone().expect("apiVersion and kind");
         let gvk = kube::api::GroupVersionKind::try_from(&types).expect("a valid apiVersion");
         let (resource, capabilities) = pinned_kind(client, &gvk).await.expect("the API server serves the kind");

@@ -34,7 +34,7 @@
 use crate::compression::Compression;
 use crate::executor::{KubeApi, KubeError};
 use crate::kube::{KubeClient, api_error, error_chain};
-use crate::live::metrics::Metrics;
+use crate::live::metrics::{Metrics, SwapPhase};
 use crate::live::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{Limits, Loader, Logic, Runtime, sha256_hex};
@@ -102,6 +102,7 @@ impl SwapSender {
     ) -> Result<SwapResult, ControlError> {
         let origin = origin.into();
         let span = tracing::info_span!("swap", %origin);
+        let started = Instant::now();
         let decompressed = tokio::task::spawn_blocking(move || {
             let _origin = span.entered();
             // The sha256 a refusal names: of the bytes as they came, when they are not the component.
@@ -129,6 +130,7 @@ impl SwapSender {
         }
         let (loader, limits) = (self.loader.clone(), self.limits);
         let loaded = tokio::task::spawn_blocking(move || loader.load(&bytes, limits)).await;
+        self.metrics.observe_swap_phase(SwapPhase::Load, started.elapsed());
         let logic = match loaded.map_err(ControlError::LoadAborted)? {
             Ok(logic) => logic,
             Err(error) => {
@@ -291,6 +293,7 @@ impl Control {
         let Imported { in_flight: InFlight { request, sha256, staged_at, .. }, import } = imported;
         let origin = request.origin.clone();
         tracing::debug!(%origin, %sha256, staging = ?staged_at.elapsed(), "the staged version holds the state; switching");
+        self.metrics.observe_swap_phase(SwapPhase::Stage, staged_at.elapsed());
         if supervisor.logic().info().sha256 == sha256 {
             // A rollback while staging went back to the very version asked for.
             tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
@@ -323,6 +326,7 @@ impl Control {
         let mut first_step = None;
         let result = match swap(supervisor, logic, now_ms) {
             Ok(report) => {
+                self.metrics.observe_swap_phase(SwapPhase::Switch, report.took);
                 let result = SwapResult::accepted(&report, sha256);
                 first_step = Some(report.first_step);
                 result

@@ -1,5 +1,5 @@
 //! The HTTP endpoint of `clb-host run` (a small hyper server): `/metrics` (the
-//! [`Metrics`] registry's exposition), `/healthz` (200 while a version serves, else 503),
+//! [`Metrics`] registry's OpenMetrics exposition), `/healthz` (200 while a version serves, else 503),
 //! `/readyz` (200 once ready, else 503), `/status` (JSON for people and scripts) and `POST
 //! /swap`.
 //!
@@ -121,7 +121,7 @@ async fn handle(
             None => reply(StatusCode::NOT_FOUND, text, "this endpoint takes no swaps\n".into()),
         },
         (&Method::GET, "/metrics") => {
-            reply(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics.render())
+            reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.render())
         }
         (&Method::GET, "/healthz") if metrics.healthy() => reply(StatusCode::OK, text, "ok\n".into()),
         (&Method::GET, "/healthz") => reply(StatusCode::SERVICE_UNAVAILABLE, text, "no logic version serving\n".into()),

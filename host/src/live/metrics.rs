@@ -1,13 +1,19 @@
 //! What an operator scrapes, as data: the registry the supervisor publishes into and its
-//! Prometheus text exposition (format 0.0.4, design §7: metrics per call labelled by logic
-//! version), the health and readiness it implies and the `/status` document.
+//! OpenMetrics text exposition through `prometheus-client` (design §7: metrics per call labelled
+//! by logic version), the health and readiness it implies and the `/status` document.
 //! [`crate::live::endpoint`] serves them over HTTP.
 //!
 //! The [`Supervisor`](crate::supervisor::Supervisor) serves with `&mut self`, so a scrape cannot
 //! ask it; instead it publishes a [`Snapshot`] into [`Metrics`] (through
 //! [`Publish`](crate::supervisor::Publish)) after every call (a mutex and a few small copies,
-//! nothing next to a guest call), and a scrape renders the last one. The guest's own counters are
-//! atomics shared with the [`Logic`](crate::sandbox::Logic); the snapshot reads them.
+//! nothing next to a guest call), and a scrape renders the last one through a collector. The
+//! guest's own counters are atomics shared with the [`Logic`](crate::sandbox::Logic); the
+//! snapshot reads them. Latencies are histograms observed as they happen: each delivered input's
+//! guest call (by version), each command `run` carries out (by command and result), each phase
+//! of a swap.
+//!
+//! The metric names and labels are the operators' contract (`docs/operations.md`, "What to
+//! scrape"); `tests/it/metrics.rs` pins them.
 //!
 //! * Per version (`version` = the first 12 hex digits of the component's sha256, `sha256` = all
 //!   of it): calls, fuel used, failures by kind. A version stays in the exposition after it is
@@ -26,41 +32,72 @@
 
 use crate::live::swap::{SwapRecord, SwapResult};
 use crate::supervisor::{ROLLBACK_AFTER, Snapshot, VersionSnapshot};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 /// Counters of the parts of `run` that a leadership term rebuilds, shared by all terms so that
 /// `/metrics` shows process totals.
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
     /// The leader-election Lease.
-    pub leader: std::sync::Arc<crate::live::lease::LeaseStats>,
+    pub leader: Arc<crate::live::lease::LeaseStats>,
     /// The Azure resource lock's Lease (multi-SLB local-service mode).
-    pub resource_lock: std::sync::Arc<crate::live::lease::LeaseStats>,
+    pub resource_lock: Arc<crate::live::lease::LeaseStats>,
     /// The backend-pool updater (multi-SLB local-service mode).
-    pub pool_updater: std::sync::Arc<crate::backend_pools::PoolUpdaterStats>,
+    pub pool_updater: Arc<crate::backend_pools::PoolUpdaterStats>,
     /// `--record`: the trace every term's calls into the logic go to.
-    pub trace: Option<std::sync::Arc<crate::trace::Recorder>>,
+    pub trace: Option<Arc<crate::trace::Recorder>>,
 }
 
 impl crate::supervisor::Publish for Metrics {
     fn publish(&self, snapshot: Snapshot) {
         Metrics::publish(self, snapshot);
     }
+
+    fn guest_call(&self, sha256: &str, took: Duration) {
+        let labels = vec![("version", sha256.chars().take(12).collect()), ("sha256", sha256.to_owned())];
+        self.latency.guest_calls.get_or_create(&labels).observe(took.as_secs_f64());
+    }
 }
 
-/// The last published state, and every version ever seen (so swapped-out versions keep their
-/// series).
-#[derive(Default)]
+/// The last published state, every version ever seen (so swapped-out versions keep their
+/// series), and the registry that renders them with the latency histograms.
 pub struct Metrics {
+    shared: Arc<Shared>,
+    registry: Registry,
+    latency: Latency,
+}
+
+/// What the scrape's collector reads.
+#[derive(Default)]
+struct Shared {
     inner: Mutex<Published>,
-    /// The engine's guest memories, once [`Self::track_memories`] names them.
+    /// The engine's guest memories, once [`Metrics::track_memories`] names them.
     #[cfg(unix)]
     memories: std::sync::OnceLock<Arc<crate::sandbox::linear_memory::RecyclingMemories>>,
-    /// `run`'s leases and backend-pool updater, once [`Self::track_run`] names them.
+    /// `run`'s leases and backend-pool updater, once [`Metrics::track_run`] names them.
     run: std::sync::OnceLock<RunStats>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
+        // A panic elsewhere while holding the lock leaves plain counters behind: still valid.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn is_ready(published: &Published) -> bool {
+        published.last.ready && published.last.serving.is_some() && !published.lists_pending && !published.standing_by
+    }
 }
 
 #[derive(Default)]
@@ -129,24 +166,27 @@ pub struct Status {
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        Arc::default()
+        let shared = Arc::new(Shared::default());
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(SnapshotCollector(shared.clone())));
+        let latency = Latency::register(&mut registry);
+        Arc::new(Self { shared, registry, latency })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Published> {
-        // A panic elsewhere while holding the lock leaves plain counters behind: still valid.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared.lock()
     }
 
     /// Shows the counts of the engine's memory creator (one per process; the first one named
     /// stays).
     #[cfg(unix)]
     pub fn track_memories(&self, memories: Arc<crate::sandbox::linear_memory::RecyclingMemories>) {
-        let _ = self.memories.set(memories);
+        let _ = self.shared.memories.set(memories);
     }
 
     /// Shows the counters of `run`'s leases and backend-pool updater (the first ones named stay).
     pub fn track_run(&self, stats: RunStats) {
-        let _ = self.run.set(stats);
+        let _ = self.shared.run.set(stats);
     }
 
     pub fn publish(&self, snapshot: Snapshot) {
@@ -234,11 +274,7 @@ impl Metrics {
     }
 
     pub fn ready(&self) -> bool {
-        Self::is_ready(&self.lock())
-    }
-
-    fn is_ready(published: &Published) -> bool {
-        published.last.ready && published.last.serving.is_some() && !published.lists_pending && !published.standing_by
+        Shared::is_ready(&self.lock())
     }
 
     /// What `/status` shows.
@@ -248,7 +284,7 @@ impl Metrics {
         let version = |v: &VersionSnapshot| VersionRef { version: v.version.clone(), sha256: v.sha256.clone() };
         Status {
             serving: last.serving.is_some(),
-            ready: Self::is_ready(&published),
+            ready: Shared::is_ready(&published),
             active: last.serving.as_ref().map(version),
             previous: last.versions.get(1).map(version),
             last_swap: published.last_swap.clone(),
@@ -260,222 +296,329 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition of the last snapshot.
+    /// The OpenMetrics text exposition: the last snapshot's counters, then the latency
+    /// histograms, then `# EOF`.
     pub fn render(&self) -> String {
-        let published = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out = String::new();
-        let versions: Vec<&VersionSnapshot> = published.versions.values().collect();
-        family(&mut out, "clb_guest_calls_total", "counter", "Calls into the guest, by logic version.");
-        for v in &versions {
-            sample(&mut out, "clb_guest_calls_total", &version_labels(v, &[]), v.calls as f64);
-        }
-        family(&mut out, "clb_guest_fuel_used_total", "counter", "Fuel the guest's calls used, by logic version.");
-        for v in &versions {
-            sample(&mut out, "clb_guest_fuel_used_total", &version_labels(v, &[]), v.fuel_used as f64);
-        }
-        family(&mut out, "clb_guest_failures_total", "counter", "Guest calls that failed, by logic version and kind.");
-        for v in &versions {
-            for (kind, n) in &v.failures {
-                sample(&mut out, "clb_guest_failures_total", &version_labels(v, &[("kind", kind)]), *n as f64);
-            }
-        }
-
-        let last = &published.last;
-        family(&mut out, "clb_logic_serving", "gauge", "1 for the logic version serving now.");
-        if let Some(serving) = &last.serving {
-            sample(&mut out, "clb_logic_serving", &version_labels(serving, &[]), 1.0);
-        }
-        let ready = if Self::is_ready(&published) { 1.0 } else { 0.0 };
-        single(&mut out, "clb_ready", "gauge", "1 once the tracker has reported idle since it started.", ready);
-        single(
-            &mut out,
-            "clb_swap_events_failed_total",
-            "counter",
-            "Swap Events that could not be recorded.",
-            published.event_failures as f64,
-        );
-        single(
-            &mut out,
-            "clb_swap_requests_denied_total",
-            "counter",
-            "POST /swap requests refused: not from loopback, or without the token.",
-            published.swap_requests_denied as f64,
-        );
-        #[cfg(unix)]
-        if let Some(memories) = self.memories.get() {
-            let m = memories.stats();
-            family(
-                &mut out,
-                "clb_guest_memories_total",
-                "counter",
-                "Guest linear memories handed out, by origin: freshly mapped, or recycled (resident and zeroed).",
-            );
-            sample(&mut out, "clb_guest_memories_total", r#"origin="mapped""#, m.mapped as f64);
-            sample(&mut out, "clb_guest_memories_total", r#"origin="recycled""#, m.recycled as f64);
-            single(
-                &mut out,
-                "clb_guest_memory_zeroed_bytes_total",
-                "counter",
-                "Bytes of dropped guest memories zeroed for reuse.",
-                m.zeroed_bytes as f64,
-            );
-            single(
-                &mut out,
-                "clb_guest_memories_unmapped_total",
-                "counter",
-                "Dropped guest memories given back to the kernel (too many or too large to keep).",
-                m.unmapped as f64,
-            );
-        }
-
-        if let Some(run) = self.run.get() {
-            render_run(&mut out, run);
-        }
-        // The supervisor's totals, labelled with the version serving at this scrape.
-        let Some(serving) = &last.serving else { return out };
-        let s = &last.supervisor;
-        let labels = version_labels(serving, &[]);
-        let counters: [(&str, &str, f64); 6] = [
-            ("clb_supervisor_inputs_total", "Inputs delivered to the tracker.", s.inputs as f64),
-            ("clb_supervisor_recoveries_total", "Rebuilds of the tracker after a trap.", s.recoveries as f64),
-            (
-                "clb_supervisor_quarantined_inputs_total",
-                "Observations or outcomes dropped because the logic traps on them.",
-                s.quarantined as f64,
-            ),
-            ("clb_supervisor_checkpoints_total", "Checkpoints (export-state) taken.", s.checkpoints as f64),
-            ("clb_supervisor_checkpoint_bytes_total", "Bytes of all checkpoints taken.", s.checkpoint_bytes as f64),
-            (
-                "clb_supervisor_checkpoint_seconds_total",
-                "Time spent taking checkpoints.",
-                s.checkpoint_time.as_secs_f64(),
-            ),
-        ];
-        for (name, help, value) in counters {
-            family(&mut out, name, "counter", help);
-            sample(&mut out, name, &labels, value);
-        }
-        family(
-            &mut out,
-            "clb_supervisor_swaps_total",
-            "counter",
-            "Swap attempts, by result (accepted or the refusal).",
-        );
-        for (result, n) in &published.swaps() {
-            sample(&mut out, "clb_supervisor_swaps_total", &version_labels(serving, &[("result", result)]), *n as f64);
-        }
-        family(&mut out, "clb_supervisor_rollbacks_total", "counter", "Rollbacks to the previous version, by result.");
-        for (result, n) in [("done", s.rollbacks), ("failed", s.rollbacks_failed)] {
-            sample(
-                &mut out,
-                "clb_supervisor_rollbacks_total",
-                &version_labels(serving, &[("result", result)]),
-                n as f64,
-            );
-        }
-        family(&mut out, "clb_state_bytes", "gauge", "Size of the tracker's state at the last checkpoint.");
-        sample(&mut out, "clb_state_bytes", &labels, s.last_checkpoint_bytes as f64);
+        // Encoding into a String fails only if a collector does, and ours write to it alone.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// How long one command took against Azure or Kubernetes (`clb-host run`), by
+    /// [`command_name`](crate::executor::command_name) and whether it failed.
+    pub fn observe_command(&self, command: &'static str, failed: bool, took: Duration) {
+        let result = if failed { "failed" } else { "ok" };
+        self.latency
+            .commands
+            .get_or_create(&vec![("command", command.to_owned()), ("result", result.to_owned())])
+            .observe(took.as_secs_f64());
+    }
+
+    /// How long one phase of a swap took: `load` (decompress, check and compile, off the loop),
+    /// `stage` (the state move into the new version, off the loop) or `switch` (the pause of the
+    /// loop while the new version takes over).
+    pub fn observe_swap_phase(&self, phase: SwapPhase, took: Duration) {
+        self.latency.swap_phases.get_or_create(&vec![("phase", phase.as_str().to_owned())]).observe(took.as_secs_f64());
     }
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    // Writing to a String cannot fail.
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// The phases of a swap that [`Metrics::observe_swap_phase`] times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SwapPhase {
+    Load,
+    Stage,
+    Switch,
+}
+
+impl SwapPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SwapPhase::Load => "load",
+            SwapPhase::Stage => "stage",
+            SwapPhase::Switch => "switch",
+        }
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// The latency histograms, updated as things happen (a snapshot holds counters only).
+#[derive(Clone, Debug)]
+struct Latency {
+    guest_calls: Histograms,
+    commands: Histograms,
+    swap_phases: Histograms,
+}
+
+impl Latency {
+    fn register(registry: &mut Registry) -> Self {
+        // A guest call takes from tens of microseconds to the deadline (1 s by default); an Azure
+        // call from milliseconds to the request timeout (60 s by default); a swap's phases from a
+        // millisecond (a switch) to tens of seconds (compiling a large component on a busy node).
+        let latency = Self {
+            guest_calls: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_05, 4.0, 10))),
+            commands: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.5, 11))),
+            swap_phases: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 4.0, 9))),
+        };
+        registry.register_with_unit(
+            "clb_guest_call",
+            "Time the serving version took over one delivered input, by logic version.",
+            Unit::Seconds,
+            latency.guest_calls.clone(),
+        );
+        registry.register_with_unit(
+            "clb_command",
+            "Time one command took against Azure or Kubernetes (run), by command and result (ok, failed).",
+            Unit::Seconds,
+            latency.commands.clone(),
+        );
+        registry.register_with_unit(
+            "clb_swap_phase",
+            "Time one phase of a swap took: load (decompress and compile), stage (state move beside serving), switch (the loop's pause).",
+            Unit::Seconds,
+            latency.swap_phases.clone(),
+        );
+        latency
+    }
+}
+
+/// Renders what the snapshot holds at each scrape.
+struct SnapshotCollector(Arc<Shared>);
+
+impl std::fmt::Debug for SnapshotCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SnapshotCollector")
+    }
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let shared = &self.0;
+        let published = shared.lock();
+        let out = &mut encoder;
+        let versions: Vec<&VersionSnapshot> = published.versions.values().collect();
+        counters(
+            out,
+            "clb_guest_calls",
+            "Calls into the guest, by logic version.",
+            versions.iter().map(|v| (version_labels(v, &[]), v.calls)),
+        )?;
+        counters(
+            out,
+            "clb_guest_fuel_used",
+            "Fuel the guest's calls used, by logic version.",
+            versions.iter().map(|v| (version_labels(v, &[]), v.fuel_used)),
+        )?;
+        counters(
+            out,
+            "clb_guest_failures",
+            "Guest calls that failed, by logic version and kind.",
+            versions.iter().flat_map(|v| v.failures.iter().map(|(kind, n)| (version_labels(v, &[("kind", kind)]), *n))),
+        )?;
+
+        let last = &published.last;
+        gauges(
+            out,
+            "clb_logic_serving",
+            "1 for the logic version serving now.",
+            last.serving.iter().map(|v| (version_labels(v, &[]), 1)),
+        )?;
+        let ready = i64::from(Shared::is_ready(&published));
+        gauges(out, "clb_ready", "1 once the tracker has reported idle since it started.", [(Labels::new(), ready)])?;
+        counters(
+            out,
+            "clb_swap_events_failed",
+            "Swap Events that could not be recorded.",
+            [(Labels::new(), published.event_failures)],
+        )?;
+        counters(
+            out,
+            "clb_swap_requests_denied",
+            "POST /swap requests refused: not from loopback, or without the token.",
+            [(Labels::new(), published.swap_requests_denied)],
+        )?;
+        #[cfg(unix)]
+        if let Some(memories) = shared.memories.get() {
+            let m = memories.stats();
+            counters(
+                out,
+                "clb_guest_memories",
+                "Guest linear memories handed out, by origin: freshly mapped, or recycled (resident and zeroed).",
+                [(label("origin", "mapped"), m.mapped), (label("origin", "recycled"), m.recycled)],
+            )?;
+            counters(
+                out,
+                "clb_guest_memory_zeroed_bytes",
+                "Bytes of dropped guest memories zeroed for reuse.",
+                [(Labels::new(), m.zeroed_bytes)],
+            )?;
+            counters(
+                out,
+                "clb_guest_memories_unmapped",
+                "Dropped guest memories given back to the kernel (too many or too large to keep).",
+                [(Labels::new(), m.unmapped)],
+            )?;
+        }
+        if let Some(run) = shared.run.get() {
+            encode_run(out, run)?;
+        }
+
+        // The supervisor's totals, labelled with the version serving at this scrape.
+        let Some(serving) = &last.serving else { return Ok(()) };
+        let s = &last.supervisor;
+        let labels = || version_labels(serving, &[]);
+        let totals: [(&str, &str, u64); 5] = [
+            ("clb_supervisor_inputs", "Inputs delivered to the tracker.", s.inputs),
+            ("clb_supervisor_recoveries", "Rebuilds of the tracker after a trap.", s.recoveries),
+            (
+                "clb_supervisor_quarantined_inputs",
+                "Observations or outcomes dropped because the logic traps on them.",
+                s.quarantined,
+            ),
+            ("clb_supervisor_checkpoints", "Checkpoints (export-state) taken.", s.checkpoints),
+            ("clb_supervisor_checkpoint_bytes", "Bytes of all checkpoints taken.", s.checkpoint_bytes),
+        ];
+        for (name, help, value) in totals {
+            counters(out, name, help, [(labels(), value)])?;
+        }
+        let seconds = ConstCounter::new(s.checkpoint_time.as_secs_f64());
+        family(
+            out,
+            "clb_supervisor_checkpoint_seconds",
+            "Time spent taking checkpoints.",
+            [(labels(), seconds)].into_iter(),
+        )?;
+        counters(
+            out,
+            "clb_supervisor_swaps",
+            "Swap attempts, by result (accepted or the refusal).",
+            published.swaps().into_iter().map(|(result, n)| (version_labels(serving, &[("result", result)]), n)),
+        )?;
+        counters(
+            out,
+            "clb_supervisor_rollbacks",
+            "Rollbacks to the previous version, by result.",
+            [("done", s.rollbacks), ("failed", s.rollbacks_failed)]
+                .map(|(result, n)| (version_labels(serving, &[("result", result)]), n)),
+        )?;
+        gauges(
+            out,
+            "clb_state_bytes",
+            "Size of the tracker's state at the last checkpoint.",
+            [(labels(), i64::try_from(s.last_checkpoint_bytes).unwrap_or(i64::MAX))],
+        )
+    }
 }
 
 /// The leases' and the backend-pool updater's counters.
-fn render_run(out: &mut String, run: &RunStats) {
-    let n = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed) as f64;
-    family(
+fn encode_run(out: &mut DescriptorEncoder<'_>, run: &RunStats) -> std::fmt::Result {
+    let n = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    counters(
         out,
-        "clb_lease_operations_total",
-        "counter",
+        "clb_lease_operations",
         "Operations on the Leases by lease (leader, resource-lock) and result.",
-    );
-    for (lease, stats) in [("leader", &run.leader), ("resource-lock", &run.resource_lock)] {
-        for (result, count) in stats.by_result() {
-            let labels = format!("lease=\"{lease}\",result=\"{result}\"");
-            sample(out, "clb_lease_operations_total", &labels, count as f64);
-        }
-    }
+        [("leader", &run.leader), ("resource-lock", &run.resource_lock)].into_iter().flat_map(|(lease, stats)| {
+            stats
+                .by_result()
+                .into_iter()
+                .map(move |(result, count)| (vec![("lease", lease.to_owned()), ("result", result.to_string())], count))
+        }),
+    )?;
     let p = &run.pool_updater;
-    family(
+    counters(
         out,
-        "clb_pool_updater_ticks_total",
-        "counter",
+        "clb_pool_updater_ticks",
         "Backend-pool updater ticks: busy (wrote or tried), or idle.",
-    );
-    let busy = (n(&p.ticks) - n(&p.idle_ticks)).max(0.0);
-    sample(out, "clb_pool_updater_ticks_total", r#"result="busy""#, busy);
-    sample(out, "clb_pool_updater_ticks_total", r#"result="idle""#, n(&p.idle_ticks));
-    family(
+        [
+            (label("result", "busy"), n(&p.ticks).saturating_sub(n(&p.idle_ticks))),
+            (label("result", "idle"), n(&p.idle_ticks)),
+        ],
+    )?;
+    counters(
         out,
-        "clb_pool_updater_groups_total",
-        "counter",
+        "clb_pool_updater_groups",
         "Backend-pool groups (one pool of one load balancer) by result.",
-    );
-    for (result, counter) in
         [("written", &p.groups_written), ("unchanged", &p.groups_unchanged), ("failed", &p.groups_failed)]
-    {
-        sample(out, "clb_pool_updater_groups_total", &format!("result=\"{result}\""), n(counter));
-    }
-    family(
+            .map(|(result, c)| (label("result", result), n(c))),
+    )?;
+    counters(
         out,
-        "clb_pool_updater_failures_total",
-        "counter",
+        "clb_pool_updater_failures",
         "Backend-pool updater failures outside a group: the resource lock not taken or not released, an Event not recorded.",
-    );
-    for (kind, counter) in [("lock", &p.lock_failures), ("unlock", &p.unlock_failures), ("event", &p.event_failures)] {
-        sample(out, "clb_pool_updater_failures_total", &format!("kind=\"{kind}\""), n(counter));
-    }
+        [("lock", &p.lock_failures), ("unlock", &p.unlock_failures), ("event", &p.event_failures)]
+            .map(|(kind, c)| (label("kind", kind), n(c))),
+    )?;
     if let Some(trace) = &run.trace {
         let t = trace.stats();
-        family(
+        counters(
             out,
-            "clb_trace_lines_total",
-            "counter",
+            "clb_trace_lines",
             "Trace lines (run --record) written, or dropped (a full queue or disk).",
-        );
-        sample(out, "clb_trace_lines_total", r#"result="written""#, n(&t.lines_written));
-        sample(out, "clb_trace_lines_total", r#"result="dropped""#, n(&t.lines_dropped));
-        family(out, "clb_trace_bytes_total", "counter", "Bytes written to trace files.");
-        sample(out, "clb_trace_bytes_total", "", n(&t.bytes_written));
-        family(
+            [(label("result", "written"), n(&t.lines_written)), (label("result", "dropped"), n(&t.lines_dropped))],
+        )?;
+        counters(out, "clb_trace_bytes", "Bytes written to trace files.", [(Labels::new(), n(&t.bytes_written))])?;
+        counters(
             out,
-            "clb_trace_write_errors_total",
-            "counter",
+            "clb_trace_write_errors",
             "Trace files that could not be opened, written or flushed.",
-        );
-        sample(out, "clb_trace_write_errors_total", "", n(&t.write_errors));
-        family(
+            [(Labels::new(), n(&t.write_errors))],
+        )?;
+        counters(
             out,
-            "clb_trace_files_total",
-            "counter",
+            "clb_trace_files",
             "Trace files started (the first one, and one per rotation or loss).",
-        );
-        sample(out, "clb_trace_files_total", "", n(&t.files));
+            [(Labels::new(), n(&t.files))],
+        )?;
     }
+    Ok(())
 }
 
-/// A family of one sample without labels.
-fn single(out: &mut String, name: &str, kind: &str, help: &str, value: f64) {
-    family(out, name, kind, help);
-    sample(out, name, "", value);
+/// A counter family (`name` without the `_total` the encoding appends) of these samples.
+fn counters(
+    out: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, u64)>,
+) -> std::fmt::Result {
+    family(out, name, help, samples.into_iter().map(|(labels, value)| (labels, ConstCounter::new(value))))
 }
 
-fn sample(out: &mut String, name: &str, labels: &str, value: f64) {
-    let _ =
-        if labels.is_empty() { writeln!(out, "{name} {value}") } else { writeln!(out, "{name}{{{labels}}} {value}") };
+fn gauges(
+    out: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (Labels, i64)>,
+) -> std::fmt::Result {
+    family(out, name, help, samples.into_iter().map(|(labels, value)| (labels, ConstGauge::new(value))))
 }
 
-fn version_labels(version: &VersionSnapshot, extra: &[(&str, &str)]) -> String {
-    let mut labels = vec![("version", version.version.as_str()), ("sha256", version.sha256.as_str())];
-    labels.extend_from_slice(extra);
-    labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect::<Vec<_>>().join(",")
+/// One family: its descriptor, then a sample per label set (none without labels).
+fn family<M: EncodeMetric>(
+    out: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    samples: impl Iterator<Item = (Labels, M)>,
+) -> std::fmt::Result {
+    let mut samples = samples.peekable();
+    let kind = match samples.peek() {
+        Some((_, metric)) => metric.metric_type(),
+        None => return Ok(()),
+    };
+    let mut encoder = out.encode_descriptor(name, help, None, kind)?;
+    for (labels, metric) in samples {
+        metric.encode(encoder.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
-/// Label values escape `\`, `"` and newlines (exposition format 0.0.4).
-fn escape(value: &str) -> String {
-    value.replace('\\', r"\\").replace('"', "\\\"").replace('\n', "\\n")
+fn label(key: &'static str, value: &str) -> Labels {
+    vec![(key, value.to_owned())]
+}
+
+fn version_labels(version: &VersionSnapshot, extra: &[(&'static str, &str)]) -> Labels {
+    let mut labels = vec![("version", version.version.clone()), ("sha256", version.sha256.clone())];
+    labels.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+    labels
 }

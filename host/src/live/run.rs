@@ -52,6 +52,7 @@ use crate::executor::{Executor, KubeApi, command_name, command_subject};
 use crate::kube::{KubeClient, error_chain};
 use crate::live::control::{Control, ControlEvent};
 use crate::live::lease::{Elector, Leadership};
+use crate::live::metrics::Metrics;
 use crate::live::pools::Pools;
 use crate::live::settings::{RunError, Settings};
 use crate::records;
@@ -67,6 +68,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Observations delivered in one `observe` call at most.
@@ -271,11 +273,20 @@ struct Commands<'a, A, K> {
     running: FuturesUnordered<LocalBoxFuture<'a, Finished>>,
     /// Lanes with a command running.
     busy: BTreeSet<Lane>,
+    /// Where each command's latency goes (`/metrics`), when the endpoint serves.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
-    fn new(executor: &'a Executor<'a, A, K>, leadership: Leadership) -> Self {
-        Self { executor, leadership, queued: VecDeque::new(), running: FuturesUnordered::new(), busy: BTreeSet::new() }
+    fn new(executor: &'a Executor<'a, A, K>, leadership: Leadership, metrics: Option<Arc<Metrics>>) -> Self {
+        Self {
+            executor,
+            leadership,
+            queued: VecDeque::new(),
+            running: FuturesUnordered::new(),
+            busy: BTreeSet::new(),
+            metrics,
+        }
     }
 
     fn is_empty(&self) -> bool {
@@ -301,9 +312,15 @@ impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
                 self.busy.insert(lane.clone());
             }
             let executor = self.executor;
+            let metrics = self.metrics.clone();
             self.running.push(
                 async move {
+                    let started = Instant::now();
                     let outcome = executor.execute(&issued.command).await;
+                    if let Some(metrics) = &metrics {
+                        let failed = matches!(outcome, wit::Outcome::Failed(_));
+                        metrics.observe_command(command_name(&issued.command), failed, started.elapsed());
+                    }
                     log_outcome(&issued, &outcome);
                     Finished { id: issued.id, lane, outcome }
                 }
@@ -419,7 +436,7 @@ async fn next_swap(control: &mut Option<Control>) -> ControlEvent {
 }
 
 /// Marks the metrics as standing by again when a term ends, however it ends.
-struct Term(Option<std::sync::Arc<crate::live::metrics::Metrics>>);
+struct Term(Option<Arc<Metrics>>);
 
 impl Drop for Term {
     fn drop(&mut self) {
@@ -486,7 +503,7 @@ async fn reconcile(
     });
     let mut mirrors = Mirrors::default();
     let mut lists_sent = false;
-    let mut commands = Commands::new(&executor, leadership);
+    let mut commands = Commands::new(&executor, leadership, control.as_ref().map(|control| control.metrics().clone()));
     let mut wake: Option<u64> = None;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -645,7 +662,7 @@ mod tests {
         let azure = Emulator::new(crate::simulator::simulate::scope());
         let kube = SlowKube::default();
         let executor = Executor::new(&azure, &kube);
-        let mut commands = Commands::new(&executor, Leadership::unconditional());
+        let mut commands = Commands::new(&executor, Leadership::unconditional(), None);
         let ids = 0u64..;
         commands.queued.extend(ids.zip(issued).map(|(id, command)| wit::Issued { id, command }));
         test(&mut commands, &kube);

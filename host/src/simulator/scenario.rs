@@ -3,7 +3,7 @@
 //! faults, let virtual time pass, restart the controller and check what came of it.
 //!
 //! Parsing is strict (unknown keys are errors) and every error names the file and the line, as
-//! serde_yaml locates it; Kubernetes objects are read with the k8s-openapi types, exactly as
+//! the parser locates it; Kubernetes objects are read with the k8s-openapi types, exactly as
 //! `kubectl apply` would take them, and must carry `metadata.name` (and, but for Nodes,
 //! `metadata.uid`). Pods are simulated for egress: those with the egress label are watched.
 
@@ -187,18 +187,19 @@ struct KubeObject(Object);
 
 impl<'de> Deserialize<'de> for KubeObject {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = serde_yaml::Value::deserialize(deserializer)?;
+        // The object as JSON, as the API server would take it, then read by its kind.
+        let value = serde_json::Value::deserialize(deserializer)?;
         let kind = value.get("kind").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
         let name =
             value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).unwrap_or_default().to_owned();
-        let typed = |e: serde_yaml::Error| D::Error::custom(format!("{kind} {name}: {e}"));
+        let typed = |e: serde_json::Error| D::Error::custom(format!("{kind} {name}: {e}"));
         let object = match kind.as_str() {
-            "Service" => Object::Service(Box::new(serde_yaml::from_value::<Service>(value).map_err(typed)?)),
+            "Service" => Object::Service(Box::new(serde_json::from_value::<Service>(value).map_err(typed)?)),
             "EndpointSlice" => {
-                Object::EndpointSlice(Box::new(serde_yaml::from_value::<EndpointSlice>(value).map_err(typed)?))
+                Object::EndpointSlice(Box::new(serde_json::from_value::<EndpointSlice>(value).map_err(typed)?))
             }
-            "Node" => Object::Node(Box::new(serde_yaml::from_value::<Node>(value).map_err(typed)?)),
-            "Pod" => Object::Pod(Box::new(serde_yaml::from_value::<Pod>(value).map_err(typed)?)),
+            "Node" => Object::Node(Box::new(serde_json::from_value::<Node>(value).map_err(typed)?)),
+            "Pod" => Object::Pod(Box::new(serde_json::from_value::<Pod>(value).map_err(typed)?)),
             "" => {
                 return Err(D::Error::custom(
                     "an object without `kind` (expected Service, EndpointSlice, Node or Pod)",
@@ -565,8 +566,7 @@ struct RawScenario {
     config: CloudConfig,
     #[serde(default)]
     azure: AzureSetup,
-    /// `- apply: …` rather than serde_yaml's default `- !apply …`.
-    #[serde(with = "serde_yaml::with::singleton_map_recursive")]
+    /// `- apply: …` (a map of one key), or the step's name alone when it takes nothing.
     steps: Vec<Step>,
 }
 
@@ -589,9 +589,8 @@ pub fn read(path: &Path) -> Result<Scenario, ScenarioError> {
 }
 
 pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
-    let text = inputs::check_yaml(path, text)?;
-    let raw: RawScenario = serde_yaml::from_str(text).map_err(|e| InputError::parse(path, &e))?;
     let invalid = |reason: &str| ScenarioError::Invalid { path: path.to_owned(), reason: reason.to_owned() };
+    let raw: RawScenario = inputs::from_yaml(path, text)?.ok_or_else(|| invalid("the file holds no scenario"))?;
     if raw.name.trim().is_empty() {
         return Err(invalid("`name` is empty"));
     }
