@@ -5,6 +5,7 @@ mod admission;
 mod azure;
 mod backend_pools;
 mod cli;
+mod conformance;
 mod kube;
 mod layers;
 mod lease;

@@ -1,0 +1,233 @@
+//! Issue 17: `docs/conformance.md`, the table of upstream master's tests and where each one's
+//! counterpart is, generated from `docs/conformance/upstream-tests.tsv` (the project's own copy
+//! of the audit, one upstream test a line) and the `upstream:` markers in the code, so that it
+//! cannot drift.
+//!
+//! A marker is a `//` comment block that says "upstream" and names upstream tests (`// Upstream
+//! TestGroupOperations "nil input".`) in a Rust file under `guest/src`, `host/src` or `tests/`,
+//! or a scenario's `description` that does (under `examples/scenarios` or `tests/scenarios`). In
+//! Rust, the counterpart is the `fn` right after the block (a test names the upstream test
+//! directly above it); in a scenario, the scenario. A marked row is `N` whatever the audit said;
+//! the others keep the audit's status and note (an `N` of the audit that nothing names is `E`).
+//!
+//! Regenerate with `CLB_BLESS_CONFORMANCE=1 cargo test --release -p clb-tests conformance`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// One row of the audit.
+struct Row {
+    file: String,
+    test: String,
+    status: String,
+    note: String,
+}
+
+const STATUSES: [(&str, &str); 5] = [
+    ("N", "a counterpart names the upstream test and passes"),
+    ("E", "an equivalent exists (a scenario, a property, a unit test) but does not name the upstream test yet"),
+    ("X", "the behaviour is implemented here, but nothing tests it yet"),
+    ("U", "the behaviour is not implemented (almost all egress: issue 16)"),
+    ("NA", "Go plumbing with no counterpart here, or a rule the design replaced on purpose"),
+];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+fn audit() -> Vec<Row> {
+    let text = std::fs::read_to_string(root().join("docs/conformance/upstream-tests.tsv")).unwrap();
+    text.lines()
+        .skip(1)
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            let fields: Vec<&str> = line.split('\t').collect();
+            assert_eq!(fields.len(), 4, "upstream-tests.tsv: four tab-separated fields: {line}");
+            assert!(STATUSES.iter().any(|(s, _)| *s == fields[2]), "upstream-tests.tsv: unknown status: {line}");
+            Row { file: fields[0].into(), test: fields[1].into(), status: fields[2].into(), note: fields[3].into() }
+        })
+        .collect()
+}
+
+/// The upstream test names in `text`: every word `Test` followed by a capital letter, then
+/// letters, digits and underscores.
+fn names(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let bytes = text.as_bytes();
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut i = 0;
+    while let Some(at) = text[i..].find("Test").map(|at| at + i) {
+        let end = at + bytes[at..].iter().take_while(|b| word(**b)).count();
+        let starts_a_word = at == 0 || !word(bytes[at - 1]);
+        if starts_a_word && bytes.get(at + 4).is_some_and(u8::is_ascii_uppercase) {
+            let name = text[at..end].to_owned();
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+        i = end.max(at + 4);
+    }
+    out
+}
+
+/// Every marker in the sources: upstream test → the counterparts that name it. In Rust, a
+/// marker is a block of `//` comments that says "upstream" and names upstream tests: its
+/// counterpart is the `fn` right after it (attributes between), or the block's place when it
+/// stands inside a function (one case of a table). In a scenario, its `description`.
+fn markers() -> BTreeMap<String, Vec<String>> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs" || e == "yaml") {
+                out.push(path);
+            }
+        }
+    }
+    let root = root();
+    let mut files = Vec::new();
+    for dir in ["guest/src", "host/src", "tests/it", "tests/support", "examples/scenarios", "tests/scenarios"] {
+        walk(&root.join(dir), &mut files);
+    }
+    files.sort();
+    let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut add = |names: Vec<String>, counterpart: String| {
+        for name in names {
+            let counterparts = found.entry(name).or_default();
+            if !counterparts.contains(&counterpart) {
+                counterparts.push(counterpart.clone());
+            }
+        }
+    };
+    for path in files {
+        if path.ends_with("tests/it/conformance.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let relative = path.strip_prefix(&root).unwrap().display().to_string();
+        if !relative.ends_with(".rs") {
+            let description = text.split_once("\ndescription:").map_or("", |(_, rest)| rest);
+            // The description runs to the next top-level key.
+            let description = description.split("\n").take_while(|l| l.is_empty() || l.starts_with(' ')).collect::<Vec<_>>().join("\n");
+            if description.to_lowercase().contains("upstream") {
+                add(names(&description), format!("scenario `{relative}`"));
+            }
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let mut n = 0;
+        while n < lines.len() {
+            if !lines[n].trim_start().starts_with("//") {
+                n += 1;
+                continue;
+            }
+            let start = n;
+            while n < lines.len() && lines[n].trim_start().starts_with("//") {
+                n += 1;
+            }
+            let block = lines[start..n].join("\n");
+            if !block.to_lowercase().contains("upstream") {
+                continue;
+            }
+            let function = lines[n..].iter().map(|l| l.trim_start()).find(|l| !l.starts_with("#[")).and_then(|l| {
+                let l = l.strip_prefix("pub ").unwrap_or(l);
+                let l = l.strip_prefix("async ").unwrap_or(l);
+                l.strip_prefix("fn ").map(|rest| rest.split(['(', '<']).next().unwrap_or(rest).to_owned())
+            });
+            let counterpart = match function {
+                Some(function) => format!("`{relative}` `{function}`"),
+                None => format!("`{relative}:{}`", start + 1),
+            };
+            add(names(&block), counterpart);
+        }
+    }
+    found
+}
+
+fn render(audit: &[Row], markers: &BTreeMap<String, Vec<String>>) -> String {
+    fn status<'r>(row: &'r Row, markers: &BTreeMap<String, Vec<String>>) -> &'r str {
+        match (markers.contains_key(&row.test), row.status.as_str()) {
+            (true, _) => "N",
+            // The audit found a counterpart, but nothing names the upstream test at it.
+            (false, "N") => "E",
+            (false, status) => status,
+        }
+    }
+    let status = |row| status(row, markers);
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for row in audit {
+        *counts.entry(status(row)).or_default() += 1;
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Conformance with upstream master\n\n\
+         Generated by `CLB_BLESS_CONFORMANCE=1 cargo test --release -p clb-tests conformance`\n\
+         (`tests/it/conformance.rs`) from `docs/conformance/upstream-tests.tsv` and the upstream\n\
+         markers in the code; do not edit it by hand. The audit (issue 17) mapped every test function of\n\
+         upstream master (kubernetes-sigs/cloud-provider-azure at 7b31c76c, B-HEAD in\n\
+         `../shared/docs/upstream-reference.md`) for the servicegateway DiffTracker, engine and updaters\n\
+         and the backend-pool updater. The project owns that list now: a row's status and note change\n\
+         in the `.tsv`, and a test that names an upstream test (a comment directly above it that says\n\
+         `upstream TestName`, or a scenario's `description` that does) makes its row `N`.\n"
+    );
+    let _ = writeln!(out, "| status | meaning | count |\n| --- | --- | --- |");
+    for (code, meaning) in STATUSES {
+        let _ = writeln!(out, "| {code} | {meaning} | {} |", counts.get(code).copied().unwrap_or(0));
+    }
+    let _ = writeln!(out, "| | all | {} |", audit.len());
+    let mut by_file: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
+    for row in audit {
+        by_file.entry(&row.file).or_default().push(row);
+    }
+    for (file, rows) in by_file {
+        let _ = writeln!(out, "\n## {file}\n\n| upstream test | status | counterpart, or why none |\n| --- | --- | --- |");
+        for row in rows {
+            let cell = match markers.get(&row.test) {
+                Some(counterparts) => counterparts.join("; "),
+                None => row.note.replace('|', "\\|"),
+            };
+            let _ = writeln!(out, "| `{}` | {} | {cell} |", row.test, status(row));
+        }
+    }
+    // Names the audit does not hold: tests of upstream's earlier design (A), or a typo.
+    let others: Vec<_> = markers.iter().filter(|(name, _)| !audit.iter().any(|row| &row.test == *name)).collect();
+    if !others.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n## Named in the code, not in the audit\n\n\
+             Tests of upstream's earlier design (A) or of other files; a name here that upstream never\n\
+             had is a typo to fix.\n\n| upstream test | counterpart |\n| --- | --- |"
+        );
+        for (name, counterparts) in others {
+            let _ = writeln!(out, "| `{name}` | {} |", counterparts.join("; "));
+        }
+    }
+    out
+}
+
+#[test]
+fn docs_conformance_md_is_the_table_the_audit_and_the_code_s_upstream_markers_give() {
+    let audit = audit();
+    let markers = markers();
+    let path = root().join("docs/conformance.md");
+    let expected = render(&audit, &markers);
+    if std::env::var_os("CLB_BLESS_CONFORMANCE").is_some() {
+        std::fs::write(&path, &expected).unwrap();
+        return;
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        actual == expected,
+        "docs/conformance.md is stale: regenerate with `CLB_BLESS_CONFORMANCE=1 cargo test --release -p clb-tests conformance`"
+    );
+}
+
+#[test]
+fn a_marker_names_every_upstream_test_it_mentions_once() {
+    assert_eq!(names("Mirrors upstream TestA and TestB_c, TestA."), ["TestA", "TestB_c"]);
+    assert_eq!(names("// TestGroupOperations \"nil input\"; not Testing, nor a MyTestX"), ["TestGroupOperations"]);
+}
