@@ -774,14 +774,23 @@ impl Tracker {
             Phase::Created => {}
             Phase::NotStarted => lifecycle.op_config = Some(config),
             Phase::CreationInProgress | Phase::UpdateInProgress => {
-                // A parked operation starts over with the new spec; a running one notices the
-                // drift when it completes.
+                // A parked operation starts over with the new spec. A running one takes it
+                // when what it has not written yet is all the spec changes (the load balancer,
+                // and the public IP unless that is unchanged): one PUT instead of a PUT of the
+                // old spec and an update (upstream TestEngineUpdateService_OverwritesConfigDuringCreation).
+                // Otherwise it notices the drift when it completes.
+                let pending = |op: OpStep| {
+                    lifecycle.steps.contains(&op) && lifecycle.in_flight.is_none_or(|(_, running)| running != op)
+                };
+                let same_ip = lifecycle.op_config.as_ref().is_some_and(|c| c.public_ip == config.public_ip);
                 if lifecycle.parked && changed {
                     lifecycle.parked = false;
                     lifecycle.retries = 0;
                     lifecycle.not_before_ms = 0;
                     lifecycle.op_config = Some(config);
                     lifecycle.steps = OpStep::ENSURE.into();
+                } else if changed && pending(OpStep::PutLoadBalancer) && (same_ip || pending(OpStep::PutPublicIp)) {
+                    lifecycle.op_config = Some(config);
                 }
             }
         }
@@ -1868,6 +1877,209 @@ mod tests {
         }
     }
 
+    /// A LoadBalancer Service of `ports` (protocol, port, target port) and annotations.
+    fn ported(uid: &str, ports: &[(Option<&str>, i32, Option<TargetPort>)], annotations: &[(&str, &str)]) -> Service {
+        Service {
+            uid: uid.into(),
+            ports: ports
+                .iter()
+                .map(|(protocol, port, target)| ServicePort {
+                    name: None,
+                    protocol: protocol.map(str::to_owned),
+                    port: *port,
+                    target_port: target.clone(),
+                    node_port: None,
+                })
+                .collect(),
+            annotations: annotations.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            ..lb_service("Local")
+        }
+    }
+
+    fn rule(proto: LbProtocol, frontend: u16, backend: u16, idle: u8) -> LbRule {
+        let name = format!("rule-{}-{frontend}", if proto == LbProtocol::Udp { "udp" } else { "tcp" });
+        LbRule {
+            name: Name::from(name),
+            protocol: proto,
+            frontend_port: frontend,
+            backend_port: backend,
+            idle_timeout_minutes: idle,
+            enable_tcp_reset: proto == LbProtocol::Tcp,
+        }
+    }
+
+    fn admitted(service: &Service) -> bool {
+        admit_service(&clb(), service) == Verdict::Admitted
+    }
+
+    fn refused_for(service: &Service) -> Option<String> {
+        match admit_service(&clb(), service) {
+            Verdict::Rejected(rejection) => Some(rejection.reason),
+            _ => None,
+        }
+    }
+
+    const TCP: Option<&str> = Some("TCP");
+    const UDP: Option<&str> = Some("UDP");
+    fn to(port: i32) -> Option<TargetPort> {
+        Some(TargetPort::Number(port))
+    }
+
+    // Upstream TestExtractInboundConfigFromService_SingleTCPPort,
+    // TestBuildInboundServiceResources_WithConfig (the names, the pool and the rules; the SKUs and
+    // floating IP are the host's wire, tests/it/azure.rs), TestBuildInboundServiceResources_TCPHasResetEnabled,
+    // TestBuildInboundServiceResources_NoProbesForPodIPBackend (the model has no probe at all),
+    // TestBuildInboundServiceResources_LongServiceUID and TestBuildInboundServiceResources_MultipleConfigs.
+    #[test]
+    fn a_service_s_load_balancer_is_named_by_its_uid_with_one_tcp_rule_per_port_to_its_target_port() {
+        let long = "very-long-service-uid-that-exceeds-normal-length-abcdef123456789012345678901234567890";
+        for (uid, ports, rules) in [
+            ("service-uid-123", vec![(TCP, 80, to(8080)), (TCP, 443, to(8443))], vec![(80, 8080), (443, 8443)]),
+            (long, vec![(TCP, 80, to(8080))], vec![(80, 8080)]),
+            ("service-2", vec![(TCP, 443, to(8443))], vec![(443, 8443)]),
+        ] {
+            let service = ported(uid, &ports, &[]);
+            assert!(admitted(&service));
+            let config = LbConfig::for_service(&service);
+            assert_eq!(config.public_ip, PublicIp { name: Name::from(format!("{uid}-pip")), version: IpVersion::Ipv4 });
+            let expected = LoadBalancer {
+                name: Name::from(uid),
+                public_ip: Name::from(format!("{uid}-pip")),
+                backend_pool: Name::from(uid),
+                rules: rules.iter().map(|(f, b)| rule(LbProtocol::Tcp, *f, *b, 4)).collect(),
+            };
+            assert_eq!(config.load_balancer, expected);
+            assert!(config.load_balancer.rules.iter().all(|r| r.enable_tcp_reset));
+        }
+    }
+
+    // Upstream TestExtractInboundConfigFromService_MultiplePortsWithUDP,
+    // TestBuildInboundServiceResources_UDPProtocol, TestWorkflowWithUDPService, TestLBRuleNaming and
+    // TestRoundTripServiceToResourcesAndBack: rules in spec order, named `rule-<protocol>-<port>`, each
+    // frontend port to its backend port. A UDP rule has TCP reset off (upstream leaves it unset;
+    // false is what ARM reads for an unset one).
+    #[test]
+    fn tcp_and_udp_ports_become_rules_in_spec_order_named_by_protocol_and_port_udp_without_tcp_reset() {
+        let cases = [
+            (
+                vec![(TCP, 80, to(8080)), (UDP, 53, to(5353)), (TCP, 443, to(8443))],
+                vec![
+                    rule(LbProtocol::Tcp, 80, 8080, 4),
+                    rule(LbProtocol::Udp, 53, 5353, 4),
+                    rule(LbProtocol::Tcp, 443, 8443, 4),
+                ],
+            ),
+            (
+                vec![(UDP, 53, to(5353)), (TCP, 53, to(5353))],
+                vec![rule(LbProtocol::Udp, 53, 5353, 4), rule(LbProtocol::Tcp, 53, 5353, 4)],
+            ),
+            (
+                vec![(TCP, 80, to(3000)), (TCP, 443, to(3443)), (TCP, 50051, to(50051))],
+                vec![
+                    rule(LbProtocol::Tcp, 80, 3000, 4),
+                    rule(LbProtocol::Tcp, 443, 3443, 4),
+                    rule(LbProtocol::Tcp, 50051, 50051, 4),
+                ],
+            ),
+        ];
+        for (ports, rules) in cases {
+            let service = ported("u", &ports, &[]);
+            assert!(admitted(&service), "{ports:?}");
+            assert_eq!(LbConfig::for_service(&service).load_balancer.rules, rules);
+        }
+        let udp = rule(LbProtocol::Udp, 53, 5353, 4);
+        assert_eq!(udp.name.as_str(), "rule-udp-53");
+        assert!(!udp.enable_tcp_reset);
+    }
+
+    // Upstream TestExtractInboundConfigFromService_NoTargetPort, TestExtractInboundConfigFromService_EmptyProtocol:
+    // no targetPort sends to the port itself, no protocol is TCP (the API server's defaults).
+    #[test]
+    fn a_port_without_target_port_sends_to_itself_and_one_without_protocol_is_tcp() {
+        let service = ported("u", &[(TCP, 80, None), (None, 81, to(8081))], &[]);
+        assert!(admitted(&service));
+        let rules = LbConfig::for_service(&service).load_balancer.rules;
+        assert_eq!(rules, vec![rule(LbProtocol::Tcp, 80, 80, 4), rule(LbProtocol::Tcp, 81, 8081, 4)]);
+    }
+
+    // Upstream TestExtractInboundConfigFromService_MixedTargetPorts and
+    // TestWorkflowWithComplexPortMapping. Deliberately different: upstream programs a named
+    // targetPort as the frontend port (wrong for pod IP backends, which receive on the container
+    // port); here such a Service is refused at admission, with its reason, and no rule is built.
+    #[test]
+    fn a_named_target_port_is_refused_at_admission_and_never_becomes_a_rule() {
+        let service = ported(
+            "u",
+            &[(TCP, 80, to(8080)), (TCP, 9090, None), (TCP, 9091, Some(TargetPort::Name("metrics-port".into())))],
+            &[],
+        );
+        assert_eq!(refused_for(&service).as_deref(), Some(crate::admission::reason::UNSUPPORTED_NAMED_TARGET_PORT));
+        let rules = LbConfig::for_service(&service).load_balancer.rules;
+        assert_eq!(rules, vec![rule(LbProtocol::Tcp, 80, 8080, 4), rule(LbProtocol::Tcp, 9090, 9090, 4)]);
+    }
+
+    // Upstream TestBuildInboundServiceResources_LowercaseUDP. Deliberately different: the API
+    // server only ever sends `TCP`, `UDP` or `SCTP`, so a lowercase protocol is not a Kubernetes
+    // Service; admission refuses it rather than guess.
+    #[test]
+    fn a_lowercase_protocol_is_refused_at_admission() {
+        let service = ported("u", &[(Some("udp"), 53, to(5353))], &[]);
+        assert_eq!(refused_for(&service).as_deref(), Some(crate::admission::reason::UNSUPPORTED_PROTOCOL));
+    }
+
+    // Upstream TestBuildInboundServiceResources_AppliesIdleTimeout,
+    // TestExtractInboundConfigFromService_ExtractsIdleTimeout and TestIdleTimeout_AdmissionAndBuildAgree:
+    // the annotation sets every rule's idle timeout; absent, Azure's 4 minutes; an unusable value is
+    // refused with InvalidIdleTimeout, never built with a default; and whatever admission takes the
+    // build programs exactly. The range here is 4 to 30 minutes (admission::IDLE_TIMEOUT_MINUTES).
+    #[test]
+    fn the_idle_timeout_annotation_sets_every_rule_and_admission_and_the_build_agree_on_it() {
+        let key = crate::admission::ANNOTATION_IDLE_TIMEOUT;
+        let service = ported("u", &[(TCP, 80, to(8080)), (UDP, 53, to(53))], &[(key, "30")]);
+        assert!(admitted(&service));
+        let rules = LbConfig::for_service(&service).load_balancer.rules;
+        assert!(rules.iter().all(|r| r.idle_timeout_minutes == 30), "{rules:?}");
+        let plain = ported("u", &[(TCP, 80, to(8080))], &[]);
+        assert_eq!(LbConfig::for_service(&plain).load_balancer.rules[0].idle_timeout_minutes, 4);
+        for value in ["0", "3", "101", "not-a-number"] {
+            let service = ported("u", &[(TCP, 80, to(8080))], &[(key, value)]);
+            assert_eq!(
+                refused_for(&service).as_deref(),
+                Some(crate::admission::reason::INVALID_IDLE_TIMEOUT),
+                "{value}"
+            );
+        }
+        for minutes in ["4", "5", "30", "31", "60", "100", "101"] {
+            let service = ported("u", &[(TCP, 80, to(8080))], &[(key, minutes)]);
+            if admitted(&service) {
+                let programmed = LbConfig::for_service(&service).load_balancer.rules[0].idle_timeout_minutes;
+                assert_eq!(programmed.to_string(), minutes, "admitted, so built with exactly it");
+            } else {
+                assert!(
+                    minutes.parse::<i64>().is_ok_and(|m| !crate::admission::IDLE_TIMEOUT_MINUTES.contains(&m)),
+                    "{minutes}"
+                );
+            }
+        }
+    }
+
+    // Upstream TestBuildInboundServiceResources_BackendPortMaxIsValid,
+    // TestBuildInboundServiceResources_BackendPortOutOfRangeErrors and
+    // TestBuildInboundServiceResources_DistinctBackendPortsAllowed: a backend port of 65535 builds,
+    // 65536 is refused (here at admission, before anything is written), two ports to distinct
+    // backend ports of one protocol make two rules.
+    #[test]
+    fn backend_ports_up_to_65535_build_one_past_is_refused_and_distinct_backends_make_distinct_rules() {
+        let max = ported("u", &[(TCP, 80, to(65535))], &[]);
+        assert!(admitted(&max));
+        assert_eq!(LbConfig::for_service(&max).load_balancer.rules, vec![rule(LbProtocol::Tcp, 80, 65535, 4)]);
+        let past = ported("u", &[(TCP, 80, to(65536))], &[]);
+        assert_eq!(refused_for(&past).as_deref(), Some(crate::admission::reason::INVALID_PORT));
+        let two = ported("u", &[(TCP, 80, to(8080)), (TCP, 443, to(8443))], &[]);
+        assert!(admitted(&two));
+        assert_eq!(LbConfig::for_service(&two).load_balancer.rules.len(), 2);
+    }
+
     #[test]
     fn a_service_that_becomes_invalid_keeps_its_last_admitted_spec_and_gets_one_warning() {
         let mut tracker = Tracker::create(clb()).unwrap();
@@ -2182,6 +2394,159 @@ mod tests {
         let held = drive_holding_batches(&mut tracker, NOW, step);
         assert_eq!(held.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>(), [vec!["10.224.0.4".to_owned()]]);
         (tracker, held[0].0)
+    }
+
+    fn load_balancers(issued: &[Command]) -> Vec<&LoadBalancer> {
+        issued.iter().filter_map(|c| if let Command::PutLoadBalancer(lb) = c { Some(lb) } else { None }).collect()
+    }
+
+    fn put_in(step: &Step) -> Option<(u64, LoadBalancer)> {
+        step.commands.iter().find_map(|c| match &c.command {
+            Command::PutLoadBalancer(lb) => Some((c.id, lb.clone())),
+            _ => None,
+        })
+    }
+
+    /// The test Service with `ports` (protocol TCP, port, target port), created and in NRP with
+    /// a pod on n1 (10.224.0.4), all commands answered.
+    fn created_with(ports: &[(i32, i32)]) -> Tracker {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+        let spec = ported(UID, &ports.iter().map(|(p, t)| (TCP, *p, to(*t))).collect::<Vec<_>>(), &[]);
+        let step = tracker.observe(
+            NOW,
+            vec![
+                node,
+                Observation::ServiceUpserted(spec),
+                Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+                Observation::ListsComplete,
+            ],
+        );
+        let (issued, _, _) = drive(&mut tracker, NOW, step, answer_ok(&[]));
+        assert_eq!(load_balancers(&issued).len(), 1, "{issued:?}");
+        tracker
+    }
+
+    fn respec(tracker: &mut Tracker, now: u64, ports: &[(i32, i32)]) -> Step {
+        let spec = ported(UID, &ports.iter().map(|(p, t)| (TCP, *p, to(*t))).collect::<Vec<_>>(), &[]);
+        tracker.observe(now, vec![Observation::ServiceUpserted(spec)])
+    }
+
+    // Upstream TestEngineUpdateService_PortChangeSchedulesUpdate, TestServiceUpdaterUpdateInboundService,
+    // TestServiceUpdaterUpdateInboundService_PortRemovalDropsOnlyThatRule and
+    // TestEngineOnServiceCreationComplete_UpdateSuccessPersistsConfig: a spec change of a created
+    // Service is one PUT of its load balancer with the new rules (nothing else of Azure is
+    // written: not its public IP, not its NRP registration); removing a port drops only its
+    // rule; once applied, the same spec again writes nothing.
+    #[test]
+    fn a_port_change_puts_the_load_balancer_once_with_the_new_rules_and_the_same_spec_again_writes_nothing() {
+        let mut tracker = created_with(&[(80, 8080), (443, 8443)]);
+        let step = respec(&mut tracker, NOW + 1, &[(80, 8080)]);
+        let (issued, _, _) = drive(&mut tracker, NOW + 1, step, answer_ok(&[UID]));
+        assert_eq!(
+            load_balancers(&issued).iter().map(|lb| lb.rules.clone()).collect::<Vec<_>>(),
+            [vec![rule(LbProtocol::Tcp, 80, 8080, 4)]]
+        );
+        let azure_writes = |c: &&Command| {
+            matches!(c, Command::PutPublicIp(_) | Command::UpdateServices(_) | Command::DeleteResource(_))
+        };
+        assert_eq!(issued.iter().filter(azure_writes).count(), 0, "{issued:?}");
+        let step = respec(&mut tracker, NOW + 2, &[(80, 9090)]);
+        let (issued, _, _) = drive(&mut tracker, NOW + 2, step, answer_ok(&[UID]));
+        assert_eq!(load_balancers(&issued)[0].rules, vec![rule(LbProtocol::Tcp, 80, 9090, 4)]);
+        let step = respec(&mut tracker, NOW + 3, &[(80, 9090)]);
+        let (issued, _, _) = drive(&mut tracker, NOW + 3, step, answer_ok(&[UID]));
+        assert!(load_balancers(&issued).is_empty(), "the applied spec is remembered: {issued:?}");
+    }
+
+    // Upstream TestEngineOnServiceCreationComplete_UpdateDriftReschedules and
+    // TestEngineOnServiceCreationComplete_UpdateFailureKeepsState: a spec that changes while its
+    // update is in flight is put once that one completes (one PUT of a load balancer at a time);
+    // a failed update is retried, after its backoff, with the spec it was for, and the Service
+    // stays registered meanwhile.
+    #[test]
+    fn a_spec_changed_during_an_update_is_put_after_it_and_a_failed_update_is_retried_with_its_spec() {
+        let mut tracker = created_with(&[(80, 8080)]);
+        let step = respec(&mut tracker, NOW + 1, &[(80, 8081)]);
+        let (first, lb) = put_in(&step).expect("the update is sent");
+        assert_eq!(lb.rules[0].backend_port, 8081);
+        let step = respec(&mut tracker, NOW + 2, &[(80, 8082)]);
+        assert!(put_in(&step).is_none(), "one PUT of a load balancer at a time: {:?}", step.commands);
+        let mut step = tracker.complete(NOW + 3, vec![(first, Outcome::Ok)]);
+        // The update's status patch first, then the drift.
+        while put_in(&step).is_none() && !step.commands.is_empty() {
+            let results = step.commands.iter().map(|c| (c.id, answer_ok(&[UID])(&c.command))).collect();
+            step = tracker.complete(NOW + 3, results);
+        }
+        let (second, lb) = put_in(&step).expect("the drift is put next");
+        assert_eq!(lb.rules[0].backend_port, 8082);
+        let step = tracker.complete(NOW + 4, vec![(second, failed(500))]);
+        assert!(put_in(&step).is_none());
+        assert!(
+            !step
+                .commands
+                .iter()
+                .any(|c| matches!(&c.command, Command::UpdateServices(r) if r.iter().any(|r| r.is_delete)))
+        );
+        let later = NOW + 4 + 2 * timing::BACKOFF_CAP_MS;
+        let step = tracker.tick(later);
+        let (_, lb) = put_in(&step).expect("retried after its backoff");
+        assert_eq!(lb.rules[0].backend_port, 8082, "with the spec it was for");
+        assert!(tracker.state.diff.is_registered(&UID.to_ascii_lowercase()), "still registered");
+    }
+
+    // Upstream TestEngineUpdateService_OverwritesConfigDuringCreation: a spec that changes while
+    // the Service is being created is the one its load balancer is created with.
+    #[test]
+    fn a_spec_changed_during_creation_is_the_one_the_load_balancer_is_created_with() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let first = ported(UID, &[(TCP, 80, to(8080))], &[]);
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(first), Observation::ListsComplete]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
+        assert!(step.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "creating: {step:?}");
+        let changed = ported(UID, &[(TCP, 80, to(9090))], &[]);
+        let mut next = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(changed)]);
+        next.commands.extend(step.commands);
+        let (issued, _, _) = drive(&mut tracker, NOW + 1, next, answer_ok(&[]));
+        let created: Vec<_> = load_balancers(&issued).iter().map(|lb| lb.rules[0].backend_port).collect();
+        assert_eq!(created, [9090], "{issued:?}");
+    }
+
+    // Upstream TestEngineOnServiceCreationComplete_UpdateTerminalErrorParks,
+    // TestUpdateEndpoints_TerminalUpdateKeepsApplyingToLiveLB and
+    // TestSyncOps_ParkedLiveLBRemainsReadyToSync: an update Azure refuses for good parks it with a
+    // Warning, but the load balancer that exists keeps serving: the Service stays registered and
+    // its endpoint changes still reach NRP.
+    #[test]
+    fn an_update_refused_for_good_parks_it_while_the_live_load_balancer_keeps_getting_its_endpoints() {
+        let mut tracker = created_with(&[(80, 8080)]);
+        let step = respec(&mut tracker, NOW + 1, &[(80, 8081)]);
+        let (put, _) = put_in(&step).expect("the update is sent");
+        let refused = Outcome::Failed(Failure {
+            status: 400,
+            code: Some("InvalidParameter".into()),
+            retry_after_ms: None,
+            message: "bad rule".into(),
+        });
+        let step = tracker.complete(NOW + 2, vec![(put, refused)]);
+        let warned = step.commands.iter().any(
+            |c| matches!(&c.command, Command::EmitEvent(e) if e.reason == reason::LOAD_BALANCER_CONFIGURATION_REJECTED),
+        );
+        assert!(warned, "{:?}", step.commands);
+        let (issued, _, _) = drive(&mut tracker, NOW + 2, step, answer_ok(&[UID]));
+        assert!(load_balancers(&issued).is_empty());
+        let later = NOW + 60 * 60 * 1000;
+        let step = tracker
+            .observe(later, vec![Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1"), ("10.244.0.6", "n1")]))]);
+        let (issued, _, _) = drive(&mut tracker, later, step, answer_ok(&[UID]));
+        assert!(load_balancers(&issued).is_empty(), "parked: not retried: {issued:?}");
+        let sent: Vec<&str> = issued
+            .iter()
+            .filter_map(|c| if let Command::UpdateAddressLocations(l) = c { Some(l) } else { None })
+            .flatten()
+            .flat_map(|l| l.addresses.iter().map(|a| a.address.as_str()))
+            .collect();
+        assert!(sent.contains(&"10.244.0.6"), "the new endpoint reaches NRP: {issued:?}");
     }
 
     // Regression: issue 15, defect 3 — one hung update-address-locations made every Service's

@@ -544,6 +544,11 @@ async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
 
 // ---- wire format ----
 
+// Upstream TestBuildInboundServiceResources_WithConfig, TestRoundTripServiceToResourcesAndBack and
+// TestBuildInboundServiceResources_NoProbesForPodIPBackend, their ARM side (the guest's
+// tracker.rs tests pin the names and rules): a StandardV2 public IP, a `Service` SKU load
+// balancer whose frontend references that public IP and whose one pool is named after the
+// Service, rules without floating IP, no probes; the NRP registration as Inbound with that pool.
 #[test]
 fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear() {
     let partial = UpdateAction::PartialUpdate;
@@ -591,6 +596,18 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
     assert_eq!(rule_json["properties"]["protocol"], "Udp");
     assert_eq!(rule_json["properties"]["enableFloatingIP"], false);
     assert_eq!(rule_json["properties"]["idleTimeoutInMinutes"], 4);
+    assert_eq!(rule_json["properties"].get("probe"), None, "pod IP backends take no health probe");
+    assert_eq!(balancer["properties"].get("probes"), None);
+    assert_eq!(
+        balancer["properties"]["frontendIPConfigurations"][0]["properties"]["publicIPAddress"]["id"],
+        format!("{net}/publicIPAddresses/u1-pip"),
+        "the frontend is the Service's own public IP"
+    );
+    assert_eq!(balancer["properties"]["backendAddressPools"][0]["name"], "u1");
+    assert_eq!(
+        rule_json["properties"]["backendAddressPool"]["id"],
+        format!("{net}/loadBalancers/u1/backendAddressPools/u1")
+    );
     let address = serde_json::to_value(wire::public_ip(
         &test_scope(),
         &PublicIpSpec { name: "x".into(), version: IpVersion::IPv6 },
