@@ -138,6 +138,10 @@ impl Sides {
                         Answer::Truth => match issued.command {
                             wit::Command::PutPublicIp(_) => wit::Outcome::PublicIpAddress("20.0.0.7".into()),
                             wit::Command::ReadNrp => wit::Outcome::NrpSnapshot(wit::NrpState { services: vec![], locations: vec![] }),
+                            wit::Command::ReadArm => wit::Outcome::ArmInventory(wit::ArmInventory {
+                                public_ips: vec![],
+                                load_balancers: vec![],
+                            }),
                             _ => wit::Outcome::Ok,
                         },
                         Answer::FailBefore(f) | Answer::FailAfter(f) => wit::Outcome::Failed(f.clone()),

@@ -390,11 +390,54 @@ impl<'a> Dec<'a> {
     }
 
     pub fn outcome(&mut self) -> wit::Outcome {
-        match self.byte() % 4 {
+        match self.byte() % 5 {
             0 => wit::Outcome::Ok,
             1 => wit::Outcome::PublicIpAddress(self.text(IPS)),
             2 => wit::Outcome::NrpSnapshot(self.nrp_state()),
-            _ => wit::Outcome::Failed(self.failure()),
+            3 => wit::Outcome::Failed(self.failure()),
+            _ => wit::Outcome::ArmInventory(self.arm_inventory()),
+        }
+    }
+
+    /// A public IP or load balancer name: UIDs (ours or orphans), a `-pip`, foreign names.
+    fn resource_name(&mut self) -> String {
+        self.text(&[UIDS[0], "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01-pip", UIDS[2], "lb", "x"])
+    }
+
+    fn load_balancer(&mut self) -> wit::LoadBalancer {
+        wit::LoadBalancer {
+            name: self.resource_name(),
+            public_ip: self.resource_name(),
+            backend_pool: self.text(&["pool", "p"]),
+            rules: (0..self.len(3))
+                .map(|_| wit::LbRule {
+                    name: self.text(&["TCP-80", "UDP-53", "r"]),
+                    protocol: if self.flag() { wit::LbProtocol::Udp } else { wit::LbProtocol::Tcp },
+                    frontend_port: self.u16(),
+                    backend_port: self.u16(),
+                    idle_timeout_minutes: self.byte(),
+                    enable_tcp_reset: self.flag(),
+                })
+                .collect(),
+        }
+    }
+
+    pub fn arm_inventory(&mut self) -> wit::ArmInventory {
+        wit::ArmInventory {
+            public_ips: (0..self.len(4))
+                .map(|_| wit::ListedPublicIp {
+                    name: self.resource_name(),
+                    version: if self.flag() { wit::IpVersion::Ipv6 } else { wit::IpVersion::Ipv4 },
+                    address: self.opt_text(IPS),
+                    as_put: self.flag(),
+                })
+                .collect(),
+            load_balancers: (0..self.len(4))
+                .map(|_| wit::ListedLoadBalancer {
+                    name: self.resource_name(),
+                    shape: if self.flag() { Some(self.load_balancer()) } else { None },
+                })
+                .collect(),
         }
     }
 
@@ -409,8 +452,8 @@ impl<'a> Dec<'a> {
 
     /// A command as a hostile guest might emit it.
     pub fn command(&mut self) -> wit::Command {
-        let name = |d: &mut Self| d.text(&[UIDS[0], "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01-pip", UIDS[2], "lb", "x"]);
-        match self.byte() % 9 {
+        let name = |d: &mut Self| d.resource_name();
+        match self.byte() % 10 {
             0 => wit::Command::EmitEvent(wit::Event {
                 regarding: self.object_ref(),
                 event_type: if self.flag() { wit::EventType::Warning } else { wit::EventType::Normal },
@@ -449,21 +492,7 @@ impl<'a> Dec<'a> {
                 name: name(self),
                 version: if self.flag() { wit::IpVersion::Ipv6 } else { wit::IpVersion::Ipv4 },
             }),
-            5 => wit::Command::PutLoadBalancer(wit::LoadBalancer {
-                name: name(self),
-                public_ip: name(self),
-                backend_pool: self.text(&["pool", "p"]),
-                rules: (0..self.len(3))
-                    .map(|_| wit::LbRule {
-                        name: self.text(&["TCP-80", "UDP-53", "r"]),
-                        protocol: if self.flag() { wit::LbProtocol::Udp } else { wit::LbProtocol::Tcp },
-                        frontend_port: self.u16(),
-                        backend_port: self.u16(),
-                        idle_timeout_minutes: self.byte(),
-                        enable_tcp_reset: self.flag(),
-                    })
-                    .collect(),
-            }),
+            5 => wit::Command::PutLoadBalancer(self.load_balancer()),
             6 => wit::Command::DeleteResource(wit::ResourceRef {
                 kind: if self.flag() { wit::ResourceKind::LoadBalancer } else { wit::ResourceKind::PublicIp },
                 name: name(self),
@@ -472,11 +501,12 @@ impl<'a> Dec<'a> {
                 service: self.object_ref(),
                 ingress_ips: self.texts(IPS, 2),
             }),
-            _ => wit::Command::SetFinalizer(wit::FinalizerChange {
+            8 => wit::Command::SetFinalizer(wit::FinalizerChange {
                 service: self.object_ref(),
                 finalizer: self.text(FINALIZERS),
                 present: self.flag(),
             }),
+            _ => wit::Command::ReadArm,
         }
     }
 }
@@ -723,6 +753,39 @@ impl Enc {
                 self.byte(3);
                 self.failure(f);
             }
+            wit::Outcome::ArmInventory(inventory) => {
+                self.byte(4);
+                let n = self.len(inventory.public_ips.len(), 4);
+                for p in &inventory.public_ips[..n] {
+                    self.text(&p.name);
+                    self.flag(p.version == wit::IpVersion::Ipv6);
+                    self.opt_text(&p.address);
+                    self.flag(p.as_put);
+                }
+                let n = self.len(inventory.load_balancers.len(), 4);
+                for l in &inventory.load_balancers[..n] {
+                    self.text(&l.name);
+                    self.flag(l.shape.is_some());
+                    if let Some(lb) = &l.shape {
+                        self.load_balancer(lb);
+                    }
+                }
+            }
+        }
+    }
+
+    fn load_balancer(&mut self, lb: &wit::LoadBalancer) {
+        self.text(&lb.name);
+        self.text(&lb.public_ip);
+        self.text(&lb.backend_pool);
+        let n = self.len(lb.rules.len(), 3);
+        for r in &lb.rules[..n] {
+            self.text(&r.name);
+            self.flag(r.protocol == wit::LbProtocol::Udp);
+            self.u16(r.frontend_port);
+            self.u16(r.backend_port);
+            self.byte(r.idle_timeout_minutes);
+            self.flag(r.enable_tcp_reset);
         }
     }
 
@@ -743,6 +806,7 @@ impl Enc {
                 self.text(&e.message);
             }
             wit::Command::ReadNrp => self.byte(1),
+            wit::Command::ReadArm => self.byte(9),
             wit::Command::UpdateServices(u) => {
                 self.byte(2);
                 let n = self.len(u.services.len(), 4);
@@ -777,18 +841,7 @@ impl Enc {
             }
             wit::Command::PutLoadBalancer(lb) => {
                 self.byte(5);
-                self.text(&lb.name);
-                self.text(&lb.public_ip);
-                self.text(&lb.backend_pool);
-                let n = self.len(lb.rules.len(), 3);
-                for r in &lb.rules[..n] {
-                    self.text(&r.name);
-                    self.flag(r.protocol == wit::LbProtocol::Udp);
-                    self.u16(r.frontend_port);
-                    self.u16(r.backend_port);
-                    self.byte(r.idle_timeout_minutes);
-                    self.flag(r.enable_tcp_reset);
-                }
+                self.load_balancer(lb);
             }
             wit::Command::DeleteResource(r) => {
                 self.byte(6);

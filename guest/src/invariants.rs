@@ -151,7 +151,7 @@ pub struct World {
     /// Outbound identities a restarted controller found in NRP with no pod carrying them.
     pub orphaned: BTreeSet<String>,
     pub public_ips: BTreeMap<String, String>,
-    pub load_balancers: BTreeSet<String>,
+    pub load_balancers: BTreeMap<String, LoadBalancer>,
     pub registered: BTreeSet<String>,
     pub nrp: View,
     pub faults: VecDeque<Fault>,
@@ -410,6 +410,23 @@ impl World {
                     })
                     .collect(),
             }),
+            Command::ReadArm => Outcome::ArmInventory(ArmInventory {
+                public_ips: self
+                    .public_ips
+                    .iter()
+                    .map(|(name, address)| ListedPublicIp {
+                        name: name.clone(),
+                        version: IpVersion::Ipv4,
+                        address: Some(address.clone()),
+                        as_put: true,
+                    })
+                    .collect(),
+                load_balancers: self
+                    .load_balancers
+                    .iter()
+                    .map(|(name, lb)| ListedLoadBalancer { name: name.clone(), shape: Some(lb.clone()) })
+                    .collect(),
+            }),
             Command::UpdateServices(requests) => {
                 for request in requests {
                     if request.is_delete {
@@ -423,7 +440,7 @@ impl World {
                         self.registered.remove(&request.name);
                     } else {
                         for pool in &request.backend_pools {
-                            if !self.load_balancers.contains(&pool.load_balancer) {
+                            if !self.load_balancers.contains_key(&pool.load_balancer) {
                                 self.violations.push(format!("registered {} before its load balancer", request.name));
                             }
                         }
@@ -476,15 +493,15 @@ impl World {
                 if !self.public_ips.contains_key(lb.public_ip.as_str()) {
                     return Self::failed(400, "InvalidResourceReference");
                 }
-                self.load_balancers.insert(lb.name.to_string());
+                self.load_balancers.insert(lb.name.to_string(), lb.clone());
                 Outcome::Ok
             }
             Command::DeleteResource(resource) => {
                 let removed = match resource.kind {
-                    ResourceKind::LoadBalancer => self.load_balancers.remove(&resource.name),
+                    ResourceKind::LoadBalancer => self.load_balancers.remove(&resource.name).is_some(),
                     ResourceKind::PublicIp => {
                         let owner = resource.name.trim_end_matches("-pip");
-                        if self.load_balancers.contains(owner) {
+                        if self.load_balancers.contains_key(owner) {
                             self.violations.push(format!("deleted public IP {} still used by its LB", resource.name));
                         }
                         self.public_ips.remove(&resource.name).is_some()
@@ -703,7 +720,7 @@ impl Harness {
         );
         assert_eq!(self.tracker.nrp_view(), self.world.nrp, "the mirror equals NRP");
         let lbs: BTreeSet<String> = expected.iter().cloned().collect();
-        assert_eq!(self.world.load_balancers, lbs, "one load balancer per provisioned Service");
+        assert_eq!(self.world.load_balancers.keys().cloned().collect::<BTreeSet<_>>(), lbs, "one load balancer per provisioned Service");
         for (index, object) in &self.world.services {
             if expected.contains(&object.uid) && object.local {
                 assert!(object.finalizers.contains(FINALIZER), "svc-{index} holds the finalizer");

@@ -294,6 +294,7 @@ pub struct ResourceRef {
 pub enum Command {
     EmitEvent(Event),
     ReadNrp,
+    ReadArm,
     UpdateServices(Vec<NrpServiceRequest>),
     UpdateAddressLocations(Vec<NrpLocation>),
     PutPublicIp(PublicIp),
@@ -342,11 +343,37 @@ pub struct NrpState {
     pub locations: Vec<NrpListedLocation>,
 }
 
+/// A public IP address as ARM lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedPublicIp {
+    pub name: String,
+    pub version: IpVersion,
+    pub address: Option<String>,
+    /// SKU StandardV2, static, provisioned: what `PutPublicIp` makes.
+    pub as_put: bool,
+}
+
+/// A load balancer as ARM lists it: `shape` is `None` when it holds what [`LoadBalancer`]
+/// cannot say.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedLoadBalancer {
+    pub name: String,
+    pub shape: Option<LoadBalancer>,
+}
+
+/// The resource group's public IPs and load balancers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmInventory {
+    pub public_ips: Vec<ListedPublicIp>,
+    pub load_balancers: Vec<ListedLoadBalancer>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outcome {
     Ok,
     PublicIpAddress(String),
     NrpSnapshot(NrpState),
+    ArmInventory(ArmInventory),
     Failed(Failure),
 }
 

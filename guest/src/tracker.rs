@@ -37,8 +37,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// `import_state` to read the old one. Version 2 added the egress side ([`Egress`]) after the
 /// version-1 payload; a version-1 state imports with no egress pods. Version 3 keeps several
 /// address-location batches in flight and per-location backoff ([`NrpSync`]); a version 1 or 2
-/// state's one batch in flight carries over.
-pub const STATE_VERSION: u32 = 3;
+/// state's one batch in flight carries over. Version 4 adds the start-up inventory of ARM
+/// ([`ArmSync`]) after the version-3 payload; an older state imports with it settled (nothing
+/// left to adopt).
+pub const STATE_VERSION: u32 = 4;
 
 /// The finalizer that holds a Service until its Azure resources are gone.
 pub const FINALIZER: &str = "servicegateway.azure.com/service-cleanup";
@@ -66,6 +68,10 @@ pub mod timing {
     /// holds the other Services' endpoints this long, not until it times out; long enough that a
     /// batch answered at NRP's usual pace lets the changes behind it coalesce into one batch.
     pub const SLOW_BATCH_MS: u64 = 2_000;
+    /// Reads of the ARM inventory at start-up before start-up reconciliation goes on without
+    /// it (writing what it cannot adopt, as before version 4): the inventory saves writes, it
+    /// is never worth holding every Service for.
+    pub const ARM_READ_ATTEMPTS: u32 = 3;
     const _: () = assert!(
         BACKOFF_CAP_MS + BACKOFF_CAP_MS * JITTER_PERCENT / 100 <= MAX_DELAY_MS && RETRY_AFTER_CAP_MS <= MAX_DELAY_MS
     );
@@ -367,6 +373,29 @@ enum InFlight {
     Locations(Vec<NrpLocation>),
     ReadNrp,
     Event,
+    ReadArm,
+}
+
+/// The start-up inventory of ARM (state version 4, issue 15 defect 4): the resource group's
+/// public IPs and load balancers, read once so that what already holds what a Service wants is
+/// adopted instead of written again, and so that load balancers and public IPs of Services
+/// deleted while no controller ran are found. It is read once the lists are complete and NRP is
+/// read, and used the moment it arrives (start-up reconciliation waits for it), so the state
+/// never holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct ArmSync {
+    /// Start-up reconciliation may run: the inventory was used, or reading it was given up.
+    settled: bool,
+    read_in_flight: bool,
+    read_retries: u32,
+    next_read_ms: u64,
+}
+
+impl ArmSync {
+    /// A state from before version 4: nothing to read, nothing to adopt.
+    fn settled() -> Self {
+        Self { settled: true, ..Self::default() }
+    }
 }
 
 /// NRP-facing bookkeeping.
@@ -486,6 +515,8 @@ pub struct Tracker {
     state: State,
     /// Egress pods and identities (state version 2), beside the version-1 [`State`].
     egress: Egress,
+    /// The start-up inventory of ARM (state version 4).
+    arm: ArmSync,
     /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
     /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
     clock: Clock,
@@ -494,7 +525,8 @@ pub struct Tracker {
 /// Two trackers are equal when their configuration and state are: the clock is not state.
 impl PartialEq for Tracker {
     fn eq(&self, other: &Self) -> bool {
-        (&self.config, self.mode, &self.state, &self.egress) == (&other.config, other.mode, &other.state, &other.egress)
+        (&self.config, self.mode, &self.state, &self.egress, &self.arm)
+            == (&other.config, other.mode, &other.state, &other.egress, &other.arm)
     }
 }
 
@@ -573,6 +605,21 @@ fn classify_not_inbound(foreign: &BTreeSet<String>, egress: &Egress, diff: &Diff
     }
 }
 
+/// The reference of a Service known only by its identity (found in NRP or ARM, gone from
+/// Kubernetes): its Events and Kubernetes writes have no object to go to.
+fn orphan(identity: &str) -> ObjectRef {
+    ObjectRef { kind: "Service".into(), namespace: Name::new(""), name: Name::new(""), uid: Name::new(identity) }
+}
+
+/// Whether a listed load balancer holds what `wanted` says: rules compared as a set (ARM may
+/// list them in another order; rule names are unique on a load balancer). A few rules each: a
+/// scan, not a sort, which would cost the component a sort's code.
+fn same_load_balancer(listed: &LoadBalancer, wanted: &LoadBalancer) -> bool {
+    (&listed.name, &listed.public_ip, &listed.backend_pool) == (&wanted.name, &wanted.public_ip, &wanted.backend_pool)
+        && listed.rules.len() == wanted.rules.len()
+        && wanted.rules.iter().all(|rule| listed.rules.contains(rule))
+}
+
 fn object_ref(service: &Service) -> ObjectRef {
     ObjectRef {
         kind: "Service".into(),
@@ -588,7 +635,21 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let state =
             State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        Ok(Self { config, mode, state, egress: Egress::default(), clock: Clock::default() })
+        Ok(Self { config, mode, state, egress: Egress::default(), arm: ArmSync::default(), clock: Clock::default() })
+    }
+
+    /// A tracker as [`Self::create`], but with its start-up inventory of ARM settled and empty,
+    /// as a state from before version 4 imports: for the tests of everything but start-up
+    /// adoption, which then see the commands they saw before the inventory existed.
+    #[cfg(test)]
+    pub(crate) fn create_with_arm_settled(config: Config) -> Result<Self, ConfigError> {
+        Ok(Self { arm: ArmSync::settled(), ..Self::create(config)? })
+    }
+
+    /// The state as version 3 wrote it (no ARM inventory), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v3(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress)).expect("plain data")
     }
 
     pub fn mode(&self) -> Mode {
@@ -677,6 +738,7 @@ impl Tracker {
                 }
                 InFlight::Locations(batch) => self.locations_outcome(id, batch, outcome, now, &mut step),
                 InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
+                InFlight::ReadArm => self.arm_outcome(outcome, now, &mut step),
                 // Events are best effort; a lost one is not worth a retry.
                 InFlight::Event => {}
             }
@@ -1110,6 +1172,11 @@ impl Tracker {
             self.state.nrp.read_in_flight = true;
             self.issue(Command::ReadNrp, InFlight::ReadNrp, step);
         }
+        let inventory_due = self.state.lists_complete && self.state.nrp.loaded && now >= self.arm.next_read_ms;
+        if !self.arm.settled && !self.arm.read_in_flight && inventory_due {
+            self.arm.read_in_flight = true;
+            self.issue(Command::ReadArm, InFlight::ReadArm, step);
+        }
         if self.ready_to_write() {
             let draining: Vec<String> = self.state.draining.iter().cloned().collect();
             for identity in draining {
@@ -1144,6 +1211,7 @@ impl Tracker {
         let latest = now.saturating_add(timing::MAX_DELAY_MS);
         let nrp = &mut self.state.nrp;
         nrp.next_read_ms = nrp.next_read_ms.min(latest);
+        self.arm.next_read_ms = self.arm.next_read_ms.min(latest);
         nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
         for backoff in nrp.location_backoff.values_mut() {
             backoff.not_before_ms = backoff.not_before_ms.min(latest);
@@ -1182,6 +1250,9 @@ impl Tracker {
         let mut consider = |at: u64| wake = Some(wake.map_or(at, |w| w.min(at)));
         if !nrp.read_in_flight {
             consider(nrp.next_read_ms.max(now));
+        }
+        if !self.arm.settled && !self.arm.read_in_flight && self.state.lists_complete && nrp.loaded {
+            consider(self.arm.next_read_ms.max(now));
         }
         if self.state.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
             if nrp.batch_not_before_ms > now {
@@ -1388,7 +1459,7 @@ impl Tracker {
                 self.step_succeeded(identity, op);
                 return;
             }
-            Outcome::Ok | Outcome::NrpSnapshot(_) => {
+            Outcome::Ok | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
                 self.step_succeeded(identity, op);
                 return;
             }
@@ -1583,7 +1654,7 @@ impl Tracker {
                 return;
             }
             // Any other answer is a host bug; read again after the shortest backoff.
-            Outcome::Ok | Outcome::PublicIpAddress(_) => {
+            Outcome::Ok | Outcome::PublicIpAddress(_) | Outcome::ArmInventory(_) => {
                 self.state.nrp.next_read_ms = now.saturating_add(timing::BACKOFF_BASE_MS);
                 return;
             }
@@ -1616,7 +1687,7 @@ impl Tracker {
     }
 
     fn maybe_reconcile(&mut self, step: &mut Step) {
-        if !self.state.reconciled && self.state.lists_complete && self.state.nrp.loaded {
+        if !self.state.reconciled && self.state.lists_complete && self.state.nrp.loaded && self.arm.settled {
             self.state.reconciled = true;
             self.reconcile_with_nrp(step);
         }
@@ -1651,17 +1722,137 @@ impl Tracker {
                 }
                 Some(r) => self.adopt_for_deletion(&identity, object_ref(&r.observed), ObjectState::of(&r.observed)),
                 None => {
-                    let orphan = ObjectRef {
-                        kind: "Service".into(),
-                        namespace: Name::new(""),
-                        name: Name::new(""),
-                        uid: Name::new(&identity),
-                    };
-                    self.adopt_for_deletion(&identity, orphan, ObjectState::gone());
+                    self.adopt_for_deletion(&identity, orphan(&identity), ObjectState::gone());
                     self.refuse_colliding_pods(&identity, step);
                 }
             }
         }
+    }
+
+    // ---- The start-up inventory of ARM ----
+
+    fn arm_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) {
+        let arm = &mut self.arm;
+        arm.read_in_flight = false;
+        match outcome {
+            Outcome::ArmInventory(inventory) => {
+                arm.settled = true;
+                // Issued only once the lists are complete and NRP is read: start-up
+                // reconciliation runs now, with the inventory.
+                self.maybe_reconcile(step);
+                self.adopt_from_arm(&inventory, step);
+                return;
+            }
+            Outcome::Failed(failure) if arm.read_retries.saturating_add(1) < timing::ARM_READ_ATTEMPTS => {
+                arm.read_retries += 1;
+                let delay = retry_delay("read-arm", arm.read_retries, &failure, "read-arm", step);
+                arm.next_read_ms = now.saturating_add(delay);
+            }
+            other => {
+                // No `Debug` of the answer: it would pull the formatting of every record into the
+                // component for one log line.
+                let why = match other {
+                    Outcome::Failed(f) => format!("HTTP {} {}: {}", f.status, f.code.unwrap_or_default(), f.message),
+                    _ => "the host answered with another outcome than an inventory".to_owned(),
+                };
+                let message = format!(
+                    "read-arm failed {} time(s) ({why}); start-up goes on without the ARM inventory: \
+                     every Service's public IP and load balancer is written once, none is adopted",
+                    arm.read_retries + 1
+                );
+                step.logs.push(LogLine { level: LogLevel::Warn, message });
+                arm.settled = true;
+            }
+        }
+        self.maybe_reconcile(step);
+    }
+
+    /// Start-up adoption: a Service not yet provisioned by this tracker whose public IP (and
+    /// load balancer) ARM already holds as it wants them skips those writes, and one that needs
+    /// nothing written at all is created as it is, with no second `EnsuredLoadBalancer` Event.
+    /// Then the sweep: a UID-named load balancer of our shape, or a UID-named `-pip` public IP,
+    /// that no Service, NRP registration, egress identity or foreign service explains is ours
+    /// from a Service deleted while no controller ran, and is deleted.
+    fn adopt_from_arm(&mut self, inventory: &ArmInventory, step: &mut Step) {
+        // Names sorted with their index, not maps: each map or sort of another type costs the
+        // component kilobytes of code, and both lists share this one.
+        fn by_name(mut names: Vec<(&str, usize)>) -> Vec<(&str, usize)> {
+            names.sort_unstable();
+            names
+        }
+        let public_ips = by_name(inventory.public_ips.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect());
+        let shaped = inventory.load_balancers.iter().enumerate().filter(|(_, l)| l.shape.is_some());
+        let load_balancers = by_name(shaped.map(|(i, l)| (l.name.as_str(), i)).collect());
+        let find = |sorted: &[(&str, usize)], name: &str| {
+            sorted.binary_search_by_key(&name, |(n, _)| n).ok().map(|i| sorted[i].1)
+        };
+        let public_ip_named = |name: &str| find(&public_ips, name).map(|i| &inventory.public_ips[i]);
+        let load_balancer_named =
+            |name: &str| find(&load_balancers, name).and_then(|i| inventory.load_balancers[i].shape.as_ref());
+        let (mut adopted, mut whole) = (0usize, 0usize);
+        for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
+            if lifecycle.phase != Phase::NotStarted {
+                continue;
+            }
+            let Some(config) = lifecycle.op_config.as_ref() else { continue };
+            let public_ip = public_ip_named(&config.public_ip.name)
+                .filter(|p| p.as_put && p.version == config.public_ip.version)
+                .and_then(|p| p.address.clone());
+            let Some(address) = public_ip else { continue };
+            let load_balancer_holds = load_balancer_named(&config.load_balancer.name)
+                .is_some_and(|lb| same_load_balancer(lb, &config.load_balancer));
+            lifecycle
+                .steps
+                .retain(|s| *s != OpStep::PutPublicIp && (*s != OpStep::PutLoadBalancer || !load_balancer_holds));
+            adopted += 1;
+            let object = &lifecycle.object;
+            let nothing_to_write = load_balancer_holds
+                && self.state.diff.is_registered(identity)
+                && object.exists
+                && object.has_finalizer
+                && object.ingress.len() == 1
+                && object.ingress[0] == address;
+            lifecycle.ingress_ip = Some(address);
+            if nothing_to_write {
+                lifecycle.phase = Phase::Created;
+                lifecycle.applied = lifecycle.op_config.clone();
+                lifecycle.steps.clear();
+                self.state.runnable.remove(identity);
+                whole += 1;
+            }
+        }
+        let sweepable = |tracker: &Self, identity: &str| {
+            looks_like_uid(identity)
+                && !tracker.state.lifecycles.contains_key(identity)
+                && !tracker.state.service_by_identity.contains_key(identity)
+                && !tracker.state.diff.is_registered(identity)
+                && !tracker.state.nrp.foreign.contains(identity)
+                && tracker.egress.class(identity).is_none()
+        };
+        let mut orphans = 0usize;
+        for &(name, index) in &load_balancers {
+            let Some(lb) = inventory.load_balancers[index].shape.as_ref() else { continue };
+            let ours = lb.backend_pool == name && lb.public_ip == format!("{name}-pip");
+            if ours && sweepable(self, name) {
+                self.adopt_for_deletion(name, orphan(name), ObjectState::gone());
+                orphans += 1;
+            }
+        }
+        // Then the public IPs left without a load balancer (those with one are adopted above).
+        for &(name, _) in &public_ips {
+            if let Some(identity) = name.strip_suffix("-pip").filter(|id| sweepable(self, id)) {
+                self.adopt_for_deletion(identity, orphan(identity), ObjectState::gone());
+                orphans += 1;
+            }
+        }
+        let message = format!(
+            "start-up inventory: {} public IP(s), {} load balancer(s); {adopted} Service(s) adopted their public IP, \
+             {whole} of them with nothing to write; {} orphan(s) of deleted Services to delete",
+            inventory.public_ips.len(),
+            inventory.load_balancers.len(),
+            orphans
+        );
+        step.logs.push(LogLine { level: LogLevel::Info, message });
     }
 
     /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
@@ -1677,8 +1868,8 @@ impl Tracker {
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        let payload =
-            postcard::to_allocvec(&(&self.state, &self.egress)).expect("the state is plain data and always encodes");
+        let payload = postcard::to_allocvec(&(&self.state, &self.egress, &self.arm))
+            .expect("the state is plain data and always encodes");
         (STATE_VERSION, payload)
     }
 
@@ -1694,19 +1885,26 @@ impl Tracker {
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
         let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
-        let (state, egress) = match version {
+        let (state, egress, arm) = match version {
             // Before egress: no pods.
-            1 => (decode_exact::<State<NrpSyncV2>>(payload).map_err(corrupt)?.upgrade(), Egress::default()),
+            1 => {
+                let state = decode_exact::<State<NrpSyncV2>>(payload).map_err(corrupt)?.upgrade();
+                (state, Egress::default(), ArmSync::settled())
+            }
             2 => {
                 let (state, egress) = decode_exact::<(State<NrpSyncV2>, Egress)>(payload).map_err(corrupt)?;
-                (state.upgrade(), egress)
+                (state.upgrade(), egress, ArmSync::settled())
             }
-            STATE_VERSION => decode_exact::<(State, Egress)>(payload).map_err(corrupt)?,
+            3 => {
+                let (state, egress) = decode_exact::<(State, Egress)>(payload).map_err(corrupt)?;
+                (state, egress, ArmSync::settled())
+            }
+            STATE_VERSION => decode_exact::<(State, Egress, ArmSync)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
-        state.check().map_err(corrupt)?;
+        state.check(&arm).map_err(corrupt)?;
         egress.check().map_err(corrupt)?;
-        Ok(Self { config, mode, state, egress, clock: Clock::default() })
+        Ok(Self { config, mode, state, egress, arm, clock: Clock::default() })
     }
 }
 
@@ -1774,13 +1972,14 @@ impl State {
     /// left in a work set (a pass over the timers and one over the lifecycles): the tracker only
     /// ever looks at those sets for work, so a lifecycle outside them would never run again. The
     /// DiffTracker's own counts are not re-derived: that would cost a pass over every address.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self, arm: &ArmSync) -> Result<(), String> {
         // One id per command, counting up: no real state comes near the end of u64, and
         // refusing the upper half keeps `issue` from ever overflowing.
         if self.next_command_id > MAX_NEXT_COMMAND_ID {
             return Err(format!("the next command id {} is past {MAX_NEXT_COMMAND_ID}", self.next_command_id));
         }
-        let (mut service_commands, mut nrp_writes, mut reads, mut batches) = (0usize, 0u32, 0usize, Vec::new());
+        let (mut service_commands, mut nrp_writes, mut reads, mut arm_reads, mut batches) =
+            (0usize, 0u32, 0usize, 0usize, Vec::new());
         for (&id, what) in &self.in_flight {
             if id >= self.next_command_id {
                 return Err(format!("command {id} is in flight, but the next command id is {}", self.next_command_id));
@@ -1797,6 +1996,7 @@ impl State {
                 }
                 InFlight::Locations(_) => batches.push(id),
                 InFlight::ReadNrp => reads += 1,
+                InFlight::ReadArm => arm_reads += 1,
                 InFlight::Event => {}
             }
         }
@@ -1806,7 +2006,14 @@ impl State {
             ("lifecycles wait for a command", waiting, "Service commands", service_commands),
             ("NRP writes counted", self.nrp.service_writes_in_flight as usize, "NRP writes", nrp_writes as usize),
             ("reads of NRP flagged", usize::from(self.nrp.read_in_flight), "reads of NRP", reads),
+            ("reads of ARM flagged", usize::from(arm.read_in_flight), "reads of ARM", arm_reads),
         ];
+        if arm.settled && arm.read_in_flight {
+            return Err("the ARM inventory is settled, but a read of it is in flight".into());
+        }
+        if self.reconciled && !arm.settled {
+            return Err("start-up reconciliation ran, but the ARM inventory is not settled".into());
+        }
         for (what, counted, which, in_flight) in counts {
             if counted != in_flight {
                 return Err(format!("{counted} {what} in flight, but {in_flight} {which} are in flight"));
@@ -2082,7 +2289,7 @@ mod tests {
 
     #[test]
     fn a_service_that_becomes_invalid_keeps_its_last_admitted_spec_and_gets_one_warning() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         assert!(
             tracker
                 .observe(0, vec![Observation::ServiceUpserted(lb_service("Local"))])
@@ -2106,7 +2313,7 @@ mod tests {
 
     #[test]
     fn nothing_but_a_read_of_nrp_is_sent_before_the_lists_are_complete() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step = tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local"))]);
         assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
     }
@@ -2204,7 +2411,7 @@ mod tests {
     // Regression: issue 14, found 1 (u64 overflow from a Retry-After): the shortest sequence.
     #[test]
     fn a_retry_after_of_u64_max_on_a_read_of_nrp_waits_the_cap_instead_of_reading_again_at_once() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step = tracker.tick(NOW);
         assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
         let step = tracker.complete(NOW, vec![(step.commands[0].id, throttled(u64::MAX))]);
@@ -2222,7 +2429,7 @@ mod tests {
     // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in `service_outcome`.
     #[test]
     fn a_retry_after_of_u64_max_on_a_service_command_holds_that_service_for_the_cap() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step =
             tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
         let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
@@ -2258,7 +2465,7 @@ mod tests {
         ];
         for (address_type, ips, programmed, warns) in cases {
             let case = format!("{address_type} on {ips:?}");
-            let mut tracker = Tracker::create(clb()).unwrap();
+            let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
             let slice = EndpointSlice {
                 namespace: "default".into(),
                 name: "web-1".into(),
@@ -2295,7 +2502,7 @@ mod tests {
     // batch, which every Service's addresses wait for: they wait no longer than the cap.
     #[test]
     fn a_retry_after_of_u64_max_on_the_address_location_batch_holds_the_addresses_no_longer_than_the_cap() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let slice = EndpointSlice {
             namespace: "default".into(),
             name: "web-1".into(),
@@ -2378,7 +2585,7 @@ mod tests {
     /// The test Service provisioned with a pod on node n1 (location 10.224.0.4; node n2 is
     /// 10.224.0.5), its first address-location batch in flight, unanswered.
     fn tracker_with_a_batch_in_flight() -> (Tracker, u64) {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let node =
             |name: &str, ip: &str| Observation::NodeUpserted(Node { name: name.into(), internal_ips: vec![ip.into()] });
         let step = tracker.observe(
@@ -2410,7 +2617,7 @@ mod tests {
     /// The test Service with `ports` (protocol TCP, port, target port), created and in NRP with
     /// a pod on n1 (10.224.0.4), all commands answered.
     fn created_with(ports: &[(i32, i32)]) -> Tracker {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
         let spec = ported(UID, &ports.iter().map(|(p, t)| (TCP, *p, to(*t))).collect::<Vec<_>>(), &[]);
         let step = tracker.observe(
@@ -2499,7 +2706,7 @@ mod tests {
     // the Service is being created is the one its load balancer is created with.
     #[test]
     fn a_spec_changed_during_creation_is_the_one_the_load_balancer_is_created_with() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let first = ported(UID, &[(TCP, 80, to(8080))], &[]);
         let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(first), Observation::ListsComplete]);
         let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
@@ -2610,7 +2817,7 @@ mod tests {
     #[test]
     fn a_read_of_nrp_near_the_end_of_u64_time_does_not_hold_nrp_writes_forever() {
         let now = u64::MAX - 60_000;
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step =
             tracker.observe(now, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
         let (issued, _, last) = drive(&mut tracker, now, step, answer_ok(&[]));
@@ -2633,7 +2840,7 @@ mod tests {
 
     /// A tracker whose Service's first command (adding the finalizer) failed at [`NOW`].
     fn tracker_retrying_its_finalizer() -> (Tracker, Step) {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step =
             tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
         let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
@@ -2647,7 +2854,7 @@ mod tests {
     // in that window was absorbed, and the lifecycle was dropped with the finalizer still held.
     #[test]
     fn after_the_clock_steps_back_a_deletion_ends_when_its_finalizer_is_gone_and_a_finalizer_put_back_is_removed() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step =
             tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
         drive(&mut tracker, NOW, step, answer_ok(&[]));
@@ -2729,7 +2936,7 @@ mod tests {
     // resync always due: every answered read issued the next one and the tracker was never idle.
     #[test]
     fn at_the_end_of_time_the_tracker_reads_nrp_once_and_is_idle() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step = tracker.observe(u64::MAX, vec![Observation::ListsComplete]);
         let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("the first read").id;
         let step = tracker.complete(u64::MAX, vec![(read, Outcome::NrpSnapshot(NrpState::default()))]);
@@ -2757,9 +2964,10 @@ mod tests {
         assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
         let (version, payload) = tracker.export_state();
         assert_eq!(version, STATE_VERSION);
-        // Version 3 writes the same state with its NRP bookkeeping reshaped, then no pods.
+        // Version 4 writes the same state with its NRP bookkeeping reshaped, then no pods, then
+        // an ARM inventory with nothing left to read or adopt.
         let upgraded = decode_exact::<State<NrpSyncV2>>(before).unwrap().upgrade();
-        assert_eq!(payload, postcard::to_allocvec(&(&upgraded, &Egress::default())).unwrap());
+        assert_eq!(payload, postcard::to_allocvec(&(&upgraded, &Egress::default(), &ArmSync::settled())).unwrap());
         assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     }
 
@@ -2773,7 +2981,7 @@ mod tests {
     /// A tracker with Service commands, an Event and nothing else in flight: the lists are in,
     /// NRP was read, and the Service's first command (its finalizer) waits for its outcome.
     fn tracker_with_commands_in_flight() -> Tracker {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let step =
             tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
         let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).unwrap().id;
@@ -2824,7 +3032,7 @@ mod tests {
         for (expected, tamper) in tampered {
             let mut state = tracker.state.clone();
             tamper(&mut state);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm)).unwrap();
             let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
             assert!(why.contains(expected), "{expected:?} not in {why:?}");
         }
@@ -2836,7 +3044,7 @@ mod tests {
     // feature the first quiet tick panicked).
     #[test]
     fn a_state_with_a_lifecycle_outside_the_work_set_its_phase_needs_is_refused_as_corrupt() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
         let identity = tracker.state.lifecycles.keys().next().unwrap().clone();
         assert!(tracker.state.runnable.contains(&identity) && tracker.state.lifecycles[&identity].has_work_left());
@@ -2847,7 +3055,7 @@ mod tests {
             let mut state = tracker.state.clone();
             state.runnable.clear();
             tamper(&mut state, &identity);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm)).unwrap();
             Tracker::import_state(clb(), STATE_VERSION, &payload)
         };
         let refused: [(&str, Tamper); 3] = [
@@ -2884,7 +3092,7 @@ mod tests {
         for (next, refused) in [(u64::MAX, true), (MAX_NEXT_COMMAND_ID + 1, true), (MAX_NEXT_COMMAND_ID, false)] {
             let mut state = tracker.state.clone();
             state.next_command_id = next;
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm)).unwrap();
             match Tracker::import_state(clb(), STATE_VERSION, &payload) {
                 Err(StateError::Corrupt(why)) if refused => assert!(why.contains("the next command id"), "{why}"),
                 Ok(mut imported) if !refused => _ = imported.tick(NOW),
@@ -2895,7 +3103,7 @@ mod tests {
 
     #[test]
     fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_the_current_version() {
-        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
         let (version_1, _) = as_versions_1_and_2(&tracker);
         let imported = Tracker::import_state(clb(), 1, &version_1).unwrap();
@@ -2915,6 +3123,227 @@ mod tests {
         assert_eq!(imported, tracker);
         imported.complete(10_000, vec![(batch, Outcome::Ok)]);
         assert!(imported.state.nrp.batches_in_flight.is_empty() && !imported.nrp_view().is_empty());
+    }
+
+    // ---- Start-up adoption from the ARM inventory (issue 15, defect 4) ----
+
+    const ADDRESS: &str = "20.0.0.7";
+
+    /// `lb_service` as a controller that provisioned it left it: finalizer held, status set.
+    fn provisioned_service() -> Service {
+        Service { finalizers: vec![FINALIZER.into()], ingress_ips: vec![ADDRESS.into()], ..lb_service("Local") }
+    }
+
+    fn inventory_of(service: &Service, load_balancer: Option<LoadBalancer>) -> ArmInventory {
+        let config = LbConfig::for_service(service);
+        ArmInventory {
+            public_ips: vec![ListedPublicIp {
+                name: config.public_ip.name.to_string(),
+                version: config.public_ip.version,
+                address: Some(ADDRESS.into()),
+                as_put: true,
+            }],
+            load_balancers: load_balancer
+                .map(|lb| ListedLoadBalancer { name: lb.name.to_string(), shape: Some(lb) })
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// [`drive`] with NRP listing `registered` and ARM answering `arm`.
+    fn reads_answered(
+        tracker: &mut Tracker,
+        step: &Step,
+        registered: &[&str],
+        arm: Outcome,
+    ) -> (Vec<Command>, Vec<LogLine>, Step) {
+        let nrp = answer_ok(registered);
+        drive(tracker, NOW, step.clone(), |c| if *c == Command::ReadArm { arm.clone() } else { nrp(c) })
+    }
+
+    fn writes(issued: &[Command]) -> Vec<&Command> {
+        issued.iter().filter(|c| !matches!(c, Command::EmitEvent(_) | Command::ReadNrp | Command::ReadArm)).collect()
+    }
+
+    #[test]
+    fn at_start_up_the_tracker_lists_arm_once_the_lists_are_complete_and_nrp_is_read_and_writes_nothing_before() {
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(provisioned_service())]);
+        let sent: Vec<&Command> = step.commands.iter().map(|c| &c.command).collect();
+        assert_eq!(sent, [&Command::ReadNrp]);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
+        assert!(step.commands.is_empty() && step.wake_at_ms.is_some_and(|at| at > NOW), "{step:?}");
+        let step = tracker.observe(NOW, vec![Observation::ListsComplete]);
+        let sent: Vec<&Command> = step.commands.iter().map(|c| &c.command).collect();
+        assert_eq!(sent, [&Command::ReadArm], "the inventory is read, nothing written yet");
+        assert!(!step.idle);
+        let step = tracker.complete(NOW, vec![(step.commands[0].id, Outcome::ArmInventory(ArmInventory::default()))]);
+        assert!(step.commands.iter().any(|c| matches!(c.command, Command::PutPublicIp(_))), "{step:?}");
+    }
+
+    #[test]
+    fn a_restarted_controller_adopts_a_service_whose_azure_resources_registration_and_status_hold_with_no_write_and_no_event()
+     {
+        let service = provisioned_service();
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+        let config = LbConfig::for_service(&service);
+        let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
+        let (issued, logs, last) =
+            reads_answered(&mut tracker, &step, &[&service.identity()], Outcome::ArmInventory(inventory));
+        assert_eq!(issued, [Command::ReadNrp, Command::ReadArm], "nothing written, no second EnsuredLoadBalancer");
+        assert!(last.idle);
+        assert_eq!(tracker.phase(&service.identity()), Some(Phase::Created));
+        assert!(
+            logs.iter()
+                .any(|l| l.message.contains("1 Service(s) adopted their public IP, 1 of them with nothing to write"))
+        );
+        // Adopted as applied: the same spec again writes nothing, a port change puts the LB once.
+        let again = tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone())]);
+        assert!(again.commands.is_empty(), "{again:?}");
+        let changed =
+            Service { ports: vec![ServicePort { port: 8080, ..service.ports[0].clone() }], ..service.clone() };
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(changed)]);
+        let (issued, _, _) = drive(&mut tracker, NOW, step, answer_ok(&[&service.identity()]));
+        assert_eq!(load_balancers(&issued).len(), 1, "{issued:?}");
+        assert_eq!(writes(&issued).len(), 1, "only the load balancer: {issued:?}");
+    }
+
+    #[test]
+    fn a_restarted_controller_adopts_the_public_ip_and_puts_a_load_balancer_whose_rules_differ_once() {
+        let service = provisioned_service();
+        let config = LbConfig::for_service(&service);
+        for listed in [
+            Some(LoadBalancer { rules: vec![], ..config.load_balancer.clone() }),
+            None, // ARM lists no load balancer by that name, or one the record cannot say
+        ] {
+            let mut tracker = Tracker::create(clb()).unwrap();
+            let step =
+                tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+            let inventory = inventory_of(&service, listed.clone());
+            let (issued, _, last) =
+                reads_answered(&mut tracker, &step, &[&service.identity()], Outcome::ArmInventory(inventory));
+            assert_eq!(writes(&issued), [&Command::PutLoadBalancer(config.load_balancer.clone())], "{listed:?}");
+            assert!(last.idle);
+            assert_eq!(tracker.phase(&service.identity()), Some(Phase::Created));
+        }
+    }
+
+    #[test]
+    fn a_listed_public_ip_that_is_not_as_put_or_has_no_address_is_put_again() {
+        let service = provisioned_service();
+        let config = LbConfig::for_service(&service);
+        for tamper in [|p: &mut ListedPublicIp| p.as_put = false, |p: &mut ListedPublicIp| p.address = None] {
+            let mut inventory = inventory_of(&service, Some(config.load_balancer.clone()));
+            tamper(&mut inventory.public_ips[0]);
+            let mut tracker = Tracker::create(clb()).unwrap();
+            let step =
+                tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+            let (issued, _, _) =
+                reads_answered(&mut tracker, &step, &[&service.identity()], Outcome::ArmInventory(inventory));
+            assert!(matches!(writes(&issued)[0], Command::PutPublicIp(_)), "{issued:?}");
+        }
+    }
+
+    #[test]
+    fn resources_of_services_deleted_while_no_controller_ran_are_deleted_and_nothing_else_is_touched() {
+        let gone = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e99";
+        let pip_only = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e98";
+        let foreign_shape = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e97";
+        let ours = |name: &str| LoadBalancer {
+            name: name.into(),
+            public_ip: format!("{name}-pip").into(),
+            backend_pool: name.into(),
+            rules: vec![],
+        };
+        let pip = |name: &str| ListedPublicIp {
+            name: name.into(),
+            version: IpVersion::Ipv4,
+            address: Some("20.0.0.9".into()),
+            as_put: true,
+        };
+        let inventory = ArmInventory {
+            public_ips: vec![pip(&format!("{gone}-pip")), pip(&format!("{pip_only}-pip")), pip("kubernetes-pip")],
+            load_balancers: vec![
+                ListedLoadBalancer { name: gone.into(), shape: Some(ours(gone)) },
+                ListedLoadBalancer { name: "kubernetes".into(), shape: Some(ours("kubernetes")) },
+                ListedLoadBalancer {
+                    name: foreign_shape.into(),
+                    shape: Some(LoadBalancer { backend_pool: "other".into(), ..ours(foreign_shape) }),
+                },
+                ListedLoadBalancer { name: "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e96".into(), shape: None },
+            ],
+        };
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.observe(NOW, vec![Observation::ListsComplete]);
+        let (issued, logs, last) = reads_answered(&mut tracker, &step, &[], Outcome::ArmInventory(inventory));
+        let deleted = |kind: ResourceKind, name: String| Command::DeleteResource(ResourceRef { kind, name });
+        let expected = [
+            deleted(ResourceKind::LoadBalancer, gone.into()),
+            deleted(ResourceKind::PublicIp, format!("{gone}-pip")),
+            deleted(ResourceKind::LoadBalancer, pip_only.into()),
+            deleted(ResourceKind::PublicIp, format!("{pip_only}-pip")),
+        ];
+        let mut written: Vec<Command> = writes(&issued).into_iter().cloned().collect();
+        written.sort_by_key(|c| format!("{c:?}"));
+        let mut expected = expected.to_vec();
+        expected.sort_by_key(|c| format!("{c:?}"));
+        assert_eq!(written, expected);
+        assert!(last.idle);
+        assert!(logs.iter().any(|l| l.message.contains("2 orphan(s) of deleted Services to delete")), "{logs:?}");
+    }
+
+    #[test]
+    fn a_read_of_arm_that_keeps_failing_is_retried_then_start_up_goes_on_writing_as_before_with_a_warning() {
+        let service = provisioned_service();
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let mut step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+        let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).unwrap().id;
+        step = tracker.complete(NOW, vec![(read, answer_ok(&[&service.identity()])(&Command::ReadNrp))]);
+        let mut now = NOW;
+        for attempt in 1..=timing::ARM_READ_ATTEMPTS {
+            let arm = step.commands.iter().find(|c| c.command == Command::ReadArm).expect("a read of ARM").id;
+            step = tracker.complete(now, vec![(arm, failed(503))]);
+            if attempt < timing::ARM_READ_ATTEMPTS {
+                assert!(writes(&step.commands.iter().map(|c| c.command.clone()).collect::<Vec<_>>()).is_empty());
+                now = step.wake_at_ms.expect("a retry is scheduled");
+                step = tracker.tick(now);
+            }
+        }
+        assert!(step.logs.iter().any(|l| l.level == LogLevel::Warn && l.message.contains("read-arm failed 3 time(s)")));
+        let (issued, _, _) = drive(&mut tracker, now, step, answer_ok(&[&service.identity()]));
+        assert!(issued.iter().any(|c| matches!(c, Command::PutPublicIp(_))), "{issued:?}");
+        assert_eq!(tracker.phase(&service.identity()), Some(Phase::Created));
+    }
+
+    #[test]
+    fn a_state_imported_while_the_arm_inventory_is_read_keeps_the_read_in_flight_and_its_answer_applies() {
+        let service = provisioned_service();
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+        let step =
+            tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[&service.identity()])(&Command::ReadNrp))]);
+        assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), [&Command::ReadArm]);
+        let (version, payload) = tracker.export_state();
+        let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
+        assert_eq!(imported, tracker);
+        let config = LbConfig::for_service(&service);
+        let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
+        let (issued, _, _) =
+            reads_answered(&mut imported, &step, &[&service.identity()], Outcome::ArmInventory(inventory));
+        assert!(writes(&issued).is_empty(), "{issued:?}");
+        for (mut tampered, expected) in [
+            (tracker.clone(), "0 reads of ARM flagged in flight, but 1 reads of ARM are in flight"),
+            (imported.clone(), "the ARM inventory is settled, but a read of it is in flight"),
+        ] {
+            tampered.arm.read_in_flight = !tampered.arm.read_in_flight;
+            let (version, payload) = tampered.export_state();
+            let why = corrupt(Tracker::import_state(clb(), version, &payload));
+            assert!(why.contains(expected), "{why}");
+        }
     }
 
     /// The tracker's state as versions 1 and 2 wrote it (one batch in flight at most).

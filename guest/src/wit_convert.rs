@@ -153,12 +153,97 @@ macro_rules! wit_conversions {
                                 })
                                 .collect(),
                         }),
+                        wit::Outcome::ArmInventory(inventory) => Self::ArmInventory(model::ArmInventory {
+                            public_ips: inventory
+                                .public_ips
+                                .into_iter()
+                                .map(|p| model::ListedPublicIp {
+                                    name: p.name,
+                                    version: p.version.into(),
+                                    address: p.address,
+                                    as_put: p.as_put,
+                                })
+                                .collect(),
+                            load_balancers: inventory
+                                .load_balancers
+                                .into_iter()
+                                .map(|l| model::ListedLoadBalancer { name: l.name, shape: l.shape.map(Into::into) })
+                                .collect(),
+                        }),
                         wit::Outcome::Failed(f) => Self::Failed(model::Failure {
                             status: f.status,
                             code: f.code,
                             retry_after_ms: f.retry_after_ms,
                             message: f.message,
                         }),
+                    }
+                }
+            }
+
+            impl From<wit::IpVersion> for model::IpVersion {
+                fn from(v: wit::IpVersion) -> Self {
+                    match v {
+                        wit::IpVersion::Ipv4 => Self::Ipv4,
+                        wit::IpVersion::Ipv6 => Self::Ipv6,
+                    }
+                }
+            }
+
+            impl From<model::IpVersion> for wit::IpVersion {
+                fn from(v: model::IpVersion) -> Self {
+                    match v {
+                        model::IpVersion::Ipv4 => Self::Ipv4,
+                        model::IpVersion::Ipv6 => Self::Ipv6,
+                    }
+                }
+            }
+
+            impl From<wit::LoadBalancer> for model::LoadBalancer {
+                fn from(lb: wit::LoadBalancer) -> Self {
+                    Self {
+                        name: lb.name.into(),
+                        public_ip: lb.public_ip.into(),
+                        backend_pool: lb.backend_pool.into(),
+                        rules: lb
+                            .rules
+                            .into_iter()
+                            .map(|r| model::LbRule {
+                                name: r.name.into(),
+                                protocol: match r.protocol {
+                                    wit::LbProtocol::Tcp => model::LbProtocol::Tcp,
+                                    wit::LbProtocol::Udp => model::LbProtocol::Udp,
+                                },
+                                frontend_port: r.frontend_port,
+                                backend_port: r.backend_port,
+                                idle_timeout_minutes: r.idle_timeout_minutes,
+                                enable_tcp_reset: r.enable_tcp_reset,
+                            })
+                            .collect(),
+                    }
+                }
+            }
+
+            impl From<model::LoadBalancer> for wit::LoadBalancer {
+                fn from(lb: model::LoadBalancer) -> Self {
+                    Self {
+                        name: lb.name.into(),
+                        public_ip: lb.public_ip.into(),
+                        backend_pool: lb.backend_pool.into(),
+                        rules: lb
+                            .rules
+                            .into_iter()
+                            .map(|r| wit::LbRule {
+                                name: r.name.into(),
+                                protocol: match r.protocol {
+                                    model::LbProtocol::Tcp => wit::LbProtocol::Tcp,
+                                    model::LbProtocol::Udp => wit::LbProtocol::Udp,
+                                },
+                                frontend_port: r.frontend_port,
+                                backend_port: r.backend_port,
+                                idle_timeout_minutes: r.idle_timeout_minutes,
+                                enable_tcp_reset: r.enable_tcp_reset,
+                            })
+                            .collect(),
                     }
                 }
             }
@@ -207,6 +292,7 @@ macro_rules! wit_conversions {
                             message: e.message,
                         }),
                         M::ReadNrp => wit::Command::ReadNrp,
+                        M::ReadArm => wit::Command::ReadArm,
                         M::UpdateServices(services) => wit::Command::UpdateServices(wit::UpdateServices {
                             services: services
                                 .into_iter()
@@ -238,31 +324,9 @@ macro_rules! wit_conversions {
                         }
                         M::PutPublicIp(ip) => wit::Command::PutPublicIp(wit::PublicIp {
                             name: ip.name.into(),
-                            version: match ip.version {
-                                model::IpVersion::Ipv4 => wit::IpVersion::Ipv4,
-                                model::IpVersion::Ipv6 => wit::IpVersion::Ipv6,
-                            },
+                            version: ip.version.into(),
                         }),
-                        M::PutLoadBalancer(lb) => wit::Command::PutLoadBalancer(wit::LoadBalancer {
-                            name: lb.name.into(),
-                            public_ip: lb.public_ip.into(),
-                            backend_pool: lb.backend_pool.into(),
-                            rules: lb
-                                .rules
-                                .into_iter()
-                                .map(|r| wit::LbRule {
-                                    name: r.name.into(),
-                                    protocol: match r.protocol {
-                                        model::LbProtocol::Tcp => wit::LbProtocol::Tcp,
-                                        model::LbProtocol::Udp => wit::LbProtocol::Udp,
-                                    },
-                                    frontend_port: r.frontend_port,
-                                    backend_port: r.backend_port,
-                                    idle_timeout_minutes: r.idle_timeout_minutes,
-                                    enable_tcp_reset: r.enable_tcp_reset,
-                                })
-                                .collect(),
-                        }),
+                        M::PutLoadBalancer(lb) => wit::Command::PutLoadBalancer(lb.into()),
                         M::DeleteResource(r) => wit::Command::DeleteResource(wit::ResourceRef {
                             kind: match r.kind {
                                 model::ResourceKind::PublicIp => wit::ResourceKind::PublicIp,

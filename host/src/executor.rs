@@ -107,6 +107,7 @@ pub fn command_name(command: &wit::Command) -> &'static str {
     match command {
         wit::Command::EmitEvent(_) => "emit-event",
         wit::Command::ReadNrp => "read-nrp",
+        wit::Command::ReadArm => "read-arm",
         wit::Command::UpdateServices(_) => "update-services",
         wit::Command::UpdateAddressLocations(_) => "update-address-locations",
         wit::Command::PutPublicIp(_) => "put-public-ip",
@@ -129,7 +130,7 @@ pub fn command_subject(command: &wit::Command) -> String {
         }
     }
     match command {
-        wit::Command::ReadNrp => String::new(),
+        wit::Command::ReadNrp | wit::Command::ReadArm => String::new(),
         wit::Command::EmitEvent(event) => {
             format!("{} {}/{}: {}", event.regarding.kind, event.regarding.namespace, event.regarding.name, event.reason)
         }
@@ -161,7 +162,7 @@ pub fn check(command: &wit::Command) -> Result<(), InvalidCommand> {
         _ => Ok(()),
     };
     match command {
-        wit::Command::ReadNrp => Ok(()),
+        wit::Command::ReadNrp | wit::Command::ReadArm => Ok(()),
         wit::Command::EmitEvent(event) => {
             non_empty(&event.reason, "the reason")?;
             non_empty(&event.regarding.name, "the object's name")
@@ -297,6 +298,11 @@ impl<'a, A: AzureApi, K: KubeApi> Executor<'a, A, K> {
                 let locations = api.list_address_locations().await?;
                 Ok(wit::Outcome::NrpSnapshot(nrp_state(services, locations)))
             }
+            wit::Command::ReadArm => {
+                let public_ips = api.list_public_ips().await?;
+                let load_balancers = api.list_load_balancers().await?;
+                Ok(wit::Outcome::ArmInventory(arm_inventory(public_ips, load_balancers)))
+            }
             wit::Command::UpdateServices(update) => {
                 let requests: Vec<azure::ServiceRequest> = update.services.iter().map(service_request).collect();
                 api.update_services(azure::UpdateAction::PartialUpdate, &requests).await?;
@@ -427,6 +433,52 @@ pub fn nrp_state(services: Vec<azure::ListedService>, locations: Vec<azure::List
                     .map(|a| wit::NrpAddress { address: a.address, services: a.services })
                     .collect(),
             })
+            .collect(),
+    }
+}
+
+/// What ARM lists, in the WIT's terms. A load balancer shape with an idle timeout past what the
+/// WIT's `u8` holds is one the record cannot say: no shape.
+pub fn arm_inventory(
+    public_ips: Vec<azure::ListedPublicIp>,
+    load_balancers: Vec<azure::ListedLoadBalancer>,
+) -> wit::ArmInventory {
+    let shape = |spec: azure::LoadBalancerSpec| -> Option<wit::LoadBalancer> {
+        let rules = spec
+            .rules
+            .into_iter()
+            .map(|r| {
+                Some(wit::LbRule {
+                    name: r.name,
+                    protocol: match r.protocol {
+                        azure::Protocol::Tcp => wit::LbProtocol::Tcp,
+                        azure::Protocol::Udp => wit::LbProtocol::Udp,
+                    },
+                    frontend_port: r.frontend_port,
+                    backend_port: r.backend_port,
+                    idle_timeout_minutes: u8::try_from(r.idle_timeout_minutes).ok()?,
+                    enable_tcp_reset: r.enable_tcp_reset,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(wit::LoadBalancer { name: spec.name, public_ip: spec.public_ip, backend_pool: spec.backend_pool, rules })
+    };
+    wit::ArmInventory {
+        public_ips: public_ips
+            .into_iter()
+            .map(|p| wit::ListedPublicIp {
+                name: p.name,
+                version: match p.version {
+                    azure::IpVersion::IPv4 => wit::IpVersion::Ipv4,
+                    azure::IpVersion::IPv6 => wit::IpVersion::Ipv6,
+                },
+                address: p.address,
+                as_put: p.as_put,
+            })
+            .collect(),
+        load_balancers: load_balancers
+            .into_iter()
+            .map(|l| wit::ListedLoadBalancer { name: l.name, shape: l.shape.and_then(shape) })
             .collect(),
     }
 }

@@ -1,6 +1,7 @@
 //! The DiffTracker at scale (issue #3): a cluster of 1,000 nodes, 30,000 ready pods and 1,000
 //! LoadBalancer Services, natively and through the component:
-//! (a) start-up rebuild: the lists, then a read of NRP that already holds everything;
+//! (a) start-up rebuild: the lists, then a read of NRP and a list of ARM that already hold
+//!     everything (a restart), and how many writes and Events that restart costs;
 //! (b) one endpoint change: the observation and the sync it causes;
 //! (c) state export + import.
 //! Run with `cargo bench -p clb-tests --bench difftracker`; prints a Markdown table.
@@ -46,9 +47,16 @@ impl Driver for Component {
     }
 }
 
-/// Answers every command until the tracker is idle; returns how many commands it sent.
-fn drive(driver: &mut dyn Driver, step: wit::Step) -> usize {
-    settle(step, |results| driver.complete(1, results))
+/// Answers every command until the tracker is idle; returns the commands it sent.
+fn drive(driver: &mut dyn Driver, step: wit::Step) -> Vec<wit::Command> {
+    settle_commands(step, |results| driver.complete(1, results))
+}
+
+/// Azure and Kubernetes writes among `commands`, and Events.
+fn writes_and_events(commands: &[wit::Command]) -> (usize, usize) {
+    let events = commands.iter().filter(|c| matches!(c, wit::Command::EmitEvent(_))).count();
+    let reads = commands.iter().filter(|c| matches!(c, wit::Command::ReadNrp | wit::Command::ReadArm)).count();
+    (commands.len() - events - reads, events)
 }
 
 fn main() {
@@ -57,6 +65,8 @@ fn main() {
     let native_lists: Vec<model::Observation> = lists.iter().map(observation_to_model).collect();
     let snapshot = nrp_in_sync();
     let native_snapshot = outcome_to_model(&snapshot);
+    let inventory = arm_in_sync();
+    let native_inventory = outcome_to_model(&inventory);
     let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
     let logic = runtime().load(clb_host::BUILTIN_GUEST, limits).unwrap();
 
@@ -74,16 +84,20 @@ fn main() {
         let start = Instant::now();
         let step = tracker.observe(0, lists.iter().map(observation_to_model).collect());
         let read = step.commands.iter().find(|c| c.command == model::Command::ReadNrp).unwrap().id;
-        black_box(tracker.complete(0, vec![(read, outcome_to_model(&snapshot))]));
+        let step = tracker.complete(0, vec![(read, outcome_to_model(&snapshot))]);
+        let list = step.commands.iter().find(|c| c.command == model::Command::ReadArm).unwrap().id;
+        black_box(tracker.complete(0, vec![(list, outcome_to_model(&inventory))]));
         start.elapsed()
     });
     let native_without_copy = time_startup(&mut || {
         let mut tracker = Tracker::create(config_to_model(&config)).unwrap();
-        let (lists, snapshot) = (native_lists.clone(), native_snapshot.clone());
+        let (lists, snapshot, inventory) = (native_lists.clone(), native_snapshot.clone(), native_inventory.clone());
         let start = Instant::now();
         let step = tracker.observe(0, lists);
         let read = step.commands.iter().find(|c| c.command == model::Command::ReadNrp).unwrap().id;
-        black_box(tracker.complete(0, vec![(read, snapshot)]));
+        let step = tracker.complete(0, vec![(read, snapshot)]);
+        let list = step.commands.iter().find(|c| c.command == model::Command::ReadArm).unwrap().id;
+        black_box(tracker.complete(0, vec![(list, inventory)]));
         start.elapsed()
     });
     let startup_through = |logic: &clb_host::sandbox::Logic| {
@@ -93,7 +107,9 @@ fn main() {
             let start = Instant::now();
             let step = session.tracker_observe(tracker, 0, &lists).unwrap();
             let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
-            black_box(session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap());
+            let step = session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap();
+            let list = step.commands.iter().find(|c| c.command == wit::Command::ReadArm).unwrap().id;
+            black_box(session.tracker_complete(tracker, 0, &[(list, inventory.clone())]).unwrap());
             start.elapsed()
         })
     };
@@ -109,6 +125,14 @@ fn main() {
     let first = component.observe(0, &lists);
     let component_commands = drive(&mut component, first);
     assert_eq!(native_commands, component_commands, "both trackers sent the same commands");
+    let (restart_writes, restart_events) = writes_and_events(&component_commands);
+    // The same restart as before the inventory existed: a host that cannot list ARM (answered
+    // with something else, which the logic takes as "no inventory").
+    let mut blind = Native(Tracker::create(config_to_model(&config)).unwrap());
+    let first = blind.observe(0, &lists);
+    let no_inventory = |c: &wit::Command| if *c == wit::Command::ReadArm { wit::Outcome::Ok } else { answer(c) };
+    let blind_commands = settle_answering(first, no_inventory, |results| blind.complete(1, results));
+    let (blind_writes, blind_events) = writes_and_events(&blind_commands);
 
     // (b) One endpoint change: a pod goes not-ready and back; each observation causes one
     // address-location update, answered with success.
@@ -151,12 +175,23 @@ fn main() {
     println!("| measure | native | component | component / native |");
     println!("|---|---|---|---|");
     let row = |name: &str, n: Duration, c: Duration| println!("| {name} | {n:.2?} | {c:.2?} | {:.2}× |", ratio(c, n));
-    row("(a) start-up rebuild (lists + NRP read)", native_startup, component_startup);
+    row("(a) start-up rebuild (lists + NRP read + ARM list)", native_startup, component_startup);
     row("(a) same, native given its records for free", native_without_copy, component_startup);
     row("(b) one endpoint change: observation", native_observe, component_observe);
     row("(b) one endpoint change: its sync completing", native_sync, component_sync);
     row("(b) one endpoint change: total", native_observe + native_sync, component_observe + component_sync);
     row("(c) state export + import", native_export_import, component_export_import);
+    println!();
+    println!(
+        "Restart with nothing changed (the start-up above, answered until idle): {} commands, of which {restart_writes} \
+         writes (Azure or Kubernetes) and {restart_events} Events.",
+        component_commands.len()
+    );
+    println!(
+        "The same restart without the inventory (as before it existed): {} commands, of which {blind_writes} \
+         writes and {blind_events} Events.",
+        blind_commands.len()
+    );
 
     // What the limits cost: the same start-up under engines compiled without fuel metering,
     // and without any metering (never done outside measurement: such a guest can loop forever).

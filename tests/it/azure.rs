@@ -106,6 +106,8 @@ async fn call(api: &impl AzureApi, op: Operation) -> Result<String, AzureError> 
         }
         Operation::ListServices => format!("{:?}", api.list_services().await?),
         Operation::ListAddressLocations => format!("{:?}", api.list_address_locations().await?),
+        Operation::ListPublicIps => format!("{:?}", api.list_public_ips().await?),
+        Operation::ListLoadBalancers => format!("{:?}", api.list_load_balancers().await?),
         Operation::PutPublicIp => api.put_public_ip(&pip("svc-2-pip")).await?,
         Operation::DeletePublicIp => format!("{:?}", api.delete_public_ip("spare-pip").await?),
         Operation::PutLoadBalancer => {

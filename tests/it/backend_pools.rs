@@ -65,6 +65,12 @@ impl AzureApi for Gated {
     async fn list_address_locations(&self) -> Result<Vec<ListedLocation>, AzureError> {
         self.emulator.list_address_locations().await
     }
+    async fn list_public_ips(&self) -> Result<Vec<ListedPublicIp>, AzureError> {
+        self.emulator.list_public_ips().await
+    }
+    async fn list_load_balancers(&self) -> Result<Vec<ListedLoadBalancer>, AzureError> {
+        self.emulator.list_load_balancers().await
+    }
     async fn put_public_ip(&self, spec: &PublicIpSpec) -> Result<String, AzureError> {
         self.emulator.put_public_ip(spec).await
     }

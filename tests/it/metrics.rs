@@ -61,6 +61,11 @@ fn the_probes_follow_the_tracker_from_start_to_its_first_idle_step() {
     let read = step.commands.iter().find(|i| i.command == wit::Command::ReadNrp).unwrap().id;
     let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
     let step = supervisor.complete(0, &[(read, wit::Outcome::NrpSnapshot(empty))]).unwrap();
+    assert!(!step.idle, "not idle while the ARM inventory is out");
+    let list = step.commands.iter().find(|i| i.command == wit::Command::ReadArm).unwrap().id;
+    assert_eq!(get(addr, "/readyz").0, 503);
+    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new() };
+    let step = supervisor.complete(0, &[(list, wit::Outcome::ArmInventory(nothing))]).unwrap();
     assert!(step.idle, "{step:?}");
     assert_eq!(get(addr, "/readyz"), (200, "ready\n".into()));
     // Readiness stays once reached, while the tracker works on a new Service.

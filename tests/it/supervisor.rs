@@ -55,15 +55,18 @@ pub(crate) fn start(mut supervisor: Supervisor<'static>) -> Supervisor<'static> 
     supervisor.start(&read_config("clb.yaml")).unwrap();
     let mut issued = supervisor.observe(0, &[node("n1", "10.224.0.4"), node("n2", "10.224.0.5")]).unwrap().commands;
     issued.extend(supervisor.observe(0, &[wit::Observation::ListsComplete]).unwrap().commands);
-    // The guest writes nothing before it has read NRP: answer its read with an empty NRP.
+    // The guest writes nothing before it has read NRP, then listed ARM: answer both, empty.
     let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
-    let read: Vec<(u64, wit::Outcome)> = issued
-        .iter()
-        .filter(|i| i.command == wit::Command::ReadNrp)
-        .map(|i| (i.id, wit::Outcome::NrpSnapshot(empty.clone())))
-        .collect();
-    assert_eq!(read.len(), 1, "{issued:?}");
-    supervisor.complete(0, &read).unwrap();
+    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new() };
+    for (read, answer) in [
+        (wit::Command::ReadNrp, wit::Outcome::NrpSnapshot(empty)),
+        (wit::Command::ReadArm, wit::Outcome::ArmInventory(nothing)),
+    ] {
+        let ids: Vec<u64> = issued.iter().filter(|i| i.command == read).map(|i| i.id).collect();
+        assert_eq!(ids.len(), 1, "{issued:?}");
+        issued = supervisor.complete(0, &[(ids[0], answer)]).unwrap().commands;
+    }
+    assert!(issued.is_empty(), "{issued:?}");
     supervisor
 }
 
@@ -263,8 +266,9 @@ fn a_staged_swap_replays_what_was_delivered_while_it_imported_or_else_moves_the_
             None,
             1,
         ),
-        // `start` leaves one input after its last checkpoint: the first here makes two.
-        ("a checkpoint since staging", SMALL, vec![web(), vec![service("api", 2)]], None, 1),
+        // `start` leaves no input after its last checkpoint: the second here makes two (a
+        // checkpoint), the third one more after it.
+        ("a checkpoint since staging", SMALL, vec![web(), vec![service("api", 2)], vec![service("batch", 3)]], None, 1),
     ];
     for (case, policy, inputs, replayed, exports) in cases {
         let mut supervisor = started(builtin(), policy);

@@ -117,10 +117,33 @@ pub fn nrp_in_sync() -> wit::Outcome {
     wit::Outcome::NrpSnapshot(wit::NrpState { services, locations })
 }
 
+/// ARM already holding every Service's public IP (at the address its status shows) and load
+/// balancer as the logic builds them: a restart, with nothing to write (issue 15, defect 4).
+pub fn arm_in_sync() -> wit::Outcome {
+    let (mut public_ips, mut load_balancers) = (Vec::new(), Vec::new());
+    for observation in lists() {
+        let wit::Observation::ServiceUpserted(service) = observation else { continue };
+        let address = service.ingress_ips.first().cloned();
+        let config = clb_guest::tracker::LbConfig::for_service(&service.into());
+        public_ips.push(wit::ListedPublicIp {
+            name: config.public_ip.name.to_string(),
+            version: wit::IpVersion::Ipv4,
+            address,
+            as_put: true,
+        });
+        load_balancers.push(wit::ListedLoadBalancer {
+            name: config.load_balancer.name.to_string(),
+            shape: Some(config.load_balancer.into()),
+        });
+    }
+    wit::Outcome::ArmInventory(wit::ArmInventory { public_ips, load_balancers })
+}
+
 /// What Azure and Kubernetes answer in this benchmark: everything succeeds.
 pub fn answer(command: &wit::Command) -> wit::Outcome {
     match command {
         wit::Command::ReadNrp => nrp_in_sync(),
+        wit::Command::ReadArm => arm_in_sync(),
         wit::Command::PutPublicIp(ip) => wit::Outcome::PublicIpAddress(format!("20.1.0.{}", ip.name.len())),
         _ => wit::Outcome::Ok,
     }
@@ -128,10 +151,27 @@ pub fn answer(command: &wit::Command) -> wit::Outcome {
 
 /// Answers every command of `step` through `complete` until the tracker has nothing more to
 /// send; returns how many commands it answered.
-pub fn settle(mut step: wit::Step, mut complete: impl FnMut(&[(u64, wit::Outcome)]) -> wit::Step) -> usize {
-    let mut sent = 0;
+pub fn settle(step: wit::Step, complete: impl FnMut(&[(u64, wit::Outcome)]) -> wit::Step) -> usize {
+    settle_commands(step, complete).len()
+}
+
+/// [`settle`], returning the commands answered.
+pub fn settle_commands(
+    step: wit::Step,
+    complete: impl FnMut(&[(u64, wit::Outcome)]) -> wit::Step,
+) -> Vec<wit::Command> {
+    settle_answering(step, answer, complete)
+}
+
+/// [`settle_commands`] with other answers.
+pub fn settle_answering(
+    mut step: wit::Step,
+    answer: impl Fn(&wit::Command) -> wit::Outcome,
+    mut complete: impl FnMut(&[(u64, wit::Outcome)]) -> wit::Step,
+) -> Vec<wit::Command> {
+    let mut sent = Vec::new();
     while !step.commands.is_empty() {
-        sent += step.commands.len();
+        sent.extend(step.commands.iter().map(|c| c.command.clone()));
         let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
         step = complete(&results);
     }

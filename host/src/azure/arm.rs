@@ -408,6 +408,19 @@ impl AzureApi for ArmClient {
         Ok(items.into_iter().map(wire::listed_location).collect())
     }
 
+    async fn list_public_ips(&self) -> Result<Vec<ListedPublicIp>, AzureError> {
+        let op = Operation::ListPublicIps;
+        let items: Vec<serde_json::Value> = self.list(op, self.network_url(op, &["publicIPAddresses"])?).await?;
+        Ok(items.into_iter().filter_map(wire::listed_public_ip).collect())
+    }
+
+    async fn list_load_balancers(&self) -> Result<Vec<ListedLoadBalancer>, AzureError> {
+        let op = Operation::ListLoadBalancers;
+        let items: Vec<serde_json::Value> = self.list(op, self.network_url(op, &["loadBalancers"])?).await?;
+        let scope = &self.config.scope;
+        Ok(items.into_iter().filter_map(|item| wire::listed_load_balancer(scope, item)).collect())
+    }
+
     async fn put_public_ip(&self, spec: &PublicIpSpec) -> Result<String, AzureError> {
         let op = Operation::PutPublicIp;
         let url = self.network_url(op, &["publicIPAddresses", &spec.name])?;

@@ -32,6 +32,8 @@ pub enum Operation {
     UpdateAddressLocations,
     ListServices,
     ListAddressLocations,
+    ListPublicIps,
+    ListLoadBalancers,
     PutPublicIp,
     DeletePublicIp,
     PutLoadBalancer,
@@ -41,11 +43,13 @@ pub enum Operation {
 }
 
 impl Operation {
-    pub const ALL: [Operation; 10] = [
+    pub const ALL: [Operation; 12] = [
         Operation::UpdateServices,
         Operation::UpdateAddressLocations,
         Operation::ListServices,
         Operation::ListAddressLocations,
+        Operation::ListPublicIps,
+        Operation::ListLoadBalancers,
         Operation::PutPublicIp,
         Operation::DeletePublicIp,
         Operation::PutLoadBalancer,
@@ -65,12 +69,26 @@ impl Operation {
         )
     }
 
+    /// Whether it changes Azure: the calls ARM's and NRP's write budgets count.
+    pub fn is_write(self) -> bool {
+        !matches!(
+            self,
+            Operation::ListServices
+                | Operation::ListAddressLocations
+                | Operation::ListPublicIps
+                | Operation::ListLoadBalancers
+                | Operation::GetBackendPool
+        )
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Operation::UpdateServices => "update-services",
             Operation::UpdateAddressLocations => "update-address-locations",
             Operation::ListServices => "list-services",
             Operation::ListAddressLocations => "list-address-locations",
+            Operation::ListPublicIps => "list-public-ips",
+            Operation::ListLoadBalancers => "list-load-balancers",
             Operation::PutPublicIp => "put-public-ip",
             Operation::DeletePublicIp => "delete-public-ip",
             Operation::PutLoadBalancer => "put-load-balancer",
@@ -308,6 +326,25 @@ pub struct LoadBalancerSpec {
     pub rules: Vec<LbRule>,
 }
 
+/// A public IP address of the resource group as ARM lists it (start-up adoption).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedPublicIp {
+    pub name: String,
+    pub version: IpVersion,
+    pub address: Option<String>,
+    /// SKU StandardV2, static, provisioning succeeded (or not reported): what
+    /// [`AzureApi::put_public_ip`] makes.
+    pub as_put: bool,
+}
+
+/// A load balancer of the resource group as ARM lists it: `shape` is the [`LoadBalancerSpec`]
+/// it is exactly, or `None` when it holds anything a spec cannot say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedLoadBalancer {
+    pub name: String,
+    pub shape: Option<LoadBalancerSpec>,
+}
+
 /// The ETag of a resource, as ARM sent it (opaque).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ETag(pub String);
@@ -388,6 +425,10 @@ pub trait AzureApi {
     ) -> Result<(), AzureError>;
     async fn list_services(&self) -> Result<Vec<ListedService>, AzureError>;
     async fn list_address_locations(&self) -> Result<Vec<ListedLocation>, AzureError>;
+    /// The resource group's public IP addresses, every page.
+    async fn list_public_ips(&self) -> Result<Vec<ListedPublicIp>, AzureError>;
+    /// The resource group's load balancers, every page.
+    async fn list_load_balancers(&self) -> Result<Vec<ListedLoadBalancer>, AzureError>;
     /// Creates or keeps the public IP; returns its allocated address.
     async fn put_public_ip(&self, spec: &PublicIpSpec) -> Result<String, AzureError>;
     async fn delete_public_ip(&self, name: &str) -> Result<(), AzureError>;
@@ -420,6 +461,12 @@ impl<T: AzureApi> AzureApi for std::sync::Arc<T> {
     }
     async fn list_address_locations(&self) -> Result<Vec<ListedLocation>, AzureError> {
         (**self).list_address_locations().await
+    }
+    async fn list_public_ips(&self) -> Result<Vec<ListedPublicIp>, AzureError> {
+        (**self).list_public_ips().await
+    }
+    async fn list_load_balancers(&self) -> Result<Vec<ListedLoadBalancer>, AzureError> {
+        (**self).list_load_balancers().await
     }
     async fn put_public_ip(&self, spec: &PublicIpSpec) -> Result<String, AzureError> {
         (**self).put_public_ip(spec).await

@@ -6,8 +6,9 @@
 //! empty" (`addresses`, `services`, `loadBalancerBackendPools`) are always sent, `[]` when empty.
 
 use super::{
-    BackendAddress, BackendPool, FRONTEND_NAME, IpVersion, LbRule, ListedLocation, ListedService, LoadBalancerSpec,
-    LocationUpdate, NatGatewayLink, PoolRef, Protocol, PublicIpSpec, Scope, ServiceRequest, UpdateAction,
+    BackendAddress, BackendPool, FRONTEND_NAME, IpVersion, LbRule, ListedLoadBalancer, ListedLocation, ListedPublicIp,
+    ListedService, LoadBalancerSpec, LocationUpdate, NatGatewayLink, PoolRef, Protocol, PublicIpSpec, Scope,
+    ServiceRequest, UpdateAction,
 };
 use serde::{Deserialize, Serialize};
 
@@ -445,4 +446,82 @@ pub fn pool_content(pool: BackendAddressPool) -> BackendPool {
             .collect(),
         other_properties: pool.properties.other,
     }
+}
+
+/// A listed public IP, or `None` for one that does not decode as a public IP (not one this host
+/// made, so nothing to adopt or to sweep).
+pub fn listed_public_ip(value: serde_json::Value) -> Option<ListedPublicIp> {
+    let name = value.get("name")?.as_str()?.to_owned();
+    let ip: PublicIpAddress = serde_json::from_value(value).ok()?;
+    let p = &ip.properties;
+    let as_put = ip.sku.name.eq_ignore_ascii_case("StandardV2")
+        && p.public_ip_allocation_method.eq_ignore_ascii_case("Static")
+        && succeeded(p.provisioning_state.as_deref());
+    let address = p.ip_address.clone().filter(|a| !a.is_empty());
+    Some(ListedPublicIp { name, version: p.public_ip_address_version, address, as_put })
+}
+
+/// A listed load balancer, or `None` for an item without a name. Its `shape` is the spec
+/// [`load_balancer`] would build it from, only if building it from that spec gives back exactly
+/// what ARM holds of what a spec says — one frontend on a public IP of this resource group, one
+/// pool, rules on them without floating IP — and nothing a spec cannot say (probes, NAT rules or
+/// pools, outbound rules, another SKU, a provisioning state other than `Succeeded`).
+pub fn listed_load_balancer(scope: &Scope, value: serde_json::Value) -> Option<ListedLoadBalancer> {
+    let name = value.get("name")?.as_str()?.to_owned();
+    let shape = load_balancer_shape(scope, &name, &value);
+    Some(ListedLoadBalancer { name, shape })
+}
+
+fn load_balancer_shape(scope: &Scope, name: &str, value: &serde_json::Value) -> Option<LoadBalancerSpec> {
+    let properties = value.get("properties")?;
+    let empty = |key: &str| properties.get(key).is_none_or(|v| v.is_null() || v.as_array().is_some_and(Vec::is_empty));
+    let only_modelled = ["probes", "inboundNatRules", "inboundNatPools", "outboundRules"].into_iter().all(empty);
+    let state = properties.get("provisioningState").and_then(|s| s.as_str());
+    if !only_modelled || !succeeded(state) {
+        return None;
+    }
+    let lb: LoadBalancer = serde_json::from_value(value.clone()).ok()?;
+    let ([frontend], [pool]) =
+        (lb.properties.frontend_ip_configurations.as_slice(), lb.properties.backend_address_pools.as_slice())
+    else {
+        return None;
+    };
+    let pip_prefix = scope.public_ip_id("");
+    let pip_id = &frontend.properties.public_ip_address.id;
+    let public_ip = pip_id.get(..pip_prefix.len()).filter(|p| p.eq_ignore_ascii_case(&pip_prefix))?;
+    let public_ip = pip_id[public_ip.len()..].to_owned();
+    if public_ip.is_empty() || public_ip.contains('/') || frontend.name != FRONTEND_NAME {
+        return None;
+    }
+    let rules = lb
+        .properties
+        .load_balancing_rules
+        .iter()
+        .map(|r| LbRule {
+            name: r.name.clone(),
+            protocol: r.properties.protocol,
+            frontend_port: r.properties.frontend_port,
+            backend_port: r.properties.backend_port,
+            idle_timeout_minutes: r.properties.idle_timeout_in_minutes,
+            enable_tcp_reset: r.properties.enable_tcp_reset,
+        })
+        .collect();
+    let spec = LoadBalancerSpec { name: name.to_owned(), public_ip, backend_pool: pool.name.clone(), rules };
+    // What a PUT of the spec would send, against what ARM holds (IDs compared case-insensitively,
+    // as ARM does).
+    let built = load_balancer(scope, &spec);
+    let same = lb.sku.name.eq_ignore_ascii_case(&built.sku.name)
+        && lb.properties.load_balancing_rules.len() == built.properties.load_balancing_rules.len()
+        && lb.properties.load_balancing_rules.iter().zip(&built.properties.load_balancing_rules).all(|(a, b)| {
+            let (a, b) = (&a.properties, &b.properties);
+            a.enable_floating_ip == b.enable_floating_ip
+                && a.frontend_ip_configuration.id.eq_ignore_ascii_case(&b.frontend_ip_configuration.id)
+                && a.backend_address_pool.id.eq_ignore_ascii_case(&b.backend_address_pool.id)
+        });
+    same.then_some(spec)
+}
+
+/// ARM reports `Succeeded` once a resource is ready; a list that leaves it out is taken as ready.
+fn succeeded(state: Option<&str>) -> bool {
+    state.is_none_or(|s| s.eq_ignore_ascii_case("Succeeded"))
 }

@@ -548,6 +548,11 @@ impl State {
         self.get_public_ip(scope, name, &body)
     }
 
+    /// Every public IP, as a list call pages them (by name).
+    pub fn list_public_ips(&self, scope: &Scope) -> Vec<wire::PublicIpAddress> {
+        self.resources.public_ips.keys().filter_map(|name| self.read_public_ip(scope, name).ok()).collect()
+    }
+
     pub fn delete_public_ip(&mut self, name: &str) -> Result<(), Rejection> {
         if !self.resources.public_ips.contains_key(name) {
             return Err(not_found("public IP", name));
@@ -686,6 +691,11 @@ impl State {
                 load_balancing_rules: lb.rules.clone(),
             },
         })
+    }
+
+    /// Every load balancer, as a list call pages them (by name).
+    pub fn list_load_balancers(&self, scope: &Scope) -> Vec<wire::LoadBalancer> {
+        self.resources.load_balancers.keys().filter_map(|name| self.read_load_balancer(scope, name).ok()).collect()
     }
 
     fn backend_pools_of(&self, lb: &str) -> Vec<String> {

@@ -198,6 +198,17 @@ impl AzureApi for Emulator {
         Ok(locations.into_iter().map(wire::listed_location).collect())
     }
 
+    async fn list_public_ips(&self) -> Result<Vec<azure::ListedPublicIp>, AzureError> {
+        let ips = self.call(Operation::ListPublicIps, Vec::new(), |s, scope| Ok(s.list_public_ips(scope)))?;
+        Ok(ips.into_iter().filter_map(|ip| wire::listed_public_ip(serde_json::to_value(ip).ok()?)).collect())
+    }
+
+    async fn list_load_balancers(&self) -> Result<Vec<azure::ListedLoadBalancer>, AzureError> {
+        let lbs = self.call(Operation::ListLoadBalancers, Vec::new(), |s, scope| Ok(s.list_load_balancers(scope)))?;
+        let listed = |lb: wire::LoadBalancer| wire::listed_load_balancer(&self.scope, serde_json::to_value(lb).ok()?);
+        Ok(lbs.into_iter().filter_map(listed).collect())
+    }
+
     async fn put_public_ip(&self, spec: &azure::PublicIpSpec) -> Result<String, AzureError> {
         let op = Operation::PutPublicIp;
         let body = wire::public_ip(&self.scope, spec);

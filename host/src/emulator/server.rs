@@ -233,6 +233,18 @@ fn arm(emulator: &Emulator, call: &Call, rest: &[&str]) -> Reply {
                 Ok(page(call, s.address_locations(upper), skip, size))
             })
         }
+        (&Method::GET, [kind]) if is(kind, "publicIPAddresses") => {
+            let (skip, size) = paging(emulator, call);
+            serve(emulator, call, Operation::ListPublicIps, Vec::new(), |s, scope| {
+                Ok(page(call, s.list_public_ips(scope), skip, size))
+            })
+        }
+        (&Method::GET, [kind]) if is(kind, "loadBalancers") => {
+            let (skip, size) = paging(emulator, call);
+            serve(emulator, call, Operation::ListLoadBalancers, Vec::new(), |s, scope| {
+                Ok(page(call, s.list_load_balancers(scope), skip, size))
+            })
+        }
         (method, [kind, name]) if is(kind, "publicIPAddresses") => match *method {
             Method::PUT => {
                 let op = Operation::PutPublicIp;

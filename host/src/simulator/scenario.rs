@@ -416,6 +416,10 @@ pub struct Expectation {
     /// `<lb>:<pool>` → the IPs the backend pool holds, exactly (in any spelling).
     #[serde(default)]
     pub backend_pools: BTreeMap<PoolName, BTreeSet<CanonicalIp>>,
+    /// Azure operation (`put-public-ip`, …) → how many calls of it the emulator answered since
+    /// the run began, exactly (faulted calls count).
+    #[serde(default)]
+    pub azure_calls: BTreeMap<crate::azure::Operation, u64>,
     /// Check the invariants (see `simulate`).
     #[serde(default)]
     pub invariants: bool,

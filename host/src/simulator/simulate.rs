@@ -24,7 +24,7 @@
 //! every Service whenever anything changed, which a scenario's size makes cheap.
 
 use crate::azure::{
-    AzureApi, BackendPool, DEFAULT_SERVICE_GATEWAY, LbRule, LoadBalancerSpec, PoolRef, PublicIpSpec, Scope,
+    AzureApi, BackendPool, DEFAULT_SERVICE_GATEWAY, LbRule, LoadBalancerSpec, Operation, PoolRef, PublicIpSpec, Scope,
 };
 use crate::backend_pools::{
     DEFAULT_MAX_RETRIES, InMemoryLock, PoolUpdater, PoolUpdaterConfig, PoolUpdaterError, ServiceLock, Tick,
@@ -298,6 +298,8 @@ pub struct ScenarioReport {
     pub path: String,
     pub steps: Vec<StepReport>,
     pub final_nrp: NrpView,
+    /// Azure calls the emulator answered in the whole run, per operation (faulted ones too).
+    pub azure_calls: BTreeMap<String, u64>,
     pub events: Vec<RecordedEvent>,
     /// Why the run stopped early (the logic trapped or refused the configuration).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -414,6 +416,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         path: scenario.path.display().to_string(),
         steps,
         final_nrp: nrp_view(&sim.emulator.resources()),
+        azure_calls: sim.emulator.state().requests,
         events: sim.cluster.events(),
         aborted: aborted.map(|e| e.to_string()),
         passed,
@@ -789,6 +792,13 @@ impl Simulation<'_> {
             );
             check(what, (!holds).then(|| format!("events on {object}: {found:?}")));
         }
+        if !expectation.azure_calls.is_empty() {
+            let calls = self.emulator.state().requests;
+            for (op, want) in &expectation.azure_calls {
+                let made = calls.get(op.name()).copied().unwrap_or(0);
+                check(format!("azure calls {op} = {want}"), (made != *want).then(|| format!("found {made}")));
+            }
+        }
         if let Some(want) = &expectation.resources {
             if let Some(ips) = &want.public_ips {
                 let found: BTreeSet<String> = resources.public_ips.keys().cloned().collect();
@@ -981,12 +991,24 @@ fn locations_text(locations: &NrpLocations) -> String {
     format!("{{{}}}", parts.join("; "))
 }
 
+/// The run's Azure writes per operation (what ARM's and NRP's write budgets count), its reads
+/// and its Events, on one line.
+pub fn calls_text(calls: &BTreeMap<String, u64>, events: usize) -> String {
+    let is_write = |name: &str| Operation::ALL.iter().any(|op| op.name() == name && op.is_write());
+    let writes: Vec<String> =
+        calls.iter().filter(|(name, _)| is_write(name)).map(|(name, n)| format!("{name} {n}")).collect();
+    let total: u64 = calls.iter().filter(|(name, _)| is_write(name)).map(|(_, n)| n).sum();
+    let reads: u64 = calls.iter().filter(|(name, _)| !is_write(name)).map(|(_, n)| n).sum();
+    let detail = if writes.is_empty() { String::new() } else { format!(" ({})", writes.join(", ")) };
+    format!("Azure writes: {total}{detail}; reads: {reads}; Events: {events}")
+}
+
 /// One line per command, for the report.
 pub fn describe_command(command: &wit::Command) -> String {
     let name = command_name(command);
     let object = |r: &wit::ObjectRef| format!("{}/{}", r.namespace, r.name);
     let rest = match command {
-        wit::Command::ReadNrp => String::new(),
+        wit::Command::ReadNrp | wit::Command::ReadArm => String::new(),
         wit::Command::EmitEvent(e) => {
             let kind = if e.event_type == wit::EventType::Warning { "Warning" } else { "Normal" };
             format!("{kind} {} {}", e.reason, object(&e.regarding))
@@ -1066,6 +1088,9 @@ pub fn describe_outcome(outcome: &wit::Outcome) -> String {
         wit::Outcome::NrpSnapshot(s) => {
             format!("snapshot: {} services, {} locations", s.services.len(), s.locations.len())
         }
+        wit::Outcome::ArmInventory(i) => {
+            format!("inventory: {} public IPs, {} load balancers", i.public_ips.len(), i.load_balancers.len())
+        }
         wit::Outcome::Failed(f) => {
             let mut text = format!("failed {}", f.status);
             if let Some(code) = &f.code {
@@ -1106,6 +1131,7 @@ pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io:
     }
     writeln!(out, "  final NRP: services {:?}", report.final_nrp.services)?;
     writeln!(out, "             locations {}", locations_text(&report.final_nrp.locations))?;
+    writeln!(out, "  {}", calls_text(&report.azure_calls, report.events.len()))?;
     if let Some(why) = &report.aborted {
         writeln!(out, "  ✗ aborted: {why}")?;
     }
