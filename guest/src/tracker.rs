@@ -3246,6 +3246,10 @@ mod tests {
         }
     }
 
+    // Ports upstream TestScheduleOrphanedResourceDeletions_SkipsNonUUIDLoadBalancers: only
+    // UID-named load balancers (and `<uid>-pip` public IPs) are ever taken for orphans; here
+    // `kubernetes` and its public IP stay, as do a UID-named one of another shape and one whose
+    // shape the host could not say.
     #[test]
     fn resources_of_services_deleted_while_no_controller_ran_are_deleted_and_nothing_else_is_touched() {
         let gone = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e99";
@@ -3292,6 +3296,86 @@ mod tests {
         assert_eq!(written, expected);
         assert!(last.idle);
         assert!(logs.iter().any(|l| l.message.contains("2 orphan(s) of deleted Services to delete")), "{logs:?}");
+    }
+
+    // Ports upstream TestRecoverStuckFinalizers_KeepsFinalizerWhenOnlyPIPExists and
+    // TestRecoverStuckFinalizers_RemovesFinalizerWhenNoAzureResource: a Service found deleting
+    // at start-up keeps its finalizer until what is left of its Azure resources is deleted (a
+    // delete that finds nothing is done), then releases it.
+    #[test]
+    fn a_service_found_deleting_at_start_up_releases_its_finalizer_only_after_what_is_left_in_azure_is_deleted() {
+        let config = LbConfig::for_service(&provisioned_service());
+        for pip_left in [true, false] {
+            let deleting = Service { deleting: true, ..provisioned_service() };
+            let identity = deleting.identity();
+            let mut inventory = inventory_of(&deleting, None);
+            if !pip_left {
+                inventory.public_ips.clear();
+            }
+            let mut tracker = Tracker::create(clb()).unwrap();
+            let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(deleting), Observation::ListsComplete]);
+            let mut public_ip_there = pip_left;
+            let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+                Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+                Command::DeleteResource(r) if r.kind == ResourceKind::PublicIp && public_ip_there => {
+                    public_ip_there = false;
+                    Outcome::Ok
+                }
+                Command::DeleteResource(_) => failed(404),
+                other => answer_ok(&[])(other),
+            });
+            let deleted_pip = Command::DeleteResource(ResourceRef {
+                kind: ResourceKind::PublicIp,
+                name: config.public_ip.name.to_string(),
+            });
+            let pip_at = issued.iter().position(|c| *c == deleted_pip).expect("the public IP is deleted");
+            let released = issued
+                .iter()
+                .position(|c| matches!(c, Command::SetFinalizer { present: false, .. }))
+                .expect("the finalizer is released");
+            assert!(pip_at < released, "pip left: {pip_left}: {issued:?}");
+            assert!(!public_ip_there && last.idle);
+            assert_eq!(tracker.phase(&identity), None, "the deletion is done");
+        }
+    }
+
+    // Ports upstream TestFetchServiceGatewayServices_MatchesServiceTypeCaseInsensitively: NRP's
+    // service type is compared in any case, so a registration listed as `INBOUND` is ours and
+    // the restart adopts it with nothing to write.
+    #[test]
+    fn an_nrp_service_type_in_any_case_is_an_inbound_registration() {
+        let service = provisioned_service();
+        let config = LbConfig::for_service(&service);
+        let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step =
+            tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+        let listed = NrpService {
+            name: service.identity(),
+            service_type: "INBOUND".into(),
+            backend_pools: vec![],
+            is_default: false,
+        };
+        let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+            Command::ReadNrp => Outcome::NrpSnapshot(NrpState { services: vec![listed.clone()], locations: vec![] }),
+            Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+            other => answer_ok(&[])(other),
+        });
+        assert!(writes(&issued).is_empty(), "{issued:?}");
+        assert!(last.idle && tracker.registered().contains(service.identity().as_str()));
+    }
+
+    // Ports upstream TestGuardOnServiceCreationComplete_UnknownServiceIsNoOp: an answer to a
+    // command the tracker did not send (or already had answered) changes nothing.
+    #[test]
+    fn an_answer_to_an_unknown_command_changes_nothing() {
+        let mut tracker = created_with(&[(80, 8080)]);
+        let before = tracker.export_state();
+        for outcome in [Outcome::Ok, failed(500), Outcome::PublicIpAddress("20.0.0.9".into())] {
+            let step = tracker.complete(NOW, vec![(u64::MAX / 2, outcome)]);
+            assert!(step.commands.is_empty(), "{step:?}");
+        }
+        assert_eq!(tracker.export_state(), before);
     }
 
     #[test]
