@@ -2446,7 +2446,8 @@ mod tests {
 
     // Regression: issue 15, defect 6 — an EndpointSlice of an addressType Kubernetes does not
     // have was programmed, IPv4-mapped IPv6 node IPs became IPv6 locations, and a Node whose
-    // InternalIPs do not parse left its pods out of NRP without a word.
+    // InternalIPs do not parse left its pods out of NRP without a word. Its FQDN case, at a cold
+    // start, ports upstream TestColdStart_FQDNEndpointSlice_Skipped.
     #[test]
     fn only_ip_slices_are_programmed_and_a_node_with_internal_ips_that_do_not_parse_is_logged() {
         // (address type, the node's InternalIPs, programmed, a WARN line saying)
@@ -3123,6 +3124,122 @@ mod tests {
         assert_eq!(imported, tracker);
         imported.complete(10_000, vec![(batch, Outcome::Ok)]);
         assert!(imported.state.nrp.batches_in_flight.is_empty() && !imported.nrp_view().is_empty());
+    }
+
+    /// The locations of every address-location update among `issued`, with their addresses.
+    fn programmed(issued: &[Command]) -> Vec<(String, Vec<String>)> {
+        issued
+            .iter()
+            .filter_map(|c| match c {
+                Command::UpdateAddressLocations(locations) => Some(locations),
+                _ => None,
+            })
+            .flatten()
+            .map(|l| (l.location.clone(), l.addresses.iter().map(|a| a.address.clone()).collect()))
+            .collect()
+    }
+
+    // Ports upstream TestProcessK8sEndpoints_SkipsMalformedAddresses: an endpoint address that
+    // is not an IP is left out; the slice's other addresses are programmed.
+    #[test]
+    fn an_endpoint_address_that_is_not_an_ip_is_skipped_and_the_others_are_programmed() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+        let slice =
+            slice_on(&[("10.244.0.5", "n1"), ("not-an-ip", "n1"), ("10.244.0.300", "n1"), ("10.244.0.6", "n1")]);
+        let step = tracker.observe(
+            NOW,
+            vec![
+                node,
+                Observation::ServiceUpserted(lb_service("Local")),
+                Observation::SliceUpserted(slice),
+                Observation::ListsComplete,
+            ],
+        );
+        let (issued, _, last) = drive(&mut tracker, NOW, step, answer_ok(&[UID]));
+        assert_eq!(
+            programmed(&issued),
+            [("10.224.0.4".to_owned(), vec!["10.244.0.5".to_owned(), "10.244.0.6".to_owned()])]
+        );
+        assert!(last.idle);
+    }
+
+    // Ports upstream TestIsServiceReady_StateUpdateInProgress: while its load balancer is being
+    // updated, a registered Service is ready: its endpoint changes go to NRP meanwhile.
+    #[test]
+    fn endpoint_changes_of_a_service_whose_load_balancer_is_being_updated_reach_nrp_meanwhile() {
+        let mut tracker = created_with(&[(80, 8080)]);
+        let step = respec(&mut tracker, NOW, &[(80, 9090)]);
+        assert!(put_in(&step).is_some(), "the update is in flight: {step:?}");
+        assert_eq!(tracker.phase(UID), Some(Phase::UpdateInProgress));
+        let step = tracker
+            .observe(NOW, vec![Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1"), ("10.244.0.7", "n1")]))]);
+        let sent: Vec<Command> = step.commands.iter().map(|c| c.command.clone()).collect();
+        assert_eq!(programmed(&sent), [("10.224.0.4".to_owned(), vec!["10.244.0.7".to_owned()])], "{sent:?}");
+    }
+
+    // Ports upstream TestCreateInboundService_ServiceGoneNotFoundAbortsWithoutCreatingResources
+    // and TestCreateInboundServiceClearsBuffersWhenServiceGone: a Service that is gone from the
+    // API server when its finalizer is added (404) is abandoned before any Azure resource is
+    // made, and its endpoints never reach NRP.
+    #[test]
+    fn a_service_gone_when_its_finalizer_is_added_makes_no_azure_resource_and_none_of_its_endpoints_reach_nrp() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+        let step = tracker.observe(
+            NOW,
+            vec![
+                node,
+                Observation::ServiceUpserted(lb_service("Local")),
+                Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+                Observation::ListsComplete,
+            ],
+        );
+        let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+            Command::SetFinalizer { .. } | Command::PatchServiceStatus { .. } => failed(404),
+            Command::DeleteResource(_) => failed(404),
+            other => answer_ok(&[])(other),
+        });
+        let made = issued.iter().any(|c| matches!(c, Command::PutPublicIp(_) | Command::PutLoadBalancer(_)));
+        assert!(!made, "{issued:?}");
+        assert!(programmed(&issued).is_empty() && !issued.iter().any(|c| matches!(c, Command::UpdateServices(_))));
+        assert!(last.idle);
+        assert_eq!(tracker.phase(UID), None);
+    }
+
+    // Ports upstream TestEngineUpdateService_IgnoredDuringDeletion and
+    // TestGuardStateTransitions_CreateAfterDelete_BuffersRecreate: a spec that asks for the load
+    // balancer again while it is being deleted does not interrupt the deletion; it is buffered,
+    // and the Service is provisioned anew once the deletion is done.
+    #[test]
+    fn a_service_wanted_again_during_its_deletion_is_deleted_first_then_provisioned_anew() {
+        let mut tracker = created_with(&[(80, 8080)]);
+        let cluster_ip = Service { service_type: Some("ClusterIP".into()), ..ported(UID, &[(TCP, 80, to(8080))], &[]) };
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(cluster_ip)]);
+        assert!(tracker.phase(UID).is_some_and(Phase::is_deleting), "{step:?}");
+        // Wanted again before the first delete command is answered.
+        let wanted = ported(UID, &[(TCP, 80, to(8080))], &[]);
+        let again = tracker.observe(NOW, vec![Observation::ServiceUpserted(wanted)]);
+        assert!(tracker.phase(UID).is_some_and(Phase::is_deleting), "the deletion goes on");
+        let mut first = step;
+        first.commands.extend(again.commands);
+        let (issued, _, last) = drive(&mut tracker, NOW, first, answer_ok(&[UID]));
+        let deleted_lb = issued
+            .iter()
+            .position(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::LoadBalancer))
+            .expect("the load balancer is deleted");
+        let put_again = issued.iter().rposition(|c| matches!(c, Command::PutLoadBalancer(_))).expect("and put again");
+        assert!(deleted_lb < put_again, "{issued:?}");
+        let reasons: Vec<&str> = issued
+            .iter()
+            .filter_map(|c| match c {
+                Command::EmitEvent(e) => Some(e.reason.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reasons, [reason::DELETED_LOAD_BALANCER, reason::ENSURED_LOAD_BALANCER]);
+        assert!(last.idle);
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
     }
 
     // ---- Start-up adoption from the ARM inventory (issue 15, defect 4) ----
