@@ -301,4 +301,47 @@ mod tests {
             crate::backend_pools::DEFAULT_INTERVAL
         );
     }
+
+    const SCOPE: &str = "subscriptionId: sub-1\nresourceGroup: rg-aks\nlocation: westeurope\nvnetName: aks-vnet\n";
+
+    // Ports upstream TestDiffTrackerConfig and TestVNetResourceGroupOrDefault: the cloud
+    // config's keys become the scope every ARM ID is built from, and the VNet's resource group
+    // defaults to the cluster's when absent or blank.
+    #[test]
+    fn the_cloud_config_names_the_scope_and_the_vnet_resource_group_defaults_to_the_clusters() {
+        let path = Path::new("azure.json");
+        let scope = parse_scope(path, SCOPE, "servicegateway").unwrap();
+        assert_eq!(
+            (scope.subscription.as_str(), scope.resource_group.as_str(), scope.location.as_str(), scope.vnet.as_str()),
+            ("sub-1", "rg-aks", "westeurope", "aks-vnet")
+        );
+        assert_eq!(scope.vnet_resource_group, "rg-aks");
+        assert_eq!(scope.service_gateway, "servicegateway");
+        let blank = parse_scope(path, &format!("{SCOPE}vnetResourceGroup: \"  \"\n"), "servicegateway").unwrap();
+        assert_eq!(blank.vnet_resource_group, "rg-aks");
+        let own = parse_scope(path, &format!("{SCOPE}vnetResourceGroup: rg-net\n"), "servicegateway").unwrap();
+        assert_eq!(own.vnet_resource_group, "rg-net");
+        assert!(own.vnet_id().starts_with("/subscriptions/sub-1/resourceGroups/rg-net/"), "{}", own.vnet_id());
+    }
+
+    // Ports upstream TestConfigValidate: each key the scope needs is required, missing or blank,
+    // and the error names it.
+    #[test]
+    fn a_cloud_config_without_a_key_the_scope_needs_is_refused_naming_it() {
+        for key in ["subscriptionId", "resourceGroup", "location", "vnetName"] {
+            for text in [
+                SCOPE.lines().filter(|l| !l.starts_with(key)).collect::<Vec<_>>().join("\n"),
+                SCOPE
+                    .lines()
+                    .map(|l| if l.starts_with(key) { format!("{key}: \"\"") } else { l.to_owned() })
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ] {
+                match parse_scope(Path::new("azure.json"), &text, "servicegateway") {
+                    Err(InputError::Missing { key: missing, .. }) => assert_eq!(missing, key, "{text}"),
+                    other => panic!("{key}: {other:?}"),
+                }
+            }
+        }
+    }
 }

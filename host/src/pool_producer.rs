@@ -168,3 +168,43 @@ impl PoolProducer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Ports upstream TestEndpointSlicesInformerDeduplicatesNodeIPs: several ready endpoints on
+    // one node, in one slice or in two, put that node's IP in the Service's pool once; not-ready
+    // endpoints, deleting slices and other Services' slices add nothing.
+    #[test]
+    fn many_endpoints_on_one_node_give_its_ip_once() {
+        let endpoint = |node: &str, ready: Option<bool>| wit::Endpoint {
+            addresses: vec!["10.244.0.5".into()],
+            node_name: Some(node.into()),
+            ready,
+        };
+        let slice = |name: &str, owner: &str, deleting: bool, endpoints: Vec<wit::Endpoint>| wit::EndpointSlice {
+            namespace: "shop".into(),
+            name: name.into(),
+            owner_service_uid: Some(owner.into()),
+            address_type: "IPv4".into(),
+            endpoints,
+            deleting,
+        };
+        let slices = [
+            slice(
+                "web-a",
+                "UID-1",
+                false,
+                vec![endpoint("n1", Some(true)), endpoint("n1", None), endpoint("n2", Some(false))],
+            ),
+            slice("web-b", "uid-1", false, vec![endpoint("n1", Some(true)), endpoint("n3", Some(true))]),
+            slice("web-c", "uid-1", true, vec![endpoint("n4", Some(true))]),
+            slice("api-a", "uid-2", false, vec![endpoint("n5", Some(true))]),
+        ];
+        let node_ips: BTreeMap<String, Vec<String>> =
+            (1..=5).map(|n| (format!("n{n}"), vec![format!("10.224.0.{n}")])).collect();
+        let ips = ready_node_ips("uid-1", &slices, &node_ips);
+        assert_eq!(ips.into_iter().collect::<Vec<_>>(), ["10.224.0.1", "10.224.0.3"]);
+    }
+}

@@ -112,3 +112,32 @@ pub fn node(node: &Node) -> wit::Node {
             .unwrap_or_default(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Ports upstream TestNodePrivateIPAddresses_SelectsOnlyInternalIPs: of a Node's addresses
+    // only its InternalIPs become its locations, in the order the kubelet reported them.
+    #[test]
+    fn only_a_nodes_internal_ips_are_copied_in_their_order() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": "aks-nodepool1-12345678-vmss000000"},
+            "status": {"addresses": [
+                {"type": "Hostname", "address": "aks-nodepool1-12345678-vmss000000"},
+                {"type": "ExternalIP", "address": "20.1.2.3"},
+                {"type": "InternalIP", "address": "10.224.0.4"},
+                {"type": "InternalDNS", "address": "aks-nodepool1.internal"},
+                {"type": "InternalIP", "address": "fd00::4"}
+            ]}
+        }))
+        .unwrap();
+        let record = super::node(&node);
+        assert_eq!(record.name, "aks-nodepool1-12345678-vmss000000");
+        assert_eq!(record.internal_ips, ["10.224.0.4", "fd00::4"]);
+        let bare: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": "n"}})).unwrap();
+        assert!(super::node(&bare).internal_ips.is_empty());
+    }
+}
