@@ -1492,6 +1492,15 @@ impl Tracker {
         let terminal = matches!(op, OpStep::PutLoadBalancer | OpStep::PutPublicIp)
             && (TERMINAL_CODES.contains(&code) || failure.status == 422);
         let service = lifecycle.service.clone();
+        if terminal && lifecycle.desired.is_some() && lifecycle.desired != lifecycle.op_config {
+            // The spec changed while the refused one was in flight: the refusal is of a spec
+            // nobody wants any more, so the operation goes on with the current one instead of
+            // parking (upstream TestEngineOnServiceCreationComplete_DriftDuringTerminal*).
+            lifecycle.op_config = lifecycle.desired.clone();
+            lifecycle.retries = 0;
+            lifecycle.not_before_ms = 0;
+            return;
+        }
         if terminal {
             lifecycle.parked = true;
             let message = format!(
@@ -3534,6 +3543,88 @@ mod tests {
         assert!(read < drained && drained < unregistered && unregistered < released, "{issued:?}");
         assert!(last.idle);
         assert_eq!(tracker.phase(UID), None);
+    }
+
+    fn refused_for_good() -> Outcome {
+        Outcome::Failed(Failure {
+            status: 400,
+            code: Some("InvalidParameter".into()),
+            retry_after_ms: None,
+            message: "bad rule".into(),
+        })
+    }
+
+    fn warned_rejected(issued: &[Command]) -> bool {
+        issued
+            .iter()
+            .any(|c| matches!(c, Command::EmitEvent(e) if e.reason == reason::LOAD_BALANCER_CONFIGURATION_REJECTED))
+    }
+
+    // Ports upstream TestEngineOnServiceCreationComplete_DriftDuringTerminalFailureReDispatches
+    // and TestEngineOnServiceCreationComplete_DriftDuringTerminalUpdateReDispatches: when Azure
+    // refuses a load balancer for good but the spec changed while that PUT was in flight, the
+    // refusal is of a spec nobody wants any more: the current spec is put at once, with no park
+    // and no Warning — in a creation and in an update alike.
+    #[test]
+    fn a_refusal_of_a_spec_that_changed_while_in_flight_puts_the_current_spec_instead_of_parking() {
+        for creating in [true, false] {
+            let (mut tracker, put) = if creating {
+                let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+                let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
+                let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(spec), Observation::ListsComplete]);
+                let mut step = step;
+                let put = loop {
+                    if let Some((id, _)) = put_in(&step) {
+                        break id;
+                    }
+                    let ok = answer_ok(&[]);
+                    let results = step.commands.iter().map(|c| (c.id, ok(&c.command))).collect();
+                    step = tracker.complete(NOW, results);
+                };
+                (tracker, put)
+            } else {
+                let mut tracker = created_with(&[(80, 8080)]);
+                let step = respec(&mut tracker, NOW, &[(80, 8081)]);
+                let (put, _) = put_in(&step).expect("the update is sent");
+                (tracker, put)
+            };
+            // The spec changes while the PUT is in flight; then Azure refuses the old one.
+            let changed = respec(&mut tracker, NOW + 1, &[(80, 9090)]);
+            assert!(put_in(&changed).is_none(), "one PUT at a time");
+            let step = tracker.complete(NOW + 2, vec![(put, refused_for_good())]);
+            let sent: Vec<Command> = step.commands.iter().map(|c| c.command.clone()).collect();
+            let put_again = load_balancers(&sent);
+            assert_eq!(put_again.len(), 1, "creating {creating}: {sent:?}");
+            assert_eq!(put_again[0].rules[0].backend_port, 9090, "the current spec");
+            assert!(!warned_rejected(&sent), "no Warning for a spec nobody wants: {sent:?}");
+            let (issued, _, last) = drive(&mut tracker, NOW + 2, step, answer_ok(&[UID]));
+            assert!(!warned_rejected(&issued) && last.idle);
+            assert_eq!(tracker.phase(UID), Some(Phase::Created));
+        }
+    }
+
+    // Ports upstream TestRecreateAfterDeletion_ClearsCreationFailedTerminal: a creation parked
+    // by a refusal is not parked any more once the Service was deleted and is wanted again: the
+    // new creation runs from the start.
+    #[test]
+    fn a_service_recreated_after_a_parked_creation_is_provisioned_from_the_start() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(spec.clone()), Observation::ListsComplete]);
+        let ok = answer_ok(&[]);
+        let (issued, _, _) = drive(&mut tracker, NOW, step, |c| match c {
+            Command::PutLoadBalancer(_) => refused_for_good(),
+            other => ok(other),
+        });
+        assert!(warned_rejected(&issued), "parked: {issued:?}");
+        // Deleted (retyped away) and wanted again: deletion first, then a creation from scratch.
+        let cluster_ip = Service { service_type: Some("ClusterIP".into()), ..spec.clone() };
+        let mut step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(cluster_ip)]);
+        step.commands.extend(tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(spec)]).commands);
+        let (issued, _, last) = drive(&mut tracker, NOW + 1, step, answer_ok(&[UID]));
+        assert_eq!(load_balancers(&issued).len(), 1, "put again: {issued:?}");
+        assert!(last.idle);
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
     }
 
     // ---- Start-up adoption from the ARM inventory (issue 15, defect 4) ----
