@@ -174,6 +174,23 @@ impl Lifecycle {
         self.phase != Phase::Created && !self.parked
     }
 
+    /// Whether what `op` would write already holds (`registered`: in NRP), so it is skipped.
+    fn holds_already(&self, op: OpStep, registered: bool) -> bool {
+        let object = &self.object;
+        match op {
+            OpStep::AddFinalizer => !object.exists || object.has_finalizer,
+            OpStep::PutPublicIp | OpStep::PutLoadBalancer => self.op_config.is_none(),
+            OpStep::Register => registered,
+            OpStep::PatchStatus => {
+                !object.exists || self.ingress_ip.as_ref().is_none_or(|ip| object.ingress == [ip.clone()])
+            }
+            OpStep::Unlink | OpStep::Unregister => !registered,
+            OpStep::DeleteLoadBalancer | OpStep::DeletePublicIp => false,
+            OpStep::ClearStatus => !object.exists || object.ingress.is_empty(),
+            OpStep::RemoveFinalizer => !object.exists || !object.has_finalizer,
+        }
+    }
+
     fn new(service: ObjectRef, phase: Phase, object: ObjectState, desired: Option<LbConfig>) -> Self {
         let steps = if phase == Phase::NotStarted { OpStep::ENSURE.into() } else { VecDeque::new() };
         Self {
@@ -1137,6 +1154,12 @@ impl Tracker {
         self.issue(Command::EmitEvent(event), InFlight::Event, step);
     }
 
+    /// The start-up inventory is to be read: not settled, not out, and asked for only once the
+    /// lists are complete and NRP is read (start-up reconciliation uses it the moment it comes).
+    fn inventory_wanted(&self) -> bool {
+        !self.arm.settled && !self.arm.read_in_flight && self.state.lists_complete && self.state.nrp.loaded
+    }
+
     fn ready_to_write(&self) -> bool {
         self.state.lists_complete && self.state.nrp.loaded && self.state.reconciled
     }
@@ -1172,8 +1195,7 @@ impl Tracker {
             self.state.nrp.read_in_flight = true;
             self.issue(Command::ReadNrp, InFlight::ReadNrp, step);
         }
-        let inventory_due = self.state.lists_complete && self.state.nrp.loaded && now >= self.arm.next_read_ms;
-        if !self.arm.settled && !self.arm.read_in_flight && inventory_due {
+        if self.inventory_wanted() && now >= self.arm.next_read_ms {
             self.arm.read_in_flight = true;
             self.issue(Command::ReadArm, InFlight::ReadArm, step);
         }
@@ -1251,7 +1273,7 @@ impl Tracker {
         if !nrp.read_in_flight {
             consider(nrp.next_read_ms.max(now));
         }
-        if !self.arm.settled && !self.arm.read_in_flight && self.state.lists_complete && nrp.loaded {
+        if self.inventory_wanted() {
             consider(self.arm.next_read_ms.max(now));
         }
         if self.state.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
@@ -1295,21 +1317,7 @@ impl Tracker {
                 self.finish_operation(identity, step);
                 return true;
             };
-            let registered = diff.is_registered(identity);
-            let skip = match next {
-                OpStep::AddFinalizer => !lifecycle.object.exists || lifecycle.object.has_finalizer,
-                OpStep::PutPublicIp | OpStep::PutLoadBalancer => lifecycle.op_config.is_none(),
-                OpStep::Register => registered,
-                OpStep::PatchStatus => {
-                    !lifecycle.object.exists
-                        || lifecycle.ingress_ip.as_ref().is_none_or(|ip| lifecycle.object.ingress == [ip.clone()])
-                }
-                OpStep::Unlink | OpStep::Unregister => !registered,
-                OpStep::DeleteLoadBalancer | OpStep::DeletePublicIp => false,
-                OpStep::ClearStatus => !lifecycle.object.exists || lifecycle.object.ingress.is_empty(),
-                OpStep::RemoveFinalizer => !lifecycle.object.exists || !lifecycle.object.has_finalizer,
-            };
-            if skip {
+            if lifecycle.holds_already(next, diff.is_registered(identity)) {
                 lifecycle.steps.pop_front();
                 continue;
             }
@@ -1495,7 +1503,8 @@ impl Tracker {
         if terminal && lifecycle.desired.is_some() && lifecycle.desired != lifecycle.op_config {
             // The spec changed while the refused one was in flight: the refusal is of a spec
             // nobody wants any more, so the operation goes on with the current one instead of
-            // parking (upstream TestEngineOnServiceCreationComplete_DriftDuringTerminal*).
+            // parking (upstream TestEngineOnServiceCreationComplete_DriftDuringTerminalFailureReDispatches
+            // and TestEngineOnServiceCreationComplete_DriftDuringTerminalUpdateReDispatches).
             lifecycle.op_config = lifecycle.desired.clone();
             lifecycle.retries = 0;
             lifecycle.not_before_ms = 0;
@@ -1814,15 +1823,10 @@ impl Tracker {
                 .steps
                 .retain(|s| *s != OpStep::PutPublicIp && (*s != OpStep::PutLoadBalancer || !load_balancer_holds));
             adopted += 1;
-            let object = &lifecycle.object;
-            let nothing_to_write = load_balancer_holds
-                && self.state.diff.is_registered(identity)
-                && object.exists
-                && object.has_finalizer
-                && object.ingress.len() == 1
-                && object.ingress[0] == address;
             lifecycle.ingress_ip = Some(address);
-            if nothing_to_write {
+            // Every step left already holds: the Service is as a creation would leave it.
+            let registered = self.state.diff.is_registered(identity);
+            if lifecycle.steps.iter().all(|&op| lifecycle.holds_already(op, registered)) {
                 lifecycle.phase = Phase::Created;
                 lifecycle.applied = lifecycle.op_config.clone();
                 lifecycle.steps.clear();

@@ -995,10 +995,10 @@ fn locations_text(locations: &NrpLocations) -> String {
 /// and its Events, on one line.
 pub fn calls_text(calls: &BTreeMap<String, u64>, events: usize) -> String {
     let is_write = |name: &str| Operation::ALL.iter().any(|op| op.name() == name && op.is_write());
-    let writes: Vec<String> =
-        calls.iter().filter(|(name, _)| is_write(name)).map(|(name, n)| format!("{name} {n}")).collect();
-    let total: u64 = calls.iter().filter(|(name, _)| is_write(name)).map(|(_, n)| n).sum();
-    let reads: u64 = calls.iter().filter(|(name, _)| !is_write(name)).map(|(_, n)| n).sum();
+    let (writes, reads): (Vec<_>, Vec<_>) = calls.iter().partition(|(name, _)| is_write(name));
+    let total: u64 = writes.iter().map(|(_, n)| *n).sum();
+    let reads: u64 = reads.iter().map(|(_, n)| *n).sum();
+    let writes: Vec<String> = writes.iter().map(|(name, n)| format!("{name} {n}")).collect();
     let detail = if writes.is_empty() { String::new() } else { format!(" ({})", writes.join(", ")) };
     format!("Azure writes: {total}{detail}; reads: {reads}; Events: {events}")
 }
