@@ -246,18 +246,34 @@ impl<'a> Dec<'a> {
     // ---- WIT records ----
 
     pub fn config(&mut self) -> wit::Config {
-        let (backend_pool_type, load_balancer_sku, multi) = match self.byte() % 8 {
-            0..=3 => ("podIP".into(), "standardV2".into(), vec![]),
-            4 => ("PodIP".into(), "StandardV2".into(), vec![]),
-            5 => ("nodeIP".into(), "standard".into(), vec!["kubernetes".into(), "lb2".into()]),
-            6 => (String::new(), String::new(), vec![]),
+        let (backend_pool_type, load_balancer_sku, multi, write_budgets) = match self.byte() % 8 {
+            0..=3 => ("podIP".into(), "standardV2".into(), vec![], None),
+            4 => ("PodIP".into(), "StandardV2".into(), vec![], None),
+            5 => ("nodeIP".into(), "standard".into(), vec!["kubernetes".into(), "lb2".into()], None),
+            6 => (String::new(), String::new(), vec![], None),
+            // Only this arm reads write budgets, so that the corpora's inputs of the others keep
+            // their meaning.
             _ => (
                 self.text(&["podIP", "nodeIP", "nodeIPConfiguration"]),
                 self.text(&["standardV2", "standard", "basic"]),
                 self.texts(&["kubernetes", "lb2"], 2),
+                self.write_budgets(),
             ),
         };
-        wit::Config { backend_pool_type, load_balancer_sku, multiple_standard_load_balancers: multi }
+        wit::Config { backend_pool_type, load_balancer_sku, multiple_standard_load_balancers: multi, write_budgets }
+    }
+
+    /// Small budgets, so that writes wait for tokens; 0 now and then, which the logic refuses.
+    fn write_budgets(&mut self) -> Option<wit::WriteBudgets> {
+        self.flag().then(|| wit::WriteBudgets {
+            update_address_locations: self.budget(),
+            update_services: self.budget(),
+            arm_writes: self.budget(),
+        })
+    }
+
+    fn budget(&mut self) -> Option<wit::Budget> {
+        self.flag().then(|| wit::Budget { per_minute: u32::from(self.byte()) * 40, burst: u32::from(self.byte() % 20) })
     }
 
     pub fn port(&mut self) -> wit::ServicePort {
@@ -596,6 +612,16 @@ impl Enc {
         self.text(&c.backend_pool_type);
         self.text(&c.load_balancer_sku);
         self.texts(&c.multiple_standard_load_balancers, 2);
+        self.flag(c.write_budgets.is_some());
+        if let Some(b) = &c.write_budgets {
+            for budget in [&b.update_address_locations, &b.update_services, &b.arm_writes] {
+                self.flag(budget.is_some());
+                if let Some(budget) = budget {
+                    self.byte(u8::try_from(budget.per_minute / 40).unwrap_or(u8::MAX));
+                    self.byte((budget.burst % 20) as u8);
+                }
+            }
+        }
     }
 
     pub fn port(&mut self, p: &wit::ServicePort) {

@@ -1,12 +1,16 @@
 //! The configuration rules of design §3: which combinations of backend-pool type, SKU and
 //! multi-SLB list the logic runs under, and the mode each one turns on.
 
+use crate::budget::{self, Budget, WriteBudgets};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
 pub const FIELD_BACKEND_POOL_TYPE: &str = "loadBalancerBackendPoolConfigurationType";
 pub const FIELD_SKU: &str = "loadBalancerSku";
 pub const FIELD_MULTI_SLB: &str = "multipleStandardLoadBalancerConfigurations";
+/// Not a key of the cloud config: the hosts take write budgets from their flags
+/// (`clb-host --write-budget`), and name them so.
+pub const FIELD_WRITE_BUDGETS: &str = "writeBudgets";
 
 /// The configuration as the operator wrote it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -14,6 +18,15 @@ pub struct Config {
     pub backend_pool_type: String,
     pub load_balancer_sku: String,
     pub multiple_standard_load_balancers: Vec<String>,
+    /// `None`: [`WriteBudgets::DEFAULT`].
+    pub write_budgets: Option<WriteBudgets>,
+}
+
+impl Config {
+    /// The write budgets the tracker keeps to.
+    pub fn write_budgets(&self) -> WriteBudgets {
+        self.write_budgets.unwrap_or_default()
+    }
 }
 
 /// What a valid configuration turns on.
@@ -109,6 +122,32 @@ fn check_multi_slb_names(names: &[String]) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// A budget of no writes would never write; one above the maxima cannot be meant (and is where
+/// the bucket arithmetic would stop being exact).
+fn check_write_budgets(budgets: &WriteBudgets) -> Result<(), ConfigError> {
+    let named = [
+        ("update-address-locations", budgets.update_address_locations),
+        ("update-services", budgets.update_services),
+        ("arm-writes", budgets.arm_writes),
+    ];
+    for (name, Budget { per_minute, burst }) in named {
+        let rate_ok = (1..=budget::MAX_PER_MINUTE).contains(&per_minute);
+        if !rate_ok || !(1..=budget::MAX_BURST).contains(&burst) {
+            return Err(ConfigError::new(
+                FIELD_WRITE_BUDGETS,
+                "InvalidWriteBudget",
+                format!(
+                    "the write budget of {name} is {per_minute} per minute with a burst of {burst}; the rate must be \
+                     1 to {} per minute and the burst 1 to {}",
+                    budget::MAX_PER_MINUTE,
+                    budget::MAX_BURST
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks a configuration and tells the mode it turns on.
 ///
 /// CLB mode is `podIP` **and** `standardV2`; `podIP` on another SKU is refused (upstream silently
@@ -118,6 +157,9 @@ pub fn validate_config(config: &Config) -> Result<Mode, ConfigError> {
     let sku = parse_sku(&config.load_balancer_sku)?;
     let multi_slb = &config.multiple_standard_load_balancers;
     check_multi_slb_names(multi_slb)?;
+    if let Some(budgets) = &config.write_budgets {
+        check_write_budgets(budgets)?;
+    }
     match (pool_type, sku) {
         (BackendPoolType::PodIp, Sku::StandardV2) if !multi_slb.is_empty() => Err(ConfigError::new(
             FIELD_MULTI_SLB,
@@ -155,6 +197,7 @@ mod tests {
             backend_pool_type: pool.into(),
             load_balancer_sku: sku.into(),
             multiple_standard_load_balancers: multi.iter().map(|s| s.to_string()).collect(),
+            write_budgets: None,
         }
     }
 
@@ -180,6 +223,22 @@ mod tests {
         assert_eq!(err.reason, "PodIPRequiresStandardV2");
         assert_eq!(err.field, FIELD_SKU);
         assert!(err.message.contains("unset (standard)"), "{}", err.message);
+    }
+
+    #[test]
+    fn a_write_budget_of_no_writes_or_past_the_maxima_is_refused_naming_the_operation() {
+        let mut budgets = WriteBudgets::DEFAULT;
+        budgets.update_services.burst = 0;
+        let clb = config("podIP", "standardV2", &[]);
+        let err = validate_config(&Config { write_budgets: Some(budgets), ..clb.clone() }).unwrap_err();
+        assert_eq!((err.field.as_str(), err.reason.as_str()), (FIELD_WRITE_BUDGETS, "InvalidWriteBudget"));
+        assert!(err.message.contains("update-services"), "{}", err.message);
+        budgets.update_services.burst = 1;
+        budgets.arm_writes.per_minute = budget::MAX_PER_MINUTE + 1;
+        let err = validate_config(&Config { write_budgets: Some(budgets), ..clb.clone() }).unwrap_err();
+        assert!(err.message.contains("arm-writes"), "{}", err.message);
+        budgets.arm_writes.per_minute = budget::MAX_PER_MINUTE;
+        assert_eq!(validate_config(&Config { write_budgets: Some(budgets), ..clb }), Ok(Mode::ContainerLoadBalancer));
     }
 
     #[test]

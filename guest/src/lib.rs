@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod backend_pools;
+pub mod budget;
 pub mod config;
 pub mod difftracker;
 pub mod egress;

@@ -19,10 +19,14 @@
 //! * Failures back off per Service (1 s doubling to 30 s, deterministic jitter, at least
 //!   `Retry-After` up to [`timing::RETRY_AFTER_CAP_MS`]); a periodic read of NRP repairs drift;
 //!   nothing is written before the initial lists are complete and NRP has been read.
+//! * Every Azure write draws on a token bucket of its kind ([`crate::budget`]): a write with no
+//!   token waits, so that a burst of changes coalesces into few calls; a 429 shrinks the bucket's
+//!   rate instead of holding everything behind a backoff.
 //! * Time is the host's `now`, made monotonic ([`Clock`]); every deadline saturates, and none is
 //!   further ahead than [`timing::MAX_DELAY_MS`].
 
 use crate::admission::{Verdict, admit_service};
+use crate::budget::{Buckets, WriteKind};
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::{Class, DiffTracker, View};
 use crate::egress::Egress;
@@ -39,8 +43,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// address-location batches in flight and per-location backoff ([`NrpSync`]); a version 1 or 2
 /// state's one batch in flight carries over. Version 4 adds the start-up inventory of ARM
 /// ([`ArmSync`]) after the version-3 payload; an older state imports with it settled (nothing
-/// left to adopt).
-pub const STATE_VERSION: u32 = 4;
+/// left to adopt). Version 5 adds the write budgets' buckets ([`Buckets`]) after the version-4
+/// payload; an older state imports with full buckets.
+pub const STATE_VERSION: u32 = 5;
 
 /// The finalizer that holds a Service until its Azure resources are gone.
 pub const FINALIZER: &str = "servicegateway.azure.com/service-cleanup";
@@ -259,6 +264,17 @@ impl OpStep {
 
     fn is_kubernetes(self) -> bool {
         matches!(self, OpStep::AddFinalizer | OpStep::PatchStatus | OpStep::ClearStatus | OpStep::RemoveFinalizer)
+    }
+
+    /// The write budget the step draws on; Kubernetes writes have none.
+    fn write_kind(self) -> Option<WriteKind> {
+        match self {
+            OpStep::Register | OpStep::Unlink | OpStep::Unregister => Some(WriteKind::Services),
+            OpStep::PutPublicIp | OpStep::PutLoadBalancer | OpStep::DeleteLoadBalancer | OpStep::DeletePublicIp => {
+                Some(WriteKind::Arm)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -534,6 +550,8 @@ pub struct Tracker {
     egress: Egress,
     /// The start-up inventory of ARM (state version 4).
     arm: ArmSync,
+    /// The write budgets' buckets (state version 5); their shapes are the config's.
+    budget: Buckets,
     /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
     /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
     clock: Clock,
@@ -542,8 +560,8 @@ pub struct Tracker {
 /// Two trackers are equal when their configuration and state are: the clock is not state.
 impl PartialEq for Tracker {
     fn eq(&self, other: &Self) -> bool {
-        (&self.config, self.mode, &self.state, &self.egress, &self.arm)
-            == (&other.config, other.mode, &other.state, &other.egress, &other.arm)
+        (&self.config, self.mode, &self.state, &self.egress, &self.arm, &self.budget)
+            == (&other.config, other.mode, &other.state, &other.egress, &other.arm, &other.budget)
     }
 }
 
@@ -652,7 +670,16 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let state =
             State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        Ok(Self { config, mode, state, egress: Egress::default(), arm: ArmSync::default(), clock: Clock::default() })
+        let budget = Buckets::full(&config.write_budgets());
+        Ok(Self {
+            config,
+            mode,
+            state,
+            egress: Egress::default(),
+            arm: ArmSync::default(),
+            budget,
+            clock: Clock::default(),
+        })
     }
 
     /// A tracker as [`Self::create`], but with its start-up inventory of ARM settled and empty,
@@ -667,6 +694,12 @@ impl Tracker {
     #[cfg(test)]
     pub(crate) fn export_state_v3(&self) -> Vec<u8> {
         postcard::to_allocvec(&(&self.state, &self.egress)).expect("plain data")
+    }
+
+    /// The state as version 4 wrote it (no write budgets), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v4(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm)).expect("plain data")
     }
 
     pub fn mode(&self) -> Mode {
@@ -1154,6 +1187,39 @@ impl Tracker {
         self.issue(Command::EmitEvent(event), InFlight::Event, step);
     }
 
+    // ---- Write budgets ----
+
+    /// Takes a token of `kind`'s bucket if it has one.
+    fn take_token(&mut self, kind: WriteKind, now: u64) -> bool {
+        let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
+        bucket.try_take(budget, now)
+    }
+
+    /// When `kind`'s bucket next has a token, if that is after `now`.
+    fn token_due(&self, kind: WriteKind, now: u64) -> Option<u64> {
+        Some(self.budget.ready_at(&self.config.write_budgets(), kind, now)).filter(|&at| at > now)
+    }
+
+    /// What Azure answered a write of `kind`: a 429 shrinks its budget (and says so), an
+    /// accepted write gives some of a shrunk budget back.
+    fn budget_answered(&mut self, kind: WriteKind, status: Option<u16>, now: u64, step: &mut Step) {
+        let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
+        match status {
+            Some(429) => {
+                let per_minute = bucket.throttled(budget, now);
+                let message = format!(
+                    "{} was throttled (HTTP 429): its write budget shrinks to {per_minute} a minute (configured: {} a \
+                     minute) and grows back as writes are accepted",
+                    kind.name(),
+                    budget.per_minute
+                );
+                step.logs.push(LogLine { level: LogLevel::Warn, message });
+            }
+            Some(_) => {}
+            None => bucket.accepted(budget, now),
+        }
+    }
+
     /// The start-up inventory is to be read: not settled, not out, and asked for only once the
     /// lists are complete and NRP is read (start-up reconciliation uses it the moment it comes).
     fn inventory_wanted(&self) -> bool {
@@ -1235,6 +1301,7 @@ impl Tracker {
         nrp.next_read_ms = nrp.next_read_ms.min(latest);
         self.arm.next_read_ms = self.arm.next_read_ms.min(latest);
         nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
+        self.budget.bring_in(now);
         for backoff in nrp.location_backoff.values_mut() {
             backoff.not_before_ms = backoff.not_before_ms.min(latest);
         }
@@ -1276,9 +1343,20 @@ impl Tracker {
         if self.inventory_wanted() {
             consider(self.arm.next_read_ms.max(now));
         }
+        if !self.state.runnable.is_empty() {
+            // A Service held for a token (or for a read of NRP, or for room in flight, which an
+            // answer ends: waking for a token then is only early).
+            for kind in [WriteKind::Services, WriteKind::Arm] {
+                if let Some(at) = self.token_due(kind, now) {
+                    consider(at);
+                }
+            }
+        }
         if self.state.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
             if nrp.batch_not_before_ms > now {
                 consider(nrp.batch_not_before_ms);
+            } else if let Some(at) = self.token_due(WriteKind::AddressLocations, now) {
+                consider(at);
             } else {
                 // The next batch may go once the youngest in flight is slow, and a location
                 // backing off once its delay is over. Past either, only an answer or a change
@@ -1323,6 +1401,9 @@ impl Tracker {
             }
             if next.writes_nrp() && hold_nrp_writes {
                 return false;
+            }
+            if next.write_kind().is_some_and(|kind| !self.take_token(kind, now)) {
+                return false; // `next_wake` wakes for the token
             }
             let command = self.command_for(identity, next);
             let lifecycle = self.state.lifecycles.get_mut(identity).expect("checked above");
@@ -1454,6 +1535,11 @@ impl Tracker {
     }
 
     fn service_outcome(&mut self, identity: &str, id: u64, op: OpStep, outcome: Outcome, now: u64, step: &mut Step) {
+        if let Some(kind) = op.write_kind() {
+            // Azure's answer, whether or not the lifecycle still waits for it.
+            let status = if let Outcome::Failed(f) = &outcome { Some(f.status) } else { None };
+            self.budget_answered(kind, status, now, step);
+        }
         let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return };
         if lifecycle.in_flight.map(|(i, _)| i) != Some(id) {
             return;
@@ -1575,6 +1661,7 @@ impl Tracker {
             || !all_slow
             || now < nrp.batch_not_before_ms
             || !self.state.diff.has_dirty()
+            || self.token_due(WriteKind::AddressLocations, now).is_some()
         {
             return;
         }
@@ -1604,12 +1691,16 @@ impl Tracker {
         if batch.is_empty() {
             return;
         }
+        let taken = self.take_token(WriteKind::AddressLocations, now);
+        debug_assert!(taken, "checked by token_due above");
         let id = self.issue(Command::UpdateAddressLocations(batch.clone()), InFlight::Locations(batch), step);
         self.state.nrp.batches_in_flight.insert(id, now);
     }
 
     fn locations_outcome(&mut self, id: u64, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
         self.state.nrp.batches_in_flight.remove(&id);
+        let status = if let Outcome::Failed(f) = &outcome { Some(f.status) } else { None };
+        self.budget_answered(WriteKind::AddressLocations, status, now, step);
         match outcome {
             Outcome::Failed(failure) => {
                 for location in &batch {
@@ -1629,10 +1720,14 @@ impl Tracker {
                 }
                 let what = "update-address-locations";
                 if failure.status == 429 {
-                    // Throttled: the subscription's budget, so every batch waits.
+                    // Throttled: the subscription's budget, so every batch waits, for its
+                    // `Retry-After` (capped) if it has one; the shrunk, emptied write budget
+                    // paces the batches after it (`budget_answered`), instead of a backoff.
                     nrp.batch_retries = nrp.batch_retries.saturating_add(1);
-                    let delay = retry_delay("address-locations", nrp.batch_retries, &failure, what, step);
-                    nrp.batch_not_before_ms = now.saturating_add(delay);
+                    if failure.retry_after_ms.is_some() {
+                        let delay = retry_delay("address-locations", nrp.batch_retries, &failure, what, step);
+                        nrp.batch_not_before_ms = now.saturating_add(delay);
+                    }
                     return;
                 }
                 // Failed or timed out: only these locations wait, backing off together.
@@ -1881,7 +1976,7 @@ impl Tracker {
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        let payload = postcard::to_allocvec(&(&self.state, &self.egress, &self.arm))
+        let payload = postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget))
             .expect("the state is plain data and always encodes");
         (STATE_VERSION, payload)
     }
@@ -1898,26 +1993,31 @@ impl Tracker {
     pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
         let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
-        let (state, egress, arm) = match version {
+        let full = Buckets::full(&config.write_budgets());
+        let (state, egress, arm, budget) = match version {
             // Before egress: no pods.
             1 => {
                 let state = decode_exact::<State<NrpSyncV2>>(payload).map_err(corrupt)?.upgrade();
-                (state, Egress::default(), ArmSync::settled())
+                (state, Egress::default(), ArmSync::settled(), full)
             }
             2 => {
                 let (state, egress) = decode_exact::<(State<NrpSyncV2>, Egress)>(payload).map_err(corrupt)?;
-                (state.upgrade(), egress, ArmSync::settled())
+                (state.upgrade(), egress, ArmSync::settled(), full)
             }
             3 => {
                 let (state, egress) = decode_exact::<(State, Egress)>(payload).map_err(corrupt)?;
-                (state, egress, ArmSync::settled())
+                (state, egress, ArmSync::settled(), full)
             }
-            STATE_VERSION => decode_exact::<(State, Egress, ArmSync)>(payload).map_err(corrupt)?,
+            4 => {
+                let (state, egress, arm) = decode_exact::<(State, Egress, ArmSync)>(payload).map_err(corrupt)?;
+                (state, egress, arm, full)
+            }
+            STATE_VERSION => decode_exact::<(State, Egress, ArmSync, Buckets)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
         state.check(&arm).map_err(corrupt)?;
         egress.check().map_err(corrupt)?;
-        Ok(Self { config, mode, state, egress, arm, clock: Clock::default() })
+        Ok(Self { config, mode, state, egress, arm, budget, clock: Clock::default() })
     }
 }
 
@@ -2978,10 +3078,12 @@ mod tests {
         assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
         let (version, payload) = tracker.export_state();
         assert_eq!(version, STATE_VERSION);
-        // Version 4 writes the same state with its NRP bookkeeping reshaped, then no pods, then
-        // an ARM inventory with nothing left to read or adopt.
+        // Version 5 writes the same state with its NRP bookkeeping reshaped, then no pods, then
+        // an ARM inventory with nothing left to read or adopt, then full write budgets.
         let upgraded = decode_exact::<State<NrpSyncV2>>(before).unwrap().upgrade();
-        assert_eq!(payload, postcard::to_allocvec(&(&upgraded, &Egress::default(), &ArmSync::settled())).unwrap());
+        let budget = Buckets::full(&clb().write_budgets());
+        let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget);
+        assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
         assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     }
 
@@ -3046,7 +3148,7 @@ mod tests {
         for (expected, tamper) in tampered {
             let mut state = tracker.state.clone();
             tamper(&mut state);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget)).unwrap();
             let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
             assert!(why.contains(expected), "{expected:?} not in {why:?}");
         }
@@ -3069,7 +3171,7 @@ mod tests {
             let mut state = tracker.state.clone();
             state.runnable.clear();
             tamper(&mut state, &identity);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget)).unwrap();
             Tracker::import_state(clb(), STATE_VERSION, &payload)
         };
         let refused: [(&str, Tamper); 3] = [
@@ -3106,7 +3208,7 @@ mod tests {
         for (next, refused) in [(u64::MAX, true), (MAX_NEXT_COMMAND_ID + 1, true), (MAX_NEXT_COMMAND_ID, false)] {
             let mut state = tracker.state.clone();
             state.next_command_id = next;
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget)).unwrap();
             match Tracker::import_state(clb(), STATE_VERSION, &payload) {
                 Err(StateError::Corrupt(why)) if refused => assert!(why.contains("the next command id"), "{why}"),
                 Ok(mut imported) if !refused => _ = imported.tick(NOW),
@@ -3132,8 +3234,10 @@ mod tests {
         let (mut tracker, batch) = tracker_with_a_batch_in_flight();
         let (_, version_2) = as_versions_1_and_2(&tracker);
         let mut imported = Tracker::import_state(clb(), 2, &version_2).unwrap();
-        // Issued at time 0 as far as version 3 knows: otherwise the same state.
+        // Issued at time 0 as far as version 3 knows, and with full write budgets (version 5):
+        // otherwise the same state.
         tracker.state.nrp.batches_in_flight.values_mut().for_each(|at| *at = 0);
+        tracker.budget = Buckets::full(&clb().write_budgets());
         assert_eq!(imported, tracker);
         imported.complete(10_000, vec![(batch, Outcome::Ok)]);
         assert!(imported.state.nrp.batches_in_flight.is_empty() && !imported.nrp_view().is_empty());
@@ -3955,5 +4059,113 @@ mod tests {
             }
         });
         (postcard::to_allocvec(&state).unwrap(), postcard::to_allocvec(&(&state, &tracker.egress)).unwrap())
+    }
+
+    // ---- Write budgets (issue 15, defect 4b) ----
+
+    fn budgeted(change: impl FnOnce(&mut crate::budget::WriteBudgets)) -> Config {
+        let mut budgets = crate::budget::WriteBudgets::DEFAULT;
+        change(&mut budgets);
+        Config { write_budgets: Some(budgets), ..clb() }
+    }
+
+    /// A tracker under `locations` as its address-location budget, having seen `nodes` nodes
+    /// (n1 at 10.224.0.1, …) and the test Service with one pod on n1, and its first step.
+    fn with_address_budget(locations: crate::budget::Budget, nodes: u8) -> (Tracker, Step) {
+        let mut tracker =
+            Tracker::create_with_arm_settled(budgeted(|b| b.update_address_locations = locations)).unwrap();
+        let mut observations: Vec<Observation> = (1..=nodes)
+            .map(|i| {
+                Observation::NodeUpserted(Node { name: format!("n{i}"), internal_ips: vec![format!("10.224.0.{i}")] })
+            })
+            .collect();
+        observations.extend([
+            Observation::ServiceUpserted(lb_service("Local")),
+            Observation::SliceUpserted(slice_on(&[("10.244.0.1", "n1")])),
+            Observation::ListsComplete,
+        ]);
+        let step = tracker.observe(NOW, observations);
+        (tracker, step)
+    }
+
+    #[test]
+    fn endpoint_changes_made_while_the_address_location_budget_is_spent_wait_for_its_next_token_and_go_in_one_batch() {
+        let (mut tracker, step) = with_address_budget(crate::budget::Budget { per_minute: 60, burst: 1 }, 4);
+        let (issued, _, _) = drive(&mut tracker, NOW, step, answer_ok(&[UID]));
+        assert_eq!(programmed(&issued).len(), 1, "the first batch takes the only token: {issued:?}");
+        let mut endpoints = vec![("10.244.0.1", "n1")];
+        for (at, endpoint) in [(100, ("10.244.0.2", "n2")), (400, ("10.244.0.3", "n3")), (900, ("10.244.0.4", "n4"))] {
+            endpoints.push(endpoint);
+            let step = tracker.observe(NOW + at, vec![Observation::SliceUpserted(slice_on(&endpoints))]);
+            assert!(batch_locations(&step).is_empty(), "at +{at} ms the budget is spent: {step:?}");
+            assert_eq!(step.wake_at_ms, Some(NOW + 1_000), "woken when the next token is due");
+        }
+        assert!(batch_locations(&tracker.tick(NOW + 999)).is_empty());
+        let step = tracker.tick(NOW + 1_000);
+        let batches = batch_locations(&step);
+        assert_eq!(batches.len(), 1, "{step:?}");
+        assert_eq!(batches[0].1, ["10.224.0.2", "10.224.0.3", "10.224.0.4"], "every change since the last batch");
+    }
+
+    #[test]
+    fn load_balancer_and_public_ip_writes_keep_to_the_arm_budget_and_every_service_is_provisioned() {
+        let two_then_one_a_second = crate::budget::Budget { per_minute: 60, burst: 2 };
+        let mut tracker = Tracker::create_with_arm_settled(budgeted(|b| b.arm_writes = two_then_one_a_second)).unwrap();
+        let services: Vec<Service> = (1..=3)
+            .map(|i| Service {
+                uid: format!("0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e0{i}"),
+                name: format!("web-{i}"),
+                ..lb_service("Local")
+            })
+            .collect();
+        let mut observations: Vec<Observation> = services.iter().cloned().map(Observation::ServiceUpserted).collect();
+        observations.push(Observation::ListsComplete);
+        let registered: Vec<String> = services.iter().map(|s| s.identity()).collect();
+        let registered: Vec<&str> = registered.iter().map(String::as_str).collect();
+        let answer = answer_ok(&registered);
+        let (mut now, mut step) = (NOW, tracker.observe(NOW, observations));
+        let mut arm_writes_at = Vec::new();
+        for _ in 0..20 {
+            let (issued, _, last) = drive(&mut tracker, now, step, &answer);
+            let arm = issued.iter().filter(|c| matches!(c, Command::PutPublicIp(_) | Command::PutLoadBalancer(_)));
+            arm_writes_at.extend(arm.map(|_| now - NOW));
+            if services.iter().all(|s| tracker.phase(&s.identity()) == Some(Phase::Created)) {
+                break;
+            }
+            now = last.wake_at_ms.expect("woken for the next token");
+            step = tracker.tick(now);
+        }
+        assert_eq!(arm_writes_at, [0, 0, 1_000, 2_000, 3_000, 4_000], "a burst of 2, then one a second");
+        assert!(services.iter().all(|s| tracker.phase(&s.identity()) == Some(Phase::Created)));
+    }
+
+    #[test]
+    fn a_throttled_address_location_batch_halves_its_budget_instead_of_backing_off_and_accepted_ones_restore_it() {
+        let (mut tracker, step) = with_address_budget(crate::budget::Budget { per_minute: 600, burst: 1 }, 1);
+        let held = drive_holding_batches(&mut tracker, NOW, step);
+        let step = tracker.complete(NOW, vec![(held[0].0, failed(429))]);
+        let warned = step.logs.iter().find(|l| l.level == LogLevel::Warn).expect("a warning");
+        assert!(warned.message.contains("update-address-locations was throttled (HTTP 429)"), "{}", warned.message);
+        assert!(warned.message.contains("shrinks to 300 a minute"), "{}", warned.message);
+        assert_eq!(step.wake_at_ms, Some(NOW + 200), "the next token at half the rate, no backoff of a second");
+        assert!(batch_locations(&tracker.tick(NOW + 199)).is_empty());
+        let step = tracker.tick(NOW + 200);
+        let again = batch_locations(&step);
+        assert_eq!(again.len(), 1, "{step:?}");
+        // The shrunk budget is state: a swap keeps the pace Azure asked for.
+        let (version, payload) = tracker.export_state();
+        let imported = Tracker::import_state(tracker.config.clone(), version, &payload).unwrap();
+        assert_eq!(imported.budget, tracker.budget);
+        tracker.complete(NOW + 200, vec![(again[0].0, Outcome::Ok)]);
+        assert_eq!(tracker.budget.address_locations.per_minute(), 375, "an eighth of the rate back");
+    }
+
+    #[test]
+    fn a_version_4_state_imports_with_full_write_budgets() {
+        let (mut tracker, _) = tracker_with_a_batch_in_flight();
+        let imported = Tracker::import_state(clb(), 4, &tracker.export_state_v4()).unwrap();
+        assert_ne!(tracker.budget, Buckets::full(&clb().write_budgets()), "the batch took a token");
+        tracker.budget = Buckets::full(&clb().write_budgets());
+        assert_eq!(imported, tracker);
     }
 }

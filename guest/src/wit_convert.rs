@@ -24,6 +24,21 @@ macro_rules! wit_conversions {
                         backend_pool_type: c.backend_pool_type,
                         load_balancer_sku: c.load_balancer_sku,
                         multiple_standard_load_balancers: c.multiple_standard_load_balancers,
+                        write_budgets: c.write_budgets.map(Into::into),
+                    }
+                }
+            }
+
+            impl From<wit::WriteBudgets> for $crate::budget::WriteBudgets {
+                fn from(b: wit::WriteBudgets) -> Self {
+                    let default = $crate::budget::WriteBudgets::DEFAULT;
+                    let budget = |b: Option<wit::Budget>, default: $crate::budget::Budget| {
+                        b.map_or(default, |b| $crate::budget::Budget { per_minute: b.per_minute, burst: b.burst })
+                    };
+                    Self {
+                        update_address_locations: budget(b.update_address_locations, default.update_address_locations),
+                        update_services: budget(b.update_services, default.update_services),
+                        arm_writes: budget(b.arm_writes, default.arm_writes),
                     }
                 }
             }

@@ -3,7 +3,7 @@
 //! is given, so tests run it in-process.
 
 use crate::logging::LogFormat;
-use crate::sandbox::bindings::clb::reconciler::types::Mode;
+use crate::sandbox::bindings::clb::reconciler::types::{Budget, Mode, WriteBudgets};
 use crate::sandbox::bindings::exports::clb::reconciler::validation::Verdict;
 use crate::sandbox::{ComponentInfo, Limits, PACKAGE, Runtime};
 use crate::{BUILTIN_GUEST, compression, inputs, records};
@@ -74,6 +74,8 @@ enum Command {
         record: Option<PathBuf>,
         #[command(flatten)]
         logic: LogicArgs,
+        #[command(flatten)]
+        budgets: BudgetArgs,
     },
     /// Replay traces through a component and compare every result with the recorded one (the
     /// shadow check; docs/traces.md).
@@ -189,6 +191,8 @@ struct RunArgs {
     /// The longest the polling of one asynchronous ARM operation may take.
     #[arg(long, default_value = "5m", value_parser = request_timeout)]
     arm_operation_timeout: Duration,
+    #[command(flatten)]
+    budgets: BudgetArgs,
     /// The ARM credential: none (the emulator), a bearer token kept in a file, or workload
     /// identity (`AZURE_CLIENT_ID`, `AZURE_TENANT_ID`, `AZURE_FEDERATED_TOKEN_FILE`).
     #[arg(long, value_enum, default_value_t = CredentialKind::WorkloadIdentity)]
@@ -372,6 +376,84 @@ struct EmulatorArgs {
     echo_ipv6_upper: bool,
 }
 
+/// How fast the logic may write to Azure (docs/operations.md, "Write budgets"); the defaults
+/// and the limits are the logic's own.
+#[derive(Args)]
+struct BudgetArgs {
+    /// The write budget of OPERATION (update-address-locations, update-services or
+    /// arm-writes): RATE as N/s or N/min, then the burst, e.g.
+    /// `update-address-locations=10/s:20`. Repeat for each operation; one not named keeps the
+    /// logic's default (300/min with a burst of 10, 20 and 100).
+    #[arg(long = "write-budget", value_name = "OPERATION=RATE:BURST", value_parser = parse_write_budget)]
+    write_budget: Vec<(BudgetOperation, Budget)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BudgetOperation {
+    UpdateAddressLocations,
+    UpdateServices,
+    ArmWrites,
+}
+
+/// The `field` of the logic's `config-error` for a refused write budget.
+const WRITE_BUDGETS_FIELD: &str = "writeBudgets";
+
+impl BudgetOperation {
+    fn name(self) -> &'static str {
+        match self {
+            BudgetOperation::UpdateAddressLocations => "update-address-locations",
+            BudgetOperation::UpdateServices => "update-services",
+            BudgetOperation::ArmWrites => "arm-writes",
+        }
+    }
+}
+
+impl BudgetArgs {
+    /// The budgets to put in the config: `None` when no flag names one (the logic's defaults).
+    fn write_budgets(&self) -> Result<Option<WriteBudgets>, String> {
+        if self.write_budget.is_empty() {
+            return Ok(None);
+        }
+        let mut budgets = WriteBudgets { update_address_locations: None, update_services: None, arm_writes: None };
+        for &(operation, budget) in &self.write_budget {
+            let slot = match operation {
+                BudgetOperation::UpdateAddressLocations => &mut budgets.update_address_locations,
+                BudgetOperation::UpdateServices => &mut budgets.update_services,
+                BudgetOperation::ArmWrites => &mut budgets.arm_writes,
+            };
+            if slot.replace(budget).is_some() {
+                return Err(format!("--write-budget names {} more than once", operation.name()));
+            }
+        }
+        Ok(Some(budgets))
+    }
+}
+
+/// `OPERATION=RATE:BURST` with RATE `N/s` or `N/min`. Only the syntax is checked here: which
+/// rates and bursts run is the logic's to say (`InvalidWriteBudget`).
+fn parse_write_budget(text: &str) -> Result<(BudgetOperation, Budget), String> {
+    let syntax = || format!("{text:?} is not OPERATION=RATE:BURST such as update-address-locations=10/s:20");
+    let (operation, budget) = text.split_once('=').ok_or_else(syntax)?;
+    let operations =
+        [BudgetOperation::UpdateAddressLocations, BudgetOperation::UpdateServices, BudgetOperation::ArmWrites];
+    let Some(operation) = operations.into_iter().find(|o| o.name() == operation.trim()) else {
+        return Err(format!(
+            "{operation:?} is not an operation with a write budget: update-address-locations, update-services or \
+             arm-writes"
+        ));
+    };
+    let (rate, burst) = budget.split_once(':').ok_or_else(syntax)?;
+    let (count, unit) = rate.trim().split_once('/').ok_or_else(syntax)?;
+    let count: u32 = count.trim().parse().map_err(|_| syntax())?;
+    let per_minute = match unit.trim() {
+        "s" => count.checked_mul(60).ok_or_else(|| format!("{text:?}: the rate is too large"))?,
+        "min" => count,
+        _ => return Err(format!("{text:?}: the rate's unit must be /s or /min")),
+    };
+    let burst: u32 = burst.trim().parse().map_err(|_| syntax())?;
+    Ok((operation, Budget { per_minute, burst }))
+}
+
 /// Which logic to run and under which limits.
 #[derive(Args)]
 struct LogicArgs {
@@ -459,7 +541,9 @@ pub fn run_with_logging(
     let result = match cli.command {
         Command::Inspect { file } => inspect(&file, out),
         Command::Validate { config, services, logic } => validate(&config, &services, &logic, out, err),
-        Command::Simulate { files, json, record, logic } => simulate(&files, json, record.as_deref(), &logic, out, err),
+        Command::Simulate { files, json, record, logic, budgets } => {
+            simulate(&files, json, record.as_deref(), &logic, &budgets, out, err)
+        }
         Command::Replay(args) => replay(&args, out, err),
         Command::Schema { component } => schema(component.as_deref(), out),
         Command::Component { out: path, compress } => write_component(&path, compress, out),
@@ -630,16 +714,29 @@ fn simulate(
     json: bool,
     record: Option<&std::path::Path>,
     logic: &LogicArgs,
+    budgets: &BudgetArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
     use crate::simulator::simulate::Reconciler as _;
     use crate::simulator::{scenario, simulate};
     // Every file is read first: a typo in the last one should not cost a whole run.
+    let write_budgets = match budgets.write_budgets() {
+        Ok(b) => b,
+        Err(e) => {
+            writeln!(err, "error: {e}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
     let mut scenarios = Vec::new();
     for path in files {
         match scenario::read(path) {
-            Ok(s) => scenarios.push(s),
+            Ok(mut s) => {
+                if write_budgets.is_some() {
+                    s.config.write_budgets = write_budgets;
+                }
+                scenarios.push(s)
+            }
             Err(e) => {
                 writeln!(err, "error: {e}")?;
                 return Ok(EXIT_BAD_INPUT);
@@ -649,6 +746,18 @@ fn simulate(
     let runtime = Runtime::new()?;
     let logic_args = logic;
     let logic = runtime.load(&logic.bytes()?, logic.limits())?;
+    if write_budgets.is_some() {
+        // A budget the logic refuses is a bad flag, not a failed expectation.
+        let mut session = logic.session()?;
+        for scenario in &scenarios {
+            if let Err(e) = session.validate_config(&scenario.config)?
+                && e.field == WRITE_BUDGETS_FIELD
+            {
+                writeln!(err, "error: --write-budget: {} ({})", e.message, e.reason)?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+    }
     let traces = match record {
         Some(path) => match crate::trace::trace_paths(path, files) {
             Ok(paths) => paths,
@@ -807,7 +916,14 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
     };
     let (cloud_config, scope) = config;
     let (slb_configurations, pool_updater) = (cloud_config.slb_configurations(), cloud_config.pool_updater_config());
-    let config: crate::sandbox::bindings::clb::reconciler::types::Config = cloud_config.into();
+    let mut config: crate::sandbox::bindings::clb::reconciler::types::Config = cloud_config.into();
+    match args.budgets.write_budgets() {
+        Ok(budgets) => config.write_budgets = budgets,
+        Err(e) => {
+            writeln!(err, "error: {e}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    }
     let election = args.election;
     let instance = crate::live::lease::replica_identity(election.leader_elect_identity.as_deref(), |name| {
         std::env::var(name).ok()

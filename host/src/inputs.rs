@@ -178,6 +178,8 @@ impl From<CloudConfig> for Config {
                 .into_iter()
                 .map(|lb| lb.name)
                 .collect(),
+            // Not a key of the cloud config: `--write-budget` (cli.rs) sets it.
+            write_budgets: None,
         }
     }
 }

@@ -9,7 +9,7 @@
 //
 //   import { loadComponent } from './hosts/js/index.mjs';
 //   const clb = await loadComponent('clb_guest.wasm');
-//   const cfg = { 'backend-pool-type': 'podIP', 'load-balancer-sku': 'standardV2', 'multiple-standard-load-balancers': [] };
+//   const cfg = { 'backend-pool-type': 'podIP', 'load-balancer-sku': 'standardV2', 'multiple-standard-load-balancers': [], 'write-budgets': null };
 //   const { val: tracker } = await clb.Tracker.create(cfg);       // {tag:'ok', val: Tracker} | {tag:'err', val: config-error}
 //   const step = tracker.observe(1000, [{ tag: 'lists-complete' }]); // {commands:[{id:'0', command:{tag:'read-nrp'}}], 'wake-at-ms':…, idle:false}
 
@@ -27,7 +27,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
 
 /**
  * @typedef {string} U64 a u64 as decimal text (the API also takes a bigint or a safe integer)
- * @typedef {{'backend-pool-type': string, 'load-balancer-sku': string, 'multiple-standard-load-balancers': string[]}} Config
+ * @typedef {{'backend-pool-type': string, 'load-balancer-sku': string, 'multiple-standard-load-balancers': string[], 'write-budgets': ?{'update-address-locations': ?{'per-minute': number, burst: number}, 'update-services': ?{'per-minute': number, burst: number}, 'arm-writes': ?{'per-minute': number, burst: number}}}} Config
  * @typedef {{field: string, reason: string, message: string}} ConfigError
  * @typedef {'container-load-balancer'|'multi-slb-local-services'|'inactive'} Mode
  * @typedef {{tag:'ok', val:any}|{tag:'err', val:any}} Result
@@ -65,7 +65,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  */
 
 /**
- * Loads a component (any candidate of `clb:reconciler@0.4.0`): transpiles it with jco (cached by
+ * Loads a component (any candidate of `clb:reconciler@0.5.0`): transpiles it with jco (cached by
  * its sha256), checks it exports every function of the schema, and readies an instance for the
  * pure functions. Trackers and pool queues each get an instance of their own.
  * @param {string} path the component's `.wasm`

@@ -13,7 +13,7 @@ import time
 
 from clb_reconciler import Component, Tracker
 
-CONFIG = {"backend-pool-type": "podIP", "load-balancer-sku": "standardV2", "multiple-standard-load-balancers": []}
+CONFIG = {"backend-pool-type": "podIP", "load-balancer-sku": "standardV2", "multiple-standard-load-balancers": [], "write-budgets": None}
 
 
 def service(i: int) -> dict:

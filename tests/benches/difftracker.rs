@@ -3,7 +3,10 @@
 //! (a) start-up rebuild: the lists, then a read of NRP and a list of ARM that already hold
 //!     everything (a restart), and how many writes and Events that restart costs;
 //! (b) one endpoint change: the observation and the sync it causes;
-//! (c) state export + import.
+//! (c) state export + import;
+//! (d) a burst of 3,000 endpoint changes in 5 s with NRP answering at once: the
+//!     `update-address-locations` calls the default write budget lets through, against an
+//!     unbounded budget, and how long after the last change NRP holds them all.
 //! Run with `cargo bench -p clb-tests --bench difftracker`; prints a Markdown table.
 
 use clb_guest::model;
@@ -20,6 +23,7 @@ use wasmtime::component::ResourceAny;
 trait Driver {
     fn observe(&mut self, now: u64, batch: &[wit::Observation]) -> wit::Step;
     fn complete(&mut self, now: u64, results: &[(u64, wit::Outcome)]) -> wit::Step;
+    fn tick(&mut self, now: u64) -> wit::Step;
 }
 
 struct Native(Tracker);
@@ -30,6 +34,9 @@ impl Driver for Native {
     }
     fn complete(&mut self, now: u64, results: &[(u64, wit::Outcome)]) -> wit::Step {
         step_to_wit(self.0.complete(now, results.iter().map(|(id, o)| (*id, outcome_to_model(o))).collect()))
+    }
+    fn tick(&mut self, now: u64) -> wit::Step {
+        step_to_wit(self.0.tick(now))
     }
 }
 
@@ -45,11 +52,109 @@ impl Driver for Component {
     fn complete(&mut self, now: u64, results: &[(u64, wit::Outcome)]) -> wit::Step {
         self.session.tracker_complete(self.tracker, now, results).unwrap()
     }
+    fn tick(&mut self, now: u64) -> wit::Step {
+        self.session.tracker_tick(self.tracker, now).unwrap()
+    }
 }
 
-/// Answers every command until the tracker is idle; returns the commands it sent.
+/// Answers every command at once (with `answer`), and ticks at each wake-up, until the tracker
+/// is idle: time runs as the write budgets need. Returns each command with when it was sent,
+/// and the time it ended at.
+fn run_until_idle(
+    driver: &mut dyn Driver,
+    mut now: u64,
+    mut step: wit::Step,
+    answer: impl Fn(&wit::Command) -> wit::Outcome,
+) -> (Vec<(u64, wit::Command)>, u64) {
+    let mut sent = Vec::new();
+    loop {
+        while !step.commands.is_empty() {
+            sent.extend(step.commands.iter().map(|c| (now, c.command.clone())));
+            let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+            step = driver.complete(now, &results);
+        }
+        match step.wake_at_ms {
+            Some(at) if !step.idle => {
+                now = at.max(now);
+                step = driver.tick(now);
+            }
+            _ => return (sent, now),
+        }
+    }
+}
+
+/// [`run_until_idle`] from time 1 with the benchmark's answers; the commands only.
 fn drive(driver: &mut dyn Driver, step: wit::Step) -> Vec<wit::Command> {
-    settle_commands(step, |results| driver.complete(1, results))
+    run_until_idle(driver, 1, step, answer).0.into_iter().map(|(_, c)| c).collect()
+}
+
+/// What (d) measures of one burst.
+struct Burst {
+    calls: usize,
+    busiest_second: usize,
+    converged_after_last_change_ms: u64,
+}
+
+/// (d): `changes` slice updates spread evenly over `over_ms`, from a tracker in the steady
+/// state; every command answered at once, the tracker ticked at each wake-up in between.
+fn burst(driver: &mut dyn Driver, start: u64, changes: usize, over_ms: u64) -> Burst {
+    let mut calls_at = Vec::new();
+    let mut count = |sent: &[(u64, wit::Command)]| {
+        calls_at.extend(
+            sent.iter().filter(|(_, c)| matches!(c, wit::Command::UpdateAddressLocations(_))).map(|(at, _)| *at),
+        );
+    };
+    let (mut now, mut wake) = (start, None::<u64>);
+    let last_change = start + (changes as u64 - 1) * over_ms / changes as u64;
+    for i in 0..changes {
+        let at = start + i as u64 * over_ms / changes as u64;
+        // The host ticks at every wake-up that comes before the next change.
+        while let Some(due) = wake.filter(|&due| due <= at) {
+            now = due.max(now);
+            let step = driver.tick(now);
+            count(&settle_at(driver, now, step, &mut wake));
+            if wake == Some(due) {
+                break;
+            }
+        }
+        now = at.max(now);
+        // Service i % n, its pod (i / n) % 30 not ready: each update changes a pod or two.
+        let (service, pod) = (i % service_count(), (i / service_count()) % PODS_PER_SERVICE);
+        let step = driver.observe(now, &[wit::Observation::SliceUpserted(slice(service, Some(pod)))]);
+        count(&settle_at(driver, now, step, &mut wake));
+    }
+    let step = driver.tick(now);
+    let (sent, _) = run_until_idle(driver, now, step, answer);
+    count(&sent);
+    let busiest_second = calls_at
+        .iter()
+        .map(|&from| calls_at.iter().filter(|&&at| at >= from && at < from + 1_000).count())
+        .max()
+        .unwrap_or(0);
+    let converged = calls_at.last().copied().unwrap_or(start);
+    Burst {
+        calls: calls_at.len(),
+        busiest_second,
+        converged_after_last_change_ms: converged.saturating_sub(last_change),
+    }
+}
+
+/// Answers `step`'s commands and those that follow at `now`; keeps the last wake-up in `wake`.
+fn settle_at(
+    driver: &mut dyn Driver,
+    now: u64,
+    mut step: wit::Step,
+    wake: &mut Option<u64>,
+) -> Vec<(u64, wit::Command)> {
+    let mut sent = Vec::new();
+    *wake = step.wake_at_ms;
+    while !step.commands.is_empty() {
+        sent.extend(step.commands.iter().map(|c| (now, c.command.clone())));
+        let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+        step = driver.complete(now, &results);
+        *wake = step.wake_at_ms;
+    }
+    sent
 }
 
 /// Azure and Kubernetes writes among `commands`, and Events.
@@ -131,7 +236,8 @@ fn main() {
     let mut blind = Native(Tracker::create(config_to_model(&config)).unwrap());
     let first = blind.observe(0, &lists);
     let no_inventory = |c: &wit::Command| if *c == wit::Command::ReadArm { wit::Outcome::Ok } else { answer(c) };
-    let blind_commands = settle_answering(first, no_inventory, |results| blind.complete(1, results));
+    let (blind_sent, _) = run_until_idle(&mut blind, 1, first, no_inventory);
+    let blind_commands: Vec<wit::Command> = blind_sent.into_iter().map(|(_, c)| c).collect();
     let (blind_writes, blind_events) = writes_and_events(&blind_commands);
 
     // (b) One endpoint change: a pod goes not-ready and back; each observation causes one
@@ -139,15 +245,19 @@ fn main() {
     let changes: Vec<wit::Observation> = (0..2).map(endpoint_change).collect();
     let measure_change = |driver: &mut dyn Driver| {
         let (mut observe, mut sync) = (Vec::new(), Vec::new());
-        for round in 0..400 {
-            let change = std::slice::from_ref(&changes[round % 2]);
+        // One refill interval of the default address-location budget apart, so that each change
+        // finds a token; all within the first resync period.
+        let interval = 60_000 / u64::from(clb_guest::budget::WriteBudgets::DEFAULT.update_address_locations.per_minute);
+        for round in 0..400u64 {
+            let now = CHANGES_FROM + round * interval;
+            let change = std::slice::from_ref(&changes[round as usize % 2]);
             let start = Instant::now();
-            let step = driver.observe(2, change);
+            let step = driver.observe(now, change);
             observe.push(start.elapsed());
             assert_eq!(step.commands.len(), 1, "one update per change: {:?}", step.commands);
             let results = [(step.commands[0].id, wit::Outcome::Ok)];
             let start = Instant::now();
-            let after = driver.complete(2, &results);
+            let after = driver.complete(now, &results);
             sync.push(start.elapsed());
             assert!(after.commands.is_empty());
         }
@@ -155,6 +265,7 @@ fn main() {
         sync.sort();
         (observe[observe.len() / 2], sync[sync.len() / 2])
     };
+    const CHANGES_FROM: u64 = 1_000;
     let (native_observe, native_sync) = measure_change(&mut native);
     let (component_observe, component_sync) = measure_change(&mut component);
 
@@ -191,6 +302,42 @@ fn main() {
         "The same restart without the inventory (as before it existed): {} commands, of which {blind_writes} \
          writes and {blind_events} Events.",
         blind_commands.len()
+    );
+
+    // (d) A burst of 3,000 endpoint changes in 5 s, natively (the decisions are the same through
+    // the component: the golden traces check that), under the default budget and an unbounded one.
+    let unbounded = wit::Budget { per_minute: 600_000, burst: 100_000 };
+    let unbounded = wit::Config {
+        write_budgets: Some(wit::WriteBudgets {
+            update_address_locations: Some(unbounded),
+            update_services: Some(unbounded),
+            arm_writes: Some(unbounded),
+        }),
+        ..config.clone()
+    };
+    let burst_from = 100_000;
+    let budgeted = burst(&mut native, burst_from, 3_000, 5_000);
+    let mut free = Native(Tracker::create(config_to_model(&unbounded)).unwrap());
+    let first = free.observe(0, &lists);
+    drive(&mut free, first);
+    let free = burst(&mut free, burst_from, 3_000, 5_000);
+    let default_budget = clb_guest::budget::WriteBudgets::DEFAULT.update_address_locations;
+    let allowed = default_budget.burst as usize + (default_budget.per_minute as usize * 5).div_ceil(60) + 1;
+    println!();
+    println!(
+        "Burst of 3,000 endpoint changes in 5 s, NRP answering at once: {} update-address-locations calls under the \
+         default budget ({}/min, burst {}; at most {allowed} in the 5 s), at most {} in any second, converged {} ms \
+         after the last change; {} calls ({:.1}× as many) with an unbounded budget, at most {} in any second, \
+         converged {} ms after the last change.",
+        budgeted.calls,
+        default_budget.per_minute,
+        default_budget.burst,
+        budgeted.busiest_second,
+        budgeted.converged_after_last_change_ms,
+        free.calls,
+        free.calls as f64 / budgeted.calls.max(1) as f64,
+        free.busiest_second,
+        free.converged_after_last_change_ms,
     );
 
     // What the limits cost: the same start-up under engines compiled without fuel metering,

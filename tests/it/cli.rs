@@ -23,8 +23,8 @@ fn inspect_shows_the_digest_exports_and_that_the_built_in_guest_imports_only_gra
     let (code, out, _) = clb_host(&["inspect", path.to_str().unwrap()]);
     assert_eq!(code, EXIT_OK, "{out}");
     assert!(out.contains(&format!("sha256:   {}", builtin().info().sha256)), "{out}");
-    assert!(out.contains("package:  clb:reconciler@0.4.0"), "{out}");
-    assert!(out.contains("clb:reconciler/validation@0.4.0"), "{out}");
+    assert!(out.contains("package:  clb:reconciler@0.5.0"), "{out}");
+    assert!(out.contains("clb:reconciler/validation@0.5.0"), "{out}");
     assert!(!out.contains("NOT GRANTED"), "{out}");
     assert!(out.contains("verdict:  this host loads it"), "{out}");
 }
@@ -395,4 +395,30 @@ fn log_format_is_taken_by_every_command_and_an_unknown_one_is_refused() {
     let (code, _, err) = clb_host(&["--log-format", "xml", "inspect", path.to_str().unwrap()]);
     assert_eq!(code, EXIT_BAD_INPUT);
     assert!(err.contains("invalid value 'xml' for '--log-format"), "{err}");
+}
+
+#[test]
+fn a_write_budget_flag_that_is_malformed_repeated_or_refused_by_the_logic_exits_2_saying_why() {
+    let scenario = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/scenarios/a-first-service-with-endpoints-gets-a-load-balancer-and-its-pods-in-nrp.yaml");
+    let scenario = scenario.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--write-budget", "arm-writes=0/s:1"], "InvalidWriteBudget"),
+        (&["--write-budget", "arm-writes=1/s:0"], "the rate must be 1 to 600000 per minute and the burst 1 to 100000"),
+        (&["--write-budget", "nrp=1/s:1"], "\"nrp\" is not an operation with a write budget"),
+        (&["--write-budget", "arm-writes=5/h:1"], "the rate's unit must be /s or /min"),
+        (
+            &["--write-budget", "arm-writes=1/s:1", "--write-budget", "arm-writes=2/s:1"],
+            "names arm-writes more than once",
+        ),
+    ];
+    for (flags, why) in cases {
+        let args: Vec<&str> = ["simulate", scenario].iter().chain(flags).copied().collect();
+        let (code, out, err) = clb_host(&args);
+        assert_eq!(code, EXIT_BAD_INPUT, "{flags:?}: {out}{err}");
+        assert!(err.contains(why), "{flags:?}: {err}");
+    }
+    let budgets = ["--write-budget", "arm-writes=2/s:5", "--write-budget", "update-address-locations=600/min:2"];
+    let (code, out, err) = clb_host(&[&["simulate", scenario][..], &budgets].concat());
+    assert_eq!(code, EXIT_OK, "a budget the logic takes: {out}{err}");
 }

@@ -11,7 +11,7 @@ const here = fileURLToPath(new URL('.', import.meta.url));
 const tracesDir = join(here, '..', '..', '..', 'tests', 'traces');
 const component = process.env.CLB_COMPONENT || '/tmp/clb-artifacts/clb_guest.wasm';
 const have = existsSync(component) && existsSync(tracesDir);
-const config = { 'backend-pool-type': 'podIP', 'load-balancer-sku': 'standardV2', 'multiple-standard-load-balancers': [] };
+const config = { 'backend-pool-type': 'podIP', 'load-balancer-sku': 'standardV2', 'multiple-standard-load-balancers': [], 'write-budgets': null };
 
 test('recording through the API reproduces the golden traces', { skip: !have }, async () => {
   const files = readdirSync(tracesDir).filter((f) => f.endsWith('.jsonl')).sort();

@@ -21,7 +21,7 @@ Example::
 
     from clb_reconciler import Component, Tracker
     logic = Component.load("clb_guest.wasm")
-    config = {"backend-pool-type": "podIP", "load-balancer-sku": "standardV2", "multiple-standard-load-balancers": []}
+    config = {"backend-pool-type": "podIP", "load-balancer-sku": "standardV2", "multiple-standard-load-balancers": [], "write-budgets": None}
     tracker = Tracker.create(logic, config)
     step = tracker.observe(0, [{"tag": "lists-complete"}])
 """
@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.4.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.5.0``."""
         return self._loaded.package
 
     @property

@@ -30,6 +30,8 @@
 pub mod admission;
 #[path = "../../../guest/src/backend_pools.rs"]
 pub mod backend_pools;
+#[path = "../../../guest/src/budget.rs"]
+pub mod budget;
 #[path = "../../../guest/src/config.rs"]
 pub mod config;
 #[path = "../../../guest/src/difftracker.rs"]

@@ -1,0 +1,293 @@
+//! Write budgets (issue 15, defect 4b): a token bucket for each NRP write operation and one for
+//! every ARM write, so that a burst of changes coalesces into few calls while the budget refills,
+//! and a throttled (429) operation slows down instead of stalling.
+//!
+//! Everything is integer arithmetic on the tracker's `now`: the same inputs give the same
+//! decisions on every host. A token is [`UNITS_PER_TOKEN`] units and each millisecond adds the
+//! rate *per minute* in units, so a rate of any whole number of writes per minute refills exactly,
+//! with no rounding to accumulate.
+//!
+//! A 429 halves the operation's rate (never below [`FLOOR_DIVISOR`]th of the configured one) and
+//! empties its bucket; each accepted write gives back an eighth of the configured rate. The shrunk
+//! rate lives in the exported state (version 5), so a hot swap keeps the pace Azure asked for.
+
+use serde::{Deserialize, Serialize};
+
+/// Units per token: a millisecond at one write per minute adds one unit.
+pub const UNITS_PER_TOKEN: u64 = 60_000;
+/// A throttled rate never falls below the configured one divided by this (and never below one
+/// write a minute).
+pub const FLOOR_DIVISOR: u32 = 32;
+/// An accepted write gives back the configured rate divided by this.
+pub const RECOVERY_DIVISOR: u32 = 8;
+/// The highest rate and burst a budget may have: far above what any Azure API accepts, low
+/// enough that no arithmetic on them overflows.
+pub const MAX_PER_MINUTE: u32 = 600_000;
+pub const MAX_BURST: u32 = 100_000;
+
+/// A token bucket's shape: `burst` writes at once, refilled at `per_minute`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    pub per_minute: u32,
+    pub burst: u32,
+}
+
+/// The budgets of the writes the tracker issues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteBudgets {
+    /// NRP `update-address-locations`: the endpoint changes of every Service.
+    pub update_address_locations: Budget,
+    /// NRP `update-services`: registering, unlinking and unregistering a Service.
+    pub update_services: Budget,
+    /// ARM writes and deletes of public IPs and load balancers.
+    pub arm_writes: Budget,
+}
+
+impl WriteBudgets {
+    /// The defaults (docs/operations.md, "Write budgets"). ARM's documented limit for one
+    /// principal is a bucket of 200 writes (and one of 200 deletes) refilled at 10 a second, per
+    /// subscription and region; the controller takes half of the refill and half of the writes'
+    /// bucket, leaving the rest to everything else the cluster's identity does. NRP publishes no
+    /// limit: 5 calls a second each, with a burst of 10 (address locations: each call carries up
+    /// to 200 locations, so a burst of changes coalesces within 200 ms) and 20 (registrations).
+    pub const DEFAULT: WriteBudgets = WriteBudgets {
+        update_address_locations: Budget { per_minute: 300, burst: 10 },
+        update_services: Budget { per_minute: 300, burst: 20 },
+        arm_writes: Budget { per_minute: 300, burst: 100 },
+    };
+}
+
+impl Default for WriteBudgets {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Which bucket a write draws on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteKind {
+    AddressLocations,
+    Services,
+    Arm,
+}
+
+impl WriteKind {
+    /// The name operators see in logs and flags.
+    pub fn name(self) -> &'static str {
+        match self {
+            WriteKind::AddressLocations => "update-address-locations",
+            WriteKind::Services => "update-services",
+            WriteKind::Arm => "arm-writes",
+        }
+    }
+}
+
+/// The level of one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Tokens held, in units ([`UNITS_PER_TOKEN`] per token).
+    units: u64,
+    /// The rate now: the configured one, or less after a 429.
+    per_minute: u32,
+    /// The time (tracker's) up to which `units` is counted.
+    at_ms: u64,
+}
+
+impl Bucket {
+    /// A full bucket at the configured rate.
+    pub fn full(budget: Budget) -> Self {
+        Self { units: u64::from(budget.burst) * UNITS_PER_TOKEN, per_minute: budget.per_minute, at_ms: 0 }
+    }
+
+    /// Counts the time since the last look. A bucket from a state exported under another budget
+    /// (or by a host whose clock was ahead) is brought within this one; time before `at_ms` is
+    /// never credited twice, and a `now` before it credits nothing.
+    fn refill(&mut self, budget: Budget, now: u64) {
+        self.per_minute = self.per_minute.clamp(floor(budget), budget.per_minute);
+        let elapsed = now.saturating_sub(self.at_ms);
+        let added = elapsed.saturating_mul(u64::from(self.per_minute));
+        self.units = self.units.saturating_add(added).min(u64::from(budget.burst) * UNITS_PER_TOKEN);
+        self.at_ms = now;
+    }
+
+    /// A bucket counted up to a time after `now` (a state from a host whose clock was ahead)
+    /// counts from `now` on: otherwise it would refill only once `now` passed that time.
+    pub fn bring_in(&mut self, now: u64) {
+        self.at_ms = self.at_ms.min(now);
+    }
+
+    /// Takes a token if there is one.
+    pub fn try_take(&mut self, budget: Budget, now: u64) -> bool {
+        self.refill(budget, now);
+        if self.units >= UNITS_PER_TOKEN {
+            self.units -= UNITS_PER_TOKEN;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// When the next token is there (`now` if it is).
+    pub fn ready_at(&self, budget: Budget, now: u64) -> u64 {
+        let mut probe = *self;
+        probe.refill(budget, now);
+        let missing = UNITS_PER_TOKEN.saturating_sub(probe.units);
+        now.saturating_add(missing.div_ceil(u64::from(probe.per_minute)))
+    }
+
+    /// Azure throttled the operation: half the rate, nothing left in the bucket. Returns the
+    /// new rate.
+    pub fn throttled(&mut self, budget: Budget, now: u64) -> u32 {
+        self.refill(budget, now);
+        self.per_minute = (self.per_minute / 2).max(floor(budget));
+        self.units = 0;
+        self.per_minute
+    }
+
+    /// Azure accepted a write: part of a throttled rate comes back.
+    pub fn accepted(&mut self, budget: Budget, now: u64) {
+        self.refill(budget, now);
+        let step = (budget.per_minute / RECOVERY_DIVISOR).max(1);
+        self.per_minute = self.per_minute.saturating_add(step).min(budget.per_minute);
+    }
+
+    /// The rate now (writes per minute).
+    pub fn per_minute(&self) -> u32 {
+        self.per_minute
+    }
+
+    /// Whether the rate is below the configured one (a 429 shrank it).
+    pub fn is_shrunk(&self, budget: Budget) -> bool {
+        self.per_minute < budget.per_minute
+    }
+}
+
+fn floor(budget: Budget) -> u32 {
+    (budget.per_minute / FLOOR_DIVISOR).max(1).min(budget.per_minute)
+}
+
+/// The buckets of the tracker (state version 5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Buckets {
+    pub address_locations: Bucket,
+    pub services: Bucket,
+    pub arm: Bucket,
+}
+
+impl Buckets {
+    pub fn full(budgets: &WriteBudgets) -> Self {
+        Self {
+            address_locations: Bucket::full(budgets.update_address_locations),
+            services: Bucket::full(budgets.update_services),
+            arm: Bucket::full(budgets.arm_writes),
+        }
+    }
+
+    /// The bucket of `kind` and its configured shape.
+    pub fn of(&mut self, budgets: &WriteBudgets, kind: WriteKind) -> (&mut Bucket, Budget) {
+        match kind {
+            WriteKind::AddressLocations => (&mut self.address_locations, budgets.update_address_locations),
+            WriteKind::Services => (&mut self.services, budgets.update_services),
+            WriteKind::Arm => (&mut self.arm, budgets.arm_writes),
+        }
+    }
+
+    /// [`Bucket::bring_in`] for each bucket.
+    pub fn bring_in(&mut self, now: u64) {
+        for bucket in [&mut self.address_locations, &mut self.services, &mut self.arm] {
+            bucket.bring_in(now);
+        }
+    }
+
+    /// When a write of `kind` may go (`now` if it may).
+    pub fn ready_at(&self, budgets: &WriteBudgets, kind: WriteKind, now: u64) -> u64 {
+        let mut probe = *self;
+        let (bucket, budget) = probe.of(budgets, kind);
+        bucket.ready_at(budget, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEN_A_SECOND: Budget = Budget { per_minute: 600, burst: 3 };
+
+    #[test]
+    fn a_full_bucket_gives_its_burst_at_once_and_then_one_token_per_refill_interval() {
+        let mut bucket = Bucket::full(TEN_A_SECOND);
+        assert!((0..3).all(|_| bucket.try_take(TEN_A_SECOND, 1_000)));
+        assert!(!bucket.try_take(TEN_A_SECOND, 1_000));
+        assert_eq!(bucket.ready_at(TEN_A_SECOND, 1_000), 1_100);
+        assert!(!bucket.try_take(TEN_A_SECOND, 1_099));
+        assert!(bucket.try_take(TEN_A_SECOND, 1_100));
+        // An hour idle refills no more than the burst.
+        assert!((0..3).all(|_| bucket.try_take(TEN_A_SECOND, 3_601_100)));
+        assert!(!bucket.try_take(TEN_A_SECOND, 3_601_100));
+    }
+
+    #[test]
+    fn a_rate_of_one_a_minute_refills_exactly_with_no_rounding_drift() {
+        let slow = Budget { per_minute: 1, burst: 1 };
+        let mut bucket = Bucket::full(slow);
+        assert!(bucket.try_take(slow, 0));
+        for minute in 1..=1_000u64 {
+            assert!(!bucket.try_take(slow, minute * 60_000 - 1), "minute {minute}");
+            assert!(bucket.try_take(slow, minute * 60_000), "minute {minute}");
+        }
+    }
+
+    #[test]
+    fn a_429_halves_the_rate_down_to_a_floor_and_accepted_writes_give_it_back_in_eighths() {
+        let budget = Budget { per_minute: 320, burst: 10 };
+        let mut bucket = Bucket::full(budget);
+        assert_eq!(bucket.throttled(budget, 0), 160);
+        assert_eq!(bucket.ready_at(budget, 0), 375, "empty: the next token at the halved rate");
+        let rates: Vec<u32> = (0..8).map(|_| bucket.throttled(budget, 0)).collect();
+        assert_eq!(rates, [80, 40, 20, 10, 10, 10, 10, 10], "floor: 320 / 32");
+        for _ in 0..8 {
+            bucket.accepted(budget, 0);
+        }
+        assert_eq!(bucket.per_minute(), 320, "8 accepted writes of 40 each, capped at the configured rate");
+        assert!(!bucket.is_shrunk(budget));
+    }
+
+    #[test]
+    fn a_bucket_from_a_larger_budget_or_a_clock_ahead_is_brought_within_this_one() {
+        let large = Budget { per_minute: 6_000, burst: 100 };
+        let small = Budget { per_minute: 60, burst: 2 };
+        let mut bucket = Bucket::full(large);
+        bucket.at_ms = 10_000;
+        assert!(bucket.try_take(small, 5_000));
+        assert!(bucket.try_take(small, 5_000));
+        assert!(!bucket.try_take(small, 5_000), "no more than the smaller burst");
+        assert_eq!(bucket.per_minute(), 60);
+        assert_eq!(bucket.ready_at(small, 5_000), 6_000);
+    }
+
+    // Regression: the property test after_any_event_sequence_with_failures_nrp_converges_… with
+    // a clock stepped back an hour, then a state round trip (the new tracker's clock is the
+    // host's): an empty bucket counted up to the old clock's time would refill only an hour
+    // later, so the tracker did not settle.
+    #[test]
+    fn an_empty_bucket_counted_up_to_a_clock_an_hour_ahead_refills_from_now_once_brought_in() {
+        let budget = Budget { per_minute: 150, burst: 10 };
+        let mut bucket = Bucket { units: 0, per_minute: 150, at_ms: 3_600_000 };
+        assert_eq!(bucket.ready_at(budget, 1_000), 1_400, "not an hour ahead");
+        bucket.bring_in(1_000);
+        assert!(!bucket.try_take(budget, 1_399));
+        assert!(bucket.try_take(budget, 1_400));
+    }
+
+    #[test]
+    fn the_largest_budget_at_the_end_of_time_saturates_instead_of_overflowing() {
+        let largest = Budget { per_minute: MAX_PER_MINUTE, burst: MAX_BURST };
+        let mut bucket = Bucket::full(largest);
+        assert!(bucket.try_take(largest, u64::MAX));
+        assert_eq!(bucket.ready_at(largest, u64::MAX), u64::MAX);
+        let slowest = Budget { per_minute: 1, burst: 1 };
+        let mut bucket = Bucket::full(slowest);
+        assert!(bucket.try_take(slowest, u64::MAX - 1));
+        assert_eq!(bucket.ready_at(slowest, u64::MAX - 1), u64::MAX, "saturated, not wrapped");
+    }
+}
