@@ -1202,10 +1202,10 @@ impl Tracker {
 
     /// What Azure answered a write of `kind`: a 429 shrinks its budget (and says so), an
     /// accepted write gives some of a shrunk budget back.
-    fn budget_answered(&mut self, kind: WriteKind, status: Option<u16>, now: u64, step: &mut Step) {
+    fn budget_answered(&mut self, kind: WriteKind, outcome: &Outcome, now: u64, step: &mut Step) {
         let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
-        match status {
-            Some(429) => {
+        match outcome {
+            Outcome::Failed(f) if f.status == 429 => {
                 let per_minute = bucket.throttled(budget, now);
                 let message = format!(
                     "{} was throttled (HTTP 429): its write budget shrinks to {per_minute} a minute (configured: {} a \
@@ -1215,8 +1215,8 @@ impl Tracker {
                 );
                 step.logs.push(LogLine { level: LogLevel::Warn, message });
             }
-            Some(_) => {}
-            None => bucket.accepted(budget, now),
+            Outcome::Failed(_) => {}
+            _ => bucket.accepted(budget, now),
         }
     }
 
@@ -1537,8 +1537,7 @@ impl Tracker {
     fn service_outcome(&mut self, identity: &str, id: u64, op: OpStep, outcome: Outcome, now: u64, step: &mut Step) {
         if let Some(kind) = op.write_kind() {
             // Azure's answer, whether or not the lifecycle still waits for it.
-            let status = if let Outcome::Failed(f) = &outcome { Some(f.status) } else { None };
-            self.budget_answered(kind, status, now, step);
+            self.budget_answered(kind, &outcome, now, step);
         }
         let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return };
         if lifecycle.in_flight.map(|(i, _)| i) != Some(id) {
@@ -1699,8 +1698,7 @@ impl Tracker {
 
     fn locations_outcome(&mut self, id: u64, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
         self.state.nrp.batches_in_flight.remove(&id);
-        let status = if let Outcome::Failed(f) = &outcome { Some(f.status) } else { None };
-        self.budget_answered(WriteKind::AddressLocations, status, now, step);
+        self.budget_answered(WriteKind::AddressLocations, &outcome, now, step);
         match outcome {
             Outcome::Failed(failure) => {
                 for location in &batch {

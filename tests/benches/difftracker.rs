@@ -68,13 +68,10 @@ fn run_until_idle(
 ) -> (Vec<(u64, wit::Command)>, u64) {
     let mut sent = Vec::new();
     loop {
-        while !step.commands.is_empty() {
-            sent.extend(step.commands.iter().map(|c| (now, c.command.clone())));
-            let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
-            step = driver.complete(now, &results);
-        }
-        match step.wake_at_ms {
-            Some(at) if !step.idle => {
+        let (answered, last) = answer_at(driver, now, step, &answer);
+        sent.extend(answered);
+        match last.wake_at_ms {
+            Some(at) if !last.idle => {
                 now = at.max(now);
                 step = driver.tick(now);
             }
@@ -112,7 +109,9 @@ fn burst(driver: &mut dyn Driver, start: u64, changes: usize, over_ms: u64) -> B
         while let Some(due) = wake.filter(|&due| due <= at) {
             now = due.max(now);
             let step = driver.tick(now);
-            count(&settle_at(driver, now, step, &mut wake));
+            let (sent, last) = answer_at(driver, now, step, answer);
+            count(&sent);
+            wake = last.wake_at_ms;
             if wake == Some(due) {
                 break;
             }
@@ -121,7 +120,9 @@ fn burst(driver: &mut dyn Driver, start: u64, changes: usize, over_ms: u64) -> B
         // Service i % n, its pod (i / n) % 30 not ready: each update changes a pod or two.
         let (service, pod) = (i % service_count(), (i / service_count()) % PODS_PER_SERVICE);
         let step = driver.observe(now, &[wit::Observation::SliceUpserted(slice(service, Some(pod)))]);
-        count(&settle_at(driver, now, step, &mut wake));
+        let (sent, last) = answer_at(driver, now, step, answer);
+        count(&sent);
+        wake = last.wake_at_ms;
     }
     let step = driver.tick(now);
     let (sent, _) = run_until_idle(driver, now, step, answer);
@@ -139,22 +140,21 @@ fn burst(driver: &mut dyn Driver, start: u64, changes: usize, over_ms: u64) -> B
     }
 }
 
-/// Answers `step`'s commands and those that follow at `now`; keeps the last wake-up in `wake`.
-fn settle_at(
+/// Answers `step`'s commands and those that follow at `now`, with `answer`; returns each with
+/// when it was sent, and the last step (which sent nothing).
+fn answer_at(
     driver: &mut dyn Driver,
     now: u64,
     mut step: wit::Step,
-    wake: &mut Option<u64>,
-) -> Vec<(u64, wit::Command)> {
+    answer: impl Fn(&wit::Command) -> wit::Outcome,
+) -> (Vec<(u64, wit::Command)>, wit::Step) {
     let mut sent = Vec::new();
-    *wake = step.wake_at_ms;
     while !step.commands.is_empty() {
         sent.extend(step.commands.iter().map(|c| (now, c.command.clone())));
         let results: Vec<(u64, wit::Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
         step = driver.complete(now, &results);
-        *wake = step.wake_at_ms;
     }
-    sent
+    (sent, step)
 }
 
 /// Azure and Kubernetes writes among `commands`, and Events.
