@@ -201,12 +201,16 @@ mod tests {
         }
     }
 
+    // Upstream TestRuntimeEnablementAndLoadBalancer (differs: CLB mode comes from podIP and standardV2,
+    // there is no enable flag).
     #[test]
     fn pod_ip_with_standard_v2_is_clb_mode_whatever_the_case() {
         assert_eq!(validate_config(&config("PODIP", "StandardV2", &[])), Ok(Mode::ContainerLoadBalancer));
         assert_eq!(validate_config(&config("podIP", "standardv2", &[])), Ok(Mode::ContainerLoadBalancer));
     }
 
+    // Upstream TestRuntimeEnablementAndLoadBalancer (differs: CLB mode comes from podIP and standardV2,
+    // there is no enable flag).
     #[test]
     fn empty_configuration_means_node_ip_configuration_and_no_clb() {
         assert_eq!(validate_config(&Config::default()), Ok(Mode::Inactive));

@@ -514,6 +514,8 @@ mod tests {
     }
 
     // Mirrors upstream TestGetSyncLocationsAddresses: a node unknown to NRP is a FullUpdate.
+    // Upstream TestUpdateK8sEndpoints, TestLocationsUpdater_SendsExactAddressPayloadToNRP and
+    // TestUpdateLocationsAddresses.
     #[test]
     fn a_location_new_to_nrp_is_sent_as_a_full_update_with_its_addresses() {
         let mut t = DiffTracker::default();
@@ -541,6 +543,9 @@ mod tests {
     }
 
     // Mirrors upstream TestNRPDrainVsRemoveWireShapes.
+    // Upstream TestUpdateK8sEndpoints, TestUpdateLocationsAddresses,
+    // TestGuardSyncOps_PerAddressRemoval_EmptyServiceRef and
+    // TestGuardSyncOps_WholeNodeRemoval_EmitsEmptyAddresses.
     #[test]
     fn a_removed_pod_is_sent_with_no_services_and_a_gone_node_with_no_addresses() {
         let mut t = DiffTracker::default();
@@ -565,6 +570,7 @@ mod tests {
     }
 
     // Mirrors upstream TestGuardSyncOps_NoSpuriousLocationEntries.
+    // Upstream TestGetSyncOperations.
     #[test]
     fn locations_already_in_sync_produce_no_entries() {
         let mut t = DiffTracker::default();
@@ -618,6 +624,7 @@ mod tests {
         assert!(t.nrp_references("egress-x"));
     }
 
+    // Upstream TestConvertLocationDTOsToAddressLocations.
     #[test]
     fn nrp_listings_in_any_ipv6_spelling_become_one_canonical_location() {
         let mut t = DiffTracker::default();

@@ -376,6 +376,8 @@ mod tests {
     }
 
     // Mirrors upstream TestIsValidEgressIdentity and TestIsValidEgressIdentity_RejectsReservedNames.
+    // Upstream TestGuardAddPod_InvalidParamsIsNoOp, TestPodInformerAddPod and
+    // TestPodInformerAddPod_AcceptsOrdinaryEgressLabel.
     #[test]
     fn valid_identities_follow_the_azure_name_rule_and_default_natgw_is_reserved() {
         for ok in ["a", "egress-a", "e.g_1", "x_", "0", &"a".repeat(MAX_IDENTITY_LEN)] {
@@ -397,6 +399,8 @@ mod tests {
     }
 
     // Mirrors upstream TestUpdateK8sPod: add and remove of an egress assignment.
+    // Upstream TestColdStart_DualStackNode_EgressUsesHostIP, TestPodInformerAddPod,
+    // TestPodInformerRemovePod, TestPodInformerAddPod_AcceptsOrdinaryEgressLabel and TestUpdateK8sEgress.
     #[test]
     fn an_egress_pod_adds_its_identity_at_its_host_ip_and_deleting_it_takes_it_away() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -429,6 +433,7 @@ mod tests {
     }
 
     // Mirrors upstream TestEgressRefCountSoundness and TestGuardConcurrency_AddPodDeletePod_RefCountSymmetry.
+    // Upstream TestPodInformerRemovePod and TestUpdateK8sEgress.
     #[test]
     fn duplicate_and_out_of_order_pod_events_never_count_twice_or_below_zero() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -467,6 +472,7 @@ mod tests {
     }
 
     // Mirrors upstream TestProcessK8sEgresses_SkipsTerminatedPhases.
+    // Upstream TestPodInformerAddPod.
     #[test]
     fn pods_that_are_not_running_or_pending_or_are_being_deleted_carry_no_identity() {
         for (phase, deleting, carries) in [
@@ -490,6 +496,7 @@ mod tests {
     }
 
     // Mirrors upstream TestProcessK8sEgresses_SkipsMalformedIPs.
+    // Upstream TestUpdateK8sPodRejectsEmptyLocationOrAddress.
     #[test]
     fn malformed_pod_ips_are_skipped_with_a_warning_and_the_others_kept() {
         let reading = read_pod(&pod("p", Some("egress-a"), &["10.244.0.500", "10.244.0.5"]), no_inbound);
@@ -498,6 +505,8 @@ mod tests {
     }
 
     // Mirrors upstream TestProcessK8sEgresses_ImportsAllDualStackAddresses.
+    // Upstream TestColdStart_DualStackNode_EgressUsesHostIP and
+    // TestPodInformerDualStackRegistersEveryFamily.
     #[test]
     fn a_dual_stack_pod_contributes_each_ip_under_its_same_family_host_ip() {
         let p = Pod {
@@ -513,6 +522,7 @@ mod tests {
     }
 
     // Mirrors upstream TestPodEgressAddresses: status.podIPs, else status.podIP; hostIPs, else hostIP.
+    // Upstream TestGuardAddPod_InvalidParamsIsNoOp and TestUpdateK8sPodRejectsEmptyLocationOrAddress.
     #[test]
     fn pod_ips_fall_back_to_pod_ip_and_host_ips_fall_back_to_host_ip() {
         let p = Pod {
@@ -543,6 +553,7 @@ mod tests {
     }
 
     // Mirrors upstream TestColdStart_EgressPodNoSameFamilyLocation_NotDesired.
+    // Upstream TestGuardAddPod_InvalidParamsIsNoOp and TestUpdateK8sPodRejectsEmptyLocationOrAddress.
     #[test]
     fn an_ip_without_a_host_ip_of_its_family_is_not_desired() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -568,6 +579,7 @@ mod tests {
         NrpService { name: name.into(), service_type: "Outbound".into(), backend_pools: vec![], is_default: false }
     }
 
+    // Upstream TestGuardAddPod_ExistingNRPNATGatewayAddsImmediately.
     #[test]
     fn an_identity_a_pod_carries_is_ready_only_while_nrp_lists_it_as_a_registered_outbound_service() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -600,6 +612,7 @@ mod tests {
 
     /// Through the tracker: an egress identity NRP lists as Outbound is programmed beside a
     /// foreign one, and taking the label away drains only the egress identity.
+    // Upstream TestGuardAddPod_ExistingNRPNATGatewayAddsImmediately and TestEngineAddPod_AfterRestart.
     #[test]
     fn the_tracker_programs_a_registered_egress_identity_and_drains_it_when_the_label_goes() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -631,8 +644,40 @@ mod tests {
         assert!(tracker.nrp_view()[NODE].contains_key("10.244.0.9"), "a foreign identity is left alone");
     }
 
+    // Upstream TestPodInformerDrainForReplace_SoleDualStackGainKeepsSharedAddress: the sole pod of
+    // an identity gaining a second family ([v4] → [v4, v6]) keeps its v4 address in NRP and its
+    // identity's count at one throughout: the update adds only the v6 address, under the v6 host
+    // IP, and removes nothing (removing the old set first would empty the identity for a moment).
+    #[test]
+    fn the_sole_pod_of_an_identity_gaining_a_second_family_adds_only_the_new_address() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let step = tracker.observe(0, vec![Observation::ListsComplete]);
+        let snapshot = NrpState { services: vec![outbound("egress-a")], locations: vec![] };
+        tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(snapshot))]);
+        let v4 = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let step = tracker.observe(2, vec![Observation::PodUpserted(v4.clone())]);
+        assert!(tracker.complete(3, vec![(step.commands[0].id, Outcome::Ok)]).idle);
+        let dual = Pod {
+            host_ips: vec![NODE.into(), "fd00::4".into()],
+            ..pod("p", Some("egress-a"), &["10.244.0.5", "fd01::5"])
+        };
+        let step = tracker.observe(4, vec![Observation::PodUpserted(dual)]);
+        assert_eq!(tracker.egress().ref_counts(), &BTreeMap::from([("egress-a".to_owned(), 1)]));
+        let sent = updates(&step);
+        assert_eq!(sent.len(), 1, "only the new family's location: {sent:?}");
+        assert_eq!(sent[0].location, "fd00::4");
+        assert_eq!(
+            sent[0].addresses,
+            vec![NrpAddress { address: "fd01::5".into(), services: vec!["egress-a".into()] }]
+        );
+        assert!(tracker.complete(5, vec![(step.commands[0].id, Outcome::Ok)]).idle);
+        assert_eq!(tracker.nrp_view()[NODE]["10.244.0.5"], BTreeSet::from(["egress-a".to_owned()]));
+        assert_eq!(tracker.nrp_view()["fd00::4"]["fd01::5"], BTreeSet::from(["egress-a".to_owned()]));
+    }
+
     // Mirrors upstream TestNewSeedsOutboundRefCount and
     // TestInitOutboundRefCount_NotNegativeOnServiceUIDEgressLabelCollision.
+    // Upstream TestEngineAddPod_AfterRestart.
     #[test]
     fn a_cold_start_counts_the_listed_egress_pods_and_never_a_pod_whose_label_is_a_services_uid() {
         let uid = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";

@@ -47,6 +47,8 @@ mod tests {
         assert!(canonical("fe80::1%eth0").is_none());
     }
 
+    // Upstream TestConvertLocationDTOsToAddressLocations and
+    // TestSelectSameFamilyNodeIP_DeterministicAndValidated.
     #[test]
     fn ipv6_spellings_collapse_to_one_canonical_text() {
         assert_eq!(canonical("FD00:0:0::0A").unwrap().0, "fd00::a");
@@ -55,6 +57,7 @@ mod tests {
         assert!(canonical("010.0.0.1").is_none(), "leading zeros are not an IPv4 address");
     }
 
+    // Upstream TestSelectSameFamilyNodeIP_DeterministicAndValidated.
     #[test]
     fn a_node_with_several_internal_ips_uses_the_smallest_of_the_family() {
         let ips = vec!["10.0.0.9".to_string(), "fd00::2".into(), "10.0.0.10".into(), "FD00::1".into()];

@@ -2248,6 +2248,9 @@ mod tests {
     // floating IP are the host's wire, tests/it/azure.rs), TestBuildInboundServiceResources_TCPHasResetEnabled,
     // TestBuildInboundServiceResources_NoProbesForPodIPBackend (the model has no probe at all),
     // TestBuildInboundServiceResources_LongServiceUID and TestBuildInboundServiceResources_MultipleConfigs.
+    // Upstream TestBuildInboundServiceResources_BackendPoolNaming,
+    // TestBuildInboundServiceResources_ResourceIDs, TestBuildInboundResourceNames,
+    // TestMultipleServicesIndependence and TestBackendPoolPopulation.
     #[test]
     fn a_service_s_load_balancer_is_named_by_its_uid_with_one_tcp_rule_per_port_to_its_target_port() {
         let long = "very-long-service-uid-that-exceeds-normal-length-abcdef123456789012345678901234567890";
@@ -2276,6 +2279,7 @@ mod tests {
     // TestRoundTripServiceToResourcesAndBack: rules in spec order, named `rule-<protocol>-<port>`, each
     // frontend port to its backend port. A UDP rule has TCP reset off (upstream leaves it unset;
     // false is what ARM reads for an unset one).
+    // Upstream TestBuildInboundServiceResources_SameBackendPortDifferentProtocolAllowed.
     #[test]
     fn tcp_and_udp_ports_become_rules_in_spec_order_named_by_protocol_and_port_udp_without_tcp_reset() {
         let cases = [
@@ -2312,6 +2316,7 @@ mod tests {
 
     // Upstream TestExtractInboundConfigFromService_NoTargetPort, TestExtractInboundConfigFromService_EmptyProtocol:
     // no targetPort sends to the port itself, no protocol is TCP (the API server's defaults).
+    // Upstream TestWorkflowWithMinimalService.
     #[test]
     fn a_port_without_target_port_sends_to_itself_and_one_without_protocol_is_tcp() {
         let service = ported("u", &[(TCP, 80, None), (None, 81, to(8081))], &[]);
@@ -2324,6 +2329,9 @@ mod tests {
     // TestWorkflowWithComplexPortMapping. Deliberately different: upstream programs a named
     // targetPort as the frontend port (wrong for pod IP backends, which receive on the container
     // port); here such a Service is refused at admission, with its reason, and no rule is built.
+    // Upstream TestExtractInboundConfigFromService_NamedTargetPort (differs: a named targetPort is refused
+    // at admission), TestExtractInboundConfigFromService_NamedTargetPortRecorded and
+    // TestBuildInboundServiceResources_NamedTargetPortRejected.
     #[test]
     fn a_named_target_port_is_refused_at_admission_and_never_becomes_a_rule() {
         let service = ported(
@@ -2350,6 +2358,7 @@ mod tests {
     // the annotation sets every rule's idle timeout; absent, Azure's 4 minutes; an unusable value is
     // refused with InvalidIdleTimeout, never built with a default; and whatever admission takes the
     // build programs exactly. The range here is 4 to 30 minutes (admission::IDLE_TIMEOUT_MINUTES).
+    // Upstream TestBuildInboundServiceResources_IdleTimeoutOutOfRangeErrors.
     #[test]
     fn the_idle_timeout_annotation_sets_every_rule_and_admission_and_the_build_agree_on_it() {
         let key = crate::admission::ANNOTATION_IDLE_TIMEOUT;
@@ -2398,6 +2407,7 @@ mod tests {
         assert_eq!(LbConfig::for_service(&two).load_balancer.rules.len(), 2);
     }
 
+    // Upstream TestProcessK8sServices_ExcludesServicesNotOwnedByServiceGateway.
     #[test]
     fn a_service_that_becomes_invalid_keeps_its_last_admitted_spec_and_gets_one_warning() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -2429,6 +2439,8 @@ mod tests {
         assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), vec![&Command::ReadNrp]);
     }
 
+    // Upstream TestRuntimeEnablementAndLoadBalancer (differs: CLB mode comes from podIP and standardV2,
+    // there is no enable flag).
     #[test]
     fn outside_clb_mode_the_tracker_sends_nothing_and_is_idle_at_once() {
         let multi_slb = Config {
@@ -2559,6 +2571,7 @@ mod tests {
     // have was programmed, IPv4-mapped IPv6 node IPs became IPv6 locations, and a Node whose
     // InternalIPs do not parse left its pods out of NRP without a word. Its FQDN case, at a cold
     // start, ports upstream TestColdStart_FQDNEndpointSlice_Skipped.
+    // Upstream TestSelectSameFamilyNodeIP_DeterministicAndValidated.
     #[test]
     fn only_ip_slices_are_programmed_and_a_node_with_internal_ips_that_do_not_parse_is_logged() {
         // (address type, the node's InternalIPs, programmed, a WARN line saying)
@@ -2757,6 +2770,7 @@ mod tests {
     // Service is one PUT of its load balancer with the new rules (nothing else of Azure is
     // written: not its public IP, not its NRP registration); removing a port drops only its
     // rule; once applied, the same spec again writes nothing.
+    // Upstream TestEngineUpdateService_NoOpWhenConfigUnchanged.
     #[test]
     fn a_port_change_puts_the_load_balancer_once_with_the_new_rules_and_the_same_spec_again_writes_nothing() {
         let mut tracker = created_with(&[(80, 8080), (443, 8443)]);
@@ -2870,6 +2884,8 @@ mod tests {
 
     // Regression: issue 15, defect 3 — one hung update-address-locations made every Service's
     // endpoint changes wait for it (for NRP's whole request timeout).
+    // Upstream TestLocationsUpdaterRetriesAfterSyncFailure and
+    // TestLocationsUpdater_HungSyncTimesOutAndRecovers.
     #[test]
     fn a_hung_address_location_batch_holds_only_its_own_locations_once_it_is_slow() {
         let (mut tracker, hung) = tracker_with_a_batch_in_flight();
@@ -2964,6 +2980,8 @@ mod tests {
     // Regression: issue 14, found 3 (the clock stepping back): a stale backoff deadline held back
     // the end of a deletion after its finalizer was removed, an upsert that re-added the finalizer
     // in that window was absorbed, and the lifecycle was dropped with the finalizer still held.
+    // Upstream TestEngineOnServiceCreationComplete_GenuineDeletionCleansUp and
+    // TestServiceUpdaterDeleteInboundService_FinalizerFailureRetries.
     #[test]
     fn after_the_clock_steps_back_a_deletion_ends_when_its_finalizer_is_gone_and_a_finalizer_put_back_is_removed() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3156,6 +3174,7 @@ mod tests {
     // (a state whose unsettled lifecycle was in no work set, or a pending deletion outside
     // `draining`, imported, and that Service was never worked on again; under the invariants
     // feature the first quiet tick panicked).
+    // Upstream TestEngineAddService_NewService and TestEngineUpdateService_NewServiceFallsThrough.
     #[test]
     fn a_state_with_a_lifecycle_outside_the_work_set_its_phase_needs_is_refused_as_corrupt() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3326,6 +3345,8 @@ mod tests {
     // TestGuardStateTransitions_CreateAfterDelete_BuffersRecreate: a spec that asks for the load
     // balancer again while it is being deleted does not interrupt the deletion; it is buffered,
     // and the Service is provisioned anew once the deletion is done.
+    // Upstream TestUpdateService_RecreateAfterDeletionReplays, TestUpdateK8sService and
+    // TestServiceUpdaterDeleteInboundService_Succeeds.
     #[test]
     fn a_service_wanted_again_during_its_deletion_is_deleted_first_then_provisioned_anew() {
         let mut tracker = created_with(&[(80, 8080)]);
@@ -3429,6 +3450,9 @@ mod tests {
     // classes (design §4): 400 and 422 refuse the batch (it is split at once), 429 throttles
     // every location for its Retry-After, and any other failure (5xx, or no answer: status 0)
     // backs off only the batch's locations.
+    // Upstream TestLocationsUpdaterRetriesAfterSyncFailure,
+    // TestLocationsUpdater_DrainKeepsRetryingPastAttemptCap and TestExtractAzureErrorInfo (differs: metrics
+    // say ok or failed; the guest gets the status and the code).
     #[test]
     fn each_failure_status_of_an_address_location_batch_gets_its_class() {
         for status in [400u16, 422, 429, 500, 503, 0] {
@@ -3483,6 +3507,7 @@ mod tests {
     // Ports upstream TestEndpointSliceAddresses_ResolvesLocationPerAddressFamily: each endpoint
     // address goes under its node's InternalIP of the same family, whatever the slice's
     // addressType says; an address whose family the node has no InternalIP of is left out.
+    // Upstream TestColdStart_DualStackNode_InboundFamilyMatchedLocationKey.
     #[test]
     fn each_endpoint_address_goes_under_its_nodes_internal_ip_of_the_same_family() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3525,6 +3550,8 @@ mod tests {
     // not a refusal of the spec (TERMINAL_CODES, 422) is retried for as long as it lasts, its
     // backoff capped at 30 s, because a controller that stops trying needs an operator to notice
     // (design §4: backoff per Service, no give-up). A refusal parks at once (tested above).
+    // Upstream TestEngineOnServiceCreationComplete_Failure and
+    // TestEngineOnServiceCreationComplete_TransientErrorRetries.
     #[test]
     fn a_load_balancer_put_that_keeps_failing_is_retried_past_any_ceiling_with_a_capped_backoff() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3569,6 +3596,7 @@ mod tests {
     // replaced, not kept, since the Service's load balancer has that one frontend and an entry
     // it does not serve would send clients elsewhere (hostnames never reach the guest: the host
     // copies IPs only).
+    // Upstream TestCreateInboundService_PopulatesIngressOnSuccess.
     #[test]
     fn the_ingress_status_is_set_to_exactly_the_allocated_public_ip() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3591,6 +3619,9 @@ mod tests {
     // NRP refuses because addresses still map to the service sends the deletion back to draining,
     // NRP is read again, the addresses the mirror did not know of are removed, and then the
     // service is unregistered and the finalizer released.
+    // Upstream TestGuardCheckPendingServiceDeletions_BlockedWhenLocationsRemain,
+    // TestGuardCheckPendingServiceDeletions_AdvancesWhenLocationsCleared and
+    // TestEngineOnServiceCreationComplete_GenuineDeletionCleansUp.
     #[test]
     fn an_unregistration_refused_for_overlay_mappings_re_reads_nrp_drains_again_and_then_unregisters() {
         let mut tracker = created_with(&[(80, 8080)]);
@@ -3733,6 +3764,167 @@ mod tests {
         assert_eq!(tracker.phase(UID), Some(Phase::Created));
     }
 
+    // ---- Per-phase dispatch (upstream engine_state_machine_guards_test.go) ----
+
+    /// Runs `step` answered by `answer_ok`, holding in flight the first command `hold` matches
+    /// (the rest are answered); returns that command with its id.
+    fn drive_holding(
+        tracker: &mut Tracker,
+        now: u64,
+        mut step: Step,
+        hold: impl Fn(&Command) -> bool,
+    ) -> (u64, Command) {
+        let ok = answer_ok(&[]);
+        for _ in 0..1_000 {
+            assert!(!step.commands.is_empty(), "the command to hold was never issued");
+            let held = step.commands.iter().find(|c| hold(&c.command)).map(|c| (c.id, c.command.clone()));
+            let results = step.commands.iter().filter(|c| Some(c.id) != held.as_ref().map(|h| h.0));
+            let results = results.map(|c| (c.id, ok(&c.command))).collect();
+            step = tracker.complete(now, results);
+            if let Some(held) = held {
+                drive(tracker, now, step, &ok);
+                return held;
+            }
+        }
+        panic!("the tracker kept issuing commands");
+    }
+
+    fn is_put_load_balancer(command: &Command) -> bool {
+        matches!(command, Command::PutLoadBalancer(_))
+    }
+
+    /// The test Service (port 80 → 8080, a ready pod on n1) brought to `phase`, with the command
+    /// that keeps it there held in flight (for `NotStarted`, whose lists are not complete, the
+    /// read of NRP; none for `Created`).
+    fn in_phase(phase: Phase) -> (Tracker, Option<(u64, Command)>) {
+        let (mut tracker, held) = match phase {
+            Phase::NotStarted => {
+                let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+                let node =
+                    Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+                let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
+                let slice = Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")]));
+                let step = tracker.observe(NOW, vec![node, Observation::ServiceUpserted(spec), slice]);
+                let read = step.commands.iter().map(|c| (c.id, c.command.clone())).collect::<Vec<_>>();
+                assert_eq!(read.iter().map(|(_, c)| c).collect::<Vec<_>>(), [&Command::ReadNrp], "nothing else");
+                (tracker, read.into_iter().next())
+            }
+            Phase::CreationInProgress => {
+                let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+                let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
+                let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(spec), Observation::ListsComplete]);
+                let held = drive_holding(&mut tracker, NOW, step, is_put_load_balancer);
+                (tracker, Some(held))
+            }
+            Phase::Created => (created_with(&[(80, 8080)]), None),
+            Phase::UpdateInProgress => {
+                let mut tracker = created_with(&[(80, 8080)]);
+                let step = respec(&mut tracker, NOW, &[(80, 8081)]);
+                let held = drive_holding(&mut tracker, NOW, step, is_put_load_balancer);
+                (tracker, Some(held))
+            }
+            Phase::DeletionPending | Phase::DeletionInProgress => {
+                let mut tracker = created_with(&[(80, 8080)]);
+                let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
+                let cluster_ip = Service { service_type: Some("ClusterIP".into()), ..spec };
+                let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(cluster_ip)]);
+                let (drain, batch) = drive_holding(&mut tracker, NOW, step, is_location_update);
+                if phase == Phase::DeletionPending {
+                    (tracker, Some((drain, batch)))
+                } else {
+                    let step = tracker.complete(NOW, vec![(drain, Outcome::Ok)]);
+                    let unlink = drive_holding(&mut tracker, NOW, step, |c| matches!(c, Command::UpdateServices(_)));
+                    (tracker, Some(unlink))
+                }
+            }
+        };
+        assert_eq!(tracker.phase(UID), Some(phase));
+        (tracker, held)
+    }
+
+    /// Answers `held` and the commands of `pending`, and runs everything that follows, the lists
+    /// completed if they were not; returns every command `pending` and the rest issued.
+    fn finish(tracker: &mut Tracker, now: u64, held: Option<(u64, Command)>, mut pending: Step) -> Vec<Command> {
+        let ok = answer_ok(&[]);
+        pending.commands.extend(tracker.observe(now, vec![Observation::ListsComplete]).commands);
+        if let Some((id, command)) = held {
+            pending.commands.extend(tracker.complete(now, vec![(id, ok(&command))]).commands);
+        }
+        drive(tracker, now, pending, ok).0
+    }
+
+    const PHASES: [Phase; 6] = [
+        Phase::NotStarted,
+        Phase::CreationInProgress,
+        Phase::Created,
+        Phase::UpdateInProgress,
+        Phase::DeletionPending,
+        Phase::DeletionInProgress,
+    ];
+
+    // Upstream TestGuardStateTransitions_UpdateServiceDispatch, TestEngineUpdateService_IgnoredDuringDeletion
+    // and TestGuardStateTransitions_CreateAfterDelete_BuffersRecreate: a spec change in each
+    // phase. Every phase records the new spec; only a created Service starts an update at once
+    // (one PUT of the new spec); a creation or an update in flight keeps its phase and sends
+    // nothing more; a deletion goes on and remembers to provision the Service again. And in every
+    // phase the Service ends created with the new spec: nothing serves the old one after an edit.
+    // Upstream TestUpdateService_RecreateAfterDeletionReplays and TestEngineAddService_AlreadyTracked.
+    #[test]
+    fn a_spec_change_in_each_phase_is_recorded_and_only_a_created_service_starts_an_update() {
+        for phase in PHASES {
+            let (mut tracker, held) = in_phase(phase);
+            let step = respec(&mut tracker, NOW + 1, &[(80, 9090)]);
+            let after = if phase == Phase::Created { Phase::UpdateInProgress } else { phase };
+            assert_eq!(tracker.phase(UID), Some(after), "{phase:?}");
+            let put = put_in(&step);
+            assert_eq!(put.is_some(), phase == Phase::Created, "{phase:?}: {:?}", step.commands);
+            assert!(put.is_none_or(|(_, lb)| lb.rules[0].backend_port == 9090));
+            let lifecycle = &tracker.state.lifecycles[UID];
+            let desired = lifecycle.desired.as_ref().expect("a spec is wanted");
+            assert_eq!(desired.load_balancer.rules[0].backend_port, 9090, "{phase:?}: the new spec is recorded");
+            assert_eq!(lifecycle.recreate, phase.is_deleting(), "{phase:?}");
+
+            let issued = finish(&mut tracker, NOW + 2, held, step);
+            assert_eq!(tracker.phase(UID), Some(Phase::Created), "{phase:?}: {issued:?}");
+            let lifecycle = &tracker.state.lifecycles[UID];
+            assert_eq!(lifecycle.applied, lifecycle.desired, "{phase:?}");
+            let last = load_balancers(&issued).last().map(|lb| lb.rules[0].backend_port);
+            assert_eq!(last, Some(9090), "{phase:?}: the last PUT is of the new spec: {issued:?}");
+        }
+    }
+
+    // Upstream TestGuardStateTransitions_DeleteServiceDispatch: deleting the Service in any phase
+    // before deletion makes it DeletionPending and queues it for the drain (its addresses leave
+    // NRP before anything is unregistered); an update in flight ends in the deletion, not in a
+    // status patch; in every phase the load balancer is deleted and the Service forgotten.
+    // Upstream TestGuardLifecycle_DeleteDuringCreateRoutesToDeletion, TestEngineDeleteService_NoLocations,
+    // TestEngineDeleteService_DuringUpdate, TestEngineOnServiceCreationComplete_DeletionPendingAfterUpdate,
+    // TestEngineOnServiceCreationComplete_DeleteDuringCreateRoutesToDeletion,
+    // TestDeleteService_DuringUpdateNoLocations_DispatchesDelete and
+    // TestLoadBalancerEnsureDeletedSchedulesTeardown.
+    #[test]
+    fn deleting_a_service_in_any_phase_before_deletion_queues_its_drain_and_ends_in_its_deletion() {
+        for phase in &PHASES[..4] {
+            let (mut tracker, held) = in_phase(*phase);
+            let step = tracker.observe(NOW + 1, vec![Observation::ServiceDeleted(ObjectKey::new("default", "web"))]);
+            assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending), "{phase:?}");
+            assert!(tracker.state.draining.contains(UID), "{phase:?}: queued for the drain");
+            assert!(put_in(&step).is_none(), "{phase:?}");
+            let issued = finish(&mut tracker, NOW + 2, held, step);
+            assert_eq!(tracker.phase(UID), None, "{phase:?}: forgotten: {issued:?}");
+            assert!(
+                !issued
+                    .iter()
+                    .any(|c| matches!(c, Command::PatchServiceStatus { ingress_ips, .. } if !ingress_ips.is_empty())),
+                "{phase:?}: no status patch of an address being deleted: {issued:?}"
+            );
+            let load_balancer_deleted = issued.iter().any(
+                |c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::LoadBalancer && r.name == UID),
+            );
+            assert!(load_balancer_deleted, "{phase:?}: {issued:?}");
+        }
+    }
+
     // ---- Start-up adoption from the ARM inventory (issue 15, defect 4) ----
 
     const ADDRESS: &str = "20.0.0.7";
@@ -3773,6 +3965,7 @@ mod tests {
         issued.iter().filter(|c| !matches!(c, Command::EmitEvent(_) | Command::ReadNrp | Command::ReadArm)).collect()
     }
 
+    // Upstream TestGuardWaitForInitialSync_ReturnsOnCompletion.
     #[test]
     fn at_start_up_the_tracker_lists_arm_once_the_lists_are_complete_and_nrp_is_read_and_writes_nothing_before() {
         let mut tracker = Tracker::create(clb()).unwrap();
@@ -3789,6 +3982,10 @@ mod tests {
         assert!(step.commands.iter().any(|c| matches!(c.command, Command::PutPublicIp(_))), "{step:?}");
     }
 
+    // Upstream TestGuardAddService_IdempotentForExistingNRPLB, TestEngineAddService_ExistsInNRP,
+    // TestEngineUpdateService_NoOpWhenConfigUnchanged, TestEngineUpdateEndpoints_AfterRestart,
+    // TestEngineAddService_AfterRestart, TestShouldTriggerInitialLocationSync, TestUpdateNRPLoadBalancers
+    // and TestGetSyncOperations.
     #[test]
     fn a_restarted_controller_adopts_a_service_whose_azure_resources_registration_and_status_hold_with_no_write_and_no_event()
      {
@@ -3818,6 +4015,7 @@ mod tests {
         assert_eq!(writes(&issued).len(), 1, "only the load balancer: {issued:?}");
     }
 
+    // Upstream TestGuardUpdateService_LBInNRPCreatesTrackingEntry.
     #[test]
     fn a_restarted_controller_adopts_the_public_ip_and_puts_a_load_balancer_whose_rules_differ_once() {
         let service = provisioned_service();
@@ -3858,6 +4056,8 @@ mod tests {
     // UID-named load balancers (and `<uid>-pip` public IPs) are ever taken for orphans; here
     // `kubernetes` and its public IP stay, as do a UID-named one of another shape and one whose
     // shape the host could not say.
+    // Upstream TestGuardDeleteService_OrphanForcesTrackingEntry,
+    // TestCheckPendingServiceDeletions_MissingFromPendingServiceOps and TestGetSyncLoadBalancerServices.
     #[test]
     fn resources_of_services_deleted_while_no_controller_ran_are_deleted_and_nothing_else_is_touched() {
         let gone = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e99";
@@ -3910,6 +4110,8 @@ mod tests {
     // TestRecoverStuckFinalizers_RemovesFinalizerWhenNoAzureResource: a Service found deleting
     // at start-up keeps its finalizer until what is left of its Azure resources is deleted (a
     // delete that finds nothing is done), then releases it.
+    // Upstream TestReconcileInboundService_DeletingServiceIsNotProvisionedFromScratch,
+    // TestDeletePublicIP_Mock and TestEngineDeleteService_AfterRestart.
     #[test]
     fn a_service_found_deleting_at_start_up_releases_its_finalizer_only_after_what_is_left_in_azure_is_deleted() {
         let config = LbConfig::for_service(&provisioned_service());

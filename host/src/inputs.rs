@@ -309,6 +309,7 @@ mod tests {
     // Ports upstream TestDiffTrackerConfig and TestVNetResourceGroupOrDefault: the cloud
     // config's keys become the scope every ARM ID is built from, and the VNet's resource group
     // defaults to the cluster's when absent or blank.
+    // Upstream TestConvertServiceDTOsToServiceRequests_VNetResourceGroup and TestConfigValidationInWorkflow.
     #[test]
     fn the_cloud_config_names_the_scope_and_the_vnet_resource_group_defaults_to_the_clusters() {
         let path = Path::new("azure.json");
@@ -328,6 +329,7 @@ mod tests {
 
     // Ports upstream TestConfigValidate: each key the scope needs is required, missing or blank,
     // and the error names it.
+    // Upstream TestConfigValidationInWorkflow.
     #[test]
     fn a_cloud_config_without_a_key_the_scope_needs_is_refused_naming_it() {
         for key in ["subscriptionId", "resourceGroup", "location", "vnetName"] {

@@ -29,6 +29,8 @@ fn cases<T: serde::de::DeserializeOwned>(table: &str) -> Vec<T> {
         .unwrap_or_else(|| panic!("{}: empty", path.display()))
 }
 
+// Upstream TestRuntimeEnablementAndLoadBalancer (differs: CLB mode comes from podIP and standardV2, there is
+// no enable flag).
 #[test]
 fn every_configuration_case_gets_its_expected_answer_natively_and_through_the_component() {
     let mut session = builtin().session().unwrap();
@@ -68,6 +70,19 @@ fn clb_guest_mode_name(mode: clb_host::sandbox::bindings::clb::reconciler::types
     }
 }
 
+// Upstream TestExtractInboundConfigFromService_EmptyPorts,
+// TestExtractInboundConfigFromService_NamedTargetPort (differs: a named targetPort is refused at admission),
+// TestBuildInboundServiceResources_UnsupportedProtocolErrors,
+// TestBuildInboundServiceResources_PortOutOfRangeErrors,
+// TestBuildInboundServiceResources_IdleTimeoutOutOfRangeErrors, TestBuildInboundServiceResources_IPFamilies,
+// TestExtractInboundConfigFromService_NamedTargetPortRecorded,
+// TestBuildInboundServiceResources_NamedTargetPortRejected,
+// TestBuildInboundServiceResources_DuplicateBackendPortRejected,
+// TestBuildInboundServiceResources_SameBackendPortDifferentProtocolAllowed,
+// TestAdmitInboundService_AdmitsSupportedService, TestBuildInboundServiceResources_EmptyConfig (differs: a
+// Service without ports is admitted with nothing to provision),
+// TestProcessK8sServices_ExcludesServicesNotOwnedByServiceGateway and
+// TestLoadBalancerEmitsWarningEventForRejectedService.
 #[test]
 fn every_admission_case_gets_its_expected_verdict_natively_and_through_the_component() {
     let mut session = builtin().session().unwrap();

@@ -186,6 +186,10 @@ async fn reference(op: Operation) -> (Resources, String) {
     (emulator.resources(), result)
 }
 
+// Upstream TestCreateOrUpdatePIP_Mock, TestDeletePublicIP_Mock, TestDeleteLB_Mock,
+// TestUpdateNRPSGWAddressLocations_Mock, TestServiceGatewayClientSynchronousCompletionEndToEnd,
+// TestServiceGatewayClientAsyncFailureIsNotSynchronousCompletion,
+// TestIsSynchronousCompletion_RejectsErrorBearing200 and TestLocationsUpdater_SendsExactAddressPayloadToNRP.
 #[tokio::test]
 async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and_in_process_and_loses_nothing() {
     for op in Operation::ALL {
@@ -221,6 +225,7 @@ async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and
 // Regression: issue 15, defect 3 — one timeout (60 s, not a flag) held every NRP call. Each
 // hung request ends on its own side's timeout: were it the other side's (an hour), the test
 // would not end.
+// Upstream TestLocationsUpdater_HungSyncTimesOutAndRecovers.
 #[tokio::test]
 async fn a_hung_nrp_request_ends_on_the_nrp_timeout_and_a_hung_arm_request_on_the_arm_one() {
     let (short, long) = (Duration::from_millis(300), Duration::from_secs(3600));
@@ -323,6 +328,7 @@ async fn an_upsert_replaces_a_services_properties_wholesale() {
     assert!(svc.backend_pool_ids.is_empty(), "{svc:?}");
 }
 
+// Upstream TestUpdateLocationsAddresses and TestMapLocationDataToDTO.
 #[tokio::test]
 async fn address_updates_replace_service_sets_and_empty_lists_remove_addresses_and_locations() {
     let emulator = emulator();
@@ -374,6 +380,7 @@ async fn address_updates_replace_service_sets_and_empty_lists_remove_addresses_a
     assert!(emulator.resources().locations.is_empty(), "addresses: [] removes the location");
 }
 
+// Upstream TestBuildInboundServiceResources_DuplicateBackendPortRejected.
 #[tokio::test]
 async fn rejected_requests_carry_their_arm_code_and_change_nothing() {
     let emulator = emulator();
@@ -459,6 +466,8 @@ async fn rejected_requests_carry_their_arm_code_and_change_nothing() {
     assert_eq!(emulator.resources(), before, "a rejected request is not applied, not even in part");
 }
 
+// Upstream TestDeleteLB_Mock, TestBuildServiceGatewayRemovalDTO (its inbound half; outbound removals are
+// issue 16) and TestRemoveBackendPoolReferenceFromServicesDTO.
 #[tokio::test]
 async fn a_drained_service_can_be_unregistered_and_its_load_balancer_and_ip_deleted_in_ccm_order() {
     let emulator = emulator();
@@ -477,6 +486,7 @@ async fn a_drained_service_can_be_unregistered_and_its_load_balancer_and_ip_dele
     assert_eq!(resources.public_ips.keys().collect::<Vec<_>>(), ["spare-pip"]);
 }
 
+// Upstream TestBuildInboundServiceResources_SameBackendPortDifferentProtocolAllowed.
 #[tokio::test]
 async fn tcp_and_udp_may_share_a_backend_port() {
     let emulator = emulator();
@@ -551,6 +561,16 @@ async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
 // tracker.rs tests pin the names and rules): a StandardV2 public IP, a `Service` SKU load
 // balancer whose frontend references that public IP and whose one pool is named after the
 // Service, rules without floating IP, no probes; the NRP registration as Inbound with that pool.
+// Upstream TestCreateOrUpdatePIP_Mock, TestUpdateNRPSGWAddressLocations_Mock,
+// TestConvertServicesUpdateActionToARM, TestConvertLocationsUpdateActionToARM,
+// TestConvertLocationDTOsToAddressLocations, TestConvertServiceDTOsToServiceRequests_VNetResourceGroup,
+// TestDisassociateNatGateway_ClearsReferencesOnTheWire (its ServiceGateway side, publicNatGatewayId null;
+// NAT gateways are issue 16), TestConvertServiceDTOsToServiceRequests_MapsServiceType (its inbound half;
+// Outbound requests naming a NAT gateway are issue 16), TestBuildInboundServiceResources_BackendPoolNaming,
+// TestBuildInboundServiceResources_ResourceIDs, TestBuildInboundServiceResources_IPFamilies,
+// TestLocationsUpdater_SendsExactAddressPayloadToNRP, TestGuardSyncOps_PerAddressRemoval_EmptyServiceRef,
+// TestGuardSyncOps_WholeNodeRemoval_EmitsEmptyAddresses, TestJSONRoundTrip, TestMapLocationDataToDTO and
+// TestBackendPoolPopulation.
 #[test]
 fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear() {
     let partial = UpdateAction::PartialUpdate;

@@ -565,6 +565,9 @@ impl Controller {
     }
 }
 
+// Upstream TestRegisterInformers_DeliversEndpointSliceEventsToTracker,
+// TestLoadBalancerEnsureTracksExternalService, TestServiceUpdaterDeleteInboundService_Succeeds and
+// TestCreateInboundService_PopulatesIngressOnSuccess.
 #[test]
 fn a_service_created_through_the_api_server_gets_its_pods_in_nrp_and_an_ingress_ip_and_is_released_after_deletion() {
     e2e(1, async |env| {
@@ -578,6 +581,7 @@ fn a_service_created_through_the_api_server_gets_its_pods_in_nrp_and_an_ingress_
     });
 }
 
+// Upstream TestRegisterInformers_DeliversEndpointSliceEventsToTracker and TestUpdateK8sEndpoints.
 #[test]
 fn endpoints_added_and_removed_through_the_api_server_are_followed_by_the_addresses_in_nrp() {
     e2e(2, async |env| {
@@ -597,6 +601,8 @@ fn endpoints_added_and_removed_through_the_api_server_are_followed_by_the_addres
     });
 }
 
+// Upstream TestUpdateEndpoints_UntrackedServiceIsNotBuffered and
+// TestLoadBalancerEmitsWarningEventForRejectedService.
 #[test]
 fn a_service_with_external_traffic_policy_cluster_gets_a_warning_event_and_nothing_in_nrp_and_its_deletion_completes() {
     e2e(3, async |env| {
@@ -625,6 +631,10 @@ fn a_service_with_external_traffic_policy_cluster_gets_a_warning_event_and_nothi
     });
 }
 
+// Upstream TestGuardCheckPendingServiceDeletions_BlockedWhenLocationsRemain,
+// TestGuardCheckPendingServiceDeletions_AdvancesWhenLocationsCleared,
+// TestCheckPendingServiceDeletions_LocationsClearedAfterCheck and
+// TestLoadBalancerEnsureDeletedSchedulesTeardown.
 #[test]
 fn the_finalizer_is_released_only_after_nrp_is_drained() {
     e2e(4, async |env| {
@@ -648,6 +658,8 @@ fn the_finalizer_is_released_only_after_nrp_is_drained() {
     });
 }
 
+// Upstream TestLocationsUpdater_HungSyncTimesOutAndRecovers and
+// TestLocationsUpdater_DrainKeepsRetryingPastAttemptCap.
 #[test]
 fn a_service_is_provisioned_while_a_call_for_another_hangs() {
     e2e(5, async |env| {
@@ -702,6 +714,8 @@ fn a_watch_answered_410_gone_re_lists_and_an_endpoint_slice_deleted_while_it_was
     });
 }
 
+// Upstream TestEngineUpdateEndpoints_AfterRestart, TestEngineMultipleOperations_AfterRestart,
+// TestShouldTriggerInitialLocationSync and TestInitializeDiffTracker.
 #[test]
 fn a_restarted_controller_converges_on_what_changed_while_it_was_down() {
     e2e(6, async |env| {
@@ -732,6 +746,7 @@ fn a_restarted_controller_converges_on_what_changed_while_it_was_down() {
     });
 }
 
+// Upstream TestPodInformerRemovePod.
 #[test]
 fn a_pod_labelled_for_egress_in_the_api_server_gets_its_identity_in_nrp_beside_its_service_and_loses_only_that_when_the_label_goes()
  {
@@ -898,6 +913,8 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
 /// the command line it runs, as JSON.
 const CHILD_COMMAND_LINE: &str = "CLB_E2E_CHILD_COMMAND_LINE";
 
+// Upstream TestLocationsUpdater_StopWaitsForInFlightSync (differs: running commands get the shutdown grace,
+// then are dropped).
 #[test]
 fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
     // The signal goes to a process of its own: this test binary run again for this test alone,
@@ -1024,6 +1041,8 @@ fn in_multi_slb_mode_no_pool_is_written_while_a_foreign_holder_has_the_resource_
     });
 }
 
+// Upstream TestLocationsUpdater_StopWaitsForInFlightSync (differs: running commands get the shutdown grace,
+// then are dropped).
 #[test]
 fn in_multi_slb_mode_a_shutdown_during_a_pool_write_lets_the_tick_finish_and_release_the_resource_lock() {
     e2e(11, async |env| {

@@ -43,6 +43,7 @@ fn value(exposition: &str, name: &str, labels: &[&str]) -> f64 {
     found[0]
 }
 
+// Upstream TestGuardWaitForInitialSync_ReturnsOnCompletion.
 #[test]
 fn the_probes_follow_the_tracker_from_start_to_its_first_idle_step() {
     let metrics = Metrics::new();
@@ -222,6 +223,8 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
 /// Issue 18: `/metrics` moved from exposition text written by hand to `prometheus-client`; the
 /// sample names and label keys are the operators' contract and stay exactly as they were
 /// (`tests/fixtures/metrics/contract.txt`), the histograms added beside them.
+// Upstream TestExtractAzureErrorInfo (differs: metrics say ok or failed; the guest gets the status and the
+// code).
 #[cfg(unix)]
 #[test]
 fn every_sample_name_and_label_key_of_a_full_scrape_is_the_documented_contract() {

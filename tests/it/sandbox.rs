@@ -55,6 +55,7 @@ fn a_memory_bomb_hits_the_cap_with_a_typed_error() {
     }
 }
 
+// Upstream TestServiceUpdaterWorker_RecoversFromPanic.
 #[test]
 fn a_guest_panic_is_reported_with_its_message() {
     let err = provoke(&hostile(Limits::default()), "panic");

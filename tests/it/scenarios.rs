@@ -185,6 +185,8 @@ fn delete_lb(name: &str) -> wit::Command {
     wit::Command::DeleteResource(wit::ResourceRef { kind: wit::ResourceKind::LoadBalancer, name: name.into() })
 }
 
+// Upstream TestExtractAzureErrorInfo (differs: metrics say ok or failed; the guest gets the status and the
+// code).
 #[test]
 fn the_executor_maps_each_azure_error_to_the_failure_the_guest_sees() {
     let emulator = Emulator::new(scope());
@@ -222,6 +224,7 @@ fn the_executor_maps_each_azure_error_to_the_failure_the_guest_sees() {
     assert!(matches!(block(executor.execute(&read)), wit::Outcome::NrpSnapshot(s) if s.services.len() == 1));
 }
 
+// Upstream TestDeletePublicIP_Mock and TestMapLocationDataToDTO.
 #[test]
 fn the_executor_refuses_invalid_commands_without_sending_them() {
     let emulator = Emulator::new(scope());
@@ -250,6 +253,8 @@ fn the_executor_refuses_invalid_commands_without_sending_them() {
     assert!(emulator.state().requests.is_empty(), "nothing reached Azure");
 }
 
+// Upstream TestGetServiceByUID_UIDMismatchReturnsNotFound (differs: nothing is looked up by UID; a write to
+// a same-name object of another UID is refused, 409 UIDMismatch).
 #[test]
 fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_one_409() {
     let emulator = Emulator::new(scope());

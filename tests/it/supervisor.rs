@@ -72,6 +72,7 @@ pub(crate) fn start(mut supervisor: Supervisor<'static>) -> Supervisor<'static> 
 
 const SMALL: CheckpointPolicy = CheckpointPolicy { every_inputs: 2, journal_items: 100 };
 
+// Upstream TestServiceUpdaterWorker_RecoversFromPanic.
 #[test]
 fn a_trap_in_the_middle_of_a_batch_loses_nothing_but_the_observation_that_trapped() {
     let mut supervisor = started(next(), SMALL);

@@ -494,6 +494,7 @@ fn tag_val(
 mod tests {
     use super::*;
 
+    // Upstream TestJSONRoundTrip.
     #[test]
     fn serde_names_match_wit_names_whatever_the_case_convention() {
         assert!(same_name("backend_pool_type", "backend-pool-type"));
