@@ -3797,7 +3797,7 @@ mod tests {
     /// that keeps it there held in flight (for `NotStarted`, whose lists are not complete, the
     /// read of NRP; none for `Created`).
     fn in_phase(phase: Phase) -> (Tracker, Option<(u64, Command)>) {
-        let (mut tracker, held) = match phase {
+        let (tracker, held) = match phase {
             Phase::NotStarted => {
                 let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
                 let node =
@@ -4368,4 +4368,9 @@ mod tests {
         tracker.budget = Buckets::full(&clb().write_budgets());
         assert_eq!(imported, tracker);
     }
+
+    // Ports of upstream tests that pin one lifecycle step or transition (issue 17), beside the
+    // helpers above; their own files keep this one readable.
+    mod upstream_lifecycle;
+    mod upstream_startup;
 }
