@@ -4368,9 +4368,4 @@ mod tests {
         tracker.budget = Buckets::full(&clb().write_budgets());
         assert_eq!(imported, tracker);
     }
-
-    // Ports of upstream tests that pin one lifecycle step or transition (issue 17), beside the
-    // helpers above; their own files keep this one readable.
-    mod upstream_lifecycle;
-    mod upstream_startup;
 }
