@@ -3709,15 +3709,7 @@ mod tests {
                 let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
                 let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
                 let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(spec), Observation::ListsComplete]);
-                let mut step = step;
-                let put = loop {
-                    if let Some((id, _)) = put_in(&step) {
-                        break id;
-                    }
-                    let ok = answer_ok(&[]);
-                    let results = step.commands.iter().map(|c| (c.id, ok(&c.command))).collect();
-                    step = tracker.complete(NOW, results);
-                };
+                let (put, _) = drive_holding(&mut tracker, NOW, step, is_put_load_balancer);
                 (tracker, put)
             } else {
                 let mut tracker = created_with(&[(80, 8080)]);
