@@ -601,27 +601,39 @@ mod tests {
         assert!(t.take_sync(10, |_| false, ready_all).is_empty());
     }
 
+    // Upstream TestServiceHasLocationsInNRP: no reference on an empty tracker; referenced while an
+    // NRP address lists it, even beside a location that does not; none once it is drained.
     #[test]
     fn not_ready_identities_are_drained_and_foreign_ones_kept() {
+        assert!(!DiffTracker::default().nrp_references("svc-a"));
         let mut t = DiffTracker::default();
-        let listed = vec![NrpListedLocation {
-            location: "10.0.0.4".into(),
-            addresses: vec![NrpAddress {
-                address: "10.1.0.5".into(),
-                services: vec!["svc-a".into(), "egress-x".into()],
-            }],
-        }];
+        let listed = vec![
+            NrpListedLocation {
+                location: "10.0.0.4".into(),
+                addresses: vec![NrpAddress {
+                    address: "10.1.0.5".into(),
+                    services: vec!["svc-a".into(), "egress-x".into()],
+                }],
+            },
+            NrpListedLocation {
+                location: "10.0.0.5".into(),
+                addresses: vec![NrpAddress { address: "10.1.0.9".into(), services: vec!["other".into()] }],
+            },
+        ];
         t.replace_nrp(BTreeSet::from(["svc-a".to_string()]), &listed);
+        assert!(t.nrp_references("svc-a") && t.nrp_references("egress-x"));
         t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
-        let class = |_: &DiffTracker, id: &str| if id == "egress-x" { Class::Foreign } else { Class::NotReady };
+        let foreign = ["egress-x", "other"];
+        let class = |_: &DiffTracker, id: &str| if foreign.contains(&id) { Class::Foreign } else { Class::NotReady };
         let batch = t.take_sync(10, |_| false, class);
+        assert_eq!(batch.len(), 1, "10.0.0.5 holds only a foreign identity: {batch:?}");
         assert_eq!(
             batch[0].addresses,
             vec![NrpAddress { address: "10.1.0.5".into(), services: vec!["egress-x".into()] }]
         );
         t.apply(&batch);
-        assert!(!t.nrp_references("svc-a"));
-        assert!(t.nrp_references("egress-x"));
+        assert!(!t.nrp_references("svc-a"), "10.0.0.5 does not list it");
+        assert!(t.nrp_references("egress-x") && t.nrp_references("other"));
     }
 
     // Upstream TestConvertLocationDTOsToAddressLocations.

@@ -14,7 +14,8 @@
 //! Warning `ServiceGatewayEgressLabelCollision` (one key space, upstream §i.2.7) — each pod
 //! ignored; a pod being deleted or not `Running`/`Pending` carries nothing; an IP that does not
 //! parse (`ServiceGatewayInvalidPodIP`) or has no host IP of its family
-//! (`ServiceGatewayNoNodeLocation`) is skipped. Warnings are sent when a pod's set of problems
+//! (`ServiceGatewayNoNodeLocation`) is skipped, and a pod whose every IP does not parse carries
+//! nothing (as upstream, which does not track it). Warnings are sent when a pod's set of problems
 //! changes, not on every update.
 //!
 //! The collision rule does not depend on which came first (issue 14, found 2). A pod is judged
@@ -159,6 +160,13 @@ pub fn read_pod(pod: &Pod, inbound: impl Fn(&str) -> bool) -> Reading {
     if !unplaced.is_empty() {
         let message = format!("pod IPs {unplaced:?} have no host IP of their family; they get no egress");
         warnings.push(Warning { reason: reason::NO_NODE_LOCATION, message });
+    }
+    // A pod's IPs do not change once assigned, so one whose every IP is malformed never gets an
+    // address: counting it would keep its identity (and, with the NAT gateway lifecycle, a NAT
+    // gateway) alive for nothing. A pod with no IP yet, or an IP its node may still gain a host
+    // IP for, is counted: it is on its way to an address.
+    if addresses.is_empty() && unplaced.is_empty() && !malformed.is_empty() {
+        return Reading { warnings, ..Reading::default() };
     }
     Reading { identity: Some(identity), addresses, warnings }
 }
@@ -434,6 +442,12 @@ mod tests {
 
     // Mirrors upstream TestEgressRefCountSoundness and TestGuardConcurrency_AddPodDeletePod_RefCountSymmetry.
     // Upstream TestPodInformerRemovePod and TestUpdateK8sEgress.
+    // Upstream TestGuardLifecycle_StaleDeletePodIsNoOp: the first delete of the only pod releases its
+    // count and address, the duplicate changes nothing (its IsLastPod signal is the NAT gateway
+    // lifecycle's, not built: issue 16).
+    // Upstream TestEgressRefCount_Robust: idempotent add, the last pod's delete drops the count to
+    // none, a stale duplicate delete is a no-op (the outbound deletion it schedules upstream is not
+    // built: issue 16).
     #[test]
     fn duplicate_and_out_of_order_pod_events_never_count_twice_or_below_zero() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -443,10 +457,46 @@ mod tests {
         egress.upsert(&p, no_inbound, &mut diff);
         assert_eq!(egress.ref_counts()["egress-a"], 1, "an unchanged pod seen again counts once");
         egress.delete(&p.key(), &mut diff);
+        assert!(egress.ref_counts().is_empty() && wanted(&diff).is_empty(), "the first delete releases");
+        let before = (egress.clone(), wanted(&diff));
         egress.delete(&p.key(), &mut diff);
+        assert_eq!((egress.clone(), wanted(&diff)), before, "the duplicate delete changes nothing");
         assert!(egress.ref_counts().is_empty(), "never below zero");
         assert!(wanted(&diff).is_empty());
         assert_eq!(egress.recount(), *egress.ref_counts());
+    }
+
+    // Upstream TestEngineDeletePod_StaleDuplicateRemovalIsNoOp: deleting a pod nobody tracks leaves
+    // the live pod's count and address alone, and the live pod's delete still releases them
+    // (IsLastPod and the pod finalizer are the NAT gateway lifecycle's, not built: issue 16).
+    #[test]
+    fn deleting_a_pod_that_is_not_tracked_leaves_another_pods_count_and_address_alone() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let p = pod("live", Some("egress-a"), &["10.244.0.5"]);
+        egress.upsert(&p, no_inbound, &mut diff);
+        egress.delete(&ObjectKey::new("shop", "gone"), &mut diff);
+        assert_eq!(egress.ref_counts()["egress-a"], 1);
+        assert_eq!(wanted(&diff), at(NODE, "10.244.0.5", &["egress-a"]));
+        egress.delete(&p.key(), &mut diff);
+        assert!(egress.ref_counts().is_empty() && wanted(&diff).is_empty());
+    }
+
+    // Upstream TestEngineDeletePod_DualStackRemovesAllAddressesAtomically: one delete takes both
+    // families' addresses away and releases the count. Differs: the count is per pod (1), not per
+    // address (upstream 2), so a dual-stack pod cannot be half-released; the one pending
+    // pod-finalizer record is the pod finalizer's, not built (issue 16).
+    #[test]
+    fn deleting_a_dual_stack_pod_removes_both_its_addresses_and_its_one_count() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let p = Pod {
+            host_ips: vec![NODE.into(), "fd00::4".into()],
+            ..pod("p", Some("egress-a"), &["10.244.0.5", "fd01::5"])
+        };
+        egress.upsert(&p, no_inbound, &mut diff);
+        assert_eq!(egress.ref_counts()["egress-a"], 1, "one pod, one count");
+        assert_eq!(wanted(&diff).len(), 2, "{:?}", wanted(&diff));
+        egress.delete(&p.key(), &mut diff);
+        assert!(wanted(&diff).is_empty() && egress.ref_counts().is_empty());
     }
 
     #[test]
@@ -469,6 +519,79 @@ mod tests {
         egress.upsert(&moved, no_inbound, &mut diff);
         assert_eq!(wanted(&diff), at("10.224.0.9", "10.244.0.5", &["egress-a"]));
         assert_eq!(egress.ref_counts()["egress-a"], 1);
+    }
+
+    // Upstream TestEgressPodUpdateActions_NodeLocationChange: a dual-stack pod whose IPv6 host IP
+    // changes, or appears, while its IPv4 one stays has its IPv6 address moved, or added, under
+    // the new host IP; its IPv4 address stays where it was.
+    #[test]
+    fn a_dual_stack_pod_whose_ipv6_host_ip_changes_or_appears_moves_only_its_ipv6_address() {
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let ds = Pod {
+            host_ips: vec![NODE.into(), "fd00::a".into()],
+            ..pod("d", Some("egress-a"), &["10.244.0.6", "fd01::6"])
+        };
+        let both = |v6_location: &str| {
+            let mut view = at(NODE, "10.244.0.6", &["egress-a"]);
+            view.extend(at(v6_location, "fd01::6", &["egress-a"]));
+            view
+        };
+        egress.upsert(&ds, no_inbound, &mut diff);
+        assert_eq!(wanted(&diff), both("fd00::a"));
+        egress.upsert(&Pod { host_ips: vec![NODE.into(), "fd00::b".into()], ..ds.clone() }, no_inbound, &mut diff);
+        assert_eq!(wanted(&diff), both("fd00::b"), "not under fd00::a any more");
+        egress.upsert(&Pod { host_ips: vec![NODE.into()], ..ds.clone() }, no_inbound, &mut diff);
+        assert_eq!(wanted(&diff), at(NODE, "10.244.0.6", &["egress-a"]), "no IPv6 host IP: no IPv6 location");
+        egress.upsert(&Pod { host_ips: vec![NODE.into(), "fd00::b".into()], ..ds }, no_inbound, &mut diff);
+        assert_eq!(wanted(&diff), both("fd00::b"), "the IPv6 host IP appearing adds the IPv6 address");
+        assert_eq!(egress.ref_counts()["egress-a"], 1);
+    }
+
+    // Upstream TestEgressPodUpdateActions: updates are state-based here (an upsert replaces the
+    // pod's reading), so for each of upstream's (old, new) pairs an update from old must leave
+    // what new alone gives. Differs: a live pod that has (or loses) its IPs still counts, with no
+    // address, where upstream drops it (it is on its way to an address).
+    #[test]
+    fn an_update_from_any_pod_state_leaves_what_the_new_state_alone_gives() {
+        let ds =
+            |ips: &[&str]| Pod { host_ips: vec![NODE.into(), "fd00::4".into()], ..pod("p", Some("egress-a"), ips) };
+        let at_phase = |p: Pod, phase: &str| Pod { phase: Some(phase.into()), ..p };
+        let deleting = |p: Pod| Pod { deleting: true, ..p };
+        let a = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let b = pod("p", Some("egress-b"), &["10.244.0.5"]);
+        let pending = at_phase(pod("p", Some("egress-a"), &[]), "Pending");
+        let elsewhere = Pod { host_ips: vec!["10.224.0.9".into()], ..pod("p", Some("egress-a"), &["10.244.0.6"]) };
+        let cases = [
+            ("label A to B", a.clone(), b.clone()),
+            ("IPs and a label change", pending.clone(), b.clone()),
+            ("gets IPs", pending.clone(), a.clone()),
+            ("IP change to another node", a.clone(), elsewhere.clone()),
+            ("secondary IP changes", ds(&["10.244.0.5", "fd01::old"]), ds(&["10.244.0.5", "fd01::new"])),
+            ("secondary IP added", ds(&["10.244.0.5"]), ds(&["10.244.0.5", "fd01::1"])),
+            ("secondary IP dropped", ds(&["10.244.0.5", "fd01::1"]), ds(&["10.244.0.5"])),
+            ("loses IPs", a.clone(), pod("p", Some("egress-a"), &[])),
+            ("label removed", a.clone(), Pod { egress_label: None, ..a.clone() }),
+            ("Failed", a.clone(), at_phase(a.clone(), "Failed")),
+            ("Succeeded", a.clone(), at_phase(a.clone(), "Succeeded")),
+            ("deleting", a.clone(), deleting(a.clone())),
+            ("deleting and a label change", a.clone(), deleting(b.clone())),
+            ("same state", a.clone(), a.clone()),
+            ("pending without IPs stays", pending.clone(), pending.clone()),
+            ("IP change on a terminating pod", a.clone(), deleting(elsewhere.clone())),
+            ("recovers from Failed", at_phase(a.clone(), "Failed"), a.clone()),
+            ("goes Unknown", a.clone(), at_phase(a.clone(), "Unknown")),
+            ("recovers from Unknown", at_phase(a.clone(), "Unknown"), a.clone()),
+        ];
+        for (case, old, new) in cases {
+            let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+            egress.upsert(&old, no_inbound, &mut diff);
+            egress.upsert(&new, no_inbound, &mut diff);
+            let (mut fresh, mut fresh_diff) = (Egress::default(), DiffTracker::default());
+            fresh.upsert(&new, no_inbound, &mut fresh_diff);
+            assert_eq!(wanted(&diff), wanted(&fresh_diff), "{case}");
+            assert_eq!(egress.ref_counts(), fresh.ref_counts(), "{case}");
+            assert_eq!(egress.pods, fresh.pods, "{case}");
+        }
     }
 
     // Mirrors upstream TestProcessK8sEgresses_SkipsTerminatedPhases.
@@ -502,6 +625,29 @@ mod tests {
         let reading = read_pod(&pod("p", Some("egress-a"), &["10.244.0.500", "10.244.0.5"]), no_inbound);
         assert_eq!(reading.addresses, BTreeMap::from([("10.244.0.5".into(), NODE.into())]));
         assert_eq!(reading.warnings.iter().map(|w| w.reason).collect::<Vec<_>>(), vec![reason::INVALID_POD_IP]);
+    }
+
+    // Upstream TestPodInformerAddPod_RejectsMalformedPodIP: a pod whose only IP is malformed is
+    // warned about once and not counted, as upstream does not track it: a pod's IPs do not change
+    // once assigned, so counting it would keep its identity (and, once the NAT gateway lifecycle
+    // is built, a NAT gateway) for no address. A later good IP makes it count.
+    #[test]
+    fn a_pod_whose_only_ip_is_malformed_is_warned_about_and_not_counted() {
+        let bad = pod("p", Some("egress-a"), &["not-an-ip"]);
+        let only = read_pod(&bad, no_inbound);
+        assert!(only.addresses.is_empty());
+        assert_eq!(only.identity, None);
+        assert_eq!(only.warnings.iter().map(|w| w.reason).collect::<Vec<_>>(), vec![reason::INVALID_POD_IP]);
+        let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+        let warnings = egress.upsert(&bad, no_inbound, &mut diff);
+        assert_eq!(warnings.iter().map(|(_, w)| w.reason).collect::<Vec<_>>(), vec![reason::INVALID_POD_IP]);
+        assert!(egress.upsert(&bad, no_inbound, &mut diff).is_empty(), "warned once, not per update");
+        assert!(egress.ref_counts().is_empty() && wanted(&diff).is_empty());
+        assert_eq!(egress.class("egress-a"), None, "never carried: no identity of this cluster");
+        egress.upsert(&pod("p", Some("egress-a"), &["10.244.0.5"]), no_inbound, &mut diff);
+        assert_eq!(egress.ref_counts()["egress-a"], 1);
+        let unplaced = read_pod(&pod("q", Some("egress-a"), &["fd01::5"]), no_inbound);
+        assert_eq!(unplaced.identity.as_deref(), Some("egress-a"), "its node may still gain an IPv6 host IP");
     }
 
     // Mirrors upstream TestProcessK8sEgresses_ImportsAllDualStackAddresses.
@@ -580,6 +726,8 @@ mod tests {
     }
 
     // Upstream TestGuardAddPod_ExistingNRPNATGatewayAddsImmediately.
+    // Upstream TestGuardDefaultNATGatewayNeverEntersNRPSnapshotOrRemovalDiff: the RP's default
+    // outbound service listed by NRP is not taken for a registered one of ours.
     #[test]
     fn an_identity_a_pod_carries_is_ready_only_while_nrp_lists_it_as_a_registered_outbound_service() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -587,6 +735,10 @@ mod tests {
         assert_eq!(egress.class("egress-a"), Some(Class::NotReady));
         egress.nrp_read(&[outbound("EGRESS-A")], &diff);
         assert_eq!(egress.class("egress-a"), Some(Class::Ready));
+        let default = NrpService { is_default: true, ..outbound(RESERVED_IDENTITY) };
+        egress.nrp_read(&[default, outbound("egress-a")], &diff);
+        assert_eq!(egress.class("egress-a"), Some(Class::Ready));
+        assert!(!egress.registered.contains(RESERVED_IDENTITY), "the RP's default is never one of ours");
         egress.delete(&ObjectKey::new("shop", "p"), &mut diff);
         assert_eq!(egress.class("egress-a"), Some(Class::NotReady), "its pods went: drained");
         assert_eq!(egress.class("somebody-elses"), None, "never carried: not ours");
@@ -730,7 +882,12 @@ mod tests {
     /// Runs every command until there are none, answering as Azure and the API server do when
     /// all goes well; returns the commands with the UID of the pods they name blanked (the
     /// Warning sent when a Service arrives cannot name it; see the module's doc).
-    fn run(tracker: &mut Tracker, now: u64, mut step: Step) -> Vec<Command> {
+    fn run(tracker: &mut Tracker, now: u64, step: Step) -> Vec<Command> {
+        run_reading(tracker, now, step, &NrpState::default())
+    }
+
+    /// [`run`], NRP's reads answered with `nrp`.
+    fn run_reading(tracker: &mut Tracker, now: u64, mut step: Step, nrp: &NrpState) -> Vec<Command> {
         let mut issued = Vec::new();
         while !step.commands.is_empty() {
             let results = step
@@ -739,7 +896,7 @@ mod tests {
                 .map(|c| {
                     let outcome = match c.command {
                         Command::PutPublicIp(_) => Outcome::PublicIpAddress("20.0.0.1".into()),
-                        Command::ReadNrp => Outcome::NrpSnapshot(NrpState::default()),
+                        Command::ReadNrp => Outcome::NrpSnapshot(nrp.clone()),
                         _ => Outcome::Ok,
                     };
                     (c.id, outcome)
@@ -880,5 +1037,114 @@ mod tests {
         let again = tracker.observe(1, vec![Observation::PodUpserted(p)]);
         assert!(again.commands.iter().all(|c| !matches!(c.command, Command::EmitEvent(_))));
         assert!(tracker.egress().ref_counts().is_empty());
+    }
+
+    /// (location, address, services) of every address-location update in `issued`.
+    fn sent(issued: &[Command]) -> BTreeSet<(String, String, Vec<String>)> {
+        issued
+            .iter()
+            .filter_map(|c| if let Command::UpdateAddressLocations(l) = c { Some(l) } else { None })
+            .flatten()
+            .flat_map(|l| l.addresses.iter().map(|a| (l.location.clone(), a.address.clone(), a.services.clone())))
+            .collect()
+    }
+
+    // Upstream TestEngineAddPod_ServiceCreating: a pod whose outbound service is not there yet is
+    // held back, and its address is sent once the service is. Differs: the outbound creation is
+    // not built (issue 16), so "there" means NRP lists the identity as a registered Outbound
+    // service, found by the next read (here the periodic resync); nothing is buffered, the
+    // address waits in the Kubernetes view, left out while its identity is not ready.
+    #[test]
+    fn a_pod_held_back_until_nrp_lists_its_outbound_service_has_its_address_sent_then() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let step = tracker.observe(0, vec![Observation::PodUpserted(p), Observation::ListsComplete]);
+        let step = tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(NrpState::default()))]);
+        assert!(updates(&step).is_empty(), "{step:?}");
+        let resync = crate::tracker::timing::RESYNC_INTERVAL_MS + 1;
+        let step = tracker.tick(resync);
+        let listed = NrpState { services: vec![outbound("egress-a")], locations: vec![] };
+        let step = tracker.complete(resync, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(listed))]);
+        let sent = updates(&step);
+        assert_eq!(sent.iter().map(|l| l.location.as_str()).collect::<Vec<_>>(), vec![NODE], "{sent:?}");
+        assert_eq!(
+            sent[0].addresses,
+            vec![NrpAddress { address: "10.244.0.5".into(), services: vec!["egress-a".into()] }]
+        );
+    }
+
+    // Upstream TestGuardDefaultNATGatewayNeverEntersNRPSnapshotOrRemovalDiff: the RP's default
+    // outbound service in NRP's snapshot, even at an address, is never written about while an
+    // egress identity beside it is programmed and drained. The removal-diff half (an Outbound
+    // service no longer wanted is unregistered) is the NAT gateway lifecycle's, not built (issue 16).
+    #[test]
+    fn the_rps_default_outbound_service_listed_by_nrp_is_left_alone_at_its_address() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let snapshot = NrpState {
+            services: vec![NrpService { is_default: true, ..outbound(RESERVED_IDENTITY) }, outbound("egress-a")],
+            locations: vec![NrpListedLocation {
+                location: NODE.into(),
+                addresses: vec![NrpAddress { address: "10.244.0.9".into(), services: vec![RESERVED_IDENTITY.into()] }],
+            }],
+        };
+        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let step = tracker.observe(0, vec![Observation::PodUpserted(p.clone()), Observation::ListsComplete]);
+        let mut issued = run_reading(&mut tracker, 0, step, &snapshot);
+        assert_eq!(tracker.nrp_view()[NODE]["10.244.0.5"], BTreeSet::from(["egress-a".to_owned()]));
+        let step = tracker.observe(1, vec![Observation::PodDeleted(p.key())]);
+        issued.extend(run_reading(&mut tracker, 1, step, &snapshot));
+        let sent = sent(&issued);
+        let expected = [vec!["egress-a".to_owned()], vec![]].map(|s| (NODE.to_owned(), "10.244.0.5".to_owned(), s));
+        assert_eq!(sent, BTreeSet::from(expected), "nothing about 10.244.0.9");
+        assert!(!issued.iter().any(|c| format!("{c:?}").contains(RESERVED_IDENTITY)), "{issued:?}");
+        let default = BTreeSet::from([RESERVED_IDENTITY.to_owned()]);
+        assert_eq!(
+            tracker.nrp_view(),
+            BTreeMap::from([(NODE.to_owned(), BTreeMap::from([("10.244.0.9".into(), default)]))])
+        );
+    }
+
+    // Upstream TestColdStart_NonCanonicalIPv6_CanonicalizesLocationKeys: a node's IPv6 InternalIP
+    // and an endpoint address spelled in upper case with leading zeros are sent in canonical
+    // text, and so are an egress pod's IPv6 host and pod IPs.
+    #[test]
+    fn non_canonical_ipv6_node_endpoint_and_pod_ips_are_sent_in_canonical_text() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let node = Node { name: "dual".into(), internal_ips: vec![NODE.into(), "2001:DB8::0010".into()] };
+        let slice = EndpointSlice {
+            namespace: "shop".into(),
+            name: "web-1".into(),
+            owner_service_uid: Some(UID.into()),
+            address_type: "IPv6".into(),
+            endpoints: vec![Endpoint {
+                addresses: vec!["2001:DB8::0205".into()],
+                node_name: Some("dual".into()),
+                ready: Some(true),
+            }],
+            deleting: false,
+        };
+        let egress_pod = Pod {
+            host_ips: vec![NODE.into(), "2001:DB8::0010".into()],
+            ..pod("e", Some("egress-a"), &["2001:DB8::0206"])
+        };
+        let step = tracker.observe(
+            0,
+            vec![
+                Observation::NodeUpserted(node),
+                Observation::ServiceUpserted(web()),
+                Observation::SliceUpserted(slice),
+                Observation::PodUpserted(egress_pod),
+                Observation::ListsComplete,
+            ],
+        );
+        let listed = NrpState { services: vec![outbound("egress-a")], locations: vec![] };
+        let issued = run_reading(&mut tracker, 0, step, &listed);
+        let location = "2001:db8::10".to_owned();
+        let expected = BTreeSet::from([
+            (location.clone(), "2001:db8::205".to_owned(), vec![UID.to_owned()]),
+            (location.clone(), "2001:db8::206".to_owned(), vec!["egress-a".to_owned()]),
+        ]);
+        assert_eq!(sent(&issued), expected);
+        assert_eq!(tracker.nrp_view().keys().collect::<Vec<_>>(), vec![&location]);
     }
 }

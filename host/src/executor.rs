@@ -499,11 +499,19 @@ fn pool_ref(id: &str) -> wit::PoolRef {
 mod tests {
     use super::*;
 
+    // Upstream TestExtractResourceChildName: a pool ID gives its load balancer and pool; an ID that names a load
+    // balancer but no pool, and the empty string, are not pool IDs (differs: upstream gives "", here the text is
+    // passed on whole as the pool with no load balancer, as nrp_state documents).
     #[test]
     fn a_backend_pool_id_splits_into_its_load_balancer_and_pool_names() {
         let id =
             "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/loadBalancers/lb-1/backendAddressPools/p";
         assert_eq!(pool_ref(id), wit::PoolRef { load_balancer: "lb-1".into(), pool: "p".into() });
         assert_eq!(pool_ref("not-an-id"), wit::PoolRef { load_balancer: String::new(), pool: "not-an-id".into() });
+        assert_eq!(
+            pool_ref("/subscriptions/sub/loadBalancers/lb1"),
+            wit::PoolRef { load_balancer: String::new(), pool: "/subscriptions/sub/loadBalancers/lb1".into() }
+        );
+        assert_eq!(pool_ref(""), wit::PoolRef { load_balancer: String::new(), pool: String::new() });
     }
 }

@@ -137,6 +137,8 @@ fn fault_table() -> Vec<(&'static str, FaultMode, Expected)> {
         retry_after_secs: retry,
     };
     vec![
+        // An injected status that names no code carries the emulator's own.
+        ("401", FaultMode::status(401), (Http, 401, "InjectedFault", None)),
         ("404", FaultMode::status(404), (Http, 404, "ResourceNotFound", None)),
         ("409", FaultMode::status(409), (Http, 409, "Conflict", None)),
         ("412", FaultMode::status(412), (Http, 412, "PreconditionFailed", None)),
@@ -190,6 +192,7 @@ async fn reference(op: Operation) -> (Resources, String) {
 // TestUpdateNRPSGWAddressLocations_Mock, TestServiceGatewayClientSynchronousCompletionEndToEnd,
 // TestServiceGatewayClientAsyncFailureIsNotSynchronousCompletion,
 // TestIsSynchronousCompletion_RejectsErrorBearing200 and TestLocationsUpdater_SendsExactAddressPayloadToNRP.
+// Upstream TestIsSynchronousCompletion: its error statuses, 401 among them, are errors with their status.
 #[tokio::test]
 async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and_in_process_and_loses_nothing() {
     for op in Operation::ALL {
@@ -265,6 +268,73 @@ async fn a_202_polled_to_success_applies_the_request_once_over_both_header_kinds
             assert_eq!(result, expected_result, "{op} via_location={via_location}");
             assert_eq!(served.resources(), expected_state, "{op} via_location={via_location}");
         }
+    }
+}
+
+/// A server on a loopback port of its own that answers every request with `answer` and closes the connection;
+/// its URL and the request line of each connection it accepted.
+fn answering_with(answer: &'static str) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let accepted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = accepted.clone();
+    // Serves until the test process ends.
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            // The whole request is read before answering: closing on an unread body resets the connection.
+            let mut request = Vec::new();
+            let mut chunk = [0; 4096];
+            let head = loop {
+                let Ok(read @ 1..) = stream.read(&mut chunk) else { break String::new() };
+                request.extend_from_slice(&chunk[..read]);
+                let Some(end) = request.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+                let head = String::from_utf8_lossy(&request[..end]).into_owned();
+                let length = head
+                    .lines()
+                    .filter_map(|line| line.split_once(':'))
+                    .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|(_, value)| value.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if request.len() >= end + 4 + length {
+                    break head;
+                }
+            };
+            log.lock().unwrap().push(head.lines().next().unwrap_or_default().to_owned());
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    (url, accepted)
+}
+
+// Upstream TestIsSynchronousCompletion and TestTolerateSynchronousCompletion: a synchronous 200 to a POST is a
+// success even when it carries a Location or Azure-AsyncOperation header (real NRP answers so), and is not polled:
+// a poll of the header's URL, a closed port, would fail the call.
+#[tokio::test]
+async fn a_synchronous_200_with_a_polling_header_is_a_success_and_is_not_polled() {
+    const ANSWERS: [&str; 2] = [
+        "HTTP/1.1 200 OK\r\nLocation: http://127.0.0.1:1/poll\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 200 OK\r\nAzure-AsyncOperation: http://127.0.0.1:1/poll\r\nContent-Length: 0\r\n\
+         Connection: close\r\n\r\n",
+    ];
+    for answer in ANSWERS {
+        let (url, accepted) = answering_with(answer);
+        let client = client(&url, Duration::from_secs(5), Credential::None);
+        let header = answer.lines().nth(1).unwrap();
+        client
+            .update_services(UpdateAction::PartialUpdate, &[inbound("u1")])
+            .await
+            .unwrap_or_else(|e| panic!("{header}: {e}"));
+        let update = location("10.0.0.4", UpdateAction::PartialUpdate, &[("10.244.0.5", &["u1"])]);
+        client
+            .update_address_locations(UpdateAction::PartialUpdate, &[update])
+            .await
+            .unwrap_or_else(|e| panic!("{header}: {e}"));
+        let accepted = accepted.lock().unwrap().clone();
+        assert_eq!(accepted.len(), 2, "{header}: one request per call: {accepted:?}");
+        assert!(accepted[0].starts_with("POST ") && accepted[0].contains("/updateServices?"), "{accepted:?}");
+        assert!(accepted[1].starts_with("POST ") && accepted[1].contains("/updateAddressLocations?"), "{accepted:?}");
     }
 }
 
@@ -571,6 +641,12 @@ async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
 // TestLocationsUpdater_SendsExactAddressPayloadToNRP, TestGuardSyncOps_PerAddressRemoval_EmptyServiceRef,
 // TestGuardSyncOps_WholeNodeRemoval_EmitsEmptyAddresses, TestJSONRoundTrip, TestMapLocationDataToDTO and
 // TestBackendPoolPopulation.
+// Upstream TestUpdateNRPSGWServices_Mock: an unregistration goes as isDelete true with no pools.
+// Upstream TestGuardV9WireValues_InboundResources and TestGuardV9WireValues_EnumStrings: the load balancer's scope
+// is "Public", which is what makes refusing internal load balancers safe (the NAT gateway SKU is issue 16).
+// Upstream TestSDKV9WireValues: the protocols go as "Tcp" and "Udp".
+// Upstream TestCompleteServiceCreationWorkflow: the public IP and the load balancer are put in the configured region.
+// Upstream TestResourceIDsAreConsistent: each rule's frontend ID is that of the load balancer's one frontend.
 #[test]
 fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear() {
     let partial = UpdateAction::PartialUpdate;
@@ -581,7 +657,7 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
         nat_gateway: NatGatewayLink::Clear,
         is_delete: false,
     };
-    let services = wire::update_services(&test_scope(), partial, &[inbound("u1"), disassociate]);
+    let services = wire::update_services(&test_scope(), partial, &[inbound("u1"), disassociate, unregister("u2")]);
     let net = "/subscriptions/sub-1/resourceGroups/rg-1/providers/Microsoft.Network";
     let expected = serde_json::json!({
         "action": "PartialUpdate",
@@ -590,7 +666,8 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
                 {"id": format!("{net}/loadBalancers/u1/backendAddressPools/u1"), "name": "u1",
                  "properties": {"virtualNetwork": {"id": "/subscriptions/sub-1/resourceGroups/rg-net/providers/Microsoft.Network/virtualNetworks/vnet-1"}}}
             ]}}},
-            {"isDelete": false, "service": {"name": "egress-1", "properties": {"serviceType": "Outbound", "loadBalancerBackendPools": [], "publicNatGatewayId": null}}}
+            {"isDelete": false, "service": {"name": "egress-1", "properties": {"serviceType": "Outbound", "loadBalancerBackendPools": [], "publicNatGatewayId": null}}},
+            {"isDelete": true, "service": {"name": "u2", "properties": {"serviceType": "Inbound", "loadBalancerBackendPools": []}}}
         ]
     });
     assert_eq!(serde_json::to_value(&services).unwrap(), expected);
@@ -608,14 +685,20 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
     });
     assert_eq!(serde_json::to_value(&locations).unwrap(), expected);
 
-    let balancer =
-        serde_json::to_value(wire::load_balancer(&test_scope(), &lb("u1", "u1-pip", vec![rule(Protocol::Udp, 53)])))
-            .unwrap();
+    let spec = lb("u1", "u1-pip", vec![rule(Protocol::Tcp, 80), rule(Protocol::Udp, 53)]);
+    let balancer = serde_json::to_value(wire::load_balancer(&test_scope(), &spec)).unwrap();
     assert_eq!(balancer["sku"]["name"], "Service");
+    assert_eq!(balancer["properties"]["scope"], "Public");
+    assert_eq!(balancer["location"], test_scope().location.as_str());
     assert_eq!(balancer["properties"]["frontendIPConfigurations"][0]["name"], "frontend");
-    let rule_json = &balancer["properties"]["loadBalancingRules"][0];
+    assert_eq!(balancer["properties"]["loadBalancingRules"][0]["properties"]["protocol"], "Tcp");
+    let rule_json = &balancer["properties"]["loadBalancingRules"][1];
     assert_eq!(rule_json["name"], "rule-udp-53");
     assert_eq!(rule_json["properties"]["protocol"], "Udp");
+    assert_eq!(
+        rule_json["properties"]["frontendIPConfiguration"]["id"],
+        format!("{net}/loadBalancers/u1/frontendIPConfigurations/frontend")
+    );
     assert_eq!(rule_json["properties"]["enableFloatingIP"], false);
     assert_eq!(rule_json["properties"]["idleTimeoutInMinutes"], 4);
     assert_eq!(rule_json["properties"].get("probe"), None, "pod IP backends take no health probe");
@@ -635,9 +718,33 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
         &PublicIpSpec { name: "x".into(), version: IpVersion::IPv6 },
     ))
     .unwrap();
+    assert_eq!(address["location"], test_scope().location.as_str());
     assert_eq!(address["sku"]["name"], "StandardV2");
     assert_eq!(address["properties"]["publicIPAllocationMethod"], "Static");
     assert_eq!(address["properties"]["publicIPAddressVersion"], "IPv6");
+}
+
+// Upstream TestParseLocationAddresses_ReadsAddressesAndServices: a listed address's services are read, one listed
+// without services is bound to none, and one without an address is skipped; none of them fails the listing.
+#[test]
+fn a_listed_address_without_services_is_bound_to_none_and_a_null_address_is_skipped() {
+    let text = r#"{"addressLocation": "10.0.0.1", "addresses": [
+        {"address": "10.244.0.5", "services": ["svc-a", "svc-b"]},
+        {"address": "10.244.0.6"},
+        {"address": "10.244.0.7", "services": null},
+        {"address": null, "services": ["svc-a"]}
+    ]}"#;
+    let listed = wire::listed_location(serde_json::from_str::<wire::AddressLocationResponse>(text).unwrap());
+    assert_eq!(listed.location, "10.0.0.1");
+    let addresses: Vec<(&str, Vec<&str>)> = listed
+        .addresses
+        .iter()
+        .map(|a| (a.address.as_str(), a.services.iter().map(String::as_str).collect()))
+        .collect();
+    assert_eq!(addresses, [("10.244.0.5", vec!["svc-a", "svc-b"]), ("10.244.0.6", vec![]), ("10.244.0.7", vec![])]);
+    let bare = r#"{"addressLocation": "10.0.0.2", "addresses": null}"#;
+    let listed = wire::listed_location(serde_json::from_str::<wire::AddressLocationResponse>(bare).unwrap());
+    assert!(listed.addresses.is_empty());
 }
 
 // ---- credentials ----

@@ -352,6 +352,17 @@ impl Env {
         );
     }
 
+    /// Waits until the controller's finalizer is on the Service.
+    async fn held_by_finalizer(&self, name: &str) {
+        eventually(&format!("the finalizer on {name}"), async || {
+            let service = self.services().get(name).await.map_err(|e| e.to_string())?;
+            let finalizers = service.metadata.finalizers.unwrap_or_default();
+            let held = finalizers.iter().any(|f| f == clb_guest::tracker::FINALIZER);
+            if held { Ok(()) } else { Err(format!("{finalizers:?}")) }
+        })
+        .await;
+    }
+
     /// Deletes a Service as a user would; its finalizer may hold it.
     async fn delete(&self, name: &str) {
         self.services().delete(name, &DeleteParams::default()).await.expect("deletes the Service");
@@ -746,6 +757,48 @@ fn a_restarted_controller_converges_on_what_changed_while_it_was_down() {
     });
 }
 
+// Upstream TestGetServiceByUIDViaList_FindsServiceRetypedAwayFromLoadBalancer: a Service retyped to ClusterIP
+// through the API server is still watched, and its load balancer, public IP, NRP registration, ingress IP and
+// finalizer all go, while the Service itself stays.
+#[test]
+fn a_service_retyped_to_cluster_ip_through_the_api_server_is_torn_down_and_released() {
+    e2e(13, async |env| {
+        let controller = env.start();
+        let uid = env.provisioned("web", &[(10, 1)]).await;
+        let ours = |resources: &clb_host::emulator::Resources| {
+            let lbs = resources.load_balancers.keys().filter(|name| name.contains(&uid)).count();
+            let ips = resources.public_ips.keys().filter(|name| name.contains(&uid)).count();
+            (lbs, ips)
+        };
+        assert_eq!(ours(&env.emulator.resources()), (1, 1), "a load balancer and a public IP of its own");
+        env.held_by_finalizer("web").await;
+
+        // The fields only a LoadBalancer may have go with the type: they were this manager's.
+        let body = serde_json::json!({
+            "spec": {
+                "type": "ClusterIP",
+                "selector": {"app": "web"},
+                "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+            },
+        });
+        apply(&env.services(), "web", body).await;
+        env.nrp_forgets(&uid).await;
+        eventually("the retyped Service's Azure resources, ingress IP and finalizer gone", async || {
+            let found = ours(&env.emulator.resources());
+            let service = env.services().get("web").await.map_err(|e| e.to_string())?;
+            let finalizers = service.metadata.finalizers.clone().unwrap_or_default();
+            let ingress = ingress_ips(&service);
+            if found == (0, 0) && finalizers.is_empty() && ingress.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("(load balancers, public IPs) {found:?}, finalizers {finalizers:?}, ingress {ingress:?}"))
+            }
+        })
+        .await;
+        controller.stop().await;
+    });
+}
+
 // Upstream TestPodInformerRemovePod.
 #[test]
 fn a_pod_labelled_for_egress_in_the_api_server_gets_its_identity_in_nrp_beside_its_service_and_loses_only_that_when_the_label_goes()
@@ -981,6 +1034,8 @@ impl Drop for Child {
     }
 }
 
+// Upstream TestEndpointSlicesInformer: its first case, a moved endpoint replaces the old node's IP by the new one's
+// in one GET and one PUT of the pool.
 #[test]
 fn in_multi_slb_mode_a_local_services_endpoints_on_two_nodes_put_both_node_ips_into_its_pool_and_a_moved_endpoint_updates_it()
  {
@@ -992,9 +1047,21 @@ fn in_multi_slb_mode_a_local_services_endpoints_on_two_nodes_put_both_node_ips_i
         let uid = env.service("web", "Local").await;
         env.endpoints("web", &uid, &[(10, 1), (11, 2)]).await;
         env.pool_holds(&pool, &[1, 2]).await;
+        let pool_calls = || (env.calls(Operation::GetBackendPool, ""), env.calls(Operation::PutBackendPool, ""));
+        let before = pool_calls();
 
         // The endpoint on node 2 moves to node 3.
         env.endpoints("web", &uid, &[(10, 1), (12, 3)]).await;
+        // The test's own reads of the pool are logged too: none until the calls are counted.
+        eventually("the move's pool write", async || {
+            let puts = pool_calls().1 - before.1;
+            if puts > 0 { Ok(()) } else { Err("no PUT yet".into()) }
+        })
+        .await;
+        // Ticks come every second: a second tick that wrote again would show by now.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let after = pool_calls();
+        assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one GET and one PUT for the move");
         env.pool_holds(&pool, &[1, 3]).await;
         controller.stop().await;
     });

@@ -76,6 +76,39 @@ fn the_probes_follow_the_tracker_from_start_to_its_first_idle_step() {
     assert_eq!(get(addr, "/nothing-here").0, 404);
 }
 
+// Upstream TestCheckInitializationComplete_InProgressOpBlocksCompletion: a Service operation in flight at start-up
+// holds the end of initialisation (here readiness, the first idle step) back until it ends.
+#[test]
+fn a_service_seen_at_start_up_keeps_the_host_unready_until_its_last_command_is_answered() {
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let addr = server.local_addr();
+    let mut supervisor = Supervisor::new(builtin()).with_metrics(metrics);
+    supervisor.start(&read_config("clb.yaml")).unwrap();
+    let lists = [node("n1", "10.224.0.4"), service("web", 1), wit::Observation::ListsComplete];
+    let step = supervisor.observe(0, &lists).unwrap();
+    let read = step.commands.iter().find(|i| i.command == wit::Command::ReadNrp).unwrap().id;
+    let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
+    let step = supervisor.complete(0, &[(read, wit::Outcome::NrpSnapshot(empty))]).unwrap();
+    let list = step.commands.iter().find(|i| i.command == wit::Command::ReadArm).unwrap().id;
+    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new() };
+    let mut step = supervisor.complete(0, &[(list, wit::Outcome::ArmInventory(nothing))]).unwrap();
+    // Both reads are answered: what is out now is the Service's work, and that alone holds readiness.
+    assert!(!step.idle && !step.commands.is_empty(), "{step:?}");
+    let mut answered = 0;
+    // Events are not work in flight: the step that leaves only its EnsuredLoadBalancer Event out is idle.
+    while !step.idle {
+        assert!(!step.commands.is_empty(), "not idle, with nothing to answer: {step:?}");
+        assert_eq!(get(addr, "/readyz").0, 503, "after {answered} of the Service's commands");
+        let results: Vec<(u64, wit::Outcome)> =
+            step.commands.iter().map(|i| (i.id, clb_tests::cluster::answer(&i.command))).collect();
+        answered += results.len();
+        step = supervisor.complete(0, &results).unwrap();
+    }
+    assert!(answered >= 3, "a public IP, a load balancer and the NRP registration: {answered}");
+    assert_eq!(get(addr, "/readyz"), (200, "ready\n".into()));
+}
+
 #[test]
 fn the_counters_move_with_inputs_and_carry_the_serving_version_and_its_digest() {
     let metrics = Metrics::new();

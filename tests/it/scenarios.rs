@@ -225,6 +225,9 @@ fn the_executor_maps_each_azure_error_to_the_failure_the_guest_sees() {
 }
 
 // Upstream TestDeletePublicIP_Mock and TestMapLocationDataToDTO.
+// Upstream TestCreateOrUpdateLB_Mock: a load balancer PUT with an empty name is refused before any request.
+// Upstream TestUpdateNRPSGWServices_Mock: an empty services update reaches no API (differs: refused as an invalid
+// command, where upstream returns nil without a call).
 #[test]
 fn the_executor_refuses_invalid_commands_without_sending_them() {
     let emulator = Emulator::new(scope());
@@ -245,6 +248,12 @@ fn the_executor_refuses_invalid_commands_without_sending_them() {
         wit::Command::UpdateAddressLocations(wit::UpdateAddressLocations { locations: vec![location("node-1")] }),
         wit::Command::UpdateServices(wit::UpdateServices { services: vec![] }),
         delete_lb(""),
+        wit::Command::PutLoadBalancer(wit::LoadBalancer {
+            name: "".into(),
+            public_ip: "p".into(),
+            backend_pool: "p".into(),
+            rules: vec![],
+        }),
     ];
     for command in invalid {
         let f = failure(block(executor.execute(&command)));
@@ -255,12 +264,18 @@ fn the_executor_refuses_invalid_commands_without_sending_them() {
 
 // Upstream TestGetServiceByUID_UIDMismatchReturnsNotFound (differs: nothing is looked up by UID; a write to
 // a same-name object of another UID is refused, 409 UIDMismatch).
+// Upstream TestAddServiceGatewayFinalizer: the finalizer is added once, beside the others, and only to the Service
+// of its UID (the load-balancer-cleanup cases have no counterpart: this project is not called through the service
+// controller and owns one finalizer, design §4).
+// Upstream TestRemoveServiceGatewayFinalizer: removal keeps the other finalizers, removing an absent one is Ok, and
+// a same-name Service of another UID keeps its finalizers.
 #[test]
 fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_one_409() {
     let emulator = Emulator::new(scope());
     let cluster = Cluster::new();
     let executor = Executor::new(&emulator, &cluster);
-    let text = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop, uid: uid-2}\n";
+    let text =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop, uid: uid-2, finalizers: [other]}\n";
     let service: k8s_openapi::api::core::v1::Service =
         clb_host::inputs::from_yaml(std::path::Path::new("web.yaml"), text).unwrap().unwrap();
     let reference = |uid: &str| wit::ObjectRef {
@@ -269,18 +284,28 @@ fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_o
         name: "web".into(),
         uid: uid.into(),
     };
-    let finalizer = |uid: &str| {
-        wit::Command::SetFinalizer(wit::FinalizerChange {
-            service: reference(uid),
-            finalizer: "f".into(),
-            present: true,
-        })
+    let change = |uid: &str, present: bool| {
+        wit::Command::SetFinalizer(wit::FinalizerChange { service: reference(uid), finalizer: "f".into(), present })
     };
+    let finalizer = |uid: &str| change(uid, true);
+    let remove = |uid: &str| change(uid, false);
+    let finalizers = || cluster.service("shop", "web").unwrap().metadata.finalizers;
+    let both = Some(vec!["other".to_owned(), "f".to_owned()]);
     let f = failure(block(executor.execute(&finalizer("uid-1"))));
     assert_eq!((f.status, f.code.as_deref()), (404, Some("NotFound")));
     cluster.apply(Object::Service(Box::new(service))).unwrap();
     let f = failure(block(executor.execute(&finalizer("uid-1"))));
     assert_eq!((f.status, f.code.as_deref()), (409, Some(UID_MISMATCH)));
     assert_eq!(block(executor.execute(&finalizer("uid-2"))), wit::Outcome::Ok);
-    assert_eq!(cluster.service("shop", "web").unwrap().metadata.finalizers, Some(vec!["f".to_owned()]));
+    assert_eq!(finalizers(), both);
+    assert_eq!(block(executor.execute(&finalizer("uid-2"))), wit::Outcome::Ok, "already there");
+    assert_eq!(finalizers(), both, "no duplicate");
+
+    let f = failure(block(executor.execute(&remove("uid-1"))));
+    assert_eq!((f.status, f.code.as_deref()), (409, Some(UID_MISMATCH)));
+    assert_eq!(finalizers(), both, "the replaced Service's finalizers are not ours to remove");
+    assert_eq!(block(executor.execute(&remove("uid-2"))), wit::Outcome::Ok);
+    assert_eq!(finalizers(), Some(vec!["other".to_owned()]));
+    assert_eq!(block(executor.execute(&remove("uid-2"))), wit::Outcome::Ok, "already gone");
+    assert_eq!(finalizers(), Some(vec!["other".to_owned()]));
 }

@@ -143,8 +143,26 @@ pub struct AddressEntry {
 #[serde(rename_all = "camelCase")]
 pub struct AddressLocationResponse {
     pub address_location: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "listed_addresses")]
     pub addresses: Vec<AddressEntry>,
+}
+
+/// The addresses of a listed location, read as NRP may send them: an address without `services` (or with
+/// `null`) is bound to none, and an entry without an address names nothing and is skipped, rather than failing
+/// the whole listing and with it the read of NRP.
+fn listed_addresses<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<AddressEntry>, D::Error> {
+    #[derive(Deserialize)]
+    struct Listed {
+        #[serde(default)]
+        address: Option<String>,
+        #[serde(default)]
+        services: Option<Vec<String>>,
+    }
+    let listed = Option::<Vec<Listed>>::deserialize(d)?.unwrap_or_default();
+    Ok(listed
+        .into_iter()
+        .filter_map(|a| Some(AddressEntry { address: a.address?, services: a.services.unwrap_or_default() }))
+        .collect())
 }
 
 // ---- publicIPAddresses ----

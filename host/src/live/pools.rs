@@ -434,6 +434,22 @@ mod tests {
         assert_eq!(marked_by(wit::Observation::ServiceDeleted(key("b"))), BTreeSet::from([key("b")]));
     }
 
+    // Upstream TestEndpointSlicesInformer: its "skip non-local services" and "skip an endpoint slice that don't
+    // belong to a service" cases, a slice whose owner is not a known Service or that has no owner touches no pool.
+    #[test]
+    fn a_slice_of_an_unknown_service_or_of_none_marks_nothing() {
+        assert!(marked_by(slice("unknown", "n1")).is_empty());
+        let orphan = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "orphan-1"},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": "n1"}],
+        }))
+        .unwrap();
+        let orphan = crate::records::endpoint_slice(&orphan);
+        assert_eq!(orphan.owner_service_uid, None);
+        assert!(marked_by(wit::Observation::SliceUpserted(orphan)).is_empty());
+    }
+
     #[test]
     fn a_node_heartbeat_with_the_same_ips_marks_nothing() {
         assert!(marked_by(node("n1", "10.0.0.1")).is_empty());

@@ -1,0 +1,512 @@
+//! Ports of upstream engine tests (issue 17) about deletion checks, finalizers, start-up recovery, status patches
+//! and the per-tick dispatch. Each test names the upstream test it ports in the comment directly above it
+//! (`docs/conformance.md` is generated from those).
+
+use super::*;
+
+/// The reasons of the Events among `issued`, in order.
+fn reasons(issued: &[Command]) -> Vec<&str> {
+    issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::EmitEvent(e) => Some(e.reason.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The status patches among `issued`, by the ingress IPs they write.
+fn status_patches(issued: &[Command]) -> Vec<&Vec<String>> {
+    issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::PatchServiceStatus { ingress_ips, .. } => Some(ingress_ips),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `identity`'s request among those `command` sends to NRP, if it is an `UpdateServices`.
+fn request_for<'c>(command: &'c Command, identity: &str) -> Option<&'c NrpServiceRequest> {
+    match command {
+        Command::UpdateServices(requests) => requests.iter().find(|r| r.name == identity),
+        _ => None,
+    }
+}
+
+/// Whether `command` writes `identity`'s NRP registration (`Some(is_delete)`: an unregistration or not).
+fn writes_registration(command: &Command, identity: &str, is_delete: Option<bool>) -> bool {
+    request_for(command, identity).is_some_and(|r| is_delete.is_none_or(|d| r.is_delete == d))
+}
+
+fn deletes(kind: ResourceKind, name: &str) -> Command {
+    Command::DeleteResource(ResourceRef { kind, name: name.to_owned() })
+}
+
+fn commands(step: &Step) -> Vec<Command> {
+    step.commands.iter().map(|c| c.command.clone()).collect()
+}
+
+// Upstream TestUpdateServiceLoadBalancerStatus_ReplacesStaleSameFamily: a stale IPv4 entry already in the status
+// (alone, or beside the allocated one and another family's) is replaced by exactly the allocated public IP.
+#[test]
+fn a_stale_ingress_ip_of_the_same_family_is_replaced_by_the_allocated_public_ip() {
+    for stale in [vec!["10.0.0.9".to_owned()], vec!["10.0.0.9".into(), "2603:1030::9".into(), "20.0.0.1".into()]] {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let service = Service { ingress_ips: stale.clone(), ..lb_service("Local") };
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service), Observation::ListsComplete]);
+        let (issued, _, _) = drive(&mut tracker, NOW, step, answer_ok(&[]));
+        assert_eq!(status_patches(&issued), [&vec!["20.0.0.1".to_owned()]], "{stale:?}: {issued:?}");
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    }
+}
+
+// Upstream TestCheckPendingServiceDeletions_NoLocations: a deleting Service NRP holds no address of skips the
+// drain: in the step that sees the deletion it is DeletionInProgress and its first delete step (the unlink) is
+// sent, with no address-location update.
+#[test]
+fn a_deleting_service_nrp_holds_no_address_of_starts_its_delete_steps_at_once() {
+    let mut tracker = created_local();
+    let deleting = terminating(lb_service("Local"));
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(deleting)]);
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
+    assert!(!tracker.state.draining.contains(UID));
+    let sent = commands(&step);
+    let unlink = |c: &Command| request_for(c, UID).is_some_and(|r| r.backend_pools.is_empty() && !r.is_delete);
+    assert!(sent.iter().any(unlink), "{sent:?}");
+    assert!(!sent.iter().any(is_location_update), "{sent:?}");
+}
+
+// Upstream TestCheckPendingServiceDeletions_WithLocations: while NRP still holds the Service's address (its drain
+// fails), the deletion stays DeletionPending and no delete step runs (no unlink, unregistration or resource
+// delete); once the drain lands, the delete steps follow it.
+#[test]
+fn a_deletion_whose_drain_fails_stays_pending_and_runs_no_delete_step_until_the_drain_lands() {
+    let mut tracker = created_with(&[(80, 8080)]);
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(terminating_web())]);
+    let ok = answer_ok(&[UID]);
+    let mut drains = 0;
+    let (issued, _, last) = drive(&mut tracker, NOW + 1, step, |c| {
+        if is_location_update(c) {
+            drains += 1;
+            return failed(500);
+        }
+        ok(c)
+    });
+    assert_eq!(drains, 1, "{issued:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
+    assert!(tracker.state.draining.contains(UID));
+    let delete_step = |c: &&Command| matches!(c, Command::UpdateServices(_) | Command::DeleteResource(_));
+    assert_eq!(issued.iter().filter(delete_step).count(), 0, "{issued:?}");
+    assert!(tracker.registered().contains(UID));
+    let wake = last.wake_at_ms.expect("the drain is retried");
+    let step = tracker.tick(wake);
+    let (issued, _, last) = drive(&mut tracker, wake, step, &ok);
+    let drained = issued.iter().position(is_location_update).expect("drained again");
+    let unlinked = issued.iter().position(|c| writes_registration(c, UID, Some(false))).expect("then unlinked");
+    assert!(drained < unlinked, "{issued:?}");
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), None);
+}
+
+// Upstream TestCheckPendingServiceDeletions_MultipleServices: deletions are gated one by one: a Service NRP holds
+// no address of is deleted and released while another one's drain keeps failing, and that one stays pending
+// with its registration untouched. (Upstream's outbound case has no counterpart: the NAT gateway lifecycle is
+// not built, issue 16.)
+#[test]
+fn a_drained_deletion_proceeds_while_another_one_is_still_held_by_its_address_in_nrp() {
+    let other = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e02";
+    let a = Service { uid: other.into(), name: "api".into(), ..lb_service("Local") };
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let step = tracker.observe(
+        NOW,
+        vec![
+            Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] }),
+            Observation::ServiceUpserted(a.clone()),
+            Observation::ServiceUpserted(lb_service("Local")),
+            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+            Observation::ListsComplete,
+        ],
+    );
+    drive(&mut tracker, NOW, step, answer_ok(&[]));
+    assert_eq!((tracker.phase(other), tracker.phase(UID)), (Some(Phase::Created), Some(Phase::Created)));
+    let gone = terminating;
+    let step = tracker.observe(
+        NOW + 1,
+        vec![Observation::ServiceUpserted(gone(a)), Observation::ServiceUpserted(gone(lb_service("Local")))],
+    );
+    let ok = answer_ok(&[]);
+    let (issued, _, _) =
+        drive(&mut tracker, NOW + 1, step, |c| if is_location_update(c) { failed(500) } else { ok(c) });
+    assert!(issued.iter().any(|c| writes_registration(c, other, Some(true))), "A unregistered: {issued:?}");
+    let released = |c: &Command| match c {
+        Command::SetFinalizer { service, present, .. } => !present && service.uid.as_str() == other,
+        _ => false,
+    };
+    assert!(issued.iter().any(released), "A released: {issued:?}");
+    assert_eq!(tracker.phase(other), None);
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
+    assert!(!issued.iter().any(|c| writes_registration(c, UID, None)), "B untouched: {issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.name.starts_with(UID))));
+    assert!(tracker.registered().contains(UID));
+}
+
+// Upstream TestHasServiceGatewayFinalizer: our finalizer among others counts as held (nothing added); only
+// someone else's, or none, is not (ours is added).
+#[test]
+fn our_finalizer_is_added_unless_the_service_holds_it_alone_or_among_others() {
+    let cases: [(Vec<String>, bool); 4] = [
+        (vec!["other-finalizer".into(), FINALIZER.into()], false),
+        (vec![FINALIZER.into()], false),
+        (vec!["other-finalizer".into()], true),
+        (vec![], true),
+    ];
+    for (finalizers, adds) in cases {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let service = Service { finalizers: finalizers.clone(), ..lb_service("Local") };
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service), Observation::ListsComplete]);
+        let (issued, _, _) = drive(&mut tracker, NOW, step, answer_ok(&[]));
+        let added = issued.iter().any(|c| matches!(c, Command::SetFinalizer { present: true, .. }));
+        assert_eq!(added, adds, "{finalizers:?}: {issued:?}");
+        assert!(!issued.iter().any(|c| matches!(c, Command::SetFinalizer { present: false, .. })), "{finalizers:?}");
+        assert_eq!(tracker.phase(UID), Some(Phase::Created), "{finalizers:?}");
+    }
+}
+
+// Upstream TestRecoverStuckFinalizers_KeepsFinalizerWhenAzureResourceExists: the crash window, a Service found
+// deleting at start-up whose load balancer ARM lists though NRP never registered it, keeps its finalizer until
+// that load balancer (and its public IP) is deleted.
+#[test]
+fn a_service_found_deleting_with_its_load_balancer_in_arm_but_not_in_nrp_keeps_its_finalizer_until_it_is_deleted() {
+    let deleting = Service { deleting: true, ..provisioned_service() };
+    let config = LbConfig::for_service(&deleting);
+    let inventory = inventory_of(&deleting, Some(config.load_balancer.clone()));
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(deleting), Observation::ListsComplete]);
+    let (mut load_balancer_there, mut public_ip_there) = (true, true);
+    let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+        Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+        Command::DeleteResource(r) if r.kind == ResourceKind::LoadBalancer && load_balancer_there => {
+            load_balancer_there = false;
+            Outcome::Ok
+        }
+        Command::DeleteResource(r) if r.kind == ResourceKind::PublicIp && public_ip_there => {
+            public_ip_there = false;
+            Outcome::Ok
+        }
+        Command::DeleteResource(_) => failed(404),
+        other => answer_ok(&[])(other),
+    });
+    let position = |wanted: Command| issued.iter().position(|c| *c == wanted);
+    let lb_at = position(deletes(ResourceKind::LoadBalancer, UID)).expect("the load balancer is deleted");
+    let pip_at = position(deletes(ResourceKind::PublicIp, config.public_ip.name.as_str())).expect("and its IP");
+    let released = issued
+        .iter()
+        .position(|c| matches!(c, Command::SetFinalizer { present: false, .. }))
+        .expect("the finalizer is released");
+    assert!(lb_at < released && pip_at < released, "{issued:?}");
+    assert!(!load_balancer_there && !public_ip_there && last.idle);
+    assert!(!issued.iter().any(|c| matches!(c, Command::PutLoadBalancer(_) | Command::PutPublicIp(_))));
+    assert_eq!(tracker.phase(UID), None);
+}
+
+// Upstream TestProcessK8sServices_ForeignServiceBecomesRemoval: a provisioned Service whose
+// spec.loadBalancerClass now names another controller has its load balancer, public IP and registration
+// relinquished and is never provisioned again: at run time, and when a restart finds it so.
+#[test]
+fn a_service_handed_to_another_load_balancer_class_is_relinquished_and_never_provisioned_again() {
+    let foreign = |s: Service| Service { load_balancer_class: Some("example.com/other-controller".into()), ..s };
+    let relinquished = |issued: &[Command], case: &str| {
+        for wanted in [deletes(ResourceKind::LoadBalancer, UID), deletes(ResourceKind::PublicIp, &format!("{UID}-pip"))]
+        {
+            assert!(issued.contains(&wanted), "{case}: {wanted:?} in {issued:?}");
+        }
+        assert!(issued.iter().any(|c| writes_registration(c, UID, Some(true))), "{case}: {issued:?}");
+        assert!(issued.iter().any(|c| matches!(c, Command::SetFinalizer { present: false, .. })), "{case}");
+        assert!(!issued.iter().any(|c| matches!(c, Command::PutLoadBalancer(_) | Command::PutPublicIp(_))), "{case}");
+    };
+
+    let mut tracker = created_with(&[(80, 8080)]);
+    let handed = foreign(Service { finalizers: vec![FINALIZER.into()], ..ported(UID, &[(TCP, 80, to(8080))], &[]) });
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(handed.clone())]);
+    let (issued, _, last) = drive(&mut tracker, NOW + 1, step, answer_ok(&[UID]));
+    relinquished(&issued, "at run time");
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), None);
+    // The API server's copy once the finalizer is released: a finalizer still listed is cleaned up again.
+    let released = Service { finalizers: vec![], ..handed };
+    let again = tracker.observe(NOW + 2, vec![Observation::ServiceUpserted(released)]);
+    assert!(again.commands.is_empty(), "{again:?}");
+    assert_eq!(tracker.phase(UID), None);
+
+    let service = foreign(provisioned_service());
+    let config = LbConfig::for_service(&service);
+    let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service), Observation::ListsComplete]);
+    let (issued, _, last) = reads_answered(&mut tracker, &step, &[UID], Outcome::ArmInventory(inventory));
+    relinquished(&issued, "after a restart");
+    assert_eq!(status_patches(&issued), [&Vec::<String>::new()], "its address leaves the status: {issued:?}");
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), None);
+}
+
+// Upstream TestRecoverServiceExternalIPs_RetriesTransientPatchFailure: after a restart, a registered Service whose
+// status lost its ingress gets its public IP's address back, from the ARM inventory with nothing else written,
+// and a failed patch is retried.
+#[test]
+fn a_restart_puts_back_a_lost_ingress_ip_and_retries_a_failed_patch() {
+    let service = Service { ingress_ips: vec![], ..provisioned_service() };
+    let config = LbConfig::for_service(&service);
+    let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service), Observation::ListsComplete]);
+    let nrp = answer_ok(&[UID]);
+    let mut patches = 0;
+    let mut answer = |c: &Command| match c {
+        Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+        Command::PatchServiceStatus { .. } => {
+            patches += 1;
+            if patches == 1 { failed(503) } else { Outcome::Ok }
+        }
+        other => nrp(other),
+    };
+    let (mut issued, _, last) = drive(&mut tracker, NOW, step, &mut answer);
+    assert_ne!(tracker.phase(UID), Some(Phase::Created), "not done while the patch failed");
+    let wake = last.wake_at_ms.expect("the patch is retried");
+    let step = tracker.tick(wake);
+    let (more, _, last) = drive(&mut tracker, wake, step, &mut answer);
+    issued.extend(more);
+    assert_eq!(status_patches(&issued), [&vec![ADDRESS.to_owned()], &vec![ADDRESS.to_owned()]], "{issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::PutPublicIp(_) | Command::PutLoadBalancer(_))));
+    assert!(!issued.iter().any(|c| matches!(c, Command::UpdateServices(_) | Command::DeleteResource(_))));
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+}
+
+/// The ARM inventory of one Service deleted while no controller ran (`gone`): its load balancer and public IP.
+fn orphaned(gone: &str) -> ArmInventory {
+    ArmInventory {
+        public_ips: vec![ListedPublicIp {
+            name: format!("{gone}-pip"),
+            version: IpVersion::Ipv4,
+            address: Some("20.0.0.9".into()),
+            as_put: true,
+        }],
+        load_balancers: vec![ListedLoadBalancer {
+            name: gone.into(),
+            shape: Some(LoadBalancer {
+                name: gone.into(),
+                public_ip: format!("{gone}-pip").into(),
+                backend_pool: gone.into(),
+                rules: vec![],
+            }),
+        }],
+    }
+}
+
+// Upstream TestGuardDefaultNATGatewayIsNeverScheduledForOrphanDeletion: NRP's default outbound service (and an
+// address NRP maps to it) is never written or deleted by the start-up sweep, which still deletes a genuine
+// orphan. (Upstream's control, a genuine orphan NAT gateway collected, waits for the NAT gateway lifecycle,
+// issue 16.)
+#[test]
+fn the_start_up_sweep_never_touches_nrps_default_outbound_service_and_still_deletes_a_genuine_orphan() {
+    let gone = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e99";
+    let default = NrpService {
+        name: "default-natgw".into(),
+        service_type: "Outbound".into(),
+        backend_pools: vec![],
+        is_default: true,
+    };
+    let location = NrpListedLocation {
+        location: "10.224.0.4".into(),
+        addresses: vec![NrpAddress { address: "10.244.0.5".into(), services: vec!["default-natgw".into()] }],
+    };
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![Observation::ListsComplete]);
+    let inventory = orphaned(gone);
+    let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+        Command::ReadNrp => {
+            Outcome::NrpSnapshot(NrpState { services: vec![default.clone()], locations: vec![location.clone()] })
+        }
+        Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+        _ => Outcome::Ok,
+    });
+    assert!(!issued.iter().any(|c| format!("{c:?}").contains("default-natgw")), "{issued:?}");
+    assert!(!issued.iter().any(is_location_update), "its address stays: {issued:?}");
+    assert!(issued.contains(&deletes(ResourceKind::LoadBalancer, gone)), "{issued:?}");
+    assert!(issued.contains(&deletes(ResourceKind::PublicIp, &format!("{gone}-pip"))), "{issued:?}");
+    assert!(last.idle);
+}
+
+// Upstream TestGuardOrphanCleanupSkipsResourcesStillDesiredInKubernetes: the crash-mid-create shape, a Service
+// Kubernetes still wants whose load balancer and public IP ARM lists but NRP never registered, is adopted and
+// registered, never swept, while a genuine orphan beside it is deleted. (The egress half waits for the NAT
+// gateway lifecycle, issue 16.)
+#[test]
+fn a_wanted_service_left_unregistered_by_a_crash_is_registered_not_swept_beside_a_genuine_orphan() {
+    let gone = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e99";
+    let service = provisioned_service();
+    let config = LbConfig::for_service(&service);
+    let mut inventory = orphaned(gone);
+    let wanted = inventory_of(&service, Some(config.load_balancer.clone()));
+    inventory.public_ips.extend(wanted.public_ips);
+    inventory.load_balancers.extend(wanted.load_balancers);
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service), Observation::ListsComplete]);
+    let (issued, _, last) = reads_answered(&mut tracker, &step, &[], Outcome::ArmInventory(inventory));
+    let names_it = |c: &Command| matches!(c, Command::DeleteResource(r) if r.name.starts_with(UID));
+    assert!(!issued.iter().any(names_it), "{issued:?}");
+    let registers = |c: &Command| request_for(c, UID).is_some_and(|r| !r.is_delete && !r.backend_pools.is_empty());
+    assert!(issued.iter().any(registers), "{issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::PutPublicIp(_) | Command::PutLoadBalancer(_))), "adopted");
+    assert!(issued.contains(&deletes(ResourceKind::LoadBalancer, gone)), "{issued:?}");
+    assert!(issued.contains(&deletes(ResourceKind::PublicIp, &format!("{gone}-pip"))), "{issued:?}");
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    assert!(tracker.registered().contains(UID));
+}
+
+// Upstream TestDeleteInboundServiceLastErrMonotonic: a failed load-balancer delete stops the deletion there: no
+// later step (public IP delete, finalizer release) runs and it is not reported done; once the retried delete
+// succeeds, the rest follows in order.
+#[test]
+fn a_failed_load_balancer_delete_stops_the_deletion_there_until_its_retry_succeeds() {
+    let mut tracker = created_with(&[(80, 8080)]);
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(terminating_web())]);
+    let ok = answer_ok(&[UID]);
+    let mut refused = 0;
+    let (issued, _, last) = drive(&mut tracker, NOW + 1, step, |c| match c {
+        Command::DeleteResource(r) if r.kind == ResourceKind::LoadBalancer => {
+            refused += 1;
+            failed(500)
+        }
+        other => ok(other),
+    });
+    assert_eq!(refused, 1, "{issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::PublicIp)));
+    assert!(!issued.iter().any(|c| matches!(c, Command::SetFinalizer { present: false, .. })), "{issued:?}");
+    assert!(!reasons(&issued).contains(&reason::DELETED_LOAD_BALANCER), "{issued:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
+    let wake = last.wake_at_ms.expect("the delete is retried");
+    let step = tracker.tick(wake);
+    let (issued, _, last) = drive(&mut tracker, wake, step, &ok);
+    let position = |wanted: &dyn Fn(&Command) -> bool| issued.iter().position(wanted);
+    let lb = position(&|c| *c == deletes(ResourceKind::LoadBalancer, UID)).expect("retried");
+    let pip = position(&|c| *c == deletes(ResourceKind::PublicIp, &format!("{UID}-pip"))).expect("then the IP");
+    let released = position(&|c| matches!(c, Command::SetFinalizer { present: false, .. })).expect("released");
+    assert!(lb < pip && pip < released, "{issued:?}");
+    assert_eq!(reasons(&issued), [reason::DELETED_LOAD_BALANCER]);
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), None);
+}
+
+// Upstream TestOnServiceCreationComplete_NonOverlayDeleteErrorRetriesNormally: an unregistration that fails for
+// another reason than overlay mappings stays DeletionInProgress and is retried directly: no read of NRP, no
+// drain again; the retry sends the same unregistration.
+#[test]
+fn an_unregistration_failing_for_another_reason_is_retried_directly_without_draining_again() {
+    let mut tracker = created_with(&[(80, 8080)]);
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(terminating_web())]);
+    let ok = answer_ok(&[UID]);
+    let mut failed_at = None;
+    let mut seen = 0;
+    let (issued, _, last) = drive(&mut tracker, NOW + 1, step, |c| {
+        seen += 1;
+        if writes_registration(c, UID, Some(true)) && failed_at.is_none() {
+            failed_at = Some(seen);
+            return failed(500);
+        }
+        ok(c)
+    });
+    let failed_at = failed_at.expect("unregistered once");
+    let unregistration = issued[failed_at - 1].clone();
+    let after = &issued[failed_at..];
+    assert!(after.iter().all(|c| matches!(c, Command::EmitEvent(_))), "nothing but its Warning: {after:?}");
+    assert_eq!(reasons(after), [reason::SYNC_LOAD_BALANCER_FAILED]);
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
+    assert!(!tracker.state.draining.contains(UID));
+    assert!(last.wake_at_ms.is_some_and(|at| at <= NOW + 1 + 2_000), "{last:?}");
+    let retry = tracker.tick(NOW + 2_000);
+    let sent = commands(&retry);
+    assert_eq!(sent, [unregistration], "the same unregistration, and only it");
+    let (issued, _, last) = drive(&mut tracker, NOW + 2_000, retry, &ok);
+    assert!(!issued.iter().any(|c| *c == Command::ReadNrp || is_location_update(c)), "{issued:?}");
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), None);
+}
+
+// Upstream TestServiceUpdaterProcessBatchFlow: a tick dispatches nothing for a Service whose command is in flight
+// (creation, update, drain, delete step), nor for a created or a parked one, and leaves each in its phase; a
+// Service not started is dispatched (its first step) once the lists are complete and NRP is read.
+#[test]
+fn a_tick_dispatches_only_a_service_with_a_step_due_and_leaves_every_other_phase_as_it_is() {
+    for phase in PHASES {
+        let (mut tracker, _held) = in_phase(phase);
+        let step = tracker.tick(NOW + 1);
+        let sent: Vec<&Command> =
+            step.commands.iter().map(|c| &c.command).filter(|c| !matches!(c, Command::ReadNrp)).collect();
+        assert!(sent.is_empty(), "{phase:?}: nothing dispatched again: {sent:?}");
+        assert_eq!(tracker.phase(UID), Some(phase), "{phase:?}");
+    }
+
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let step =
+        tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+    assert_eq!(tracker.phase(UID), Some(Phase::NotStarted));
+    let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
+    assert_eq!(finalizer_change(&step).map(|(_, present)| present), Some(true), "dispatched: {step:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::CreationInProgress));
+
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let step =
+        tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+    let ok = answer_ok(&[]);
+    let (issued, _, _) =
+        drive(&mut tracker, NOW, step, |c| if is_put_load_balancer(c) { refused_for_good() } else { ok(c) });
+    assert!(warned_rejected(&issued), "parked: {issued:?}");
+    let later = NOW + 3_600_000;
+    let step = tracker.tick(later);
+    let (issued, _, last) = drive(&mut tracker, later, step, &ok);
+    assert!(!issued.iter().any(|c| matches!(c, Command::PutLoadBalancer(_) | Command::PutPublicIp(_))), "{issued:?}");
+    assert!(last.idle);
+    assert!(tracker.state.lifecycles[UID].parked);
+}
+
+// Upstream TestCreateInboundService_StatusUpdateFailureRetriesInsteadOfFalseSuccess: a failed status patch is not
+// success (no EnsuredLoadBalancer, not Created, one Warning); only the patch is retried, and its success ends
+// the creation. Upstream TestCreateInboundService_StatusPatchFailureKeepsLoadBalancerLive: meanwhile the
+// Service stays registered and its endpoints reach NRP.
+#[test]
+fn a_failed_status_patch_is_retried_alone_and_the_service_is_not_reported_ensured_until_it_lands() {
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let step = tracker.observe(
+        NOW,
+        vec![
+            Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] }),
+            Observation::ServiceUpserted(lb_service("Local")),
+            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+            Observation::ListsComplete,
+        ],
+    );
+    let ok = answer_ok(&[]);
+    let (issued, _, _) = drive(&mut tracker, NOW, step, |c| match c {
+        Command::PatchServiceStatus { .. } => failed(500),
+        other => ok(other),
+    });
+    assert_eq!(tracker.phase(UID), Some(Phase::CreationInProgress));
+    assert_eq!(reasons(&issued), [reason::SYNC_LOAD_BALANCER_FAILED], "{issued:?}");
+    assert!(tracker.registered().contains(UID));
+    assert!(!issued.iter().any(|c| writes_registration(c, UID, Some(true)) || matches!(c, Command::DeleteResource(_))));
+    assert_eq!(programmed(&issued), [("10.224.0.4".to_owned(), vec!["10.244.0.5".to_owned()])]);
+    let retry = tracker.tick(NOW + 2_000);
+    let sent = commands(&retry);
+    assert_eq!(status_patches(&sent), [&vec!["20.0.0.1".to_owned()]], "{sent:?}");
+    let writes_azure =
+        |c: &Command| matches!(c, Command::PutPublicIp(_) | Command::PutLoadBalancer(_) | Command::UpdateServices(_));
+    assert!(!sent.iter().any(writes_azure), "{sent:?}");
+    let (issued, _, last) = drive(&mut tracker, NOW + 2_000, retry, &ok);
+    assert_eq!(reasons(&issued), [reason::ENSURED_LOAD_BALANCER], "{issued:?}");
+    assert!(last.idle);
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+}
