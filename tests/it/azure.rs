@@ -85,6 +85,26 @@ async fn seed(api: &impl AzureApi) {
     api.update_services(UpdateAction::PartialUpdate, &[inbound("svc-1")]).await.unwrap();
     let update = location("10.0.0.4", UpdateAction::PartialUpdate, &[("10.244.0.5", &["svc-1"])]);
     api.update_address_locations(UpdateAction::PartialUpdate, &[update]).await.unwrap();
+    api.put_public_ip(&pip("egress-1-pip")).await.unwrap();
+    api.put_public_ip(&PublicIpSpec { name: "egress-1-pip-v6".into(), version: IpVersion::IPv6 }).await.unwrap();
+    api.put_nat_gateway(&nat_gateway("egress-1", true)).await.unwrap();
+    api.put_nat_gateway(&NatGatewaySpec {
+        public_ips: vec![],
+        public_ips_v6: vec![],
+        ..nat_gateway("spare-natgw", false)
+    })
+    .await
+    .unwrap();
+}
+
+/// The NAT gateway of an egress identity `name` the upstream way: on `<name>-pip` and `<name>-pip-v6`.
+fn nat_gateway(name: &str, associated: bool) -> NatGatewaySpec {
+    NatGatewaySpec {
+        name: name.into(),
+        public_ips: vec![format!("{name}-pip")],
+        public_ips_v6: vec![format!("{name}-pip-v6")],
+        associated,
+    }
 }
 
 /// One call of `op` on the seeded gateway; its result as text, to compare across backends.
@@ -116,6 +136,10 @@ async fn call(api: &impl AzureApi, op: Operation) -> Result<String, AzureError> 
         }
         Operation::DeleteLoadBalancer => format!("{:?}", api.delete_load_balancer("spare-lb").await?),
         Operation::GetBackendPool => format!("{:?}", api.get_backend_pool(&svc1_pool()).await?),
+        Operation::ListNatGateways => format!("{:?}", api.list_nat_gateways().await?),
+        // Disassociating, as a teardown does before the delete.
+        Operation::PutNatGateway => format!("{:?}", api.put_nat_gateway(&nat_gateway("egress-1", false)).await?),
+        Operation::DeleteNatGateway => format!("{:?}", api.delete_nat_gateway("spare-natgw").await?),
         Operation::PutBackendPool => {
             // The read is not the faulted call; the write with its ETag is.
             let (mut pool, etag) = api.get_backend_pool(&svc1_pool()).await.expect("the pool reads");
@@ -223,6 +247,136 @@ async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and
             assert_eq!(served.resources(), expected_state, "{case}, over HTTP");
         }
     }
+}
+
+/// An Outbound registration of the egress identity `name`, linked to its NAT gateway as `link` says.
+fn outbound(name: &str, link: NatGatewayLink) -> ServiceRequest {
+    ServiceRequest {
+        name: name.into(),
+        service_type: ServiceType::Outbound,
+        backend_pools: vec![],
+        nat_gateway: link,
+        is_delete: false,
+    }
+}
+
+/// The NAT gateway rules of the emulator (issue 16), walked through `api` in upstream's order (§c.2.1): public IPs,
+/// then the NAT gateway associated with the ServiceGateway, then the Outbound registration naming it; the teardown
+/// in reverse, each step refused while the one before it has not happened.
+async fn nat_gateway_lifecycle(api: &impl AzureApi, emulator: &Emulator) {
+    let refused = |result: Result<(), AzureError>, code: &str| {
+        let e = result.expect_err(code);
+        assert_eq!((e.status, e.code.as_str()), (400, code), "{e}");
+    };
+    let partial = UpdateAction::PartialUpdate;
+    api.put_public_ip(&pip("egress-a-pip")).await.unwrap();
+    api.put_public_ip(&PublicIpSpec { name: "egress-a-pip-v6".into(), version: IpVersion::IPv6 }).await.unwrap();
+    let swapped = NatGatewaySpec {
+        public_ips: vec!["egress-a-pip-v6".into()],
+        public_ips_v6: vec!["egress-a-pip".into()],
+        ..nat_gateway("egress-a", true)
+    };
+    refused(api.put_nat_gateway(&swapped).await, "InvalidRequestFormat");
+    let missing = NatGatewaySpec { public_ips: vec!["nowhere-pip".into()], ..nat_gateway("egress-a", true) };
+    refused(api.put_nat_gateway(&missing).await, "InvalidResourceReference");
+    let on_a_load_balancer = NatGatewaySpec { public_ips: vec!["svc-1-pip".into()], ..nat_gateway("egress-a", true) };
+    refused(api.put_nat_gateway(&on_a_load_balancer).await, "PublicIPAddressInUse");
+    refused(api.put_load_balancer(&lb("svc-9", "egress-1-pip", vec![])).await, "PublicIPAddressInUse");
+    let before = emulator.resources();
+    refused(
+        api.update_services(partial, &[outbound("egress-a", NatGatewayLink::Set("egress-a".into()))]).await,
+        "InvalidResourceReference",
+    );
+    assert_eq!(emulator.resources(), before, "a refused request changes nothing");
+
+    api.put_nat_gateway(&nat_gateway("egress-a", true)).await.unwrap();
+    let listed = api.list_nat_gateways().await.unwrap();
+    let a = listed.iter().find(|g| g.name == "egress-a").expect("listed");
+    assert_eq!(
+        *a,
+        ListedNatGateway {
+            name: "egress-a".into(),
+            public_ips: vec!["egress-a-pip".into()],
+            public_ips_v6: vec!["egress-a-pip-v6".into()],
+            service_gateway: Some(test_scope().service_gateway_id()),
+            as_put: true,
+        }
+    );
+    let names: Vec<&str> = listed.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(names, ["egress-1", "egress-a", "spare-natgw"], "every page");
+    api.update_services(partial, &[outbound("egress-a", NatGatewayLink::Set("egress-a".into()))]).await.unwrap();
+
+    // The teardown, each step tried before its time first.
+    refused(api.delete_nat_gateway("egress-a").await, "InUseNatGatewayCannotBeDeleted");
+    refused(api.put_nat_gateway(&nat_gateway("egress-a", false)).await, "NatGatewayInUseByServiceGateway");
+    refused(api.delete_public_ip("egress-a-pip").await, "InUsePublicIpAddressCannotBeDeleted");
+    api.update_services(partial, &[outbound("egress-a", NatGatewayLink::Clear)]).await.unwrap();
+    api.put_nat_gateway(&nat_gateway("egress-a", false)).await.unwrap();
+    let listed = api.list_nat_gateways().await.unwrap();
+    assert_eq!(listed.iter().find(|g| g.name == "egress-a").unwrap().service_gateway, None, "disassociated");
+    refused(
+        api.update_services(partial, &[outbound("egress-a", NatGatewayLink::Set("egress-a".into()))]).await,
+        "NatGatewayNotAssociatedWithServiceGateway",
+    );
+    api.update_services(partial, &[ServiceRequest { is_delete: true, ..outbound("egress-a", NatGatewayLink::Omit) }])
+        .await
+        .unwrap();
+    api.delete_nat_gateway("egress-a").await.unwrap();
+    let gone = api.delete_nat_gateway("egress-a").await.expect_err("deleted");
+    assert_eq!(gone.status, 404, "{gone}");
+    api.delete_public_ip("egress-a-pip").await.unwrap();
+    api.delete_public_ip("egress-a-pip-v6").await.unwrap();
+    let resources = emulator.resources();
+    assert!(!resources.nat_gateways.contains_key("egress-a") && !resources.services.contains_key("egress-a"));
+    assert!(!resources.public_ips.keys().any(|p| p.starts_with("egress-a")));
+}
+
+// Upstream TestCreateOrUpdateNatGateway_Mock and TestDeleteNatGateway_Mock: the client PUTs and DELETEs NAT gateways
+// (their faults, typed, are the fault table's), and a delete of one that is gone is a 404.
+#[tokio::test]
+async fn a_nat_gateway_is_created_registered_and_torn_down_only_in_upstreams_order_over_http_and_in_process() {
+    let in_process = emulator();
+    seed(&*in_process).await;
+    nat_gateway_lifecycle(&*in_process, &in_process).await;
+
+    let served = emulator();
+    let server = serve(served.clone()).await;
+    let client = client(&server.url(), Duration::from_secs(30), Credential::None);
+    seed(&client).await;
+    nat_gateway_lifecycle(&client, &served).await;
+    assert_eq!(served.resources(), in_process.resources());
+}
+
+/// A NAT gateway listed with what this host does not make (another SKU, a public IP of another resource group, a
+/// failed provisioning, `null` lists) is not `as_put`; one that does not decode is left out of the list.
+#[test]
+fn a_listed_nat_gateway_is_as_put_only_when_it_is_exactly_what_a_put_makes() {
+    let scope = test_scope();
+    let net = format!(
+        "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Network",
+        scope.subscription, scope.resource_group
+    );
+    let listed = |value: serde_json::Value| wire::listed_nat_gateway(&scope, value);
+    let ours = serde_json::json!({"name": "egress-a", "sku": {"name": "StandardV2"}, "properties": {
+        "publicIpAddresses": [{"id": format!("{net}/publicIPAddresses/egress-a-pip")}],
+        "publicIpAddressesV6": null,
+        "serviceGateway": {"id": scope.service_gateway_id()},
+        "provisioningState": "Succeeded"}});
+    let got = listed(ours.clone()).unwrap();
+    assert!(got.as_put && got.public_ips == ["egress-a-pip"] && got.public_ips_v6.is_empty(), "{got:?}");
+    assert_eq!(got.service_gateway, Some(scope.service_gateway_id()));
+    let with = |pointer: &str, value: serde_json::Value| {
+        let mut v = ours.clone();
+        *v.pointer_mut(pointer).unwrap() = value;
+        listed(v)
+    };
+    assert!(!with("/sku/name", "Standard".into()).unwrap().as_put);
+    assert!(!with("/properties/provisioningState", "Failed".into()).unwrap().as_put);
+    let foreign = with("/properties/publicIpAddresses", serde_json::json!([{"id": "/subscriptions/x/resourceGroups/other/providers/Microsoft.Network/publicIPAddresses/egress-a-pip"}])).unwrap();
+    assert!(!foreign.as_put && foreign.public_ips.is_empty(), "{foreign:?}");
+    assert_eq!(with("/properties/serviceGateway", serde_json::Value::Null).unwrap().service_gateway, None);
+    assert_eq!(with("/properties", "not an object".into()), None);
+    assert_eq!(listed(serde_json::json!({"properties": {}})), None, "no name");
 }
 
 // Regression: issue 15, defect 3 — one timeout (60 s, not a flag) held every NRP call. Each
@@ -553,7 +707,7 @@ async fn a_drained_service_can_be_unregistered_and_its_load_balancer_and_ip_dele
     let resources = emulator.resources();
     assert_eq!(resources.services.keys().collect::<Vec<_>>(), ["default-natgw"]);
     assert!(resources.load_balancers.is_empty() && resources.backend_pools.is_empty());
-    assert_eq!(resources.public_ips.keys().collect::<Vec<_>>(), ["spare-pip"]);
+    assert_eq!(resources.public_ips.keys().collect::<Vec<_>>(), ["egress-1-pip", "egress-1-pip-v6", "spare-pip"]);
 }
 
 // Upstream TestBuildInboundServiceResources_SameBackendPortDifferentProtocolAllowed.
@@ -722,6 +876,22 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
     assert_eq!(address["sku"]["name"], "StandardV2");
     assert_eq!(address["properties"]["publicIPAllocationMethod"], "Static");
     assert_eq!(address["properties"]["publicIPAddressVersion"], "IPv6");
+
+    // The NAT gateway half of the disassociation: serviceGateway goes as an explicit null.
+    let gateway =
+        |associated| serde_json::to_value(wire::nat_gateway(&test_scope(), &nat_gateway("e", associated))).unwrap();
+    let expected = serde_json::json!({
+        "location": test_scope().location,
+        "sku": {"name": "StandardV2"},
+        "properties": {
+            "publicIpAddresses": [{"id": format!("{net}/publicIPAddresses/e-pip")}],
+            "publicIpAddressesV6": [{"id": format!("{net}/publicIPAddresses/e-pip-v6")}],
+            "serviceGateway": {"id": format!("{net}/serviceGateways/{}", test_scope().service_gateway)}
+        }
+    });
+    assert_eq!(gateway(true), expected);
+    assert_eq!(gateway(false)["properties"]["serviceGateway"], serde_json::Value::Null);
+    assert!(gateway(false)["properties"].as_object().unwrap().contains_key("serviceGateway"));
 }
 
 // Upstream TestParseLocationAddresses_ReadsAddressesAndServices: a listed address's services are read, one listed

@@ -91,6 +91,15 @@ impl AzureApi for Gated {
         self.gate.pass(Operation::PutBackendPool).await;
         self.emulator.put_backend_pool(pool, c, m).await
     }
+    async fn list_nat_gateways(&self) -> Result<Vec<ListedNatGateway>, AzureError> {
+        self.emulator.list_nat_gateways().await
+    }
+    async fn put_nat_gateway(&self, spec: &NatGatewaySpec) -> Result<(), AzureError> {
+        self.emulator.put_nat_gateway(spec).await
+    }
+    async fn delete_nat_gateway(&self, name: &str) -> Result<(), AzureError> {
+        self.emulator.delete_nat_gateway(name).await
+    }
 }
 
 type Updater = PoolUpdater<Gated, Arc<InMemoryLock>, Cluster>;

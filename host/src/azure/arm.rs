@@ -449,6 +449,25 @@ impl AzureApi for ArmClient {
         self.call(op, Method::DELETE, self.network_url(op, &["loadBalancers", name])?, None, None).await.map(drop)
     }
 
+    async fn list_nat_gateways(&self) -> Result<Vec<ListedNatGateway>, AzureError> {
+        let op = Operation::ListNatGateways;
+        let items: Vec<serde_json::Value> = self.list(op, self.network_url(op, &["natGateways"])?).await?;
+        let scope = &self.config.scope;
+        Ok(items.into_iter().filter_map(|item| wire::listed_nat_gateway(scope, item)).collect())
+    }
+
+    async fn put_nat_gateway(&self, spec: &NatGatewaySpec) -> Result<(), AzureError> {
+        let op = Operation::PutNatGateway;
+        let body = encode(op, &wire::nat_gateway(&self.config.scope, spec))?;
+        let url = self.network_url(op, &["natGateways", &spec.name])?;
+        self.call(op, Method::PUT, url, Some(body), None).await.map(drop)
+    }
+
+    async fn delete_nat_gateway(&self, name: &str) -> Result<(), AzureError> {
+        let op = Operation::DeleteNatGateway;
+        self.call(op, Method::DELETE, self.network_url(op, &["natGateways", name])?, None, None).await.map(drop)
+    }
+
     async fn get_backend_pool(&self, pool: &PoolRef) -> Result<(BackendPool, ETag), AzureError> {
         let op = Operation::GetBackendPool;
         let url = self.network_url(op, &["loadBalancers", &pool.load_balancer, "backendAddressPools", &pool.pool])?;

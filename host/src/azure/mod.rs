@@ -40,10 +40,13 @@ pub enum Operation {
     DeleteLoadBalancer,
     GetBackendPool,
     PutBackendPool,
+    ListNatGateways,
+    PutNatGateway,
+    DeleteNatGateway,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 12] = [
+    pub const ALL: [Operation; 15] = [
         Operation::UpdateServices,
         Operation::UpdateAddressLocations,
         Operation::ListServices,
@@ -56,6 +59,9 @@ impl Operation {
         Operation::DeleteLoadBalancer,
         Operation::GetBackendPool,
         Operation::PutBackendPool,
+        Operation::ListNatGateways,
+        Operation::PutNatGateway,
+        Operation::DeleteNatGateway,
     ];
 
     /// Whether NRP (the ServiceGateway) answers it, rather than ARM's network resources.
@@ -78,6 +84,7 @@ impl Operation {
                 | Operation::ListPublicIps
                 | Operation::ListLoadBalancers
                 | Operation::GetBackendPool
+                | Operation::ListNatGateways
         )
     }
 
@@ -95,6 +102,9 @@ impl Operation {
             Operation::DeleteLoadBalancer => "delete-load-balancer",
             Operation::GetBackendPool => "get-backend-pool",
             Operation::PutBackendPool => "put-backend-pool",
+            Operation::ListNatGateways => "list-nat-gateways",
+            Operation::PutNatGateway => "put-nat-gateway",
+            Operation::DeleteNatGateway => "delete-nat-gateway",
         }
     }
 }
@@ -345,6 +355,31 @@ pub struct ListedLoadBalancer {
     pub shape: Option<LoadBalancerSpec>,
 }
 
+/// An egress identity's NAT gateway (SKU StandardV2) to create or change: its public IPs by
+/// name, per family, and whether it is associated with the ServiceGateway (`serviceGateway.id`;
+/// `false` sends an explicit `null`, the disassociation before a teardown, §c.2.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatGatewaySpec {
+    pub name: String,
+    pub public_ips: Vec<String>,
+    pub public_ips_v6: Vec<String>,
+    pub associated: bool,
+}
+
+/// A NAT gateway of the resource group as ARM lists it (start-up adoption and the orphan
+/// sweep): its public IPs by name (only those of this resource group), and the ServiceGateway
+/// it is associated with, as an ARM ID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedNatGateway {
+    pub name: String,
+    pub public_ips: Vec<String>,
+    pub public_ips_v6: Vec<String>,
+    pub service_gateway: Option<String>,
+    /// SKU StandardV2, provisioning succeeded (or not reported), every public IP of this
+    /// resource group: what [`AzureApi::put_nat_gateway`] makes.
+    pub as_put: bool,
+}
+
 /// The ETag of a resource, as ARM sent it (opaque).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ETag(pub String);
@@ -435,6 +470,10 @@ pub trait AzureApi {
     async fn put_load_balancer(&self, spec: &LoadBalancerSpec) -> Result<(), AzureError>;
     async fn delete_load_balancer(&self, name: &str) -> Result<(), AzureError>;
     async fn get_backend_pool(&self, pool: &PoolRef) -> Result<(BackendPool, ETag), AzureError>;
+    /// The resource group's NAT gateways, every page.
+    async fn list_nat_gateways(&self) -> Result<Vec<ListedNatGateway>, AzureError>;
+    async fn put_nat_gateway(&self, spec: &NatGatewaySpec) -> Result<(), AzureError>;
+    async fn delete_nat_gateway(&self, name: &str) -> Result<(), AzureError>;
     /// Writes the pool; with `if_match`, only if its ETag is still that one (else 412).
     async fn put_backend_pool(
         &self,
@@ -482,6 +521,15 @@ impl<T: AzureApi> AzureApi for std::sync::Arc<T> {
     }
     async fn get_backend_pool(&self, pool: &PoolRef) -> Result<(BackendPool, ETag), AzureError> {
         (**self).get_backend_pool(pool).await
+    }
+    async fn list_nat_gateways(&self) -> Result<Vec<ListedNatGateway>, AzureError> {
+        (**self).list_nat_gateways().await
+    }
+    async fn put_nat_gateway(&self, spec: &NatGatewaySpec) -> Result<(), AzureError> {
+        (**self).put_nat_gateway(spec).await
+    }
+    async fn delete_nat_gateway(&self, name: &str) -> Result<(), AzureError> {
+        (**self).delete_nat_gateway(name).await
     }
     async fn put_backend_pool(
         &self,

@@ -6,9 +6,9 @@
 //! empty" (`addresses`, `services`, `loadBalancerBackendPools`) are always sent, `[]` when empty.
 
 use super::{
-    BackendAddress, BackendPool, FRONTEND_NAME, IpVersion, LbRule, ListedLoadBalancer, ListedLocation, ListedPublicIp,
-    ListedService, LoadBalancerSpec, LocationUpdate, NatGatewayLink, PoolRef, Protocol, PublicIpSpec, Scope,
-    ServiceRequest, UpdateAction,
+    BackendAddress, BackendPool, FRONTEND_NAME, IpVersion, LbRule, ListedLoadBalancer, ListedLocation,
+    ListedNatGateway, ListedPublicIp, ListedService, LoadBalancerSpec, LocationUpdate, NatGatewayLink, NatGatewaySpec,
+    PoolRef, Protocol, PublicIpSpec, Scope, ServiceRequest, UpdateAction,
 };
 use serde::{Deserialize, Serialize};
 
@@ -310,6 +310,43 @@ pub struct BackendAddressProperties {
     pub virtual_network: Option<IdRef>,
 }
 
+// ---- natGateways ----
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NatGateway {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    #[serde(default)]
+    pub location: String,
+    #[serde(default)]
+    pub sku: Sku,
+    pub properties: NatGatewayProperties,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NatGatewayProperties {
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub public_ip_addresses: Vec<IdRef>,
+    #[serde(rename = "publicIpAddressesV6", default, deserialize_with = "null_as_empty")]
+    pub public_ip_addresses_v6: Vec<IdRef>,
+    /// Always sent: JSON `null` is the disassociation, which leaving the key out would not be.
+    #[serde(default)]
+    pub service_gateway: Option<IdRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioning_state: Option<String>,
+}
+
+/// A list ARM may send as `null` (or leave out) when it is empty.
+fn null_as_empty<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Vec<T>, D::Error> {
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
 // ---- host types → wire ----
 
 pub fn update_services(scope: &Scope, action: UpdateAction, requests: &[ServiceRequest]) -> UpdateServicesRequest {
@@ -405,6 +442,23 @@ pub fn load_balancer(scope: &Scope, spec: &LoadBalancerSpec) -> LoadBalancer {
             }],
             backend_address_pools: vec![NamedEmpty { name: spec.backend_pool.clone(), properties: Default::default() }],
             load_balancing_rules: spec.rules.iter().map(rule).collect(),
+        },
+    }
+}
+
+pub fn nat_gateway(scope: &Scope, spec: &NatGatewaySpec) -> NatGateway {
+    let ids = |names: &[String]| names.iter().map(|n| IdRef { id: scope.public_ip_id(n) }).collect();
+    NatGateway {
+        name: None,
+        id: None,
+        etag: None,
+        location: scope.location.clone(),
+        sku: Sku { name: "StandardV2".into(), tier: None },
+        properties: NatGatewayProperties {
+            public_ip_addresses: ids(&spec.public_ips),
+            public_ip_addresses_v6: ids(&spec.public_ips_v6),
+            service_gateway: spec.associated.then(|| IdRef { id: scope.service_gateway_id() }),
+            provisioning_state: None,
         },
     }
 }
@@ -537,6 +591,31 @@ fn load_balancer_shape(scope: &Scope, name: &str, value: &serde_json::Value) -> 
                 && a.backend_address_pool.id.eq_ignore_ascii_case(&b.backend_address_pool.id)
         });
     same.then_some(spec)
+}
+
+/// A listed NAT gateway, or `None` for one that does not decode as a NAT gateway (not one this
+/// host made, so nothing to adopt or to sweep). Its public IPs are named only where their ID is
+/// a public IP of this resource group; `as_put` says it is what [`nat_gateway`] makes (SKU
+/// StandardV2, provisioning succeeded, every public IP of this resource group).
+pub fn listed_nat_gateway(scope: &Scope, value: serde_json::Value) -> Option<ListedNatGateway> {
+    let name = value.get("name")?.as_str()?.to_owned();
+    let gateway: NatGateway = serde_json::from_value(value).ok()?;
+    let p = &gateway.properties;
+    let ours = |refs: &[IdRef]| -> Vec<String> {
+        refs.iter()
+            .filter_map(|r| {
+                let name = r.id.rsplit('/').next()?;
+                r.id.eq_ignore_ascii_case(&scope.public_ip_id(name)).then(|| name.to_owned())
+            })
+            .collect()
+    };
+    let (public_ips, public_ips_v6) = (ours(&p.public_ip_addresses), ours(&p.public_ip_addresses_v6));
+    let as_put = gateway.sku.name.eq_ignore_ascii_case("StandardV2")
+        && succeeded(p.provisioning_state.as_deref())
+        && public_ips.len() == p.public_ip_addresses.len()
+        && public_ips_v6.len() == p.public_ip_addresses_v6.len();
+    let service_gateway = p.service_gateway.as_ref().map(|g| g.id.clone()).filter(|id| !id.is_empty());
+    Some(ListedNatGateway { name, public_ips, public_ips_v6, service_gateway, as_put })
 }
 
 /// ARM reports `Succeeded` once a resource is ready; a list that leaves it out is taken as ready.

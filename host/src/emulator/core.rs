@@ -3,7 +3,7 @@
 //! only when the whole request succeeded — as NRP does with a batch.
 
 use super::faults::{ActiveFault, AsyncOutcome, Fault, FaultMode};
-use crate::azure::wire::{self, ErrorBody};
+use crate::azure::wire::{self, ErrorBody, IdRef};
 use crate::azure::{IpVersion, Operation, Scope, UpdateAction};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -57,6 +57,18 @@ pub struct LoadBalancerRecord {
     pub rules: Vec<wire::LoadBalancingRule>,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NatGatewayRecord {
+    pub etag: String,
+    pub sku: String,
+    /// The names of its public IPs, per family.
+    pub public_ips: Vec<String>,
+    pub public_ips_v6: Vec<String>,
+    /// Associated with the emulated ServiceGateway (`serviceGateway.id`), or not (`null`).
+    pub associated: bool,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackendPoolRecord {
@@ -75,6 +87,8 @@ pub struct Resources {
     pub load_balancers: BTreeMap<String, LoadBalancerRecord>,
     /// Keyed `{load balancer}/{pool}`.
     pub backend_pools: BTreeMap<String, BackendPoolRecord>,
+    #[serde(default)]
+    pub nat_gateways: BTreeMap<String, NatGatewayRecord>,
 }
 
 /// One handled request.
@@ -292,9 +306,51 @@ impl State {
         locations.values().flat_map(|addresses| addresses.values()).any(|services| services.contains(service))
     }
 
+    /// A service may name only a NAT gateway of this resource group that exists and is
+    /// associated with this ServiceGateway (upstream creates it so before registering, §c.2.1).
+    fn check_registrable_nat_gateway(&self, scope: &Scope, service: &str, id: &str) -> Result<(), Rejection> {
+        let gateway = child_name(id, "natGateways")
+            .filter(|n| id.eq_ignore_ascii_case(&scope.nat_gateway_id(n)))
+            .and_then(|n| self.resources.nat_gateways.get(n));
+        match gateway {
+            Some(g) if g.associated => Ok(()),
+            Some(_) => Err(reject(
+                400,
+                "NatGatewayNotAssociatedWithServiceGateway",
+                format!("service {service}: NAT gateway {id} is not associated with this service gateway"),
+            )),
+            None => Err(reject(
+                400,
+                "InvalidResourceReference",
+                format!("service {service}: publicNatGatewayId {id} is not a NAT gateway of this resource group"),
+            )),
+        }
+    }
+
+    /// The registered services whose `publicNatGatewayId` is the NAT gateway `name`.
+    fn services_on_nat_gateway(&self, scope: &Scope, name: &str) -> Vec<String> {
+        let id = scope.nat_gateway_id(name);
+        let on = |s: &ServiceRecord| s.public_nat_gateway_id.as_deref().is_some_and(|g| g.eq_ignore_ascii_case(&id));
+        self.resources.services.iter().filter(|(_, s)| !s.is_default && on(s)).map(|(n, _)| n.clone()).collect()
+    }
+
+    /// What else uses the public IP `name`: a load balancer or a NAT gateway other than `except`.
+    fn public_ip_user(&self, name: &str, except_nat_gateway: Option<&str>) -> Option<String> {
+        let lb = self.resources.load_balancers.iter().find(|(_, lb)| lb.public_ips.iter().any(|p| p == name));
+        if let Some((lb, _)) = lb {
+            return Some(format!("load balancer {lb}"));
+        }
+        self.resources
+            .nat_gateways
+            .iter()
+            .filter(|(n, _)| Some(n.as_str()) != except_nat_gateway)
+            .find(|(_, g)| g.public_ips.iter().chain(&g.public_ips_v6).any(|p| p == name))
+            .map(|(n, _)| format!("NAT gateway {n}"))
+    }
+
     // ---- serviceGateways ----
 
-    pub fn update_services(&mut self, request: &wire::UpdateServicesRequest) -> Result<(), Rejection> {
+    pub fn update_services(&mut self, scope: &Scope, request: &wire::UpdateServicesRequest) -> Result<(), Rejection> {
         let mut services = self.resources.services.clone();
         let locations = &self.resources.locations;
         let default_conflict = |name: &str| {
@@ -354,6 +410,9 @@ impl State {
             let is_default = properties.is_default.unwrap_or(false);
             if is_default && services.values().any(|s| s.is_default) {
                 return Err(default_conflict(name));
+            }
+            if let Some(Some(id)) = &properties.public_nat_gateway_id {
+                self.check_registrable_nat_gateway(scope, name, id)?;
             }
             services.insert(
                 name.clone(),
@@ -557,13 +616,11 @@ impl State {
         if !self.resources.public_ips.contains_key(name) {
             return Err(not_found("public IP", name));
         }
-        if let Some((lb, _)) =
-            self.resources.load_balancers.iter().find(|(_, lb)| lb.public_ips.iter().any(|p| p == name))
-        {
+        if let Some(user) = self.public_ip_user(name, None) {
             return Err(reject(
                 400,
                 "InUsePublicIpAddressCannotBeDeleted",
-                format!("public IP {name} is in use by load balancer {lb}"),
+                format!("public IP {name} is in use by {user}"),
             ));
         }
         self.resources.public_ips.remove(name);
@@ -586,6 +643,21 @@ impl State {
             let pip = child_name(id, "publicIPAddresses").filter(|pip| {
                 id.eq_ignore_ascii_case(&scope.public_ip_id(pip)) && self.resources.public_ips.contains_key(*pip)
             });
+            if let Some((gateway, _)) = pip.and_then(|pip| {
+                self.resources
+                    .nat_gateways
+                    .iter()
+                    .find(|(_, g)| g.public_ips.iter().chain(&g.public_ips_v6).any(|p| p == pip))
+            }) {
+                return Err(reject(
+                    400,
+                    "PublicIPAddressInUse",
+                    format!(
+                        "load balancer {name}: frontend {} uses {id}, which NAT gateway {gateway} uses",
+                        frontend.name
+                    ),
+                ));
+            }
             match pip {
                 Some(pip) => public_ips.push(pip.to_owned()),
                 None => {
@@ -710,6 +782,113 @@ impl State {
         for key in self.backend_pools_of(name) {
             self.resources.backend_pools.remove(&key);
         }
+        Ok(())
+    }
+
+    // ---- natGateways ----
+
+    /// Creates or replaces the NAT gateway: SKU StandardV2, public IPs of this resource group
+    /// of their list's family that no load balancer or other NAT gateway uses, associated with
+    /// this ServiceGateway or with none — and not disassociated while a registered service
+    /// names it.
+    pub fn put_nat_gateway(
+        &mut self,
+        scope: &Scope,
+        name: &str,
+        body: &wire::NatGateway,
+    ) -> Result<wire::NatGateway, Rejection> {
+        let refuse = |code: &str, what: String| reject(400, code, format!("NAT gateway {name}: {what}"));
+        if !body.sku.name.eq_ignore_ascii_case("StandardV2") {
+            return Err(refuse(
+                "InvalidRequestFormat",
+                format!("SKU {:?}; only StandardV2 is supported", body.sku.name),
+            ));
+        }
+        let p = &body.properties;
+        let mut names = [Vec::new(), Vec::new()];
+        for (family, (refs, version)) in
+            [(&p.public_ip_addresses, IpVersion::IPv4), (&p.public_ip_addresses_v6, IpVersion::IPv6)]
+                .into_iter()
+                .enumerate()
+        {
+            for IdRef { id } in refs {
+                let pip =
+                    child_name(id, "publicIPAddresses").filter(|n| id.eq_ignore_ascii_case(&scope.public_ip_id(n)));
+                let Some((pip, record)) = pip.and_then(|n| self.resources.public_ips.get_key_value(n)) else {
+                    return Err(refuse("InvalidResourceReference", format!("public IP {id} does not exist")));
+                };
+                if record.version != version {
+                    return Err(refuse(
+                        "InvalidRequestFormat",
+                        format!("public IP {pip} is {:?}, listed among the {version:?} addresses", record.version),
+                    ));
+                }
+                if let Some(user) = self.public_ip_user(pip, Some(name)) {
+                    return Err(refuse("PublicIPAddressInUse", format!("public IP {pip} is in use by {user}")));
+                }
+                names[family].push(pip.clone());
+            }
+        }
+        let associated = match &p.service_gateway {
+            None => false,
+            Some(IdRef { id }) if id.eq_ignore_ascii_case(&scope.service_gateway_id()) => true,
+            Some(IdRef { id }) => {
+                return Err(refuse("InvalidResourceReference", format!("service gateway {id} is not this one")));
+            }
+        };
+        let users = self.services_on_nat_gateway(scope, name);
+        if !associated && !users.is_empty() {
+            return Err(refuse(
+                "NatGatewayInUseByServiceGateway",
+                format!(
+                    "cannot be disassociated while services {users:?} name it; clear their publicNatGatewayId first"
+                ),
+            ));
+        }
+        let etag = self.etag();
+        let [public_ips, public_ips_v6] = names;
+        let record = NatGatewayRecord { etag, sku: body.sku.name.clone(), public_ips, public_ips_v6, associated };
+        self.resources.nat_gateways.insert(name.to_owned(), record);
+        self.read_nat_gateway(scope, name)
+    }
+
+    pub fn read_nat_gateway(&self, scope: &Scope, name: &str) -> Result<wire::NatGateway, Rejection> {
+        let g = self.resources.nat_gateways.get(name).ok_or_else(|| not_found("NAT gateway", name))?;
+        let ids = |names: &[String]| names.iter().map(|n| IdRef { id: scope.public_ip_id(n) }).collect();
+        Ok(wire::NatGateway {
+            name: Some(name.to_owned()),
+            id: Some(scope.nat_gateway_id(name)),
+            etag: Some(g.etag.clone()),
+            location: scope.location.clone(),
+            sku: wire::Sku { name: g.sku.clone(), tier: None },
+            properties: wire::NatGatewayProperties {
+                public_ip_addresses: ids(&g.public_ips),
+                public_ip_addresses_v6: ids(&g.public_ips_v6),
+                service_gateway: g.associated.then(|| IdRef { id: scope.service_gateway_id() }),
+                provisioning_state: Some("Succeeded".into()),
+            },
+        })
+    }
+
+    /// Every NAT gateway, as a list call pages them (by name).
+    pub fn list_nat_gateways(&self, scope: &Scope) -> Vec<wire::NatGateway> {
+        self.resources.nat_gateways.keys().filter_map(|name| self.read_nat_gateway(scope, name).ok()).collect()
+    }
+
+    /// Deletes the NAT gateway, unless a registered service still names it.
+    pub fn delete_nat_gateway(&mut self, scope: &Scope, name: &str) -> Result<(), Rejection> {
+        if !self.resources.nat_gateways.contains_key(name) {
+            return Err(not_found("NAT gateway", name));
+        }
+        let users = self.services_on_nat_gateway(scope, name);
+        if !users.is_empty() {
+            return Err(reject(
+                400,
+                "InUseNatGatewayCannotBeDeleted",
+                format!("NAT gateway {name} is named by services {users:?}; unregister them first"),
+            ));
+        }
+        self.resources.nat_gateways.remove(name);
         Ok(())
     }
 

@@ -172,7 +172,7 @@ impl AzureApi for Emulator {
         requests: &[azure::ServiceRequest],
     ) -> Result<(), AzureError> {
         let request = wire::update_services(&self.scope, action, requests);
-        self.call(Operation::UpdateServices, service_names(&request), |s, _| s.update_services(&request))
+        self.call(Operation::UpdateServices, service_names(&request), |s, scope| s.update_services(scope, &request))
     }
 
     async fn update_address_locations(
@@ -230,6 +230,24 @@ impl AzureApi for Emulator {
 
     async fn delete_load_balancer(&self, name: &str) -> Result<(), AzureError> {
         self.call(Operation::DeleteLoadBalancer, vec![name.to_owned()], |s, _| s.delete_load_balancer(name))
+    }
+
+    async fn list_nat_gateways(&self) -> Result<Vec<azure::ListedNatGateway>, AzureError> {
+        let gateways = self.call(Operation::ListNatGateways, Vec::new(), |s, scope| Ok(s.list_nat_gateways(scope)))?;
+        let listed = |g: wire::NatGateway| wire::listed_nat_gateway(&self.scope, serde_json::to_value(g).ok()?);
+        Ok(gateways.into_iter().filter_map(listed).collect())
+    }
+
+    async fn put_nat_gateway(&self, spec: &azure::NatGatewaySpec) -> Result<(), AzureError> {
+        let body = wire::nat_gateway(&self.scope, spec);
+        self.call(Operation::PutNatGateway, vec![spec.name.clone()], |s, scope| {
+            s.put_nat_gateway(scope, &spec.name, &body)
+        })
+        .map(drop)
+    }
+
+    async fn delete_nat_gateway(&self, name: &str) -> Result<(), AzureError> {
+        self.call(Operation::DeleteNatGateway, vec![name.to_owned()], |s, scope| s.delete_nat_gateway(scope, name))
     }
 
     async fn get_backend_pool(&self, pool: &azure::PoolRef) -> Result<(azure::BackendPool, azure::ETag), AzureError> {

@@ -213,7 +213,7 @@ fn arm(emulator: &Emulator, call: &Call, rest: &[&str]) -> Reply {
         (&Method::POST, [kind, _, action]) if is(kind, "serviceGateways") && is(action, "updateServices") => {
             let op = Operation::UpdateServices;
             with_body(emulator, call, op, |request: wire::UpdateServicesRequest| {
-                serve(emulator, call, op, service_names(&request), |s, _| s.update_services(&request))
+                serve(emulator, call, op, service_names(&request), |s, scope| s.update_services(scope, &request))
             })
         }
         (&Method::POST, [kind, _, action]) if is(kind, "serviceGateways") && is(action, "updateAddressLocations") => {
@@ -245,6 +245,25 @@ fn arm(emulator: &Emulator, call: &Call, rest: &[&str]) -> Reply {
                 Ok(page(call, s.list_load_balancers(scope), skip, size))
             })
         }
+        (&Method::GET, [kind]) if is(kind, "natGateways") => {
+            let (skip, size) = paging(emulator, call);
+            serve(emulator, call, Operation::ListNatGateways, Vec::new(), |s, scope| {
+                Ok(page(call, s.list_nat_gateways(scope), skip, size))
+            })
+        }
+        (method, [kind, name]) if is(kind, "natGateways") => match *method {
+            Method::PUT => {
+                let op = Operation::PutNatGateway;
+                with_body(emulator, call, op, |body: wire::NatGateway| {
+                    serve(emulator, call, op, owned(&[name]), |s, scope| s.put_nat_gateway(scope, name, &body))
+                })
+            }
+            Method::DELETE => serve(emulator, call, Operation::DeleteNatGateway, owned(&[name]), |s, scope| {
+                s.delete_nat_gateway(scope, name)
+            }),
+            Method::GET => read_only(emulator, "get-nat-gateway", name, |s, scope| s.read_nat_gateway(scope, name)),
+            _ => Reply::Answer(method_not_allowed(call)),
+        },
         (method, [kind, name]) if is(kind, "publicIPAddresses") => match *method {
             Method::PUT => {
                 let op = Operation::PutPublicIp;
