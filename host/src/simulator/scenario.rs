@@ -434,6 +434,9 @@ pub struct NrpExpectation {
     /// Node IP → pod IP → service names, exactly.
     #[serde(default)]
     pub locations: Option<BTreeMap<CanonicalIp, BTreeMap<CanonicalIp, BTreeSet<String>>>>,
+    /// Registered Outbound services (egress identities), exactly; the RP's default excepted.
+    #[serde(default)]
+    pub outbound_services: Option<BTreeSet<String>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -443,6 +446,8 @@ pub struct ResourcesExpectation {
     pub public_ips: Option<BTreeSet<String>>,
     #[serde(default)]
     pub load_balancers: Option<BTreeSet<String>>,
+    #[serde(default)]
+    pub nat_gateways: Option<BTreeSet<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

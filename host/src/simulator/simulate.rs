@@ -746,6 +746,16 @@ impl Simulation<'_> {
                 let found = (view.locations != want).then(|| format!("found {}", locations_text(&view.locations)));
                 check(format!("nrp.locations = {}", locations_text(&want)), found);
             }
+            if let Some(outbound) = &nrp.outbound_services {
+                let found: BTreeSet<String> = resources
+                    .services
+                    .iter()
+                    .filter(|(_, s)| !s.is_default && s.service_type.eq_ignore_ascii_case("Outbound"))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                let what = format!("nrp.outboundServices = {outbound:?}");
+                check(what, (&found != outbound).then(|| format!("found {found:?}")));
+            }
         }
         for (object, want) in &expectation.status {
             let service = self.cluster.service(&object.namespace, &object.name);
@@ -808,6 +818,11 @@ impl Simulation<'_> {
                 let found: BTreeSet<String> = resources.load_balancers.keys().cloned().collect();
                 let what = format!("resources.loadBalancers = {lbs:?}");
                 check(what, (&found != lbs).then(|| format!("found {found:?}")));
+            }
+            if let Some(gateways) = &want.nat_gateways {
+                let found: BTreeSet<String> = resources.nat_gateways.keys().cloned().collect();
+                let what = format!("resources.natGateways = {gateways:?}");
+                check(what, (&found != gateways).then(|| format!("found {found:?}")));
             }
         }
         for (name, want) in &expectation.backend_pools {
