@@ -35,6 +35,17 @@ fn inbound(name: &str) -> ServiceRequest {
     }
 }
 
+/// An Outbound registration of the egress identity `name`, linked to its NAT gateway as `link` says.
+fn outbound(name: &str, link: NatGatewayLink) -> ServiceRequest {
+    ServiceRequest {
+        name: name.into(),
+        service_type: ServiceType::Outbound,
+        backend_pools: vec![],
+        nat_gateway: link,
+        is_delete: false,
+    }
+}
+
 fn unregister(name: &str) -> ServiceRequest {
     ServiceRequest { backend_pools: vec![], is_delete: true, ..inbound(name) }
 }
@@ -111,13 +122,7 @@ fn nat_gateway(name: &str, associated: bool) -> NatGatewaySpec {
 async fn call(api: &impl AzureApi, op: Operation) -> Result<String, AzureError> {
     Ok(match op {
         Operation::UpdateServices => {
-            let outbound = ServiceRequest {
-                name: "egress-1".into(),
-                service_type: ServiceType::Outbound,
-                backend_pools: vec![],
-                nat_gateway: NatGatewayLink::Set("egress-1".into()),
-                is_delete: false,
-            };
+            let outbound = outbound("egress-1", NatGatewayLink::Set("egress-1".into()));
             format!("{:?}", api.update_services(UpdateAction::PartialUpdate, &[outbound]).await?)
         }
         Operation::UpdateAddressLocations => {
@@ -246,17 +251,6 @@ async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and
             assert_eq!(call(&client, op).await.expect(&case), expected_result, "{case}, over HTTP");
             assert_eq!(served.resources(), expected_state, "{case}, over HTTP");
         }
-    }
-}
-
-/// An Outbound registration of the egress identity `name`, linked to its NAT gateway as `link` says.
-fn outbound(name: &str, link: NatGatewayLink) -> ServiceRequest {
-    ServiceRequest {
-        name: name.into(),
-        service_type: ServiceType::Outbound,
-        backend_pools: vec![],
-        nat_gateway: link,
-        is_delete: false,
     }
 }
 
@@ -804,13 +798,7 @@ async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
 #[test]
 fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear() {
     let partial = UpdateAction::PartialUpdate;
-    let disassociate = ServiceRequest {
-        name: "egress-1".into(),
-        service_type: ServiceType::Outbound,
-        backend_pools: vec![],
-        nat_gateway: NatGatewayLink::Clear,
-        is_delete: false,
-    };
+    let disassociate = outbound("egress-1", NatGatewayLink::Clear);
     let services = wire::update_services(&test_scope(), partial, &[inbound("u1"), disassociate, unregister("u2")]);
     let net = "/subscriptions/sub-1/resourceGroups/rg-1/providers/Microsoft.Network";
     let expected = serde_json::json!({

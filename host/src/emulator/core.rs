@@ -334,18 +334,23 @@ impl State {
         self.resources.services.iter().filter(|(_, s)| !s.is_default && on(s)).map(|(n, _)| n.clone()).collect()
     }
 
+    /// The NAT gateway other than `except` whose public IPs include `pip`.
+    fn nat_gateway_using(&self, pip: &str, except: Option<&str>) -> Option<&str> {
+        self.resources
+            .nat_gateways
+            .iter()
+            .filter(|(n, _)| Some(n.as_str()) != except)
+            .find(|(_, g)| g.public_ips.iter().chain(&g.public_ips_v6).any(|p| p == pip))
+            .map(|(n, _)| n.as_str())
+    }
+
     /// What else uses the public IP `name`: a load balancer or a NAT gateway other than `except`.
     fn public_ip_user(&self, name: &str, except_nat_gateway: Option<&str>) -> Option<String> {
         let lb = self.resources.load_balancers.iter().find(|(_, lb)| lb.public_ips.iter().any(|p| p == name));
         if let Some((lb, _)) = lb {
             return Some(format!("load balancer {lb}"));
         }
-        self.resources
-            .nat_gateways
-            .iter()
-            .filter(|(n, _)| Some(n.as_str()) != except_nat_gateway)
-            .find(|(_, g)| g.public_ips.iter().chain(&g.public_ips_v6).any(|p| p == name))
-            .map(|(n, _)| format!("NAT gateway {n}"))
+        self.nat_gateway_using(name, except_nat_gateway).map(|n| format!("NAT gateway {n}"))
     }
 
     // ---- serviceGateways ----
@@ -643,12 +648,7 @@ impl State {
             let pip = child_name(id, "publicIPAddresses").filter(|pip| {
                 id.eq_ignore_ascii_case(&scope.public_ip_id(pip)) && self.resources.public_ips.contains_key(*pip)
             });
-            if let Some((gateway, _)) = pip.and_then(|pip| {
-                self.resources
-                    .nat_gateways
-                    .iter()
-                    .find(|(_, g)| g.public_ips.iter().chain(&g.public_ips_v6).any(|p| p == pip))
-            }) {
+            if let Some(gateway) = pip.and_then(|pip| self.nat_gateway_using(pip, None)) {
                 return Err(reject(
                     400,
                     "PublicIPAddressInUse",
@@ -854,20 +854,19 @@ impl State {
 
     pub fn read_nat_gateway(&self, scope: &Scope, name: &str) -> Result<wire::NatGateway, Rejection> {
         let g = self.resources.nat_gateways.get(name).ok_or_else(|| not_found("NAT gateway", name))?;
-        let ids = |names: &[String]| names.iter().map(|n| IdRef { id: scope.public_ip_id(n) }).collect();
-        Ok(wire::NatGateway {
-            name: Some(name.to_owned()),
-            id: Some(scope.nat_gateway_id(name)),
-            etag: Some(g.etag.clone()),
-            location: scope.location.clone(),
-            sku: wire::Sku { name: g.sku.clone(), tier: None },
-            properties: wire::NatGatewayProperties {
-                public_ip_addresses: ids(&g.public_ips),
-                public_ip_addresses_v6: ids(&g.public_ips_v6),
-                service_gateway: g.associated.then(|| IdRef { id: scope.service_gateway_id() }),
-                provisioning_state: Some("Succeeded".into()),
-            },
-        })
+        let spec = crate::azure::NatGatewaySpec {
+            name: name.to_owned(),
+            public_ips: g.public_ips.clone(),
+            public_ips_v6: g.public_ips_v6.clone(),
+            associated: g.associated,
+        };
+        let mut answer = wire::nat_gateway(scope, &spec);
+        answer.name = Some(name.to_owned());
+        answer.id = Some(scope.nat_gateway_id(name));
+        answer.etag = Some(g.etag.clone());
+        answer.sku.name.clone_from(&g.sku);
+        answer.properties.provisioning_state = Some("Succeeded".into());
+        Ok(answer)
     }
 
     /// Every NAT gateway, as a list call pages them (by name).
