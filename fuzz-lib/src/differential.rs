@@ -141,6 +141,7 @@ impl Sides {
                             wit::Command::ReadArm => wit::Outcome::ArmInventory(wit::ArmInventory {
                                 public_ips: vec![],
                                 load_balancers: vec![],
+                                nat_gateways: vec![],
                             }),
                             _ => wit::Outcome::Ok,
                         },

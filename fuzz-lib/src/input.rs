@@ -95,6 +95,9 @@ pub const NAMES: &[&str] = &["web", "api", "db", "web-abc12", "egress-0", "node-
 pub const NODES: &[&str] = &["node-0", "node-1", "node-2", "Node-0"];
 pub const EGRESS_LABELS: &[&str] =
     &["egress-a", "EGRESS-B", "egress-c", "default-natgw", "bad label", "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01"];
+/// NAT gateways and their public IPs: ours by shape, one on a foreign IP, the RP's default.
+pub const EGRESS_NAMES: &[&str] =
+    &["egress-a", "egress-c", "egress-a-pip", "egress-c-pip", "egress-c-pip-v6", "default-natgw", "other-pip"];
 pub const PHASES: &[&str] = &["Running", "Pending", "Succeeded", "Failed", "Unknown", "running"];
 pub const SERVICE_TYPES: &[&str] = &["LoadBalancer", "ClusterIP", "NodePort", "ExternalName", "loadbalancer"];
 pub const ETPS: &[&str] = &["Local", "Cluster", "local", "Global"];
@@ -454,6 +457,15 @@ impl<'a> Dec<'a> {
                     shape: if self.flag() { Some(self.load_balancer()) } else { None },
                 })
                 .collect(),
+            nat_gateways: (0..self.len(3))
+                .map(|_| wit::ListedNatGateway {
+                    name: self.text(EGRESS_NAMES),
+                    public_ips: self.texts(EGRESS_NAMES, 2),
+                    public_ips_v6: self.texts(EGRESS_NAMES, 2),
+                    associated: self.flag(),
+                    as_put: self.flag(),
+                })
+                .collect(),
         }
     }
 
@@ -469,7 +481,7 @@ impl<'a> Dec<'a> {
     /// A command as a hostile guest might emit it.
     pub fn command(&mut self) -> wit::Command {
         let name = |d: &mut Self| d.resource_name();
-        match self.byte() % 10 {
+        match self.byte() % 11 {
             0 => wit::Command::EmitEvent(wit::Event {
                 regarding: self.object_ref(),
                 event_type: if self.flag() { wit::EventType::Warning } else { wit::EventType::Normal },
@@ -489,6 +501,7 @@ impl<'a> Dec<'a> {
                         backend_pools: (0..self.len(2))
                             .map(|_| wit::PoolRef { load_balancer: name(self), pool: self.text(&["pool", "p"]) })
                             .collect(),
+                        public_nat_gateway: self.opt_text(EGRESS_NAMES),
                         is_delete: self.flag(),
                     })
                     .collect(),
@@ -510,7 +523,13 @@ impl<'a> Dec<'a> {
             }),
             5 => wit::Command::PutLoadBalancer(self.load_balancer()),
             6 => wit::Command::DeleteResource(wit::ResourceRef {
-                kind: if self.flag() { wit::ResourceKind::LoadBalancer } else { wit::ResourceKind::PublicIp },
+                // 1 and 0 as the flag the kind once was (load balancer, public IP), so older
+                // corpora decode as they did.
+                kind: match self.byte() % 3 {
+                    1 => wit::ResourceKind::LoadBalancer,
+                    2 => wit::ResourceKind::NatGateway,
+                    _ => wit::ResourceKind::PublicIp,
+                },
                 name: name(self),
             }),
             7 => wit::Command::PatchServiceStatus(wit::ServiceStatus {
@@ -522,7 +541,13 @@ impl<'a> Dec<'a> {
                 finalizer: self.text(FINALIZERS),
                 present: self.flag(),
             }),
-            _ => wit::Command::ReadArm,
+            9 => wit::Command::ReadArm,
+            _ => wit::Command::PutNatGateway(wit::NatGateway {
+                name: self.text(EGRESS_NAMES),
+                public_ips: self.texts(EGRESS_NAMES, 2),
+                public_ips_v6: self.texts(EGRESS_NAMES, 2),
+                associated: self.flag(),
+            }),
         }
     }
 }
@@ -796,6 +821,14 @@ impl Enc {
                         self.load_balancer(lb);
                     }
                 }
+                let n = self.len(inventory.nat_gateways.len(), 3);
+                for g in &inventory.nat_gateways[..n] {
+                    self.text(&g.name);
+                    self.texts(&g.public_ips, 2);
+                    self.texts(&g.public_ips_v6, 2);
+                    self.flag(g.associated);
+                    self.flag(g.as_put);
+                }
             }
         }
     }
@@ -844,6 +877,7 @@ impl Enc {
                         self.text(&p.load_balancer);
                         self.text(&p.pool);
                     }
+                    self.opt_text(&s.public_nat_gateway);
                     self.flag(s.is_delete);
                 }
             }
@@ -869,9 +903,20 @@ impl Enc {
                 self.byte(5);
                 self.load_balancer(lb);
             }
+            wit::Command::PutNatGateway(n) => {
+                self.byte(10);
+                self.text(&n.name);
+                self.texts(&n.public_ips, 2);
+                self.texts(&n.public_ips_v6, 2);
+                self.flag(n.associated);
+            }
             wit::Command::DeleteResource(r) => {
                 self.byte(6);
-                self.flag(r.kind == wit::ResourceKind::LoadBalancer);
+                self.byte(match r.kind {
+                    wit::ResourceKind::PublicIp => 0,
+                    wit::ResourceKind::LoadBalancer => 1,
+                    wit::ResourceKind::NatGateway => 2,
+                });
                 self.text(&r.name);
             }
             wit::Command::PatchServiceStatus(s) => {

@@ -35,11 +35,12 @@
 //! `outboundIdentityPodRefCount`; property P4: never negative, zero exactly when no pod carries
 //! it). NRP's side: an identity that a pod carries and that NRP lists as a registered Outbound
 //! service is programmed; one a pod carries that NRP does not list is held back (NRP would refuse
-//! the reference); one whose pods have all gone is drained. Outbound services that no pod of
-//! this cluster has carried (in this state's lifetime) are somebody else's and left alone.
+//! the reference) while `crate::outbound` creates it; one whose pods have all gone is drained.
+//! Outbound services that no pod of this cluster has carried (in this state's lifetime) are
+//! somebody else's and left alone.
 //!
-//! Not here (design §4, later work): the NAT gateway lifecycle — public IPs, the NAT gateway,
-//! registering and unregistering the Outbound service, pod finalizers.
+//! Not here: the NAT gateway lifecycle (`crate::outbound`). Not built yet: the pod finalizer
+//! `servicegateway.azure.com/pod-cleanup` (issue 16).
 
 use crate::difftracker::{Class, DiffTracker};
 use crate::ip;
@@ -311,6 +312,31 @@ impl Egress {
             .collect();
         let refs = &self.refs;
         self.known.retain(|id| refs.contains_key(id) || diff.nrp_references(id));
+    }
+
+    /// Whether a pod carries the identity.
+    pub fn carries(&self, identity: &str) -> bool {
+        self.refs.contains_key(identity)
+    }
+
+    /// Whether NRP lists the identity as a registered Outbound service, as far as the tracker
+    /// knows (its last read, and its own registrations since).
+    pub fn is_registered(&self, identity: &str) -> bool {
+        self.registered.contains(identity)
+    }
+
+    /// The outbound lifecycle registered or unregistered the identity.
+    pub fn set_registered(&mut self, identity: &str, registered: bool) {
+        if registered {
+            self.registered.insert(identity.to_owned());
+        } else {
+            self.registered.remove(identity);
+        }
+    }
+
+    /// Identities pods carry, in order.
+    pub fn carried(&self) -> impl Iterator<Item = &str> {
+        self.refs.keys().map(String::as_str)
     }
 
     /// Identity → how many pods carry it (P4).
@@ -957,7 +983,7 @@ mod tests {
             vec![Observation::ServiceUpserted(web())],
             vec![Observation::PodUpserted(labelled_with_the_uid())],
         ]);
-        let (commands, view, state, relist) = &service_first;
+        let (commands, view, _, relist) = &service_first;
         assert!(!commands.iter().any(|c| matches!(c, Command::UpdateAddressLocations(_))), "{commands:?}");
         assert!(view.is_empty(), "the pod's IP is no backend of the Service: {view:?}");
         let warned = commands.iter().filter(|c| {
@@ -966,15 +992,27 @@ mod tests {
         assert_eq!(warned.count(), 1);
         assert!(relist.is_empty(), "a re-list changes nothing: {relist:?}");
         assert_eq!(&pod_first, &service_first, "the same commands, NRP and state in either order");
-        let (commands, view, state_2, relist) = &pod_batch_first;
-        assert_eq!((view, state_2, relist), (&service_first.1, state, &service_first.3));
-        let writes = |c: &&Command| !matches!(c, Command::EmitEvent(_));
-        assert_eq!(
-            commands.iter().filter(writes).collect::<Vec<_>>(),
-            service_batch_first.0.iter().filter(writes).collect::<Vec<_>>(),
-            "across batches too, only the Events' places differ"
-        );
-        assert_eq!((&service_batch_first.1, &service_batch_first.2), (view, state));
+        // Across batches, the pod came first and was an egress pod until the Service came: its
+        // identity was provisioned as an outbound service (issue 16) and is torn down before the
+        // Service's load balancer is made (they share NRP's name and the `-pip` name); then the
+        // same writes as when the Service came first, and the same NRP.
+        let (commands, view, _, relist) = &pod_batch_first;
+        assert_eq!((view, relist), (&service_first.1, &service_first.3));
+        let writes = |c: &&Command| !matches!(c, Command::EmitEvent(_) | Command::ReadNrp | Command::ReadArm);
+        let (batched, service_batched): (Vec<_>, Vec<_>) =
+            (commands.iter().filter(writes).collect(), service_batch_first.0.iter().filter(writes).collect());
+        let (egress, rest) = batched.split_at(batched.len() - service_batched.len());
+        assert_eq!(rest, service_batched, "after the outbound teardown, the writes of the other order");
+        let outbound = |c: &&&Command| match c {
+            Command::UpdateServices(s) => s.iter().all(|r| r.service_type == NrpServiceType::Outbound),
+            Command::PutLoadBalancer(_) => false,
+            _ => true,
+        };
+        assert!(egress.iter().all(|c| outbound(&c)), "only the egress identity's writes came first: {egress:?}");
+        let teardown_ends =
+            matches!(egress.last(), Some(Command::DeleteResource(r)) if r.kind == ResourceKind::PublicIp);
+        assert!(teardown_ends, "and its teardown ended before the Service's first write: {egress:?}");
+        assert_eq!(&service_batch_first.1, view);
     }
 
     /// The decision for a Service that goes away (module doc): a refused pod stays refused until
@@ -1049,22 +1087,47 @@ mod tests {
             .collect()
     }
 
-    // Upstream TestEngineAddPod_ServiceCreating: a pod whose outbound service is not there yet is
-    // held back, and its address is sent once the service is. Differs: the outbound creation is
-    // not built (issue 16), so "there" means NRP lists the identity as a registered Outbound
-    // service, found by the next read (here the periodic resync); nothing is buffered, the
-    // address waits in the Kubernetes view, left out while its identity is not ready.
+    // Upstream TestEngineAddPod_ServiceCreating and TestServiceUpdaterCreateOutboundService_HappyPath
+    // (PIP → NAT gateway → register, in that order): a pod whose identity NRP does not list is
+    // held back while its outbound service is created, and its address is sent once the service
+    // is registered, not before.
     #[test]
-    fn a_pod_held_back_until_nrp_lists_its_outbound_service_has_its_address_sent_then() {
+    fn a_pod_whose_identity_nrp_does_not_list_is_held_back_until_its_nat_gateway_is_created_and_registered() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
         let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
         let step = tracker.observe(0, vec![Observation::PodUpserted(p), Observation::ListsComplete]);
-        let step = tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(NrpState::default()))]);
-        assert!(updates(&step).is_empty(), "{step:?}");
-        let resync = crate::tracker::timing::RESYNC_INTERVAL_MS + 1;
-        let step = tracker.tick(resync);
-        let listed = NrpState { services: vec![outbound("egress-a")], locations: vec![] };
-        let step = tracker.complete(resync, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(listed))]);
+        let mut step = tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(NrpState::default()))]);
+        let mut before = Vec::new();
+        while updates(&step).is_empty() {
+            assert_eq!(step.commands.len(), 1, "one command at a time: {step:?}");
+            let issued = step.commands[0].clone();
+            let outcome = match issued.command {
+                Command::PutPublicIp(_) => Outcome::PublicIpAddress("20.0.0.1".into()),
+                _ => Outcome::Ok,
+            };
+            before.push(issued.command);
+            step = tracker.complete(2, vec![(issued.id, outcome)]);
+        }
+        let outbound = |public_nat_gateway: Option<&str>| NrpServiceRequest {
+            name: "egress-a".into(),
+            service_type: NrpServiceType::Outbound,
+            backend_pools: vec![],
+            public_nat_gateway: public_nat_gateway.map(Into::into),
+            is_delete: false,
+        };
+        assert_eq!(
+            before,
+            vec![
+                Command::PutPublicIp(PublicIp { name: "egress-a-pip".into(), version: IpVersion::Ipv4 }),
+                Command::PutNatGateway(NatGateway {
+                    name: "egress-a".into(),
+                    public_ips: vec!["egress-a-pip".into()],
+                    public_ips_v6: vec![],
+                    associated: true,
+                }),
+                Command::UpdateServices(vec![outbound(Some("egress-a"))]),
+            ]
+        );
         let sent = updates(&step);
         assert_eq!(sent.iter().map(|l| l.location.as_str()).collect::<Vec<_>>(), vec![NODE], "{sent:?}");
         assert_eq!(

@@ -18,10 +18,16 @@
 //! * P6 — no address references a service NRP does not have registered (inbound or outbound).
 //!
 //! Egress pods share pod IPs with the endpoints, so addresses carry inbound and egress identities
-//! together; two of the labels are registered Outbound services in NRP, one is not, one is
-//! reserved and one invalid. An outbound identity that NRP still references when the controller
-//! restarts with no pod carrying it is somebody else's to the new process (egress.rs): the model
-//! leaves it out of P1 until a pod carries it again.
+//! together; two of the labels are registered Outbound services in NRP (somebody else's), one is
+//! not (the tracker provisions it: public IP, NAT gateway, registration, and tears it down when
+//! no pod carries it), one is reserved and one invalid. The model checks the outbound order:
+//! a NAT gateway only on existing public IPs, a registration only with an existing, associated
+//! NAT gateway, no NAT gateway or public IP deleted while in use, no foreign Outbound service
+//! touched. An outbound identity of somebody else's that NRP still references when the
+//! controller restarts with no pod carrying it is left alone by the new process (egress.rs): the
+//! model leaves it out of P1 until a pod carries it again. One a tracker provisioned is found
+//! again by its NAT gateway after a restart (start-up adoption) and torn down once no pod
+//! carries it, so nothing of it is left behind.
 
 use crate::config::Config;
 use crate::difftracker::View;
@@ -153,6 +159,14 @@ pub struct World {
     pub public_ips: BTreeMap<String, String>,
     pub load_balancers: BTreeMap<String, LoadBalancer>,
     pub registered: BTreeSet<String>,
+    /// Outbound services registered by a tracker (beside [`OUTBOUND`], somebody else's), and
+    /// those of them whose `publicNatGatewayId` is set.
+    pub outbound_registered: BTreeSet<String>,
+    pub outbound_linked: BTreeSet<String>,
+    /// Egress public IPs a restart found without their NAT gateway (a teardown cut short between
+    /// the two deletes): not provably the tracker's, so a new process leaves them.
+    pub leftover_public_ips: BTreeSet<String>,
+    pub nat_gateways: BTreeMap<String, NatGateway>,
     pub nrp: View,
     pub faults: VecDeque<Fault>,
     pub violations: Vec<String>,
@@ -391,6 +405,7 @@ impl World {
                     .iter()
                     .map(|s| (s.as_str(), "Inbound"))
                     .chain(OUTBOUND.iter().map(|s| (*s, "Outbound")))
+                    .chain(self.outbound_registered.iter().map(|s| (s.as_str(), "Outbound")))
                     .map(|(name, kind)| NrpService {
                         name: name.into(),
                         service_type: kind.into(),
@@ -426,9 +441,26 @@ impl World {
                     .iter()
                     .map(|(name, lb)| ListedLoadBalancer { name: name.clone(), shape: Some(lb.clone()) })
                     .collect(),
+                nat_gateways: self
+                    .nat_gateways
+                    .values()
+                    .map(|n| ListedNatGateway {
+                        name: n.name.clone(),
+                        public_ips: n.public_ips.clone(),
+                        public_ips_v6: n.public_ips_v6.clone(),
+                        associated: n.associated,
+                        as_put: true,
+                    })
+                    .collect(),
             }),
             Command::UpdateServices(requests) => {
                 for request in requests {
+                    if request.service_type == NrpServiceType::Outbound {
+                        if let Err(outcome) = self.update_outbound(request) {
+                            return outcome;
+                        }
+                        continue;
+                    }
                     if request.is_delete {
                         if !self.registered.contains(&request.name) {
                             return Self::failed(404, "NotFound");
@@ -456,7 +488,10 @@ impl World {
                     return Self::failed(400, "DuplicateLocationsInRequest");
                 }
                 for service in locations.iter().flat_map(|l| &l.addresses).flat_map(|a| &a.services) {
-                    if !self.registered.contains(service) && !OUTBOUND.contains(&service.as_str()) {
+                    if !self.registered.contains(service)
+                        && !OUTBOUND.contains(&service.as_str())
+                        && !self.outbound_registered.contains(service)
+                    {
                         self.violations.push(format!("P6: address references unregistered {service}"));
                         return Self::failed(400, "ServiceNotRegistered");
                     }
@@ -489,6 +524,21 @@ impl World {
                     self.public_ips.entry(ip.name.to_string()).or_insert_with(|| format!("20.0.0.{next}")).clone();
                 Outcome::PublicIpAddress(address)
             }
+            Command::PutNatGateway(nat) => {
+                let ips = nat.public_ips.iter().chain(&nat.public_ips_v6);
+                if let Some(missing) = ips.clone().find(|ip| !self.public_ips.contains_key(*ip)) {
+                    self.violations.push(format!("NAT gateway {} put before its public IP {missing}", nat.name));
+                    return Self::failed(400, "InvalidResourceReference");
+                }
+                if OUTBOUND.contains(&nat.name.as_str()) {
+                    self.violations.push(format!("a NAT gateway for somebody else's {}", nat.name));
+                }
+                if !nat.associated && self.outbound_linked.contains(&nat.name) {
+                    return Self::failed(400, "NatGatewayInUseByServiceGateway");
+                }
+                self.nat_gateways.insert(nat.name.clone(), nat.clone());
+                Outcome::Ok
+            }
             Command::PutLoadBalancer(lb) => {
                 if !self.public_ips.contains_key(lb.public_ip.as_str()) {
                     return Self::failed(400, "InvalidResourceReference");
@@ -504,7 +554,19 @@ impl World {
                         if self.load_balancers.contains_key(owner) {
                             self.violations.push(format!("deleted public IP {} still used by its LB", resource.name));
                         }
+                        let users = self.nat_gateways.values();
+                        if users.clone().any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|ip| *ip == resource.name)) {
+                            self.violations.push(format!("deleted public IP {} still used by a NAT gateway", resource.name));
+                            return Self::failed(400, "PublicIPAddressInUse");
+                        }
                         self.public_ips.remove(&resource.name).is_some()
+                    }
+                    ResourceKind::NatGateway => {
+                        if self.outbound_registered.contains(&resource.name) {
+                            self.violations.push(format!("deleted NAT gateway {} while registered", resource.name));
+                            return Self::failed(400, "InUseNatGatewayCannotBeDeleted");
+                        }
+                        self.nat_gateways.remove(&resource.name).is_some()
                     }
                 };
                 if removed { Outcome::Ok } else { Self::failed(404, "NotFound") }
@@ -533,6 +595,49 @@ impl World {
         }
     }
 
+    /// An Outbound entry of `updateServices`: somebody else's are never touched; a registration
+    /// names an existing, associated NAT gateway; an unregister waits for the drain (P5).
+    fn update_outbound(&mut self, request: &NrpServiceRequest) -> Result<(), Outcome> {
+        let name = &request.name;
+        if OUTBOUND.contains(&name.as_str()) {
+            self.violations.push(format!("updated somebody else's Outbound service {name}"));
+        }
+        if request.is_delete {
+            if !self.outbound_registered.contains(name) {
+                return Err(Self::failed(404, "NotFound"));
+            }
+            if self.referenced(name) {
+                self.violations.push(format!("P5: unregistered {name} while referenced"));
+                return Err(Self::failed(400, "ServiceWithOverlayMappingsCannotBeDeleted"));
+            }
+            self.outbound_registered.remove(name);
+            self.outbound_linked.remove(name);
+            return Ok(());
+        }
+        match &request.public_nat_gateway {
+            Some(nat) => {
+                if !self.nat_gateways.get(nat).is_some_and(|n| n.associated) {
+                    self.violations.push(format!("registered {name} before its NAT gateway {nat} was associated"));
+                    return Err(Self::failed(400, "InvalidResourceReference"));
+                }
+                self.outbound_registered.insert(name.clone());
+                self.outbound_linked.insert(name.clone());
+            }
+            None if self.outbound_registered.contains(name) => {
+                self.outbound_linked.remove(name);
+            }
+            None => return Err(Self::failed(404, "NotFound")),
+        }
+        Ok(())
+    }
+
+    /// Identities pods carry that the model expects a tracker to have provisioned (not somebody
+    /// else's): each registered with its NAT gateway once quiet.
+    pub fn expected_outbound(&self) -> BTreeSet<String> {
+        let carried = self.pods.values().filter_map(EgressPod::carries);
+        carried.filter(|id| !OUTBOUND.contains(&id.as_str())).collect()
+    }
+
     /// NRP as it must be once quiet: every ready endpoint of every provisioned Service.
     pub fn expected_nrp(&self) -> View {
         let mut expected: View = BTreeMap::new();
@@ -556,7 +661,7 @@ impl World {
             }
         }
         for (pod, object) in &self.pods {
-            let Some(identity) = object.carries().filter(|id| OUTBOUND.contains(&id.as_str())) else { continue };
+            let Some(identity) = object.carries() else { continue };
             expected.entry(object.host_ip.clone()).or_default().entry(pod_ip(*pod)).or_default().insert(identity);
         }
         expected
@@ -650,6 +755,11 @@ impl Harness {
                 for identity in OUTBOUND.iter().filter(|id| referenced.contains(**id) && !carried.contains_key(**id)) {
                     world.orphaned.insert((*identity).to_owned());
                 }
+                let nat_gateways = &world.nat_gateways;
+                let leftover = world.public_ips.keys().filter(|name| {
+                    name.starts_with("egress-") && !nat_gateways.contains_key(name.trim_end_matches("-v6").trim_end_matches("-pip"))
+                });
+                world.leftover_public_ips.extend(leftover.cloned().collect::<Vec<_>>());
                 self.tracker = Tracker::create(self.config.clone()).unwrap();
                 self.world.pending.clear();
                 let lists = self.world.lists();
@@ -719,6 +829,17 @@ impl Harness {
             "P1: NRP equals the ready Kubernetes state"
         );
         assert_eq!(self.tracker.nrp_view(), self.world.nrp, "the mirror equals NRP");
+        let ours = self.world.expected_outbound();
+        assert_eq!(self.world.outbound_registered, ours, "the egress identities pods carry are registered, and only those");
+        assert_eq!(self.world.outbound_linked, ours, "each with its NAT gateway");
+        let nat_gateways: BTreeSet<String> = self.world.nat_gateways.keys().cloned().collect();
+        assert_eq!(nat_gateways, ours, "a NAT gateway exactly for each egress identity a pod carries");
+        let egress_ips: BTreeSet<&String> = self.world.public_ips.keys().filter(|n| n.starts_with("egress-")).collect();
+        let wanted: BTreeSet<String> = ours.iter().map(|id| format!("{id}-pip")).collect();
+        let leftover = &self.world.leftover_public_ips;
+        let stray: Vec<&&String> = egress_ips.iter().filter(|n| !wanted.contains(**n) && !leftover.contains(**n)).collect();
+        assert!(stray.is_empty(), "egress public IPs of no carried identity: {stray:?}");
+        assert!(wanted.iter().all(|n| egress_ips.contains(n)), "a public IP for each of them");
         let lbs: BTreeSet<String> = expected.iter().cloned().collect();
         assert_eq!(self.world.load_balancers.keys().cloned().collect::<BTreeSet<_>>(), lbs, "one load balancer per provisioned Service");
         for (index, object) in &self.world.services {

@@ -23,6 +23,7 @@ pub mod invariants;
 pub mod ip;
 pub mod model;
 pub mod name;
+pub mod outbound;
 pub mod placement;
 #[cfg(test)]
 mod properties;

@@ -237,6 +237,9 @@ pub struct NrpServiceRequest {
     pub name: String,
     pub service_type: NrpServiceType,
     pub backend_pools: Vec<PoolRef>,
+    /// An Outbound service's NAT gateway: set to register it, `None` on a live Outbound request
+    /// to clear it (the disassociation).
+    pub public_nat_gateway: Option<String>,
     pub is_delete: bool,
 }
 
@@ -277,10 +280,20 @@ pub struct LoadBalancer {
     pub rules: Vec<LbRule>,
 }
 
+/// An egress identity's NAT gateway.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NatGateway {
+    pub name: String,
+    pub public_ips: Vec<String>,
+    pub public_ips_v6: Vec<String>,
+    pub associated: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum ResourceKind {
     PublicIp,
     LoadBalancer,
+    NatGateway,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -299,6 +312,7 @@ pub enum Command {
     UpdateAddressLocations(Vec<NrpLocation>),
     PutPublicIp(PublicIp),
     PutLoadBalancer(LoadBalancer),
+    PutNatGateway(NatGateway),
     DeleteResource(ResourceRef),
     PatchServiceStatus { service: ObjectRef, ingress_ips: Vec<String> },
     SetFinalizer { service: ObjectRef, finalizer: String, present: bool },
@@ -361,11 +375,24 @@ pub struct ListedLoadBalancer {
     pub shape: Option<LoadBalancer>,
 }
 
-/// The resource group's public IPs and load balancers.
+/// A NAT gateway as ARM lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListedNatGateway {
+    pub name: String,
+    pub public_ips: Vec<String>,
+    pub public_ips_v6: Vec<String>,
+    /// Its `serviceGateway` is this cluster's.
+    pub associated: bool,
+    /// What `PutNatGateway` makes.
+    pub as_put: bool,
+}
+
+/// The resource group's public IPs, load balancers and NAT gateways.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArmInventory {
     pub public_ips: Vec<ListedPublicIp>,
     pub load_balancers: Vec<ListedLoadBalancer>,
+    pub nat_gateways: Vec<ListedNatGateway>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -446,4 +473,37 @@ pub enum LogLevel {
 pub struct LogLine {
     pub level: LogLevel,
     pub message: String,
+}
+
+/// Where a lifecycle is in its life (upstream B's `ResourceState`): an inbound Service's
+/// (`crate::tracker`) or an egress identity's (`crate::outbound`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    NotStarted,
+    CreationInProgress,
+    Created,
+    UpdateInProgress,
+    DeletionPending,
+    DeletionInProgress,
+}
+
+impl Phase {
+    pub fn is_deleting(self) -> bool {
+        matches!(self, Phase::DeletionPending | Phase::DeletionInProgress)
+    }
+
+    /// For a state import: why a lifecycle in this phase is not where the tracker looks for its
+    /// work, if it is not. A pending deletion waits in `draining` (and only one does, or the
+    /// tracker would never be idle); any other work left is in flight, runnable or on a timer
+    /// (`scheduled`).
+    pub fn misplaced(self, work_left: bool, scheduled: bool, draining: bool) -> Option<&'static str> {
+        match (self == Phase::DeletionPending, draining) {
+            (true, false) => Some("a pending deletion is not draining"),
+            (false, true) => Some("draining, but no deletion is pending"),
+            (false, false) if work_left && !scheduled => {
+                Some("work left, but in no work set (runnable, timers, in flight)")
+            }
+            _ => None,
+        }
+    }
 }

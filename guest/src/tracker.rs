@@ -10,6 +10,9 @@
 //!   IP, load balancer, NRP registration, status; and on deletion, after NRP no longer maps any
 //!   address to it: unlink, delete the load balancer, unregister, delete the public IP, release
 //!   the finalizer.
+//! * Each egress identity a pod carries that NRP does not list gets an outbound lifecycle
+//!   ([`crate::outbound`]) on the same machinery: public IP(s), NAT gateway, registration; and
+//!   once its last pod has gone and its addresses have drained, the teardown in upstream's order.
 //! * An address-location batch carries only registered, live Services, so a failing Service
 //!   never blocks another's addresses; and a slow or failing batch costs only the locations it
 //!   covers (issue 15, defect 3): while one has been in flight for [`timing::SLOW_BATCH_MS`],
@@ -32,7 +35,9 @@ use crate::difftracker::{Class, DiffTracker, View};
 use crate::egress::Egress;
 use crate::ip;
 use crate::model::*;
+pub use crate::model::Phase;
 use crate::name::{Name, VecMap, VecSet};
+use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -44,8 +49,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// state's one batch in flight carries over. Version 4 adds the start-up inventory of ARM
 /// ([`ArmSync`]) after the version-3 payload; an older state imports with it settled (nothing
 /// left to adopt). Version 5 adds the write budgets' buckets ([`Buckets`]) after the version-4
-/// payload; an older state imports with full buckets.
-pub const STATE_VERSION: u32 = 5;
+/// payload; an older state imports with full buckets. Version 6 adds the outbound lifecycles
+/// ([`Outbound`]) after the version-5 payload; an older state imports with none (its egress
+/// identities are somebody else's, as they were to it).
+pub const STATE_VERSION: u32 = 6;
 
 /// The finalizer that holds a Service until its Azure resources are gone.
 pub const FINALIZER: &str = "servicegateway.azure.com/service-cleanup";
@@ -162,16 +169,6 @@ impl LbConfig {
     }
 }
 
-/// Where a Service is in its life (upstream B's `ResourceState`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Phase {
-    NotStarted,
-    CreationInProgress,
-    Created,
-    UpdateInProgress,
-    DeletionPending,
-    DeletionInProgress,
-}
 
 impl Lifecycle {
     /// Not created and not parked (waiting for a new spec): the tracker has steps to run for it.
@@ -217,11 +214,6 @@ impl Lifecycle {
     }
 }
 
-impl Phase {
-    pub fn is_deleting(self) -> bool {
-        matches!(self, Phase::DeletionPending | Phase::DeletionInProgress)
-    }
-}
 
 /// One command of a Service's operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -407,6 +399,8 @@ enum InFlight {
     ReadNrp,
     Event,
     ReadArm,
+    /// A command of an egress identity's outbound lifecycle (state version 6).
+    Outbound { identity: String, step: OutStep },
 }
 
 /// The start-up inventory of ARM (state version 4, issue 15 defect 4): the resource group's
@@ -552,6 +546,8 @@ pub struct Tracker {
     arm: ArmSync,
     /// The write budgets' buckets (state version 5); their shapes are the config's.
     budget: Buckets,
+    /// The outbound lifecycles of egress identities (state version 6).
+    outbound: Outbound,
     /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
     /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
     clock: Clock,
@@ -560,8 +556,8 @@ pub struct Tracker {
 /// Two trackers are equal when their configuration and state are: the clock is not state.
 impl PartialEq for Tracker {
     fn eq(&self, other: &Self) -> bool {
-        (&self.config, self.mode, &self.state, &self.egress, &self.arm, &self.budget)
-            == (&other.config, other.mode, &other.state, &other.egress, &other.arm, &other.budget)
+        (&self.config, self.mode, &self.state, &self.egress, &self.arm, &self.budget, &self.outbound)
+            == (&other.config, other.mode, &other.state, &other.egress, &other.arm, &other.budget, &other.outbound)
     }
 }
 
@@ -617,19 +613,31 @@ fn classify(
     lifecycles: &BTreeMap<String, Lifecycle>,
     foreign: &BTreeSet<String>,
     egress: &Egress,
+    outbound: &Outbound,
     diff: &DiffTracker,
     id: &str,
 ) -> Class {
     match lifecycles.get(id) {
         Some(l) if !l.phase.is_deleting() && diff.is_registered(id) => Class::Ready,
         Some(_) => Class::NotReady,
-        None => classify_not_inbound(foreign, egress, diff, id),
+        None => classify_not_inbound(foreign, egress, outbound, diff, id),
     }
 }
 
-/// An identity no inbound lifecycle claims: an egress identity of ours, else somebody else's
-/// (a known foreign service, or a name that is not a UID we could have registered).
-fn classify_not_inbound(foreign: &BTreeSet<String>, egress: &Egress, diff: &DiffTracker, id: &str) -> Class {
+/// An identity no inbound lifecycle claims: an egress identity of ours (with an outbound
+/// lifecycle: programmed only once created and registered, and while a pod carries it), else
+/// one a pod carries, else somebody else's (a known foreign service, or a name that is not a UID
+/// we could have registered).
+fn classify_not_inbound(
+    foreign: &BTreeSet<String>,
+    egress: &Egress,
+    outbound: &Outbound,
+    diff: &DiffTracker,
+    id: &str,
+) -> Class {
+    if let Some(ready) = outbound.ready(id, egress.is_registered(id)) {
+        return if ready && egress.carries(id) { Class::Ready } else { Class::NotReady };
+    }
     if let Some(class) = egress.class(id) {
         return class;
     }
@@ -678,6 +686,7 @@ impl Tracker {
             egress: Egress::default(),
             arm: ArmSync::default(),
             budget,
+            outbound: Outbound::default(),
             clock: Clock::default(),
         })
     }
@@ -700,6 +709,12 @@ impl Tracker {
     #[cfg(test)]
     pub(crate) fn export_state_v4(&self) -> Vec<u8> {
         postcard::to_allocvec(&(&self.state, &self.egress, &self.arm)).expect("plain data")
+    }
+
+    /// The state as version 5 wrote it (no outbound lifecycles), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v5(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget)).expect("plain data")
     }
 
     pub fn mode(&self) -> Mode {
@@ -762,7 +777,13 @@ impl Tracker {
                 Observation::NodeUpserted(node) => self.upsert_node(node, &mut step),
                 Observation::NodeDeleted(name) => self.remove_node(&name),
                 Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
-                Observation::PodDeleted(key) => self.egress.delete(&key, &mut self.state.diff),
+                Observation::PodDeleted(key) => {
+                    let identity = self.egress.identity_of(&key).map(str::to_owned);
+                    self.egress.delete(&key, &mut self.state.diff);
+                    if let Some(identity) = identity {
+                        self.carried_changed(&identity);
+                    }
+                }
                 Observation::ListsComplete => {
                     self.state.lists_complete = true;
                 }
@@ -785,6 +806,13 @@ impl Tracker {
                         self.state.nrp.service_writes_in_flight -= 1;
                     }
                     self.service_outcome(&identity, id, op, outcome, now, &mut step);
+                }
+                InFlight::Outbound { identity, step: op } => {
+                    self.state.service_commands_in_flight -= 1;
+                    if op.writes_nrp() {
+                        self.state.nrp.service_writes_in_flight -= 1;
+                    }
+                    self.outbound_outcome(&identity, id, op, outcome, now, &mut step);
                 }
                 InFlight::Locations(batch) => self.locations_outcome(id, batch, outcome, now, &mut step),
                 InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
@@ -1142,10 +1170,18 @@ impl Tracker {
 
     /// An egress pod was created or changed (the rules are in [`crate::egress`]).
     fn upsert_pod(&mut self, pod: &Pod, step: &mut Step) {
+        let key = pod.key();
+        let before = self.egress.identity_of(&key).map(str::to_owned);
         let State { lifecycles, service_by_identity, diff, .. } = &mut self.state;
         let inbound = |id: &str| lifecycles.contains_key(id) || service_by_identity.contains_key(id);
         for (regarding, warning) in self.egress.upsert(pod, inbound, diff) {
             self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+        }
+        let after = self.egress.identity_of(&key).map(str::to_owned);
+        if before != after {
+            for identity in before.iter().chain(&after) {
+                self.carried_changed(identity);
+            }
         }
     }
 
@@ -1153,7 +1189,11 @@ impl Tracker {
     /// are refused, as they would have been had it been known when they were read (issue 14,
     /// found 2; [`Egress::refuse_identity`]).
     fn refuse_colliding_pods(&mut self, identity: &str, step: &mut Step) {
-        for (regarding, warning) in self.egress.refuse_identity(identity, &mut self.state.diff) {
+        let refused = self.egress.refuse_identity(identity, &mut self.state.diff);
+        if !refused.is_empty() {
+            self.carried_changed(identity);
+        }
+        for (regarding, warning) in refused {
             self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
         }
     }
@@ -1166,7 +1206,7 @@ impl Tracker {
     // ---- Readiness ----
 
     fn class(&self, identity: &str) -> Class {
-        classify(&self.state.lifecycles, &self.state.nrp.foreign, &self.egress, &self.state.diff, identity)
+        classify(&self.state.lifecycles, &self.state.nrp.foreign, &self.egress, &self.outbound, &self.state.diff, identity)
     }
 
     // ---- Commands ----
@@ -1248,6 +1288,13 @@ impl Tracker {
             self.state.timers.pop_first();
             self.state.runnable.insert(identity);
         }
+        while let Some((at, identity)) = self.outbound.timers.first().cloned() {
+            if at > now {
+                break;
+            }
+            self.outbound.timers.pop_first();
+            self.outbound.runnable.insert(identity);
+        }
         // A read scheduled past the end of time (its deadline saturated at `u64::MAX`) never
         // comes: at `now = u64::MAX` it would be due again after every read, a read per answer.
         let scheduled = self.state.nrp.next_read_ms < u64::MAX;
@@ -1271,6 +1318,21 @@ impl Tracker {
                 self.check_drained(&identity);
             }
             let hold_nrp_writes = read_due || self.state.nrp.read_in_flight;
+            // Outbound first: an inbound Service whose identity an egress identity of ours had
+            // waits for that teardown (they share NRP's name and the `-pip` name), and the pass
+            // that ends it must let the Service go.
+            let draining: Vec<String> = self.outbound.draining.iter().cloned().collect();
+            for identity in draining {
+                self.check_outbound_drained(&identity);
+            }
+            let mut held = Vec::new();
+            while self.state.service_commands_in_flight < MAX_SERVICE_COMMANDS_IN_FLIGHT {
+                let Some(identity) = self.outbound.runnable.pop_first() else { break };
+                if !self.advance_outbound(&identity, now, hold_nrp_writes, step) {
+                    held.push(identity);
+                }
+            }
+            self.outbound.runnable.extend(held);
             let mut held = Vec::new();
             while self.state.service_commands_in_flight < MAX_SERVICE_COMMANDS_IN_FLIGHT {
                 let Some(identity) = self.state.runnable.pop_first() else { break };
@@ -1312,6 +1374,13 @@ impl Tracker {
             }
             self.state.timers.insert((latest, identity));
         }
+        while let Some((_, identity)) = self.outbound.timers.last().filter(|(at, _)| *at > latest).cloned() {
+            self.outbound.timers.pop_last();
+            if let Some(lifecycle) = self.outbound.lifecycles.get_mut(&identity) {
+                lifecycle.not_before_ms = lifecycle.not_before_ms.min(latest);
+            }
+            self.outbound.timers.insert((latest, identity));
+        }
     }
 
     /// Quiet once the Events just issued are counted as done (they need no answer to proceed).
@@ -1323,12 +1392,15 @@ impl Tracker {
             && self.state.runnable.is_empty()
             && self.state.timers.is_empty()
             && self.state.draining.is_empty()
+            && self.outbound.is_quiet()
             && self.state.in_flight.values().all(|f| matches!(f, InFlight::Event));
         // Also under the fuzz crate's `invariants` feature, so that fuzzing checks it.
         #[cfg(any(test, feature = "invariants"))]
         if quiet {
             let settled = self.state.lifecycles.values().all(|l| !l.has_work_left());
             assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.state.lifecycles);
+            let settled = self.outbound.lifecycles.values().all(|l| !l.has_work_left());
+            assert!(settled, "an outbound lifecycle with work left is in no work set: {:#?}", self.outbound.lifecycles);
         }
         quiet
     }
@@ -1337,13 +1409,16 @@ impl Tracker {
         let nrp = &self.state.nrp;
         let mut wake = self.state.timers.first().map(|(at, _)| *at);
         let mut consider = |at: u64| wake = Some(wake.map_or(at, |w| w.min(at)));
+        if let Some(&(at, _)) = self.outbound.timers.first() {
+            consider(at);
+        }
         if !nrp.read_in_flight {
             consider(nrp.next_read_ms.max(now));
         }
         if self.inventory_wanted() {
             consider(self.arm.next_read_ms.max(now));
         }
-        if !self.state.runnable.is_empty() {
+        if !self.state.runnable.is_empty() || !self.outbound.runnable.is_empty() {
             // A Service held for a token (or for a read of NRP, or for room in flight, which an
             // answer ends: waking for a token then is only early).
             for kind in [WriteKind::Services, WriteKind::Arm] {
@@ -1376,6 +1451,9 @@ impl Tracker {
     /// Issues the next command of a Service's operation. Returns false when the command must
     /// wait for NRP to be read first.
     fn advance(&mut self, identity: &str, now: u64, hold_nrp_writes: bool, step: &mut Step) -> bool {
+        if self.outbound.lifecycles.contains_key(identity) {
+            return false; // an egress identity of the same name is torn down first
+        }
         loop {
             let diff = &self.state.diff;
             let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return true };
@@ -1428,6 +1506,7 @@ impl Tracker {
                 name: identity.to_owned(),
                 service_type: NrpServiceType::Inbound,
                 backend_pools,
+                public_nat_gateway: None,
                 is_delete,
             }])
         };
@@ -1515,7 +1594,7 @@ impl Tracker {
         if lifecycle.phase != Phase::DeletionPending || lifecycle.in_flight.is_some() {
             return;
         }
-        if self.state.diff.nrp_references(identity) || self.batch_in_flight_mentions(identity) {
+        if !self.drained(identity) {
             return;
         }
         let lifecycle = self.state.lifecycles.get_mut(identity).expect("read above");
@@ -1523,6 +1602,11 @@ impl Tracker {
         lifecycle.steps = OpStep::DELETE.into();
         self.state.draining.remove(identity);
         self.state.runnable.insert(identity.to_owned());
+    }
+
+    /// No NRP address maps to the identity, nor may one in a batch whose answer is not in.
+    fn drained(&self, identity: &str) -> bool {
+        !self.state.diff.nrp_references(identity) && !self.batch_in_flight_mentions(identity)
     }
 
     fn batch_in_flight_mentions(&self, identity: &str) -> bool {
@@ -1675,8 +1759,9 @@ impl Tracker {
         let backoff = &nrp.location_backoff;
         let waits =
             |location: &str| busy.contains(location) || backoff.get(location).is_some_and(|b| b.not_before_ms > now);
-        let (limit, foreign, egress) = (nrp.batch_limit.max(1), &nrp.foreign, &self.egress);
-        let mut batch = diff.take_sync(limit, waits, |diff, id| classify(lifecycles, foreign, egress, diff, id));
+        let (limit, foreign, egress, outbound) = (nrp.batch_limit.max(1), &nrp.foreign, &self.egress, &self.outbound);
+        let mut batch =
+            diff.take_sync(limit, waits, |diff, id| classify(lifecycles, foreign, egress, outbound, diff, id));
         // A location NRP refused on its own waits until its update changes.
         let quarantined = &mut self.state.nrp.quarantined;
         batch.retain(|update| match quarantined.get(&update.location) {
@@ -1807,6 +1892,7 @@ impl Tracker {
     /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
     /// Kubernetes does not explain (upstream §c.2.4).
     fn reconcile_with_nrp(&mut self, step: &mut Step) {
+        self.reconcile_outbound();
         let registered: Vec<String> = self.state.diff.registered().iter().map(Name::to_string).collect();
         for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
             if lifecycle.phase == Phase::Created && !self.state.diff.is_registered(identity) {
@@ -1838,6 +1924,256 @@ impl Tracker {
                 }
             }
         }
+    }
+
+    // ---- Outbound lifecycles (crate::outbound) ----
+
+    /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
+    /// public IP too (upstream: the cluster's families, decided once per identity).
+    fn cluster_has_ipv6(&self) -> bool {
+        self.state.nodes.values().any(|n| n.v6.is_some())
+    }
+
+    /// Whether pods carry the identity changed (none to some, some to none). Nothing is decided
+    /// before start-up reconciliation, which decides for every carried identity once NRP (which
+    /// says which identities are somebody else's) has been read.
+    fn carried_changed(&mut self, identity: &str) {
+        if !self.state.reconciled || self.mode != Mode::ContainerLoadBalancer {
+            return;
+        }
+        let carried = self.egress.carries(identity);
+        let Some(lifecycle) = self.outbound.lifecycles.get_mut(identity) else {
+            // An identity NRP already lists is somebody else's: programmed, never provisioned.
+            if carried && !self.egress.is_registered(identity) {
+                let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
+                self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                self.outbound.runnable.insert(identity.to_owned());
+            }
+            return;
+        };
+        match (carried, lifecycle.phase) {
+            // Back while its addresses drain, before any teardown step: it stays as it is
+            // (upstream: revived only if no delete was attempted).
+            (true, Phase::DeletionPending) if lifecycle.whole => {
+                lifecycle.phase = Phase::Created;
+                self.outbound.draining.remove(identity);
+                self.state.diff.touch_identity(identity);
+            }
+            (true, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = true,
+            (true, _) => {}
+            (false, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = false,
+            // Nothing was written yet: nothing to tear down.
+            (false, Phase::NotStarted) => {
+                self.outbound.lifecycles.remove(identity);
+                self.outbound.runnable.remove(identity);
+            }
+            // The last pod went: drain, then tear down. A command in flight finishes first.
+            (false, _) => {
+                lifecycle.phase = Phase::DeletionPending;
+                lifecycle.steps.clear();
+                lifecycle.retries = 0;
+                lifecycle.not_before_ms = 0;
+                lifecycle.failing = false;
+                self.outbound.draining.insert(identity.to_owned());
+                self.state.diff.touch_identity(identity);
+            }
+        }
+    }
+
+    /// After every read of NRP: carried identities with no lifecycle (pods seen before the
+    /// first read, or an identity whose registration by somebody else went away) are decided
+    /// now, and one of ours that NRP lost is ensured again (every step is a PUT: idempotent).
+    fn reconcile_outbound(&mut self) {
+        let undecided: Vec<String> =
+            self.egress.carried().filter(|id| !self.outbound.lifecycles.contains_key(*id)).map(str::to_owned).collect();
+        for identity in undecided {
+            self.carried_changed(&identity);
+        }
+        for (identity, lifecycle) in self.outbound.lifecycles.iter_mut() {
+            if lifecycle.phase == Phase::Created && !self.egress.is_registered(identity) {
+                lifecycle.phase = Phase::UpdateInProgress;
+                lifecycle.steps = outbound::ENSURE.into();
+                self.outbound.runnable.insert(identity.clone());
+                self.state.diff.touch_identity(identity);
+            }
+        }
+    }
+
+    /// An identity whose addresses have left NRP starts its teardown.
+    fn check_outbound_drained(&mut self, identity: &str) {
+        let Some(lifecycle) = self.outbound.lifecycles.get(identity) else {
+            self.outbound.draining.remove(identity);
+            return;
+        };
+        if lifecycle.phase != Phase::DeletionPending || lifecycle.in_flight.is_some() {
+            return;
+        }
+        if !self.drained(identity) {
+            return;
+        }
+        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("read above");
+        lifecycle.phase = Phase::DeletionInProgress;
+        lifecycle.steps = outbound::DELETE.into();
+        self.outbound.draining.remove(identity);
+        self.outbound.runnable.insert(identity.to_owned());
+    }
+
+    /// Issues the next command of an identity's outbound operation. Returns false when it must
+    /// wait (for a read of NRP, or for a token).
+    fn advance_outbound(&mut self, identity: &str, now: u64, hold_nrp_writes: bool, step: &mut Step) -> bool {
+        loop {
+            let registered = self.egress.is_registered(identity);
+            let Some(lifecycle) = self.outbound.lifecycles.get_mut(identity) else { return true };
+            if lifecycle.in_flight.is_some() || lifecycle.phase == Phase::DeletionPending {
+                return true;
+            }
+            if lifecycle.phase == Phase::Created && lifecycle.steps.is_empty() {
+                return true;
+            }
+            if lifecycle.not_before_ms > now {
+                lifecycle.not_before_ms = lifecycle.not_before_ms.min(now.saturating_add(timing::MAX_DELAY_MS));
+                self.outbound.timers.insert((lifecycle.not_before_ms, identity.to_owned()));
+                return true;
+            }
+            let Some(&next) = lifecycle.steps.front() else {
+                self.finish_outbound(identity, step);
+                return true;
+            };
+            if lifecycle.holds_already(next, registered) {
+                lifecycle.steps.pop_front();
+                continue;
+            }
+            if next.writes_nrp() && hold_nrp_writes {
+                return false;
+            }
+            let kind = if next.writes_nrp() { WriteKind::Services } else { WriteKind::Arm };
+            if !self.take_token(kind, now) {
+                return false; // `next_wake` wakes for the token
+            }
+            let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("checked above");
+            let command = lifecycle.command(identity, next);
+            if lifecycle.phase == Phase::NotStarted {
+                lifecycle.phase = Phase::CreationInProgress;
+            }
+            lifecycle.sending(next);
+            if next.writes_nrp() {
+                self.state.nrp.service_writes_in_flight += 1;
+            }
+            self.state.service_commands_in_flight += 1;
+            let id = self.issue(command, InFlight::Outbound { identity: identity.to_owned(), step: next }, step);
+            self.outbound.lifecycles.get_mut(identity).expect("checked above").in_flight = Some((id, next));
+            return true;
+        }
+    }
+
+    /// The last step of an outbound operation succeeded.
+    fn finish_outbound(&mut self, identity: &str, step: &mut Step) {
+        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("caller checked");
+        let message = match lifecycle.phase {
+            Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
+                lifecycle.phase = Phase::Created;
+                lifecycle.whole = true;
+                self.state.diff.touch_identity(identity);
+                format!("egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered")
+            }
+            Phase::DeletionInProgress => {
+                let recreate = lifecycle.recreate && self.egress.carries(identity);
+                self.outbound.lifecycles.remove(identity);
+                if recreate {
+                    let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
+                    self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                    self.outbound.runnable.insert(identity.to_owned());
+                }
+                format!("egress identity {identity}: unregistered, NAT gateway and public IP(s) deleted")
+            }
+            Phase::Created | Phase::DeletionPending => return,
+        };
+        step.logs.push(LogLine { level: LogLevel::Info, message });
+    }
+
+    fn outbound_outcome(&mut self, identity: &str, id: u64, op: OutStep, outcome: Outcome, now: u64, step: &mut Step) {
+        // Azure's answer, whether or not the lifecycle still waits for it.
+        let kind = if op.writes_nrp() { WriteKind::Services } else { WriteKind::Arm };
+        self.budget_answered(kind, &outcome, now, step);
+        let Some(lifecycle) = self.outbound.lifecycles.get_mut(identity) else { return };
+        if lifecycle.in_flight.map(|(i, _)| i) != Some(id) {
+            return;
+        }
+        lifecycle.in_flight = None;
+        self.outbound.runnable.insert(identity.to_owned());
+        let failure = match outcome {
+            Outcome::Failed(f) => f,
+            Outcome::Ok | Outcome::PublicIpAddress(_) | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
+                self.outbound_step_succeeded(identity, op);
+                return;
+            }
+        };
+        if failure.status == 404 && op.gone_is_done() {
+            self.outbound_step_succeeded(identity, op);
+            return;
+        }
+        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            return; // a creation pre-empted by the teardown: the teardown carries on
+        }
+        let code = failure.code.as_deref().unwrap_or("");
+        let what = format!("{op:?} for egress identity {identity}");
+        if op.failure_is_ignored() {
+            let message =
+                format!("{what} failed (HTTP {} {code}): {}; the teardown goes on", failure.status, failure.message);
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+            self.outbound_step_succeeded(identity, op);
+            return;
+        }
+        if op == OutStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
+            // NRP still maps addresses to it: drain again before unregistering.
+            lifecycle.phase = Phase::DeletionPending;
+            lifecycle.steps.clear();
+            self.outbound.draining.insert(identity.to_owned());
+            self.state.diff.touch_identity(identity);
+            self.state.nrp.next_read_ms = now; // our mirror was wrong: read NRP back
+        }
+        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("still there");
+        lifecycle.retries = lifecycle.retries.saturating_add(1);
+        let at = now.saturating_add(retry_delay(identity, lifecycle.retries, &failure, &what, step));
+        lifecycle.not_before_ms = at;
+        self.outbound.timers.insert((at, identity.to_owned()));
+        if !lifecycle.failing {
+            lifecycle.failing = true;
+            let message = format!(
+                "{what} failed (HTTP {}{}): {}; retrying with backoff",
+                failure.status,
+                if code.is_empty() { String::new() } else { format!(", {code}") },
+                failure.message
+            );
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+        }
+    }
+
+    fn outbound_step_succeeded(&mut self, identity: &str, op: OutStep) {
+        match op {
+            OutStep::Register => {
+                self.egress.set_registered(identity, true);
+                self.state.diff.touch_identity(identity);
+            }
+            OutStep::Unregister => self.egress.set_registered(identity, false),
+            _ => {}
+        }
+        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("caller checked");
+        lifecycle.succeeded(op);
+        lifecycle.retries = 0;
+        lifecycle.not_before_ms = 0;
+        lifecycle.failing = false;
+        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            return; // pre-empted by the teardown; its facts are recorded above
+        }
+        if lifecycle.steps.front() == Some(&op) {
+            lifecycle.steps.pop_front();
+        }
+    }
+
+    /// The outbound side: the lifecycles of the egress identities this tracker provisions.
+    pub fn outbound(&self) -> &Outbound {
+        &self.outbound
     }
 
     // ---- The start-up inventory of ARM ----
@@ -1951,14 +2287,75 @@ impl Tracker {
                 orphans += 1;
             }
         }
+        let (outbound_adopted, outbound_orphans) = self.adopt_outbound_from_arm(inventory);
         let message = format!(
-            "start-up inventory: {} public IP(s), {} load balancer(s); {adopted} Service(s) adopted their public IP, \
-             {whole} of them with nothing to write; {} orphan(s) of deleted Services to delete",
+            "start-up inventory: {} public IP(s), {} load balancer(s), {} NAT gateway(s); {adopted} Service(s) \
+             adopted their public IP, {whole} of them with nothing to write; {} orphan(s) of deleted Services to \
+             delete; {outbound_adopted} egress identit(y/ies) adopted, {outbound_orphans} no pod carries to tear down",
             inventory.public_ips.len(),
             inventory.load_balancers.len(),
+            inventory.nat_gateways.len(),
             orphans
         );
         step.logs.push(LogLine { level: LogLevel::Info, message });
+    }
+
+    /// Start-up adoption of egress identities (issue 16). A NAT gateway of ours is one named as
+    /// a valid identity that is exactly what `PutNatGateway` makes of it (its public IPs `<id>-pip`
+    /// and, if any, `<id>-pip-v6`). Carried by a pod and registered: ours, created (no write). Carried
+    /// and being created: what already holds is not written again. Carried by no pod: left from
+    /// before (its pods went while no controller ran, or a teardown was cut short) and torn down,
+    /// after a drain if NRP still maps its addresses. Nothing else is touched, and never the RP's
+    /// `default-natgw` (not a valid identity). Public IPs a teardown cut short left after deleting
+    /// their NAT gateway are not swept: `<id>-pip` alone does not prove a public IP ours (the
+    /// inventory test keeps `kubernetes-pip`). Returns (adopted, torn down).
+    fn adopt_outbound_from_arm(&mut self, inventory: &ArmInventory) -> (usize, usize) {
+        let (mut adopted, mut orphans) = (0, 0);
+        let inbound = |t: &Self, id: &str| t.state.lifecycles.contains_key(id) || t.state.service_by_identity.contains_key(id);
+        let pip = outbound::public_ip_name;
+        for nat in &inventory.nat_gateways {
+            let id = nat.name.to_ascii_lowercase();
+            let v6 = !nat.public_ips_v6.is_empty();
+            let shaped = nat.as_put
+                && nat.public_ips == [pip(&id, false)]
+                && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
+            if !shaped || !crate::egress::is_valid_identity(&id) || inbound(self, &id) {
+                continue;
+            }
+            let (carried, registered) = (self.egress.carries(&id), self.egress.is_registered(&id));
+            let listed_as_put = |name: &str| inventory.public_ips.iter().any(|p| p.name.eq_ignore_ascii_case(name) && p.as_put);
+            match self.outbound.lifecycles.get_mut(&id) {
+                Some(lifecycle) if lifecycle.phase == Phase::NotStarted => {
+                    let holds = nat.associated
+                        && lifecycle.v6 == v6
+                        && listed_as_put(&pip(&id, false))
+                        && (!v6 || listed_as_put(&pip(&id, true)));
+                    if holds {
+                        lifecycle.steps.retain(|s| !matches!(s, OutStep::PutPublicIp | OutStep::PutPublicIpV6 | OutStep::PutNatGateway));
+                        lifecycle.public_ips_put = true;
+                        lifecycle.nat_gateway_put = true;
+                        adopted += 1;
+                    }
+                }
+                Some(_) => {}
+                None if carried && registered => {
+                    let lifecycle = OutboundLifecycle::new(Phase::Created, v6, VecDeque::new());
+                    self.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    self.state.diff.touch_identity(&id);
+                    adopted += 1;
+                }
+                None if carried => {}
+                None => {
+                    let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
+                    lifecycle.whole = false;
+                    self.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    self.outbound.draining.insert(id.clone());
+                    self.state.diff.touch_identity(&id);
+                    orphans += 1;
+                }
+            }
+        }
+        (adopted, orphans)
     }
 
     /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
@@ -1974,7 +2371,7 @@ impl Tracker {
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        let payload = postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget))
+        let payload = postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound))
             .expect("the state is plain data and always encodes");
         (STATE_VERSION, payload)
     }
@@ -1992,30 +2389,37 @@ impl Tracker {
         let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
         let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
         let full = Buckets::full(&config.write_budgets());
-        let (state, egress, arm, budget) = match version {
+        let none = Outbound::default();
+        let (state, egress, arm, budget, outbound) = match version {
             // Before egress: no pods.
             1 => {
                 let state = decode_exact::<State<NrpSyncV2>>(payload).map_err(corrupt)?.upgrade();
-                (state, Egress::default(), ArmSync::settled(), full)
+                (state, Egress::default(), ArmSync::settled(), full, none)
             }
             2 => {
                 let (state, egress) = decode_exact::<(State<NrpSyncV2>, Egress)>(payload).map_err(corrupt)?;
-                (state.upgrade(), egress, ArmSync::settled(), full)
+                (state.upgrade(), egress, ArmSync::settled(), full, none)
             }
             3 => {
                 let (state, egress) = decode_exact::<(State, Egress)>(payload).map_err(corrupt)?;
-                (state, egress, ArmSync::settled(), full)
+                (state, egress, ArmSync::settled(), full, none)
             }
             4 => {
                 let (state, egress, arm) = decode_exact::<(State, Egress, ArmSync)>(payload).map_err(corrupt)?;
-                (state, egress, arm, full)
+                (state, egress, arm, full, none)
             }
-            STATE_VERSION => decode_exact::<(State, Egress, ArmSync, Buckets)>(payload).map_err(corrupt)?,
+            5 => {
+                let (state, egress, arm, budget) =
+                    decode_exact::<(State, Egress, ArmSync, Buckets)>(payload).map_err(corrupt)?;
+                (state, egress, arm, budget, none)
+            }
+            STATE_VERSION => decode_exact::<(State, Egress, ArmSync, Buckets, Outbound)>(payload).map_err(corrupt)?,
             other => return Err(StateError::UnsupportedVersion(other)),
         };
-        state.check(&arm).map_err(corrupt)?;
+        state.check(&arm, &outbound).map_err(corrupt)?;
         egress.check().map_err(corrupt)?;
-        Ok(Self { config, mode, state, egress, arm, budget, clock: Clock::default() })
+        outbound.check().map_err(corrupt)?;
+        Ok(Self { config, mode, state, egress, arm, budget, outbound, clock: Clock::default() })
     }
 }
 
@@ -2083,7 +2487,7 @@ impl State {
     /// left in a work set (a pass over the timers and one over the lifecycles): the tracker only
     /// ever looks at those sets for work, so a lifecycle outside them would never run again. The
     /// DiffTracker's own counts are not re-derived: that would cost a pass over every address.
-    fn check(&self, arm: &ArmSync) -> Result<(), String> {
+    fn check(&self, arm: &ArmSync, outbound: &Outbound) -> Result<(), String> {
         // One id per command, counting up: no real state comes near the end of u64, and
         // refusing the upper half keeps `issue` from ever overflowing.
         if self.next_command_id > MAX_NEXT_COMMAND_ID {
@@ -2105,13 +2509,24 @@ impl State {
                         ));
                     }
                 }
+                InFlight::Outbound { identity, step } => {
+                    service_commands += 1;
+                    nrp_writes += u32::from(step.writes_nrp());
+                    if outbound.lifecycles.get(identity).and_then(|l| l.in_flight) != Some((id, *step)) {
+                        return Err(format!(
+                            "command {id} ({step:?}) is in flight for egress identity {identity}, whose outbound \
+                             lifecycle does not wait for it"
+                        ));
+                    }
+                }
                 InFlight::Locations(_) => batches.push(id),
                 InFlight::ReadNrp => reads += 1,
                 InFlight::ReadArm => arm_reads += 1,
                 InFlight::Event => {}
             }
         }
-        let waiting = self.lifecycles.values().filter(|l| l.in_flight.is_some()).count();
+        let waiting = self.lifecycles.values().filter(|l| l.in_flight.is_some()).count()
+            + outbound.lifecycles.values().filter(|l| l.in_flight.is_some()).count();
         let counts = [
             ("Service commands counted", self.service_commands_in_flight, "Service commands", service_commands),
             ("lifecycles wait for a command", waiting, "Service commands", service_commands),
@@ -2152,18 +2567,11 @@ impl State {
         // is in flight, runnable or on a timer.
         let on_timers: BTreeSet<&str> = self.timers.iter().map(|(_, identity)| identity.as_str()).collect();
         for (identity, l) in &self.lifecycles {
-            let draining = self.draining.contains(identity);
             let scheduled =
                 l.in_flight.is_some() || self.runnable.contains(identity) || on_timers.contains(identity.as_str());
-            let why = match (l.phase == Phase::DeletionPending, draining) {
-                (true, false) => "a pending deletion is not draining",
-                (false, true) => "draining, but no deletion is pending",
-                (false, false) if l.has_work_left() && !scheduled => {
-                    "work left, but in no work set (runnable, timers, in flight)"
-                }
-                _ => continue,
-            };
-            return Err(format!("the lifecycle of {identity:?} ({:?}): {why}", l.phase));
+            if let Some(why) = l.phase.misplaced(l.has_work_left(), scheduled, self.draining.contains(identity)) {
+                return Err(format!("the lifecycle of {identity:?} ({:?}): {why}", l.phase));
+            }
         }
         Ok(())
     }
@@ -3110,11 +3518,12 @@ mod tests {
         assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
         let (version, payload) = tracker.export_state();
         assert_eq!(version, STATE_VERSION);
-        // Version 5 writes the same state with its NRP bookkeeping reshaped, then no pods, then
-        // an ARM inventory with nothing left to read or adopt, then full write budgets.
+        // Version 6 writes the same state with its NRP bookkeeping reshaped, then no pods, then
+        // an ARM inventory with nothing left to read or adopt, then full write budgets, then no
+        // outbound lifecycles.
         let upgraded = decode_exact::<State<NrpSyncV2>>(before).unwrap().upgrade();
         let budget = Buckets::full(&clb().write_budgets());
-        let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget);
+        let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, &Outbound::default());
         assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
         assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     }
@@ -3180,7 +3589,7 @@ mod tests {
         for (expected, tamper) in tampered {
             let mut state = tracker.state.clone();
             tamper(&mut state);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget, &tracker.outbound)).unwrap();
             let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
             assert!(why.contains(expected), "{expected:?} not in {why:?}");
         }
@@ -3204,7 +3613,7 @@ mod tests {
             let mut state = tracker.state.clone();
             state.runnable.clear();
             tamper(&mut state, &identity);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget, &tracker.outbound)).unwrap();
             Tracker::import_state(clb(), STATE_VERSION, &payload)
         };
         let refused: [(&str, Tamper); 3] = [
@@ -3241,7 +3650,7 @@ mod tests {
         for (next, refused) in [(u64::MAX, true), (MAX_NEXT_COMMAND_ID + 1, true), (MAX_NEXT_COMMAND_ID, false)] {
             let mut state = tracker.state.clone();
             state.next_command_id = next;
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget)).unwrap();
+            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget, &tracker.outbound)).unwrap();
             match Tracker::import_state(clb(), STATE_VERSION, &payload) {
                 Err(StateError::Corrupt(why)) if refused => assert!(why.contains("the next command id"), "{why}"),
                 Ok(mut imported) if !refused => _ = imported.tick(NOW),
@@ -3944,6 +4353,7 @@ mod tests {
     fn inventory_of(service: &Service, load_balancer: Option<LoadBalancer>) -> ArmInventory {
         let config = LbConfig::for_service(service);
         ArmInventory {
+            nat_gateways: Vec::new(),
             public_ips: vec![ListedPublicIp {
                 name: config.public_ip.name.to_string(),
                 version: config.public_ip.version,
@@ -4083,6 +4493,7 @@ mod tests {
             as_put: true,
         };
         let inventory = ArmInventory {
+            nat_gateways: Vec::new(),
             public_ips: vec![pip(&format!("{gone}-pip")), pip(&format!("{pip_only}-pip")), pip("kubernetes-pip")],
             load_balancers: vec![
                 ListedLoadBalancer { name: gone.into(), shape: Some(ours(gone)) },
@@ -4380,4 +4791,5 @@ mod tests {
     // helpers above; their own files keep this one readable.
     mod upstream_lifecycle;
     mod upstream_startup;
+    mod upstream_outbound;
 }

@@ -184,6 +184,17 @@ macro_rules! wit_conversions {
                                 .into_iter()
                                 .map(|l| model::ListedLoadBalancer { name: l.name, shape: l.shape.map(Into::into) })
                                 .collect(),
+                            nat_gateways: inventory
+                                .nat_gateways
+                                .into_iter()
+                                .map(|n| model::ListedNatGateway {
+                                    name: n.name,
+                                    public_ips: n.public_ips,
+                                    public_ips_v6: n.public_ips_v6,
+                                    associated: n.associated,
+                                    as_put: n.as_put,
+                                })
+                                .collect(),
                         }),
                         wit::Outcome::Failed(f) => Self::Failed(model::Failure {
                             status: f.status,
@@ -318,6 +329,7 @@ macro_rules! wit_conversions {
                                         model::NrpServiceType::Outbound => wit::NrpServiceType::Outbound,
                                     },
                                     backend_pools: s.backend_pools.into_iter().map(Into::into).collect(),
+                                    public_nat_gateway: s.public_nat_gateway,
                                     is_delete: s.is_delete,
                                 })
                                 .collect(),
@@ -342,10 +354,17 @@ macro_rules! wit_conversions {
                             version: ip.version.into(),
                         }),
                         M::PutLoadBalancer(lb) => wit::Command::PutLoadBalancer(lb.into()),
+                        M::PutNatGateway(n) => wit::Command::PutNatGateway(wit::NatGateway {
+                            name: n.name,
+                            public_ips: n.public_ips,
+                            public_ips_v6: n.public_ips_v6,
+                            associated: n.associated,
+                        }),
                         M::DeleteResource(r) => wit::Command::DeleteResource(wit::ResourceRef {
                             kind: match r.kind {
                                 model::ResourceKind::PublicIp => wit::ResourceKind::PublicIp,
                                 model::ResourceKind::LoadBalancer => wit::ResourceKind::LoadBalancer,
+                                model::ResourceKind::NatGateway => wit::ResourceKind::NatGateway,
                             },
                             name: r.name,
                         }),

@@ -112,6 +112,7 @@ pub fn command_name(command: &wit::Command) -> &'static str {
         wit::Command::UpdateAddressLocations(_) => "update-address-locations",
         wit::Command::PutPublicIp(_) => "put-public-ip",
         wit::Command::PutLoadBalancer(_) => "put-load-balancer",
+        wit::Command::PutNatGateway(_) => "put-nat-gateway",
         wit::Command::DeleteResource(_) => "delete-resource",
         wit::Command::PatchServiceStatus(_) => "patch-service-status",
         wit::Command::SetFinalizer(_) => "set-finalizer",
@@ -144,6 +145,7 @@ pub fn command_subject(command: &wit::Command) -> String {
         }
         wit::Command::PutPublicIp(ip) => ip.name.clone(),
         wit::Command::PutLoadBalancer(lb) => lb.name.clone(),
+        wit::Command::PutNatGateway(nat) => nat.name.clone(),
         wit::Command::DeleteResource(resource) => resource.name.clone(),
         wit::Command::PatchServiceStatus(status) => format!("{}/{}", status.service.namespace, status.service.name),
         wit::Command::SetFinalizer(change) => format!("{}/{}", change.service.namespace, change.service.name),
@@ -218,6 +220,16 @@ pub fn check(command: &wit::Command) -> Result<(), InvalidCommand> {
                 if !rules.insert(rule.name.as_str()) {
                     return Err(InvalidCommand::Duplicate { command: name, what: "rule", name: rule.name.clone() });
                 }
+            }
+            Ok(())
+        }
+        wit::Command::PutNatGateway(nat) => {
+            non_empty(&nat.name, "the NAT gateway's name")?;
+            if nat.public_ips.is_empty() && nat.public_ips_v6.is_empty() {
+                return Err(InvalidCommand::Empty { command: name, what: "the NAT gateway's public IPs" });
+            }
+            for ip in nat.public_ips.iter().chain(&nat.public_ips_v6) {
+                non_empty(ip, "a public IP's name")?;
             }
             Ok(())
         }
@@ -301,7 +313,8 @@ impl<'a, A: AzureApi, K: KubeApi> Executor<'a, A, K> {
             wit::Command::ReadArm => {
                 let public_ips = api.list_public_ips().await?;
                 let load_balancers = api.list_load_balancers().await?;
-                Ok(wit::Outcome::ArmInventory(arm_inventory(public_ips, load_balancers)))
+                let nat_gateways = api.list_nat_gateways().await?;
+                Ok(wit::Outcome::ArmInventory(arm_inventory(public_ips, load_balancers, nat_gateways)))
             }
             wit::Command::UpdateServices(update) => {
                 let requests: Vec<azure::ServiceRequest> = update.services.iter().map(service_request).collect();
@@ -325,10 +338,21 @@ impl<'a, A: AzureApi, K: KubeApi> Executor<'a, A, K> {
                 api.put_load_balancer(&load_balancer(lb)).await?;
                 Ok(wit::Outcome::Ok)
             }
+            wit::Command::PutNatGateway(nat) => {
+                let spec = azure::NatGatewaySpec {
+                    name: nat.name.clone(),
+                    public_ips: nat.public_ips.clone(),
+                    public_ips_v6: nat.public_ips_v6.clone(),
+                    associated: nat.associated,
+                };
+                api.put_nat_gateway(&spec).await?;
+                Ok(wit::Outcome::Ok)
+            }
             wit::Command::DeleteResource(resource) => {
                 match resource.kind {
                     wit::ResourceKind::PublicIp => api.delete_public_ip(&resource.name).await?,
                     wit::ResourceKind::LoadBalancer => api.delete_load_balancer(&resource.name).await?,
+                    wit::ResourceKind::NatGateway => api.delete_nat_gateway(&resource.name).await?,
                 }
                 Ok(wit::Outcome::Ok)
             }
@@ -365,9 +389,18 @@ fn service_request(service: &wit::NrpServiceRequest) -> azure::ServiceRequest {
             .iter()
             .map(|p| azure::PoolRef { load_balancer: p.load_balancer.clone(), pool: p.pool.clone() })
             .collect(),
-        // The WIT has no NAT gateway: CLB services never carry one, so the field is left out.
-        nat_gateway: azure::NatGatewayLink::Omit,
+        nat_gateway: nat_gateway_link(service),
         is_delete: service.is_delete,
+    }
+}
+
+/// `publicNatGatewayId` of a request: only an Outbound service that is not being unregistered
+/// carries it, set or (the disassociation) cleared.
+fn nat_gateway_link(service: &wit::NrpServiceRequest) -> azure::NatGatewayLink {
+    match (&service.service_type, service.is_delete, &service.public_nat_gateway) {
+        (wit::NrpServiceType::Outbound, false, Some(name)) => azure::NatGatewayLink::Set(name.clone()),
+        (wit::NrpServiceType::Outbound, false, None) => azure::NatGatewayLink::Clear,
+        _ => azure::NatGatewayLink::Omit,
     }
 }
 
@@ -442,6 +475,7 @@ pub fn nrp_state(services: Vec<azure::ListedService>, locations: Vec<azure::List
 pub fn arm_inventory(
     public_ips: Vec<azure::ListedPublicIp>,
     load_balancers: Vec<azure::ListedLoadBalancer>,
+    nat_gateways: Vec<azure::ListedNatGateway>,
 ) -> wit::ArmInventory {
     let shape = |spec: azure::LoadBalancerSpec| -> Option<wit::LoadBalancer> {
         let rules = spec
@@ -480,6 +514,16 @@ pub fn arm_inventory(
             .into_iter()
             .map(|l| wit::ListedLoadBalancer { name: l.name, shape: l.shape.and_then(shape) })
             .collect(),
+        nat_gateways: nat_gateways
+            .into_iter()
+            .map(|n| wit::ListedNatGateway {
+                name: n.name,
+                public_ips: n.public_ips,
+                public_ips_v6: n.public_ips_v6,
+                associated: n.associated,
+                as_put: n.as_put,
+            })
+            .collect(),
     }
 }
 
@@ -498,6 +542,35 @@ fn pool_ref(id: &str) -> wit::PoolRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(service_type: wit::NrpServiceType, nat: Option<&str>, is_delete: bool) -> wit::NrpServiceRequest {
+        wit::NrpServiceRequest {
+            name: "egress-a".into(),
+            service_type,
+            backend_pools: Vec::new(),
+            public_nat_gateway: nat.map(Into::into),
+            is_delete,
+        }
+    }
+
+    // Upstream TestConvertServiceDTOsToServiceRequests_OutboundAddHasNatGatewayID,
+    // TestConvertServiceDTOsToServiceRequests_OutboundRemovalHasNoNatGatewayID and
+    // TestMapLoadBalancerAndNATGatewayUpdatesToServicesDataDTO: an Outbound registration carries its NAT
+    // gateway, its removal none; a live Outbound request without one clears it (the disassociation);
+    // an Inbound request never carries the field.
+    #[test]
+    fn only_a_live_outbound_request_carries_its_nat_gateway_set_or_cleared() {
+        use wit::NrpServiceType::{Inbound, Outbound};
+        let link = |t, nat, delete| nat_gateway_link(&request(t, nat, delete));
+        assert_eq!(link(Outbound, Some("egress-a"), false), azure::NatGatewayLink::Set("egress-a".into()));
+        assert_eq!(link(Outbound, None, true), azure::NatGatewayLink::Omit);
+        assert_eq!(link(Outbound, Some("egress-a"), true), azure::NatGatewayLink::Omit);
+        assert_eq!(link(Outbound, None, false), azure::NatGatewayLink::Clear);
+        assert_eq!(link(Inbound, None, false), azure::NatGatewayLink::Omit);
+        assert_eq!(link(Inbound, Some("egress-a"), false), azure::NatGatewayLink::Omit);
+        let converted = service_request(&request(Outbound, Some("egress-a"), false));
+        assert_eq!((converted.service_type, converted.is_delete), (azure::ServiceType::Outbound, false));
+    }
 
     // Upstream TestExtractResourceChildName: a pool ID gives its load balancer and pool; an ID that names a load
     // balancer but no pool, and the empty string, are not pool IDs (differs: upstream gives "", here the text is

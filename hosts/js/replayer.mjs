@@ -23,6 +23,7 @@ export const ANSWERED_OK = new Set([
   'update-services',
   'update-address-locations',
   'put-load-balancer',
+  'put-nat-gateway',
   'delete-resource',
   'patch-service-status',
   'set-finalizer',

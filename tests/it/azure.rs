@@ -292,7 +292,7 @@ async fn nat_gateway_lifecycle(api: &impl AzureApi, emulator: &Emulator) {
             name: "egress-a".into(),
             public_ips: vec!["egress-a-pip".into()],
             public_ips_v6: vec!["egress-a-pip-v6".into()],
-            service_gateway: Some(test_scope().service_gateway_id()),
+            associated: true,
             as_put: true,
         }
     );
@@ -307,7 +307,7 @@ async fn nat_gateway_lifecycle(api: &impl AzureApi, emulator: &Emulator) {
     api.update_services(partial, &[outbound("egress-a", NatGatewayLink::Clear)]).await.unwrap();
     api.put_nat_gateway(&nat_gateway("egress-a", false)).await.unwrap();
     let listed = api.list_nat_gateways().await.unwrap();
-    assert_eq!(listed.iter().find(|g| g.name == "egress-a").unwrap().service_gateway, None, "disassociated");
+    assert!(!listed.iter().find(|g| g.name == "egress-a").unwrap().associated, "disassociated");
     refused(
         api.update_services(partial, &[outbound("egress-a", NatGatewayLink::Set("egress-a".into()))]).await,
         "NatGatewayNotAssociatedWithServiceGateway",
@@ -358,7 +358,7 @@ fn a_listed_nat_gateway_is_as_put_only_when_it_is_exactly_what_a_put_makes() {
         "provisioningState": "Succeeded"}});
     let got = listed(ours.clone()).unwrap();
     assert!(got.as_put && got.public_ips == ["egress-a-pip"] && got.public_ips_v6.is_empty(), "{got:?}");
-    assert_eq!(got.service_gateway, Some(scope.service_gateway_id()));
+    assert!(got.associated, "associated with this ServiceGateway");
     let with = |pointer: &str, value: serde_json::Value| {
         let mut v = ours.clone();
         *v.pointer_mut(pointer).unwrap() = value;
@@ -368,7 +368,9 @@ fn a_listed_nat_gateway_is_as_put_only_when_it_is_exactly_what_a_put_makes() {
     assert!(!with("/properties/provisioningState", "Failed".into()).unwrap().as_put);
     let foreign = with("/properties/publicIpAddresses", serde_json::json!([{"id": "/subscriptions/x/resourceGroups/other/providers/Microsoft.Network/publicIPAddresses/egress-a-pip"}])).unwrap();
     assert!(!foreign.as_put && foreign.public_ips.is_empty(), "{foreign:?}");
-    assert_eq!(with("/properties/serviceGateway", serde_json::Value::Null).unwrap().service_gateway, None);
+    assert!(!with("/properties/serviceGateway", serde_json::Value::Null).unwrap().associated, "null");
+    let other = serde_json::json!({"id": format!("{net}/serviceGateways/another-clusters")});
+    assert!(!with("/properties/serviceGateway", other).unwrap().associated, "another ServiceGateway's");
     assert_eq!(with("/properties", "not an object".into()), None);
     assert_eq!(listed(serde_json::json!({"properties": {}})), None, "no name");
 }

@@ -65,7 +65,7 @@ fn the_probes_follow_the_tracker_from_start_to_its_first_idle_step() {
     assert!(!step.idle, "not idle while the ARM inventory is out");
     let list = step.commands.iter().find(|i| i.command == wit::Command::ReadArm).unwrap().id;
     assert_eq!(get(addr, "/readyz").0, 503);
-    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new() };
+    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new(), nat_gateways: Vec::new() };
     let step = supervisor.complete(0, &[(list, wit::Outcome::ArmInventory(nothing))]).unwrap();
     assert!(step.idle, "{step:?}");
     assert_eq!(get(addr, "/readyz"), (200, "ready\n".into()));
@@ -91,7 +91,7 @@ fn a_service_seen_at_start_up_keeps_the_host_unready_until_its_last_command_is_a
     let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
     let step = supervisor.complete(0, &[(read, wit::Outcome::NrpSnapshot(empty))]).unwrap();
     let list = step.commands.iter().find(|i| i.command == wit::Command::ReadArm).unwrap().id;
-    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new() };
+    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new(), nat_gateways: Vec::new() };
     let mut step = supervisor.complete(0, &[(list, wit::Outcome::ArmInventory(nothing))]).unwrap();
     // Both reads are answered: what is out now is the Service's work, and that alone holds readiness.
     assert!(!step.idle && !step.commands.is_empty(), "{step:?}");

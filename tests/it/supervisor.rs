@@ -57,7 +57,7 @@ pub(crate) fn start(mut supervisor: Supervisor<'static>) -> Supervisor<'static> 
     issued.extend(supervisor.observe(0, &[wit::Observation::ListsComplete]).unwrap().commands);
     // The guest writes nothing before it has read NRP, then listed ARM: answer both, empty.
     let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
-    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new() };
+    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new(), nat_gateways: Vec::new() };
     for (read, answer) in [
         (wit::Command::ReadNrp, wit::Outcome::NrpSnapshot(empty)),
         (wit::Command::ReadArm, wit::Outcome::ArmInventory(nothing)),
@@ -459,6 +459,7 @@ fn unregistering(names: &[&str]) -> wit::Step {
                     name: (*name).into(),
                     service_type: wit::NrpServiceType::Inbound,
                     backend_pools: Vec::new(),
+                    public_nat_gateway: None,
                     is_delete: true,
                 }],
             }),

@@ -136,7 +136,7 @@ pub fn arm_in_sync() -> wit::Outcome {
             shape: Some(config.load_balancer.into()),
         });
     }
-    wit::Outcome::ArmInventory(wit::ArmInventory { public_ips, load_balancers })
+    wit::Outcome::ArmInventory(wit::ArmInventory { public_ips, load_balancers, nat_gateways: Vec::new() })
 }
 
 /// What Azure and Kubernetes answer in this benchmark: everything succeeds.

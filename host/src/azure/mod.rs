@@ -367,14 +367,14 @@ pub struct NatGatewaySpec {
 }
 
 /// A NAT gateway of the resource group as ARM lists it (start-up adoption and the orphan
-/// sweep): its public IPs by name (only those of this resource group), and the ServiceGateway
-/// it is associated with, as an ARM ID.
+/// sweep): its public IPs by name (only those of this resource group), and whether it is
+/// associated with this cluster's ServiceGateway.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListedNatGateway {
     pub name: String,
     pub public_ips: Vec<String>,
     pub public_ips_v6: Vec<String>,
-    pub service_gateway: Option<String>,
+    pub associated: bool,
     /// SKU StandardV2, provisioning succeeded (or not reported), every public IP of this
     /// resource group: what [`AzureApi::put_nat_gateway`] makes.
     pub as_put: bool,

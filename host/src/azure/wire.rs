@@ -614,8 +614,8 @@ pub fn listed_nat_gateway(scope: &Scope, value: serde_json::Value) -> Option<Lis
         && succeeded(p.provisioning_state.as_deref())
         && public_ips.len() == p.public_ip_addresses.len()
         && public_ips_v6.len() == p.public_ip_addresses_v6.len();
-    let service_gateway = p.service_gateway.as_ref().map(|g| g.id.clone()).filter(|id| !id.is_empty());
-    Some(ListedNatGateway { name, public_ips, public_ips_v6, service_gateway, as_put })
+    let associated = p.service_gateway.as_ref().is_some_and(|g| g.id.eq_ignore_ascii_case(&scope.service_gateway_id()));
+    Some(ListedNatGateway { name, public_ips, public_ips_v6, associated, as_put })
 }
 
 /// ARM reports `Succeeded` once a resource is ready; a list that leaves it out is taken as ready.

@@ -855,12 +855,27 @@ impl Simulation<'_> {
                 .collect()
         };
         let mut checks = Vec::new();
-        for (what, code) in [
-            ("no service unregistered while addresses reference it", "ServiceWithOverlayMappingsCannotBeDeleted"),
-            ("no address names an unregistered service", "ServiceNotFound"),
+        for (what, codes) in [
+            (
+                "no service unregistered while addresses reference it",
+                &["ServiceWithOverlayMappingsCannotBeDeleted"][..],
+            ),
+            ("no address names an unregistered service", &["ServiceNotFound"]),
+            (
+                "the outbound order held: public IPs before their NAT gateway, the NAT gateway before the \
+                 registration, disassociation and unregistering before the deletes",
+                &[
+                    "InvalidResourceReference",
+                    "NatGatewayNotAssociatedWithServiceGateway",
+                    "NatGatewayInUseByServiceGateway",
+                    "InUseNatGatewayCannotBeDeleted",
+                    "PublicIPAddressInUse",
+                ],
+            ),
         ] {
-            let found = refused(code);
-            let detail = (!found.is_empty()).then(|| format!("NRP refused with {code}: {}", found.join("; ")));
+            let found: Vec<String> = codes.iter().flat_map(|code| refused(code)).collect();
+            let detail =
+                (!found.is_empty()).then(|| format!("Azure refused with {}: {}", codes.join("/"), found.join("; ")));
             checks.push(Check { what: what.to_owned(), ok: detail.is_none(), detail });
         }
         let (mut expected, strays) = self.ready_view(&view.services);
@@ -878,7 +893,59 @@ impl Simulation<'_> {
             ok: detail.is_none(),
             detail,
         });
+        checks.extend(self.egress_invariants());
         checks
+    }
+
+    /// The outbound rules (issue 16), from the emulator's resources and the cluster: an Outbound
+    /// service registered with a NAT gateway has that NAT gateway, associated (NRP refuses the
+    /// reference otherwise, but a later delete could break it); every NAT gateway belongs to a
+    /// registered Outbound service that names it (none is left behind by a teardown); and an
+    /// Outbound service the controller registered with its NAT gateway is carried by a live pod
+    /// (the last pod's going tears it down). Outbound services registered before the first step
+    /// carry no NAT gateway: somebody else's, left alone.
+    fn egress_invariants(&self) -> Vec<Check> {
+        let resources = self.emulator.resources();
+        let linked: BTreeMap<String, String> = resources
+            .services
+            .iter()
+            .filter(|(_, s)| s.service_type.eq_ignore_ascii_case("Outbound") && !s.is_default)
+            .filter_map(|(name, s)| {
+                let id = s.public_nat_gateway_id.as_ref()?;
+                Some((name.to_ascii_lowercase(), id.rsplit('/').next().unwrap_or_default().to_owned()))
+            })
+            .collect();
+        let carried: BTreeSet<String> = self
+            .cluster
+            .pods()
+            .iter()
+            .map(crate::records::pod)
+            .filter(|p| matches!(p.phase.as_deref(), Some("Running" | "Pending")) && !p.deleting)
+            .filter_map(|p| p.egress_label.map(|l| l.to_ascii_lowercase()))
+            .collect();
+        let broken: Vec<String> = linked
+            .iter()
+            .filter(|(_, nat)| !resources.nat_gateways.get(*nat).is_some_and(|n| n.associated))
+            .map(|(service, nat)| format!("{service} → {nat}"))
+            .collect();
+        let stray: Vec<&String> =
+            resources.nat_gateways.keys().filter(|nat| !linked.values().any(|l| l == *nat)).collect();
+        let uncarried: Vec<&String> = linked.keys().filter(|service| !carried.contains(*service)).collect();
+        let check = |what: &str, detail: Option<String>| Check { what: what.to_owned(), ok: detail.is_none(), detail };
+        vec![
+            check(
+                "an Outbound service registered with a NAT gateway has it, associated",
+                (!broken.is_empty()).then(|| format!("missing or not associated: {broken:?}")),
+            ),
+            check(
+                "every NAT gateway belongs to a registered Outbound service",
+                (!stray.is_empty()).then(|| format!("named by no registered Outbound service: {stray:?}")),
+            ),
+            check(
+                "an Outbound service registered with its NAT gateway is carried by a live pod",
+                (!uncarried.is_empty()).then(|| format!("no live pod carries {uncarried:?}")),
+            ),
+        ]
     }
 
     /// Adds what NRP should hold for egress: each IP of a Running or Pending pod, not being
@@ -1034,6 +1101,8 @@ pub fn describe_command(command: &wit::Command) -> String {
             .map(|s| {
                 let what = if s.is_delete {
                     "unregister".to_owned()
+                } else if let Some(nat) = &s.public_nat_gateway {
+                    format!("register → NAT gateway {nat}")
                 } else if s.backend_pools.is_empty() {
                     "unlink".to_owned()
                 } else {
@@ -1085,8 +1154,18 @@ pub fn describe_command(command: &wit::Command) -> String {
                 .collect();
             format!("{} on {} [{}]", lb.name, lb.public_ip, rules.join(", "))
         }
+        wit::Command::PutNatGateway(n) => {
+            let ips: Vec<&String> = n.public_ips.iter().chain(&n.public_ips_v6).collect();
+            let ips: Vec<&str> = ips.iter().map(|s| s.as_str()).collect();
+            format!("{} on {} ({})", n.name, ips.join(", "), if n.associated { "associated" } else { "disassociated" })
+        }
         wit::Command::DeleteResource(r) => {
-            format!("{} {}", if r.kind == wit::ResourceKind::PublicIp { "public-ip" } else { "load-balancer" }, r.name)
+            let kind = match r.kind {
+                wit::ResourceKind::PublicIp => "public-ip",
+                wit::ResourceKind::LoadBalancer => "load-balancer",
+                wit::ResourceKind::NatGateway => "nat-gateway",
+            };
+            format!("{kind} {}", r.name)
         }
         wit::Command::PatchServiceStatus(s) => format!("{} ingress {:?}", object(&s.service), s.ingress_ips),
         wit::Command::SetFinalizer(f) => {
@@ -1104,7 +1183,12 @@ pub fn describe_outcome(outcome: &wit::Outcome) -> String {
             format!("snapshot: {} services, {} locations", s.services.len(), s.locations.len())
         }
         wit::Outcome::ArmInventory(i) => {
-            format!("inventory: {} public IPs, {} load balancers", i.public_ips.len(), i.load_balancers.len())
+            format!(
+                "inventory: {} public IPs, {} load balancers, {} NAT gateways",
+                i.public_ips.len(),
+                i.load_balancers.len(),
+                i.nat_gateways.len()
+            )
         }
         wit::Outcome::Failed(f) => {
             let mut text = format!("failed {}", f.status);

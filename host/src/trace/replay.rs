@@ -24,6 +24,7 @@ const OK_ANSWERS: &[&str] = &[
     "update-services",
     "update-address-locations",
     "put-load-balancer",
+    "put-nat-gateway",
     "delete-resource",
     "patch-service-status",
     "set-finalizer",

@@ -48,6 +48,7 @@ OK_ANSWERED = frozenset(
         "update-services",
         "update-address-locations",
         "put-load-balancer",
+        "put-nat-gateway",
         "delete-resource",
         "patch-service-status",
         "set-finalizer",

@@ -44,6 +44,8 @@ pub mod ip;
 pub mod model;
 #[path = "../../../guest/src/name.rs"]
 pub mod name;
+#[path = "../../../guest/src/outbound.rs"]
+pub mod outbound;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
 /// The real tracker (its state version is `v1::STATE_VERSION`).

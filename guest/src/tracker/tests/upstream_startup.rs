@@ -287,6 +287,7 @@ fn a_restart_puts_back_a_lost_ingress_ip_and_retries_a_failed_patch() {
 /// The ARM inventory of one Service deleted while no controller ran (`gone`): its load balancer and public IP.
 fn orphaned(gone: &str) -> ArmInventory {
     ArmInventory {
+        nat_gateways: Vec::new(),
         public_ips: vec![ListedPublicIp {
             name: format!("{gone}-pip"),
             version: IpVersion::Ipv4,

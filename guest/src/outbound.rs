@@ -1,0 +1,269 @@
+//! The outbound lifecycle of egress identities (issue 16; upstream-reference §c.2.1 "create
+//! outbound" and "delete outbound", §c.2.3): state version 6's addition.
+//!
+//! An identity that a pod of this cluster carries and that NRP does not list gets an
+//! [`OutboundLifecycle`]: its public IP `<id>-pip` (and `<id>-pip-v6` when a Node of the cluster
+//! has an IPv6 address, decided once, at creation), its NAT gateway `<id>` associated with the
+//! ServiceGateway, then the Outbound service `<id>` registered with that NAT gateway
+//! ([`ENSURE`]). Only then are its pods' addresses programmed. When the last pod carrying it
+//! goes, its addresses are drained first; then the service's NAT gateway reference is cleared,
+//! the NAT gateway disassociated, the service unregistered, the NAT gateway and its public IPs
+//! deleted ([`DELETE`]).
+//!
+//! It is the inbound lifecycle's state machine (`crate::tracker`): one command at a time, pods
+//! held while the identity is created, a delete that pre-empts a creation (the command in flight
+//! finishes, then the teardown starts), a pod that comes back while the identity is drained
+//! keeps it, one that comes back during the teardown recreates it after, backoff per identity.
+//! The tracker drives it with the same work sets, write budgets and command counters; this
+//! module holds what is particular to outbound: the steps, their commands, what already holds.
+//!
+//! An identity NRP already lists when a pod first carries it is somebody else's (or ours from
+//! a state this tracker does not have) and gets no lifecycle: its pods are programmed, and it is
+//! never torn down. The RP's `default-natgw` is never an identity (`crate::egress`).
+
+use crate::model::{
+    Command, IpVersion, NatGateway, NrpServiceRequest, NrpServiceType, Phase, PublicIp, ResourceKind, ResourceRef,
+};
+use crate::name::Name;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// One command of an identity's outbound operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutStep {
+    PutPublicIp,
+    PutPublicIpV6,
+    PutNatGateway,
+    Register,
+    /// The Outbound service without its NAT gateway (`publicNatGatewayId: null`).
+    Unlink,
+    /// The NAT gateway without its ServiceGateway (`serviceGateway: null`).
+    Disassociate,
+    Unregister,
+    DeleteNatGateway,
+    DeletePublicIp,
+    DeletePublicIpV6,
+}
+
+/// Upstream "create outbound": public IP(s) → NAT gateway → register.
+pub const ENSURE: [OutStep; 4] =
+    [OutStep::PutPublicIp, OutStep::PutPublicIpV6, OutStep::PutNatGateway, OutStep::Register];
+/// Upstream "delete outbound", after the drain: disassociate (NRP's side, then the NAT
+/// gateway's) → unregister → delete the NAT gateway → delete its public IPs.
+pub const DELETE: [OutStep; 6] = [
+    OutStep::Unlink,
+    OutStep::Disassociate,
+    OutStep::Unregister,
+    OutStep::DeleteNatGateway,
+    OutStep::DeletePublicIp,
+    OutStep::DeletePublicIpV6,
+];
+
+impl OutStep {
+    pub fn is_delete_step(self) -> bool {
+        DELETE.contains(&self)
+    }
+
+    pub fn writes_nrp(self) -> bool {
+        matches!(self, OutStep::Register | OutStep::Unlink | OutStep::Unregister)
+    }
+
+    /// A failure of the disassociation is logged and the teardown goes on, as upstream: the
+    /// unregister and the delete that follow are what must succeed, and they say so.
+    pub fn failure_is_ignored(self) -> bool {
+        matches!(self, OutStep::Unlink | OutStep::Disassociate)
+    }
+
+    /// A 404 means what the step would do is done.
+    pub fn gone_is_done(self) -> bool {
+        matches!(
+            self,
+            OutStep::Unlink
+                | OutStep::Unregister
+                | OutStep::DeleteNatGateway
+                | OutStep::DeletePublicIp
+                | OutStep::DeletePublicIpV6
+        )
+    }
+}
+
+/// The name of an identity's public IP of a family (upstream §a.4).
+pub fn public_ip_name(identity: &str, v6: bool) -> String {
+    if v6 { format!("{identity}-pip-v6") } else { format!("{identity}-pip") }
+}
+
+/// One identity's outbound lifecycle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundLifecycle {
+    pub phase: Phase,
+    /// It has an IPv6 public IP (the cluster's families when it was created; never updated).
+    pub v6: bool,
+    pub steps: VecDeque<OutStep>,
+    pub in_flight: Option<(u64, OutStep)>,
+    pub retries: u32,
+    pub not_before_ms: u64,
+    /// A Warning was logged for the current run of failures.
+    pub failing: bool,
+    /// Created, and no step of a teardown has run since: a pod that comes back while its
+    /// addresses drain keeps it as it is.
+    pub whole: bool,
+    /// A pod carries it again during its teardown: created anew once the teardown ends.
+    pub recreate: bool,
+    /// A `PutPublicIp` or a `PutNatGateway` was sent (it may have taken effect whatever the
+    /// answer): what a teardown must undo. Nothing sent, nothing to disassociate or delete.
+    pub public_ips_put: bool,
+    pub nat_gateway_put: bool,
+}
+
+impl OutboundLifecycle {
+    /// A lifecycle about to be created.
+    pub fn creating(v6: bool) -> Self {
+        Self::new(Phase::NotStarted, v6, ENSURE.into())
+    }
+
+    /// A lifecycle of what is already there (start-up adoption), or of what is to be torn down.
+    pub fn new(phase: Phase, v6: bool, steps: VecDeque<OutStep>) -> Self {
+        Self {
+            phase,
+            v6,
+            steps,
+            in_flight: None,
+            retries: 0,
+            not_before_ms: 0,
+            failing: false,
+            whole: phase == Phase::Created,
+            recreate: false,
+            public_ips_put: phase != Phase::NotStarted,
+            nat_gateway_put: phase != Phase::NotStarted,
+        }
+    }
+
+    /// Steps to run, not waiting for a drain.
+    pub fn has_work_left(&self) -> bool {
+        self.phase != Phase::Created || !self.steps.is_empty()
+    }
+
+    /// Whether what `op` would write already holds (`registered`: NRP lists the service).
+    pub fn holds_already(&self, op: OutStep, registered: bool) -> bool {
+        match op {
+            OutStep::PutPublicIpV6 => !self.v6,
+            OutStep::DeletePublicIpV6 => !self.v6 || !self.public_ips_put,
+            OutStep::DeletePublicIp => !self.public_ips_put,
+            OutStep::Disassociate | OutStep::DeleteNatGateway => !self.nat_gateway_put,
+            OutStep::Register => registered,
+            OutStep::Unlink | OutStep::Unregister => !registered,
+            OutStep::PutPublicIp | OutStep::PutNatGateway => false,
+        }
+    }
+
+    /// `op` is about to be sent: what it may leave behind.
+    pub fn sending(&mut self, op: OutStep) {
+        match op {
+            OutStep::PutPublicIp | OutStep::PutPublicIpV6 => self.public_ips_put = true,
+            OutStep::PutNatGateway => self.nat_gateway_put = true,
+            _ => {}
+        }
+        if op.is_delete_step() {
+            self.whole = false;
+        }
+    }
+
+    /// `op` succeeded (or found its work done): what is gone now.
+    pub fn succeeded(&mut self, op: OutStep) {
+        match op {
+            OutStep::DeleteNatGateway => self.nat_gateway_put = false,
+            // The IPv6 one goes last: both are gone then.
+            OutStep::DeletePublicIpV6 => self.public_ips_put = false,
+            OutStep::DeletePublicIp if !self.v6 => self.public_ips_put = false,
+            _ => {}
+        }
+    }
+
+    /// The command that carries out `op` for `identity`.
+    pub fn command(&self, identity: &str, op: OutStep) -> Command {
+        let service = |public_nat_gateway: Option<String>, is_delete: bool| {
+            Command::UpdateServices(vec![NrpServiceRequest {
+                name: identity.to_owned(),
+                service_type: NrpServiceType::Outbound,
+                backend_pools: Vec::new(),
+                public_nat_gateway,
+                is_delete,
+            }])
+        };
+        let nat_gateway = |associated: bool| {
+            Command::PutNatGateway(NatGateway {
+                name: identity.to_owned(),
+                public_ips: vec![public_ip_name(identity, false)],
+                public_ips_v6: if self.v6 { vec![public_ip_name(identity, true)] } else { Vec::new() },
+                associated,
+            })
+        };
+        let delete = |kind, name: String| Command::DeleteResource(ResourceRef { kind, name });
+        match op {
+            OutStep::PutPublicIp => Command::PutPublicIp(PublicIp {
+                name: Name::new(&public_ip_name(identity, false)),
+                version: IpVersion::Ipv4,
+            }),
+            OutStep::PutPublicIpV6 => Command::PutPublicIp(PublicIp {
+                name: Name::new(&public_ip_name(identity, true)),
+                version: IpVersion::Ipv6,
+            }),
+            OutStep::PutNatGateway => nat_gateway(true),
+            OutStep::Register => service(Some(identity.to_owned()), false),
+            OutStep::Unlink => service(None, false),
+            OutStep::Disassociate => nat_gateway(false),
+            OutStep::Unregister => service(None, true),
+            OutStep::DeleteNatGateway => delete(ResourceKind::NatGateway, identity.to_owned()),
+            OutStep::DeletePublicIp => delete(ResourceKind::PublicIp, public_ip_name(identity, false)),
+            OutStep::DeletePublicIpV6 => delete(ResourceKind::PublicIp, public_ip_name(identity, true)),
+        }
+    }
+}
+
+/// The outbound side of the tracker's state: the lifecycles and their own work sets (an egress
+/// identity and an inbound one never share a lifecycle, and keeping their sets apart keeps
+/// either from ever running the other's).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outbound {
+    #[serde(deserialize_with = "crate::name::btree_map")]
+    pub lifecycles: BTreeMap<String, OutboundLifecycle>,
+    #[serde(deserialize_with = "crate::name::btree_set")]
+    pub runnable: BTreeSet<String>,
+    #[serde(deserialize_with = "crate::name::btree_set")]
+    pub timers: BTreeSet<(u64, String)>,
+    /// Identities waiting for their addresses to leave NRP before their teardown.
+    #[serde(deserialize_with = "crate::name::btree_set")]
+    pub draining: BTreeSet<String>,
+}
+
+impl Outbound {
+    /// Whether an identity of ours may have its pods' addresses in NRP: created and registered.
+    /// `None` when it has no lifecycle.
+    pub fn ready(&self, identity: &str, registered: bool) -> Option<bool> {
+        self.lifecycles.get(identity).map(|l| l.phase == Phase::Created && registered)
+    }
+
+    /// Nothing to do but wait for the periodic resync.
+    pub fn is_quiet(&self) -> bool {
+        self.runnable.is_empty() && self.timers.is_empty() && self.draining.is_empty()
+    }
+
+    /// For a state import: every lifecycle with work left is in a work set, every pending
+    /// deletion drains and nothing else does (as `State::check` for inbound lifecycles).
+    pub fn check(&self) -> Result<(), String> {
+        let on_timers: BTreeSet<&str> = self.timers.iter().map(|(_, identity)| identity.as_str()).collect();
+        for identity in self.draining.iter().chain(&self.runnable) {
+            if !self.lifecycles.contains_key(identity) {
+                return Err(format!("outbound identity {identity:?} is in a work set but has no lifecycle"));
+            }
+        }
+        for (identity, l) in &self.lifecycles {
+            let scheduled =
+                l.in_flight.is_some() || self.runnable.contains(identity) || on_timers.contains(identity.as_str());
+            if let Some(why) = l.phase.misplaced(l.has_work_left(), scheduled, self.draining.contains(identity)) {
+                return Err(format!("the outbound lifecycle of {identity:?} ({:?}): {why}", l.phase));
+            }
+        }
+        Ok(())
+    }
+}
