@@ -111,6 +111,8 @@ pub const ANNOTATIONS: &[&str] = &[
     "service.beta.kubernetes.io/azure-pip-name",
 ];
 pub const ANNOTATION_VALUES: &[&str] = &["true", "TRUE", "false", "4", "30", "100", "-1", "lb1", "lb1,lb2"];
+/// The egress pod finalizer, and another controller's.
+pub const POD_FINALIZERS: &[&str] = &["servicegateway.azure.com/pod-cleanup", "example.com/other"];
 pub const FINALIZERS: &[&str] = &["servicegateway.azure.com/service-cleanup", "service.kubernetes.io/load-balancer-cleanup"];
 pub const CODES: &[&str] = &[
     "Injected",
@@ -355,6 +357,7 @@ impl<'a> Dec<'a> {
             host_ips: self.texts(IPS, 2),
             host_ip: self.opt_text(IPS),
             deleting: self.flag(),
+            finalizers: self.texts(POD_FINALIZERS, 2),
         }
     }
 
@@ -719,6 +722,7 @@ impl Enc {
         self.texts(&p.host_ips, 2);
         self.opt_text(&p.host_ip);
         self.flag(p.deleting);
+        self.texts(&p.finalizers, 2);
     }
 
     pub fn observation(&mut self, o: &wit::Observation) {

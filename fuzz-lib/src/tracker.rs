@@ -252,8 +252,42 @@ impl Hostile {
         self.absorb(step);
     }
 
+    /// What Kubernetes does with an egress pod's finalizer: the same UID guard, and a pod being
+    /// deleted goes with its last finalizer.
+    fn pod_finalizer(&mut self, target: &model::ObjectRef, finalizer: &str, present: bool) -> Outcome {
+        let key = (target.namespace.to_string(), target.name.to_string());
+        let Some(pod) = self.objects.pods.get_mut(&key) else { return failed(404, "NotFound") };
+        if pod.uid != target.uid.as_str() {
+            return failed(409, "UIDMismatch");
+        }
+        let had = pod.finalizers.iter().any(|f| f == finalizer);
+        if had == present {
+            return Outcome::Ok;
+        }
+        if present {
+            if pod.deleting {
+                return failed(422, "Invalid");
+            }
+            pod.finalizers.push(finalizer.to_owned());
+        } else {
+            pod.finalizers.retain(|f| f != finalizer);
+        }
+        if pod.deleting && pod.finalizers.is_empty() {
+            self.objects.pods.remove(&key);
+            self.pending.push(Observation::PodDeleted(model::ObjectKey::new(&key.0, &key.1)));
+        } else {
+            self.pending.push(Observation::PodUpserted(pod.clone()));
+        }
+        Outcome::Ok
+    }
+
     /// What Kubernetes does with a status or finalizer write.
     fn kubernetes(&mut self, command: &Command) -> Outcome {
+        if let Command::SetFinalizer { service, finalizer, present } = command
+            && service.kind.as_str() == "Pod"
+        {
+            return self.pod_finalizer(service, finalizer, *present);
+        }
         let (target, change): (&model::ObjectRef, ServiceWrite) =
             match command {
                 Command::PatchServiceStatus { service, ingress_ips } => {

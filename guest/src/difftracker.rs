@@ -211,6 +211,16 @@ impl DiffTracker {
         self.nrp_by_identity.contains_key(identity) || self.uncertain.values().any(|ids| ids.contains(identity))
     }
 
+    /// Whether NRP may still map `identity` at `address` on `location` (the mirror does, or a
+    /// batch whose outcome is unknown named it there) while Kubernetes no longer puts it there:
+    /// what a departed egress pod's finalizer waits for.
+    pub fn awaits_drain(&self, identity: &str, location: &str, address: &str) -> bool {
+        let in_nrp = self.nrp.get(location).and_then(|a| a.get(address)).is_some_and(|s| s.contains(identity))
+            || self.uncertain.get(location).is_some_and(|ids| ids.contains(identity));
+        let in_k8s = self.k8s.get(location).and_then(|a| a.get(address)).is_some_and(|ids| ids.get(identity).is_some());
+        in_nrp && !in_k8s
+    }
+
     /// Whether Kubernetes has any address for the identity.
     pub fn has_endpoints(&self, identity: &str) -> bool {
         self.k8s_by_identity.contains_key(identity)

@@ -39,8 +39,8 @@
 //! Outbound services that no pod of this cluster has carried (in this state's lifetime) are
 //! somebody else's and left alone.
 //!
-//! Not here: the NAT gateway lifecycle (`crate::outbound`). Not built yet: the pod finalizer
-//! `servicegateway.azure.com/pod-cleanup` (issue 16).
+//! Not here: the NAT gateway lifecycle (`crate::outbound`) and the pod finalizer
+//! `servicegateway.azure.com/pod-cleanup` (`crate::pod_finalizers`).
 
 use crate::difftracker::{Class, DiffTracker};
 use crate::ip;
@@ -227,9 +227,14 @@ impl Egress {
 
     /// An inbound identity appeared (a Service, or an orphan found in NRP): every pod carrying it
     /// as its egress identity is refused now, as it would have been had the identity been known
-    /// when the pod was read (see the module's doc). Returns the Warnings to send. Costs a look
-    /// at the reference counts unless a pod carries the identity, then a pass over the egress pods.
-    pub fn refuse_identity(&mut self, identity: &str, diff: &mut DiffTracker) -> Vec<(ObjectRef, Warning)> {
+    /// when the pod was read (see the module's doc). Returns the Warnings to send, each with the
+    /// addresses the pod carried the identity at. Costs a look at the reference counts unless a
+    /// pod carries the identity, then a pass over the egress pods.
+    pub fn refuse_identity(
+        &mut self,
+        identity: &str,
+        diff: &mut DiffTracker,
+    ) -> Vec<(ObjectRef, Warning, BTreeMap<String, String>)> {
         if !self.refs.contains_key(identity) {
             return Vec::new();
         }
@@ -243,7 +248,7 @@ impl Egress {
             self.change(&old, &new, diff);
             self.pods.insert(key.clone(), new);
             let regarding = ObjectRef { kind: "Pod".into(), namespace: key.namespace, name: key.name, uid: "".into() };
-            warnings.push((regarding, Warning { reason, message: collision_message(identity) }));
+            warnings.push((regarding, Warning { reason, message: collision_message(identity) }, old.addresses));
         }
         warnings
     }
@@ -314,6 +319,13 @@ impl Egress {
         self.known.retain(|id| refs.contains_key(id) || diff.nrp_references(id));
     }
 
+    /// An identity a pod held by our finalizer carried before this state began (a restart): ours,
+    /// so its addresses drain like those of an identity a pod carried in this state's lifetime.
+    /// Returns whether it was new.
+    pub fn know(&mut self, identity: &str) -> bool {
+        !self.known.contains(identity) && self.known.insert(identity.to_owned())
+    }
+
     /// Whether a pod carries the identity.
     pub fn carries(&self, identity: &str) -> bool {
         self.refs.contains_key(identity)
@@ -342,6 +354,12 @@ impl Egress {
     /// Identity → how many pods carry it (P4).
     pub fn ref_counts(&self) -> &BTreeMap<String, u32> {
         &self.refs
+    }
+
+    /// What a pod carries now: its identity and its addresses (address → location).
+    pub fn carried_by(&self, key: &ObjectKey) -> Option<(String, BTreeMap<String, String>)> {
+        let pod = self.pods.get(key)?;
+        Some((pod.identity.clone()?, pod.addresses.clone()))
     }
 
     /// The identity a pod carries, if any.
@@ -393,6 +411,12 @@ mod tests {
             host_ips: vec![NODE.into()],
             ..Pod::default()
         }
+    }
+
+    /// The pod once it holds the pod finalizer (`crate::pod_finalizers`): the tracker writes
+    /// nothing to it while it carries an identity.
+    fn held(pod: Pod) -> Pod {
+        Pod { finalizers: vec![crate::pod_finalizers::FINALIZER.into()], ..pod }
     }
 
     fn no_inbound(_: &str) -> bool {
@@ -804,7 +828,7 @@ mod tests {
         };
         let step = tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(snapshot))]);
         assert!(step.idle, "{step:?}");
-        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let p = held(pod("p", Some("egress-a"), &["10.244.0.5"]));
         let step = tracker.observe(2, vec![Observation::PodUpserted(p.clone())]);
         let sent = updates(&step);
         assert_eq!(sent.len(), 1);
@@ -817,6 +841,9 @@ mod tests {
         assert_eq!(tracker.nrp_view()[NODE]["10.244.0.9"], BTreeSet::from(["other-natgw".to_owned()]));
         let step = tracker.observe(4, vec![Observation::PodUpserted(Pod { egress_label: None, ..p })]);
         assert_eq!(updates(&step)[0].addresses, vec![NrpAddress { address: "10.244.0.5".into(), services: vec![] }]);
+        // The drain accepted, the pod's finalizer goes.
+        let step = tracker.complete(5, vec![(step.commands[0].id, Outcome::Ok)]);
+        assert!(matches!(&step.commands[..], [Issued { command: Command::SetFinalizer { present: false, .. }, .. }]));
         assert!(tracker.complete(5, vec![(step.commands[0].id, Outcome::Ok)]).idle);
         assert!(!tracker.nrp_view()[NODE].contains_key("10.244.0.5"));
         assert!(tracker.nrp_view()[NODE].contains_key("10.244.0.9"), "a foreign identity is left alone");
@@ -832,12 +859,12 @@ mod tests {
         let step = tracker.observe(0, vec![Observation::ListsComplete]);
         let snapshot = NrpState { services: vec![outbound("egress-a")], locations: vec![] };
         tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(snapshot))]);
-        let v4 = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let v4 = held(pod("p", Some("egress-a"), &["10.244.0.5"]));
         let step = tracker.observe(2, vec![Observation::PodUpserted(v4.clone())]);
         assert!(tracker.complete(3, vec![(step.commands[0].id, Outcome::Ok)]).idle);
         let dual = Pod {
             host_ips: vec![NODE.into(), "fd00::4".into()],
-            ..pod("p", Some("egress-a"), &["10.244.0.5", "fd01::5"])
+            ..held(pod("p", Some("egress-a"), &["10.244.0.5", "fd01::5"]))
         };
         let step = tracker.observe(4, vec![Observation::PodUpserted(dual)]);
         assert_eq!(tracker.egress().ref_counts(), &BTreeMap::from([("egress-a".to_owned(), 1)]));
@@ -998,7 +1025,18 @@ mod tests {
         // same writes as when the Service came first, and the same NRP.
         let (commands, view, _, relist) = &pod_batch_first;
         assert_eq!((view, relist), (&service_first.1, &service_first.3));
-        let writes = |c: &&Command| !matches!(c, Command::EmitEvent(_) | Command::ReadNrp | Command::ReadArm);
+        // The pod held the pod finalizer while it carried the identity: added, then released
+        // once the teardown ended (`crate::pod_finalizers`); the Service's writes are the rest.
+        let pod_finalizer = |c: &&Command| matches!(c, Command::SetFinalizer { service, .. } if service.kind == "Pod");
+        let finalizers: Vec<bool> = commands
+            .iter()
+            .filter(pod_finalizer)
+            .map(|c| matches!(c, Command::SetFinalizer { present: true, .. }))
+            .collect();
+        assert_eq!(finalizers, [true, false], "{commands:?}");
+        let writes = |c: &&Command| {
+            !matches!(c, Command::EmitEvent(_) | Command::ReadNrp | Command::ReadArm) && !pod_finalizer(c)
+        };
         let (batched, service_batched): (Vec<_>, Vec<_>) =
             (commands.iter().filter(writes).collect(), service_batch_first.0.iter().filter(writes).collect());
         let (egress, rest) = batched.split_at(batched.len() - service_batched.len());
@@ -1094,7 +1132,7 @@ mod tests {
     #[test]
     fn a_pod_whose_identity_nrp_does_not_list_is_held_back_until_its_nat_gateway_is_created_and_registered() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-        let p = pod("p", Some("egress-a"), &["10.244.0.5"]);
+        let p = held(pod("p", Some("egress-a"), &["10.244.0.5"]));
         let step = tracker.observe(0, vec![Observation::PodUpserted(p), Observation::ListsComplete]);
         let mut step = tracker.complete(1, vec![(read_nrp_id(&step), Outcome::NrpSnapshot(NrpState::default()))]);
         let mut before = Vec::new();

@@ -32,6 +32,7 @@
 use crate::config::Config;
 use crate::difftracker::View;
 use crate::model::*;
+use crate::pod_finalizers::FINALIZER as POD_FINALIZER;
 use crate::tracker::{FINALIZER, Tracker};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -131,14 +132,24 @@ pub struct EgressPod {
     pub label: Option<&'static str>,
     pub host_ip: String,
     pub phase: &'static str,
+    /// It holds the pod finalizer.
+    pub finalizer: bool,
+    /// Deleted, held by the finalizer.
+    pub deleting: bool,
+    /// The identities it carried since it last lost the finalizer: what its release waits for.
+    pub carried: BTreeSet<String>,
 }
 
 impl EgressPod {
     /// The identity the pod carries, by the rules of upstream §d.2 stated again.
     pub fn carries(&self) -> Option<String> {
+        self.named().filter(|_| !self.deleting && matches!(self.phase, "Running" | "Pending"))
+    }
+
+    /// The identity its label names, whatever its phase.
+    pub fn named(&self) -> Option<String> {
         let identity = self.label?.to_ascii_lowercase();
-        let valid = ["egress-a", "egress-b", "egress-c"].contains(&identity.as_str());
-        (valid && matches!(self.phase, "Running" | "Pending")).then_some(identity)
+        ["egress-a", "egress-b", "egress-c"].contains(&identity.as_str()).then_some(identity)
     }
 }
 
@@ -242,6 +253,8 @@ impl World {
             phase: Some(p.phase.into()),
             pod_ips: vec![pod_ip(pod)],
             host_ips: vec![p.host_ip.clone()],
+            deleting: p.deleting,
+            finalizers: if p.finalizer { vec![POD_FINALIZER.into()] } else { vec![] },
             ..Pod::default()
         }
     }
@@ -329,16 +342,33 @@ impl World {
                 // The kubelet publishes the host IP the pod's node has now; a later change of the
                 // node's IP reaches the pod only when the pod is updated.
                 let host_ip = node_ip(*node, self.nodes.get(node).copied().unwrap_or(0));
-                let object =
-                    EgressPod { label: LABELS[usize::from(*label)], host_ip, phase: PHASES[usize::from(*phase)] };
+                let (finalizer, mut carried) = match self.pods.get(pod) {
+                    Some(existing) if existing.deleting => return, // a deleting pod is not edited back to life
+                    Some(existing) => (existing.finalizer, existing.carried.clone()),
+                    None => (false, BTreeSet::new()),
+                };
+                let object = EgressPod {
+                    label: LABELS[usize::from(*label)],
+                    host_ip,
+                    phase: PHASES[usize::from(*phase)],
+                    finalizer,
+                    deleting: false,
+                    carried: BTreeSet::new(),
+                };
                 if let Some(identity) = object.carries() {
                     self.orphaned.remove(&identity);
+                    carried.insert(identity);
                 }
-                self.pods.insert(*pod, object);
+                self.pods.insert(*pod, EgressPod { carried, ..object });
                 self.pending.push(Observation::PodUpserted(self.pod_record(*pod)));
             }
             Op::DeleteEgressPod { pod } => {
-                if self.pods.remove(pod).is_some() {
+                let Some(object) = self.pods.get_mut(pod) else { return };
+                if object.finalizer {
+                    object.deleting = true;
+                    self.pending.push(Observation::PodUpserted(self.pod_record(*pod)));
+                } else {
+                    self.pods.remove(pod);
                     self.pending.push(Observation::PodDeleted(ObjectKey::new(NS, &format!("egress-{pod}"))));
                 }
             }
@@ -361,6 +391,47 @@ impl World {
         } else {
             self.pending.push(Observation::ServiceUpserted(self.service_record(service)));
         }
+    }
+
+    /// The pod finalizer. A release is checked against NRP: no address of the pod may still
+    /// map an identity it carried, and an identity no pod carries any more must have no NAT
+    /// gateway left (the last pod waits for the teardown).
+    fn set_pod_finalizer(&mut self, pod: &ObjectRef, present: bool) -> Outcome {
+        let index = (0..u8::MAX).find(|i| {
+            pod.name.as_str() == format!("egress-{i}") && pod.uid.as_str() == format!("pod-uid-{i}")
+        });
+        let Some(index) = index.filter(|i| self.pods.contains_key(i)) else { return Self::failed(404, "NotFound") };
+        if present {
+            let object = self.pods.get_mut(&index).expect("found");
+            if object.deleting {
+                return Self::failed(422, "Invalid");
+            }
+            if !object.finalizer {
+                object.finalizer = true;
+                self.pending.push(Observation::PodUpserted(self.pod_record(index)));
+            }
+            return Outcome::Ok;
+        }
+        let carried_now = self.carried();
+        let object = &self.pods[&index];
+        let address = pod_ip(index);
+        for identity in &object.carried {
+            if self.nrp.values().filter_map(|a| a.get(&address)).any(|ids| ids.contains(identity)) {
+                self.violations.push(format!("egress-{index} released while NRP maps {address} to {identity}"));
+            }
+            if !carried_now.contains_key(identity) && self.nat_gateways.contains_key(identity) {
+                self.violations.push(format!("egress-{index}, the last pod of {identity}, released before its teardown"));
+            }
+        }
+        let object = self.pods.get_mut(&index).expect("found");
+        object.carried = object.carries().into_iter().collect();
+        if object.deleting {
+            self.pods.remove(&index);
+            self.pending.push(Observation::PodDeleted(ObjectKey::new(NS, &format!("egress-{index}"))));
+        } else if std::mem::replace(&mut object.finalizer, false) {
+            self.pending.push(Observation::PodUpserted(self.pod_record(index)));
+        }
+        Outcome::Ok
     }
 
     pub fn service_index(&self, uid: &str) -> Option<u8> {
@@ -577,6 +648,9 @@ impl World {
                 self.pending.push(Observation::ServiceUpserted(self.service_record(index)));
                 Outcome::Ok
             }
+            Command::SetFinalizer { service, present, .. } if service.kind.as_str() == "Pod" => {
+                self.set_pod_finalizer(service, *present)
+            }
             Command::SetFinalizer { service, finalizer, present } => {
                 let Some(index) = self.service_index(&service.uid) else { return Self::failed(404, "NotFound") };
                 let object = self.services.get_mut(&index).expect("found");
@@ -760,6 +834,11 @@ impl Harness {
                     name.starts_with("egress-") && !nat_gateways.contains_key(name.trim_end_matches("-v6").trim_end_matches("-pip"))
                 });
                 world.leftover_public_ips.extend(leftover.cloned().collect::<Vec<_>>());
+                // A new process knows what a held pod carried only from its label as it is now.
+                for pod in world.pods.values_mut() {
+                    let named = pod.named();
+                    pod.carried.retain(|id| Some(id) == named.as_ref());
+                }
                 self.tracker = Tracker::create(self.config.clone()).unwrap();
                 self.world.pending.clear();
                 let lists = self.world.lists();
@@ -849,6 +928,12 @@ impl Harness {
                 assert_eq!(object.ingress, vec![ip.clone()], "svc-{index} shows its public IP");
             }
             assert!(!object.deleting, "svc-{index} was deleted but its finalizer is still held");
+        }
+        for (index, pod) in &self.world.pods {
+            assert!(!pod.deleting, "egress-{index} was deleted but its finalizer is still held");
+            if pod.carries().is_some() {
+                assert!(pod.finalizer, "egress-{index} carries an identity and holds the pod finalizer");
+            }
         }
         // P2: a quiet tracker sends nothing more.
         let step = self.tracker.tick(self.world.now);

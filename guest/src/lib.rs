@@ -25,6 +25,7 @@ pub mod model;
 pub mod name;
 pub mod outbound;
 pub mod placement;
+pub mod pod_finalizers;
 #[cfg(test)]
 mod properties;
 pub mod tracker;

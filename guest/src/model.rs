@@ -126,6 +126,8 @@ pub struct Pod {
     /// `status.hostIP`.
     pub host_ip: Option<String>,
     pub deleting: bool,
+    /// `metadata.finalizers`.
+    pub finalizers: Vec<String>,
 }
 
 impl Pod {

@@ -267,3 +267,31 @@ impl Outbound {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Upstream TestBuildOutboundResourceNames: an identity's public IPs are `<id>-pip` and `<id>-pip-v6`, its
+    // NAT gateway and its Outbound service `<id>`, each command naming them so.
+    #[test]
+    fn an_identitys_resources_are_named_after_it() {
+        assert_eq!(
+            (public_ip_name("egress-a", false), public_ip_name("egress-a", true)),
+            ("egress-a-pip".into(), "egress-a-pip-v6".into())
+        );
+        let lifecycle = OutboundLifecycle::creating(true);
+        let Command::PutNatGateway(nat) = lifecycle.command("egress-a", OutStep::PutNatGateway) else { panic!() };
+        assert_eq!(
+            (nat.name.as_str(), nat.public_ips.as_slice(), nat.public_ips_v6.as_slice()),
+            ("egress-a", &["egress-a-pip".to_owned()][..], &["egress-a-pip-v6".to_owned()][..])
+        );
+        let Command::UpdateServices(requests) = lifecycle.command("egress-a", OutStep::Register) else { panic!() };
+        assert_eq!(
+            (requests[0].name.as_str(), requests[0].public_nat_gateway.as_deref()),
+            ("egress-a", Some("egress-a"))
+        );
+        let Command::DeleteResource(pip) = lifecycle.command("egress-a", OutStep::DeletePublicIpV6) else { panic!() };
+        assert_eq!((pip.kind, pip.name.as_str()), (ResourceKind::PublicIp, "egress-a-pip-v6"));
+    }
+}

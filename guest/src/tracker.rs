@@ -38,6 +38,7 @@ use crate::model::*;
 pub use crate::model::Phase;
 use crate::name::{Name, VecMap, VecSet};
 use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
+use crate::pod_finalizers::{self, PodFinalizers, Want};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -51,8 +52,10 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 /// left to adopt). Version 5 adds the write budgets' buckets ([`Buckets`]) after the version-4
 /// payload; an older state imports with full buckets. Version 6 adds the outbound lifecycles
 /// ([`Outbound`]) after the version-5 payload; an older state imports with none (its egress
-/// identities are somebody else's, as they were to it).
-pub const STATE_VERSION: u32 = 6;
+/// identities are somebody else's, as they were to it). Version 7 adds the egress pod
+/// finalizers ([`PodFinalizers`]) after the version-6 payload; an older state imports with no
+/// pod held (the host's next list or a pod's next update reads each pod's finalizer).
+pub const STATE_VERSION: u32 = 7;
 
 /// The finalizer that holds a Service until its Azure resources are gone.
 pub const FINALIZER: &str = "servicegateway.azure.com/service-cleanup";
@@ -401,6 +404,8 @@ enum InFlight {
     ReadArm,
     /// A command of an egress identity's outbound lifecycle (state version 6).
     Outbound { identity: String, step: OutStep },
+    /// The finalizer of an egress pod (state version 7): added (`present`) or released.
+    PodFinalizer { key: ObjectKey, uid: String, present: bool },
 }
 
 /// The start-up inventory of ARM (state version 4, issue 15 defect 4): the resource group's
@@ -548,6 +553,8 @@ pub struct Tracker {
     budget: Buckets,
     /// The outbound lifecycles of egress identities (state version 6).
     outbound: Outbound,
+    /// The egress pod finalizers (state version 7).
+    pods: PodFinalizers,
     /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
     /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
     clock: Clock,
@@ -556,8 +563,17 @@ pub struct Tracker {
 /// Two trackers are equal when their configuration and state are: the clock is not state.
 impl PartialEq for Tracker {
     fn eq(&self, other: &Self) -> bool {
-        (&self.config, self.mode, &self.state, &self.egress, &self.arm, &self.budget, &self.outbound)
-            == (&other.config, other.mode, &other.state, &other.egress, &other.arm, &other.budget, &other.outbound)
+        (&self.config, self.mode, &self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods)
+            == (
+                &other.config,
+                other.mode,
+                &other.state,
+                &other.egress,
+                &other.arm,
+                &other.budget,
+                &other.outbound,
+                &other.pods,
+            )
     }
 }
 
@@ -687,6 +703,7 @@ impl Tracker {
             arm: ArmSync::default(),
             budget,
             outbound: Outbound::default(),
+            pods: PodFinalizers::default(),
             clock: Clock::default(),
         })
     }
@@ -715,6 +732,20 @@ impl Tracker {
     #[cfg(test)]
     pub(crate) fn export_state_v5(&self) -> Vec<u8> {
         postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget)).expect("plain data")
+    }
+
+    /// The state as version 6 wrote it (no pod finalizers), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v6(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound)).expect("plain data")
+    }
+
+    /// This tracker's current payload with `state` in place of its own, for tests of states that
+    /// must be refused.
+    #[cfg(test)]
+    fn payload_with(&self, state: &State) -> Vec<u8> {
+        postcard::to_allocvec(&(state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods))
+            .expect("plain data")
     }
 
     pub fn mode(&self) -> Mode {
@@ -778,9 +809,10 @@ impl Tracker {
                 Observation::NodeDeleted(name) => self.remove_node(&name),
                 Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
                 Observation::PodDeleted(key) => {
-                    let identity = self.egress.identity_of(&key).map(str::to_owned);
+                    let before = self.egress.carried_by(&key);
                     self.egress.delete(&key, &mut self.state.diff);
-                    if let Some(identity) = identity {
+                    self.pods.gone(&key, &before, true);
+                    if let Some((identity, _)) = before {
                         self.carried_changed(&identity);
                     }
                 }
@@ -813,6 +845,9 @@ impl Tracker {
                         self.state.nrp.service_writes_in_flight -= 1;
                     }
                     self.outbound_outcome(&identity, id, op, outcome, now, &mut step);
+                }
+                InFlight::PodFinalizer { key, uid, present } => {
+                    self.pod_finalizer_outcome(&key, &uid, id, present, outcome, now, &mut step)
                 }
                 InFlight::Locations(batch) => self.locations_outcome(id, batch, outcome, now, &mut step),
                 InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
@@ -1171,13 +1206,24 @@ impl Tracker {
     /// An egress pod was created or changed (the rules are in [`crate::egress`]).
     fn upsert_pod(&mut self, pod: &Pod, step: &mut Step) {
         let key = pod.key();
-        let before = self.egress.identity_of(&key).map(str::to_owned);
+        let carried_before = self.egress.carried_by(&key);
+        let before = carried_before.as_ref().map(|(identity, _)| identity.clone());
         let State { lifecycles, service_by_identity, diff, .. } = &mut self.state;
         let inbound = |id: &str| lifecycles.contains_key(id) || service_by_identity.contains_key(id);
         for (regarding, warning) in self.egress.upsert(pod, inbound, diff) {
             self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
         }
-        let after = self.egress.identity_of(&key).map(str::to_owned);
+        let carried_after = self.egress.carried_by(&key);
+        self.pods.observe(pod, &carried_before, &carried_after);
+        if carried_after.is_none() && pod.finalizers.iter().any(|f| f == pod_finalizers::FINALIZER) {
+            // Held by our finalizer from before this state (a restart): what it carried drains.
+            let inbound = |id: &str| self.state.lifecycles.contains_key(id) || self.state.service_by_identity.contains_key(id);
+            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !inbound(id));
+            if let Some((identity, _)) = named.filter(|(id, _)| self.egress.know(id)) {
+                self.state.diff.touch_identity(&identity);
+            }
+        }
+        let after = carried_after.map(|(identity, _)| identity);
         if before != after {
             for identity in before.iter().chain(&after) {
                 self.carried_changed(identity);
@@ -1193,7 +1239,9 @@ impl Tracker {
         if !refused.is_empty() {
             self.carried_changed(identity);
         }
-        for (regarding, warning) in refused {
+        for (regarding, warning, addresses) in refused {
+            let key = ObjectKey { namespace: regarding.namespace.clone(), name: regarding.name.clone() };
+            self.pods.gone(&key, &Some((identity.to_owned(), addresses)), false);
             self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
         }
     }
@@ -1344,6 +1392,7 @@ impl Tracker {
             if !hold_nrp_writes {
                 self.sync_locations(now, step);
             }
+            self.advance_pod_finalizers(now, step);
         }
         step.wake_at_ms = self.next_wake(now).map(|at| self.clock.to_host(at));
         step.idle =
@@ -1374,6 +1423,7 @@ impl Tracker {
             }
             self.state.timers.insert((latest, identity));
         }
+        self.pods.bring_in(latest);
         while let Some((_, identity)) = self.outbound.timers.last().filter(|(at, _)| *at > latest).cloned() {
             self.outbound.timers.pop_last();
             if let Some(lifecycle) = self.outbound.lifecycles.get_mut(&identity) {
@@ -1393,6 +1443,7 @@ impl Tracker {
             && self.state.timers.is_empty()
             && self.state.draining.is_empty()
             && self.outbound.is_quiet()
+            && self.pods.is_quiet()
             && self.state.in_flight.values().all(|f| matches!(f, InFlight::Event));
         // Also under the fuzz crate's `invariants` feature, so that fuzzing checks it.
         #[cfg(any(test, feature = "invariants"))]
@@ -1410,6 +1461,9 @@ impl Tracker {
         let mut wake = self.state.timers.first().map(|(at, _)| *at);
         let mut consider = |at: u64| wake = Some(wake.map_or(at, |w| w.min(at)));
         if let Some(&(at, _)) = self.outbound.timers.first() {
+            consider(at);
+        }
+        if let Some(at) = self.pods.next_timer() {
             consider(at);
         }
         if !nrp.read_in_flight {
@@ -1783,6 +1837,7 @@ impl Tracker {
 
     fn locations_outcome(&mut self, id: u64, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
         self.state.nrp.batches_in_flight.remove(&id);
+        self.pods.recheck();
         self.budget_answered(WriteKind::AddressLocations, &outcome, now, step);
         match outcome {
             Outcome::Failed(failure) => {
@@ -1867,6 +1922,7 @@ impl Tracker {
         }
         self.state.diff.replace_nrp(inbound, &snapshot.locations);
         self.egress.nrp_read(&snapshot.services, &self.state.diff);
+        self.pods.recheck();
         let nrp = &mut self.state.nrp;
         nrp.foreign = foreign;
         nrp.loaded = true;
@@ -1923,6 +1979,70 @@ impl Tracker {
                     self.refuse_colliding_pods(&identity, step);
                 }
             }
+        }
+    }
+
+    // ---- Egress pod finalizers (crate::pod_finalizers) ----
+
+    /// Adds the finalizer to the pods that carry an identity, and releases it from those that
+    /// carry nothing any more once what they carried has left NRP.
+    fn advance_pod_finalizers(&mut self, now: u64, step: &mut Step) {
+        for key in self.pods.take_runnable(now) {
+            let present = match self.pods.due(&key, now) {
+                Some(Want::Add) => true,
+                Some(Want::Release) if self.pod_released(&key) => false,
+                // Waits in `releasing` (or for an answer, or a timer) until something changes.
+                Some(Want::Release | Want::Nothing) | None => continue,
+            };
+            let id = self.state.next_command_id;
+            let pod = self.pods.issued(&key, id, present);
+            let what = InFlight::PodFinalizer { key, uid: pod.uid.to_string(), present };
+            let finalizer = pod_finalizers::FINALIZER.to_owned();
+            self.issue(Command::SetFinalizer { service: pod, finalizer, present }, what, step);
+        }
+    }
+
+    /// Whether what a pod carried has left NRP: each of its addresses is unmapped for its
+    /// identity (or another pod's now), no batch in flight names the identity there, and an
+    /// identity no pod carries any more has no outbound lifecycle left (its teardown ended).
+    fn pod_released(&self, key: &ObjectKey) -> bool {
+        let Some(held) = self.pods.get(key) else { return true };
+        let in_batch = |identity: &str, location: &str, address: &str| {
+            self.batches_in_flight().flatten().filter(|l| l.location == location).any(|l| {
+                l.addresses.iter().any(|a| a.address == address && a.services.iter().any(|s| s == identity))
+            })
+        };
+        held.left.iter().all(|(identity, location, address)| {
+            !self.state.diff.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
+        }) && held.identities.iter().all(|id| self.egress.carries(id) || !self.outbound.lifecycles.contains_key(id))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn pod_finalizer_outcome(
+        &mut self,
+        key: &ObjectKey,
+        uid: &str,
+        id: u64,
+        present: bool,
+        outcome: Outcome,
+        now: u64,
+        step: &mut Step,
+    ) {
+        let failure = match &outcome {
+            Outcome::Failed(f) => Some(f),
+            _ => None,
+        };
+        let what = format!("{} finalizer of pod {}/{}", if present { "adding the" } else { "releasing the" }, key.namespace, key.name);
+        let report = self.pods.answered(key, uid, id, failure, |retries| {
+            let failure = failure.expect("only a failure is retried");
+            now.saturating_add(retry_delay(&format!("{}/{}", key.namespace, key.name), retries, failure, &what, step))
+        });
+        if let Some(failure) = report {
+            let code = failure.code.as_deref().map(|c| format!(", {c}")).unwrap_or_default();
+            let message = format!("{what} failed (HTTP {}{code}): {}; retrying with backoff", failure.status, failure.message);
+            step.logs.push(LogLine { level: LogLevel::Warn, message: message.clone() });
+            let regarding = ObjectRef { kind: "Pod".into(), namespace: key.namespace.clone(), name: key.name.clone(), uid: Name::new(uid) };
+            self.event(&regarding, EventType::Warning, pod_finalizers::reason::POD_FINALIZER_FAILED, message, step);
         }
     }
 
@@ -2079,6 +2199,7 @@ impl Tracker {
             Phase::DeletionInProgress => {
                 let recreate = lifecycle.recreate && self.egress.carries(identity);
                 self.outbound.lifecycles.remove(identity);
+                self.pods.recheck(); // a last pod's finalizer waited for this
                 if recreate {
                     let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
                     self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
@@ -2355,7 +2476,55 @@ impl Tracker {
                 }
             }
         }
-        (adopted, orphans)
+        (adopted, orphans + self.sweep_egress_public_ips(inventory))
+    }
+
+    /// The public IPs a teardown cut short left after deleting their NAT gateway (upstream
+    /// `TestGuardEgressPublicIPsAreSweptOnceNATGatewayIsGone`): `<id>-pip` / `<id>-pip-v6` of our
+    /// shape (StandardV2, static, of their family) for a valid identity that is no Service's, has no
+    /// outbound lifecycle (a NAT gateway of ours above made one), no pod carries, NRP neither
+    /// registers nor references, and that no load balancer or NAT gateway of the resource group
+    /// uses. They go through the outbound teardown, whose other steps hold already. The RP's
+    /// `default-natgw-pip` is never one (`default-natgw` is no valid identity); UID-shaped names
+    /// are the inbound sweep's. Returns how many identities are swept.
+    fn sweep_egress_public_ips(&mut self, inventory: &ArmInventory) -> usize {
+        let used = |name: &str| {
+            inventory.nat_gateways.iter().any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|p| p.eq_ignore_ascii_case(name)))
+                || inventory.load_balancers.iter().any(|l| l.shape.as_ref().is_some_and(|s| s.public_ip.eq_ignore_ascii_case(name)))
+        };
+        let mut found: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+        for ip in inventory.public_ips.iter().filter(|p| p.as_put) {
+            let name = ip.name.to_ascii_lowercase();
+            let (id, v6) = match (name.strip_suffix("-pip-v6"), name.strip_suffix("-pip")) {
+                (Some(id), _) if ip.version == IpVersion::Ipv6 => (id, true),
+                (None, Some(id)) if ip.version == IpVersion::Ipv4 => (id, false),
+                _ => continue,
+            };
+            let ours = crate::egress::is_valid_identity(id)
+                && !looks_like_uid(id)
+                && !self.state.lifecycles.contains_key(id)
+                && !self.state.service_by_identity.contains_key(id)
+                && !self.outbound.lifecycles.contains_key(id)
+                && !self.egress.carries(id)
+                && !self.egress.is_registered(id)
+                && !self.state.nrp.foreign.contains(id)
+                && !self.state.diff.nrp_references(id)
+                && !used(&name);
+            if ours {
+                let entry = found.entry(id.to_owned()).or_default();
+                if v6 { entry.1 = true } else { entry.0 = true }
+            }
+        }
+        let swept = found.len();
+        for (id, (_, v6)) in found {
+            // Only the public IPs are left: every step before their deletes holds already.
+            let mut lifecycle = OutboundLifecycle::new(Phase::DeletionInProgress, v6, outbound::DELETE.into());
+            lifecycle.whole = false;
+            lifecycle.nat_gateway_put = false;
+            self.outbound.lifecycles.insert(id.clone(), lifecycle);
+            self.outbound.runnable.insert(id);
+        }
+        swept
     }
 
     /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
@@ -2371,7 +2540,8 @@ impl Tracker {
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        let payload = postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound))
+        let payload =
+            postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods))
             .expect("the state is plain data and always encodes");
         (STATE_VERSION, payload)
     }
@@ -2390,36 +2560,44 @@ impl Tracker {
         let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
         let full = Buckets::full(&config.write_budgets());
         let none = Outbound::default();
-        let (state, egress, arm, budget, outbound) = match version {
+        let no_pods = PodFinalizers::default;
+        let (state, egress, arm, budget, outbound, pods) = match version {
             // Before egress: no pods.
             1 => {
                 let state = decode_exact::<State<NrpSyncV2>>(payload).map_err(corrupt)?.upgrade();
-                (state, Egress::default(), ArmSync::settled(), full, none)
+                (state, Egress::default(), ArmSync::settled(), full, none, no_pods())
             }
             2 => {
                 let (state, egress) = decode_exact::<(State<NrpSyncV2>, Egress)>(payload).map_err(corrupt)?;
-                (state.upgrade(), egress, ArmSync::settled(), full, none)
+                (state.upgrade(), egress, ArmSync::settled(), full, none, no_pods())
             }
             3 => {
                 let (state, egress) = decode_exact::<(State, Egress)>(payload).map_err(corrupt)?;
-                (state, egress, ArmSync::settled(), full, none)
+                (state, egress, ArmSync::settled(), full, none, no_pods())
             }
             4 => {
                 let (state, egress, arm) = decode_exact::<(State, Egress, ArmSync)>(payload).map_err(corrupt)?;
-                (state, egress, arm, full, none)
+                (state, egress, arm, full, none, no_pods())
             }
             5 => {
                 let (state, egress, arm, budget) =
                     decode_exact::<(State, Egress, ArmSync, Buckets)>(payload).map_err(corrupt)?;
-                (state, egress, arm, budget, none)
+                (state, egress, arm, budget, none, no_pods())
             }
-            STATE_VERSION => decode_exact::<(State, Egress, ArmSync, Buckets, Outbound)>(payload).map_err(corrupt)?,
+            6 => {
+                let (state, egress, arm, budget, outbound) =
+                    decode_exact::<(State, Egress, ArmSync, Buckets, Outbound)>(payload).map_err(corrupt)?;
+                (state, egress, arm, budget, outbound, no_pods())
+            }
+            STATE_VERSION => {
+                decode_exact::<(State, Egress, ArmSync, Buckets, Outbound, PodFinalizers)>(payload).map_err(corrupt)?
+            }
             other => return Err(StateError::UnsupportedVersion(other)),
         };
-        state.check(&arm, &outbound).map_err(corrupt)?;
+        state.check(&arm, &outbound, &pods).map_err(corrupt)?;
         egress.check().map_err(corrupt)?;
         outbound.check().map_err(corrupt)?;
-        Ok(Self { config, mode, state, egress, arm, budget, outbound, clock: Clock::default() })
+        Ok(Self { config, mode, state, egress, arm, budget, outbound, pods, clock: Clock::default() })
     }
 }
 
@@ -2487,7 +2665,7 @@ impl State {
     /// left in a work set (a pass over the timers and one over the lifecycles): the tracker only
     /// ever looks at those sets for work, so a lifecycle outside them would never run again. The
     /// DiffTracker's own counts are not re-derived: that would cost a pass over every address.
-    fn check(&self, arm: &ArmSync, outbound: &Outbound) -> Result<(), String> {
+    fn check(&self, arm: &ArmSync, outbound: &Outbound, pods: &PodFinalizers) -> Result<(), String> {
         // One id per command, counting up: no real state comes near the end of u64, and
         // refusing the upper half keeps `issue` from ever overflowing.
         if self.next_command_id > MAX_NEXT_COMMAND_ID {
@@ -2495,6 +2673,7 @@ impl State {
         }
         let (mut service_commands, mut nrp_writes, mut reads, mut arm_reads, mut batches) =
             (0usize, 0u32, 0usize, 0usize, Vec::new());
+        let mut pod_commands = BTreeSet::new();
         for (&id, what) in &self.in_flight {
             if id >= self.next_command_id {
                 return Err(format!("command {id} is in flight, but the next command id is {}", self.next_command_id));
@@ -2519,12 +2698,16 @@ impl State {
                         ));
                     }
                 }
+                InFlight::PodFinalizer { .. } => {
+                    pod_commands.insert(id);
+                }
                 InFlight::Locations(_) => batches.push(id),
                 InFlight::ReadNrp => reads += 1,
                 InFlight::ReadArm => arm_reads += 1,
                 InFlight::Event => {}
             }
         }
+        pods.check(&pod_commands)?;
         let waiting = self.lifecycles.values().filter(|l| l.in_flight.is_some()).count()
             + outbound.lifecycles.values().filter(|l| l.in_flight.is_some()).count();
         let counts = [
@@ -3518,12 +3701,13 @@ mod tests {
         assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
         let (version, payload) = tracker.export_state();
         assert_eq!(version, STATE_VERSION);
-        // Version 6 writes the same state with its NRP bookkeeping reshaped, then no pods, then
+        // Version 7 writes the same state with its NRP bookkeeping reshaped, then no pods, then
         // an ARM inventory with nothing left to read or adopt, then full write budgets, then no
-        // outbound lifecycles.
+        // outbound lifecycles, then no pod held by its finalizer.
         let upgraded = decode_exact::<State<NrpSyncV2>>(before).unwrap().upgrade();
         let budget = Buckets::full(&clb().write_budgets());
-        let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, &Outbound::default());
+        let none = (&Outbound::default(), &PodFinalizers::default());
+        let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, none.0, none.1);
         assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
         assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     }
@@ -3589,7 +3773,7 @@ mod tests {
         for (expected, tamper) in tampered {
             let mut state = tracker.state.clone();
             tamper(&mut state);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget, &tracker.outbound)).unwrap();
+            let payload = tracker.payload_with(&state);
             let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
             assert!(why.contains(expected), "{expected:?} not in {why:?}");
         }
@@ -3613,7 +3797,7 @@ mod tests {
             let mut state = tracker.state.clone();
             state.runnable.clear();
             tamper(&mut state, &identity);
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget, &tracker.outbound)).unwrap();
+            let payload = tracker.payload_with(&state);
             Tracker::import_state(clb(), STATE_VERSION, &payload)
         };
         let refused: [(&str, Tamper); 3] = [
@@ -3650,7 +3834,7 @@ mod tests {
         for (next, refused) in [(u64::MAX, true), (MAX_NEXT_COMMAND_ID + 1, true), (MAX_NEXT_COMMAND_ID, false)] {
             let mut state = tracker.state.clone();
             state.next_command_id = next;
-            let payload = postcard::to_allocvec(&(&state, &tracker.egress, &tracker.arm, &tracker.budget, &tracker.outbound)).unwrap();
+            let payload = tracker.payload_with(&state);
             match Tracker::import_state(clb(), STATE_VERSION, &payload) {
                 Err(StateError::Corrupt(why)) if refused => assert!(why.contains("the next command id"), "{why}"),
                 Ok(mut imported) if !refused => _ = imported.tick(NOW),
@@ -4792,4 +4976,5 @@ mod tests {
     mod upstream_lifecycle;
     mod upstream_startup;
     mod upstream_outbound;
+    mod upstream_pod_finalizers;
 }

@@ -134,6 +134,7 @@ macro_rules! wit_conversions {
                             host_ips: p.host_ips,
                             host_ip: p.host_ip,
                             deleting: p.deleting,
+                            finalizers: p.finalizers,
                         }),
                         wit::Observation::PodDeleted((ns, name)) => {
                             Self::PodDeleted(model::ObjectKey { namespace: ns.into(), name: name.into() })

@@ -67,8 +67,8 @@ impl KubeError {
 pub trait KubeApi {
     /// Sets `status.loadBalancer.ingress` to exactly these IPs.
     async fn patch_service_status(&self, service: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError>;
-    /// Adds (`present`) or removes one finalizer.
-    async fn set_finalizer(&self, service: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError>;
+    /// Adds (`present`) or removes one finalizer of the object: a Service, or a Pod (`kind`).
+    async fn set_finalizer(&self, object: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError>;
     /// Records an Event.
     async fn emit_event(&self, event: &wit::Event) -> Result<(), KubeError>;
 }
@@ -98,8 +98,8 @@ pub enum InvalidCommand {
     Duplicate { command: &'static str, what: &'static str, name: String },
     #[error("{command}: {what} {text:?} is not an IP address")]
     NotAnIp { command: &'static str, what: &'static str, text: String },
-    #[error("{command}: the object is a {kind}, not a Service")]
-    NotAService { command: &'static str, kind: String },
+    #[error("{command}: the object is a {kind}, not a {expected}")]
+    WrongKind { command: &'static str, kind: String, expected: &'static str },
 }
 
 /// The name of a command in logs and reports, as the WIT spells it.
@@ -235,14 +235,15 @@ pub fn check(command: &wit::Command) -> Result<(), InvalidCommand> {
         }
         wit::Command::DeleteResource(resource) => non_empty(&resource.name, "the resource's name"),
         wit::Command::PatchServiceStatus(status) => {
-            check_service_ref(name, &status.service)?;
+            check_object_ref(name, &status.service, &["Service"])?;
             for ip in &status.ingress_ips {
                 parse_ip(name, "ingress IP", ip)?;
             }
             Ok(())
         }
         wit::Command::SetFinalizer(change) => {
-            check_service_ref(name, &change.service)?;
+            // A Service's finalizer, or an egress pod's (WIT 0.7).
+            check_object_ref(name, &change.service, &["Service", "Pod"])?;
             non_empty(&change.finalizer, "the finalizer")
         }
     }
@@ -252,11 +253,13 @@ fn parse_ip(command: &'static str, what: &'static str, text: &str) -> Result<IpA
     text.parse().map_err(|_| InvalidCommand::NotAnIp { command, what, text: text.to_owned() })
 }
 
-fn check_service_ref(command: &'static str, service: &wit::ObjectRef) -> Result<(), InvalidCommand> {
-    if service.kind != "Service" {
-        return Err(InvalidCommand::NotAService { command, kind: service.kind.clone() });
+/// The object a Kubernetes write names: one of `kinds`, with a name and a UID (the guard).
+fn check_object_ref(command: &'static str, object: &wit::ObjectRef, kinds: &[&'static str]) -> Result<(), InvalidCommand> {
+    if !kinds.contains(&object.kind.as_str()) {
+        let expected = kinds.first().copied().unwrap_or("Service");
+        return Err(InvalidCommand::WrongKind { command, kind: object.kind.clone(), expected });
     }
-    for (text, what) in [(&service.name, "the Service's name"), (&service.uid, "the Service's UID")] {
+    for (text, what) in [(&object.name, "the object's name"), (&object.uid, "the object's UID")] {
         if text.trim().is_empty() {
             return Err(InvalidCommand::Empty { command, what });
         }

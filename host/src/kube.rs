@@ -1,7 +1,8 @@
 //! [`KubeClient`]: the [`KubeApi`] the executor writes to Kubernetes through, over a
 //! [`kube::Client`].
 //!
-//! Every write is guarded by the Service's UID, race-free: the object is read, its UID compared
+//! Every write is guarded by the object's UID (a Service's, or for the egress pod finalizer a
+//! Pod's), race-free: the object is read, its UID compared
 //! (absent → 404 `NotFound`, another UID → 409 [`UID_MISMATCH`]), and the change is sent as a
 //! JSON merge patch that carries the `metadata.resourceVersion` just read, so that the API server
 //! refuses it (409 `Conflict`) if the object changed — or was deleted and re-created — in between.
@@ -9,16 +10,19 @@
 //!
 //! * the status: `status.loadBalancer.ingress` becomes exactly the given IPs (the `status`
 //!   subresource);
-//! * a finalizer: added at the end of `metadata.finalizers` or removed, the rest of the list kept
-//!   in order; a change that is already in place sends nothing;
+//! * a finalizer of a Service or a Pod: added at the end of `metadata.finalizers` or removed, the
+//!   rest of the list kept in order; a change that is already in place sends nothing;
 //! * an Event: a core `v1` Event regarding the Service (reason, type, message as the guest gave
 //!   them), reported by [`COMPONENT`].
 
 use crate::executor::{KubeApi, KubeError};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Service};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 /// The `source.component` and `reportingComponent` of the Events this host records.
@@ -42,45 +46,39 @@ impl KubeClient {
         &self.client
     }
 
-    fn services(&self, namespace: &str) -> Api<Service> {
+    fn api<K>(&self, namespace: &str) -> Api<K>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+    {
         Api::namespaced(self.client.clone(), namespace)
     }
 
-    /// The Service if it is the one `what` names; its resourceVersion, for the patch.
-    async fn guarded(&self, what: &wit::ObjectRef) -> Result<(Service, String), KubeError> {
-        let service = self
-            .services(&what.namespace)
+    /// The object if it is the one `what` names; its resourceVersion, for the patch.
+    async fn guarded<K>(&self, what: &wit::ObjectRef) -> Result<(K, String), KubeError>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let object = self
+            .api::<K>(&what.namespace)
             .get_opt(&what.name)
             .await
             .map_err(api_error)?
             .ok_or_else(|| KubeError::not_found(what))?;
-        let uid = service.metadata.uid.clone().unwrap_or_default();
+        let uid = object.meta().uid.clone().unwrap_or_default();
         if uid != what.uid {
             return Err(KubeError::uid_mismatch(what, &uid));
         }
-        let version = service.metadata.resource_version.clone().unwrap_or_default();
-        Ok((service, version))
-    }
-}
-
-impl KubeApi for KubeClient {
-    async fn patch_service_status(&self, service: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError> {
-        let (_, version) = self.guarded(service).await?;
-        let ingress: Vec<_> = ingress_ips.iter().map(|ip| json!({ "ip": ip })).collect();
-        let patch = json!({
-            "metadata": { "uid": service.uid, "resourceVersion": version },
-            "status": { "loadBalancer": { "ingress": ingress } },
-        });
-        self.services(&service.namespace)
-            .patch_status(&service.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(api_error)?;
-        Ok(())
+        let version = object.meta().resource_version.clone().unwrap_or_default();
+        Ok((object, version))
     }
 
-    async fn set_finalizer(&self, service: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError> {
-        let (current, version) = self.guarded(service).await?;
-        let mut finalizers = current.metadata.finalizers.unwrap_or_default();
+    /// Adds or removes one finalizer of a `K`, guarded by its UID and resourceVersion.
+    async fn patch_finalizer<K>(&self, what: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let (current, version) = self.guarded::<K>(what).await?;
+        let mut finalizers = current.meta().finalizers.clone().unwrap_or_default();
         let had = finalizers.iter().any(|f| f == finalizer);
         match (had, present) {
             (true, true) | (false, false) => return Ok(()),
@@ -88,13 +86,36 @@ impl KubeApi for KubeClient {
             (true, false) => finalizers.retain(|f| f != finalizer),
         }
         let patch = json!({
-            "metadata": { "uid": service.uid, "resourceVersion": version, "finalizers": finalizers },
+            "metadata": { "uid": what.uid, "resourceVersion": version, "finalizers": finalizers },
         });
-        self.services(&service.namespace)
-            .patch(&service.name, &PatchParams::default(), &Patch::Merge(&patch))
+        self.api::<K>(&what.namespace)
+            .patch(&what.name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(api_error)?;
         Ok(())
+    }
+}
+
+impl KubeApi for KubeClient {
+    async fn patch_service_status(&self, service: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError> {
+        let (_, version) = self.guarded::<Service>(service).await?;
+        let ingress: Vec<_> = ingress_ips.iter().map(|ip| json!({ "ip": ip })).collect();
+        let patch = json!({
+            "metadata": { "uid": service.uid, "resourceVersion": version },
+            "status": { "loadBalancer": { "ingress": ingress } },
+        });
+        self.api::<Service>(&service.namespace)
+            .patch_status(&service.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(api_error)?;
+        Ok(())
+    }
+
+    async fn set_finalizer(&self, object: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError> {
+        match object.kind.as_str() {
+            "Pod" => self.patch_finalizer::<Pod>(object, finalizer, present).await,
+            _ => self.patch_finalizer::<Service>(object, finalizer, present).await,
+        }
     }
 
     async fn emit_event(&self, event: &wit::Event) -> Result<(), KubeError> {

@@ -98,6 +98,7 @@ pub fn pod(pod: &Pod) -> wit::Pod {
         host_ips: status.host_ips.unwrap_or_default().into_iter().map(|ip| ip.ip).collect(),
         host_ip: status.host_ip,
         deleting: meta.deletion_timestamp.is_some(),
+        finalizers: meta.finalizers.clone().unwrap_or_default(),
     }
 }
 

@@ -797,6 +797,8 @@ async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
 // Upstream TestSDKV9WireValues: the protocols go as "Tcp" and "Udp".
 // Upstream TestCompleteServiceCreationWorkflow: the public IP and the load balancer are put in the configured region.
 // Upstream TestResourceIDsAreConsistent: each rule's frontend ID is that of the load balancer's one frontend.
+// Upstream TestGuardV9WireValues_OutboundResources: a NAT gateway goes as SKU StandardV2 with its public IPs by
+// ARM ID and its serviceGateway reference (an explicit null to disassociate).
 #[test]
 fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear() {
     let partial = UpdateAction::PartialUpdate;

@@ -28,7 +28,7 @@ const STATUSES: [(&str, &str); 5] = [
     ("N", "a counterpart names the upstream test and passes"),
     ("E", "an equivalent exists (a scenario, a property, a unit test) but does not name the upstream test yet"),
     ("X", "the behaviour is implemented here, but nothing tests it yet"),
-    ("U", "the behaviour is not implemented (almost all egress: issue 16)"),
+    ("U", "the behaviour is not implemented (multi-SLB IPv6 pools; a separate network subscription)"),
     ("NA", "Go plumbing with no counterpart here, or a rule the design replaced on purpose"),
 ];
 

@@ -531,6 +531,9 @@ impl Env {
             let _ = self.services().delete(&name, &DeleteParams::default()).await;
         }
         let _ = self.slices().delete_collection(&DeleteParams::default(), &ListParams::default()).await;
+        for pod in self.pods().list(&ListParams::default()).await.expect("lists the Pods").items {
+            let _ = self.pods().patch(&pod.metadata.name.unwrap_or_default(), &params, &no_finalizers).await;
+        }
         // No kubelet confirms a graceful deletion: Pods go at once.
         let _ = self.pods().delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default()).await;
         let nodes = Api::<Node>::all(self.admin.clone());
@@ -832,6 +835,68 @@ fn a_pod_labelled_for_egress_in_the_api_server_gets_its_identity_in_nrp_beside_i
     });
 }
 
+// Upstream TestGuardNonLastPodFinalizerRemovedOnlyAfterNRPDrain and TestOutboundWorkflow, end to end:
+// a labelled pod gets the pod finalizer and its identity provisioned (public IP, NAT gateway,
+// Outbound service) in the emulator; deleted, it is held by the finalizer until its address has
+// left NRP and, as the identity's last pod, until the NAT gateway is gone.
+#[test]
+fn an_egress_pod_gets_its_finalizer_and_its_nat_gateway_and_is_released_only_after_the_drain_and_the_teardown() {
+    e2e(15, async |env| {
+        let controller = env.start();
+        env.egress_pod("job-0", Some("egress-15"), 20, 1).await;
+        let want = BTreeSet::from([(env.location(1), env.pod(20))]);
+        eventually("NRP binds the pod's address to its new egress identity", async || {
+            let resources = env.emulator.resources();
+            let registered = resources.services.get("egress-15").and_then(|s| s.public_nat_gateway_id.clone());
+            let bound = env.bound("egress-15");
+            match registered {
+                Some(nat) if bound == want && resources.nat_gateways.contains_key("egress-15") => {
+                    assert!(nat.ends_with("/natGateways/egress-15"), "{nat}");
+                    Ok(())
+                }
+                _ => Err(format!("registered with {registered:?}, bound {bound:?}")),
+            }
+        })
+        .await;
+        eventually("the pod finalizer on job-0", async || {
+            let pod = env.pods().get("job-0").await.map_err(|e| e.to_string())?;
+            let finalizers = pod.metadata.finalizers.unwrap_or_default();
+            if finalizers.iter().any(|f| f == clb_guest::pod_finalizers::FINALIZER) {
+                Ok(())
+            } else {
+                Err(format!("{finalizers:?}"))
+            }
+        })
+        .await;
+
+        // The drain gets no answer until the faults are cleared: the pod stays, held.
+        env.emulator.set_fault(Fault::always(Operation::UpdateAddressLocations, FaultMode::Hang));
+        env.pods().delete("job-0", &DeleteParams::default().grace_period(0)).await.expect("deletes the Pod");
+        eventually("the drain of the deleted pod hanging", async || {
+            let hung = env.calls(Operation::UpdateAddressLocations, "hang");
+            if hung > 0 { Ok(()) } else { Err("no hung call yet".to_owned()) }
+        })
+        .await;
+        let pod = env.pods().get("job-0").await.expect("held by the finalizer while NRP has its address");
+        assert!(pod.metadata.deletion_timestamp.is_some(), "job-0 is terminating");
+        assert_eq!(env.bound("egress-15"), want, "NRP still has its address");
+
+        env.emulator.clear_faults();
+        eventually("job-0 gone from the API server", async || {
+            match env.pods().get_opt("job-0").await.map_err(|e| e.to_string())? {
+                Some(p) => Err(format!("still there with finalizers {:?}", p.metadata.finalizers)),
+                None => Ok(()),
+            }
+        })
+        .await;
+        let resources = env.emulator.resources();
+        assert!(env.bound("egress-15").is_empty(), "released only after the drain");
+        assert!(!resources.nat_gateways.contains_key("egress-15"), "and after the NAT gateway went");
+        assert!(!resources.services.contains_key("egress-15"), "unregistered");
+        controller.stop().await;
+    });
+}
+
 /// What `examples/deploy/rbac.yaml` must grant the controller's ServiceAccount, and some of what
 /// it must not: `(verb, group, resource, namespace, allowed)`.
 const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
@@ -844,16 +909,19 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("watch", "discovery.k8s.io", "endpointslices", "", true),
     ("list", "", "nodes", "", true),
     ("watch", "", "nodes", "", true),
-    // Egress pods (through a label selector, which RBAC cannot express).
+    // Egress pods (through a label selector, which RBAC cannot express), and their finalizer:
+    // read, then patched under the UID guard (issue 16).
     ("list", "", "pods", "", true),
     ("watch", "", "pods", "", true),
+    ("get", "", "pods", "shop", true),
+    ("patch", "", "pods", "shop", true),
     ("create", "", "events", "shop", true),
     ("patch", "", "events", "shop", true),
     ("get", "coordination.k8s.io", "leases", "kube-system", true),
     ("create", "coordination.k8s.io", "leases", "kube-system", true),
     ("update", "coordination.k8s.io", "leases", "kube-system", true),
-    // Not: writing Services beyond finalizers and status, touching Nodes, Pods or EndpointSlices,
-    // Leases elsewhere, secrets anywhere. (Pod finalizers come with the NAT gateway lifecycle.)
+    // Not: writing Services beyond finalizers and status, Pods beyond their finalizer, touching
+    // Nodes or EndpointSlices, Leases elsewhere, secrets anywhere.
     ("create", "", "services", "shop", false),
     ("update", "", "services", "shop", false),
     ("delete", "", "services", "shop", false),
@@ -865,8 +933,8 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("get", "coordination.k8s.io", "leases", "shop", false),
     ("create", "coordination.k8s.io", "leases", "shop", false),
     ("get", "", "secrets", "kube-system", false),
-    ("get", "", "pods", "shop", false),
-    ("patch", "", "pods", "shop", false),
+    ("create", "", "pods", "shop", false),
+    ("update", "", "pods", "shop", false),
     ("delete", "", "pods", "shop", false),
 ];
 

@@ -2,7 +2,7 @@
 //! as k8s-openapi objects, and the watch events their changes produce, turned into WIT
 //! observations by [`records`] exactly as the real watchers will.
 //!
-//! It behaves like the API server where the guest can tell: a Service with finalizers is not
+//! It behaves like the API server where the guest can tell: a Service or a Pod with finalizers is not
 //! removed by a delete but gets a `deletionTimestamp`, and goes away when its last finalizer is
 //! released; `status` and finalizers survive an apply (they are written by controllers, not by
 //! the manifest); writes from the guest are guarded by UID ([`KubeApi`]). Every apply is
@@ -16,7 +16,7 @@ use crate::records;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Pod, Service, ServiceStatus};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
@@ -43,6 +43,11 @@ pub enum Kind {
 pub enum ClusterError {
     #[error("{kind:?} {key} already exists with UID {existing}; delete it before applying UID {applied}")]
     UidTaken { kind: Kind, key: String, existing: String, applied: String },
+    #[error(
+        "{kind:?} {key} (UID {existing}) is terminating, held by its finalizers: `settle` until it is gone, or delete \
+         it with `force: true`, before applying UID {applied}"
+    )]
+    Terminating { kind: Kind, key: String, existing: String, applied: String },
     #[error("{kind:?} {key} does not exist")]
     NotFound { kind: Kind, key: String },
     #[error("{kind:?} {key} has UID {uid}, which {kind:?} {holder} has; no two objects share a UID")]
@@ -77,8 +82,19 @@ pub struct Cluster {
     inner: Mutex<Inner>,
 }
 
-fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+fn namespace_of(meta: &ObjectMeta) -> String {
     meta.namespace.clone().unwrap_or_else(|| "default".into())
+}
+
+/// Controllers own finalizers: an apply whose manifest lacks them does not clear them.
+fn kept_finalizers(existing: &ObjectMeta, applied: &mut ObjectMeta) {
+    let mut finalizers = existing.finalizers.clone().unwrap_or_default();
+    for f in applied.finalizers.take().unwrap_or_default() {
+        if !finalizers.contains(&f) {
+            finalizers.push(f);
+        }
+    }
+    applied.finalizers = Some(finalizers).filter(|f| !f.is_empty());
 }
 
 fn key_text((namespace, name): &(String, String)) -> String {
@@ -111,14 +127,7 @@ impl Cluster {
                             applied: new_uid.clone().unwrap_or_default(),
                         });
                     }
-                    // Controllers own these; a manifest without them does not clear them.
-                    let mut finalizers = existing.metadata.finalizers.clone().unwrap_or_default();
-                    for f in service.metadata.finalizers.take().unwrap_or_default() {
-                        if !finalizers.contains(&f) {
-                            finalizers.push(f);
-                        }
-                    }
-                    service.metadata.finalizers = Some(finalizers).filter(|f| !f.is_empty());
+                    kept_finalizers(&existing.metadata, &mut service.metadata);
                     service.metadata.deletion_timestamp = existing.metadata.deletion_timestamp.clone();
                     service.status = existing.status.clone();
                 } else if let Some(uid) = service.metadata.uid.as_deref().filter(|uid| !uid.is_empty())
@@ -148,7 +157,27 @@ impl Cluster {
                 inner.nodes.insert(node.metadata.name.clone().unwrap_or_default(), *node);
             }
             Object::Pod(pod) => {
+                let mut pod = pod;
                 let key = (namespace_of(&pod.metadata), pod.metadata.name.clone().unwrap_or_default());
+                if pod.metadata.uid.as_deref().is_none_or(str::is_empty) {
+                    // The API server names every object; a manifest need not.
+                    pod.metadata.uid = Some(format!("sim-pod-{}-{}", key.0, key.1));
+                }
+                if let Some(existing) = inner.pods.get(&key) {
+                    if existing.metadata.deletion_timestamp.is_some() && existing.metadata.uid != pod.metadata.uid {
+                        // The name is taken until the deleting pod's finalizers are released.
+                        return Err(ClusterError::Terminating {
+                            kind: Kind::Pod,
+                            key: key_text(&key),
+                            existing: existing.metadata.uid.clone().unwrap_or_default(),
+                            applied: pod.metadata.uid.clone().unwrap_or_default(),
+                        });
+                    }
+                    if existing.metadata.uid == pod.metadata.uid {
+                        kept_finalizers(&existing.metadata, &mut pod.metadata);
+                        pod.metadata.deletion_timestamp = existing.metadata.deletion_timestamp.clone();
+                    }
+                }
                 let had_label = inner.pods.get(&key).is_some_and(records::has_egress_label);
                 if records::has_egress_label(&pod) {
                     inner.watch.push(wit::Observation::PodUpserted(records::pod(&pod)));
@@ -201,9 +230,23 @@ impl Cluster {
                 inner.watch.push(wit::Observation::NodeDeleted(name.to_owned()));
             }
             Kind::Pod => {
-                let pod = inner.pods.remove(&key).ok_or_else(not_found)?;
-                if records::has_egress_label(&pod) {
-                    inner.watch.push(wit::Observation::PodDeleted(key));
+                let pod = inner.pods.get_mut(&key).ok_or_else(not_found)?;
+                if force {
+                    pod.metadata.finalizers = None;
+                }
+                if pod.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
+                    if pod.metadata.deletion_timestamp.is_none() {
+                        pod.metadata.deletion_timestamp = Some(time_at(now_ms));
+                    }
+                    if records::has_egress_label(pod) {
+                        let observed = records::pod(pod);
+                        inner.watch.push(wit::Observation::PodUpserted(observed));
+                    }
+                } else {
+                    let pod = inner.pods.remove(&key).expect("read above");
+                    if records::has_egress_label(&pod) {
+                        inner.watch.push(wit::Observation::PodDeleted(key));
+                    }
                 }
             }
         }
@@ -274,6 +317,50 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// A pod's finalizer, guarded by its UID as a Service's is; a pod being deleted goes once its
+    /// last finalizer is released.
+    fn set_pod_finalizer(&self, target: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError> {
+        let mut inner = self.lock();
+        let key = (target.namespace.clone(), target.name.clone());
+        let pod = inner.pods.get_mut(&key).ok_or_else(|| KubeError::not_found(target))?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if !uid.eq_ignore_ascii_case(&target.uid) {
+            return Err(KubeError::uid_mismatch(target, &uid));
+        }
+        let mut finalizers = pod.metadata.finalizers.clone().unwrap_or_default();
+        if finalizers.iter().any(|f| f == finalizer) == present {
+            return Ok(());
+        }
+        if present {
+            if pod.metadata.deletion_timestamp.is_some() {
+                return Err(KubeError {
+                    status: 422,
+                    reason: Some("Invalid".into()),
+                    message: format!("Pod {}: no new finalizers can be added while it is being deleted", key_text(&key)),
+                });
+            }
+            finalizers.push(finalizer.to_owned());
+        } else {
+            finalizers.retain(|f| f != finalizer);
+        }
+        let watched = records::has_egress_label(pod);
+        if finalizers.is_empty() && pod.metadata.deletion_timestamp.is_some() {
+            inner.pods.remove(&key);
+            if watched {
+                inner.watch.push(wit::Observation::PodDeleted(key));
+            }
+            return Ok(());
+        }
+        pod.metadata.finalizers = Some(finalizers).filter(|f| !f.is_empty());
+        if watched {
+            let observed = records::pod(pod);
+            inner.watch.push(wit::Observation::PodUpserted(observed));
+        }
+        Ok(())
+    }
+}
+
 fn time_at(now_ms: u64) -> Time {
     let millis = i64::try_from(now_ms).unwrap_or(i64::MAX);
     Time(k8s_openapi::jiff::Timestamp::from_millisecond(millis).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH))
@@ -297,6 +384,9 @@ impl KubeApi for Cluster {
     }
 
     async fn set_finalizer(&self, target: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError> {
+        if target.kind == "Pod" {
+            return self.set_pod_finalizer(target, finalizer, present);
+        }
         let mut inner = self.lock();
         let (service, key) = Self::guarded(&mut inner, target)?;
         let mut finalizers = service.metadata.finalizers.clone().unwrap_or_default();
@@ -385,6 +475,36 @@ mod tests {
         cluster.apply(pod(Some("egress-a"))).unwrap();
         cluster.delete(Kind::Pod, "shop", "p", false, 0).unwrap();
         assert_eq!(kinds(&cluster.take_watch_events()), ["upserted Some(\"egress-a\")", "deleted shop/p"]);
+    }
+
+    #[test]
+    fn a_pod_holding_a_finalizer_is_terminating_until_it_is_released_and_its_name_is_taken_until_then() {
+        let cluster = Cluster::new();
+        cluster.apply(pod(Some("egress-a"))).unwrap();
+        let target = wit::ObjectRef {
+            kind: "Pod".into(),
+            namespace: "shop".into(),
+            name: "p".into(),
+            uid: "u-1".into(),
+        };
+        let finalizer = "servicegateway.azure.com/pod-cleanup";
+        let stale = wit::ObjectRef { uid: "another".into(), ..target.clone() };
+        let refused = cluster.set_pod_finalizer(&stale, finalizer, true).unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(crate::executor::UID_MISMATCH)));
+        cluster.set_pod_finalizer(&target, finalizer, true).unwrap();
+        cluster.delete(Kind::Pod, "shop", "p", false, 5).unwrap();
+        let held = cluster.pods().pop().expect("held by its finalizer");
+        assert!(held.metadata.deletion_timestamp.is_some());
+        let Object::Pod(mut replacement) = pod(Some("egress-a")) else { unreachable!() };
+        replacement.metadata.uid = Some("new".into());
+        let refused = cluster.apply(Object::Pod(replacement.clone())).unwrap_err();
+        assert!(matches!(refused, ClusterError::Terminating { .. }), "{refused}");
+        assert_eq!(cluster.set_pod_finalizer(&target, "example.com/other", true).unwrap_err().status, 422);
+        cluster.take_watch_events();
+        cluster.set_pod_finalizer(&target, finalizer, false).unwrap();
+        assert!(cluster.pods().is_empty());
+        assert_eq!(kinds(&cluster.take_watch_events()), ["deleted shop/p"]);
+        cluster.apply(Object::Pod(replacement)).unwrap();
     }
 
     // Regression: issue 15, defect 6 — two Services with one UID were accepted.

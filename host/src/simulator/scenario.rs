@@ -408,6 +408,10 @@ pub struct Expectation {
     /// `namespace/name` → what its `status.loadBalancer.ingress` holds.
     #[serde(default)]
     pub status: BTreeMap<ObjectName, StatusExpectation>,
+    /// Pod `namespace/name` → its `metadata.finalizers`, exactly, or `deleted` (gone from the
+    /// API server).
+    #[serde(default)]
+    pub pod_finalizers: BTreeMap<ObjectName, PodFinalizersExpectation>,
     /// Events that must have been emitted (others may have been too).
     #[serde(default)]
     pub events: Vec<EventExpectation>,
@@ -423,6 +427,42 @@ pub struct Expectation {
     /// Check the invariants (see `simulate`).
     #[serde(default)]
     pub invariants: bool,
+}
+
+/// What a Pod's finalizers must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodFinalizersExpectation {
+    /// Exactly these, in any order.
+    Exactly(BTreeSet<String>),
+    /// The Pod is gone from the API server.
+    Deleted,
+}
+
+impl fmt::Display for PodFinalizersExpectation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PodFinalizersExpectation::Exactly(finalizers) => write!(f, "{finalizers:?}"),
+            PodFinalizersExpectation::Deleted => f.write_str("deleted"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PodFinalizersExpectation {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            List(BTreeSet<String>),
+            Word(String),
+        }
+        match Raw::deserialize(deserializer)? {
+            Raw::List(finalizers) => Ok(PodFinalizersExpectation::Exactly(finalizers)),
+            Raw::Word(word) if word == "deleted" => Ok(PodFinalizersExpectation::Deleted),
+            Raw::Word(other) => {
+                Err(D::Error::custom(format!("pod finalizers {other:?}: expected a list of finalizers or deleted")))
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]

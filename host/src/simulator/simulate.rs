@@ -37,7 +37,7 @@ use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfig
 use crate::sandbox::{GuestError, Logic, Runtime};
 use crate::simulator::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::simulator::scenario::{
-    self, ComponentSource, EventTypeName, Expectation, Scenario, StatusExpectation, Step, SwapExpect,
+    self, ComponentSource, EventTypeName, Expectation, PodFinalizersExpectation, Scenario, StatusExpectation, Step, SwapExpect,
 };
 use crate::supervisor::{Supervisor, SupervisorError};
 use crate::trace::{Ended, Recorder, arg, lazy};
@@ -341,6 +341,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         records: Vec::new(),
         pools: None,
         pool_lines: Vec::new(),
+        early_releases: Vec::new(),
     };
     let mut steps = Vec::new();
     let mut aborted = sim.set_up_azure(scenario).and_then(|()| sim.restart(scenario)).err();
@@ -448,6 +449,9 @@ struct Simulation<'l> {
     /// The backend-pool updater, in multi-SLB local-service mode only.
     pools: Option<PoolSim>,
     pool_lines: Vec<String>,
+    /// Egress pods whose finalizer was released while NRP still sent their traffic out (see
+    /// [`Simulation::release_checked`]).
+    early_releases: Vec<String>,
 }
 
 impl Simulation<'_> {
@@ -632,10 +636,15 @@ impl Simulation<'_> {
                 return Ok(());
             }
             let issued = std::mem::take(&mut self.pending);
-            let executor = Executor::new(&*self.emulator, &*self.cluster);
+            let (emulator, cluster) = (self.emulator.clone(), self.cluster.clone());
+            let executor = Executor::new(&*emulator, &*cluster);
             let mut results = Vec::with_capacity(issued.len());
             for command in issued {
+                let released = self.pod_release(&command.command);
                 let outcome = self.runtime.block_on(executor.execute(&command.command));
+                if let (Some(pod), wit::Outcome::Ok) = (released, &outcome) {
+                    self.release_checked(&pod);
+                }
                 self.records.push(CommandRecord {
                     at_ms: self.now,
                     id: command.id,
@@ -778,6 +787,24 @@ impl Simulation<'_> {
                 Some(_) => format!("ingress {ingress:?}"),
             };
             check(format!("status {object}: {want}"), (!holds).then_some(found));
+        }
+        let pods = self.cluster.pods();
+        for (object, want) in &expectation.pod_finalizers {
+            let pod = pods.iter().find(|p| {
+                p.metadata.namespace.as_deref() == Some(object.namespace.as_str())
+                    && p.metadata.name.as_deref() == Some(object.name.as_str())
+            });
+            let finalizers: Option<BTreeSet<String>> =
+                pod.map(|p| p.metadata.finalizers.clone().unwrap_or_default().into_iter().collect());
+            let holds = match want {
+                PodFinalizersExpectation::Exactly(want) => finalizers.as_ref() == Some(want),
+                PodFinalizersExpectation::Deleted => finalizers.is_none(),
+            };
+            let found = match &finalizers {
+                None => "the Pod does not exist".to_owned(),
+                Some(f) => format!("finalizers {f:?}"),
+            };
+            check(format!("podFinalizers {object}: {want}"), (!holds).then_some(found));
         }
         let events = self.cluster.events();
         for want in &expectation.events {
@@ -932,7 +959,12 @@ impl Simulation<'_> {
             resources.nat_gateways.keys().filter(|nat| !linked.values().any(|l| l == *nat)).collect();
         let uncarried: Vec<&String> = linked.keys().filter(|service| !carried.contains(*service)).collect();
         let check = |what: &str, detail: Option<String>| Check { what: what.to_owned(), ok: detail.is_none(), detail };
+        let early = &self.early_releases;
         vec![
+            check(
+                "an egress pod's finalizer was released only after its addresses left NRP (the last pod's, after the teardown)",
+                (!early.is_empty()).then(|| early.join("; ")),
+            ),
             check(
                 "an Outbound service registered with a NAT gateway has it, associated",
                 (!broken.is_empty()).then(|| format!("missing or not associated: {broken:?}")),
@@ -946,6 +978,58 @@ impl Simulation<'_> {
                 (!uncarried.is_empty()).then(|| format!("no live pod carries {uncarried:?}")),
             ),
         ]
+    }
+
+    /// The egress pod a command releases the pod finalizer of, as it is before the release.
+    fn pod_release(&self, command: &wit::Command) -> Option<wit::Pod> {
+        let wit::Command::SetFinalizer(change) = command else { return None };
+        if change.present || change.service.kind != "Pod" {
+            return None;
+        }
+        let (namespace, name) = (&change.service.namespace, &change.service.name);
+        let pods = self.cluster.pods();
+        let pod = pods.iter().find(|p| {
+            p.metadata.namespace.as_deref() == Some(namespace.as_str()) && p.metadata.name.as_deref() == Some(name)
+        })?;
+        Some(crate::records::pod(pod))
+    }
+
+    /// The invariant "a pod is released only after its addresses left NRP" (issue 16): once an
+    /// egress pod's finalizer is released, NRP maps none of its IPs to the identity its label
+    /// names (unless a live pod with that label has the IP now), and an identity no live pod
+    /// carries any more has no NAT gateway left (the last pod waits for the teardown).
+    fn release_checked(&mut self, pod: &wit::Pod) {
+        let Some(identity) = pod.egress_label.as_deref().map(str::to_ascii_lowercase).filter(|l| !l.is_empty())
+        else {
+            return;
+        };
+        let live: Vec<wit::Pod> = self
+            .cluster
+            .pods()
+            .iter()
+            .map(crate::records::pod)
+            .filter(|p| matches!(p.phase.as_deref(), Some("Running" | "Pending")) && !p.deleting)
+            .filter(|p| p.egress_label.as_deref().is_some_and(|l| l.eq_ignore_ascii_case(&identity)))
+            .collect();
+        let ips = |p: &wit::Pod| -> BTreeSet<String> {
+            p.pod_ips.iter().chain(&p.pod_ip).map(|ip| crate::pool_producer::canonical_ip(ip)).collect()
+        };
+        let kept: BTreeSet<String> = live.iter().flat_map(ips).collect();
+        let view = nrp_view(&self.emulator.resources());
+        for ip in ips(pod).difference(&kept) {
+            if view.locations.values().filter_map(|a| a.get(ip)).any(|services| services.contains(&identity)) {
+                self.early_releases.push(format!(
+                    "pod {}/{} released while NRP maps {ip} to {identity}",
+                    pod.namespace, pod.name
+                ));
+            }
+        }
+        if live.is_empty() && self.emulator.resources().nat_gateways.contains_key(&identity) {
+            self.early_releases.push(format!(
+                "pod {}/{}, the last pod of {identity}, released before its NAT gateway was deleted",
+                pod.namespace, pod.name
+            ));
+        }
     }
 
     /// Adds what NRP should hold for egress: each IP of a Running or Pending pod, not being

@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.6.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.7.0``."""
         return self._loaded.package
 
     @property

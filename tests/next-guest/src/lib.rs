@@ -48,6 +48,8 @@ pub mod name;
 pub mod outbound;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
+#[path = "../../../guest/src/pod_finalizers.rs"]
+pub mod pod_finalizers;
 /// The real tracker (its state version is `v1::STATE_VERSION`).
 #[path = "../../../guest/src/tracker.rs"]
 pub mod v1;

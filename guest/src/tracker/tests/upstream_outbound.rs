@@ -5,10 +5,10 @@
 
 use super::*;
 
-const IDENTITY: &str = "egress-c";
-const HOST: &str = "10.224.0.6";
+pub(super) const IDENTITY: &str = "egress-c";
+pub(super) const HOST: &str = "10.224.0.6";
 
-fn pod(name: &str, ip: &str) -> Pod {
+pub(super) fn pod(name: &str, ip: &str) -> Pod {
     Pod {
         namespace: "batch".into(),
         name: name.into(),
@@ -21,12 +21,12 @@ fn pod(name: &str, ip: &str) -> Pod {
     }
 }
 
-fn gone(name: &str) -> Observation {
+pub(super) fn gone(name: &str) -> Observation {
     Observation::PodDeleted(ObjectKey::new("batch", name))
 }
 
 /// A tracker past start-up (NRP read, nothing registered), ready to write.
-fn started() -> Tracker {
+pub(super) fn started() -> Tracker {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     let step = tracker.observe(NOW, vec![Observation::ListsComplete]);
     let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("a read of NRP").id;
@@ -36,7 +36,7 @@ fn started() -> Tracker {
 }
 
 /// What Azure answers when all goes well.
-fn ok(command: &Command) -> Outcome {
+pub(super) fn ok(command: &Command) -> Outcome {
     match command {
         Command::PutPublicIp(_) => Outcome::PublicIpAddress("20.0.0.1".into()),
         Command::ReadNrp => Outcome::NrpSnapshot(NrpState::default()),
@@ -45,12 +45,29 @@ fn ok(command: &Command) -> Outcome {
 }
 
 /// Answers every command with `answer` (ticking at each wake-up) until the tracker issues none
-/// and asks for no wake-up before the resync; returns the commands, Events left out, and the time.
-fn drive(
+/// and asks for no wake-up before the resync; returns the commands (Events and pod finalizers
+/// left out: `drive_keeping` keeps what it is told) and the time.
+pub(super) fn drive(
+    tracker: &mut Tracker,
+    now: u64,
+    step: Step,
+    answer: impl FnMut(&Command) -> Outcome,
+) -> (Vec<Command>, u64) {
+    drive_keeping(tracker, now, step, answer, |c| !matches!(c, Command::EmitEvent(_)) && !is_pod_finalizer(c))
+}
+
+/// A command about an egress pod's finalizer.
+pub(super) fn is_pod_finalizer(command: &Command) -> bool {
+    matches!(command, Command::SetFinalizer { service, .. } if service.kind.as_str() == "Pod")
+}
+
+/// [`drive`], returning the commands `keep` keeps.
+pub(super) fn drive_keeping(
     tracker: &mut Tracker,
     mut now: u64,
     mut step: Step,
     mut answer: impl FnMut(&Command) -> Outcome,
+    keep: impl Fn(&Command) -> bool,
 ) -> (Vec<Command>, u64) {
     let mut issued = Vec::new();
     for _ in 0..1_000 {
@@ -65,7 +82,7 @@ fn drive(
             }
         }
         let results = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
-        issued.extend(step.commands.iter().map(|c| c.command.clone()).filter(|c| !matches!(c, Command::EmitEvent(_))));
+        issued.extend(step.commands.iter().map(|c| c.command.clone()).filter(|c| keep(c)));
         step = tracker.complete(now, results);
     }
     panic!("the tracker kept issuing commands: {issued:?}");
@@ -73,7 +90,7 @@ fn drive(
 
 /// Issues and answers commands one at a time until `stop` says to hold one; returns the commands
 /// before it and the one held (its id and command).
-fn drive_until(
+pub(super) fn drive_until(
     tracker: &mut Tracker,
     now: u64,
     mut step: Step,
@@ -100,7 +117,7 @@ fn drive_until(
 }
 
 /// The tracker with egress-c created and its one pod's address in NRP.
-fn provisioned() -> Tracker {
+pub(super) fn provisioned() -> Tracker {
     let mut tracker = started();
     let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
     let (issued, _) = drive(&mut tracker, NOW, step, ok);
@@ -109,22 +126,22 @@ fn provisioned() -> Tracker {
     tracker
 }
 
-fn is_put_nat_gateway(command: &Command, associated: bool) -> bool {
+pub(super) fn is_put_nat_gateway(command: &Command, associated: bool) -> bool {
     matches!(command, Command::PutNatGateway(n) if n.name == IDENTITY && n.associated == associated)
 }
 
-fn is_delete(command: &Command, kind: ResourceKind) -> bool {
+pub(super) fn is_delete(command: &Command, kind: ResourceKind) -> bool {
     matches!(command, Command::DeleteResource(r) if r.kind == kind)
 }
 
-fn is_outbound(command: &Command, nat: Option<&str>, is_delete: bool) -> bool {
+pub(super) fn is_outbound(command: &Command, nat: Option<&str>, is_delete: bool) -> bool {
     matches!(command, Command::UpdateServices(r) if r.iter().any(|r| r.name == IDENTITY
         && r.service_type == NrpServiceType::Outbound
         && r.public_nat_gateway.as_deref() == nat
         && r.is_delete == is_delete))
 }
 
-fn position(issued: &[Command], what: impl Fn(&Command) -> bool) -> usize {
+pub(super) fn position(issued: &[Command], what: impl Fn(&Command) -> bool) -> usize {
     issued.iter().position(what).unwrap_or_else(|| panic!("not issued: {issued:?}"))
 }
 
@@ -140,7 +157,8 @@ fn assert_torn_down_in_order(issued: &[Command]) {
     assert!(unregister < delete_nat && delete_nat < delete_pip, "{issued:?}");
 }
 
-// Upstream TestServiceUpdaterDeleteOutboundService_HappyPath, TestDisassociateNatGatewayFromServiceGateway_Mock
+// Upstream TestServiceUpdaterDeleteOutboundService_HappyPath, TestEngineDeleteService_WithLocations (the Outbound case),
+// TestDisassociateNatGatewayFromServiceGateway_Mock
 // (both halves of the disassociation, NRP's and the NAT gateway's, as commands) and
 // TestEngineDeletePod_LastBufferedPodSchedulesDeletion (the last pod's going schedules the teardown):
 // drain → clear the NAT gateway reference → disassociate → unregister → delete the NAT gateway →
@@ -303,7 +321,7 @@ fn a_pod_back_during_the_teardown_is_held_and_the_identity_created_again_after_i
     let step = tracker.observe(NOW + 1, vec![gone("p")]);
     let (_, (id, _)) = drive_until(&mut tracker, NOW + 1, step, |c| is_delete(c, ResourceKind::NatGateway));
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(pod("q", "10.244.2.11"))]);
-    assert!(step.commands.is_empty(), "{:?}", step.commands);
+    assert!(step.commands.iter().all(|c| is_pod_finalizer(&c.command)), "only q's finalizer: {:?}", step.commands);
     let step = tracker.complete(NOW + 3, vec![(id, Outcome::Ok)]);
     let (issued, _) = drive(&mut tracker, NOW + 3, step, ok);
     let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
@@ -315,7 +333,7 @@ fn a_pod_back_during_the_teardown_is_held_and_the_identity_created_again_after_i
     assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
 }
 
-// Upstream TestGuardAddPod_ExistingNRPNATGatewayAddsImmediately: an identity NRP already lists (somebody
+// Upstream TestGuardAddPod_ExistingNRPNATGatewayAddsImmediately and TestGuardAddService_IdempotentForExistingNRPNAT: an identity NRP already lists (somebody
 // else's Outbound service) is programmed at once, with nothing created for it.
 #[test]
 fn an_identity_nrp_already_lists_is_programmed_at_once_and_never_provisioned() {
@@ -344,9 +362,10 @@ fn outbound_lifecycles_survive_a_state_round_trip_and_a_version_5_state_has_none
     let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
     let _held = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
     let (version, payload) = tracker.export_state();
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     let imported = Tracker::import_state(clb(), version, &payload).unwrap();
     assert_eq!(imported, tracker);
+    assert_eq!(Tracker::import_state(clb(), 6, &tracker.export_state_v6()).unwrap().outbound, tracker.outbound);
     let v5 = Tracker::import_state(clb(), 5, &started().export_state_v5()).unwrap();
     assert!(v5.outbound().lifecycles.is_empty());
     let mut broken = tracker.outbound.clone();
@@ -408,4 +427,77 @@ fn at_start_up_our_nat_gateways_are_adopted_or_torn_down_by_their_pods_and_no_ot
     assert!(issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::NatGateway)));
     assert_eq!(tracker.outbound().lifecycles.keys().collect::<Vec<_>>(), ["egress-live"]);
     assert_eq!(tracker.outbound().lifecycles["egress-live"].phase, Phase::Created);
+}
+
+// Upstream TestGuardEgressPublicIPsAreSweptOnceNATGatewayIsGone, TestGuardDefaultNATGatewayPIPSurvivesOrphanSweep,
+// TestCleanupOrphanedPublicIPs_SweepsEveryUnusedManagedAddress, TestPIPNamesInAzureFromList_IncludesAddressLessPIP,
+// TestGuardOrphanCleanup_PIPOnlyServiceScheduledForDeletion, TestGuardOrphanCleanup_PIPNotScheduledWhenDesiredOrHasLB,
+// TestCleanupOrphanedPublicIPs_KeepsPIPForServiceStillDesiredInKubernetes, TestBuildNRPState_FailsOnPublicIPListError and
+// TestInitializeFromCluster_ReusesFetchedPIPListForOrphanCleanup (one inventory, read once, serves the sweep; a
+// failed read is retried before anything is swept): after a restart, the public IPs a teardown cut short left
+// without their NAT gateway (both families, with or without an address) are deleted, as is a Service's public
+// IP left alone; the RP's default's, one a pod's identity still needs, one a load balancer or NAT gateway uses,
+// one NRP references, one not of our shape and one of another name are not touched.
+#[test]
+fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_nothing_else_is() {
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let live = Pod { egress_label: Some("egress-live".into()), ..pod("live", "10.244.2.12") };
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(live), Observation::ListsComplete]);
+    let read = step.commands[0].id;
+    let theirs =
+        NrpService { name: "egress-theirs".into(), service_type: "Outbound".into(), backend_pools: vec![], is_default: false };
+    let snapshot = NrpState { services: vec![theirs], locations: vec![] };
+    let step = tracker.complete(NOW, vec![(read, Outcome::NrpSnapshot(snapshot))]);
+    let inventory_read = step.commands.iter().find(|c| c.command == Command::ReadArm).expect("the inventory").id;
+    let failed = Outcome::Failed(Failure { status: 500, code: None, retry_after_ms: None, message: "list failed".into() });
+    let step = tracker.complete(NOW, vec![(inventory_read, failed)]);
+    assert!(step.commands.is_empty(), "nothing written, nothing swept before the inventory: {:?}", step.commands);
+    let ip = |name: &str, version: IpVersion, address: Option<&str>, as_put: bool| ListedPublicIp {
+        name: name.into(),
+        version,
+        address: address.map(Into::into),
+        as_put,
+    };
+    let gone_service = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e77";
+    let inventory = ArmInventory {
+        public_ips: vec![
+            ip("egress-old-pip", IpVersion::Ipv4, Some("20.0.0.5"), true),
+            ip("egress-old-pip-v6", IpVersion::Ipv6, None, true),
+            ip("default-natgw-pip", IpVersion::Ipv4, Some("20.0.0.6"), true),
+            ip("egress-live-pip", IpVersion::Ipv4, Some("20.0.0.7"), true),
+            ip("egress-theirs-pip", IpVersion::Ipv4, Some("20.0.0.8"), true),
+            ip("egress-basic-pip", IpVersion::Ipv4, Some("20.0.0.9"), false),
+            ip("egress-used-pip", IpVersion::Ipv4, Some("20.0.0.10"), true),
+            ip("frontend", IpVersion::Ipv4, Some("20.0.0.11"), true),
+            ip(&format!("{gone_service}-pip"), IpVersion::Ipv4, None, true),
+        ],
+        load_balancers: vec![ListedLoadBalancer {
+            name: "someone-elses-lb".into(),
+            shape: Some(LoadBalancer {
+                name: "someone-elses-lb".into(),
+                public_ip: "egress-used-pip".into(),
+                backend_pool: "pool".into(),
+                rules: vec![],
+            }),
+        }],
+        ..ArmInventory::default()
+    };
+    let step = tracker.tick(NOW + 60_000);
+    let answer = |c: &Command| match c {
+        Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+        other => ok(other),
+    };
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 60_000, step, answer, |c| !matches!(c, Command::EmitEvent(_)));
+    let deleted: BTreeSet<String> = issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::DeleteResource(r) if r.kind == ResourceKind::PublicIp => Some(r.name.clone()),
+            _ => None,
+        })
+        .collect();
+    let want = ["egress-old-pip", "egress-old-pip-v6", &format!("{gone_service}-pip")].map(|s| s.to_owned());
+    assert_eq!(deleted, BTreeSet::from(want), "{issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::NatGateway)));
+    assert!(!tracker.outbound().lifecycles.contains_key("egress-old"), "the sweep ended");
+    assert!(tracker.outbound().lifecycles.contains_key("egress-live"), "the live pod's identity is created");
 }
