@@ -6,7 +6,9 @@
 //! (c) state export + import;
 //! (d) a burst of 3,000 endpoint changes in 5 s with NRP answering at once: the
 //!     `update-address-locations` calls the default write budget lets through, against an
-//!     unbounded budget, and how long after the last change NRP holds them all.
+//!     unbounded budget, and how long after the last change NRP holds them all;
+//! (e) start-up of the same cluster with 100 egress identities and 3,000 egress pods (issue 16),
+//!     and what that restart writes.
 //! Run with `cargo bench -p clb-tests --bench difftracker`; prints a Markdown table.
 
 use clb_guest::model;
@@ -164,6 +166,56 @@ fn writes_and_events(commands: &[wit::Command]) -> (usize, usize) {
     (commands.len() - events - reads, events)
 }
 
+/// The median of three runs.
+fn median_of_3(run: &mut dyn FnMut() -> Duration) -> Duration {
+    let mut samples: Vec<Duration> = (0..3).map(|_| run()).collect();
+    samples.sort();
+    samples[1]
+}
+
+/// (a): the lists, then NRP's answer, then ARM's, natively (median of 3). Both sides start from
+/// the host's records: the component's call copies them into the guest (lowering), the native
+/// side builds the library's records from them, as a native host would. Without that copy the
+/// native side would skip work the component cannot.
+fn startup_native(
+    config: &wit::Config,
+    lists: &[wit::Observation],
+    snapshot: &wit::Outcome,
+    inventory: &wit::Outcome,
+) -> Duration {
+    median_of_3(&mut || {
+        let mut tracker = Tracker::create(config_to_model(config)).unwrap();
+        let start = Instant::now();
+        let step = tracker.observe(0, lists.iter().map(observation_to_model).collect());
+        let read = step.commands.iter().find(|c| c.command == model::Command::ReadNrp).unwrap().id;
+        let step = tracker.complete(0, vec![(read, outcome_to_model(snapshot))]);
+        let list = step.commands.iter().find(|c| c.command == model::Command::ReadArm).unwrap().id;
+        black_box(tracker.complete(0, vec![(list, outcome_to_model(inventory))]));
+        start.elapsed()
+    })
+}
+
+/// [`startup_native`] through the component.
+fn startup_component(
+    logic: &clb_host::sandbox::Logic,
+    config: &wit::Config,
+    lists: &[wit::Observation],
+    snapshot: &wit::Outcome,
+    inventory: &wit::Outcome,
+) -> Duration {
+    median_of_3(&mut || {
+        let mut session = logic.session().unwrap();
+        let tracker = session.tracker_create(config).unwrap().unwrap();
+        let start = Instant::now();
+        let step = session.tracker_observe(tracker, 0, lists).unwrap();
+        let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
+        let step = session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap();
+        let list = step.commands.iter().find(|c| c.command == wit::Command::ReadArm).unwrap().id;
+        black_box(session.tracker_complete(tracker, 0, &[(list, inventory.clone())]).unwrap());
+        start.elapsed()
+    })
+}
+
 fn main() {
     let config = read_config("clb.yaml");
     let lists = lists();
@@ -176,25 +228,8 @@ fn main() {
     let logic = runtime().load(clb_host::BUILTIN_GUEST, limits).unwrap();
 
     // (a) Start-up rebuild: the lists, then NRP's answer (3 runs each, median).
-    let time_startup = |run: &mut dyn FnMut() -> Duration| {
-        let mut samples: Vec<Duration> = (0..3).map(|_| run()).collect();
-        samples.sort();
-        samples[1]
-    };
-    // Both sides start from the host's records: the component's call copies them into the
-    // guest (lowering), the native side builds the library's records from them, as a native
-    // host would. Without that copy the native side would skip work the component cannot.
-    let native_startup = time_startup(&mut || {
-        let mut tracker = Tracker::create(config_to_model(&config)).unwrap();
-        let start = Instant::now();
-        let step = tracker.observe(0, lists.iter().map(observation_to_model).collect());
-        let read = step.commands.iter().find(|c| c.command == model::Command::ReadNrp).unwrap().id;
-        let step = tracker.complete(0, vec![(read, outcome_to_model(&snapshot))]);
-        let list = step.commands.iter().find(|c| c.command == model::Command::ReadArm).unwrap().id;
-        black_box(tracker.complete(0, vec![(list, outcome_to_model(&inventory))]));
-        start.elapsed()
-    });
-    let native_without_copy = time_startup(&mut || {
+    let native_startup = startup_native(&config, &lists, &snapshot, &inventory);
+    let native_without_copy = median_of_3(&mut || {
         let mut tracker = Tracker::create(config_to_model(&config)).unwrap();
         let (lists, snapshot, inventory) = (native_lists.clone(), native_snapshot.clone(), native_inventory.clone());
         let start = Instant::now();
@@ -205,19 +240,8 @@ fn main() {
         black_box(tracker.complete(0, vec![(list, inventory)]));
         start.elapsed()
     });
-    let startup_through = |logic: &clb_host::sandbox::Logic| {
-        time_startup(&mut || {
-            let mut session = logic.session().unwrap();
-            let tracker = session.tracker_create(&config).unwrap().unwrap();
-            let start = Instant::now();
-            let step = session.tracker_observe(tracker, 0, &lists).unwrap();
-            let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
-            let step = session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap();
-            let list = step.commands.iter().find(|c| c.command == wit::Command::ReadArm).unwrap().id;
-            black_box(session.tracker_complete(tracker, 0, &[(list, inventory.clone())]).unwrap());
-            start.elapsed()
-        })
-    };
+    let startup_through =
+        |logic: &clb_host::sandbox::Logic| startup_component(logic, &config, &lists, &snapshot, &inventory);
     let component_startup = startup_through(&logic);
 
     // Both trackers brought to the steady state: every Service Created, NRP in sync.
@@ -340,6 +364,37 @@ fn main() {
         free.converged_after_last_change_ms,
     );
 
+    // (e) Start-up with egress (issue 16): the same cluster with 100 egress identities carried by
+    // 3,000 pods that hold the pod finalizer, NRP and ARM holding their Outbound services, NAT
+    // gateways and public IPs: a restart that adopts all of it.
+    let (egress_lists, egress_snapshot, egress_inventory) =
+        (lists_with_egress(), nrp_in_sync_with_egress(), arm_in_sync_with_egress());
+    let native_egress = startup_native(&config, &egress_lists, &egress_snapshot, &egress_inventory);
+    let component_egress = startup_component(&logic, &config, &egress_lists, &egress_snapshot, &egress_inventory);
+    let mut egress_tracker = Native(Tracker::create(config_to_model(&config)).unwrap());
+    let first = egress_tracker.observe(0, &egress_lists);
+    let (egress_sent, _) = run_until_idle(&mut egress_tracker, 1, first, answer_with_egress);
+    let egress_commands: Vec<wit::Command> = egress_sent.into_iter().map(|(_, c)| c).collect();
+    let (egress_writes, egress_events) = writes_and_events(&egress_commands);
+    println!();
+    println!("| measure | native | component | component / native |");
+    println!("|---|---|---|---|");
+    row(
+        &format!("(e) start-up with {EGRESS_IDENTITIES} egress identities and {EGRESS_PODS} egress pods"),
+        native_egress,
+        component_egress,
+    );
+    row("(a) the same run's start-up without egress, for comparison", native_startup, component_startup);
+    println!();
+    println!(
+        "Restart with egress and nothing changed: {} commands, of which {egress_writes} writes (Azure or Kubernetes) \
+         and {egress_events} Events.",
+        egress_commands.len()
+    );
+    println!();
+
+    println!("| measure | native | component | component / native |");
+    println!("|---|---|---|---|");
     // What the limits cost: the same start-up under engines compiled without fuel metering,
     // and without any metering (never done outside measurement: such a guest can loop forever).
     for (label, metering) in [

@@ -139,6 +139,91 @@ pub fn arm_in_sync() -> wit::Outcome {
     wit::Outcome::ArmInventory(wit::ArmInventory { public_ips, load_balancers, nat_gateways: Vec::new() })
 }
 
+/// Egress on top of the cluster (issue 16): 100 identities carried by 3,000 pods (30 each) that
+/// hold the pod finalizer, each pod on the node of its number, with NRP and ARM already holding
+/// every identity's Outbound service, NAT gateway and public IP, as a restart finds them.
+pub const EGRESS_IDENTITIES: usize = 100;
+pub const EGRESS_PODS: usize = 3_000;
+
+pub fn egress_identity(pod: usize) -> String {
+    format!("egress-{}", pod % EGRESS_IDENTITIES)
+}
+
+pub fn egress_pod_ip(pod: usize) -> String {
+    format!("10.{}.{}.{}", 200 + pod / 65_536, (pod / 256) % 256, pod % 256)
+}
+
+/// [`lists`] with the egress pods before `lists-complete`.
+pub fn lists_with_egress() -> Vec<wit::Observation> {
+    let mut all = lists();
+    let complete = all.pop();
+    for pod in 0..EGRESS_PODS {
+        all.push(wit::Observation::PodUpserted(wit::Pod {
+            namespace: "batch".into(),
+            name: format!("egress-pod-{pod}"),
+            uid: uid(1_000_000 + pod),
+            egress_label: Some(egress_identity(pod)),
+            phase: Some("Running".into()),
+            pod_ips: vec![egress_pod_ip(pod)],
+            pod_ip: None,
+            host_ips: vec![node_ip(pod % node_count())],
+            host_ip: None,
+            deleting: false,
+            finalizers: vec![clb_guest::pod_finalizers::FINALIZER.into()],
+        }));
+    }
+    all.extend(complete);
+    all
+}
+
+/// [`nrp_in_sync`] with the egress identities registered and their pods' addresses mapped.
+pub fn nrp_in_sync_with_egress() -> wit::Outcome {
+    let wit::Outcome::NrpSnapshot(mut state) = nrp_in_sync() else { unreachable!("a snapshot") };
+    for pod in 0..EGRESS_PODS {
+        state.locations[pod % node_count()]
+            .addresses
+            .push(wit::NrpAddress { address: egress_pod_ip(pod), services: vec![egress_identity(pod)] });
+    }
+    state.services.extend((0..EGRESS_IDENTITIES).map(|i| wit::NrpService {
+        name: egress_identity(i),
+        service_type: "Outbound".into(),
+        backend_pools: Vec::new(),
+        is_default: false,
+    }));
+    wit::Outcome::NrpSnapshot(state)
+}
+
+/// [`arm_in_sync`] with every identity's NAT gateway and public IP as the logic makes them.
+pub fn arm_in_sync_with_egress() -> wit::Outcome {
+    let wit::Outcome::ArmInventory(mut inventory) = arm_in_sync() else { unreachable!("an inventory") };
+    for i in 0..EGRESS_IDENTITIES {
+        let (identity, public_ip) = (egress_identity(i), format!("{}-pip", egress_identity(i)));
+        inventory.public_ips.push(wit::ListedPublicIp {
+            name: public_ip.clone(),
+            version: wit::IpVersion::Ipv4,
+            address: Some(format!("20.2.0.{}", i + 1)),
+            as_put: true,
+        });
+        inventory.nat_gateways.push(wit::ListedNatGateway {
+            name: identity,
+            public_ips: vec![public_ip],
+            public_ips_v6: Vec::new(),
+            associated: true,
+            as_put: true,
+        });
+    }
+    wit::Outcome::ArmInventory(inventory)
+}
+
+/// [`answer`] for the cluster with egress.
+pub fn answer_with_egress(command: &wit::Command) -> wit::Outcome {
+    match command {
+        wit::Command::ReadNrp => nrp_in_sync_with_egress(),
+        wit::Command::ReadArm => arm_in_sync_with_egress(),
+        other => answer(other),
+    }
+}
+
 /// What Azure and Kubernetes answer in this benchmark: everything succeeds.
 pub fn answer(command: &wit::Command) -> wit::Outcome {
     match command {
