@@ -1987,13 +1987,28 @@ impl Tracker {
     /// Adds the finalizer to the pods that carry an identity, and releases it from those that
     /// carry nothing any more once what they carried has left NRP.
     fn advance_pod_finalizers(&mut self, now: u64, step: &mut Step) {
-        for key in self.pods.take_runnable(now) {
-            let present = match self.pods.due(&key, now) {
-                Some(Want::Add) => true,
-                Some(Want::Release) if self.pod_released(&key) => false,
-                // Waits in `releasing` (or for an answer, or a timer) until something changes.
-                Some(Want::Release | Want::Nothing) | None => continue,
-            };
+        let runnable = self.pods.take_runnable(now);
+        let due: Vec<(ObjectKey, Want)> =
+            runnable.into_iter().filter_map(|key| self.pods.due(&key, now).map(|want| (key, want))).collect();
+        let writes: Vec<(ObjectKey, bool)> = {
+            // The batches in flight's locations, sorted, once per call rather than once per address
+            // a releasing pod carried (a mass deletion releases thousands). No location is in two
+            // batches in flight (`State::check`).
+            let mut in_flight: Vec<&NrpLocation> = Vec::new();
+            if due.iter().any(|(_, want)| *want == Want::Release) {
+                in_flight.extend(self.batches_in_flight().flatten());
+                in_flight.sort_unstable_by(|a, b| a.location.cmp(&b.location));
+            }
+            due.into_iter()
+                .filter_map(|(key, want)| match want {
+                    Want::Add => Some((key, true)),
+                    Want::Release if self.pod_released(&key, &in_flight) => Some((key, false)),
+                    // Waits in `releasing` until something changes.
+                    Want::Release | Want::Nothing => None,
+                })
+                .collect()
+        };
+        for (key, present) in writes {
             let id = self.state.next_command_id;
             let pod = self.pods.issued(&key, id, present);
             let what = InFlight::PodFinalizer { key, uid: pod.uid.to_string(), present };
@@ -2003,14 +2018,14 @@ impl Tracker {
     }
 
     /// Whether what a pod carried has left NRP: each of its addresses is unmapped for its
-    /// identity (or another pod's now), no batch in flight names the identity there, and an
-    /// identity no pod carries any more has no outbound lifecycle left (its teardown ended).
-    fn pod_released(&self, key: &ObjectKey) -> bool {
+    /// identity (or another pod's now), no batch in flight (`in_flight`, sorted by location)
+    /// names the identity there, and an identity no pod carries any more has no outbound
+    /// lifecycle left (its teardown ended).
+    fn pod_released(&self, key: &ObjectKey, in_flight: &[&NrpLocation]) -> bool {
         let Some(held) = self.pods.get(key) else { return true };
         let in_batch = |identity: &str, location: &str, address: &str| {
-            self.batches_in_flight().flatten().filter(|l| l.location == location).any(|l| {
-                l.addresses.iter().any(|a| a.address == address && a.services.iter().any(|s| s == identity))
-            })
+            let Ok(at) = in_flight.binary_search_by(|l| l.location.as_str().cmp(location)) else { return false };
+            in_flight[at].addresses.iter().any(|a| a.address == address && a.services.iter().any(|s| s == identity))
         };
         held.left.iter().all(|(identity, location, address)| {
             !self.state.diff.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
