@@ -362,14 +362,15 @@ impl PodFinalizers {
     }
 
     /// For a state import: every pod that needs a write is scheduled; `in_flight` says which
-    /// command ids the tracker has in flight for pods.
-    pub fn check(&self, in_flight: &BTreeSet<u64>) -> Result<(), String> {
+    /// command ids the tracker has in flight for which pod. (A command in flight for a pod no
+    /// longer held, or held under another UID, is a stale one whose answer is ignored.)
+    pub fn check(&self, in_flight: &BTreeMap<u64, &ObjectKey>) -> Result<(), String> {
         let on_timers: BTreeSet<&ObjectKey> = self.timers.iter().map(|(_, k)| k).collect();
         for (key, held) in &self.pods {
             let what = || format!("pod {}/{}", key.namespace, key.name);
             if let Some((id, _)) = held.in_flight {
-                if !in_flight.contains(&id) {
-                    return Err(format!("{}: its finalizer command {id} is not in flight", what()));
+                if in_flight.get(&id) != Some(&key) {
+                    return Err(format!("{}: its finalizer command {id} is not in flight for it", what()));
                 }
                 continue;
             }

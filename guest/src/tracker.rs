@@ -2688,7 +2688,7 @@ impl State {
         }
         let (mut service_commands, mut nrp_writes, mut reads, mut arm_reads, mut batches) =
             (0usize, 0u32, 0usize, 0usize, Vec::new());
-        let mut pod_commands = BTreeSet::new();
+        let mut pod_commands = BTreeMap::new();
         for (&id, what) in &self.in_flight {
             if id >= self.next_command_id {
                 return Err(format!("command {id} is in flight, but the next command id is {}", self.next_command_id));
@@ -2713,8 +2713,8 @@ impl State {
                         ));
                     }
                 }
-                InFlight::PodFinalizer { .. } => {
-                    pod_commands.insert(id);
+                InFlight::PodFinalizer { key, .. } => {
+                    pod_commands.insert(id, key);
                 }
                 InFlight::Locations(_) => batches.push(id),
                 InFlight::ReadNrp => reads += 1,

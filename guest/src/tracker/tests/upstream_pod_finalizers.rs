@@ -409,6 +409,15 @@ fn pod_finalizers_survive_a_state_round_trip_and_a_version_6_state_has_none() {
     .unwrap();
     let why = corrupt(Tracker::import_state(clb(), 7, &payload));
     assert!(why.contains("is to be released and is not releasing"), "{why}");
+    // A command in flight that the pod's record waits for, filed under another pod.
+    let mut state = tracker.state.clone();
+    let filed = state.in_flight.values_mut().find_map(|f| match f {
+        InFlight::PodFinalizer { key, .. } if key.name.as_str() == "r" => Some(key),
+        _ => None,
+    });
+    *filed.expect("r's add is in flight") = ObjectKey::new("batch", "q");
+    let why = corrupt(Tracker::import_state(clb(), 7, &tracker.payload_with(&state)));
+    assert!(why.contains("pod batch/r: its finalizer command") && why.contains("is not in flight for it"), "{why}");
 }
 
 // Upstream TestGuardDeletePod_InvalidParamsIsNoOp and TestGuardDeletePod_UntrackedAndAbsentFromNRPExplicitlyReleases: the
