@@ -1217,8 +1217,7 @@ impl Tracker {
         self.pods.observe(pod, &carried_before, &carried_after);
         if carried_after.is_none() && pod.finalizers.iter().any(|f| f == pod_finalizers::FINALIZER) {
             // Held by our finalizer from before this state (a restart): what it carried drains.
-            let inbound = |id: &str| self.state.lifecycles.contains_key(id) || self.state.service_by_identity.contains_key(id);
-            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !inbound(id));
+            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !self.state.is_inbound(id));
             if let Some((identity, _)) = named.filter(|(id, _)| self.egress.know(id)) {
                 self.state.diff.touch_identity(&identity);
             }
@@ -2447,7 +2446,6 @@ impl Tracker {
     /// inventory test keeps `kubernetes-pip`). Returns (adopted, torn down).
     fn adopt_outbound_from_arm(&mut self, inventory: &ArmInventory) -> (usize, usize) {
         let (mut adopted, mut orphans) = (0, 0);
-        let inbound = |t: &Self, id: &str| t.state.lifecycles.contains_key(id) || t.state.service_by_identity.contains_key(id);
         let pip = outbound::public_ip_name;
         for nat in &inventory.nat_gateways {
             let id = nat.name.to_ascii_lowercase();
@@ -2455,7 +2453,7 @@ impl Tracker {
             let shaped = nat.as_put
                 && nat.public_ips == [pip(&id, false)]
                 && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
-            if !shaped || !crate::egress::is_valid_identity(&id) || inbound(self, &id) {
+            if !shaped || !crate::egress::is_valid_identity(&id) || self.state.is_inbound(&id) {
                 continue;
             }
             let (carried, registered) = (self.egress.carries(&id), self.egress.is_registered(&id));
@@ -2517,8 +2515,7 @@ impl Tracker {
             };
             let ours = crate::egress::is_valid_identity(id)
                 && !looks_like_uid(id)
-                && !self.state.lifecycles.contains_key(id)
-                && !self.state.service_by_identity.contains_key(id)
+                && !self.state.is_inbound(id)
                 && !self.outbound.lifecycles.contains_key(id)
                 && !self.egress.carries(id)
                 && !self.egress.is_registered(id)
@@ -2671,6 +2668,12 @@ impl<N> State<N> {
 }
 
 impl State {
+    /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed): one key
+    /// space with egress identities (upstream §i.2.7).
+    fn is_inbound(&self, identity: &str) -> bool {
+        self.lifecycles.contains_key(identity) || self.service_by_identity.contains_key(identity)
+    }
+
     /// What an import cannot take on trust, checked cheaply (a pass over the commands in flight
     /// and one over the lifecycles): the counters of commands in flight, which `complete`
     /// decrements, against the commands themselves; each Service command against the lifecycle

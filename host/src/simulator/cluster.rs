@@ -207,13 +207,7 @@ impl Cluster {
         match kind {
             Kind::Service => {
                 let service = inner.services.get_mut(&key).ok_or_else(not_found)?;
-                if force {
-                    service.metadata.finalizers = None;
-                }
-                if service.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
-                    if service.metadata.deletion_timestamp.is_none() {
-                        service.metadata.deletion_timestamp = Some(time_at(now_ms));
-                    }
+                if held_by_finalizers(&mut service.metadata, force, now_ms) {
                     let observed = records::service(service);
                     inner.watch.push(wit::Observation::ServiceUpserted(observed));
                 } else {
@@ -231,13 +225,7 @@ impl Cluster {
             }
             Kind::Pod => {
                 let pod = inner.pods.get_mut(&key).ok_or_else(not_found)?;
-                if force {
-                    pod.metadata.finalizers = None;
-                }
-                if pod.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty()) {
-                    if pod.metadata.deletion_timestamp.is_none() {
-                        pod.metadata.deletion_timestamp = Some(time_at(now_ms));
-                    }
+                if held_by_finalizers(&mut pod.metadata, force, now_ms) {
                     if records::has_egress_label(pod) {
                         let observed = records::pod(pod);
                         inner.watch.push(wit::Observation::PodUpserted(observed));
@@ -328,37 +316,76 @@ impl Cluster {
         if !uid.eq_ignore_ascii_case(&target.uid) {
             return Err(KubeError::uid_mismatch(target, &uid));
         }
-        let mut finalizers = pod.metadata.finalizers.clone().unwrap_or_default();
-        if finalizers.iter().any(|f| f == finalizer) == present {
-            return Ok(());
-        }
-        if present {
-            if pod.metadata.deletion_timestamp.is_some() {
-                return Err(KubeError {
-                    status: 422,
-                    reason: Some("Invalid".into()),
-                    message: format!("Pod {}: no new finalizers can be added while it is being deleted", key_text(&key)),
-                });
-            }
-            finalizers.push(finalizer.to_owned());
-        } else {
-            finalizers.retain(|f| f != finalizer);
-        }
         let watched = records::has_egress_label(pod);
-        if finalizers.is_empty() && pod.metadata.deletion_timestamp.is_some() {
-            inner.pods.remove(&key);
-            if watched {
-                inner.watch.push(wit::Observation::PodDeleted(key));
+        match write_finalizer(&mut pod.metadata, "Pod", &key, finalizer, present)? {
+            FinalizerWrite::Unchanged => {}
+            FinalizerWrite::Gone => {
+                inner.pods.remove(&key);
+                if watched {
+                    inner.watch.push(wit::Observation::PodDeleted(key));
+                }
             }
-            return Ok(());
-        }
-        pod.metadata.finalizers = Some(finalizers).filter(|f| !f.is_empty());
-        if watched {
-            let observed = records::pod(pod);
-            inner.watch.push(wit::Observation::PodUpserted(observed));
+            FinalizerWrite::Changed if watched => {
+                let observed = records::pod(pod);
+                inner.watch.push(wit::Observation::PodUpserted(observed));
+            }
+            FinalizerWrite::Changed => {}
         }
         Ok(())
     }
+}
+
+/// What a finalizer write did to an object.
+enum FinalizerWrite {
+    Unchanged,
+    Changed,
+    /// It was being deleted and its last finalizer went: the API server removes it.
+    Gone,
+}
+
+/// A finalizer added or removed as the API server does it: a change already in place changes
+/// nothing, and an object being deleted takes no new finalizer (422).
+fn write_finalizer(
+    meta: &mut ObjectMeta,
+    kind: &str,
+    key: &(String, String),
+    finalizer: &str,
+    present: bool,
+) -> Result<FinalizerWrite, KubeError> {
+    let mut finalizers = meta.finalizers.clone().unwrap_or_default();
+    if finalizers.iter().any(|f| f == finalizer) == present {
+        return Ok(FinalizerWrite::Unchanged);
+    }
+    if present {
+        if meta.deletion_timestamp.is_some() {
+            return Err(KubeError {
+                status: 422,
+                reason: Some("Invalid".into()),
+                message: format!("{kind} {}: no new finalizers can be added while it is being deleted", key_text(key)),
+            });
+        }
+        finalizers.push(finalizer.to_owned());
+    } else {
+        finalizers.retain(|f| f != finalizer);
+    }
+    if finalizers.is_empty() && meta.deletion_timestamp.is_some() {
+        return Ok(FinalizerWrite::Gone);
+    }
+    meta.finalizers = Some(finalizers).filter(|f| !f.is_empty());
+    Ok(FinalizerWrite::Changed)
+}
+
+/// A delete as the API server takes it: an object with finalizers (none left when `force`
+/// strips them first) only gets a `deletionTimestamp` and is held; returns whether it is.
+fn held_by_finalizers(meta: &mut ObjectMeta, force: bool, now_ms: u64) -> bool {
+    if force {
+        meta.finalizers = None;
+    }
+    let held = meta.finalizers.as_ref().is_some_and(|f| !f.is_empty());
+    if held && meta.deletion_timestamp.is_none() {
+        meta.deletion_timestamp = Some(time_at(now_ms));
+    }
+    held
 }
 
 fn time_at(now_ms: u64) -> Time {
@@ -389,35 +416,17 @@ impl KubeApi for Cluster {
         }
         let mut inner = self.lock();
         let (service, key) = Self::guarded(&mut inner, target)?;
-        let mut finalizers = service.metadata.finalizers.clone().unwrap_or_default();
-        let had = finalizers.iter().any(|f| f == finalizer);
-        if had == present {
-            return Ok(());
-        }
-        if present {
-            if service.metadata.deletion_timestamp.is_some() {
-                // The API server refuses new finalizers on an object being deleted.
-                return Err(KubeError {
-                    status: 422,
-                    reason: Some("Invalid".into()),
-                    message: format!(
-                        "Service {}: no new finalizers can be added while it is being deleted",
-                        key_text(&key)
-                    ),
-                });
+        match write_finalizer(&mut service.metadata, "Service", &key, finalizer, present)? {
+            FinalizerWrite::Unchanged => {}
+            FinalizerWrite::Gone => {
+                inner.services.remove(&key);
+                inner.watch.push(wit::Observation::ServiceDeleted(key));
             }
-            finalizers.push(finalizer.to_owned());
-        } else {
-            finalizers.retain(|f| f != finalizer);
+            FinalizerWrite::Changed => {
+                let observed = records::service(service);
+                inner.watch.push(wit::Observation::ServiceUpserted(observed));
+            }
         }
-        if finalizers.is_empty() && service.metadata.deletion_timestamp.is_some() {
-            inner.services.remove(&key);
-            inner.watch.push(wit::Observation::ServiceDeleted(key));
-            return Ok(());
-        }
-        service.metadata.finalizers = Some(finalizers).filter(|f| !f.is_empty());
-        let observed = records::service(service);
-        inner.watch.push(wit::Observation::ServiceUpserted(observed));
         Ok(())
     }
 
