@@ -201,13 +201,19 @@ impl PodFinalizers {
             return; // decided again at its outcome
         }
         match held.want() {
-            Want::Add => {
-                self.releasing.remove(key);
-                self.runnable.insert(key.clone());
-            }
-            Want::Release => {
-                self.releasing.insert(key.clone());
-                self.runnable.insert(key.clone());
+            want @ (Want::Add | Want::Release) => {
+                // A releasing pod is filed in `releasing` whether it is due now or backing off:
+                // that set is what a recheck wakes, so a pod outside it would wait for ever.
+                if want == Want::Release {
+                    self.releasing.insert(key.clone());
+                } else {
+                    self.releasing.remove(key);
+                }
+                if held.retries > 0 {
+                    self.timers.insert((held.not_before_ms, key.clone()));
+                } else {
+                    self.runnable.insert(key.clone());
+                }
             }
             Want::Nothing if held.live => {
                 // Held and carrying: nothing to do until it stops carrying.
@@ -322,8 +328,10 @@ impl PodFinalizers {
         }
         held.retries = held.retries.saturating_add(1);
         held.not_before_ms = retry_at(held.retries);
-        self.timers.insert((held.not_before_ms, key.clone()));
         let first = !std::mem::replace(&mut held.failing, true);
+        // What it needs now may differ from what the failed write was for (the pod was read
+        // while the write was in flight): it is filed for that.
+        self.schedule(key);
         first.then(|| failure.clone())
     }
 

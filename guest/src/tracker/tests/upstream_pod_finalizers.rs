@@ -496,3 +496,38 @@ fn after_a_restart_a_held_pod_whose_identity_a_live_pod_carries_is_released_afte
     assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(_) | Command::UpdateServices(_))), "{issued:?}");
     assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11"]);
 }
+
+// Regression: fuzz target differential (fuzz/regressions/differential/
+// finalizer-add-failed-after-the-pod-was-read-deleting-*). The add of a pod's finalizer took
+// effect but its answer was a failure (a lost response), and meanwhile the pod was read holding
+// the finalizer and being deleted: the failure put the pod on its backoff timer alone, outside the
+// releasing set that a change to NRP wakes. The exported state was refused by its own import
+// ("is to be released and is not releasing"), and once the backoff was over the pod, still not
+// drained, was never looked at again: it stayed Terminating for ever.
+#[test]
+fn a_pod_whose_finalizer_add_fails_after_it_was_read_holding_it_and_deleting_is_released_after_its_drain() {
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(pod("q", "10.244.2.11"))]);
+    let is_add_of_q = |c: &Command| {
+        matches!(c, Command::SetFinalizer { service, present: true, .. } if service.name.as_str() == "q")
+    };
+    let (_, (add, _)) = drive_until(&mut tracker, NOW + 1, step, is_add_of_q);
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(deleting(pod("q", "10.244.2.11")))]);
+    let mut pending: Vec<(u64, Command)> = step.commands.iter().map(|c| (c.id, c.command.clone())).collect();
+    let step = tracker.complete(NOW + 3, vec![(add, failed(500, "InternalError"))]);
+    pending.extend(step.commands.iter().map(|c| (c.id, c.command.clone())));
+    let (version, payload) = tracker.export_state();
+    let imported = Tracker::import_state(clb(), version, &payload).expect("the exported state imports");
+    assert_eq!(imported, tracker);
+    // The backoff ends before the drain is answered: the release must still follow the drain.
+    let later = NOW + 3 + timing::RESYNC_INTERVAL_MS / 4;
+    let step = tracker.tick(later);
+    assert!(!step.commands.iter().any(|c| is_release_of("q")(&c.command)), "released before its drain: {step:?}");
+    pending.extend(step.commands.iter().map(|c| (c.id, c.command.clone())));
+    let results = pending.iter().map(|(id, c)| (*id, ok(c))).collect();
+    let step = tracker.complete(later, results);
+    let (issued, _) = drive_keeping(&mut tracker, later, step, ok, everything_but_events);
+    assert!(issued.iter().any(is_release_of("q")), "q is released once its address left NRP: {issued:?}");
+    assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.11"));
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
+}
