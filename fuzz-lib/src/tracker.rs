@@ -31,7 +31,7 @@
 
 use crate::input::Dec;
 use crate::program::{Answer, Program, Step, Time};
-use clb_guest::invariants::{Harness, LABELS, Op, PHASES, World};
+use clb_guest::invariants::{Harness, LABELS, Op, PHASES, World, assert_round_trip};
 use clb_guest::model::{self, Command, Issued, Observation, Outcome};
 use clb_guest::tracker::Tracker;
 use clb_host::native::{config_to_model, observation_to_model, outcome_to_model};
@@ -40,6 +40,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// The most property operations of part B.
 pub const MAX_OPS: usize = 48;
+/// Part A checks the round-trip invariant after every this many steps.
+const ROUND_TRIP_EVERY: usize = 4;
 /// Rounds of answering and waiting before the tracker must be quiet.
 const SETTLE_ROUNDS: usize = 2_000;
 
@@ -113,6 +115,7 @@ pub fn run_modelled(ops: &[Op]) {
         harness.run(op);
         assert!(harness.world.violations.is_empty(), "after {op:?}: {:?}", harness.world.violations);
         harness.check_ref_counts();
+        harness.check_round_trip();
     }
     harness.settle();
     harness.check();
@@ -195,6 +198,8 @@ pub struct Hostile {
     lied: bool,
     /// Something was refused for good (400, 422, a terminal code).
     refused: bool,
+    /// An answer was a 429: a write budget was emptied and refills only as time passes.
+    throttled: bool,
     /// NRP was read (truthfully) since the last refusal: a refused batch leaves the mirror
     /// uncertain until then.
     read_since_refusal: bool,
@@ -357,6 +362,7 @@ impl Hostile {
         if failure.status == 404 {
             self.lied = true;
         }
+        self.throttled |= failure.status == 429;
         const TERMINAL: &[&str] =
             &["InvalidParameter", "QuotaExceeded", "PublicIPCountLimitReached", "MaxPublicIpCountLimitReached"];
         let code = failure.code.as_deref().unwrap_or("");
@@ -461,12 +467,7 @@ impl Hostile {
     }
 
     fn round_trip(&mut self) {
-        let (version, payload) = self.tracker.export_state();
-        let imported = Tracker::import_state(self.config.clone(), version, &payload)
-            .unwrap_or_else(|e| panic!("a state the tracker exported does not import: {e:?}"));
-        assert_eq!(imported, self.tracker, "import(export(state)) is the same state");
-        assert_eq!(imported.export_state(), (version, payload), "export is a fixed point");
-        self.tracker = imported;
+        self.tracker = assert_round_trip(&self.tracker, &self.config, self.now, !self.stepped_back);
     }
 
     /// Every command answered truthfully, time running, until the tracker is idle; false when it
@@ -497,10 +498,12 @@ impl Hostile {
                 self.now = next.min(self.now.saturating_add(60_000));
             }
         }
-        // A refused location waits for the next read of NRP, and there is none at the end of
-        // time (the tracker's clock is the host's, or ahead of it after a step back).
+        // Two things wait for time to pass, and none passes at the end of time (the tracker's
+        // clock is the host's, or ahead of it after a step back, and saturates at `u64::MAX`):
+        // a refused location waits for the next read of NRP, and a write budget a 429 emptied
+        // refills by the millisecond. No host's clock gets there; the harness's does.
         let end_of_time = self.now > u64::MAX / 2 || self.stepped_back;
-        if self.lied || (self.refused && end_of_time) {
+        if self.lied || ((self.refused || self.throttled) && end_of_time) {
             return false;
         }
         panic!("the tracker did not settle with every command answered: {:#?}", self.tracker);
@@ -571,10 +574,16 @@ pub fn run_hostile(program: &Program) {
         now,
         lied: false,
         refused: false,
+        throttled: false,
         read_since_refusal: false,
     };
-    for step in &program.steps {
+    for (index, step) in program.steps.iter().enumerate() {
         world.step(step);
+        // The round-trip invariant after every few steps, the tracker left as it is (a step that
+        // is a round trip replaces it with the import).
+        if index % ROUND_TRIP_EVERY == ROUND_TRIP_EVERY - 1 {
+            assert_round_trip(&world.tracker, &world.config, world.now, !world.stepped_back);
+        }
     }
     // The initial lists end at the latest here: a tracker waits for them before it writes.
     world.observe(vec![Observation::ListsComplete]);

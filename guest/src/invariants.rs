@@ -38,6 +38,25 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub const NS: &str = "shop";
 
+/// The round-trip invariant, for every state a tracker can reach: its export imports, as the
+/// same tracker, whose export is the same bytes (a fixed point); and, where the tracker's clock
+/// is the host's (`clock_is_hosts`: it never saw the host's clock step back, after which it runs
+/// ahead, while an imported tracker starts from the host's), the imported tracker's next step is
+/// the original's. Every path that moves state goes through this import: a hot swap, and the
+/// rebuild after a trap from the last checkpoint. Returns the imported tracker.
+pub fn assert_round_trip(tracker: &Tracker, config: &Config, now: u64, clock_is_hosts: bool) -> Tracker {
+    let (version, payload) = tracker.export_state();
+    let imported = Tracker::import_state(config.clone(), version, &payload)
+        .unwrap_or_else(|e| panic!("a state the tracker exported does not import: {e:?}"));
+    assert_eq!(&imported, tracker, "import(export(state)) is the same state");
+    assert_eq!(imported.export_state(), (version, payload), "export is a fixed point");
+    if clock_is_hosts {
+        let (mut original, mut copy) = (tracker.clone(), imported.clone());
+        assert_eq!(copy.tick(now), original.tick(now), "the imported tracker's next step is the original's");
+    }
+    imported
+}
+
 /// One step of a property run: a Kubernetes event, injected failures, time, a restart or a
 /// state round trip.
 #[derive(Clone, Debug)]
@@ -769,6 +788,9 @@ pub struct Harness {
     pub world: World,
     pub tracker: Tracker,
     pub config: Config,
+    /// The tracker's clock is the world's: it has not seen the clock step back since it was
+    /// created or imported.
+    clock_is_hosts: bool,
 }
 
 impl Default for Harness {
@@ -784,7 +806,7 @@ impl Harness {
             Config { backend_pool_type: "podIP".into(), load_balancer_sku: "standardV2".into(), ..Config::default() };
         // A wall clock's time, so that the clock can step back.
         let world = World { now: 1_700_000_000_000, ..World::default() };
-        let mut harness = Self { world, tracker: Tracker::create(config.clone()).unwrap(), config };
+        let mut harness = Self { world, tracker: Tracker::create(config.clone()).unwrap(), config, clock_is_hosts: true };
         harness.deliver(vec![Observation::ListsComplete]);
         harness
     }
@@ -840,18 +862,17 @@ impl Harness {
                     pod.carried.retain(|id| Some(id) == named.as_ref());
                 }
                 self.tracker = Tracker::create(self.config.clone()).unwrap();
+                self.clock_is_hosts = true;
                 self.world.pending.clear();
                 let lists = self.world.lists();
                 self.deliver(lists);
             }
             Op::RoundTrip => {
-                let (version, payload) = self.tracker.export_state();
-                let imported = Tracker::import_state(self.config.clone(), version, &payload).unwrap();
-                assert_eq!(imported, self.tracker, "import(export(state)) is the same state");
-                assert_eq!(imported.export_state(), (version, payload), "export is a fixed point");
-                self.tracker = imported;
+                self.tracker = assert_round_trip(&self.tracker, &self.config, self.world.now, self.clock_is_hosts);
+                self.clock_is_hosts = true;
             }
             _ => {
+                self.clock_is_hosts &= !matches!(op, Op::StepBack { .. });
                 self.world.apply(op);
                 let pending = std::mem::take(&mut self.world.pending);
                 self.deliver(pending);
@@ -889,6 +910,11 @@ impl Harness {
                 wake.filter(|w| *w > self.world.now).unwrap_or(self.world.now + 1_000).min(self.world.now + 60_000);
         }
         panic!("the tracker did not settle: {:#?}", self.tracker);
+    }
+
+    /// The round-trip invariant ([`assert_round_trip`]) at this step, the tracker left as it is.
+    pub fn check_round_trip(&self) {
+        assert_round_trip(&self.tracker, &self.config, self.world.now, self.clock_is_hosts);
     }
 
     /// P4, at every step: the tracker counts exactly the pods that carry each identity.

@@ -10,7 +10,9 @@
 //! * P4 — the egress reference count is never negative and is zero exactly when no pod carries
 //!   the identity: after every step it equals the model's count of pods carrying each identity;
 //! * P5 — no service is unregistered while an NRP address references it;
-//! * P6 — no address references a service NRP does not have registered (inbound or outbound).
+//! * P6 — no address references a service NRP does not have registered (inbound or outbound);
+//! * and after every step, the round trip: the exported state imports as the same tracker, whose
+//!   next step is the original's (`invariants::assert_round_trip`).
 //!
 //! Egress pods share pod IPs with the endpoints, so addresses carry inbound and egress identities
 //! together; two of the labels are registered Outbound services in NRP, one is not, one is
@@ -64,6 +66,7 @@ proptest! {
             harness.run(op);
             prop_assert!(harness.world.violations.is_empty(), "after {op:?}: {:?}", harness.world.violations);
             harness.check_ref_counts();
+            harness.check_round_trip();
         }
         harness.settle();
         harness.check();

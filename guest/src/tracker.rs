@@ -3701,6 +3701,45 @@ mod tests {
         assert!(step.commands.is_empty() && step.idle, "{step:?}");
     }
 
+    // Regression: fuzz target tracker (fuzz/regressions/tracker/
+    // throttled-at-the-end-of-time-holds-its-writes). At the end of u64 time (now = u64::MAX: no
+    // host's clock gets there, the fuzzer's does) a 429 empties the ARM write budget, and no time
+    // passes to refill it: the writes it holds wait, as a refused location waits for a read that
+    // never comes. The harness now allows that wait; this pins that it is the budget's alone and
+    // loses nothing: the tracker issues no ARM write while it waits, and the same state imported
+    // by a host whose clock is sane provisions the Service at the budget's pace.
+    #[test]
+    fn at_the_end_of_time_a_throttled_write_waits_for_its_budget_and_an_import_with_a_sane_clock_writes_it() {
+        let end = u64::MAX;
+        let is_public_ip = |c: &Command| matches!(c, Command::PutPublicIp(_));
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let mut step =
+            tracker.observe(end, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+        let mut throttled_once = false;
+        for _ in 0..20 {
+            let mut answer = |c: &Command| {
+                if is_public_ip(c) && !throttled_once {
+                    throttled_once = true;
+                    return throttled(0);
+                }
+                answer_ok(&[])(c)
+            };
+            let results: Vec<(u64, Outcome)> = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+            step = if results.is_empty() { tracker.tick(end) } else { tracker.complete(end, results) };
+            assert!(!throttled_once || !step.commands.iter().any(|c| is_public_ip(&c.command)), "{step:?}");
+        }
+        assert!(throttled_once, "the public IP was put and throttled");
+        let (version, payload) = tracker.export_state();
+        let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
+        let (mut now, mut put) = (NOW, false);
+        while !put && now <= NOW + timing::MAX_DELAY_MS + 60_000 {
+            let step = imported.tick(now);
+            put = step.commands.iter().any(|c| is_public_ip(&c.command));
+            now += 1_000;
+        }
+        assert!(put, "the imported tracker puts the public IP once its budget and backoff allow");
+    }
+
     #[test]
     fn import_refuses_a_newer_version_and_a_corrupt_payload() {
         assert_eq!(Tracker::import_state(clb(), 99, &[]), Err(StateError::UnsupportedVersion(99)));
