@@ -1,96 +1,74 @@
-//! A stable, dependency-free smoke run of the targets (no libFuzzer, no coverage feedback):
-//! each corpus file of the target, then random mutations of them (byte flips, insertions,
-//! truncations, splices) and random bytes. Finds shallow crashes without nightly; the real
-//! fuzzing is `fuzz/run.sh`. A crashing input is written to `fuzz/artifacts/<target>/`.
+//! A stable, dependency-free smoke run of the targets (no libFuzzer, no coverage feedback) over
+//! the inputs of `clb_fuzz::smoke`. Finds shallow crashes without nightly; the real fuzzing is
+//! `fuzz/run.sh`. A crashing input is written to `fuzz/artifacts/<target>/`.
 //!
-//! `cargo run --release -p clb-fuzz --example smoke -- [TARGET|all] [ITERATIONS] [SEED]`
+//! `cargo run --release -p clb-fuzz --example smoke -- [TARGET|all] [ITERATIONS] [SEED] [--seconds S]`
+//!
+//! `--seconds S` shares S seconds of wall time among the targets run (CI's per-commit smoke):
+//! a target stops at its share of what is left or at ITERATIONS, whichever comes first. A
+//! crash prints the command that replays exactly the inputs up to it.
 
 use std::path::Path;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn mutate(rng: &mut Rng, corpus: &[Vec<u8>], mut data: Vec<u8>) -> Vec<u8> {
-    for _ in 0..1 + rng.below(8) {
-        match rng.below(6) {
-            0 if !data.is_empty() => {
-                let i = rng.below(data.len());
-                data[i] ^= 1 << rng.below(8);
-            }
-            1 if !data.is_empty() => {
-                let i = rng.below(data.len());
-                data[i] = rng.next() as u8;
-            }
-            2 => {
-                let i = rng.below(data.len() + 1);
-                data.insert(i, rng.next() as u8);
-            }
-            3 if !data.is_empty() => {
-                let i = rng.below(data.len());
-                data.truncate(i.max(1));
-            }
-            4 if !corpus.is_empty() => {
-                let other = &corpus[rng.below(corpus.len())];
-                let (i, j) = (rng.below(data.len() + 1), rng.below(other.len() + 1));
-                data.truncate(i);
-                data.extend_from_slice(&other[j..]);
-            }
-            _ => {
-                let i = rng.below(data.len() + 1);
-                let value = [0u8, 1, 0x7f, 0x80, 0xfe, 0xff][rng.below(6)];
-                data.insert(i, value);
-            }
-        }
-    }
-    data
-}
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let which = args.get(1).map_or("all", String::as_str);
-    let iterations: usize = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(2_000);
-    let seed: u64 = args.get(3).and_then(|n| n.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut budget: Option<f64> = None;
+    if let Some(at) = args.iter().position(|a| a == "--seconds") {
+        let seconds = args.get(at + 1).and_then(|s| s.parse().ok()).expect("--seconds takes a number");
+        budget = Some(seconds);
+        args.drain(at..at + 2);
+    }
+    let which = args.first().map_or("all", String::as_str).to_owned();
+    let iterations: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(2_000);
+    let seed: u64 = args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0x9e37_79b9_7f4a_7c15);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    std::panic::set_hook(Box::new(|_| {}));
+    let message = Arc::new(Mutex::new(String::new()));
+    let seen = message.clone();
+    std::panic::set_hook(Box::new(move |info| {
+        let at = info.location().map(|l| format!(" ({}:{})", l.file(), l.line())).unwrap_or_default();
+        let text = info.payload_as_str().unwrap_or("").lines().next().unwrap_or("").to_owned();
+        *seen.lock().unwrap() = format!("{text}{at}");
+    }));
+    let targets: Vec<_> = clb_fuzz::TARGETS.iter().filter(|(n, _)| which == "all" || *n == which).collect();
+    if targets.is_empty() {
+        eprintln!("no target {which}: the targets are {:?}", clb_fuzz::TARGETS.iter().map(|t| t.0).collect::<Vec<_>>());
+        std::process::exit(2);
+    }
+    let deadline = budget.map(|s| Instant::now() + Duration::from_secs_f64(s));
+    let count = targets.len();
     let mut failed = false;
-    for (name, target) in clb_fuzz::TARGETS.iter().filter(|(n, _)| which == "all" || *n == which) {
-        let mut corpus: Vec<Vec<u8>> = Vec::new();
-        if let Ok(entries) = std::fs::read_dir(root.join("corpus").join(name)) {
-            corpus.extend(entries.map(|e| std::fs::read(e.unwrap().path()).unwrap()));
-        }
-        let mut rng = Rng(seed ^ name.len() as u64);
-        let start = std::time::Instant::now();
-        let mut crashes = 0;
+    for (done, (name, target)) in targets.into_iter().enumerate() {
+        // What is left is shared among the targets left: a target that ends early gives its
+        // time to the ones after it.
+        let share = deadline.map(|d| d.saturating_duration_since(Instant::now()) / (count - done) as u32);
+        let mut inputs = clb_fuzz::smoke::inputs(name, seed, clb_fuzz::smoke::corpus(&root.join("corpus").join(name)));
+        let start = Instant::now();
+        let (mut crashes, mut ran) = (0, 0);
         for i in 0..iterations {
-            let data = if i < corpus.len() {
-                corpus[i].clone()
-            } else if corpus.is_empty() || rng.below(10) == 0 {
-                (0..rng.below(512)).map(|_| rng.next() as u8).collect()
-            } else {
-                let base = corpus[rng.below(corpus.len())].clone();
-                mutate(&mut rng, &corpus, base)
-            };
+            if share.is_some_and(|share| start.elapsed() >= share) {
+                break;
+            }
+            let data = inputs.next().expect("inputs never end");
+            ran += 1;
             if std::panic::catch_unwind(|| target(&data)).is_err() {
                 crashes += 1;
                 let dir = root.join("artifacts").join(name);
                 std::fs::create_dir_all(&dir).unwrap();
-                std::fs::write(dir.join(format!("smoke-{i}")), &data).unwrap();
+                let file = dir.join(format!("smoke-{i}"));
+                std::fs::write(&file, &data).unwrap();
+                if crashes == 1 {
+                    println!("{name}: input {i} crashed: {}", message.lock().unwrap());
+                    println!("  saved as {}", file.display());
+                    println!("  reproduce: cargo run --release -p clb-fuzz --example smoke -- {name} {} {seed}", i + 1);
+                    println!("  show it:   CLB_FUZZ_SHOW=1 cargo run --release -p clb-fuzz --example run -- {name} {}", file.display());
+                }
                 failed = true;
             }
         }
         let secs = start.elapsed().as_secs_f64();
-        println!("{name}: {iterations} inputs in {secs:.1} s ({:.0}/s), {crashes} crashes", iterations as f64 / secs);
+        println!("{name}: {ran} inputs in {secs:.1} s ({:.0}/s), {crashes} crashes", ran as f64 / secs.max(1e-9));
     }
     if failed {
         std::process::exit(1);

@@ -13,6 +13,7 @@ pub mod input;
 pub mod host_edges;
 pub mod pools;
 pub mod program;
+pub mod smoke;
 pub mod state_import;
 pub mod tracker;
 

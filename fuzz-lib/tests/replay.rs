@@ -50,3 +50,23 @@ fn every_target_takes_empty_and_short_inputs() {
         }
     }
 }
+
+/// What CI's per-commit smoke prints for a crash (`--example smoke -- TARGET i+1 SEED`) replays
+/// the same inputs only if they depend on the seed and the corpus alone.
+#[test]
+fn the_smoke_runs_inputs_are_the_corpus_in_name_order_then_a_sequence_fixed_by_the_seed() {
+    use clb_fuzz::smoke::{corpus, inputs};
+    let dir = fuzz_dir().join("corpus").join("tracker");
+    let files = corpus(&dir);
+    assert!(files.len() > 2, "the tracker corpus has seeds");
+    let mut names: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    assert_eq!(files, names.iter().map(|n| std::fs::read(n).unwrap()).collect::<Vec<_>>(), "in name order");
+    let run = |seed| inputs("tracker", seed, files.clone()).take(files.len() + 200).collect::<Vec<_>>();
+    let first = run(42);
+    assert_eq!(first[..files.len()], files[..], "the corpus first");
+    assert_eq!(first, run(42), "the same seed, the same inputs");
+    assert_ne!(first[files.len()..], run(43)[files.len()..], "another seed, other inputs");
+    let mutated = first[files.len()..].iter().filter(|input| !files.contains(input)).count();
+    assert!(mutated > 150, "mostly new inputs: {mutated} of 200");
+}
