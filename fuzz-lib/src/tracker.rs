@@ -198,8 +198,6 @@ pub struct Hostile {
     lied: bool,
     /// Something was refused for good (400, 422, a terminal code).
     refused: bool,
-    /// An answer was a 429: a write budget was emptied and refills only as time passes.
-    throttled: bool,
     /// NRP was read (truthfully) since the last refusal: a refused batch leaves the mirror
     /// uncertain until then.
     read_since_refusal: bool,
@@ -362,7 +360,6 @@ impl Hostile {
         if failure.status == 404 {
             self.lied = true;
         }
-        self.throttled |= failure.status == 429;
         const TERMINAL: &[&str] =
             &["InvalidParameter", "QuotaExceeded", "PublicIPCountLimitReached", "MaxPublicIpCountLimitReached"];
         let code = failure.code.as_deref().unwrap_or("");
@@ -474,10 +471,18 @@ impl Hostile {
     /// is not within the bound after a lie (told that a public IP exists that does not, it
     /// rightly retries its load balancer for ever), a panic when it is not without one.
     fn settle(&mut self) -> bool {
+        // The last answers given, for the report of a tracker that does not settle.
+        let mut last: std::collections::VecDeque<String> = std::collections::VecDeque::new();
         for _ in 0..SETTLE_ROUNDS {
             if !self.in_flight.is_empty() {
                 let issued = std::mem::take(&mut self.in_flight);
-                let results = issued.iter().map(|i| (i.id, self.truth(&i.command))).collect();
+                let results: Vec<(u64, Outcome)> = issued.iter().map(|i| (i.id, self.truth(&i.command))).collect();
+                for (issued, (_, outcome)) in issued.iter().zip(&results) {
+                    if last.len() == 8 {
+                        last.pop_front();
+                    }
+                    last.push_back(format!("at {}: {:?} -> {outcome:?}", self.now, issued.command));
+                }
                 let step = self.tracker.complete(self.now, results);
                 self.absorb(step);
                 continue;
@@ -498,15 +503,20 @@ impl Hostile {
                 self.now = next.min(self.now.saturating_add(60_000));
             }
         }
-        // Two things wait for time to pass, and none passes at the end of time (the tracker's
-        // clock is the host's, or ahead of it after a step back, and saturates at `u64::MAX`):
-        // a refused location waits for the next read of NRP, and a write budget a 429 emptied
-        // refills by the millisecond. No host's clock gets there; the harness's does.
+        // A refused location waits for the next read of NRP, and there is none at the end of
+        // time (the tracker's clock is the host's, or ahead of it after a step back). And once
+        // the clock is at `u64::MAX` no time passes at all, so a write budget that is empty
+        // (spent by a burst, or emptied by a 429) never refills. No host's clock gets there;
+        // the harness's does.
         let end_of_time = self.now > u64::MAX / 2 || self.stepped_back;
-        if self.lied || ((self.refused || self.throttled) && end_of_time) {
+        if self.lied || (self.refused && end_of_time) || self.now == u64::MAX {
             return false;
         }
-        panic!("the tracker did not settle with every command answered: {:#?}", self.tracker);
+        panic!(
+            "the tracker did not settle with every command answered: {:#?}\nthe last answers:\n{}",
+            self.tracker,
+            Vec::from(last).join("\n")
+        );
     }
 
     fn check(&mut self) {
@@ -574,7 +584,6 @@ pub fn run_hostile(program: &Program) {
         now,
         lied: false,
         refused: false,
-        throttled: false,
         read_since_refusal: false,
     };
     for (index, step) in program.steps.iter().enumerate() {

@@ -2103,6 +2103,12 @@ impl Tracker {
             }
             // The last pod went: drain, then tear down. A command in flight finishes first.
             (false, _) => {
+                if lifecycle.steps.front() == Some(&OutStep::Register) && lifecycle.retries > 0 {
+                    // A registration was answered with a failure and waits for its retry: it
+                    // may have taken effect all the same (a lost response), so the teardown
+                    // unregisters rather than trust the mirror (a read of NRP corrects it).
+                    self.egress.set_registered(identity, true);
+                }
                 lifecycle.phase = Phase::DeletionPending;
                 lifecycle.steps.clear();
                 lifecycle.retries = 0;
@@ -2248,6 +2254,10 @@ impl Tracker {
             return;
         }
         if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            if op == OutStep::Register {
+                // It may have taken effect whatever the answer: the teardown unregisters.
+                self.egress.set_registered(identity, true);
+            }
             return; // a creation pre-empted by the teardown: the teardown carries on
         }
         let code = failure.code.as_deref().unwrap_or("");

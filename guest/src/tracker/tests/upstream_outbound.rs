@@ -501,3 +501,53 @@ fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_no
     assert!(!tracker.outbound().lifecycles.contains_key("egress-old"), "the sweep ended");
     assert!(tracker.outbound().lifecycles.contains_key("egress-live"), "the live pod's identity is created");
 }
+
+// Regression: fuzz target tracker. A registration of the Outbound service took effect but was
+// answered with a failure (its response lost), and the last pod went before the retry: the
+// mirror had the identity unregistered, so the teardown skipped the unregister, and the NAT
+// gateway delete the RP then refused as in use (`InUseNatGatewayCannotBeDeleted`) was retried
+// for ever, the pod held by its finalizer with it. A teardown now unregisters after a
+// registration that failed (it may have taken effect), and it ends.
+#[test]
+fn a_teardown_after_a_registration_whose_answer_was_lost_unregisters_before_deleting_the_nat_gateway() {
+    use std::cell::Cell;
+    let registered = Cell::new(false);
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
+    let (_, (register, _)) = drive_until(&mut tracker, NOW, step, |c| is_outbound(c, Some(IDENTITY), false));
+    registered.set(true); // it took effect
+    let step = tracker.complete(NOW, vec![(register, failed(500))]);
+    let step = {
+        let more = tracker.observe(NOW, vec![gone("p")]);
+        Step { commands: step.commands.into_iter().chain(more.commands).collect(), ..more }
+    };
+    let answer = |c: &Command| match c {
+        c if is_outbound(c, None, true) => {
+            registered.set(false);
+            Outcome::Ok
+        }
+        c if is_delete(c, ResourceKind::NatGateway) && registered.get() => Outcome::Failed(Failure {
+            status: 400,
+            code: Some("InUseNatGatewayCannotBeDeleted".into()),
+            retry_after_ms: None,
+            message: "in use".into(),
+        }),
+        Command::ReadNrp => {
+            let services = registered.get().then(|| NrpService {
+                name: IDENTITY.into(),
+                service_type: "Outbound".into(),
+                backend_pools: vec![],
+                is_default: false,
+            });
+            Outcome::NrpSnapshot(NrpState { services: services.into_iter().collect(), locations: vec![] })
+        }
+        c => ok(c),
+    };
+    let (issued, _) = drive(&mut tracker, NOW, step, answer);
+    let unregister = position(&issued, |c| is_outbound(c, None, true));
+    let deletes: Vec<usize> = (0..issued.len()).filter(|&i| is_delete(&issued[i], ResourceKind::NatGateway)).collect();
+    assert_eq!(deletes.len(), 1, "deleted once, never refused: {issued:?}");
+    assert!(unregister < deletes[0], "unregistered first: {issued:?}");
+    assert!(!registered.get());
+    assert!(tracker.outbound().lifecycles.is_empty(), "the teardown ended");
+}
