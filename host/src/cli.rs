@@ -259,11 +259,17 @@ struct OperationsArgs {
     /// kube-system/clb-reconciler.
     #[arg(long, value_name = "NAMESPACE/NAME")]
     swap_events_configmap: Option<crate::live::control::EventTarget>,
-    /// How many inputs a swapped-in version serves on probation: until then, three inputs in a
-    /// row that it traps on roll it back to the version it replaced.
+    /// How many inputs a swapped-in version serves on probation: until then, the version it
+    /// replaced is kept, and --probation-quarantines inputs it traps on (whatever it served
+    /// between them), or two ticks, roll it back (docs/operations.md, "Probation").
     #[arg(long, default_value_t = crate::supervisor::PROBATION_INPUTS as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     probation_inputs: u64,
+    /// How many inputs a swapped-in version may quarantine within its probation: the last of
+    /// them rolls it back.
+    #[arg(long, default_value_t = crate::supervisor::PROBATION_QUARANTINES,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    probation_quarantines: u32,
 }
 
 /// Leader election among replicas (client-go's flags and defaults).
@@ -1018,6 +1024,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
         let settings = crate::live::settings::Settings {
             shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace_secs),
             probation_inputs: usize::try_from(ops.probation_inputs).unwrap_or(usize::MAX),
+            probation_quarantines: ops.probation_quarantines,
             leader_election,
             resource_lock,
             slb_configurations,

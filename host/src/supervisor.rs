@@ -13,8 +13,17 @@
 //!   handed out and is discarded. Then the failed input is delivered again one observation (or
 //!   outcome) at a time, so that only the parts that trap are lost: each is *quarantined* —
 //!   logged, counted and kept for [`Supervisor::take_quarantined`] — and the caller gets a
-//!   normal [`wit::Step`] with whatever the rest produced. [`ROLLBACK_AFTER`] quarantined inputs
-//!   in a row on a version that came from a swap roll back to the previous version.
+//!   normal [`wit::Step`] with whatever the rest produced.
+//! * **Probation and rollback.** A version that came from a swap serves a probation
+//!   ([`PROBATION_INPUTS`] of its own inputs); the version it replaced is kept until then. It
+//!   is rolled back when it quarantines [`PROBATION_QUARANTINES`] inputs within its probation,
+//!   whatever it served between them (a busy controller always serves something between), or
+//!   [`PROBATION_TICK_QUARANTINES`] ticks: a tick carries no object or outcome to blame, so a
+//!   version that traps on one traps on time itself. The previous version is rebuilt from its
+//!   state at the swap with every input since replayed in order, and the inputs the new version
+//!   quarantined are *delivered* to it there, not dropped: their steps go to the caller, so no
+//!   Service is left unreconciled by a rollback (what traps the previous version too is
+//!   quarantined again).
 //! * **Hot swap.** [`Supervisor::swap`] moves the state of the running version into a new one
 //!   (old `export-state` → new `import-state`, which owns migrations), requires that the new
 //!   version hold a state version no older than the one it imported (else it would lose state),
@@ -57,15 +66,19 @@ use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{GuestError, Limits, LoadError, Logic, Runtime, Session};
 use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use wasmtime::component::ResourceAny;
 
-/// Quarantined inputs in a row, on a version that came from a swap, that roll it back.
-pub const ROLLBACK_AFTER: u32 = 3;
+/// Inputs quarantined within its probation that roll a swapped-in version back, by default,
+/// whatever it served between them ([`Supervisor::with_probation_quarantines`]).
+pub const PROBATION_QUARANTINES: u32 = 3;
+/// Ticks quarantined within its probation that roll it back (fewer, when the quarantines
+/// allowed are fewer): a tick has no object to quarantine, only the time it was called at.
+pub const PROBATION_TICK_QUARANTINES: u32 = 2;
 /// Inputs a swapped-in version serves before the previous one is released, by default; until
 /// then a rollback replays them into the previous version. Only the new version's own inputs
 /// count: the journal a probation keeps also holds those from before the swap (issue 15,
@@ -188,6 +201,29 @@ pub fn version_name(logic: &Logic) -> String {
     logic.info().sha256.chars().take(12).collect()
 }
 
+/// Of the inputs a rolled-back version quarantined (each with the length the journal had when
+/// it came), those the previous version is to be delivered (see [`Supervisor::rollback`]): not
+/// a tick, and not an observation of an object that an input after it, in `journal` or among
+/// the quarantined, observes again.
+fn to_deliver(quarantined: Vec<(usize, Input)>, journal: &[Input]) -> Vec<Input> {
+    let mut observed_after: BTreeSet<(&'static str, String)> = BTreeSet::new();
+    let mut journal_from = journal.len();
+    let mut deliver = Vec::new();
+    for (at, input) in quarantined.into_iter().rev() {
+        for later in &journal[at.min(journal_from)..journal_from] {
+            observed_after.extend(later.objects());
+        }
+        journal_from = journal_from.min(at);
+        let objects = input.objects();
+        if !matches!(input, Input::Tick { .. }) && !objects.iter().any(|o| observed_after.contains(o)) {
+            deliver.push(input);
+        }
+        observed_after.extend(objects);
+    }
+    deliver.reverse();
+    deliver
+}
+
 /// One input to the tracker, as the journal keeps it. The payload is shared: the journal is
 /// copied whole at a staged swap and for a probation, while inputs wait, and a deep copy of
 /// a journal that holds the initial lists was ~7 ms of each such pause on a 30,000-pod cluster.
@@ -234,6 +270,26 @@ impl Input {
             }
             Input::Tick { now_ms } => format!("tick at {now_ms}ms"),
         }
+    }
+
+    /// The objects it observes, by kind and key.
+    fn objects(&self) -> Vec<(&'static str, String)> {
+        let Input::Observe { batch, .. } = self else { return Vec::new() };
+        let key = |ns: &str, name: &str| format!("{ns}/{name}");
+        batch
+            .iter()
+            .filter_map(|observation| match observation {
+                wit::Observation::ServiceUpserted(s) => Some(("Service", key(&s.namespace, &s.name))),
+                wit::Observation::ServiceDeleted((ns, name)) => Some(("Service", key(ns, name))),
+                wit::Observation::SliceUpserted(s) => Some(("EndpointSlice", key(&s.namespace, &s.name))),
+                wit::Observation::SliceDeleted((ns, name)) => Some(("EndpointSlice", key(ns, name))),
+                wit::Observation::NodeUpserted(n) => Some(("Node", n.name.clone())),
+                wit::Observation::NodeDeleted(name) => Some(("Node", name.clone())),
+                wit::Observation::PodUpserted(p) => Some(("Pod", key(&p.namespace, &p.name))),
+                wit::Observation::PodDeleted((ns, name)) => Some(("Pod", key(ns, name))),
+                wit::Observation::ListsComplete => None,
+            })
+            .collect()
     }
 }
 
@@ -378,6 +434,8 @@ pub struct SupervisorStats {
     pub swaps: BTreeMap<&'static str, u64>,
     pub rollbacks: u64,
     pub rollbacks_failed: u64,
+    /// Why the last rollback (or failed one) was decided.
+    pub last_rollback: Option<String>,
 }
 
 struct Running {
@@ -425,6 +483,29 @@ struct Probation<'a> {
     journal: Vec<Input>,
     /// Of those, the new version's.
     served: usize,
+    /// The inputs the new version quarantined, in order, each with the length `journal` had
+    /// when it came: a rollback delivers them.
+    quarantined: Vec<(usize, Input)>,
+}
+
+impl Probation<'_> {
+    /// Why the new version is to be rolled back now, if it is, by the rules of the module
+    /// documentation.
+    fn failed(&self, allowed: u32) -> Option<String> {
+        let quarantined = self.quarantined.len();
+        let ticks = self.quarantined.iter().filter(|(_, input)| matches!(input, Input::Tick { .. })).count();
+        let ticks_allowed = PROBATION_TICK_QUARANTINES.min(allowed) as usize;
+        if ticks >= ticks_allowed {
+            Some(format!("{ticks} ticks were quarantined within its probation"))
+        } else if quarantined >= allowed as usize {
+            Some(format!(
+                "{quarantined} inputs were quarantined within its probation (of {} it served)",
+                self.served + quarantined
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 /// Owns the running logic; see the module documentation.
@@ -441,8 +522,8 @@ pub struct Supervisor<'a> {
     journal_items: usize,
     probation: Option<Probation<'a>>,
     probation_inputs: usize,
+    probation_quarantines: u32,
     policy: CheckpointPolicy,
-    failures_in_a_row: u32,
     /// `wake-at-ms` and `idle` of the last step: what a quarantined input leaves unchanged.
     last_wake: Option<u64>,
     last_idle: bool,
@@ -482,8 +563,8 @@ impl<'a> Supervisor<'a> {
             journal_items: 0,
             probation: None,
             probation_inputs: PROBATION_INPUTS,
+            probation_quarantines: PROBATION_QUARANTINES,
             policy,
-            failures_in_a_row: 0,
             last_wake: None,
             last_idle: false,
             quarantined: Vec::new(),
@@ -498,6 +579,13 @@ impl<'a> Supervisor<'a> {
     /// at least 1).
     pub fn with_probation_inputs(mut self, inputs: usize) -> Self {
         self.probation_inputs = inputs.max(1);
+        self
+    }
+
+    /// How many inputs a swapped-in version may quarantine within its probation before it is
+    /// rolled back (default [`PROBATION_QUARANTINES`]; at least 1).
+    pub fn with_probation_quarantines(mut self, quarantines: u32) -> Self {
+        self.probation_quarantines = quarantines.max(1);
         self
     }
 
@@ -662,7 +750,6 @@ impl<'a> Supervisor<'a> {
         })?;
         self.config = Some(config.clone());
         self.running = Some(Running { session, tracker });
-        self.failures_in_a_row = 0;
         self.checkpoint_now()
     }
 
@@ -714,7 +801,6 @@ impl<'a> Supervisor<'a> {
     /// Journals a delivered input; checkpoints when the policy says so.
     fn accept(&mut self, input: Input, step: &wit::Step) -> Result<(), SupervisorError> {
         self.stats.inputs += 1;
-        self.failures_in_a_row = 0;
         self.last_wake = step.wake_at_ms;
         self.last_idle = step.idle;
         self.idle_seen |= step.idle;
@@ -791,72 +877,96 @@ impl<'a> Supervisor<'a> {
         let parts = input.split();
         let mut step = wit::Step { commands: Vec::new(), wake_at_ms: self.last_wake, idle: self.last_idle };
         if parts.len() <= 1 {
-            self.quarantine(input, &error)?;
+            self.quarantine(input, &error, &mut step)?;
         } else {
             for part in parts {
-                let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
-                match running.call(&part) {
-                    Ok(part_step) => {
-                        self.trace_input(&part, Ok(&part_step));
-                        self.accept(part.clone(), &part_step)?;
-                        step.commands.extend(part_step.commands);
-                        step.wake_at_ms = part_step.wake_at_ms;
-                        step.idle = part_step.idle;
-                    }
-                    Err(error) => {
-                        self.trace_input(&part, Err(&error));
-                        self.stats.recoveries += 1;
-                        self.rebuild()?;
-                        self.trace_rebuild();
-                        self.quarantine(part, &error)?;
-                    }
-                }
+                self.deliver_part(part, &mut step)?;
             }
         }
         Ok(step)
     }
 
-    fn quarantine(&mut self, input: Input, error: &GuestError) -> Result<(), SupervisorError> {
-        let version = version_name(&self.logic);
-        tracing::error!(%version, input = %input.describe(), %error, "input quarantined: the logic traps on it");
-        self.stats.quarantined += 1;
-        self.quarantined.push(Quarantined { input, version, error: error.to_string() });
-        self.failures_in_a_row += 1;
-        if self.failures_in_a_row >= ROLLBACK_AFTER && self.probation.is_some() {
-            self.rollback();
+    /// Delivers one part of an input (one observation, one outcome, a tick), its step joining
+    /// `step`; quarantines it if it traps.
+    fn deliver_part(&mut self, part: Input, step: &mut wit::Step) -> Result<(), SupervisorError> {
+        let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
+        match running.call(&part) {
+            Ok(part_step) => {
+                self.trace_input(&part, Ok(&part_step));
+                self.accept(part.clone(), &part_step)?;
+                step.commands.extend(part_step.commands);
+                step.wake_at_ms = part_step.wake_at_ms;
+                step.idle = part_step.idle;
+            }
+            Err(error) => {
+                self.trace_input(&part, Err(&error));
+                self.stats.recoveries += 1;
+                self.rebuild()?;
+                self.trace_rebuild();
+                self.quarantine(part, &error, step)?;
+            }
         }
         Ok(())
     }
 
-    /// Back to the version the last swap replaced: its state at the swap, and every input since
-    /// (but the quarantined ones) replayed into it. On failure the current version stays.
-    fn rollback(&mut self) {
-        let Some(probation) = self.probation.take() else { return };
-        let Some(config) = self.config.as_ref() else { return };
-        let (from, to) = (version_name(&self.logic), version_name(&probation.previous));
-        match Running::rebuild(&probation.previous, config, &probation.state, &probation.journal) {
-            Ok(running) => {
-                tracing::error!(%from, %to, failures = self.failures_in_a_row, "rolled back to the previous version");
-                self.stats.rollbacks += 1;
-                if let Some(Traced { recorder, handle: Some(handle), .. }) = &mut self.trace {
-                    let new = recorder.new_handle();
-                    recorder.rollback(*handle, new);
-                    *handle = new;
-                }
-                self.logic = probation.previous;
-                self.running = Some(running);
-                self.checkpoint = probation.state;
-                self.journal_items = probation.journal.iter().map(Input::items).sum();
-                // What the previous version answered them is not known.
-                self.journal_steps = vec![None; probation.journal.len()];
-                self.journal = probation.journal;
-                self.failures_in_a_row = 0;
-            }
-            Err(error) => {
-                tracing::error!(%from, %to, %error, "rolling back failed; the current version keeps serving");
-                self.stats.rollbacks_failed += 1;
-            }
+    /// Sets `input` aside as one the serving version traps on. On probation it is kept for the
+    /// previous version, and may roll the new one back, in which case what the previous version
+    /// answers the inputs it is delivered joins `step`.
+    fn quarantine(&mut self, input: Input, error: &GuestError, step: &mut wit::Step) -> Result<(), SupervisorError> {
+        let version = version_name(&self.logic);
+        tracing::error!(%version, input = %input.describe(), %error, "input quarantined: the logic traps on it");
+        self.stats.quarantined += 1;
+        let failed = self.probation.as_mut().and_then(|probation| {
+            probation.quarantined.push((probation.journal.len(), input.clone()));
+            probation.failed(self.probation_quarantines)
+        });
+        self.quarantined.push(Quarantined { input, version, error: error.to_string() });
+        match failed {
+            Some(reason) => self.rollback(reason, step),
+            None => Ok(()),
         }
+    }
+
+    /// Back to the version the last swap replaced: its state at the swap, and every input the
+    /// new version took replayed into it. Then it is delivered what the new version quarantined
+    /// (their steps join `step`; what traps it too is quarantined again), but for what it need
+    /// not be told: an observation of an object that a later input observed again (that one
+    /// holds the object as it is now, and the older one must not undo it) and a tick (the next
+    /// one comes). On failure the current version stays.
+    fn rollback(&mut self, reason: String, step: &mut wit::Step) -> Result<(), SupervisorError> {
+        let Some(probation) = self.probation.take() else { return Ok(()) };
+        let Some(config) = self.config.as_ref() else { return Ok(()) };
+        let (from, to) = (version_name(&self.logic), version_name(&probation.previous));
+        let running = match Running::rebuild(&probation.previous, config, &probation.state, &probation.journal) {
+            Ok(running) => running,
+            Err(error) => {
+                tracing::error!(%from, %to, %reason, %error, "rolling back failed; the current version keeps serving");
+                self.stats.rollbacks_failed += 1;
+                self.stats.last_rollback = Some(reason);
+                return Ok(());
+            }
+        };
+        let Probation { previous, state, journal, quarantined, .. } = probation;
+        let deliver = to_deliver(quarantined, &journal);
+        tracing::error!(%from, %to, %reason, delivered = deliver.len(), "rolled back to the previous version");
+        self.stats.rollbacks += 1;
+        self.stats.last_rollback = Some(reason);
+        if let Some(Traced { recorder, handle: Some(handle), .. }) = &mut self.trace {
+            let new = recorder.new_handle();
+            recorder.rollback(*handle, new);
+            *handle = new;
+        }
+        self.logic = previous;
+        self.running = Some(running);
+        self.checkpoint = state;
+        self.journal_items = journal.iter().map(Input::items).sum();
+        // What the previous version answered them is not known.
+        self.journal_steps = vec![None; journal.len()];
+        self.journal = journal;
+        for input in deliver {
+            self.deliver_part(input, step)?;
+        }
+        Ok(())
     }
 
     /// Loads `bytes` (checked and compiled by [`Runtime::load`]) and swaps to it.
@@ -1003,7 +1113,8 @@ impl<'a> Supervisor<'a> {
         let previous = std::mem::replace(&mut self.logic, new);
         // The previous version rebuilds, on a rollback, from the same checkpoint and journal.
         let journal = self.journal.clone();
-        self.probation = Some(Probation { previous, state: self.checkpoint.clone(), journal, served: 0 });
+        self.probation =
+            Some(Probation { previous, state: self.checkpoint.clone(), journal, served: 0, quarantined: Vec::new() });
         self.running = Some(prepared.running);
         // Else the checkpoint and the journal stay: the new version took them, so it rebuilds
         // from them. Its first input is the self-check tick.

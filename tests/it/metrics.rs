@@ -189,7 +189,7 @@ fn a_rollback_the_supervisor_does_on_its_own_is_recorded_for_status_and_the_even
     let record = status.last_swap.expect("the rollback is the last swap result");
     assert_eq!(record.origin, "supervisor");
     assert!(
-        matches!(&record.result, SwapResult::RolledBack { from: f, to: t, reason } if *f == from && *t == to && reason.contains("3 inputs in a row")),
+        matches!(&record.result, SwapResult::RolledBack { from: f, to: t, reason } if *f == from && *t == to && reason.contains("3 inputs were quarantined within its probation")),
         "{record:?}"
     );
     assert_eq!(status.active.map(|a| a.version), Some(to));

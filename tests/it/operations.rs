@@ -159,6 +159,35 @@ async fn create_service(client: &::kube::Client, namespace: &str, name: &str, an
     Api::<Service>::namespaced(client.clone(), namespace).create(&PostParams::default(), &service).await.unwrap();
 }
 
+/// Waits until each of the Services named has its one ingress IP.
+async fn provisioned(client: &::kube::Client, namespace: &str, names: &[&str]) {
+    let services = Api::<Service>::namespaced(client.clone(), namespace);
+    for name in names {
+        eventually(&format!("the Service {name} provisioned"), async || {
+            let service = services.get(name).await.map_err(|e| e.to_string())?;
+            if ingress_ips(&service).len() == 1 { Ok(()) } else { Err(format!("{:?}", service.status)) }
+        })
+        .await;
+    }
+}
+
+/// Deletes the Services whose names start with `prefix` and waits until they are gone (the
+/// serving logic releases its finalizer), before the next test's host lists them.
+async fn delete_services(client: &::kube::Client, namespace: &str, prefix: &str) {
+    let services = Api::<Service>::namespaced(client.clone(), namespace);
+    let named = |listed: &::kube::api::ObjectList<Service>| -> Vec<String> {
+        listed.items.iter().filter_map(|s| s.metadata.name.clone()).filter(|n| n.starts_with(prefix)).collect()
+    };
+    for name in named(&services.list(&Default::default()).await.unwrap()) {
+        services.delete(&name, &DeleteParams::default()).await.unwrap();
+    }
+    eventually(&format!("the Services {prefix}* gone"), async || {
+        let left = named(&services.list(&Default::default()).await.map_err(|e| e.to_string())?);
+        if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
+    })
+    .await;
+}
+
 /// The value of the one sample of `name` whose line contains every fragment.
 fn sample(exposition: &str, name: &str, fragments: &[&str]) -> f64 {
     let found: Vec<f64> = exposition
@@ -532,10 +561,10 @@ fn a_swap_requested_while_services_are_created_is_staged_every_service_is_provis
     });
 }
 
-// Regression: issue 15, defect 1 — the probation journal began as a copy of the inputs since
-// the last checkpoint, so a swap into a busy controller ended its probation at once and three
-// quarantines in a row never rolled back. And defect 7: a staged swap after a restart reported
-// the empty start-up checkpoint's size as the state it moved.
+// Regression: the probation journal began as a copy of the inputs since the last checkpoint, so
+// a swap into a busy controller ended its probation at once and three quarantines never rolled
+// back. And: a staged swap after a restart reported the empty start-up checkpoint's size as the
+// state it moved.
 #[test]
 fn a_staged_swap_in_run_serves_its_probation_on_its_own_inputs_and_three_traps_in_it_roll_back() {
     in_namespace("probation", async |client, ns| {
@@ -576,32 +605,78 @@ fn a_staged_swap_in_run_serves_its_probation_on_its_own_inputs_and_three_traps_i
             (Some(1), Some(3)),
             "{status}"
         );
-        assert!(status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("3 inputs in a row")), "{status}");
+        let reason = status["lastSwap"]["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("3 inputs were quarantined within its probation"), "{status}");
 
-        // The built-in logic serves what follows, with every Service the new version took.
+        // The built-in logic serves what follows, with every Service the new version took, and
+        // the three it quarantined, which the rollback delivered to it.
         create_service(client, ns, "after", json!({})).await;
-        let services = Api::<Service>::namespaced(client.clone(), ns);
-        eventually("the Service created after the rollback provisioned", async || {
-            let after = services.get("after").await.map_err(|e| e.to_string())?;
-            if ingress_ips(&after).len() == 1 { Ok(()) } else { Err(format!("{:?}", after.status)) }
-        })
-        .await;
-        // Gone before the next test's host (maybe the next guest) lists them: nobody took them,
-        // so they hold no finalizer.
-        for n in 0..3 {
-            services.delete(&format!("boom-{n}"), &DeleteParams::default()).await.unwrap();
-        }
-        eventually("the trapping Services gone", async || {
-            let listed = services.list(&Default::default()).await.map_err(|e| e.to_string())?;
-            let left: Vec<_> =
-                listed.items.iter().filter_map(|s| s.metadata.name.clone()).filter(|n| n.starts_with("boom")).collect();
-            if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
-        })
-        .await;
+        provisioned(client, ns, &["after", "boom-0", "boom-1", "boom-2"]).await;
+        delete_services(client, ns, "boom").await;
         host.stop().await;
     });
 }
 
+
+// Regression: a swapped-in version was rolled back only after three quarantined inputs *in a
+// row*; in a busy controller other inputs always come between two bad ones, so a version that
+// trapped on every new Service of a kind kept serving, and its probation ended.
+#[test]
+fn a_swapped_in_version_in_run_that_quarantines_three_services_among_a_churn_of_endpoint_changes_is_rolled_back() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    in_namespace("churn", async |client, ns| {
+        let host = Host::start(client, Options::default()).await;
+        create_service(client, ns, "web", json!({})).await;
+        provisioned(client, ns, &["web"]).await;
+        let web = Api::<Service>::namespaced(client.clone(), ns).get("web").await.unwrap();
+        let uid = web.metadata.uid.expect("a UID");
+
+        let file = temp_dir(ns).join("logic.wasm");
+        std::fs::write(&file, NEXT_GUEST).unwrap();
+        let args = vec!["--to".into(), file.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+        let (code, out, err) = clb_host_swap(args).await;
+        assert_eq!(code, 0, "{out}{err}");
+
+        // A churn of endpoint changes on `web` for as long as the traps take: a bounded loop.
+        let slices = Api::<EndpointSlice>::namespaced(client.clone(), ns);
+        let churn = {
+            let (slices, uid) = (slices.clone(), uid.clone());
+            tokio::spawn(async move {
+                for round in 0..300u32 {
+                    let slice: EndpointSlice = manifest(json!({
+                        "metadata": {
+                            "name": "web-churn",
+                            "labels": {"kubernetes.io/service-name": "web"},
+                            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": uid}],
+                        },
+                        "addressType": "IPv4",
+                        "endpoints": [{"addresses": [format!("10.244.9.{}", 1 + round % 200)], "conditions": {"ready": true}}],
+                    }));
+                    let params = ::kube::api::PatchParams::apply("churn").force();
+                    slices.patch("web-churn", &params, &::kube::api::Patch::Apply(&slice)).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        };
+        let inputs = |status: &Value| status["inputs"].as_u64().unwrap_or_default();
+        let before = inputs(&host.status().await);
+        let trap = json!({"clb.test/panic-on-observe": "true"});
+        for n in 0..3 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            create_service(client, ns, &format!("boom-{n}"), trap.clone()).await;
+        }
+        let status = host.last_swap("rolled-back", None).await;
+        churn.abort();
+        assert_eq!(status["active"]["sha256"], builtin().info().sha256, "{status}");
+        assert_eq!((status["rollbacks"].as_u64(), status["quarantinedInputs"].as_u64()), (Some(1), Some(3)), "{status}");
+        assert!(inputs(&status) > before + 10, "the churn's inputs were served between the traps: {status}");
+        // The three Services are the built-in logic's now, and so is the churn.
+        provisioned(client, ns, &["boom-0", "boom-1", "boom-2"]).await;
+        delete_services(client, ns, "boom").await;
+        slices.delete("web-churn", &DeleteParams::default()).await.unwrap();
+        host.stop().await;
+    });
+}
 #[test]
 fn a_staged_swap_the_self_check_refuses_leaves_the_old_version_serving_with_every_input_it_took() {
     in_namespace("refused-during", async |client, ns| {

@@ -20,6 +20,9 @@ pub(crate) fn node(name: &str, ip: &str) -> wit::Observation {
     wit::Observation::NodeUpserted(wit::Node { name: name.into(), internal_ips: vec![ip.into()] })
 }
 
+/// A tick from this time traps the next guest (`tests/next-guest`, `PANIC_TICK_FROM_MS`).
+const PANIC_TICK_FROM_MS: u64 = 1 << 61;
+
 /// A LoadBalancer Service; `uid` is a UUID's last digits. The next guest traps on `boom*`.
 pub(crate) fn service(name: &str, uid: u32) -> wit::Observation {
     let mut service = read_service("etp-local.yaml");
@@ -104,26 +107,103 @@ fn a_trap_in_the_middle_of_a_batch_loses_nothing_but_the_observation_that_trappe
     assert!(supervisor.take_quarantined().is_empty());
 }
 
+/// The commands of `steps` about the Services named (their UIDs' last digits), as text.
+fn naming(steps: &[wit::Step], uids: &[u32]) -> Vec<String> {
+    let uids: Vec<String> = uids.iter().map(|uid| format!("{uid:012}")).collect();
+    steps
+        .iter()
+        .flat_map(|step| &step.commands)
+        .map(|issued| format!("{:?}", issued.command))
+        .filter(|text| uids.iter().any(|uid| text.contains(uid.as_str())))
+        .collect()
+}
+
 #[test]
-fn three_traps_in_a_row_on_a_swapped_in_version_roll_back_to_the_previous_one() {
+fn three_quarantines_on_a_swapped_in_version_roll_it_back_and_the_previous_one_is_delivered_them() {
     let mut supervisor = started(builtin(), CheckpointPolicy::default());
     let mut reference = started(builtin(), CheckpointPolicy::default());
     supervisor.swap(next(), 0).expect("the next guest is accepted");
     assert_eq!(version_name(supervisor.logic()), version_name(next()));
     supervisor.observe(5, &[service("web", 1)]).unwrap();
     reference.observe(5, &[service("web", 1)]).unwrap();
+    let mut steps = Vec::new();
+    let mut expected = Vec::new();
     for n in 0..3 {
-        supervisor.observe(10, &[service(&format!("boom-{n}"), 10 + n)]).unwrap();
+        let input = [service(&format!("boom-{n}"), 10 + n)];
+        steps.push(supervisor.observe(10, &input).unwrap());
+        expected.push(reference.observe(10, &input).unwrap());
     }
     assert_eq!(supervisor.stats().quarantined, 3);
     assert_eq!(supervisor.stats().rollbacks, 1);
     assert_eq!(version_name(supervisor.logic()), version_name(builtin()), "back on the built-in logic");
+    // The Services the new version trapped on are the previous one's now: what it answers
+    // them is handed out with the step of the input that rolled back, as the reference (which
+    // never trapped) answered them one by one.
+    assert!(naming(&steps[..2], &[10, 11, 12]).is_empty(), "nothing for them before the rollback");
+    let boom = naming(&expected, &[10, 11, 12]);
+    assert!(!boom.is_empty());
+    assert_eq!(naming(&steps[2..], &[10, 11, 12]), boom);
     // The input the new version took before the traps was replayed into the old one.
     let input = [service("api", 2)];
     assert_eq!(supervisor.observe(20, &input).unwrap(), reference.observe(20, &input).unwrap());
     let state = supervisor.export_state().unwrap();
     assert_eq!(state.version, STATE_VERSION);
     assert_eq!(state, reference.export_state().unwrap());
+}
+
+// Regression: the rule was three quarantined inputs *in a row*, so a swapped-in version that
+// trapped on every third input of a busy controller (other inputs served between the traps, as
+// in any real cluster) was never rolled back, and its probation ended with it serving.
+#[test]
+fn a_swapped_in_version_that_quarantines_three_inputs_with_others_served_between_them_is_rolled_back() {
+    let mut supervisor = started(builtin(), CheckpointPolicy::default());
+    supervisor.swap(next(), 0).expect("the next guest is accepted");
+    supervisor.observe(5, &[service("web", 1)]).unwrap();
+    let mut steps = Vec::new();
+    for n in 0..3u32 {
+        let now = 10 + u64::from(n) * 10;
+        steps.push(supervisor.observe(now, &[service(&format!("boom-{n}"), 10 + n)]).unwrap());
+        assert_eq!(supervisor.stats().rollbacks, u64::from(n == 2), "after {} quarantines", n + 1);
+        // Ordinary inputs between the traps: endpoint changes and a tick.
+        let address = format!("10.244.1.{}", 10 + n);
+        steps.push(supervisor.observe(now + 1, &[slice("web", 1, &address, "n1")]).unwrap());
+        steps.push(supervisor.tick(now + 2).unwrap());
+    }
+    assert_eq!(supervisor.stats().quarantined, 3);
+    assert_eq!(version_name(supervisor.logic()), version_name(builtin()), "rolled back");
+    assert!(supervisor.previous_logic().is_none());
+    // Each of the three Services was delivered to the built-in logic, which takes it on (its
+    // finalizer first).
+    for uid in [10, 11, 12] {
+        assert!(
+            naming(&steps, &[uid]).iter().any(|c| c.starts_with("Command::SetFinalizer")),
+            "{uid}: {:?}",
+            naming(&steps, &[uid])
+        );
+    }
+}
+
+#[test]
+fn two_ticks_quarantined_roll_a_swapped_in_version_back_and_more_quarantines_may_be_allowed() {
+    let mut supervisor = started(builtin(), CheckpointPolicy::default());
+    supervisor.swap(next(), 0).expect("the next guest is accepted");
+    supervisor.tick(PANIC_TICK_FROM_MS).unwrap();
+    assert_eq!((supervisor.stats().quarantined, supervisor.stats().rollbacks), (1, 0));
+    supervisor.observe(PANIC_TICK_FROM_MS, &[service("web", 1)]).unwrap();
+    supervisor.tick(PANIC_TICK_FROM_MS + 1).unwrap();
+    assert_eq!((supervisor.stats().quarantined, supervisor.stats().rollbacks), (2, 1), "a version that traps on time");
+    assert_eq!(version_name(supervisor.logic()), version_name(builtin()));
+    assert!(supervisor.stats().last_rollback.as_deref().is_some_and(|r| r.contains("2 ticks")), "{:?}", supervisor.stats());
+
+    // With five allowed, four quarantined Services keep the new version serving.
+    let mut lenient = start(Supervisor::new(builtin()).with_probation_quarantines(5));
+    lenient.swap(next(), 0).expect("the next guest is accepted");
+    for n in 0..4 {
+        lenient.observe(10, &[service(&format!("boom-{n}"), 10 + n)]).unwrap();
+    }
+    assert_eq!((lenient.stats().quarantined, lenient.stats().rollbacks), (4, 0));
+    lenient.observe(10, &[service("boom-4", 14)]).unwrap();
+    assert_eq!((lenient.stats().quarantined, lenient.stats().rollbacks), (5, 1));
 }
 
 /// Swaps each refusal case on a supervisor (at `now_ms`), then proves the old version serves

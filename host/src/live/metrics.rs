@@ -31,7 +31,7 @@
 //!   recorded like a swap.
 
 use crate::live::swap::{SwapRecord, SwapResult};
-use crate::supervisor::{ROLLBACK_AFTER, Snapshot, VersionSnapshot};
+use crate::supervisor::{Snapshot, VersionSnapshot};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -199,10 +199,11 @@ impl Metrics {
         let name = |v: Option<&VersionSnapshot>| v.map_or_else(|| "none".to_owned(), |v| v.version.clone());
         let (before, after) = (&published.last, &snapshot);
         let mut rollbacks = Vec::new();
+        let why = after.supervisor.last_rollback.clone().unwrap_or_default();
         if after.supervisor.rollbacks > before.supervisor.rollbacks {
             let from = name(before.serving.as_ref());
             rollbacks.push(SwapResult::RolledBack {
-                reason: format!("{ROLLBACK_AFTER} inputs in a row were quarantined on {from} during its probation"),
+                reason: format!("on {from}, {why}"),
                 from,
                 to: name(after.serving.as_ref()),
             });
@@ -210,9 +211,7 @@ impl Metrics {
         if after.supervisor.rollbacks_failed > before.supervisor.rollbacks_failed {
             rollbacks.push(SwapResult::RollbackFailed {
                 version: name(after.serving.as_ref()),
-                reason: format!(
-                    "{ROLLBACK_AFTER} inputs in a row were quarantined, and the previous version could not be rebuilt"
-                ),
+                reason: format!("{why}, and the previous version could not be rebuilt"),
             });
         }
         published.last = snapshot;

@@ -479,7 +479,8 @@ async fn reconcile(
         Some(swapped) => Supervisor::new(swapped),
         None => Supervisor::new(logic),
     }
-    .with_probation_inputs(settings.probation_inputs);
+    .with_probation_inputs(settings.probation_inputs)
+    .with_probation_quarantines(settings.probation_quarantines);
     if let Some(recorder) = &settings.stats.trace {
         supervisor.record_into(recorder.clone());
     }

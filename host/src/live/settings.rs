@@ -104,6 +104,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Inputs a swapped-in version serves on probation ([`Supervisor::with_probation_inputs`](crate::supervisor::Supervisor::with_probation_inputs)).
     pub probation_inputs: usize,
+    /// Inputs it may quarantine within it ([`Supervisor::with_probation_quarantines`](crate::supervisor::Supervisor::with_probation_quarantines)).
+    pub probation_quarantines: u32,
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
     /// The Azure resource lock (upstream §f) the backend-pool updater of multi-SLB
@@ -131,6 +133,7 @@ impl Settings {
             instance: instance.into(),
             shutdown_grace: SHUTDOWN_GRACE,
             probation_inputs: crate::supervisor::PROBATION_INPUTS,
+            probation_quarantines: crate::supervisor::PROBATION_QUARANTINES,
             leader_election: None,
             resource_lock: LeaseLockConfig::default(),
             slb_configurations: Vec::new(),

@@ -424,9 +424,27 @@ pub struct Expectation {
     /// the run began, exactly (faulted calls count).
     #[serde(default)]
     pub azure_calls: BTreeMap<crate::azure::Operation, u64>,
+    /// The logic serving and what its supervisor did: rollbacks, quarantined inputs.
+    #[serde(default)]
+    pub logic: Option<LogicExpectation>,
     /// Check the invariants (see `simulate`).
     #[serde(default)]
     pub invariants: bool,
+}
+
+/// `logic: {serving, rollbacks, quarantinedInputs}`: each given one must hold exactly.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LogicExpectation {
+    /// The component serving: `builtin`, a registered name, or a file (as a `swap` names it).
+    #[serde(default)]
+    pub serving: Option<ComponentSource>,
+    /// Rollbacks since the run began.
+    #[serde(default)]
+    pub rollbacks: Option<u64>,
+    /// Inputs quarantined since the run began.
+    #[serde(default)]
+    pub quarantined_inputs: Option<u64>,
 }
 
 /// What a Pod's finalizers must be.
@@ -658,9 +676,15 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     let mut steps = raw.steps;
     let folder = path.parent().unwrap_or(Path::new(""));
     for step in &mut steps {
-        if let Step::Swap(SwapStep { component: ComponentSource::File(file), .. }) = step {
-            *file = folder.join(&*file);
-        }
+        let file = match step {
+            Step::Swap(SwapStep { component: ComponentSource::File(file), .. }) => file,
+            Step::Expect(expectation) => match &mut expectation.logic {
+                Some(LogicExpectation { serving: Some(ComponentSource::File(file)), .. }) => file,
+                _ => continue,
+            },
+            _ => continue,
+        };
+        *file = folder.join(&*file);
     }
     Ok(Scenario {
         path: path.to_owned(),

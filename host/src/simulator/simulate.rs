@@ -114,6 +114,10 @@ pub trait Reconciler {
     fn take_quarantined(&mut self) -> Vec<String> {
         Vec::new()
     }
+    /// Which logic serves and what its supervisor did; `None`: this reconciler has none.
+    fn logic_status(&self) -> Option<LogicStatus> {
+        None
+    }
     /// The logic the backend-pool updater of multi-SLB local-service mode runs in; `None`: this
     /// reconciler cannot run that mode.
     fn pool_logic(&self) -> Option<&Logic> {
@@ -125,6 +129,15 @@ pub trait Reconciler {
     }
 }
 
+/// What [`Reconciler::logic_status`] tells: the serving component, as a `swap` step named it
+/// (`builtin`, a registered name, a file), and the supervisor's counts since the run began.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogicStatus {
+    pub serving: String,
+    pub rollbacks: u64,
+    pub quarantined: u64,
+}
+
 /// The component behind a [`Supervisor`]: a new instance (as a restarted process has) per
 /// start, trap recovery, and swaps to the built-in logic, to files, or to components the caller
 /// registered by name (the test guests).
@@ -132,11 +145,15 @@ pub struct ComponentReconciler<'a> {
     supervisor: Supervisor<'a>,
     runtime: Option<&'a Runtime>,
     named: BTreeMap<String, &'a [u8]>,
+    /// sha256 → the name a `swap` step gave the component (`builtin` for the built-in one).
+    names: BTreeMap<String, String>,
 }
 
 impl<'a> ComponentReconciler<'a> {
     pub fn new(logic: &'a Logic) -> Self {
-        Self { supervisor: Supervisor::new(logic), runtime: None, named: BTreeMap::new() }
+        let builtin = crate::sandbox::sha256_hex(crate::BUILTIN_GUEST);
+        let names = BTreeMap::from([(builtin, "builtin".to_owned())]);
+        Self { supervisor: Supervisor::new(logic), runtime: None, named: BTreeMap::new(), names }
     }
 
     /// Lets `swap` steps load components with `runtime`; `named` are the names besides
@@ -207,7 +224,9 @@ impl Reconciler for ComponentReconciler<'_> {
             ComponentSource::Named(name) => name.clone(),
             ComponentSource::File(path) => path.display().to_string(),
         };
-        self.supervisor.name_component(&crate::sandbox::sha256_hex(&bytes), &name);
+        let sha256 = crate::sandbox::sha256_hex(&bytes);
+        self.supervisor.name_component(&sha256, &name);
+        self.names.insert(sha256, name);
         match self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms) {
             Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
             Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
@@ -225,6 +244,13 @@ impl Reconciler for ComponentReconciler<'_> {
 
     fn pool_logic(&self) -> Option<&Logic> {
         Some(self.supervisor.logic())
+    }
+
+    fn logic_status(&self) -> Option<LogicStatus> {
+        let sha256 = &self.supervisor.logic().info().sha256;
+        let serving = self.names.get(sha256).cloned().unwrap_or_else(|| sha256.clone());
+        let stats = self.supervisor.stats();
+        Some(LogicStatus { serving, rollbacks: stats.rollbacks, quarantined: stats.quarantined })
     }
 
     fn recorder(&self) -> Option<Arc<Recorder>> {
@@ -828,6 +854,25 @@ impl Simulation<'_> {
                 want.reason
             );
             check(what, (!holds).then(|| format!("events on {object}: {found:?}")));
+        }
+        if let Some(want) = &expectation.logic {
+            match self.logic.logic_status() {
+                None => check("logic".into(), Some("this run's reconciler has no supervised logic".into())),
+                Some(status) => {
+                    if let Some(serving) = &want.serving {
+                        let found = (status.serving != serving.to_string()).then(|| format!("found {}", status.serving));
+                        check(format!("logic.serving = {serving}"), found);
+                    }
+                    if let Some(rollbacks) = want.rollbacks {
+                        let found = (status.rollbacks != rollbacks).then(|| format!("found {}", status.rollbacks));
+                        check(format!("logic.rollbacks = {rollbacks}"), found);
+                    }
+                    if let Some(quarantined) = want.quarantined_inputs {
+                        let found = (status.quarantined != quarantined).then(|| format!("found {}", status.quarantined));
+                        check(format!("logic.quarantinedInputs = {quarantined}"), found);
+                    }
+                }
+            }
         }
         if !expectation.azure_calls.is_empty() {
             let calls = self.emulator.state().requests;

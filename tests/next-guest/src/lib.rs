@@ -7,8 +7,10 @@
 //!   itself); it imports every version the real tracker imports and refuses newer ones;
 //! * **one changed rule**: a Service carrying [`tracker::LEGACY_ANNOTATION`] gets an extra
 //!   Warning Event [`tracker::LEGACY_REASON`] each time it is observed;
-//! * **a trap trigger**: observing a Service carrying [`tracker::PANIC_ANNOTATION`] panics, so
-//!   the host's trap recovery can be tested on an input the real guest handles;
+//! * **two trap triggers**: observing a Service carrying [`tracker::PANIC_ANNOTATION`] panics,
+//!   and so does a tick at a time from [`tracker::PANIC_TICK_FROM_MS`] (below the destructive
+//!   tick's), so the host's trap recovery and rollback can be tested on inputs the real guest
+//!   handles;
 //! * **a destructive tick**: a tick at or after [`tracker::DESTRUCTIVE_TICK_FROM_MS`] also
 //!   proposes deleting the load balancer [`tracker::DESTRUCTIVE_TICK_TARGET`], which the real
 //!   guest never does, so the host's swap self-check can be tested end to end.

@@ -16,6 +16,9 @@ pub const LEGACY_ANNOTATION: &str = "clb.test/legacy";
 pub const LEGACY_REASON: &str = "LegacyAnnotation";
 /// Observing a Service carrying it panics (the trap trigger).
 pub const PANIC_ANNOTATION: &str = "clb.test/panic-on-observe";
+/// A tick at a time from this one up to [`DESTRUCTIVE_TICK_FROM_MS`] panics (the trap trigger
+/// for time itself: a version whose ticks trap). No real clock gets there.
+pub const PANIC_TICK_FROM_MS: u64 = 1 << 61;
 /// A tick at or after this time proposes deleting [`DESTRUCTIVE_TICK_TARGET`] (the destructive
 /// tick): no real clock gets there, so only a test that asks for it sees it. With the
 /// `destructive-tick` feature every tick does: the kind of regression the host's swap
@@ -80,6 +83,9 @@ impl Tracker {
     }
 
     pub fn tick(&mut self, now_ms: u64) -> Step {
+        if (PANIC_TICK_FROM_MS..DESTRUCTIVE_TICK_FROM_MS).contains(&now_ms) {
+            panic!("next guest: asked to trap by a tick at {now_ms} ms");
+        }
         let mut step = self.inner.tick(now_ms);
         if cfg!(feature = "destructive-tick") || now_ms >= DESTRUCTIVE_TICK_FROM_MS {
             let command = Command::DeleteResource(ResourceRef {
