@@ -20,10 +20,11 @@
 //!   whatever it served between them (a busy controller always serves something between), or
 //!   [`PROBATION_TICK_QUARANTINES`] ticks: a tick carries no object or outcome to blame, so a
 //!   version that traps on one traps on time itself. The previous version is rebuilt from its
-//!   state at the swap with every input since replayed in order, and the inputs the new version
-//!   quarantined are *delivered* to it there, not dropped: their steps go to the caller, so no
-//!   Service is left unreconciled by a rollback (what traps the previous version too is
-//!   quarantined again).
+//!   state at the swap with every input the new version took replayed, and is then *delivered*
+//!   the inputs the new version quarantined, not dropped: their steps go to the caller, so no
+//!   Service is left unreconciled by a rollback. Ticks, and observations of an object a later
+//!   input observed again, are not delivered; what traps the previous version too is
+//!   quarantined again.
 //! * **Hot swap.** [`Supervisor::swap`] moves the state of the running version into a new one
 //!   (old `export-state` → new `import-state`, which owns migrations), requires that the new
 //!   version hold a state version no older than the one it imported (else it would lose state),
