@@ -157,6 +157,9 @@ impl PodFinalizers {
             return;
         }
         let held = self.pods.entry(key.clone()).or_insert_with(|| Held::new(&pod.uid));
+        // The same object in another spelling: a write is guarded by the UID as the API server
+        // gives it now (the host compares it exactly), as a Service's is.
+        held.uid = Name::new(&pod.uid);
         held.has = has;
         held.live = after.is_some();
         held.deleting = pod.deleting;

@@ -531,3 +531,23 @@ fn a_pod_whose_finalizer_add_fails_after_it_was_read_holding_it_and_deleting_is_
     assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.11"));
     assert!(tracker.pods.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
 }
+
+// Regression: fuzz smoke, tracker target (fuzz/regressions/tracker/
+// a-pod-read-again-with-its-uid-in-another-spelling). A pod was read with its UID in one spelling
+// and then, being deleted and holding the finalizer, in another: the tracker took it for the same
+// object (UIDs compare case-insensitively) but kept the first spelling, and its release, guarded
+// by that UID, was refused by the API server as another object's (409 UIDMismatch). The record
+// ended there and the pod stayed Terminating for ever.
+#[test]
+fn a_pod_read_again_with_its_uid_in_another_spelling_is_released_under_the_spelling_read_last() {
+    let mut tracker = provisioned();
+    let upper = Pod { uid: "UID-Q".into(), ..pod("q", "10.244.2.11") };
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(upper)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("q".to_owned(), "UID-Q".to_owned(), true)]);
+    let lower = Pod { uid: "uid-q".into(), ..deleting(pod("q", "10.244.2.11")) };
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(lower)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("q".to_owned(), "uid-q".to_owned(), false)], "{issued:?}");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
+}
