@@ -193,6 +193,9 @@ pub struct Hostile {
     collided: bool,
     /// The host's clock went back at some point (the tracker's clock then runs ahead of it).
     stepped_back: bool,
+    /// The host's clock was at `u64::MAX` since the tracker was last made from its state: the
+    /// tracker's clock is there for good (it never goes back), whatever the host's says now.
+    ended: bool,
     now: u64,
     /// An answer claimed a 404 the world did not give, or a literal outcome answered a command.
     lied: bool,
@@ -357,7 +360,9 @@ impl Hostile {
     }
 
     fn note(&mut self, failure: &model::Failure) {
-        if failure.status == 404 {
+        // A 404, or the host's UID guard saying the object is another one now (409
+        // `UIDMismatch`), tells the tracker the object it wrote about is gone: a lie when it is not.
+        if failure.status == 404 || failure.code.as_deref() == Some("UIDMismatch") {
             self.lied = true;
         }
         const TERMINAL: &[&str] =
@@ -452,6 +457,7 @@ impl Hostile {
                     Time::Set(ms) => ms,
                 };
                 self.stepped_back |= self.now < before;
+                self.ended |= self.now == u64::MAX;
             }
             Step::RoundTrip => self.round_trip(),
             Step::Deliver => self.deliver_pending(),
@@ -465,6 +471,8 @@ impl Hostile {
 
     fn round_trip(&mut self) {
         self.tracker = assert_round_trip(&self.tracker, &self.config, self.now, !self.stepped_back);
+        // An imported tracker's clock starts from the host's.
+        self.ended = self.now == u64::MAX;
     }
 
     /// Every command answered truthfully, time running, until the tracker is idle; false when it
@@ -501,15 +509,16 @@ impl Hostile {
             if self.in_flight.is_empty() {
                 let next = wake.filter(|w| *w > self.now).unwrap_or(self.now.saturating_add(1_000));
                 self.now = next.min(self.now.saturating_add(60_000));
+                self.ended |= self.now == u64::MAX;
             }
         }
         // A refused location waits for the next read of NRP, and there is none at the end of
         // time (the tracker's clock is the host's, or ahead of it after a step back). And once
-        // the clock is at `u64::MAX` no time passes at all, so a write budget that is empty
-        // (spent by a burst, or emptied by a 429) never refills. No host's clock gets there;
-        // the harness's does.
+        // the tracker's clock is at `u64::MAX` (the host's was, even if it went back since) no
+        // time passes at all, so a write budget that is empty (spent by a burst, or emptied by a
+        // 429) never refills. No host's clock gets there; the harness's does.
         let end_of_time = self.now > u64::MAX / 2 || self.stepped_back;
-        if self.lied || (self.refused && end_of_time) || self.now == u64::MAX {
+        if self.lied || (self.refused && end_of_time) || self.ended {
             return false;
         }
         panic!(
@@ -581,6 +590,7 @@ pub fn run_hostile(program: &Program) {
         dead: BTreeSet::new(),
         collided: false,
         stepped_back: false,
+        ended: false,
         now,
         lied: false,
         refused: false,
