@@ -1,4 +1,4 @@
-//! Grouping in the backend-pool updater (issue #6): 100,000 queued operations over 500 pools,
+//! Grouping in the backend-pool updater: 100,000 queued operations over 500 pools,
 //! natively and through the component. One in ten Services has moved to another load balancer
 //! since its operations were queued, so their operations are dropped; every pool gets adds and
 //! removes that partly cancel out. Run with `cargo bench -p clb-tests --bench backend_pools`.
@@ -21,7 +21,7 @@ fn node_ip(node: usize) -> String {
 /// Operation `k`: Service `k % POOLS` (one pool per Service), alternately adding and removing
 /// one or two node IPs.
 fn operations() -> Vec<native::PoolOperation> {
-    (0..OPERATIONS)
+    (0..scaled(OPERATIONS))
         .map(|k| {
             let service = k % POOLS;
             let ips = (0..1 + k % 2).map(|i| node_ip((k * 7 + i * 13) % NODES)).collect();
@@ -107,7 +107,7 @@ fn main() {
     let (ne, ng, ce, cg) =
         (median(native_enqueue), median(native_group), median(component_enqueue), median(component_group));
     let ratio = |c: Duration, n: Duration| c.as_secs_f64() / n.as_secs_f64();
-    println!("{OPERATIONS} operations over {POOLS} pools; {groups} groups written (one Service in ten moved away).");
+    println!("{} operations over {POOLS} pools; {groups} groups written (one Service in ten moved away).", scaled(OPERATIONS));
     println!();
     println!("| measure (median of 5) | native | component | component / native |");
     println!("|---|---|---|---|");

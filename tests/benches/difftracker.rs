@@ -1,4 +1,4 @@
-//! The DiffTracker at scale (issue #3): a cluster of 1,000 nodes, 30,000 ready pods and 1,000
+//! The DiffTracker at scale: a cluster of 1,000 nodes, 30,000 ready pods and 1,000
 //! LoadBalancer Services, natively and through the component:
 //! (a) start-up rebuild: the lists, then a read of NRP and a list of ARM that already hold
 //!     everything (a restart), and how many writes and Events that restart costs;
@@ -7,7 +7,7 @@
 //! (d) a burst of 3,000 endpoint changes in 5 s with NRP answering at once: the
 //!     `update-address-locations` calls the default write budget lets through, against an
 //!     unbounded budget, and how long after the last change NRP holds them all;
-//! (e) start-up of the same cluster with 100 egress identities and 3,000 egress pods (issue 16),
+//! (e) start-up of the same cluster with 100 egress identities and 3,000 egress pods,
 //!     and what that restart writes.
 //! Run with `cargo bench -p clb-tests --bench difftracker`; prints a Markdown table.
 
@@ -166,11 +166,11 @@ fn writes_and_events(commands: &[wit::Command]) -> (usize, usize) {
     (commands.len() - events - reads, events)
 }
 
-/// The median of three runs.
+/// The median of three runs ([`scaled`]).
 fn median_of_3(run: &mut dyn FnMut() -> Duration) -> Duration {
-    let mut samples: Vec<Duration> = (0..3).map(|_| run()).collect();
+    let mut samples: Vec<Duration> = (0..scaled(3)).map(|_| run()).collect();
     samples.sort();
-    samples[1]
+    samples[samples.len() / 2]
 }
 
 /// (a): the lists, then NRP's answer, then ARM's, natively (median of 3). Both sides start from
@@ -272,7 +272,7 @@ fn main() {
         // One refill interval of the default address-location budget apart, so that each change
         // finds a token; all within the first resync period.
         let interval = 60_000 / u64::from(clb_guest::budget::WriteBudgets::DEFAULT.update_address_locations.per_minute);
-        for round in 0..400u64 {
+        for round in 0..scaled(400) as u64 {
             let now = CHANGES_FROM + round * interval;
             let change = std::slice::from_ref(&changes[round as usize % 2]);
             let start = Instant::now();
@@ -330,26 +330,21 @@ fn main() {
 
     // (d) A burst of 3,000 endpoint changes in 5 s, natively (the decisions are the same through
     // the component: the golden traces check that), under the default budget and an unbounded one.
-    let unbounded = wit::Budget { per_minute: 600_000, burst: 100_000 };
-    let unbounded = wit::Config {
-        write_budgets: Some(wit::WriteBudgets {
-            update_address_locations: Some(unbounded),
-            update_services: Some(unbounded),
-            arm_writes: Some(unbounded),
-        }),
-        ..config.clone()
-    };
+    let unbounded = unbounded(&config);
     let burst_from = 100_000;
-    let budgeted = burst(&mut native, burst_from, 3_000, 5_000);
+    let changes = scaled(3_000);
+    let budgeted = burst(&mut native, burst_from, changes, 5_000);
     let mut free = Native(Tracker::create(config_to_model(&unbounded)).unwrap());
     let first = free.observe(0, &lists);
     drive(&mut free, first);
-    let free = burst(&mut free, burst_from, 3_000, 5_000);
+    let free = burst(&mut free, burst_from, changes, 5_000);
     let default_budget = clb_guest::budget::WriteBudgets::DEFAULT.update_address_locations;
     let allowed = default_budget.burst as usize + (default_budget.per_minute as usize * 5).div_ceil(60) + 1;
+    assert!(budgeted.calls <= allowed, "the default budget let {} calls through, at most {allowed}", budgeted.calls);
+    assert!(free.calls > budgeted.calls, "an unbounded budget lets more through: {} vs {}", free.calls, budgeted.calls);
     println!();
     println!(
-        "Burst of 3,000 endpoint changes in 5 s, NRP answering at once: {} update-address-locations calls under the \
+        "Burst of {changes} endpoint changes in 5 s, NRP answering at once: {} update-address-locations calls under the \
          default budget ({}/min, burst {}; at most {allowed} in the 5 s), at most {} in any second, converged {} ms \
          after the last change; {} calls ({:.1}× as many) with an unbounded budget, at most {} in any second, \
          converged {} ms after the last change.",
@@ -364,7 +359,7 @@ fn main() {
         free.converged_after_last_change_ms,
     );
 
-    // (e) Start-up with egress (issue 16): the same cluster with 100 egress identities carried by
+    // (e) Start-up with egress: the same cluster with 100 egress identities carried by
     // 3,000 pods that hold the pod finalizer, NRP and ARM holding their Outbound services, NAT
     // gateways and public IPs: a restart that adopts all of it.
     let (egress_lists, egress_snapshot, egress_inventory) =

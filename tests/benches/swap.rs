@@ -1,4 +1,4 @@
-//! Hot swap, checkpoints and limits at scale (issue 7), on the cluster of `benches/difftracker.rs`
+//! Hot swap, checkpoints and limits at scale, on the cluster of `benches/difftracker.rs`
 //! (1,000 nodes, 30,000 ready pods, 1,000 Services) in steady state, behind the [`Supervisor`]:
 //! (a) a swap to a precompiled version, up to the first call served by it, state move included;
 //! (b) the state move alone (export from the old instance, import into a fresh one, whose
@@ -23,14 +23,22 @@ use clb_tests::*;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-/// Swaps measured (alternating between two loads of the built-in logic).
-const SWAPS: usize = 5;
+/// Swaps measured (alternating between two loads of the built-in logic); at least 2 in the
+/// small mode, so that both directions run.
+fn swaps() -> usize {
+    scaled(5).max(2)
+}
 /// Endpoint changes served by the old version while a staged swap imports.
 const CHANGES_WHILE_STAGING: usize = 10;
 /// Swaps measured through `clb-host run`'s `Control` (each on a fresh cluster: v1 → v2 once).
-const PRODUCT_SWAPS: usize = 3;
-/// Endpoint changes per policy when measuring what checkpoints cost per input.
-const CHANGES: usize = 4_096;
+fn product_swaps() -> usize {
+    scaled(3)
+}
+/// Endpoint changes per policy when measuring what checkpoints cost per input; more than the
+/// default policy's period even in the small mode, so that it checkpoints.
+fn changes() -> usize {
+    scaled(4_096).max(2 * CheckpointPolicy::default().every_inputs)
+}
 
 /// Limits that never stop the benchmark, while still being metered.
 fn limits() -> Limits {
@@ -62,7 +70,8 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 }
 
 fn main() {
-    let config = read_config("clb.yaml");
+    // The changes come faster than any budget refills: they would wait for tokens.
+    let config = unbounded(&read_config("clb.yaml"));
     let runtime = runtime();
     // Two loads of the same bytes are two versions to the supervisor: a swap between them does
     // all the work of a real one. `Runtime::load` (compilation) is done beforehand, as in
@@ -81,7 +90,7 @@ fn main() {
     // A change first, so that every swap moves a state changed since the last checkpoint (an
     // export and an import), the first one too.
     change(&mut supervisor, 0, 5);
-    for i in 0..SWAPS {
+    for i in 0..swaps() {
         let target = if i % 2 == 0 { &b } else { &a };
         let recycled = runtime.memories().stats().recycled;
         let start = Instant::now();
@@ -97,7 +106,7 @@ fn main() {
     let start = Instant::now();
     let to_next = supervisor.swap(&next, 20).unwrap();
     assert!(to_next.first_step.commands.is_empty());
-    change(&mut supervisor, SWAPS + 1, 20);
+    change(&mut supervisor, swaps() + 1, 20);
     let to_next_total = start.elapsed();
 
     // (e) Staged swaps, on the default checkpoint policy: stage (a checkpoint when the journal
@@ -106,7 +115,7 @@ fn main() {
     let mut staged_supervisor = steady(&a, CheckpointPolicy::default(), &config);
     let (mut staged_total, mut stage_pause, mut staged_import, mut switch_pause, mut replayed) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), 0);
-    for i in 0..SWAPS {
+    for i in 0..swaps() {
         let target = if i % 2 == 0 { &b } else { &a };
         // Every change flips the pod: rounds run on across swaps, so none repeats the last.
         let mut round = i * (CHANGES_WHILE_STAGING + 1);
@@ -136,7 +145,7 @@ fn main() {
     let (mut product_total, mut product_stage, mut product_switch, mut product_took) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut stage_checkpoints = 0;
-    for _ in 0..PRODUCT_SWAPS {
+    for _ in 0..product_swaps() {
         let mut serving = steady(&a, CheckpointPolicy::default(), &config);
         let (mut control, sender) = Control::new(runtime, limits(), clb_host::live::metrics::Metrics::new());
         tokio.block_on(async {
@@ -212,16 +221,16 @@ fn main() {
         let mut s = steady(&a, policy, &config);
         let checkpoints_before = s.stats().checkpoints;
         let start = Instant::now();
-        for round in 0..CHANGES {
+        for round in 0..changes() {
             change(&mut s, round, 30);
         }
-        let took = start.elapsed() / (2 * CHANGES as u32);
+        let took = start.elapsed() / (2 * changes() as u32);
         per_input.push((name, took, s.stats().checkpoints - checkpoints_before));
     }
 
     // (d) One endpoint change (observation + sync) with the limits on and off.
     let change_median =
-        |supervisor: &mut Supervisor| median((0..400).map(|round| change(supervisor, round, 40)).collect());
+        |supervisor: &mut Supervisor| median((0..scaled(400)).map(|round| change(supervisor, round, 40)).collect());
     let metered = change_median(&mut steady_a);
     let bare_runtime = Runtime::with_metering(Metering { fuel: false, epoch: false }).unwrap();
     let bare_logic = bare_runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
@@ -233,7 +242,7 @@ fn main() {
     println!("| measure | value |");
     println!("|---|---|");
     let row = |name: &str, d: Duration| println!("| {name} | {d:.2?} |");
-    row("(a) swap + first call on the new version (median of 5, v1 → v1)", median(swap_total.clone()));
+    row(&format!("(a) swap + first call on the new version (median of {}, v1 → v1)", swaps()), median(swap_total.clone()));
     row("(a) of which the swap itself (`Supervisor::swap`)", median(swap_call));
     row("(a) of which its state move (export unless the checkpoint is fresh, import)", median(swap_move));
     let each: Vec<String> = swap_total.iter().zip(&swap_memory).map(|(d, m)| format!("{d:.2?} ({m})")).collect();
@@ -245,7 +254,8 @@ fn main() {
     row("(a) of which the swap itself", to_next.took);
     row(
         &format!(
-            "(e) staged swap, total: stage, import while {CHANGES_WHILE_STAGING} changes are served, switch, first call (median of 5)"
+            "(e) staged swap, total: stage, import while {CHANGES_WHILE_STAGING} changes are served, switch, first call (median of {})",
+            swaps()
         ),
         median(staged_total),
     );
@@ -262,13 +272,15 @@ fn main() {
     );
     row(
         &format!(
-            "(f) product path (`Control`), built-in → next guest, total: stage, import while {CHANGES_WHILE_STAGING} changes are served, switch, first call (median of {PRODUCT_SWAPS})"
+            "(f) product path (`Control`), built-in → next guest, total: stage, import while {CHANGES_WHILE_STAGING} changes are served, switch, first call (median of {})",
+            product_swaps()
         ),
         median(product_total.clone()),
     );
     row(
         &format!(
-            "(f) of which the pause at `Control::begin` (stage, spawn the import; checkpoints taken there: {stage_checkpoints} in {PRODUCT_SWAPS})"
+            "(f) of which the pause at `Control::begin` (stage, spawn the import; checkpoints taken there: {stage_checkpoints} in {})",
+            product_swaps()
         ),
         median(product_stage.clone()),
     );
@@ -282,7 +294,7 @@ fn main() {
     row("(b) state move alone: export + import", export + import);
     row("(c) one checkpoint (`export-state`)", export);
     for (name, took, checkpoints) in &per_input {
-        row(&format!("(c) per input, checkpoints {name}: {checkpoints} in {} inputs", 2 * CHANGES), *took);
+        row(&format!("(c) per input, checkpoints {name}: {checkpoints} in {} inputs", 2 * changes()), *took);
     }
     row("(d) one endpoint change, limits on (fuel + epoch)", metered);
     row("(d) one endpoint change, limits off", unmetered);

@@ -1,4 +1,4 @@
-//! Traces (issue 13): what recording costs on the hot path, and what the hosts cost per call.
+//! Traces: what recording costs on the hot path, and what the hosts cost per call.
 //! (a) `admit-service`, and one endpoint change through the supervisor on the 1,000-node
 //!     cluster, with and without `run --record`'s recorder (target: recording under 10% of
 //!     the call);
@@ -69,16 +69,21 @@ fn main() {
     std::fs::create_dir_all(&guests).unwrap();
     let builtin = guests.join("clb_guest.wasm");
     std::fs::write(&builtin, clb_host::BUILTIN_GUEST).unwrap();
+    // A trace may swap to the next guest (the largest does): every replay is given it.
+    let next = guests.join("next_guest.wasm");
+    std::fs::write(&next, NEXT_GUEST).unwrap();
+    let swap = format!("next-guest={}", next.display());
     let rust = time(|| {
         let code = clb_host::cli::run(
-            ["clb-host", "replay", largest.to_str().unwrap()],
+            ["clb-host", "replay", largest.to_str().unwrap(), "--swap-component", &swap],
             &mut std::io::sink(),
             &mut std::io::sink(),
         );
         assert_eq!(code, 0);
     });
     println!("| clb-host replay (in process, includes compiling the component) | {:.1} ms |", rust.as_secs_f64() * 1e3);
-    for (host, program, args) in other_hosts(&largest, &builtin) {
+    for (host, program, mut args) in other_hosts(&largest, &builtin) {
+        args.extend(["--swap-component".to_owned(), swap.clone()]);
         let Some(program) = program else {
             println!("| {host} | not installed (run hosts/setup.sh) |");
             continue;

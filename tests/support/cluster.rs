@@ -3,23 +3,33 @@
 //! holds all of it, and answers to every command. Shared by `benches/difftracker.rs` and
 //! `benches/swap.rs` so both measure the same cluster.
 
-use crate::read_service;
+use crate::{read_service, scaled};
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 
 pub const PODS_PER_SERVICE: usize = 30;
 
-/// The cluster is 1,000 nodes and 1,000 Services, divided by `CLB_BENCH_SHRINK` (default 1) to
-/// check that the cost of one change does not grow with the cluster.
-pub fn shrink() -> usize {
-    std::env::var("CLB_BENCH_SHRINK").ok().and_then(|v| v.parse().ok()).unwrap_or(1)
-}
-
+/// The cluster is 1,000 nodes and 1,000 Services, divided by `CLB_BENCH_SHRINK` ([`scaled`]):
+/// to check that the cost of one change does not grow with the cluster, and CI's small mode.
 pub fn node_count() -> usize {
-    1_000 / shrink()
+    scaled(1_000)
 }
 
 pub fn service_count() -> usize {
-    1_000 / shrink()
+    scaled(1_000)
+}
+
+/// `config` with every write budget at its largest: for a benchmark that measures something
+/// else than the budgets, whose changes would otherwise wait for tokens.
+pub fn unbounded(config: &wit::Config) -> wit::Config {
+    let most = wit::Budget { per_minute: 600_000, burst: 100_000 };
+    wit::Config {
+        write_budgets: Some(wit::WriteBudgets {
+            update_address_locations: Some(most),
+            update_services: Some(most),
+            arm_writes: Some(most),
+        }),
+        ..config.clone()
+    }
 }
 
 /// A random-looking version 4 UUID, as the API server gives (a shared prefix would make every
@@ -118,7 +128,7 @@ pub fn nrp_in_sync() -> wit::Outcome {
 }
 
 /// ARM already holding every Service's public IP (at the address its status shows) and load
-/// balancer as the logic builds them: a restart, with nothing to write (issue 15, defect 4).
+/// balancer as the logic builds them: a restart, with nothing to write.
 pub fn arm_in_sync() -> wit::Outcome {
     let (mut public_ips, mut load_balancers) = (Vec::new(), Vec::new());
     for observation in lists() {
@@ -139,7 +149,7 @@ pub fn arm_in_sync() -> wit::Outcome {
     wit::Outcome::ArmInventory(wit::ArmInventory { public_ips, load_balancers, nat_gateways: Vec::new() })
 }
 
-/// Egress on top of the cluster (issue 16): 100 identities carried by 3,000 pods (30 each) that
+/// Egress on top of the cluster: 100 identities carried by 3,000 pods (30 each) that
 /// hold the pod finalizer, each pod on the node of its number, with NRP and ARM already holding
 /// every identity's Outbound service, NAT gateway and public IP, as a restart finds them.
 pub const EGRESS_IDENTITIES: usize = 100;

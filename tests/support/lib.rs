@@ -86,10 +86,28 @@ pub use clb_host::native::{
     outcome_to_model, service_to_model, step_to_wit,
 };
 
-/// Median time of one iteration of `f` over 15 timed batches of `iterations` (benchmarks).
+/// `CLB_BENCH_SHRINK=N` (default 1): every benchmark's sizes, counts and repetitions divided by
+/// N. CI runs each bench with N = 10, so that none rots (its assertions still run) in a
+/// fraction of the time; the figures in BENCHMARKS.md are from N = 1. A value that is not a
+/// positive integer is refused, not read as 1.
+pub fn shrink() -> usize {
+    match std::env::var("CLB_BENCH_SHRINK") {
+        Err(_) => 1,
+        Ok(v) => v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| panic!("CLB_BENCH_SHRINK={v}: a positive integer")),
+    }
+}
+
+/// `n` divided by [`shrink`], at least 1.
+pub fn scaled(n: usize) -> usize {
+    (n / shrink()).max(1)
+}
+
+/// Median time of one iteration of `f` over 15 timed batches of `iterations` (benchmarks), both
+/// [`scaled`].
 pub fn median_per_iteration(iterations: u32, mut f: impl FnMut()) -> std::time::Duration {
-    const BATCHES: usize = 15;
-    let mut samples: Vec<std::time::Duration> = (0..BATCHES)
+    let batches = scaled(15);
+    let iterations = scaled(iterations as usize) as u32;
+    let mut samples: Vec<std::time::Duration> = (0..batches)
         .map(|_| {
             let start = std::time::Instant::now();
             for _ in 0..iterations {
@@ -99,7 +117,7 @@ pub fn median_per_iteration(iterations: u32, mut f: impl FnMut()) -> std::time::
         })
         .collect();
     samples.sort();
-    samples[BATCHES / 2]
+    samples[batches / 2]
 }
 
 /// Every scenario file under `examples/scenarios/` and `tests/scenarios/`, sorted.
