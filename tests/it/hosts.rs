@@ -14,7 +14,7 @@ fn root() -> PathBuf {
 }
 
 /// The venv's python, once `hosts/setup.sh` has installed both hosts.
-fn python() -> &'static Path {
+pub(crate) fn python() -> &'static Path {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
     PYTHON.get_or_init(|| {
         let output = Command::new("bash").arg(root().join("hosts/setup.sh")).current_dir(root()).output().unwrap();

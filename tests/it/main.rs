@@ -17,3 +17,4 @@ mod supervisor;
 mod tracker;
 mod traces;
 mod hosts;
+mod examples;
