@@ -1,4 +1,4 @@
-//! The fuzz targets of the CLB reconciler (issue 14; `docs/fuzzing.md`).
+//! The fuzz targets of the CLB reconciler (`docs/fuzzing.md`).
 //!
 //! One function per target, `NAME(data: &[u8])`, that panics when a property is violated: the
 //! cargo-fuzz package (`fuzz/`, nightly, libFuzzer) calls it from `fuzz_targets/NAME.rs`, and

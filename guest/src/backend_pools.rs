@@ -14,8 +14,7 @@
 //! * groups come out sorted by key, not in map order (§i.3 item 6);
 //! * the order of operations per pool is kept across retries: a pool with a group in flight
 //!   (drained, not yet reported) is not drained again until that group is reported, so an
-//!   operation requeued by the report stays ahead of everything queued for its pool since
-//!   (issue 14, found 5);
+//!   operation requeued by the report stays ahead of everything queued for its pool since;
 //! * failures are classified (404 stale ⇒ dropped silently; 409/412/429 ⇒ requeued at the head
 //!   with a bounded budget, the pool parked until `Retry-After`; anything else ⇒ abandoned)
 //!   instead of all dropped (§i.3 item 1, DOC-10417);
@@ -37,8 +36,8 @@ pub const REASON_RETRYING: &str = "LoadBalancerBackendPoolUpdateRetrying";
 pub const REASON_FAILED: &str = "LoadBalancerBackendPoolUpdateFailed";
 /// The default retry budget (upstream's `loadBalancerBackendPoolUpdateMaxRetries`, DOC-10417).
 pub const DEFAULT_MAX_RETRIES: u32 = 3;
-/// The longest a pool stays parked after a `Retry-After` (issue 15, defect 2): five minutes, the
-/// tracker's resync period (`tracker::timing::RETRY_AFTER_CAP_MS`, the same policy). A longer
+/// The longest a pool stays parked after a `Retry-After`: five minutes, the tracker's resync
+/// period (`tracker::timing::RETRY_AFTER_CAP_MS`, the same policy). A longer
 /// `Retry-After` is wrong or misread (the host turns one of ~1.8e16 s or more into `u64::MAX`)
 /// and would hold the pool's node IPs indefinitely; a capped one says so in the
 /// `LoadBalancerBackendPoolUpdateRetrying` Event.
@@ -631,7 +630,8 @@ mod tests {
         q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.1"])]);
         let first = q.drain_and_group(0, &a);
         q.enqueue([add("ns/a", "lb1", "pool1", &["10.0.0.2"])]);
-        // The host reports a group before the next tick drains its pool again (found 5).
+        // The host reports a group before the next tick drains its pool again (a pool with a group in
+        // flight is not drained until that group is reported).
         q.report(0, first[0].id, &GroupOutcome::Updated).unwrap();
         let second = q.drain_and_group(0, &a);
         assert_eq!(first[0].add, strings(&["10.0.0.1"]));
@@ -781,7 +781,7 @@ mod tests {
         assert!(g.add.is_empty());
     }
 
-    // Regression: issue 14, found 5 (a requeued older add ran after a newer remove).
+    // Regression: a requeued older add ran after a newer remove.
     #[test]
     fn a_pool_with_a_group_in_flight_is_not_drained_again_until_that_group_is_reported() {
         let mut q = PoolQueue::default();
@@ -806,8 +806,7 @@ mod tests {
         assert!(q.is_empty());
     }
 
-    // Regression: issue 15, defect 2 (Retry-After never capped) and issue 14, found 1 (u64 overflow
-    // from a Retry-After).
+    // Regression: Retry-After was never capped, and a huge one overflowed a u64.
     #[test]
     fn a_retry_after_longer_than_five_minutes_parks_the_pool_for_five_minutes_and_says_so() {
         let mut q = PoolQueue::default();
@@ -828,7 +827,7 @@ mod tests {
         assert!(!q.status(u64::MAX - 1).ready);
     }
 
-    // Regression: issue 14, found 3 (after the clock steps back, deadlines wait for it to catch up).
+    // Regression: after the clock stepped back, deadlines waited for it to catch up.
     #[test]
     fn after_the_clock_steps_back_a_parked_pool_waits_only_what_was_left_of_its_park() {
         let mut q = PoolQueue::default();

@@ -1,6 +1,6 @@
-//! Write budgets (issue 15, defect 4b): a token bucket for each NRP write operation and one for
-//! every ARM write, so that a burst of changes coalesces into few calls while the budget refills,
-//! and a throttled (429) operation slows down instead of stalling.
+//! Write budgets: a token bucket for each NRP write operation and one for every ARM write, so
+//! that a burst of changes coalesces into few calls while the budget refills, and a throttled
+//! (429) operation slows down instead of stalling.
 //!
 //! Everything is integer arithmetic on the tracker's `now`: the same inputs give the same
 //! decisions on every host. A token is [`UNITS_PER_TOKEN`] units and each millisecond adds the

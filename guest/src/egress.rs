@@ -18,9 +18,9 @@
 //! nothing (as upstream, which does not track it). Warnings are sent when a pod's set of problems
 //! changes, not on every update.
 //!
-//! The collision rule does not depend on which came first (issue 14, found 2). A pod is judged
-//! against the inbound identities known when it is read; and when an inbound identity appears
-//! (a Service is observed, or start-up finds an orphan registered in NRP), the pods already
+//! The collision rule does not depend on which came first. A pod is judged against the inbound
+//! identities known when it is read; and when an inbound identity appears (a Service is
+//! observed, or start-up finds an orphan registered in NRP), the pods already
 //! carrying it are refused then ([`Egress::refuse_identity`]), with the same Warning, so their
 //! addresses never become backends of the Service and the state is the one the other order
 //! gives. (That Warning names the pod by namespace and name only, and its label lower-cased: a
@@ -494,10 +494,10 @@ mod tests {
     // Upstream TestPodInformerRemovePod and TestUpdateK8sEgress.
     // Upstream TestGuardLifecycle_StaleDeletePodIsNoOp: the first delete of the only pod releases its
     // count and address, the duplicate changes nothing (its IsLastPod signal is the NAT gateway
-    // lifecycle's, not built: issue 16).
+    // lifecycle's, not built here).
     // Upstream TestEgressRefCount_Robust: idempotent add, the last pod's delete drops the count to
     // none, a stale duplicate delete is a no-op (the outbound deletion it schedules upstream is not
-    // built: issue 16).
+    // built here).
     #[test]
     fn duplicate_and_out_of_order_pod_events_never_count_twice_or_below_zero() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -518,7 +518,7 @@ mod tests {
 
     // Upstream TestEngineDeletePod_StaleDuplicateRemovalIsNoOp: deleting a pod nobody tracks leaves
     // the live pod's count and address alone, and the live pod's delete still releases them
-    // (IsLastPod and the pod finalizer are the NAT gateway lifecycle's, not built: issue 16).
+    // (IsLastPod and the pod finalizer are the NAT gateway lifecycle's, not built here).
     #[test]
     fn deleting_a_pod_that_is_not_tracked_leaves_another_pods_count_and_address_alone() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -534,7 +534,7 @@ mod tests {
     // Upstream TestEngineDeletePod_DualStackRemovesAllAddressesAtomically: one delete takes both
     // families' addresses away and releases the count. Differs: the count is per pod (1), not per
     // address (upstream 2), so a dual-stack pod cannot be half-released; the one pending
-    // pod-finalizer record is the pod finalizer's, not built (issue 16).
+    // pod-finalizer record is the pod finalizer's, not built here.
     #[test]
     fn deleting_a_dual_stack_pod_removes_both_its_addresses_and_its_one_count() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -994,8 +994,8 @@ mod tests {
         pod("c", Some(UID), &["10.244.0.7"])
     }
 
-    // Regression: issue 14, found 2 (an egress label equal to a Service's UID treated differently
-    // depending on event order).
+    // Regression: an egress label equal to a Service's UID was treated differently depending on
+    // event order.
     #[test]
     fn a_pod_labelled_with_a_services_uid_is_refused_whether_it_is_seen_before_or_after_the_service() {
         let pod_first =
@@ -1020,7 +1020,7 @@ mod tests {
         assert!(relist.is_empty(), "a re-list changes nothing: {relist:?}");
         assert_eq!(&pod_first, &service_first, "the same commands, NRP and state in either order");
         // Across batches, the pod came first and was an egress pod until the Service came: its
-        // identity was provisioned as an outbound service (issue 16) and is torn down before the
+        // identity was provisioned as an outbound service and is torn down before the
         // Service's load balancer is made (they share NRP's name and the `-pip` name); then the
         // same writes as when the Service came first, and the same NRP.
         let (commands, view, _, relist) = &pod_batch_first;
@@ -1073,7 +1073,7 @@ mod tests {
         }
     }
 
-    // Regression: issue 14, found 4 (an imported state's reference counts were not validated).
+    // Regression: an imported state's reference counts were not validated.
     #[test]
     fn a_state_whose_egress_reference_counts_are_not_the_pods_is_refused_as_corrupt() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -1177,7 +1177,7 @@ mod tests {
     // Upstream TestGuardDefaultNATGatewayNeverEntersNRPSnapshotOrRemovalDiff: the RP's default
     // outbound service in NRP's snapshot, even at an address, is never written about while an
     // egress identity beside it is programmed and drained. The removal-diff half (an Outbound
-    // service no longer wanted is unregistered) is the NAT gateway lifecycle's, not built (issue 16).
+    // service no longer wanted is unregistered) is the NAT gateway lifecycle's, not built here.
     #[test]
     fn the_rps_default_outbound_service_listed_by_nrp_is_left_alone_at_its_address() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();

@@ -103,13 +103,13 @@ pub enum Op {
         count: u8,
         after: bool,
         status: u16,
-        /// Up to `u64::MAX`: the host's reading of an absurd `Retry-After` (issue 14, found 1).
+        /// Up to `u64::MAX`: the host's reading of an absurd `Retry-After`.
         retry_after_ms: Option<u64>,
     },
     Advance {
         ms: u32,
     },
-    /// The host's clock steps back (issue 14, found 3).
+    /// The host's clock steps back.
     StepBack {
         ms: u32,
     },

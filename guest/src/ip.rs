@@ -13,8 +13,8 @@ pub enum Family {
 /// The canonical text of an IP address and its family; `None` when it is not an IP address.
 ///
 /// An IPv4-mapped IPv6 address (`::ffff:10.0.0.1`) is the IPv4 address it maps (`10.0.0.1`), as
-/// Go's `net.ParseIP` and Kubernetes' legacy validation read it; it is not an IPv6 location
-/// (issue 15, defect 6). A zone id (`fe80::1%eth0`) is not an address.
+/// Go's `net.ParseIP` and Kubernetes' legacy validation read it; it is not an IPv6 location. A
+/// zone id (`fe80::1%eth0`) is not an address.
 pub fn canonical(text: &str) -> Option<(Name, Family)> {
     let text = text.trim();
     match text.parse().ok()? {
@@ -38,7 +38,7 @@ pub fn same_family_location<'a>(internal_ips: impl IntoIterator<Item = &'a Strin
 mod tests {
     use super::*;
 
-    // Regression: issue 15, defect 6 — IPv4-mapped IPv6 addresses became IPv6 locations.
+    // Regression: IPv4-mapped IPv6 addresses became IPv6 locations.
     #[test]
     fn an_ipv4_mapped_ipv6_address_is_the_ipv4_address_it_maps_and_a_zone_id_is_no_address() {
         assert_eq!(canonical("::ffff:10.244.0.1").unwrap(), (Name::new("10.244.0.1"), Family::V4));

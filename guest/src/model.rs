@@ -420,7 +420,7 @@ pub struct Step {
     pub logs: Vec<LogLine>,
 }
 
-/// The host's `now-ms`, made monotonic without freezing (issue 14, found 3).
+/// The host's `now-ms`, made monotonic without freezing.
 ///
 /// The host's clock may step back (a wall clock set back; another host's clock after a state
 /// import). Time going back is taken to mean nothing: this clock goes on from the largest time

@@ -1,5 +1,5 @@
-//! The outbound lifecycle of egress identities (issue 16; upstream-reference §c.2.1 "create
-//! outbound" and "delete outbound", §c.2.3): state version 6's addition.
+//! The outbound lifecycle of egress identities (upstream-reference §c.2.1 "create outbound" and
+//! "delete outbound", §c.2.3): state version 6's addition.
 //!
 //! An identity that a pod of this cluster carries and that NRP does not list gets an
 //! [`OutboundLifecycle`]: its public IP `<id>-pip` (and `<id>-pip-v6` when a Node of the cluster

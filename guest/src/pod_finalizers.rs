@@ -1,4 +1,4 @@
-//! The egress pod finalizer `servicegateway.azure.com/pod-cleanup` (issue 16; upstream-reference
+//! The egress pod finalizer `servicegateway.azure.com/pod-cleanup` (upstream-reference
 //! §b.3 "Finalizers", `finalizers.go`, `pods.go`): state version 7's addition.
 //!
 //! A pod that carries an egress identity gets the finalizer, so that it cannot leave the API

@@ -15,9 +15,9 @@
 //!   once its last pod has gone and its addresses have drained, the teardown in upstream's order.
 //! * An address-location batch carries only registered, live Services, so a failing Service
 //!   never blocks another's addresses; and a slow or failing batch costs only the locations it
-//!   covers (issue 15, defect 3): while one has been in flight for [`timing::SLOW_BATCH_MS`],
-//!   another may go over other locations (at most [`MAX_BATCHES_IN_FLIGHT`], no location in two),
-//!   and a failed batch's locations back off on their own. Only a throttled batch (429) holds
+//!   covers: while one has been in flight for [`timing::SLOW_BATCH_MS`], another may go over
+//!   other locations (at most [`MAX_BATCHES_IN_FLIGHT`], no location in two), and a failed
+//!   batch's locations back off on their own. Only a throttled batch (429) holds
 //!   back every location: the throttle is the subscription's.
 //! * Failures back off per Service (1 s doubling to 30 s, deterministic jitter, at least
 //!   `Retry-After` up to [`timing::RETRY_AFTER_CAP_MS`]); a periodic read of NRP repairs drift;
@@ -68,12 +68,12 @@ pub mod timing {
     pub const JITTER_PERCENT: u64 = 20;
     /// How often NRP is read back to repair drift.
     pub const RESYNC_INTERVAL_MS: u64 = 5 * 60_000;
-    /// The longest `Retry-After` the tracker honours (issue 15, defect 2): the resync period.
-    /// A longer one would hold a Service's retries, every Service's addresses (the
-    /// address-location batch) or the read of NRP past the next periodic resync, which is the
-    /// slowest the tracker otherwise ever acts on anything; a server asking for more than that
-    /// is wrong or the header was misread (the host turns a `Retry-After` of ~1.8e16 s or more
-    /// into `u64::MAX`). A capped value is logged (`Step::logs`).
+    /// The longest `Retry-After` the tracker honours: the resync period. A longer one would
+    /// hold a Service's retries, every Service's addresses (the address-location batch) or the
+    /// read of NRP past the next periodic resync, which is the slowest the tracker otherwise
+    /// ever acts on anything; a server asking for more than that is wrong or the header was
+    /// misread (the host turns a `Retry-After` of ~1.8e16 s or more into `u64::MAX`). A capped
+    /// value is logged (`Step::logs`).
     pub const RETRY_AFTER_CAP_MS: u64 = RESYNC_INTERVAL_MS;
     /// The longest delay the tracker ever schedules: a backoff (at most 36 s, or a capped
     /// `Retry-After`) or the resync period.
@@ -408,8 +408,8 @@ enum InFlight {
     PodFinalizer { key: ObjectKey, uid: String, present: bool },
 }
 
-/// The start-up inventory of ARM (state version 4, issue 15 defect 4): the resource group's
-/// public IPs and load balancers, read once so that what already holds what a Service wants is
+/// The start-up inventory of ARM (state version 4): the resource group's public IPs and load
+/// balancers, read once so that what already holds what a Service wants is
 /// adopted instead of written again, and so that load balancers and public IPs of Services
 /// deleted while no controller ran are found. It is read once the lists are complete and NRP is
 /// read, and used the moment it arrives (start-up reconciliation waits for it), so the state
@@ -582,7 +582,7 @@ impl Eq for Tracker {}
 /// Capped exponential backoff with deterministic jitter, never shorter than `Retry-After` up to
 /// The address types whose endpoints are pod IPs, `IPv4` and `IPv6` (in any case, as the NRP
 /// types are read): only their endpoints are programmed; `FQDN` and types Kubernetes does not
-/// have are not (issue 15, defect 6).
+/// have are not.
 fn programmable(address_type: &str) -> bool {
     address_type.eq_ignore_ascii_case("IPv4") || address_type.eq_ignore_ascii_case("IPv6")
 }
@@ -1174,7 +1174,7 @@ impl Tracker {
 
     /// A changed Node whose InternalIPs do not all parse is logged (WARN), naming it: the
     /// addresses of its pods reach NRP only through the ones that do, and not at all when none
-    /// does (issue 15, defect 6).
+    /// does.
     fn upsert_node(&mut self, node: Node, step: &mut Step) {
         let name = node.name.clone();
         let locations = NodeLocations::of(&node);
@@ -1231,8 +1231,8 @@ impl Tracker {
     }
 
     /// An inbound identity is known now (a Service, an orphan in NRP): egress pods carrying it
-    /// are refused, as they would have been had it been known when they were read (issue 14,
-    /// found 2; [`Egress::refuse_identity`]).
+    /// are refused, as they would have been had it been known when they were read
+    /// ([`Egress::refuse_identity`]).
     fn refuse_colliding_pods(&mut self, identity: &str, step: &mut Step) {
         let refused = self.egress.refuse_identity(identity, &mut self.state.diff);
         if !refused.is_empty() {
@@ -1773,8 +1773,8 @@ impl Tracker {
             _ => {}
         }
         // The backoff was for the step that just succeeded: the next step, or the end of the
-        // operation, must not wait for it (issue 14, found 3: after the clock stepped back, a
-        // stale deadline held `finish_operation` back after the finalizer was removed).
+        // operation, must not wait for it (after the clock stepped back, a stale deadline held
+        // `finish_operation` back after the finalizer was removed).
         lifecycle.retries = 0;
         lifecycle.not_before_ms = 0;
         lifecycle.failing = false;
@@ -2445,8 +2445,8 @@ impl Tracker {
         step.logs.push(LogLine { level: LogLevel::Info, message });
     }
 
-    /// Start-up adoption of egress identities (issue 16). A NAT gateway of ours is one named as
-    /// a valid identity that is exactly what `PutNatGateway` makes of it (its public IPs `<id>-pip`
+    /// Start-up adoption of egress identities. A NAT gateway of ours is one named as a valid
+    /// identity that is exactly what `PutNatGateway` makes of it (its public IPs `<id>-pip`
     /// and, if any, `<id>-pip-v6`). Carried by a pod and registered: ours, created (no write). Carried
     /// and being created: what already holds is not written again. Carried by no pod: left from
     /// before (its pods went while no controller ran, or a teardown was cut short) and torn down,
@@ -3086,7 +3086,7 @@ mod tests {
         assert_eq!(backoff_ms("uid", 1, Some(45_000)), 45_000, "Retry-After wins when longer");
     }
 
-    // Regression: issue 15, defect 2 (Retry-After never capped).
+    // Regression: Retry-After was never capped.
     #[test]
     fn a_retry_after_is_honoured_up_to_the_resync_period_and_no_further() {
         assert_eq!(backoff_ms("uid", 1, Some(timing::RETRY_AFTER_CAP_MS)), timing::RETRY_AFTER_CAP_MS);
@@ -3150,7 +3150,7 @@ mod tests {
         matches!(command, Command::UpdateAddressLocations(_))
     }
 
-    // Regression: issue 14, found 1 (u64 overflow from a Retry-After): the shortest sequence.
+    // Regression: u64 overflow from a Retry-After, in its shortest sequence.
     #[test]
     fn a_retry_after_of_u64_max_on_a_read_of_nrp_waits_the_cap_instead_of_reading_again_at_once() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3168,7 +3168,7 @@ mod tests {
         assert!(step.logs.is_empty());
     }
 
-    // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in `service_outcome`.
+    // Regression: u64 overflow from a Retry-After in `service_outcome`.
     #[test]
     fn a_retry_after_of_u64_max_on_a_service_command_holds_that_service_for_the_cap() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3186,10 +3186,10 @@ mod tests {
         assert!(due.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{due:?}");
     }
 
-    // Regression: issue 15, defect 6 — an EndpointSlice of an addressType Kubernetes does not
-    // have was programmed, IPv4-mapped IPv6 node IPs became IPv6 locations, and a Node whose
-    // InternalIPs do not parse left its pods out of NRP without a word. Its FQDN case, at a cold
-    // start, ports upstream TestColdStart_FQDNEndpointSlice_Skipped.
+    // Regression: an EndpointSlice of an addressType Kubernetes does not have was programmed,
+    // IPv4-mapped IPv6 node IPs became IPv6 locations, and a Node whose InternalIPs do not parse
+    // left its pods out of NRP without a word. Its FQDN case, at a cold start, ports upstream
+    // TestColdStart_FQDNEndpointSlice_Skipped.
     // Upstream TestSelectSameFamilyNodeIP_DeterministicAndValidated.
     #[test]
     fn only_ip_slices_are_programmed_and_a_node_with_internal_ips_that_do_not_parse_is_logged() {
@@ -3242,8 +3242,8 @@ mod tests {
         }
     }
 
-    // Regression: issue 14, found 1 (u64 overflow from a Retry-After) in the address-location
-    // batch, which every Service's addresses wait for: they wait no longer than the cap.
+    // Regression: u64 overflow from a Retry-After in the address-location batch, which every
+    // Service's addresses wait for: they wait no longer than the cap.
     #[test]
     fn a_retry_after_of_u64_max_on_the_address_location_batch_holds_the_addresses_no_longer_than_the_cap() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -3521,8 +3521,8 @@ mod tests {
         assert!(sent.contains(&"10.244.0.6"), "the new endpoint reaches NRP: {issued:?}");
     }
 
-    // Regression: issue 15, defect 3 — one hung update-address-locations made every Service's
-    // endpoint changes wait for it (for NRP's whole request timeout).
+    // Regression: one hung update-address-locations made every Service's endpoint changes wait for
+    // it (for NRP's whole request timeout).
     // Upstream TestLocationsUpdaterRetriesAfterSyncFailure and
     // TestLocationsUpdater_HungSyncTimesOutAndRecovers.
     #[test]
@@ -3555,8 +3555,8 @@ mod tests {
         assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     }
 
-    // Regression: issue 15, defect 3 — a failing batch backed off every Service's addresses; only
-    // a throttled one (429: the subscription's budget) should.
+    // Regression: a failing batch backed off every Service's addresses; only a throttled one (429:
+    // the subscription's budget) should.
     #[test]
     fn a_failed_address_location_batch_backs_off_only_its_own_locations_and_a_throttled_one_every_location() {
         for (status, others_wait) in [(500, false), (504, false), (429, true)] {
@@ -3579,8 +3579,8 @@ mod tests {
         }
     }
 
-    // Regression: issue 14, found 1 (u64 overflow): a read within five minutes of the end of u64
-    // time set a wrapped deadline that kept a read always due, holding NRP writes forever.
+    // Regression: u64 overflow: a read within five minutes of the end of u64 time set a wrapped
+    // deadline that kept a read always due, holding NRP writes forever.
     #[test]
     fn a_read_of_nrp_near_the_end_of_u64_time_does_not_hold_nrp_writes_forever() {
         let now = u64::MAX - 60_000;
@@ -3616,9 +3616,9 @@ mod tests {
         (tracker, step)
     }
 
-    // Regression: issue 14, found 3 (the clock stepping back): a stale backoff deadline held back
-    // the end of a deletion after its finalizer was removed, an upsert that re-added the finalizer
-    // in that window was absorbed, and the lifecycle was dropped with the finalizer still held.
+    // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
+    // deletion after its finalizer was removed, an upsert that re-added the finalizer in that
+    // window was absorbed, and the lifecycle was dropped with the finalizer still held.
     // Upstream TestEngineOnServiceCreationComplete_GenuineDeletionCleansUp and
     // TestServiceUpdaterDeleteInboundService_FinalizerFailureRetries.
     #[test]
@@ -3654,8 +3654,8 @@ mod tests {
         assert_eq!(tracker.phase(UID), None);
     }
 
-    // Regression: issue 14, found 3 (the clock stepping back): absolute deadlines stalled every
-    // retry until the clock caught up.
+    // Regression: after the clock stepped back, absolute deadlines stalled every retry until the
+    // clock caught up.
     #[test]
     fn after_the_clock_steps_back_an_hour_a_retry_waits_only_what_was_left_of_its_backoff() {
         let (mut tracker, step) = tracker_retrying_its_finalizer();
@@ -3672,9 +3672,9 @@ mod tests {
         assert!(step.commands.iter().any(|c| c.command == Command::ReadNrp), "the resync is overdue: {step:?}");
     }
 
-    // Regression: issue 14, found 3 and issue 15, defect 2: a state imported with deadlines further
-    // ahead than the tracker ever schedules (set under a clock that was ahead, or by a version that
-    // honoured any Retry-After) waits no longer than the longest delay.
+    // Regression: a state imported with deadlines further ahead than the tracker ever schedules
+    // (set under a clock that was ahead, or by a version that honoured any Retry-After) waits no
+    // longer than the longest delay.
     #[test]
     fn an_imported_deadline_further_ahead_than_the_longest_delay_is_brought_in_to_it() {
         let (mut tracker, _) = tracker_retrying_its_finalizer();
@@ -3798,7 +3798,7 @@ mod tests {
         tracker
     }
 
-    // Regression: issue 14, found 4 (state import accepted trailing bytes).
+    // Regression: state import accepted trailing bytes.
     #[test]
     fn a_state_payload_with_bytes_after_it_is_refused_as_corrupt() {
         let tracker = tracker_with_commands_in_flight();
@@ -3809,7 +3809,7 @@ mod tests {
         assert!(why.contains("1 byte(s) after the payload"), "{why}");
     }
 
-    // Regression: issue 14, found 4 (a version-2 payload imported as version 1, without its egress side).
+    // Regression: a version-2 payload was imported as version 1, without its egress side.
     #[test]
     fn a_version_2_payload_offered_as_version_1_is_refused_as_corrupt() {
         let (_, payload) = as_versions_1_and_2(&tracker_with_commands_in_flight());
@@ -3817,7 +3817,7 @@ mod tests {
         assert!(why.starts_with("state version 1:") && why.contains("after the payload"), "{why}");
     }
 
-    // Regression: issue 14, found 4 (counters of commands in flight were not validated on import).
+    // Regression: counters of commands in flight were not validated on import.
     #[test]
     fn a_state_whose_counters_disagree_with_its_commands_in_flight_is_refused_as_corrupt() {
         let tracker = tracker_with_commands_in_flight();
@@ -4592,7 +4592,7 @@ mod tests {
         }
     }
 
-    // ---- Start-up adoption from the ARM inventory (issue 15, defect 4) ----
+    // ---- Start-up adoption from the ARM inventory ----
 
     const ADDRESS: &str = "20.0.0.7";
 
@@ -4930,7 +4930,7 @@ mod tests {
         (postcard::to_allocvec(&state).unwrap(), postcard::to_allocvec(&(&state, &tracker.egress)).unwrap())
     }
 
-    // ---- Write budgets (issue 15, defect 4b) ----
+    // ---- Write budgets ----
 
     fn budgeted(change: impl FnOnce(&mut crate::budget::WriteBudgets)) -> Config {
         let mut budgets = crate::budget::WriteBudgets::DEFAULT;
@@ -5038,8 +5038,8 @@ mod tests {
         assert_eq!(imported, tracker);
     }
 
-    // Ports of upstream tests that pin one lifecycle step or transition (issue 17), beside the
-    // helpers above; their own files keep this one readable.
+    // Ports of upstream tests that pin one lifecycle step or transition, beside the helpers
+    // above; their own files keep this one readable.
     mod upstream_lifecycle;
     mod upstream_startup;
     mod upstream_outbound;

@@ -658,7 +658,7 @@ fn validate(
             }
         }
     }
-    // No two Kubernetes objects share a UID (issue 15, defect 6): such input is no cluster's.
+    // No two Kubernetes objects share a UID: such input is no cluster's.
     let mut uids = std::collections::BTreeMap::new();
     for (path, service) in &services {
         let Some(uid) = service.metadata.uid.as_deref().filter(|uid| !uid.is_empty()) else { continue };

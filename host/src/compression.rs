@@ -1,4 +1,4 @@
-//! Compressed components (issue 15, defect 8). A ConfigMap holds 1 MiB, and the built-in
+//! Compressed components. A ConfigMap holds 1 MiB, and the built-in
 //! component is most of that (BENCHMARKS.md, "Component size"); gzip or zstd shrinks it to a
 //! third or a quarter. So a component may arrive compressed by every way in — `--component`
 //! and every other component file the command line reads, `--logic-file`, a ConfigMap key,

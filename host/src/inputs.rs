@@ -6,7 +6,7 @@
 //! [`from_yaml`] or [`from_yaml_documents`] (serde-saphyr, a pure-Rust parser that enforces its
 //! limits while it parses): nesting at most [`MAX_DEPTH`] deep, a bounded number of nodes, no
 //! key twice in one mapping (Kubernetes refuses a manifest with a duplicate key), a leading
-//! UTF-8 byte order mark ignored (issue 15, defects 5 and 6).
+//! UTF-8 byte order mark ignored.
 
 use crate::azure::Scope;
 use crate::backend_pools::PoolUpdaterConfig;

@@ -82,8 +82,7 @@ pub const PROBATION_QUARANTINES: u32 = 3;
 pub const PROBATION_TICK_QUARANTINES: u32 = 2;
 /// Inputs a swapped-in version serves before the previous one is released, by default; until
 /// then a rollback replays them into the previous version. Only the new version's own inputs
-/// count: the journal a probation keeps also holds those from before the swap (issue 15,
-/// defect 1).
+/// count: the journal a probation keeps also holds those from before the swap.
 pub const PROBATION_INPUTS: usize = 1_000;
 
 /// When the supervisor replaces its checkpoint.
@@ -328,7 +327,7 @@ pub struct SwapReport {
     pub state_from: (u32, usize),
     /// The state version the new version holds (what its `export-state` would write, by its
     /// `state-version`) and the size of the state moved: for a staged swap, the new version's
-    /// own export after the import's replay (issue 15, defect 7), else the state it imported.
+    /// own export after the import's replay, else the state it imported.
     pub state_to: (u32, usize),
     /// The new version's first step: what its self-check `tick` at the swap's `now_ms` asked
     /// for. The caller must carry it out as it would the step of [`Supervisor::tick`] (execute
@@ -1203,8 +1202,8 @@ impl<'a> Staging<'a> {
     /// After the replay the new version exports its state, here off the serving path: the
     /// switch adopts it as the checkpoint, so the size a swap reports and the next rebuild are
     /// those of the state moved, not of an old checkpoint and its journal (after a restart, the
-    /// empty start-up state: issue 15, defect 7). A version that cannot export what it
-    /// imported is refused now rather than at its first checkpoint.
+    /// empty start-up state). A version that cannot export what it imported is refused now rather
+    /// than at its first checkpoint.
     pub fn import(self) -> Result<Staged<'a>, SupervisorError> {
         let started = Instant::now();
         let mut running = Running::rebuild(&self.new, &self.config, &self.checkpoint, &[])?;

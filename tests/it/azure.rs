@@ -254,8 +254,8 @@ async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and
     }
 }
 
-/// The NAT gateway rules of the emulator (issue 16), walked through `api` in upstream's order (§c.2.1): public IPs,
-/// then the NAT gateway associated with the ServiceGateway, then the Outbound registration naming it; the teardown
+/// The NAT gateway rules of the emulator, walked through `api` in upstream's order (§c.2.1): public IPs, then the
+/// NAT gateway associated with the ServiceGateway, then the Outbound registration naming it; the teardown
 /// in reverse, each step refused while the one before it has not happened.
 async fn nat_gateway_lifecycle(api: &impl AzureApi, emulator: &Emulator) {
     let refused = |result: Result<(), AzureError>, code: &str| {
@@ -375,9 +375,8 @@ fn a_listed_nat_gateway_is_as_put_only_when_it_is_exactly_what_a_put_makes() {
     assert_eq!(listed(serde_json::json!({"properties": {}})), None, "no name");
 }
 
-// Regression: issue 15, defect 3 — one timeout (60 s, not a flag) held every NRP call. Each
-// hung request ends on its own side's timeout: were it the other side's (an hour), the test
-// would not end.
+// Regression: one timeout (60 s, not a flag) held every NRP call. Each hung request ends on its
+// own side's timeout: were it the other side's (an hour), the test would not end.
 // Upstream TestLocationsUpdater_HungSyncTimesOutAndRecovers.
 #[tokio::test]
 async fn a_hung_nrp_request_ends_on_the_nrp_timeout_and_a_hung_arm_request_on_the_arm_one() {
@@ -687,7 +686,7 @@ async fn rejected_requests_carry_their_arm_code_and_change_nothing() {
 }
 
 // Upstream TestDeleteLB_Mock, TestBuildServiceGatewayRemovalDTO (its inbound half; outbound removals are
-// issue 16) and TestRemoveBackendPoolReferenceFromServicesDTO.
+// the outbound lifecycle's) and TestRemoveBackendPoolReferenceFromServicesDTO.
 #[tokio::test]
 async fn a_drained_service_can_be_unregistered_and_its_load_balancer_and_ip_deleted_in_ccm_order() {
     let emulator = emulator();
@@ -785,15 +784,15 @@ async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
 // TestConvertServicesUpdateActionToARM, TestConvertLocationsUpdateActionToARM,
 // TestConvertLocationDTOsToAddressLocations, TestConvertServiceDTOsToServiceRequests_VNetResourceGroup,
 // TestDisassociateNatGateway_ClearsReferencesOnTheWire (its ServiceGateway side, publicNatGatewayId null;
-// NAT gateways are issue 16), TestConvertServiceDTOsToServiceRequests_MapsServiceType (its inbound half;
-// Outbound requests naming a NAT gateway are issue 16), TestBuildInboundServiceResources_BackendPoolNaming,
-// TestBuildInboundServiceResources_ResourceIDs, TestBuildInboundServiceResources_IPFamilies,
-// TestLocationsUpdater_SendsExactAddressPayloadToNRP, TestGuardSyncOps_PerAddressRemoval_EmptyServiceRef,
-// TestGuardSyncOps_WholeNodeRemoval_EmitsEmptyAddresses, TestJSONRoundTrip, TestMapLocationDataToDTO and
-// TestBackendPoolPopulation.
+// NAT gateways are the outbound lifecycle's), TestConvertServiceDTOsToServiceRequests_MapsServiceType (its
+// inbound half; Outbound requests naming a NAT gateway are the outbound lifecycle's),
+// TestBuildInboundServiceResources_BackendPoolNaming, TestBuildInboundServiceResources_ResourceIDs,
+// TestBuildInboundServiceResources_IPFamilies, TestLocationsUpdater_SendsExactAddressPayloadToNRP,
+// TestGuardSyncOps_PerAddressRemoval_EmptyServiceRef, TestGuardSyncOps_WholeNodeRemoval_EmitsEmptyAddresses,
+// TestJSONRoundTrip, TestMapLocationDataToDTO and TestBackendPoolPopulation.
 // Upstream TestUpdateNRPSGWServices_Mock: an unregistration goes as isDelete true with no pools.
 // Upstream TestGuardV9WireValues_InboundResources and TestGuardV9WireValues_EnumStrings: the load balancer's scope
-// is "Public", which is what makes refusing internal load balancers safe (the NAT gateway SKU is issue 16).
+// is "Public", which is what makes refusing internal load balancers safe (the NAT gateway's SKU is pinned below).
 // Upstream TestSDKV9WireValues: the protocols go as "Tcp" and "Udp".
 // Upstream TestCompleteServiceCreationWorkflow: the public IP and the load balancer are put in the configured region.
 // Upstream TestResourceIDsAreConsistent: each rule's frontend ID is that of the load balancer's one frontend.
@@ -1058,8 +1057,8 @@ fn clb_host_emulator_exits_two_when_it_cannot_listen() {
     assert!(String::from_utf8_lossy(&err).contains(&format!("cannot listen on {address}")));
 }
 
-// Regression: issue 15, defect 5 — the emulator buffered a request body of any size (a 2 GB
-// body took 4 GB of memory). Past its limit a body is answered 413 without being read on, and
+// Regression: the emulator buffered a request body of any size (a 2 GB body took 4 GB of
+// memory). Past its limit a body is answered 413 without being read on, and
 // the emulator serves the next request.
 #[tokio::test]
 async fn the_emulator_answers_a_body_over_its_limit_with_413_and_keeps_serving() {

@@ -1,5 +1,5 @@
-//! The backend-pool updater (issue 6) through the component, against the in-process emulator:
-//! the lock order of upstream PR #10328 with real tasks, the read-modify-write with `If-Match`,
+//! The backend-pool updater through the component, against the in-process emulator: the lock
+//! order of upstream PR #10328 with real tasks, the read-modify-write with `If-Match`,
 //! and the retry classification end to end. Ports of upstream's `azure_local_services_test.go`
 //! cases that need locks and Azure (the pure ones are unit tests in `clb-guest`).
 

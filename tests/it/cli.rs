@@ -145,8 +145,7 @@ fn run_exits_two_before_connecting_when_a_lease_setting_is_malformed_or_inconsis
     }
 }
 
-// Regression: issue 15, defect 7 (`--deadline-ms 0` and a `--memory-mib` of u64::MAX were
-// accepted).
+// Regression: `--deadline-ms 0` and a `--memory-mib` of u64::MAX were accepted.
 #[test]
 fn limits_outside_their_range_are_refused_with_exit_2() {
     for args in
@@ -159,8 +158,7 @@ fn limits_outside_their_range_are_refused_with_exit_2() {
     }
 }
 
-// Regression: issue 15, defect 7 (`run` with a refused cloud config exited 1, not 2: it cannot
-// start).
+// Regression: `run` with a refused cloud config exited 1, not 2: it cannot start.
 #[test]
 fn run_with_a_cloud_config_the_logic_refuses_cannot_start_and_exits_2() {
     let config = temp_file(
@@ -186,8 +184,8 @@ fn run_with_a_cloud_config_the_logic_refuses_cannot_start_and_exits_2() {
 /// A Service manifest, written with `key` twice in its metadata.
 const DUPLICATE_KEY: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  namespace: shop\n  name: api\nspec:\n  type: LoadBalancer\n";
 
-// Regression: issue 15, defects 5 and 6 — each hostile input file is refused with exit 2, a
-// message naming the file (and its line where there is one), quickly and in bounded memory.
+// Regression: each hostile input file is refused with exit 2, a message naming the file (and its
+// line where there is one), quickly and in bounded memory.
 #[test]
 fn hostile_input_files_are_refused_with_exit_2_naming_the_file_and_what_is_wrong() {
     let config = fixture("configs/clb.yaml");
@@ -233,7 +231,7 @@ fn hostile_input_files_are_refused_with_exit_2_naming_the_file_and_what_is_wrong
     assert!(err.contains("/dev/zero: larger than 67108864 bytes"), "{err}");
 }
 
-// Regression: issue 15, defect 6 — two Services with one UID were accepted.
+// Regression: two Services with one UID were accepted.
 #[test]
 fn validate_exits_two_when_two_services_share_a_uid() {
     let config = fixture("configs/clb.yaml");
@@ -250,8 +248,8 @@ fn validate_exits_two_when_two_services_share_a_uid() {
     assert!(err.contains(&format!("{}: Service shop/api has UID", api.display())) && err.contains("shop/web"), "{err}");
 }
 
-// Regression: issue 15, defect 6 — a UTF-8 byte order mark before the YAML is ignored, as
-// Kubernetes does, instead of failing with a misleading error.
+// Regression: a UTF-8 byte order mark before the YAML is ignored, as Kubernetes does, instead of
+// failing with a misleading error.
 #[test]
 fn a_manifest_that_starts_with_a_byte_order_mark_is_read_as_without_it() {
     let config = fixture("configs/clb.yaml");
@@ -261,9 +259,8 @@ fn a_manifest_that_starts_with_a_byte_order_mark_is_read_as_without_it() {
     assert_eq!(code, EXIT_OK, "{out}{err}");
 }
 
-// Regression: issue 15, defects 5 and 7 — a scenario that swaps to a file that is not there, or
-// advances by 10^12 hours, is an invalid scenario (exit 2), not a failed expectation or a run
-// that never ends.
+// Regression: a scenario that swaps to a file that is not there, or advances by 10^12 hours, is an
+// invalid scenario (exit 2), not a failed expectation or a run that never ends.
 #[test]
 fn a_scenario_swapping_to_a_missing_file_or_advancing_past_a_week_is_invalid_with_exit_2() {
     let scenario = |name: &str, step: &str| {
@@ -366,7 +363,7 @@ fn logged(format: clb_host::logging::LogFormat, ansi: bool) -> String {
     String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
 }
 
-// Issue 18: log lines carried ANSI colour codes into files and log collectors, and there was no
+// Regression: log lines carried ANSI colour codes into files and log collectors, and there was no
 // format a log pipeline reads.
 #[test]
 fn log_lines_off_a_terminal_carry_no_colour_codes_and_log_format_json_writes_one_object_a_line() {

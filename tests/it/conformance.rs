@@ -1,5 +1,5 @@
-//! Issue 17: `docs/conformance.md`, the table of upstream master's tests and where each one's
-//! counterpart is, generated from `docs/conformance/upstream-tests.tsv` (the project's own copy
+//! `docs/conformance.md`, the table of upstream master's tests and where each one's counterpart
+//! is, generated from `docs/conformance/upstream-tests.tsv` (the project's own copy
 //! of the audit, one upstream test a line) and the `upstream:` markers in the code, so that it
 //! cannot drift.
 //!

@@ -910,7 +910,7 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("list", "", "nodes", "", true),
     ("watch", "", "nodes", "", true),
     // Egress pods (through a label selector, which RBAC cannot express), and their finalizer:
-    // read, then patched under the UID guard (issue 16).
+    // read, then patched under the UID guard.
     ("list", "", "pods", "", true),
     ("watch", "", "pods", "", true),
     ("get", "", "pods", "shop", true),
@@ -949,7 +949,7 @@ const NAMED_RIGHTS: &[(&str, &str, &str, &str, &str, bool)] = &[
 ];
 
 /// `run --record`: what a live controller recorded replays identically, and a trace that
-/// cannot be written costs counted lines, never a reconcile (issue 13).
+/// cannot be written costs counted lines, never a reconcile.
 #[test]
 fn a_controller_run_with_record_writes_a_trace_that_replays_identically_and_an_unwritable_one_costs_only_lines() {
     use clb_host::trace::{ComponentRef, RecordOptions, Recorder};

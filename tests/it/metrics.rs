@@ -253,8 +253,8 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
     assert_eq!(value(&text, "clb_pool_updater_failures_total", &["kind=\"unlock\""]), 1.0);
 }
 
-/// Issue 18: `/metrics` moved from exposition text written by hand to `prometheus-client`; the
-/// sample names and label keys are the operators' contract and stay exactly as they were
+/// `/metrics` moved from exposition text written by hand to `prometheus-client`; the sample
+/// names and label keys are the operators' contract and stay exactly as they were
 /// (`tests/fixtures/metrics/contract.txt`), the histograms added beside them.
 // Upstream TestExtractAzureErrorInfo (differs: metrics say ok or failed; the guest gets the status and the
 // code).

@@ -1,5 +1,5 @@
-//! Swaps in a running `clb-host run` (issue #7), end to end against the test API server and the
-//! emulator: a watched file and a watched ConfigMap, `clb-host swap` against the endpoint, the
+//! Swaps in a running `clb-host run`, end to end against the test API server and the emulator:
+//! a watched file and a watched ConfigMap, `clb-host swap` against the endpoint, the
 //! pin, the self-check refusing a destructive version, and what an operator sees of each —
 //! `/status`, `/metrics` and Events on the well-known ConfigMap.
 

@@ -393,8 +393,8 @@ fn a_long_journal_at_stage_is_replayed_by_the_import_not_checkpointed_and_the_sw
     let report = supervisor.swap_staged(staged, 20).expect("accepted");
     assert_eq!(report.replayed, Some(1), "only the input delivered after `stage`");
     assert_eq!(supervisor.stats().checkpoints, checkpoints, "no whole state move either");
-    // Regression: issue 15, defect 7 — the size reported is the state moved (the new version's
-    // export after the import's replay), not the checkpoint before the journal.
+    // Regression: the size reported is the state moved (the new version's export after the
+    // import's replay), not the checkpoint before the journal.
     assert!(report.state_to.1 > report.state_from.1, "{report}");
     assert_eq!(supervisor.stats().last_checkpoint_bytes, report.state_to.1, "the moved state is the checkpoint now");
     let plain = reference.swap(next(), 20).expect("accepted");
@@ -402,8 +402,8 @@ fn a_long_journal_at_stage_is_replayed_by_the_import_not_checkpointed_and_the_sw
     assert_eq!(supervisor.export_state().unwrap(), reference.export_state().unwrap());
 }
 
-// Regression: issue 15, defect 1 — a probation began with the previous version's journal, so
-// after a long journal it ended at the swap and three traps in a row did not roll back.
+// Regression: a probation began with the previous version's journal, so after a long journal it
+// ended at the swap and three traps in a row did not roll back.
 #[test]
 fn a_staged_swap_after_a_long_journal_serves_its_probation_on_its_own_inputs() {
     const PROBATION: usize = 10;

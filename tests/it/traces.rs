@@ -82,7 +82,7 @@ pub fn clb_replay(traces: &[&Path], extra: &[&str]) -> (u8, String, String) {
 }
 
 /// Regenerate with `CLB_BLESS_TRACES=1 cargo test --release -p clb-tests golden` (docs/traces.md).
-// Upstream TestBuildServiceGatewayRemovalDTO (its inbound half; outbound removals are issue 16) and
+// Upstream TestBuildServiceGatewayRemovalDTO (its inbound half; outbound removals are the outbound lifecycle's) and
 // TestRemoveBackendPoolReferenceFromServicesDTO.
 #[test]
 fn golden_traces_are_what_simulate_records_for_every_scenario() {

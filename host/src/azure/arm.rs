@@ -39,8 +39,7 @@ pub struct ArmConfig {
     /// send, read the answer) may take.
     pub request_timeout: Duration,
     /// The same for NRP (the ServiceGateway's services and address locations), whose calls every
-    /// Service's endpoints wait for: shorter, so that one hung call holds them less long (issue
-    /// 15, defect 3).
+    /// Service's endpoints wait for: shorter, so that one hung call holds them less long.
     pub nrp_request_timeout: Duration,
     /// The longest polling of an asynchronous operation may take, all polls together.
     pub operation_timeout: Duration,

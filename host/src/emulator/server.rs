@@ -98,9 +98,9 @@ enum Reply {
 }
 
 /// The largest request body the emulator reads (ARM routes, faults, state): past it the
-/// request is answered 413 without reading on, so a huge body costs no more memory than this
-/// (issue 15, defect 5). Far above any request the host sends: an address-location batch of
-/// the 1,000-node benchmark cluster is ~3 MB.
+/// request is answered 413 without reading on, so a huge body costs no more memory than this.
+/// Far above any request the host sends: an address-location batch of the 1,000-node benchmark
+/// cluster is ~3 MB.
 pub const MAX_REQUEST_BYTES: usize = 16 << 20;
 
 async fn handle(emulator: Arc<Emulator>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, DropConnection> {

@@ -1,5 +1,5 @@
-//! Swaps in the running controller (design §7, issue #7): requests from the HTTP endpoint and the
-//! logic sources, carried out by `clb-host run`'s loop, recorded for `/status` and reported as
+//! Swaps in the running controller (design §7): requests from the HTTP endpoint and the logic
+//! sources, carried out by `clb-host run`'s loop, recorded for `/status` and reported as
 //! Kubernetes Events.
 //!
 //! * **One way in.** The [`Supervisor`] serves with `&mut self`, so nothing outside the run loop

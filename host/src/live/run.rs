@@ -368,8 +368,8 @@ impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
     }
 }
 
-/// A failed command is a WARN with what it was about (issue 15, defect 3): the guest retries
-/// it, but an operator reading the log must see which Service or location waits, and why.
+/// A failed command is a WARN with what it was about: the guest retries it, but an operator
+/// reading the log must see which Service or location waits, and why.
 fn log_outcome(issued: &wit::Issued, outcome: &wit::Outcome) {
     let command = command_name(&issued.command);
     match outcome {

@@ -136,7 +136,7 @@ impl Cluster {
                         .iter()
                         .find(|(_, other)| other.metadata.uid.as_deref().is_some_and(|o| o.eq_ignore_ascii_case(uid)))
                 {
-                    // Issue 15, defect 6: two Services with one UID were accepted.
+                    // A second Service with the same UID is refused (it was once accepted).
                     return Err(ClusterError::UidInUse {
                         kind: Kind::Service,
                         key: key_text(&key),
@@ -516,7 +516,7 @@ mod tests {
         cluster.apply(Object::Pod(replacement)).unwrap();
     }
 
-    // Regression: issue 15, defect 6 — two Services with one UID were accepted.
+    // Regression: two Services with one UID were accepted.
     #[test]
     fn a_service_with_the_uid_of_another_service_is_refused_and_changes_nothing() {
         let service = |name: &str, uid: &str| {

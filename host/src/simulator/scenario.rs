@@ -350,7 +350,7 @@ pub struct VirtualDuration(pub u64);
 
 /// The longest span a scenario may give: a week. The simulation jumps from one wake-up of the
 /// guest to the next, but an idle tracker still wakes every resync period (5 minutes) to read
-/// NRP: a week is ~2,000 wake-ups, 10^12 hours would be ~10^13 (issue 15, defect 5).
+/// NRP: a week is ~2,000 wake-ups, 10^12 hours would be ~10^13.
 pub const MAX_DURATION_MS: u64 = 7 * 24 * 3_600_000;
 
 impl VirtualDuration {
@@ -638,7 +638,7 @@ struct RawScenario {
 }
 
 /// Reads and checks a scenario file, and that each file a `swap` step names is one (a scenario
-/// naming a file that is not there is invalid, not a failed expectation: issue 15, defect 7).
+/// naming a file that is not there is invalid, not a failed expectation).
 pub fn read(path: &Path) -> Result<Scenario, ScenarioError> {
     let scenario = parse(path, &inputs::read(path)?)?;
     for (n, step) in scenario.steps.iter().enumerate() {
@@ -711,7 +711,7 @@ mod tests {
             assert_eq!(VirtualDuration::parse(bad), None, "{bad}");
         }
         assert_eq!(VirtualDuration(1_500).to_string(), "1.500s");
-        // Regression: issue 15, defect 5 — a scenario could advance for 10^12 hours.
+        // Regression: a scenario could advance for 10^12 hours.
         assert_eq!(VirtualDuration::parse("168h"), Some(VirtualDuration(MAX_DURATION_MS)));
         assert_eq!(VirtualDuration::parse("169h"), None);
         assert_eq!(VirtualDuration::parse("1000000000000h"), None);

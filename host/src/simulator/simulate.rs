@@ -969,8 +969,8 @@ impl Simulation<'_> {
         checks
     }
 
-    /// The outbound rules (issue 16), from the emulator's resources and the cluster: an Outbound
-    /// service registered with a NAT gateway has that NAT gateway, associated (NRP refuses the
+    /// The outbound rules, from the emulator's resources and the cluster: an Outbound service
+    /// registered with a NAT gateway has that NAT gateway, associated (NRP refuses the
     /// reference otherwise, but a later delete could break it); every NAT gateway belongs to a
     /// registered Outbound service that names it (none is left behind by a teardown); and an
     /// Outbound service the controller registered with its NAT gateway is carried by a live pod
@@ -1039,8 +1039,8 @@ impl Simulation<'_> {
         Some(crate::records::pod(pod))
     }
 
-    /// The invariant "a pod is released only after its addresses left NRP" (issue 16): once an
-    /// egress pod's finalizer is released, NRP maps none of its IPs to the identity its label
+    /// The invariant "a pod is released only after its addresses left NRP": once an egress
+    /// pod's finalizer is released, NRP maps none of its IPs to the identity its label
     /// names (unless a live pod with that label has the IP now), and an identity no live pod
     /// carries any more has no NAT gateway left (the last pod waits for the teardown).
     fn release_checked(&mut self, pod: &wit::Pod) {

@@ -1,4 +1,4 @@
-//! Ports of upstream engine and service-updater tests (issue 16) about the outbound lifecycle of
+//! Ports of upstream engine and service-updater tests about the outbound lifecycle of
 //! egress identities: creation, pods that come and go during it, the teardown and its failures.
 //! Each test names the upstream test it ports in the comment directly above it
 //! (`docs/conformance.md` is generated from those).

@@ -1,4 +1,4 @@
-//! Ports of upstream tests (issue 16) about the egress pod finalizer
+//! Ports of upstream tests about the egress pod finalizer
 //! `servicegateway.azure.com/pod-cleanup` (`crate::pod_finalizers`): when it is added, when it is
 //! released (after the drain; for a last pod, after the teardown), UID guards against replacement
 //! pods, retries, and recovery after a restart. Each test names the upstream tests it ports in

@@ -1,4 +1,4 @@
-//! Ports of upstream engine tests (issue 17) about deletion checks, finalizers, start-up recovery, status patches
+//! Ports of upstream engine tests about deletion checks, finalizers, start-up recovery, status patches
 //! and the per-tick dispatch. Each test names the upstream test it ports in the comment directly above it
 //! (`docs/conformance.md` is generated from those).
 
@@ -112,7 +112,7 @@ fn a_deletion_whose_drain_fails_stays_pending_and_runs_no_delete_step_until_the_
 // Upstream TestCheckPendingServiceDeletions_MultipleServices: deletions are gated one by one: a Service NRP holds
 // no address of is deleted and released while another one's drain keeps failing, and that one stays pending
 // with its registration untouched. (Upstream's outbound case has no counterpart: the NAT gateway lifecycle is
-// not built, issue 16.)
+// not built.)
 #[test]
 fn a_drained_deletion_proceeds_while_another_one_is_still_held_by_its_address_in_nrp() {
     let other = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e02";
@@ -308,8 +308,7 @@ fn orphaned(gone: &str) -> ArmInventory {
 
 // Upstream TestGuardDefaultNATGatewayIsNeverScheduledForOrphanDeletion: NRP's default outbound service (and an
 // address NRP maps to it) is never written or deleted by the start-up sweep, which still deletes a genuine
-// orphan. (Upstream's control, a genuine orphan NAT gateway collected, waits for the NAT gateway lifecycle,
-// issue 16.)
+// orphan. (Upstream's control, a genuine orphan NAT gateway collected, waits for the NAT gateway lifecycle.)
 #[test]
 fn the_start_up_sweep_never_touches_nrps_default_outbound_service_and_still_deletes_a_genuine_orphan() {
     let gone = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e99";
@@ -343,7 +342,7 @@ fn the_start_up_sweep_never_touches_nrps_default_outbound_service_and_still_dele
 // Upstream TestGuardOrphanCleanupSkipsResourcesStillDesiredInKubernetes: the crash-mid-create shape, a Service
 // Kubernetes still wants whose load balancer and public IP ARM lists but NRP never registered, is adopted and
 // registered, never swept, while a genuine orphan beside it is deleted. (The egress half waits for the NAT
-// gateway lifecycle, issue 16.)
+// gateway lifecycle.)
 #[test]
 fn a_wanted_service_left_unregistered_by_a_crash_is_registered_not_swept_beside_a_genuine_orphan() {
     let gone = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e99";
