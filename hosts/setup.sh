@@ -3,7 +3,8 @@
 #
 #   bash hosts/setup.sh        # prints nothing but errors; its last line is the venv's python
 #
-# * Python: a venv at ${CLB_CACHE:-/var/cache/clb-reconciler}/venv with ./hosts/python installed
+# * Python: a venv at $CLB_CACHE/venv with ./hosts/python installed (CLB_CACHE defaults to
+#   ${XDG_CACHE_HOME:-~/.cache}/clb-reconciler, the user's own; CI sets /var/cache/clb-reconciler)
 #   (pip's cache in ${CLB_CACHE}/pip). Needs python3.11+ with pip and access to PyPI the first
 #   time; skipped when a stamp (a hash of hosts/python's sources, its pyproject, the schema and
 #   the interpreter) says nothing changed.
@@ -14,7 +15,7 @@
 set -euo pipefail
 
 hosts="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache="${CLB_CACHE:-/var/cache/clb-reconciler}"
+cache="${CLB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/clb-reconciler}"
 venv="$cache/venv"
 pkg="$hosts/python"
 

@@ -4,11 +4,12 @@
 # the sources (go.mod, go.sum, *.go, this script), so a fresh clone of the same sources builds
 # nothing, and clones with different sources do not overwrite each other's binary.
 # Environment:
-#   CLB_CACHE             cache root (default /var/cache/clb-reconciler): bin/, go/mod, go/build
+#   CLB_CACHE             cache root (default ${XDG_CACHE_HOME:-~/.cache}/clb-reconciler, the user's
+#                         own; CI sets /var/cache/clb-reconciler): bin/, go/mod, go/build
 #   GOMODCACHE, GOCACHE   default to $CLB_CACHE/go/mod and $CLB_CACHE/go/build
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-cache="${CLB_CACHE:-/var/cache/clb-reconciler}"
+cache="${CLB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/clb-reconciler}"
 export GOMODCACHE="${GOMODCACHE:-$cache/go/mod}" GOCACHE="${GOCACHE:-$cache/go/build}"
 export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:--buildvcs=false}"
 mkdir -p "$cache/bin" "$GOMODCACHE" "$GOCACHE"

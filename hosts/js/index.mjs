@@ -53,7 +53,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
 
 /**
  * @typedef {object} LoadOptions
- * @property {string} [cacheDir] where transpiled components are kept; default `${CLB_CACHE:-/var/cache/clb-reconciler}` (then the OS temp directory if that is not writable), as `<dir>/jco/<sha256>/`
+ * @property {string} [cacheDir] where transpiled components are kept; default `$CLB_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/clb-reconciler` (then the OS temp directory if that is not writable), as `<dir>/jco/<sha256>/`
  * @property {string|URL} [schema] the schema file; default `../schema/clb-reconciler.json` beside this package
  * @property {(level: 'debug'|'info'|'warn'|'error', message: string) => void} [log] the guest's `diagnostics.log`; default: dropped
  * @property {(message: string) => void} [panicked] the guest's `diagnostics.panicked` (it traps right after); default: kept in the GuestTrap

@@ -10,7 +10,7 @@
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { homedir, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { camel, pascal } from './codec.mjs';
@@ -47,8 +47,9 @@ export class LoadError extends Error {
   }
 }
 
+/** `$CLB_CACHE`, else the user's own cache folder, as hosts/setup.sh and the test API server's. */
 function defaultCacheRoot() {
-  return process.env.CLB_CACHE || '/var/cache/clb-reconciler';
+  return process.env.CLB_CACHE || join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'clb-reconciler');
 }
 
 function stampMatches(dir, stampText) {
@@ -369,7 +370,7 @@ const loaded = new Map();
 
 /**
  * Loads a component file: checks it exports the schema's interfaces, transpiles it (cached by
- * sha256 under `${CLB_CACHE:-/var/cache/clb-reconciler}/jco/<sha256>`), compiles its core modules.
+ * sha256 under `$CLB_CACHE/jco/<sha256>`, by default `~/.cache/clb-reconciler/jco/<sha256>`), compiles its core modules.
  * @param {string} path
  * @param {{schema: import('./codec.mjs').Schema, cacheDir?: string, maxMemoryBytes?: number, deadlineMs?: number,
  *          log?: (level:string, message:string)=>void, panicked?: (message:string)=>void}} options

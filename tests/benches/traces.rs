@@ -126,8 +126,7 @@ fn largest_golden_trace() -> PathBuf {
 /// The Python and JavaScript replays of `trace`, with their programs where installed.
 fn other_hosts(trace: &std::path::Path, component: &std::path::Path) -> Vec<(&'static str, Option<PathBuf>, Vec<String>)> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cache = std::env::var("CLB_CACHE").unwrap_or_else(|_| "/var/cache/clb-reconciler".into());
-    let python = PathBuf::from(&cache).join("venv/bin/python");
+    let python = cache_dir().join("venv/bin/python");
     let node_ready = root.join("hosts/js/node_modules").is_dir();
     let (trace, component) = (trace.display().to_string(), component.display().to_string());
     vec![

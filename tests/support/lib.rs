@@ -86,6 +86,19 @@ pub use clb_host::native::{
     outcome_to_model, service_to_model, step_to_wit,
 };
 
+/// Where the tests' caches are: `$CLB_CACHE`, else the user's own
+/// `${XDG_CACHE_HOME:-~/.cache}/clb-reconciler`, as `harness/apiserver/build.sh` and
+/// `hosts/setup.sh` decide it (CI sets `/var/cache/clb-reconciler`).
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CLB_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache"));
+    base.join("clb-reconciler")
+}
+
 /// `CLB_BENCH_SHRINK=N` (default 1): every benchmark's sizes, counts and repetitions divided by
 /// N. CI runs each bench with N = 10, so that none rots (its assertions still run) in a
 /// fraction of the time; the figures in BENCHMARKS.md are from N = 1. A value that is not a
