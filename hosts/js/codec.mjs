@@ -17,7 +17,7 @@
 // string that is not well-formed Unicode are errors (`CodecError`, with the path of the value).
 // `encode` (jco value -> canonical JSON value) is what a host writes.
 
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 
 /** An argument or result that does not decode (or a jco value that does not encode). */
 export class CodecError extends Error {
@@ -455,12 +455,19 @@ export class Schema {
 
 const schemaCache = new Map();
 
-/** The default schema location: `hosts/schema/clb-reconciler.json`, beside this package. */
-export const DEFAULT_SCHEMA_URL = new URL('../schema/clb-reconciler.json', import.meta.url);
+/**
+ * The default schema location: `schema.json` in this package, as `npm pack` packs it (its
+ * `prepack` script copies it in, `postpack` removes it: the checkout never holds a copy), else
+ * `hosts/schema/clb-reconciler.json` beside this folder in a checkout.
+ */
+const PACKED_SCHEMA_URL = new URL('./schema.json', import.meta.url);
+export const DEFAULT_SCHEMA_URL = existsSync(PACKED_SCHEMA_URL)
+  ? PACKED_SCHEMA_URL
+  : new URL('../schema/clb-reconciler.json', import.meta.url);
 
 /**
  * Reads and compiles the schema file.
- * @param {string|URL} [location] defaults to `../schema/clb-reconciler.json` relative to this package
+ * @param {string|URL} [location] defaults to {@link DEFAULT_SCHEMA_URL}
  * @param {{loose?: boolean}} [opts]
  * @returns {Schema}
  */

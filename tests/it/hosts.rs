@@ -186,3 +186,98 @@ fn the_javascript_hosts_own_tests_pass_with_none_skipped() {
     assert!(passed, "{text}");
     assert!(text.contains("# skipped 0") && text.contains("# fail 0"), "{text}");
 }
+
+/// Runs `command`, failing the test with its output unless it succeeds; returns its stdout.
+fn succeeds(command: &mut Command) -> String {
+    let output = command.output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{command:?} failed ({}):\n{out}{err}", output.status);
+    out.into_owned()
+}
+
+/// A fresh folder outside the checkout.
+fn outside(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("clb-hosts-{}-{name}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Replays every golden trace with `program` from `dir`, where nothing of the checkout is.
+fn replays_every_golden_trace_from(dir: &Path, program: &Path) {
+    let (builtin, next) = guest_files();
+    let traces = golden_traces();
+    let out = succeeds(
+        Command::new(program)
+            .args(&traces)
+            .arg("--component")
+            .arg(builtin)
+            .arg("--swap-component")
+            .arg(format!("next-guest={}", next.display()))
+            .current_dir(dir)
+            .env_remove("CLB_SCHEMA"),
+    );
+    assert_eq!(out.lines().filter(|l| l.ends_with("calls, identical")).count(), traces.len(), "{out}");
+}
+
+#[test]
+fn the_javascript_host_packed_by_npm_installs_into_an_empty_project_and_replays_every_golden_trace_there() {
+    python(); // hosts/setup.sh: npm's cache holds the dependencies
+    let dir = outside("npm");
+    let (pack, project) = (dir.join("pack"), dir.join("project"));
+    std::fs::create_dir_all(&pack).unwrap();
+    std::fs::create_dir_all(&project).unwrap();
+    let npm_cache = clb_tests::cache_dir().join("npm");
+    // Packed from a copy of hosts/js and hosts/schema: `prepack` copies the schema in for the
+    // time of the pack, which the other tests' JavaScript, reading hosts/js, must not see.
+    let source = dir.join("hosts");
+    std::fs::create_dir_all(source.join("js")).unwrap();
+    succeeds(Command::new("cp").arg("-r").arg(root().join("hosts/schema")).arg(&source));
+    for entry in std::fs::read_dir(root().join("hosts/js")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.file_name().is_some_and(|n| n != "node_modules") {
+            succeeds(Command::new("cp").arg("-r").arg(&path).arg(source.join("js")));
+        }
+    }
+    succeeds(
+        Command::new("npm")
+            .args(["pack", "--loglevel=error", "--pack-destination"])
+            .arg(&pack)
+            .current_dir(source.join("js")),
+    );
+    assert!(!source.join("js/schema.json").exists(), "npm pack leaves no copy of the schema behind");
+    let tarball = std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path()).next().expect("npm pack wrote a tarball");
+    succeeds(
+        Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefer-offline", "--cache"])
+            .arg(&npm_cache)
+            .arg(&tarball)
+            .current_dir(&project),
+    );
+    replays_every_golden_trace_from(&project, &project.join("node_modules/.bin/clb-replay-js"));
+    // The integrator API, imported by the package's name.
+    let script = "import { loadComponent, Tracker } from 'clb-reconciler';\n\
+                  const component = await loadComponent(process.argv[2]);\n\
+                  const { tag, val: tracker } = await Tracker.create(component, { 'backend-pool-type': 'podIP', \
+                  'load-balancer-sku': 'standardV2', 'multiple-standard-load-balancers': [], 'write-budgets': null });\n\
+                  if (tag !== 'ok') throw new Error('refused');\n\
+                  console.log(JSON.stringify(tracker.observe(0n, [{ tag: 'lists-complete' }]).commands));\n";
+    std::fs::write(project.join("use.mjs"), script).unwrap();
+    let out = succeeds(Command::new("node").arg("use.mjs").arg(&guest_files().0).current_dir(&project));
+    assert_eq!(out.trim(), r#"[{"id":"0","command":{"tag":"read-nrp"}}]"#);
+}
+
+#[test]
+fn the_python_host_installed_by_pip_replays_every_golden_trace_from_a_folder_outside_the_checkout() {
+    let venv = python().parent().unwrap().parent().unwrap().to_owned();
+    let dir = outside("pip");
+    let where_from = succeeds(
+        Command::new(python())
+            .args(["-c", "import clb_reconciler, os; print(os.path.dirname(clb_reconciler.__file__))"])
+            .current_dir(&dir),
+    );
+    let package = PathBuf::from(where_from.trim());
+    assert!(package.starts_with(&venv), "imported from the venv, not the checkout: {}", package.display());
+    assert!(package.join("schema.json").is_file(), "the installed package carries the schema");
+    replays_every_golden_trace_from(&dir, &venv.join("bin/clb-replay-py"));
+}
