@@ -34,6 +34,7 @@ use crate::program::{Answer, Program, Step, Time};
 use clb_guest::invariants::{Harness, LABELS, Op, PHASES, World, assert_round_trip};
 use clb_guest::model::{self, Command, Issued, Observation, Outcome};
 use clb_guest::tracker::Tracker;
+use clb_host::executor::UID_MISMATCH;
 use clb_host::native::{config_to_model, observation_to_model, outcome_to_model};
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use std::collections::{BTreeMap, BTreeSet};
@@ -264,7 +265,7 @@ impl Hostile {
         let key = (target.namespace.to_string(), target.name.to_string());
         let Some(pod) = self.objects.pods.get_mut(&key) else { return failed(404, "NotFound") };
         if pod.uid != target.uid.as_str() {
-            return failed(409, "UIDMismatch");
+            return failed(409, UID_MISMATCH);
         }
         let had = pod.finalizers.iter().any(|f| f == finalizer);
         if had == present {
@@ -329,7 +330,7 @@ impl Hostile {
         let key = (target.namespace.to_string(), target.name.to_string());
         let Some(service) = self.objects.services.get_mut(&key) else { return failed(404, "NotFound") };
         if service.uid != target.uid.as_str() {
-            return failed(409, "UIDMismatch");
+            return failed(409, UID_MISMATCH);
         }
         let before = service.clone();
         if let Err(refused) = change(service) {
@@ -362,7 +363,7 @@ impl Hostile {
     fn note(&mut self, failure: &model::Failure) {
         // A 404, or the host's UID guard saying the object is another one now (409
         // `UIDMismatch`), tells the tracker the object it wrote about is gone: a lie when it is not.
-        if failure.status == 404 || failure.code.as_deref() == Some("UIDMismatch") {
+        if failure.status == 404 || failure.code.as_deref() == Some(UID_MISMATCH) {
             self.lied = true;
         }
         const TERMINAL: &[&str] =

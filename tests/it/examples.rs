@@ -6,14 +6,11 @@
 //! venv, where `clb_reconciler` is installed as a user would install it. The Rust example is
 //! the body of a test below, compared line by line with the README's block.
 
-use super::hosts::python;
+use super::hosts::{python, root};
+use super::traces::scratch;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The fenced blocks of `language` in `markdown`: (the line of the opening fence, the code).
 fn fenced(markdown: &str, language: &str) -> Vec<(usize, String)> {
@@ -36,9 +33,7 @@ fn fenced(markdown: &str, language: &str) -> Vec<(usize, String)> {
 
 /// A folder as the READMEs assume the user's to be.
 fn users_folder(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("clb-examples-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch(&format!("examples-{name}"));
     std::fs::write(dir.join("clb_guest.wasm"), clb_host::BUILTIN_GUEST).unwrap();
     std::os::unix::fs::symlink(root().join("hosts"), dir.join("hosts")).unwrap();
     dir

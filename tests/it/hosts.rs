@@ -4,12 +4,12 @@
 //! `npm ci`, cached outside the clone); these tests run it first, so they need nothing set up
 //! by hand — only python3 with pip, Node with npm, and the package registries.
 
-use super::traces::{golden_traces, guest_files, with_one_result_changed};
+use super::traces::{golden_traces, guest_files, scratch, with_one_result_changed};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
@@ -195,14 +195,6 @@ fn succeeds(command: &mut Command) -> String {
     out.into_owned()
 }
 
-/// A fresh folder outside the checkout.
-fn outside(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("clb-hosts-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Replays every golden trace with `program` from `dir`, where nothing of the checkout is.
 fn replays_every_golden_trace_from(dir: &Path, program: &Path) {
     let (builtin, next) = guest_files();
@@ -223,7 +215,7 @@ fn replays_every_golden_trace_from(dir: &Path, program: &Path) {
 #[test]
 fn the_javascript_host_packed_by_npm_installs_into_an_empty_project_and_replays_every_golden_trace_there() {
     python(); // hosts/setup.sh: npm's cache holds the dependencies
-    let dir = outside("npm");
+    let dir = scratch("hosts-npm");
     let (pack, project) = (dir.join("pack"), dir.join("project"));
     std::fs::create_dir_all(&pack).unwrap();
     std::fs::create_dir_all(&project).unwrap();
@@ -270,7 +262,7 @@ fn the_javascript_host_packed_by_npm_installs_into_an_empty_project_and_replays_
 #[test]
 fn the_python_host_installed_by_pip_replays_every_golden_trace_from_a_folder_outside_the_checkout() {
     let venv = python().parent().unwrap().parent().unwrap().to_owned();
-    let dir = outside("pip");
+    let dir = scratch("hosts-pip");
     let where_from = succeeds(
         Command::new(python())
             .args(["-c", "import clb_reconciler, os; print(os.path.dirname(clb_reconciler.__file__))"])

@@ -22,7 +22,7 @@ fn golden(scenario: &Path) -> PathBuf {
 }
 
 /// A scratch directory of this test binary, fresh per name.
-fn scratch(name: &str) -> PathBuf {
+pub(crate) fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("clb-traces-{}-{name}", std::process::id()));
     std::fs::remove_dir_all(&dir).ok();
     std::fs::create_dir_all(&dir).unwrap();
