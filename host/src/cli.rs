@@ -215,7 +215,48 @@ struct RunArgs {
     #[command(flatten)]
     operations: OperationsArgs,
     #[command(flatten)]
+    shadow: ShadowArgs,
+    #[command(flatten)]
     record: RecordArgs,
+}
+
+/// `run`'s candidate in shadow (docs/operations.md, "Canary a version by shadow").
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("shadow_source").args(["shadow_logic_file", "shadow_logic_configmap"])))]
+struct ShadowArgs {
+    /// Run this component file in shadow beside the serving version: it is given every input and
+    /// its answers are compared, but nothing it asks for is carried out. Watched like
+    /// --logic-file: a new content replaces the candidate.
+    #[arg(long, value_name = "PATH")]
+    shadow_logic_file: Option<PathBuf>,
+    /// Run the component in this ConfigMap key in shadow (as --logic-configmap reads it).
+    #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
+    shadow_logic_configmap: Option<crate::live::sources::ConfigMapKey>,
+    /// Refuse any candidate whose sha256 (decompressed) is not this one.
+    #[arg(long, value_name = "HEX", requires = "shadow_source")]
+    shadow_sha256: Option<crate::live::swap::Sha256Pin>,
+    /// Swap the candidate in (a staged swap, then its probation) once it has compared this many
+    /// inputs in a row without a divergence; without it, promote by hand with `clb-host swap`.
+    #[arg(long, value_name = "N", requires = "shadow_source", value_parser = clap::value_parser!(u64).range(1..))]
+    promote_after: Option<u64>,
+    /// Divergence kinds that do not hold a promotion back, comma-separated: a command's name
+    /// (emit-event, put-load-balancer, …), command-order, wake-at or idle. They are still
+    /// counted.
+    #[arg(long, value_name = "KIND,...", value_delimiter = ',', requires = "shadow_source", value_parser = shadow_kind)]
+    shadow_allow: Vec<String>,
+    /// Write each divergence as a trace into this folder (`clb-host replay` reproduces it).
+    #[arg(long, value_name = "DIR", requires = "shadow_source")]
+    shadow_record: Option<PathBuf>,
+}
+
+fn shadow_kind(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if crate::live::control::shadow_kinds().any(|kind| kind == text) {
+        Ok(text.to_owned())
+    } else {
+        let known: Vec<&str> = crate::live::control::shadow_kinds().collect();
+        Err(format!("`{text}` is not a divergence kind; one of: {}", known.join(", ")))
+    }
 }
 
 /// `run --record`: a trace of every call into the logic (docs/traces.md, docs/operations.md).
@@ -1009,7 +1050,23 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
         (None, Some(key)) => Some(crate::live::sources::LogicSource::ConfigMap(key)),
         (None, None) => None,
     };
+    let shadow_args = args.shadow;
+    let shadow_source = match (shadow_args.shadow_logic_file, shadow_args.shadow_logic_configmap) {
+        (Some(path), _) => Some(crate::live::sources::LogicSource::File(path)),
+        (None, Some(key)) => Some(crate::live::sources::LogicSource::ConfigMap(key)),
+        (None, None) => None,
+    };
+    let shadow = shadow_source.map(|source| crate::live::operations::ShadowSource {
+        source,
+        pin: shadow_args.shadow_sha256,
+        policy: crate::live::control::ShadowPolicy {
+            promote_after: shadow_args.promote_after,
+            allow: shadow_args.shadow_allow.into_iter().collect(),
+            record: shadow_args.shadow_record,
+        },
+    });
     let operations = crate::live::operations::OperationsConfig {
+        shadow,
         listen: ops.listen,
         admin_token,
         source,

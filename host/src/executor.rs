@@ -102,21 +102,37 @@ pub enum InvalidCommand {
     WrongKind { command: &'static str, kind: String, expected: &'static str },
 }
 
+/// Every name [`command_name`] gives: the WIT's names of the `command` cases.
+pub const COMMAND_NAMES: [&str; 11] = [
+    "emit-event",
+    "read-nrp",
+    "read-arm",
+    "update-services",
+    "update-address-locations",
+    "put-public-ip",
+    "put-load-balancer",
+    "put-nat-gateway",
+    "delete-resource",
+    "patch-service-status",
+    "set-finalizer",
+];
+
 /// The name of a command in logs and reports, as the WIT spells it.
 pub fn command_name(command: &wit::Command) -> &'static str {
-    match command {
-        wit::Command::EmitEvent(_) => "emit-event",
-        wit::Command::ReadNrp => "read-nrp",
-        wit::Command::ReadArm => "read-arm",
-        wit::Command::UpdateServices(_) => "update-services",
-        wit::Command::UpdateAddressLocations(_) => "update-address-locations",
-        wit::Command::PutPublicIp(_) => "put-public-ip",
-        wit::Command::PutLoadBalancer(_) => "put-load-balancer",
-        wit::Command::PutNatGateway(_) => "put-nat-gateway",
-        wit::Command::DeleteResource(_) => "delete-resource",
-        wit::Command::PatchServiceStatus(_) => "patch-service-status",
-        wit::Command::SetFinalizer(_) => "set-finalizer",
-    }
+    let index = match command {
+        wit::Command::EmitEvent(_) => 0,
+        wit::Command::ReadNrp => 1,
+        wit::Command::ReadArm => 2,
+        wit::Command::UpdateServices(_) => 3,
+        wit::Command::UpdateAddressLocations(_) => 4,
+        wit::Command::PutPublicIp(_) => 5,
+        wit::Command::PutLoadBalancer(_) => 6,
+        wit::Command::PutNatGateway(_) => 7,
+        wit::Command::DeleteResource(_) => 8,
+        wit::Command::PatchServiceStatus(_) => 9,
+        wit::Command::SetFinalizer(_) => 10,
+    };
+    COMMAND_NAMES[index]
 }
 
 /// What a command is about, for a log line: the objects or resources it names, the first few
@@ -254,7 +270,11 @@ fn parse_ip(command: &'static str, what: &'static str, text: &str) -> Result<IpA
 }
 
 /// The object a Kubernetes write names: one of `kinds`, with a name and a UID (the guard).
-fn check_object_ref(command: &'static str, object: &wit::ObjectRef, kinds: &[&'static str]) -> Result<(), InvalidCommand> {
+fn check_object_ref(
+    command: &'static str,
+    object: &wit::ObjectRef,
+    kinds: &[&'static str],
+) -> Result<(), InvalidCommand> {
     if !kinds.contains(&object.kind.as_str()) {
         let expected = kinds.first().copied().unwrap_or("Service");
         return Err(InvalidCommand::WrongKind { command, kind: object.kind.clone(), expected });

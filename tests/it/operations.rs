@@ -8,9 +8,9 @@ use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_guest::tracker::STATE_VERSION;
 use clb_host::live::control::EventTarget;
 use clb_host::live::operations::{Operations, OperationsConfig};
-use clb_host::sandbox::sha256_hex;
-use clb_host::live::swap::Sha256Pin;
 use clb_host::live::sources::{ConfigMapKey, LogicSource};
+use clb_host::live::swap::Sha256Pin;
+use clb_host::sandbox::sha256_hex;
 use clb_tests::apiserver::apiserver;
 use clb_tests::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service};
@@ -36,11 +36,13 @@ struct Options {
     admin_token: Option<String>,
     /// `--probation-inputs`; the default when `None`.
     probation_inputs: Option<usize>,
+    /// `--shadow-logic-file` or `--shadow-logic-configmap`, and its policy.
+    shadow: Option<clb_host::live::operations::ShadowSource>,
 }
 
 impl Host {
     async fn start(client: &::kube::Client, options: Options) -> Self {
-        let Options { source, pin, events, admin_token, probation_inputs } = options;
+        let Options { source, pin, events, admin_token, probation_inputs, shadow } = options;
         let (_emulator, azure, arm, config) = emulated_azure().await;
         let mut settings = clb_host::live::settings::Settings::new(client.clone(), arm, config, "clb-ops-test");
         if let Some(inputs) = probation_inputs {
@@ -55,6 +57,7 @@ impl Host {
             limits: Default::default(),
             // Quick to notice a change, so the tests wait less; the product polls every 2 s.
             poll: Duration::from_millis(50),
+            shadow,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (bound, listening) = tokio::sync::oneshot::channel();
@@ -219,7 +222,8 @@ fn in_namespace(name: &str, test: impl AsyncFnOnce(&::kube::Client, &str)) {
     let _turn = reconcilers_slot();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
-        let client = clb_host::live::settings::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server");
+        let client =
+            clb_host::live::settings::connect(Some(&server.kubeconfig)).await.expect("connects to the test API server");
         let namespaces = Api::<Namespace>::all(client.clone());
         let namespace = format!("clb-ops-{name}-{}", std::process::id());
         let created = manifest(json!({"metadata": {"name": namespace}}));
@@ -249,7 +253,10 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         assert_eq!(last["origin"], format!("file {}", file.display()), "{status}");
         assert_eq!((last["from"].as_str(), last["to"].as_str()), (Some(&builtin_sha[..12]), Some(&next_sha[..12])));
         let next_version = STATE_VERSION + 1;
-        assert_eq!(last["stateToVersion"], next_version, "the next guest re-exports the state one version up: {status}");
+        assert_eq!(
+            last["stateToVersion"], next_version,
+            "the next guest re-exports the state one version up: {status}"
+        );
         assert!(last["at"].as_str().is_some_and(|at| at.ends_with('Z')), "{status}");
         assert_eq!(status["quarantinedInputs"], 0);
         assert!(status["stateBytes"].as_u64().is_some_and(|b| b > 0), "{status}");
@@ -617,7 +624,6 @@ fn a_staged_swap_in_run_serves_its_probation_on_its_own_inputs_and_three_traps_i
     });
 }
 
-
 // Regression: a swapped-in version was rolled back only after three quarantined inputs *in a
 // row*; in a busy controller other inputs always come between two bad ones, so a version that
 // trapped on every new Service of a kind kept serving, and its probation ended.
@@ -633,7 +639,8 @@ fn a_swapped_in_version_in_run_that_quarantines_three_services_among_a_churn_of_
 
         let file = temp_dir(ns).join("logic.wasm");
         std::fs::write(&file, NEXT_GUEST).unwrap();
-        let args = vec!["--to".into(), file.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
+        let args =
+            vec!["--to".into(), file.display().to_string(), "--endpoint".into(), format!("http://{}", host.addr)];
         let (code, out, err) = clb_host_swap(args).await;
         assert_eq!(code, 0, "{out}{err}");
 
@@ -668,7 +675,11 @@ fn a_swapped_in_version_in_run_that_quarantines_three_services_among_a_churn_of_
         let status = host.last_swap("rolled-back", None).await;
         churn.abort();
         assert_eq!(status["active"]["sha256"], builtin().info().sha256, "{status}");
-        assert_eq!((status["rollbacks"].as_u64(), status["quarantinedInputs"].as_u64()), (Some(1), Some(3)), "{status}");
+        assert_eq!(
+            (status["rollbacks"].as_u64(), status["quarantinedInputs"].as_u64()),
+            (Some(1), Some(3)),
+            "{status}"
+        );
         assert!(inputs(&status) > before + 10, "the churn's inputs were served between the traps: {status}");
         // The three Services are the built-in logic's now, and so is the churn.
         provisioned(client, ns, &["boom-0", "boom-1", "boom-2"]).await;

@@ -4,10 +4,10 @@
 
 use clb_host::azure::{AzureError, ErrorKind, Operation};
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
-use clb_host::simulator::cluster::{Cluster, Object};
 use clb_host::emulator::{AsyncOutcome, Emulator, Fault, FaultMode};
 use clb_host::executor::{Executor, INVALID_COMMAND, MAX_BATCH, UID_MISMATCH, azure_failure};
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_host::simulator::cluster::{Cluster, Object};
 use clb_host::simulator::simulate::{self, ComponentReconciler, ScenarioReport};
 use clb_host::simulator::{scenario, simulate::scope};
 use clb_tests::*;
@@ -56,7 +56,9 @@ fn the_native_library_issues_the_same_command_stream_as_the_component_on_every_s
             continue;
         }
         compared += 1;
-        if let Some(first) = scenario.steps.iter().position(|s| matches!(s, scenario::Step::Swap(_))) {
+        if let Some(first) =
+            scenario.steps.iter().position(|s| matches!(s, scenario::Step::Swap(_) | scenario::Step::Shadow(_)))
+        {
             scenario.steps.truncate(first);
         }
         let component = simulate::run(&scenario, &mut component_reconciler()).unwrap();

@@ -25,6 +25,14 @@
 //!   compiles it, answers bytes that are the serving version
 //!   `unchanged`, and compiles the rest on a blocking thread ([`Loader`]), refusing what does not
 //!   load (kind `load`) — so the loop never waits for a compile.
+//! * **Shadows.** A second kind of request, from the shadow's source
+//!   ([`SwapSender::for_shadow`]): its version is not swapped in but run in shadow beside the
+//!   serving one ([`Supervisor::shadow`], on its own thread; `crate::supervisor::shadow`), compared
+//!   on every input, with the [`ShadowPolicy`] of `run`. Its first divergence is recorded (an
+//!   Event); when its promotion is due, [`Control::next`] brings [`ControlEvent::Promote`] and the
+//!   candidate is swapped in by the staged swap above, then serves its probation. The candidate
+//!   belongs to the [`Control`], so each new term runs it in shadow again
+//!   ([`Control::resume_shadow`]).
 //! * **Records.** Every accepted or refused swap, and every rollback the supervisor does on its
 //!   own (seen by [`Metrics::publish`]), becomes a [`SwapRecord`]: the last one is in `/status`,
 //!   and each is sent to [`report_events`], which writes one core `v1` Event per record regarding
@@ -38,8 +46,11 @@ use crate::live::metrics::{Metrics, SwapPhase};
 use crate::live::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{Limits, Loader, Logic, Runtime, sha256_hex};
-use crate::supervisor::{Staged, Supervisor, SupervisorError, SwapReport};
+use crate::supervisor::shadow::SHADOW_QUEUE;
+use crate::supervisor::{ShadowEvent, ShadowOptions, Staged, Supervisor, SupervisorError, SwapReport};
 use k8s_openapi::api::core::v1::ConfigMap;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
@@ -79,6 +90,33 @@ pub struct SwapRequest {
     logic: Logic,
     origin: String,
     reply: oneshot::Sender<SwapResult>,
+    kind: RequestKind,
+}
+
+/// What a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RequestKind {
+    /// Serve this version.
+    Swap,
+    /// Run it in shadow beside the serving version.
+    Shadow,
+}
+
+/// How `run` treats a candidate in shadow (`--promote-after`, `--shadow-allow`,
+/// `--shadow-record`).
+#[derive(Clone, Debug, Default)]
+pub struct ShadowPolicy {
+    pub promote_after: Option<u64>,
+    pub allow: BTreeSet<String>,
+    pub record: Option<PathBuf>,
+}
+
+/// The divergence kinds a shadow counts, besides the command names ([`crate::executor::command_name`]).
+pub const SHADOW_STEP_KINDS: [&str; 3] = ["command-order", "wake-at", "idle"];
+
+/// The kinds `--shadow-allow` may name.
+pub fn shadow_kinds() -> impl Iterator<Item = &'static str> {
+    crate::executor::COMMAND_NAMES.into_iter().chain(SHADOW_STEP_KINDS)
 }
 
 /// The sending side: cloned into the HTTP endpoint and every source. It checks the pin and
@@ -90,9 +128,20 @@ pub struct SwapSender {
     loader: Loader,
     limits: Limits,
     metrics: Arc<Metrics>,
+    kind: RequestKind,
 }
 
 impl SwapSender {
+    /// The same sender, asking for a shadow instead of a swap (the shadow's source).
+    pub fn for_shadow(&self) -> Self {
+        Self { kind: RequestKind::Shadow, ..self.clone() }
+    }
+
+    /// Whether it asks for shadows.
+    pub fn is_shadow(&self) -> bool {
+        self.kind == RequestKind::Shadow
+    }
+
     /// Asks for a swap to `bytes` and waits for the answer.
     pub async fn swap(
         &self,
@@ -123,8 +172,10 @@ impl SwapSender {
             let error = PinError::DigestMismatch { expected: pin.as_str().to_owned(), actual: sha256.clone() };
             return Ok(self.refused_before_the_loop(origin, "digest", error.to_string(), sha256));
         }
-        // Spares a compile; the loop checks again against the version serving when it swaps.
-        if self.metrics.status().active.is_some_and(|active| active.sha256 == sha256) {
+        // Spares a compile; the loop checks again against the version serving when it swaps. A
+        // shadow of the serving version is allowed: a check of the shadow itself.
+        if self.kind == RequestKind::Swap && self.metrics.status().active.is_some_and(|active| active.sha256 == sha256)
+        {
             tracing::info!(%origin, %sha256, "swap asked for the version already serving; nothing to do");
             return Ok(SwapResult::Unchanged { version: sha256[..12].to_owned(), sha256 });
         }
@@ -139,7 +190,8 @@ impl SwapSender {
             }
         };
         let (reply, answer) = oneshot::channel();
-        self.requests.send(SwapRequest { logic, origin, reply }).await.map_err(|_| ControlError::LoopGone)?;
+        let request = SwapRequest { logic, origin, reply, kind: self.kind };
+        self.requests.send(request).await.map_err(|_| ControlError::LoopGone)?;
         answer.await.map_err(|_| ControlError::LoopGone)
     }
 
@@ -167,6 +219,11 @@ pub struct Control {
     staging: Option<InFlight>,
     /// A request whose staging a term left unfinished: the next term takes it first.
     again: Option<SwapRequest>,
+    shadow_policy: ShadowPolicy,
+    /// The candidate in shadow and where it came from, run again by each new term.
+    shadow: Option<(Logic, String)>,
+    /// A shadow's promotion became due (sent from its thread).
+    promotions: (mpsc::UnboundedSender<()>, mpsc::UnboundedReceiver<()>),
 }
 
 /// A staged swap whose import runs on a blocking thread.
@@ -186,6 +243,8 @@ pub enum ControlEvent {
     Request(SwapRequest),
     /// The import of the staged swap ended: hand it to [`Control::finish`].
     Imported(Imported),
+    /// The shadow's promotion is due: swap it in.
+    Promote,
 }
 
 /// The end of a staged swap's import, for [`Control::finish`].
@@ -199,8 +258,98 @@ impl Control {
     /// with `runtime`'s engine under `limits`; the supervisor publishes to `metrics`.
     pub fn new(runtime: &Runtime, limits: Limits, metrics: Arc<Metrics>) -> (Self, SwapSender) {
         let (requests, receiver) = mpsc::channel(QUEUE);
-        let sender = SwapSender { requests, loader: runtime.loader(), limits, metrics: metrics.clone() };
-        (Self { requests: receiver, metrics, staging: None, again: None }, sender)
+        let sender = SwapSender {
+            requests,
+            loader: runtime.loader(),
+            limits,
+            metrics: metrics.clone(),
+            kind: RequestKind::Swap,
+        };
+        let control = Self {
+            requests: receiver,
+            metrics,
+            staging: None,
+            again: None,
+            shadow_policy: ShadowPolicy::default(),
+            shadow: None,
+            promotions: mpsc::unbounded_channel(),
+        };
+        (control, sender)
+    }
+
+    /// How candidates in shadow are run and promoted.
+    pub fn with_shadow_policy(mut self, policy: ShadowPolicy) -> Self {
+        self.shadow_policy = policy;
+        self
+    }
+
+    /// At the start of a term, once its supervisor started: runs the candidate in shadow again.
+    pub fn resume_shadow(&mut self, supervisor: &mut Supervisor<'_>) {
+        let Some((logic, origin)) = self.shadow.clone() else { return };
+        if let Err(error) = self.attach_shadow(supervisor, logic, &origin) {
+            tracing::error!(%origin, error = %error_chain(&error), "the candidate cannot run in shadow on this term");
+        }
+    }
+
+    fn attach_shadow(
+        &self,
+        supervisor: &mut Supervisor<'_>,
+        logic: Logic,
+        origin: &str,
+    ) -> Result<crate::supervisor::ShadowHandle, crate::supervisor::ShadowError> {
+        let (metrics, promotions, origin) = (self.metrics.clone(), self.promotions.0.clone(), origin.to_owned());
+        let on_event = move |event: ShadowEvent| match event {
+            ShadowEvent::FirstDivergence(status) => {
+                metrics.record_swap(SwapRecord::now(origin.clone(), SwapResult::shadow_diverged(&status)));
+            }
+            ShadowEvent::PromotionDue(_) => {
+                // A closed channel: the loop is gone, and the promotion with it.
+                let _ = promotions.send(());
+            }
+        };
+        let policy = &self.shadow_policy;
+        let options = ShadowOptions {
+            promote_after: policy.promote_after,
+            allow: policy.allow.clone(),
+            record: policy.record.clone(),
+            queue: Some(SHADOW_QUEUE),
+            on_event: Some(Arc::new(on_event)),
+        };
+        supervisor.shadow(logic, options)
+    }
+
+    /// Runs the request's version in shadow, replacing any candidate in shadow.
+    fn start_shadow(&mut self, supervisor: &mut Supervisor<'_>, request: SwapRequest) {
+        let SwapRequest { logic, origin, reply, .. } = request;
+        let sha256 = logic.info().sha256.clone();
+        let result = match self.attach_shadow(supervisor, logic.clone(), &origin) {
+            Ok(handle) => {
+                let status = handle.status();
+                self.shadow = Some((logic, origin.clone()));
+                SwapResult::ShadowStarted { version: status.version, sha256, promote_after: status.promote_after }
+            }
+            Err(error) => {
+                tracing::error!(%origin, error = %error_chain(&error), "the candidate cannot run in shadow");
+                SwapResult::Refused { kind: "shadow".into(), reason: error_chain(&error), sha256 }
+            }
+        };
+        self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
+        let _ = reply.send(result);
+    }
+
+    /// The shadow's promotion: its candidate swapped in by the staged swap, as a request would be.
+    fn promote(&mut self, supervisor: &mut Supervisor<'_>, now_ms: u64) -> Option<wit::Step> {
+        let clean = supervisor.shadow_handle().map(|h| h.status().clean).unwrap_or_default();
+        // A stale signal (the shadow was replaced since) finds no promotion due.
+        let logic = supervisor.take_promotion()?;
+        let origin = match self.shadow.take() {
+            Some((_, origin)) => format!("shadow promotion after {clean} clean inputs ({origin})"),
+            None => format!("shadow promotion after {clean} clean inputs"),
+        };
+        tracing::info!(%origin, sha256 = %logic.info().sha256, "promoting the candidate in shadow");
+        // Nobody waits for the answer: it goes to /status and the Event.
+        let (reply, _) = oneshot::channel();
+        self.begin(supervisor, SwapRequest { logic, origin, reply, kind: RequestKind::Swap }, now_ms)
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -239,9 +388,12 @@ impl Control {
             let in_flight = self.staging.take().expect("the staging awaited above");
             return ControlEvent::Imported(Imported { in_flight, import });
         }
-        match self.requests.recv().await {
-            Some(request) => ControlEvent::Request(request),
-            None => std::future::pending().await,
+        // Waiting promotions are taken first; both channels are cancel safe.
+        tokio::select! {
+            biased;
+            Some(()) = self.promotions.1.recv() => ControlEvent::Promote,
+            Some(request) = self.requests.recv() => ControlEvent::Request(request),
+            else => std::future::pending().await,
         }
     }
 
@@ -251,6 +403,7 @@ impl Control {
         match event {
             ControlEvent::Request(request) => self.begin(supervisor, request, now_ms),
             ControlEvent::Imported(imported) => self.finish(supervisor, imported, now_ms),
+            ControlEvent::Promote => self.promote(supervisor, now_ms),
         }
     }
 
@@ -260,6 +413,10 @@ impl Control {
     /// decides, so that the refusal is the supervisor's own, counted and recorded; then, when
     /// accepted, its first step is returned as [`Self::finish`] returns it.
     pub fn begin(&mut self, supervisor: &mut Supervisor<'_>, request: SwapRequest, now_ms: u64) -> Option<wit::Step> {
+        if request.kind == RequestKind::Shadow {
+            self.start_shadow(supervisor, request);
+            return None;
+        }
         let sha256 = request.logic.info().sha256.clone();
         if supervisor.logic().info().sha256 == sha256 {
             tracing::info!(origin = %request.origin, %sha256, "swap asked for the version already serving; nothing to do");
@@ -322,7 +479,7 @@ impl Control {
         now_ms: u64,
         swap: impl FnOnce(&mut Supervisor<'s>, Logic, u64) -> Result<SwapReport, SupervisorError>,
     ) -> Option<wit::Step> {
-        let SwapRequest { logic, origin, reply } = request;
+        let SwapRequest { logic, origin, reply, .. } = request;
         let mut first_step = None;
         let result = match swap(supervisor, logic, now_ms) {
             Ok(report) => {

@@ -126,7 +126,10 @@ impl Published {
             // A closed receiver (the Event task ended) leaves the record in /status and the logs.
             let _ = records.send(record.clone());
         }
-        self.last_swap = Some(record);
+        // A shadow's records are Events; `/status` shows the shadow itself.
+        if !record.result.is_shadow() {
+            self.last_swap = Some(record);
+        }
     }
 
     /// Swaps by result: the supervisor's and those refused before it.
@@ -162,6 +165,9 @@ pub struct Status {
     /// The tracker's state at the last checkpoint.
     pub state_bytes: usize,
     pub inputs: u64,
+    /// The candidate in shadow, or the last one (stopped or promoted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<crate::supervisor::ShadowStatus>,
 }
 
 impl Metrics {
@@ -292,6 +298,7 @@ impl Metrics {
             quarantined_inputs: last.supervisor.quarantined,
             state_bytes: last.supervisor.last_checkpoint_bytes,
             inputs: last.supervisor.inputs,
+            shadow: last.shadow.as_ref().map(|shadow| shadow.status()),
         }
     }
 
@@ -463,6 +470,9 @@ impl Collector for SnapshotCollector {
         if let Some(run) = shared.run.get() {
             encode_run(out, run)?;
         }
+        if let Some(shadow) = &published.last.shadow {
+            encode_shadow(out, &shadow.status())?;
+        }
 
         // The supervisor's totals, labelled with the version serving at this scrape.
         let Some(serving) = &last.serving else { return Ok(()) };
@@ -509,6 +519,51 @@ impl Collector for SnapshotCollector {
             [(labels(), i64::try_from(s.last_checkpoint_bytes).unwrap_or(i64::MAX))],
         )
     }
+}
+
+/// A candidate in shadow's counters, labelled with its version.
+fn encode_shadow(out: &mut DescriptorEncoder<'_>, status: &crate::supervisor::ShadowStatus) -> std::fmt::Result {
+    let labels = |extra: &[(&'static str, &str)]| {
+        let mut labels = vec![("version", status.version.clone()), ("sha256", status.sha256.clone())];
+        labels.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        labels
+    };
+    counters(
+        out,
+        "clb_shadow_inputs",
+        "Inputs the candidate in shadow was given: compared with the serving version's answer, or not (resyncing).",
+        [(labels(&[("result", "compared")]), status.compared), (labels(&[("result", "resyncing")]), status.resyncing)],
+    )?;
+    counters(
+        out,
+        "clb_shadow_divergences",
+        "Inputs the candidate answered differently from the serving version, by kind (a command's name, command-order, wake-at, idle).",
+        status.divergences.iter().map(|(kind, n)| (labels(&[("kind", kind)]), *n)),
+    )?;
+    counters(
+        out,
+        "clb_shadow_resyncs",
+        "Times the candidate was brought back in step with the serving version's state, by reason.",
+        status.resyncs.iter().map(|(reason, n)| (labels(&[("reason", reason)]), *n)),
+    )?;
+    gauges(
+        out,
+        "clb_shadow_clean_inputs",
+        "Inputs compared in a row without a divergence that holds a promotion back.",
+        [(labels(&[]), i64::try_from(status.clean).unwrap_or(i64::MAX))],
+    )?;
+    let state = match status.state {
+        crate::supervisor::ShadowState::InStep => "in-step",
+        crate::supervisor::ShadowState::Resyncing => "resyncing",
+        crate::supervisor::ShadowState::Promoted => "promoted",
+        crate::supervisor::ShadowState::Stopped => "stopped",
+    };
+    gauges(
+        out,
+        "clb_shadow_state",
+        "1 for the state the candidate in shadow is in.",
+        [(labels(&[("state", state)]), 1)],
+    )
 }
 
 /// The leases' and the backend-pool updater's counters.

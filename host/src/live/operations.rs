@@ -3,7 +3,7 @@
 //! the live controller: nothing in it is imported by the parts it assembles.
 
 use crate::kube::KubeClient;
-use crate::live::control::{Control, EventTarget, report_events};
+use crate::live::control::{Control, EventTarget, ShadowPolicy, report_events};
 use crate::live::endpoint::{Admin, EndpointError, MetricsServer};
 use crate::live::metrics::Metrics;
 use crate::live::run::run_with;
@@ -35,6 +35,17 @@ pub struct OperationsConfig {
     pub limits: Limits,
     /// How often a file source is looked at.
     pub poll: Duration,
+    /// A watched source of a candidate to run in shadow.
+    pub shadow: Option<ShadowSource>,
+}
+
+/// Where a candidate in shadow comes from, and how it is run and promoted.
+#[derive(Clone, Debug)]
+pub struct ShadowSource {
+    pub source: LogicSource,
+    /// The sha256 every candidate from it must have.
+    pub pin: Option<Sha256Pin>,
+    pub policy: ShadowPolicy,
 }
 
 /// The endpoint, the source's watcher and the Event reporter, started; [`Operations::run`] runs
@@ -43,6 +54,7 @@ pub struct Operations {
     server: MetricsServer,
     control: Control,
     source: Option<JoinHandle<()>>,
+    shadow_source: Option<JoinHandle<()>>,
     events: JoinHandle<()>,
     target: EventTarget,
 }
@@ -59,6 +71,8 @@ impl Operations {
         metrics.track_memories(runtime.memories().clone());
         metrics.track_run(settings.stats.clone());
         let (control, swaps) = Control::new(runtime, config.limits, metrics.clone());
+        let policy = config.shadow.as_ref().map(|shadow| shadow.policy.clone()).unwrap_or_default();
+        let control = control.with_shadow_policy(policy);
         let admin = Admin { swaps: swaps.clone(), token: config.admin_token };
         let server = MetricsServer::start_with_admin(metrics.clone(), config.listen, Some(admin)).await?;
         let target = match (config.events, &config.source) {
@@ -72,9 +86,13 @@ impl Operations {
         let events = tokio::spawn(report_events(kube, target.clone(), metrics.clone(), metrics.subscribe_swaps()));
         let source = config
             .source
-            .map(|source| tokio::spawn(source.watch(settings.kube.clone(), config.pin, swaps, config.poll)));
+            .map(|source| tokio::spawn(source.watch(settings.kube.clone(), config.pin, swaps.clone(), config.poll)));
+        let shadow_source = config.shadow.map(|shadow| {
+            let watch = shadow.source.watch(settings.kube.clone(), shadow.pin, swaps.for_shadow(), config.poll);
+            tokio::spawn(watch)
+        });
         tracing::info!(addr = %server.local_addr(), events = %target, "serving /metrics, /healthz, /readyz, /status and POST /swap");
-        Ok(Self { server, control, source, events, target })
+        Ok(Self { server, control, source, shadow_source, events, target })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -94,11 +112,11 @@ impl Operations {
         settings: Settings,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RunError> {
-        let Operations { server, control, source, events, .. } = self;
+        let Operations { server, control, source, shadow_source, events, .. } = self;
         let metrics = control.metrics().clone();
         let result = run_with(logic, settings, Some(control), shutdown).await;
         drop(server);
-        if let Some(source) = source {
+        for source in [source, shadow_source].into_iter().flatten() {
             source.abort();
         }
         metrics.unsubscribe_swaps();

@@ -492,6 +492,9 @@ async fn reconcile(
         supervisor = supervisor.with_metrics(control.metrics().clone());
     }
     supervisor.start(&settings.config).map_err(RunError::Logic)?;
+    if let Some(control) = control.as_mut() {
+        control.resume_shadow(&mut supervisor);
+    }
     // Multi-SLB local-service mode: the backend-pool producer sees every batch the guest sees,
     // and the updater ticks alongside the loop (`run_pools`).
     let pools = Pools::for_mode(supervisor.logic(), settings)?;

@@ -134,9 +134,11 @@ impl LogicSource {
         }
     }
 
-    /// Watches the source and offers its content through `swaps` until the run loop stops.
+    /// Watches the source and offers its content through `swaps` (to serve, or to run in shadow)
+    /// until the run loop stops.
     pub async fn watch(self, client: kube::Client, pin: Option<Sha256Pin>, swaps: SwapSender, poll: Duration) {
-        let mut offer = Offer { origin: self.origin(), pin, swaps, offered: None, last_problem: None };
+        let origin = if swaps.is_shadow() { format!("shadow {}", self.origin()) } else { self.origin() };
+        let mut offer = Offer { origin, pin, swaps, offered: None, last_problem: None };
         match self {
             LogicSource::File(path) => watch_file(path, poll, &mut offer).await,
             LogicSource::ConfigMap(key) => watch_configmap(client, key, &mut offer).await,
@@ -163,7 +165,7 @@ impl Offer {
             return Ok(());
         }
         self.offered = Some(sha256.clone());
-        tracing::info!(origin = %self.origin, %sha256, "the logic source changed; offering it as a swap");
+        tracing::info!(origin = %self.origin, %sha256, "the logic source changed; offering its content");
         match self.swaps.swap(bytes, self.pin.clone(), self.origin.clone()).await? {
             SwapResult::Refused { kind, .. } => {
                 tracing::debug!(origin = %self.origin, %sha256, %kind, "not retried until the source changes")

@@ -13,6 +13,8 @@ pub const REASON_SWAPPED: &str = "LogicSwapped";
 pub const REASON_REFUSED: &str = "LogicSwapRefused";
 pub const REASON_ROLLED_BACK: &str = "LogicRolledBack";
 pub const REASON_ROLLBACK_FAILED: &str = "LogicRollbackFailed";
+pub const REASON_SHADOW_STARTED: &str = "LogicShadowStarted";
+pub const REASON_SHADOW_DIVERGED: &str = "LogicShadowDiverged";
 
 /// The refusal kind of bytes that are compressed but give no component (corrupt, truncated, too
 /// large decompressed, compressed twice): nothing was compiled.
@@ -90,9 +92,34 @@ pub enum SwapResult {
     RolledBack { from: String, to: String, reason: String },
     /// A rollback failed; `version` keeps serving.
     RollbackFailed { version: String, reason: String },
+    /// A candidate runs in shadow beside the serving version (nothing was swapped).
+    ShadowStarted {
+        version: String,
+        sha256: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        promote_after: Option<u64>,
+    },
+    /// The candidate in shadow answered an input differently from the serving version, for the
+    /// first time.
+    ShadowDiverged { version: String, sha256: String, kinds: Vec<String>, input: String },
 }
 
 impl SwapResult {
+    /// Whether it is about a shadow rather than a swap (`/status`'s `lastSwap` leaves it out).
+    pub fn is_shadow(&self) -> bool {
+        matches!(self, SwapResult::ShadowStarted { .. } | SwapResult::ShadowDiverged { .. })
+    }
+
+    pub(crate) fn shadow_diverged(status: &crate::supervisor::ShadowStatus) -> Self {
+        let last = status.last_divergence.as_ref();
+        SwapResult::ShadowDiverged {
+            version: status.version.clone(),
+            sha256: status.sha256.clone(),
+            kinds: last.map(|d| d.kinds.clone()).unwrap_or_default(),
+            input: last.map(|d| d.input.clone()).unwrap_or_default(),
+        }
+    }
+
     pub(crate) fn accepted(report: &SwapReport, sha256: String) -> Self {
         SwapResult::Accepted {
             from: report.from.clone(),
@@ -147,6 +174,27 @@ impl SwapResult {
             SwapResult::RollbackFailed { version, reason } => {
                 (REASON_ROLLBACK_FAILED, Warning, format!("rolling back failed; {version} keeps serving: {reason}"))
             }
+            SwapResult::ShadowStarted { version, sha256, promote_after } => {
+                let promotion = match promote_after {
+                    Some(n) => format!("; promoted after {n} inputs compared without a divergence"),
+                    None => String::new(),
+                };
+                (
+                    REASON_SHADOW_STARTED,
+                    Normal,
+                    format!(
+                        "candidate {version} (sha256 {sha256}, from {origin}) runs in shadow: compared with the serving version on every input, nothing it asks for is carried out{promotion}"
+                    ),
+                )
+            }
+            SwapResult::ShadowDiverged { version, kinds, input, .. } => (
+                REASON_SHADOW_DIVERGED,
+                Warning,
+                format!(
+                    "candidate {version} in shadow (from {origin}) diverged from the serving version for the first time ({}) on {input}; see /status for the answers",
+                    kinds.join(", ")
+                ),
+            ),
             SwapResult::Unchanged { .. } => return None,
         })
     }

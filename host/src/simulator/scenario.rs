@@ -92,6 +92,9 @@ pub enum Step {
     Restart,
     /// The logic is hot-swapped to another component, keeping its state.
     Swap(SwapStep),
+    /// A candidate runs in shadow beside the serving logic: compared, never carried out, and
+    /// promoted after `promoteAfter` clean inputs when given.
+    Shadow(ShadowStep),
     Expect(Box<Expectation>),
 }
 
@@ -117,6 +120,10 @@ impl Step {
             Step::Settle(within) => format!("settle (within {})", within.unwrap_or(VirtualDuration(DEFAULT_SETTLE_MS))),
             Step::Restart => "restart".into(),
             Step::Swap(swap) => format!("swap to {} (expect {})", swap.component, swap.expect),
+            Step::Shadow(shadow) => match shadow.promote_after {
+                Some(n) => format!("shadow {} (promote after {n} clean inputs)", shadow.component),
+                None => format!("shadow {}", shadow.component),
+            },
             Step::Expect(_) => "expect".into(),
         }
     }
@@ -258,6 +265,19 @@ impl DeleteStep {
 pub struct SwapStep {
     pub component: ComponentSource,
     pub expect: SwapExpect,
+}
+
+/// `shadow: {component, promoteAfter?, allow?}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShadowStep {
+    pub component: ComponentSource,
+    /// Swap it in once it compared this many inputs in a row without a divergence.
+    #[serde(default)]
+    pub promote_after: Option<u64>,
+    /// Divergence kinds that do not hold the promotion back (`emit-event`, `wake-at`, …).
+    #[serde(default)]
+    pub allow: BTreeSet<String>,
 }
 
 /// Which component a `swap` step loads.
@@ -427,6 +447,9 @@ pub struct Expectation {
     /// The logic serving and what its supervisor did: rollbacks, quarantined inputs.
     #[serde(default)]
     pub logic: Option<LogicExpectation>,
+    /// What the candidate in shadow (or the last one) found.
+    #[serde(default)]
+    pub shadow: Option<ShadowExpectation>,
     /// Check the invariants (see `simulate`).
     #[serde(default)]
     pub invariants: bool,
@@ -445,6 +468,18 @@ pub struct LogicExpectation {
     /// Inputs quarantined since the run began.
     #[serde(default)]
     pub quarantined_inputs: Option<u64>,
+}
+
+/// `shadow: {divergences, promoted}`: each given one must hold exactly.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ShadowExpectation {
+    /// Divergence kind → how many, exactly; `{}` for none.
+    #[serde(default)]
+    pub divergences: Option<BTreeMap<String, u64>>,
+    /// Whether it was promoted (swapped in).
+    #[serde(default)]
+    pub promoted: Option<bool>,
 }
 
 /// What a Pod's finalizers must be.
@@ -642,13 +677,16 @@ struct RawScenario {
 pub fn read(path: &Path) -> Result<Scenario, ScenarioError> {
     let scenario = parse(path, &inputs::read(path)?)?;
     for (n, step) in scenario.steps.iter().enumerate() {
-        if let Step::Swap(SwapStep { component: ComponentSource::File(file), .. }) = step {
+        if let Step::Swap(SwapStep { component: ComponentSource::File(file), .. })
+        | Step::Shadow(ShadowStep { component: ComponentSource::File(file), .. }) = step
+        {
             let problem = match std::fs::metadata(file) {
                 Ok(meta) if meta.is_file() => continue,
                 Ok(_) => "not a regular file".to_owned(),
                 Err(error) => error.to_string(),
             };
-            let reason = format!("step {}: swap to {}: {problem}", n + 1, file.display());
+            let what = if matches!(step, Step::Shadow(_)) { "shadow" } else { "swap to" };
+            let reason = format!("step {}: {what} {}: {problem}", n + 1, file.display());
             return Err(ScenarioError::Invalid { path: path.to_owned(), reason });
         }
     }
@@ -677,7 +715,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     let folder = path.parent().unwrap_or(Path::new(""));
     for step in &mut steps {
         let file = match step {
-            Step::Swap(SwapStep { component: ComponentSource::File(file), .. }) => file,
+            Step::Swap(SwapStep { component: ComponentSource::File(file), .. })
+            | Step::Shadow(ShadowStep { component: ComponentSource::File(file), .. }) => file,
             Step::Expect(expectation) => match &mut expectation.logic {
                 Some(LogicExpectation { serving: Some(ComponentSource::File(file)), .. }) => file,
                 _ => continue,

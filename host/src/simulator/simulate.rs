@@ -37,9 +37,10 @@ use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfig
 use crate::sandbox::{GuestError, Logic, Runtime};
 use crate::simulator::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::simulator::scenario::{
-    self, ComponentSource, EventTypeName, Expectation, PodFinalizersExpectation, Scenario, StatusExpectation, Step, SwapExpect,
+    self, ComponentSource, EventTypeName, Expectation, PodFinalizersExpectation, Scenario, StatusExpectation, Step,
+    SwapExpect,
 };
-use crate::supervisor::{Supervisor, SupervisorError};
+use crate::supervisor::{ShadowOptions, ShadowState, ShadowStatus, Supervisor, SupervisorError};
 use crate::trace::{Ended, Recorder, arg, lazy};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -66,6 +67,8 @@ pub enum LogicError {
     NotStarted,
     #[error("this reconciler cannot swap its logic")]
     SwapUnsupported,
+    #[error("this reconciler cannot run a candidate in shadow")]
+    ShadowUnsupported,
     #[error(
         "this reconciler cannot run the backend-pool updater (multi-SLB local-service scenarios need the component)"
     )]
@@ -109,6 +112,14 @@ pub trait Reconciler {
     /// cannot be found); a refusal is a result, checked against the step's `expect`.
     fn swap(&mut self, _now_ms: u64, _component: &ComponentSource) -> Result<SwapResult, LogicError> {
         Err(LogicError::SwapUnsupported)
+    }
+    /// Runs a candidate in shadow beside the serving logic: `Ok(Err(why))` when it cannot load.
+    fn shadow(&mut self, _step: &scenario::ShadowStep) -> Result<Result<String, String>, LogicError> {
+        Err(LogicError::ShadowUnsupported)
+    }
+    /// What the candidate in shadow, or the last one, found; `None`: none ran.
+    fn shadow_status(&self) -> Option<ShadowStatus> {
+        None
     }
     /// The inputs dropped because the logic trapped on them, since the last call.
     fn take_quarantined(&mut self) -> Vec<String> {
@@ -186,52 +197,54 @@ impl Reconciler for ComponentReconciler<'_> {
     }
 
     fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError> {
-        Ok(self.supervisor.observe(now_ms, batch)?)
+        let step = self.supervisor.observe(now_ms, batch)?;
+        self.promote(now_ms, step)
     }
 
     fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError> {
-        Ok(self.supervisor.complete(now_ms, results)?)
+        let step = self.supervisor.complete(now_ms, results)?;
+        self.promote(now_ms, step)
     }
 
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError> {
-        Ok(self.supervisor.tick(now_ms)?)
+        let step = self.supervisor.tick(now_ms)?;
+        self.promote(now_ms, step)
     }
 
     fn swap(&mut self, now_ms: u64, component: &ComponentSource) -> Result<SwapResult, LogicError> {
         let runtime = self.runtime.ok_or(LogicError::SwapUnsupported)?;
-        let bytes: Vec<u8> = match component {
-            ComponentSource::Builtin => crate::BUILTIN_GUEST.to_vec(),
-            ComponentSource::Named(name) => {
-                self.named.get(name).ok_or_else(|| LogicError::UnknownComponent(name.clone()))?.to_vec()
-            }
-            ComponentSource::File(path) => {
-                crate::bounded::read(path, crate::compression::MAX_COMPONENT_BYTES as u64).map_err(|e| {
-                    LogicError::ReadComponent { path: path.display().to_string(), source: std::io::Error::other(e) }
-                })?
-            }
-        };
-        // Compressed like every component the host takes; a stream that gives none is refused
-        // as a file that is no component is.
-        let bytes = match crate::compression::decompress(bytes) {
-            Ok(decompressed) => decompressed.bytes,
-            Err(error) => {
-                return Ok(SwapResult::Refused(crate::kube::error_chain(&error)));
-            }
+        let bytes = match self.component_bytes(component)? {
+            Ok(bytes) => bytes,
+            Err(why) => return Ok(SwapResult::Refused(why)),
         };
         let limits = self.supervisor.logic().limits();
-        let name = match component {
-            ComponentSource::Builtin => "builtin".to_owned(),
-            ComponentSource::Named(name) => name.clone(),
-            ComponentSource::File(path) => path.display().to_string(),
-        };
-        let sha256 = crate::sandbox::sha256_hex(&bytes);
-        self.supervisor.name_component(&sha256, &name);
-        self.names.insert(sha256, name);
         match self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms) {
             Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
             Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
             Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),
         }
+    }
+
+    fn shadow(&mut self, step: &scenario::ShadowStep) -> Result<Result<String, String>, LogicError> {
+        let runtime = self.runtime.ok_or(LogicError::ShadowUnsupported)?;
+        let bytes = match self.component_bytes(&step.component)? {
+            Ok(bytes) => bytes,
+            Err(why) => return Ok(Err(why)),
+        };
+        let candidate = match runtime.load(&bytes, self.supervisor.logic().limits()) {
+            Ok(candidate) => candidate,
+            Err(error) => return Ok(Err(crate::kube::error_chain(&error))),
+        };
+        let options =
+            ShadowOptions { promote_after: step.promote_after, allow: step.allow.clone(), ..Default::default() };
+        match self.supervisor.shadow(candidate, options) {
+            Ok(handle) => Ok(Ok(format!("candidate {} in shadow", handle.status().version))),
+            Err(error) => Ok(Err(crate::kube::error_chain(&error))),
+        }
+    }
+
+    fn shadow_status(&self) -> Option<ShadowStatus> {
+        self.supervisor.shadow_handle().map(|handle| handle.status())
     }
 
     fn take_quarantined(&mut self) -> Vec<String> {
@@ -255,6 +268,57 @@ impl Reconciler for ComponentReconciler<'_> {
 
     fn recorder(&self) -> Option<Arc<Recorder>> {
         self.supervisor.recorder().cloned()
+    }
+}
+
+impl ComponentReconciler<'_> {
+    /// The bytes of `component`, decompressed, its name registered for reports and traces;
+    /// `Ok(Err(why))` when they give no component.
+    fn component_bytes(&mut self, component: &ComponentSource) -> Result<Result<Vec<u8>, String>, LogicError> {
+        let bytes: Vec<u8> = match component {
+            ComponentSource::Builtin => crate::BUILTIN_GUEST.to_vec(),
+            ComponentSource::Named(name) => {
+                self.named.get(name).ok_or_else(|| LogicError::UnknownComponent(name.clone()))?.to_vec()
+            }
+            ComponentSource::File(path) => {
+                crate::bounded::read(path, crate::compression::MAX_COMPONENT_BYTES as u64).map_err(|e| {
+                    LogicError::ReadComponent { path: path.display().to_string(), source: std::io::Error::other(e) }
+                })?
+            }
+        };
+        // Compressed like every component the host takes; a stream that gives none is refused
+        // as a file that is no component is.
+        let bytes = match crate::compression::decompress(bytes) {
+            Ok(decompressed) => decompressed.bytes,
+            Err(error) => return Ok(Err(crate::kube::error_chain(&error))),
+        };
+        let name = match component {
+            ComponentSource::Builtin => "builtin".to_owned(),
+            ComponentSource::Named(name) => name.clone(),
+            ComponentSource::File(path) => path.display().to_string(),
+        };
+        let sha256 = crate::sandbox::sha256_hex(&bytes);
+        self.supervisor.name_component(&sha256, &name);
+        self.names.insert(sha256, name);
+        Ok(Ok(bytes))
+    }
+
+    /// A step of the serving version, followed, when the shadow's promotion became due with it,
+    /// by the promoted version's first step: that version took the state with the step's
+    /// commands in flight.
+    fn promote(&mut self, now_ms: u64, mut step: wit::Step) -> Result<wit::Step, LogicError> {
+        let Some(candidate) = self.supervisor.take_promotion() else { return Ok(step) };
+        match self.supervisor.swap(candidate, now_ms) {
+            Ok(report) => {
+                step.commands.extend(report.first_step.commands);
+                step.wake_at_ms = report.first_step.wake_at_ms;
+                step.idle = report.first_step.idle;
+            }
+            Err(SupervisorError::NotStarted) => return Err(LogicError::NotStarted),
+            // Refused: the serving version serves on; the refusal is counted with the swaps.
+            Err(_) => {}
+        }
+        Ok(step)
     }
 }
 
@@ -424,6 +488,13 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
                 let ok = accepted == (swap.expect == SwapExpect::Accepted);
                 let detail = (!ok).then(|| format!("expected it {}", swap.expect));
                 report.checks.push(Check { what: format!("swap to {}: {text}", swap.component), ok, detail });
+            }),
+            Step::Shadow(shadow) => sim.logic.shadow(shadow).map(|result| {
+                let (ok, text) = match result {
+                    Ok(what) => (true, what),
+                    Err(why) => (false, format!("cannot run: {why}")),
+                };
+                report.checks.push(Check { what: format!("shadow {}: {text}", shadow.component), ok, detail: None });
             }),
             Step::Expect(expectation) => {
                 report.checks = sim.expect(expectation);
@@ -860,7 +931,8 @@ impl Simulation<'_> {
                 None => check("logic".into(), Some("this run's reconciler has no supervised logic".into())),
                 Some(status) => {
                     if let Some(serving) = &want.serving {
-                        let found = (status.serving != serving.to_string()).then(|| format!("found {}", status.serving));
+                        let found =
+                            (status.serving != serving.to_string()).then(|| format!("found {}", status.serving));
                         check(format!("logic.serving = {serving}"), found);
                     }
                     if let Some(rollbacks) = want.rollbacks {
@@ -868,8 +940,28 @@ impl Simulation<'_> {
                         check(format!("logic.rollbacks = {rollbacks}"), found);
                     }
                     if let Some(quarantined) = want.quarantined_inputs {
-                        let found = (status.quarantined != quarantined).then(|| format!("found {}", status.quarantined));
+                        let found =
+                            (status.quarantined != quarantined).then(|| format!("found {}", status.quarantined));
                         check(format!("logic.quarantinedInputs = {quarantined}"), found);
+                    }
+                }
+            }
+        }
+        if let Some(want) = &expectation.shadow {
+            match self.logic.shadow_status() {
+                None => check("shadow".into(), Some("no candidate ran in shadow".into())),
+                Some(status) => {
+                    if let Some(divergences) = &want.divergences {
+                        let found =
+                            (&status.divergences != divergences).then(|| format!("found {:?}", status.divergences));
+                        check(format!("shadow.divergences = {divergences:?}"), found);
+                    }
+                    if let Some(promoted) = want.promoted {
+                        let is = status.state == ShadowState::Promoted;
+                        let found = (is != promoted).then(|| {
+                            format!("found {is} ({} inputs compared, the last {} clean)", status.compared, status.clean)
+                        });
+                        check(format!("shadow.promoted = {promoted}"), found);
                     }
                 }
             }
@@ -1044,8 +1136,7 @@ impl Simulation<'_> {
     /// names (unless a live pod with that label has the IP now), and an identity no live pod
     /// carries any more has no NAT gateway left (the last pod waits for the teardown).
     fn release_checked(&mut self, pod: &wit::Pod) {
-        let Some(identity) = pod.egress_label.as_deref().map(str::to_ascii_lowercase).filter(|l| !l.is_empty())
-        else {
+        let Some(identity) = pod.egress_label.as_deref().map(str::to_ascii_lowercase).filter(|l| !l.is_empty()) else {
             return;
         };
         let live: Vec<wit::Pod> = self
@@ -1063,10 +1154,8 @@ impl Simulation<'_> {
         let view = nrp_view(&self.emulator.resources());
         for ip in ips(pod).difference(&kept) {
             if view.locations.values().filter_map(|a| a.get(ip)).any(|services| services.contains(&identity)) {
-                self.early_releases.push(format!(
-                    "pod {}/{} released while NRP maps {ip} to {identity}",
-                    pod.namespace, pod.name
-                ));
+                self.early_releases
+                    .push(format!("pod {}/{} released while NRP maps {ip} to {identity}", pod.namespace, pod.name));
             }
         }
         if live.is_empty() && self.emulator.resources().nat_gateways.contains_key(&identity) {

@@ -63,10 +63,13 @@
 //! input that arrives meanwhile waits for the call to return, and is then delivered to
 //! whichever version is serving.
 
+pub mod shadow;
+
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{GuestError, Limits, LoadError, Logic, Runtime, Session};
 use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
 use serde::Serialize;
+pub use shadow::{ShadowError, ShadowEvent, ShadowHandle, ShadowOptions, ShadowState, ShadowStatus};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Deref;
 use std::sync::Arc;
@@ -307,6 +310,24 @@ fn describe_observation(observation: &wit::Observation) -> String {
     }
 }
 
+/// Records `input` to the tracker `handle` into `recorder`, as it `ended`.
+fn record_input(recorder: &Recorder, handle: u64, input: &Input, ended: Ended) {
+    let this = Arg::Handle(handle);
+    match input {
+        Input::Observe { now_ms, batch } => {
+            let batch = batch.clone();
+            let batch = Arg::Value(Box::new(move || serde_json::to_value(&*batch).expect("serializes")));
+            recorder.call("tracker.observe", vec![this, arg(*now_ms), batch], ended);
+        }
+        Input::Complete { now_ms, results } => {
+            let results = results.clone();
+            let results = Arg::Value(Box::new(move || serde_json::to_value(&*results).expect("serializes")));
+            recorder.call("tracker.complete", vec![this, arg(*now_ms), results], ended);
+        }
+        Input::Tick { now_ms } => recorder.call("tracker.tick", vec![this, arg(*now_ms)], ended),
+    }
+}
+
 /// An input that trapped and was dropped so the rest could go on.
 #[derive(Clone, Debug)]
 pub struct Quarantined {
@@ -406,6 +427,8 @@ pub struct Snapshot {
     pub supervisor: SupervisorStats,
     /// The tracker has reported `idle` since it started.
     pub ready: bool,
+    /// The candidate in shadow, or the last one (stopped or promoted).
+    pub shadow: Option<ShadowHandle>,
 }
 
 /// Where the supervisor publishes a [`Snapshot`] after every call: the metrics registry
@@ -533,6 +556,10 @@ pub struct Supervisor<'a> {
     stats: SupervisorStats,
     publisher: Option<Arc<dyn Publish>>,
     trace: Option<Traced>,
+    /// A candidate in shadow ([`shadow`]).
+    shadow: Option<shadow::Tap>,
+    /// The last shadow's handle, kept after it stops.
+    last_shadow: Option<ShadowHandle>,
 }
 
 /// The trace this supervisor records into (`docs/traces.md`): the serving tracker's calls as
@@ -572,6 +599,8 @@ impl<'a> Supervisor<'a> {
             stats: SupervisorStats::default(),
             publisher: None,
             trace: None,
+            shadow: None,
+            last_shadow: None,
         }
     }
 
@@ -624,20 +653,7 @@ impl<'a> Supervisor<'a> {
             Ok(step) => Ended::Returned(lazy(step.clone())),
             Err(error) => Ended::Trapped(error.to_string()),
         };
-        let this = Arg::Handle(*handle);
-        match input {
-            Input::Observe { now_ms, batch } => {
-                let batch = batch.clone();
-                let batch = Arg::Value(Box::new(move || serde_json::to_value(&*batch).expect("serializes")));
-                recorder.call("tracker.observe", vec![this, arg(*now_ms), batch], ended);
-            }
-            Input::Complete { now_ms, results } => {
-                let results = results.clone();
-                let results = Arg::Value(Box::new(move || serde_json::to_value(&*results).expect("serializes")));
-                recorder.call("tracker.complete", vec![this, arg(*now_ms), results], ended);
-            }
-            Input::Tick { now_ms } => recorder.call("tracker.tick", vec![this, arg(*now_ms)], ended),
-        }
+        record_input(recorder, *handle, input, ended);
     }
 
     fn trace_rebuild(&self) {
@@ -693,6 +709,7 @@ impl<'a> Supervisor<'a> {
             versions,
             supervisor: self.stats.clone(),
             ready: self.idle_seen,
+            shadow: self.shadow.as_ref().map(shadow::Tap::handle).or_else(|| self.last_shadow.clone()),
         }
     }
 
@@ -714,6 +731,71 @@ impl<'a> Supervisor<'a> {
     /// The inputs quarantined since the last call.
     pub fn take_quarantined(&mut self) -> Vec<Quarantined> {
         std::mem::take(&mut self.quarantined)
+    }
+
+    /// Runs `candidate` in shadow beside the serving version ([`shadow`]), replacing any shadow
+    /// running. It starts from the serving state now, or from the next start's.
+    pub fn shadow(&mut self, candidate: Logic, options: ShadowOptions) -> Result<ShadowHandle, ShadowError> {
+        self.stop_shadow();
+        let tap = shadow::Tap::start(candidate, options)?;
+        let handle = tap.handle();
+        self.shadow = Some(tap);
+        self.sync_shadow(shadow::Resync::Start);
+        self.drain_shadow();
+        self.publish();
+        Ok(handle)
+    }
+
+    /// Stops the shadow, if one runs; its handle keeps what it did.
+    pub fn stop_shadow(&mut self) -> Option<ShadowHandle> {
+        let handle = self.shadow.take()?.stop(ShadowState::Stopped, Some("stopped".into()));
+        self.last_shadow = Some(handle.clone());
+        self.publish();
+        Some(handle)
+    }
+
+    /// The shadow running, or the last one.
+    pub fn shadow_handle(&self) -> Option<ShadowHandle> {
+        self.shadow.as_ref().map(shadow::Tap::handle).or_else(|| self.last_shadow.clone())
+    }
+
+    /// When the shadow's promotion is due: ends the shadow (as promoted) and gives its candidate,
+    /// for the caller to swap in.
+    pub fn take_promotion(&mut self) -> Option<Logic> {
+        if !self.shadow.as_ref().is_some_and(|tap| tap.handle().promotion_due()) {
+            return None;
+        }
+        let handle = self.shadow.take()?.stop(ShadowState::Promoted, None);
+        let candidate = handle.candidate().clone();
+        self.last_shadow = Some(handle);
+        Some(candidate)
+    }
+
+    /// The serving state now, for the shadow.
+    fn sync_point(&self, reason: shadow::Resync) -> Option<shadow::SyncPoint> {
+        Some(shadow::SyncPoint {
+            reason,
+            config: self.config.clone()?,
+            serving: Logic::clone(&self.logic),
+            checkpoint: self.checkpoint.clone(),
+            journal: self.journal.clone(),
+        })
+    }
+
+    fn sync_shadow(&mut self, reason: shadow::Resync) {
+        if self.running.is_none() {
+            return;
+        }
+        if let Some(mut tap) = self.shadow.take() {
+            tap.sync_now(reason, |reason| self.sync_point(reason));
+            self.shadow = Some(tap);
+        }
+    }
+
+    fn drain_shadow(&mut self) {
+        if let Some(tap) = &mut self.shadow {
+            tap.drain();
+        }
     }
 
     /// A fresh tracker with empty state (at start and on every restart). The version serving
@@ -750,7 +832,9 @@ impl<'a> Supervisor<'a> {
         })?;
         self.config = Some(config.clone());
         self.running = Some(Running { session, tracker });
-        self.checkpoint_now()
+        self.checkpoint_now()?;
+        self.sync_shadow(shadow::Resync::Start);
+        Ok(())
     }
 
     pub fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, SupervisorError> {
@@ -773,6 +857,9 @@ impl<'a> Supervisor<'a> {
 
     fn deliver(&mut self, input: Input) -> Result<wit::Step, SupervisorError> {
         let result = self.deliver_inner(input);
+        if let Some(tap) = &mut self.shadow {
+            tap.drain();
+        }
         self.publish();
         result
     }
@@ -813,8 +900,13 @@ impl<'a> Supervisor<'a> {
                 self.probation = None;
             }
         }
+        let shadowed = self.shadow.is_some().then(|| input.clone());
         self.journal.push(input);
         self.journal_steps.push(Some(digest(step)));
+        if let (Some(input), Some(mut tap)) = (shadowed, self.shadow.take()) {
+            tap.input(&input, step, |reason| self.sync_point(reason));
+            self.shadow = Some(tap);
+        }
         if self.journal.len() >= self.policy.every_inputs || self.journal_items >= self.policy.journal_items {
             self.checkpoint_now()?;
         }
@@ -963,6 +1055,7 @@ impl<'a> Supervisor<'a> {
         // What the previous version answered them is not known.
         self.journal_steps = vec![None; journal.len()];
         self.journal = journal;
+        self.sync_shadow(shadow::Resync::ServingChanged);
         for input in deliver {
             self.deliver_part(input, step)?;
         }
@@ -1125,6 +1218,9 @@ impl<'a> Supervisor<'a> {
             self.journal.drain(..journal_from);
             self.journal_steps.drain(..journal_from);
             self.journal_items = self.journal.iter().map(Input::items).sum();
+        }
+        if let Some(tap) = &mut self.shadow {
+            tap.serving_changed();
         }
         self.accept(Input::Tick { now_ms: prepared.now_ms }, &prepared.first_step)?;
         Ok(report)
