@@ -419,3 +419,29 @@ fn a_write_budget_flag_that_is_malformed_repeated_or_refused_by_the_logic_exits_
     let (code, out, err) = clb_host(&[&["simulate", scenario][..], &budgets].concat());
     assert_eq!(code, EXIT_OK, "a budget the logic takes: {out}{err}");
 }
+
+#[test]
+fn run_refuses_an_unknown_divergence_kind_and_shadow_flags_without_a_candidate_with_exit_2() {
+    let config = fixture("configs/clb-azure.json");
+    let config = config.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--shadow-logic-file", "/nonexistent.wasm", "--shadow-allow", "emit-event,reworded"],
+            "`reworded` is not a divergence kind; one of: emit-event, read-nrp",
+        ),
+        (&["--promote-after", "10"], "--shadow-logic-file"),
+        (&["--shadow-allow", "emit-event"], "--shadow-logic-file"),
+        (&["--shadow-logic-file", "/nonexistent.wasm", "--promote-after", "0"], "--promote-after"),
+        (
+            &["--shadow-logic-file", "a.wasm", "--shadow-logic-configmap", "kube-system/clb:logic"],
+            "cannot be used with",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let mut args = vec!["run", "--cloud-config", config, "--credential", "none", "--kubeconfig", "/nonexistent"];
+        args.extend_from_slice(flags);
+        let (code, _, err) = clb_host(&args);
+        assert_eq!(code, EXIT_BAD_INPUT, "{flags:?}: {err}");
+        assert!(err.contains(expected), "{flags:?}: {err}");
+    }
+}

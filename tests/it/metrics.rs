@@ -178,6 +178,11 @@ fn a_rollback_the_supervisor_does_on_its_own_is_recorded_for_status_and_the_even
     let metrics = Metrics::new();
     let mut records = metrics.subscribe_swaps();
     let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics.clone()));
+    // A candidate in shadow that diverges once (the next guest warns about a legacy Service).
+    supervisor.shadow(next().clone(), Default::default()).unwrap();
+    let wit::Observation::ServiceUpserted(mut legacy) = service("legacy", 8) else { unreachable!() };
+    legacy.annotations.push(("clb.test/legacy".into(), "yes".into()));
+    supervisor.observe(1, &[wit::Observation::ServiceUpserted(legacy)]).unwrap();
     supervisor.swap(next(), 1).expect("accepted");
     assert!(metrics.status().last_swap.is_none(), "a swap called directly records nothing: the run loop does");
     for n in 0..3 {
@@ -275,6 +280,11 @@ fn every_sample_name_and_label_key_of_a_full_scrape_is_the_documented_contract()
     let trace = Recorder::start(options, Signatures::of(builtin()), &ComponentRef::of(builtin(), None)).unwrap();
     metrics.track_run(RunStats { trace: Some(trace), ..RunStats::default() });
     let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics.clone()));
+    // A candidate in shadow that diverges once (the next guest warns about a legacy Service).
+    supervisor.shadow(next().clone(), Default::default()).unwrap();
+    let wit::Observation::ServiceUpserted(mut legacy) = service("legacy", 8) else { unreachable!() };
+    legacy.annotations.push(("clb.test/legacy".into(), "yes".into()));
+    supervisor.observe(1, &[wit::Observation::ServiceUpserted(legacy)]).unwrap();
     supervisor.swap(next(), 1).expect("accepted");
     supervisor.observe(2, &[service("boom", 9)]).unwrap();
     metrics.observe_command("read-nrp", false, Duration::from_millis(3));

@@ -7,7 +7,7 @@ use crate::kube::{emulated_azure, eventually, ingress_ips, manifest, reconcilers
 use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_guest::tracker::STATE_VERSION;
 use clb_host::live::control::EventTarget;
-use clb_host::live::operations::{Operations, OperationsConfig};
+use clb_host::live::operations::{Operations, OperationsConfig, ShadowSource};
 use clb_host::live::sources::{ConfigMapKey, LogicSource};
 use clb_host::live::swap::Sha256Pin;
 use clb_host::sandbox::sha256_hex;
@@ -189,6 +189,30 @@ async fn delete_services(client: &::kube::Client, namespace: &str, prefix: &str)
         if left.is_empty() { Ok(()) } else { Err(format!("{left:?}")) }
     })
     .await;
+}
+
+/// Changes the endpoints of the Service `name` (UID `uid`) `rounds` times, 20 ms apart, on a
+/// task of its own: a bounded churn of EndpointSlice updates.
+fn churn(client: &::kube::Client, namespace: &str, name: &str, uid: &str, rounds: u32) -> tokio::task::JoinHandle<()> {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace);
+    let (name, uid) = (name.to_owned(), uid.to_owned());
+    tokio::spawn(async move {
+        for round in 0..rounds {
+            let slice: EndpointSlice = manifest(json!({
+                "metadata": {
+                    "name": format!("{name}-churn"),
+                    "labels": {"kubernetes.io/service-name": name},
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name, "uid": uid}],
+                },
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": [format!("10.244.9.{}", 1 + round % 200)], "conditions": {"ready": true}}],
+            }));
+            let params = ::kube::api::PatchParams::apply("churn").force();
+            slices.patch(&format!("{name}-churn"), &params, &::kube::api::Patch::Apply(&slice)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
 }
 
 /// The value of the one sample of `name` whose line contains every fragment.
@@ -646,25 +670,7 @@ fn a_swapped_in_version_in_run_that_quarantines_three_services_among_a_churn_of_
 
         // A churn of endpoint changes on `web` for as long as the traps take: a bounded loop.
         let slices = Api::<EndpointSlice>::namespaced(client.clone(), ns);
-        let churn = {
-            let (slices, uid) = (slices.clone(), uid.clone());
-            tokio::spawn(async move {
-                for round in 0..300u32 {
-                    let slice: EndpointSlice = manifest(json!({
-                        "metadata": {
-                            "name": "web-churn",
-                            "labels": {"kubernetes.io/service-name": "web"},
-                            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web", "uid": uid}],
-                        },
-                        "addressType": "IPv4",
-                        "endpoints": [{"addresses": [format!("10.244.9.{}", 1 + round % 200)], "conditions": {"ready": true}}],
-                    }));
-                    let params = ::kube::api::PatchParams::apply("churn").force();
-                    slices.patch("web-churn", &params, &::kube::api::Patch::Apply(&slice)).await.unwrap();
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-        };
+        let churn = churn(client, ns, "web", &uid, 300);
         let inputs = |status: &Value| status["inputs"].as_u64().unwrap_or_default();
         let before = inputs(&host.status().await);
         let trap = json!({"clb.test/panic-on-observe": "true"});
@@ -854,6 +860,145 @@ fn a_zstd_component_in_a_configmap_swaps_in_under_its_pin_and_a_truncated_one_is
         assert_eq!(refused.type_.as_deref(), Some("Warning"));
         let message = refused.message.unwrap_or_default();
         assert!(message.contains("(decompress)") && message.contains("the zstd stream is truncated or corrupt"));
+        host.stop().await;
+    });
+}
+
+/// A shadow of `bytes` (written to a file the host watches) with `policy`.
+fn shadow_of(ns: &str, bytes: &[u8], policy: clb_host::live::control::ShadowPolicy) -> Option<ShadowSource> {
+    let file = temp_dir(ns).join("candidate.wasm");
+    std::fs::write(&file, bytes).unwrap();
+    Some(ShadowSource { source: LogicSource::File(file), pin: None, policy })
+}
+
+/// Waits until `/status` shows a shadow for which `done` holds, and returns that status.
+async fn shadow_until(host: &Host, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+    eventually(what, async || {
+        let status = host.status().await;
+        if done(&status["shadow"]) { Ok(status) } else { Err(status.to_string()) }
+    })
+    .await
+}
+
+/// The Events in `namespace` with this reason.
+async fn events_with(client: &::kube::Client, namespace: &str, reason: &str) -> Vec<Event> {
+    let events = Api::<Event>::namespaced(client.clone(), namespace).list(&Default::default()).await.unwrap();
+    events.items.into_iter().filter(|e| e.reason.as_deref() == Some(reason)).collect()
+}
+
+#[test]
+fn a_shadow_of_the_next_guest_in_run_counts_its_extra_warning_as_a_divergence_and_writes_nothing() {
+    in_namespace("shadow", async |client, ns| {
+        let record = temp_dir(ns).join("divergences");
+        let policy = clb_host::live::control::ShadowPolicy { record: Some(record.clone()), ..Default::default() };
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let options = Options { shadow: shadow_of(ns, NEXT_GUEST, policy), events: Some(events), ..Default::default() };
+        let host = Host::start(client, options).await;
+        let in_step = shadow_until(&host, "the candidate in step", |s| s["state"] == "in-step").await;
+        assert_eq!(in_step["shadow"]["sha256"], sha256_hex(NEXT_GUEST), "{in_step}");
+        assert_eq!(in_step["active"]["sha256"], builtin().info().sha256, "the built-in logic serves: {in_step}");
+        let started = event_on(client, ns, "clb-swaps", "LogicShadowStarted", None).await;
+        assert!(started.message.as_deref().is_some_and(|m| m.contains("nothing it asks for is carried out")));
+
+        create_service(client, ns, "web", json!({})).await;
+        create_service(client, ns, "legacy", json!({"clb.test/legacy": "true"})).await;
+        provisioned(client, ns, &["web", "legacy"]).await;
+        let status =
+            shadow_until(&host, "an emit-event divergence", |s| s["divergences"]["emit-event"].as_u64() > Some(0))
+                .await;
+        let shadow = &status["shadow"];
+        assert_eq!(shadow["divergences"].as_object().map(|d| d.len()), Some(1), "emit-event only: {status}");
+        let last = &shadow["lastDivergence"];
+        assert!(last["input"].as_str().is_some_and(|i| i.contains("legacy")), "{status}");
+        assert!(last["candidate"]["only"].to_string().contains("LegacyAnnotation"), "{status}");
+        assert_eq!(last["serving"]["only"], json!([]), "{status}");
+        assert!(status["lastSwap"].is_null(), "a shadow is no swap: {status}");
+
+        // Nothing of the candidate's was carried out: its Warning is not in the API server (and it
+        // proposed nothing else the serving version did not: emit-event is its only divergence).
+        let diverged = event_on(client, ns, "clb-swaps", "LogicShadowDiverged", None).await;
+        assert!(diverged.message.as_deref().is_some_and(|m| m.contains("emit-event")), "{diverged:?}");
+        assert!(
+            events_with(client, ns, "LegacyAnnotation").await.is_empty(),
+            "the candidate's Warning was never written"
+        );
+        let exposition = host.get("/metrics").await.1;
+        assert!(sample(&exposition, "clb_shadow_divergences_total", &["kind=\"emit-event\""]) >= 1.0);
+        assert!(sample(&exposition, "clb_shadow_inputs_total", &["result=\"compared\""]) >= 1.0);
+        let version = format!("version=\"{}\"", &sha256_hex(NEXT_GUEST)[..12]);
+        assert_eq!(sample(&exposition, "clb_shadow_state", &[&version]), 1.0, "one state: {exposition}");
+
+        // The divergence's trace: identical on the serving version, different on the candidate.
+        let trace = last["trace"].as_str().expect("written to --shadow-record").to_owned();
+        assert!(trace.starts_with(&record.display().to_string()), "{trace}");
+        let (code, out, err) = super::traces::clb_replay(&[Path::new(&trace)], &[]);
+        assert_eq!(code, 0, "{out}{err}");
+        let candidate = temp_dir(ns).join("candidate.wasm").display().to_string();
+        let (code, out, err) = super::traces::clb_replay(&[Path::new(&trace)], &["--component", &candidate]);
+        assert_eq!(code, 1, "{out}{err}");
+
+        delete_services(client, ns, "").await;
+        host.stop().await;
+    });
+}
+
+#[test]
+fn a_shadow_of_the_serving_version_in_run_compares_a_churn_without_a_divergence() {
+    in_namespace("shadow-self", async |client, ns| {
+        let options =
+            Options { shadow: shadow_of(ns, clb_host::BUILTIN_GUEST, Default::default()), ..Default::default() };
+        let host = Host::start(client, options).await;
+        shadow_until(&host, "the candidate in step", |s| s["state"] == "in-step").await;
+        create_service(client, ns, "web", json!({})).await;
+        provisioned(client, ns, &["web"]).await;
+        let web = Api::<Service>::namespaced(client.clone(), ns).get("web").await.unwrap();
+        let churn = churn(client, ns, "web", &web.metadata.uid.unwrap(), 150);
+        churn.await.unwrap();
+        let status = shadow_until(&host, "the churn compared", |s| s["compared"].as_u64() >= Some(100)).await;
+        assert_eq!(status["shadow"]["divergences"], json!({}), "{status}");
+        assert_eq!(status["shadow"]["resyncs"].get("divergence"), None, "{status}");
+        let slices = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), ns);
+        slices.delete("web-churn", &DeleteParams::default()).await.unwrap();
+        delete_services(client, ns, "").await;
+        host.stop().await;
+    });
+}
+
+#[test]
+fn a_shadow_in_run_with_promote_after_is_held_back_by_a_divergence_and_then_promoted_after_its_clean_inputs() {
+    in_namespace("promote", async |client, ns| {
+        let policy = clb_host::live::control::ShadowPolicy { promote_after: Some(60), ..Default::default() };
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let options = Options { shadow: shadow_of(ns, NEXT_GUEST, policy), events: Some(events), ..Default::default() };
+        let host = Host::start(client, options).await;
+        shadow_until(&host, "the candidate in step", |s| s["state"] == "in-step").await;
+
+        // A divergence: the count starts again, and the candidate is not promoted meanwhile.
+        create_service(client, ns, "legacy", json!({"clb.test/legacy": "true"})).await;
+        provisioned(client, ns, &["legacy"]).await;
+        let held = shadow_until(&host, "a divergence", |s| s["divergences"]["emit-event"].as_u64() > Some(0)).await;
+        assert_eq!(held["active"]["sha256"], builtin().info().sha256, "not promoted: {held}");
+        assert!(held["shadow"]["clean"].as_u64() < Some(60), "{held}");
+        Api::<Service>::namespaced(client.clone(), ns).delete("legacy", &DeleteParams::default()).await.unwrap();
+
+        // Clean inputs: a churn of endpoint changes, until the candidate is promoted.
+        create_service(client, ns, "web", json!({})).await;
+        provisioned(client, ns, &["web"]).await;
+        let web = Api::<Service>::namespaced(client.clone(), ns).get("web").await.unwrap();
+        let churn = churn(client, ns, "web", &web.metadata.uid.unwrap(), 200);
+        let status = host.last_swap("accepted", None).await;
+        churn.abort();
+        assert_eq!(status["active"]["sha256"], sha256_hex(NEXT_GUEST), "{status}");
+        assert_eq!(status["previous"]["sha256"], builtin().info().sha256, "it serves its probation: {status}");
+        assert_eq!(status["shadow"]["state"], "promoted", "{status}");
+        let origin = status["lastSwap"]["origin"].as_str().unwrap_or_default();
+        assert!(origin.starts_with("shadow promotion after 60 clean inputs"), "{status}");
+        let swapped = event_on(client, ns, "clb-swaps", "LogicSwapped", None).await;
+        assert!(swapped.message.as_deref().is_some_and(|m| m.contains("shadow promotion")), "{swapped:?}");
+
+        let slices = Api::<k8s_openapi::api::discovery::v1::EndpointSlice>::namespaced(client.clone(), ns);
+        slices.delete("web-churn", &DeleteParams::default()).await.unwrap();
+        delete_services(client, ns, "").await;
         host.stop().await;
     });
 }
