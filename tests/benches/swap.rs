@@ -10,14 +10,17 @@
 //!     the pauses during which inputs wait;
 //! (f) the same in the product path, `clb-host run`'s [`Control`]: the request staged on the
 //!     loop, the import on a tokio blocking thread, its end taken as the loop takes it, the
-//!     switch recorded and answered — built-in → next guest, each on a fresh supervisor.
+//!     switch recorded and answered — built-in → next guest, each on a fresh supervisor;
+//! (g) a candidate in shadow on its own thread (the product's queue): the reconcile thread's CPU
+//!     time per endpoint change with and without it, and what the candidate compared.
 //! Run with `cargo bench -p clb-tests --bench swap`; prints a Markdown table.
 
 use clb_host::live::control::{Control, ControlEvent};
 use clb_host::live::swap::SwapResult;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::sandbox::{Limits, Logic, Metering, Runtime};
-use clb_host::supervisor::{CheckpointPolicy, Supervisor};
+use clb_host::supervisor::shadow::SHADOW_QUEUE;
+use clb_host::supervisor::{CheckpointPolicy, ShadowOptions, Supervisor};
 use clb_tests::cluster::*;
 use clb_tests::*;
 use std::hint::black_box;
@@ -62,6 +65,20 @@ fn change(supervisor: &mut Supervisor, round: usize, now: u64) -> Duration {
     let after = supervisor.complete(now, &[(step.commands[0].id, wit::Outcome::Ok)]).unwrap();
     assert!(after.commands.is_empty());
     start.elapsed()
+}
+
+/// The CPU time the calling thread has used.
+fn thread_cpu() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    let done = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(done, 0, "the thread CPU clock");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+/// Endpoint changes per block, and blocks, of (g).
+fn shadow_blocks() -> (usize, usize) {
+    (scaled(200).max(20), 10)
 }
 
 fn median(mut samples: Vec<Duration>) -> Duration {
@@ -237,12 +254,56 @@ fn main() {
     let mut bare = steady(&bare_logic, never, &config);
     let unmetered = change_median(&mut bare);
 
+    // (g) The reconcile thread's CPU per endpoint change, without and with a candidate in shadow
+    // (the same built-in logic, so that it compares every input and never diverges), in
+    // alternating blocks so that both see the same machine.
+    let mut plain = steady(&a, CheckpointPolicy::default(), &config);
+    let mut shadowed = steady(&a, CheckpointPolicy::default(), &config);
+    let options = ShadowOptions { queue: Some(SHADOW_QUEUE), ..Default::default() };
+    let shadow = shadowed.shadow(b.clone(), options).unwrap();
+    // In step before the clock starts (its first import of the state, on its own thread).
+    while shadow.status().state != clb_host::supervisor::ShadowState::InStep {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (block, blocks) = shadow_blocks();
+    let (mut cpu_plain, mut cpu_shadowed) = (Duration::ZERO, Duration::ZERO);
+    // The candidate is given a block's time to catch up after each block (not counted): a
+    // reconcile thread in production is not busy all the time, as this loop is.
+    let caught_up = |inputs: u64| {
+        (0..6_000).find_map(|_| {
+            let status = shadow.status();
+            if status.compared + status.resyncing >= inputs {
+                Some(status)
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+                None
+            }
+        })
+    };
+    for n in 0..blocks {
+        for (supervisor, cpu) in [(&mut plain, &mut cpu_plain), (&mut shadowed, &mut cpu_shadowed)] {
+            let start = thread_cpu();
+            for round in n * block..(n + 1) * block {
+                change(supervisor, round, 60);
+            }
+            *cpu += thread_cpu() - start;
+        }
+        caught_up(2 * ((n + 1) * block) as u64).expect("the candidate takes every input, compared or not");
+    }
+    let inputs = 2 * (block * blocks) as u64;
+    let shadow_status = caught_up(inputs).expect("the candidate takes every input, compared or not");
+    assert!(shadow_status.divergences.is_empty(), "the same logic never diverges: {shadow_status:?}");
+    let per_change = |cpu: Duration| cpu / (block * blocks) as u32;
+
     println!("{}", describe(state_size));
     println!();
     println!("| measure | value |");
     println!("|---|---|");
     let row = |name: &str, d: Duration| println!("| {name} | {d:.2?} |");
-    row(&format!("(a) swap + first call on the new version (median of {}, v1 → v1)", swaps()), median(swap_total.clone()));
+    row(
+        &format!("(a) swap + first call on the new version (median of {}, v1 → v1)", swaps()),
+        median(swap_total.clone()),
+    );
     row("(a) of which the swap itself (`Supervisor::swap`)", median(swap_call));
     row("(a) of which its state move (export unless the checkpoint is fresh, import)", median(swap_move));
     let each: Vec<String> = swap_total.iter().zip(&swap_memory).map(|(d, m)| format!("{d:.2?} ({m})")).collect();
@@ -299,4 +360,12 @@ fn main() {
     row("(d) one endpoint change, limits on (fuel + epoch)", metered);
     row("(d) one endpoint change, limits off", unmetered);
     println!("| (d) limits on / off | {:.2}× |", metered.as_secs_f64() / unmetered.as_secs_f64());
+    let changes = block * blocks;
+    row(&format!("(g) reconcile-thread CPU per endpoint change, no shadow ({changes} changes)"), per_change(cpu_plain));
+    row("(g) reconcile-thread CPU per endpoint change, a candidate in shadow", per_change(cpu_shadowed));
+    println!("| (g) with a shadow / without | {:.3}× |", cpu_shadowed.as_secs_f64() / cpu_plain.as_secs_f64());
+    println!(
+        "| (g) the candidate's inputs: compared / not compared (resyncing) / resyncs | {} / {} / {:?} |",
+        shadow_status.compared, shadow_status.resyncing, shadow_status.resyncs
+    );
 }

@@ -37,7 +37,7 @@
 //!   serving version's answers. `clb-host replay` of it is identical on the serving version and,
 //!   with `--component` the candidate, differs at its last call.
 
-use super::{Input, Running, guest, record_input};
+use super::instance::{Input, Running, guest, record_input};
 use crate::executor::command_name;
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
@@ -45,7 +45,7 @@ use crate::trace::{ComponentRef, Ended, RecordOptions, Recorder, Signatures, laz
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -257,6 +257,9 @@ struct Shared {
     /// A resync the candidate's side asks the serving side for.
     wanted: Mutex<Option<Resync>>,
     promotion_due: AtomicBool,
+    /// Feeds sent to the candidate's thread and not yet taken: the serving side builds no
+    /// resync (a copy of the journal) for a queue that has no room for it.
+    queued: AtomicUsize,
 }
 
 impl Shared {
@@ -326,6 +329,8 @@ pub(super) struct Tap {
     link: Link,
     /// A resync to send at the next chance.
     due: Option<Resync>,
+    /// The queue's bound, on a thread of its own.
+    bound: Option<usize>,
 }
 
 /// Why a shadow could not start.
@@ -367,6 +372,7 @@ impl Tap {
             status: Mutex::new(status),
             wanted: Mutex::new(None),
             promotion_due: AtomicBool::new(false),
+            queued: AtomicUsize::new(0),
         });
         let queue = options.queue;
         let runner = Box::new(Runner {
@@ -390,7 +396,7 @@ impl Tap {
             }
         };
         tracing::info!(candidate = %shared.status().version, "shadow started: the candidate takes every input the serving version takes, and nothing it asks for is carried out");
-        Ok(Self { shared, link, due: Some(Resync::Start) })
+        Ok(Self { shared, link, due: Some(Resync::Start), bound: queue.map(|b| b.max(1)) })
     }
 
     pub(super) fn handle(&self) -> ShadowHandle {
@@ -409,6 +415,12 @@ impl Tap {
     /// a resync is due.
     pub(super) fn input(&mut self, input: &Input, step: &wit::Step, sync: impl FnOnce(Resync) -> Option<SyncPoint>) {
         if self.is_stopped() {
+            return;
+        }
+        if self.bound.is_some_and(|bound| self.shared.queued.load(Ordering::Relaxed) >= bound) {
+            // Full: neither this input nor a resync fits; nothing is copied to find that out.
+            self.due.get_or_insert(Resync::Behind);
+            self.shared.status().resyncing += 1;
             return;
         }
         match self.sync_due() {
@@ -452,11 +464,17 @@ impl Tap {
                 queue.push_back(feed);
                 true
             }
-            Link::Thread { tx: Some(tx), .. } => match tx.try_send(feed) {
-                Ok(()) => true,
-                Err(TrySendError::Full(_)) => false,
-                Err(TrySendError::Disconnected(_)) => false,
-            },
+            Link::Thread { tx: Some(tx), .. } => {
+                // Counted before it can be taken, so that the count never goes below zero.
+                self.shared.queued.fetch_add(1, Ordering::Relaxed);
+                match tx.try_send(feed) {
+                    Ok(()) => true,
+                    Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                        self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                        false
+                    }
+                }
+            }
             Link::Thread { tx: None, .. } => false,
         }
     }
@@ -514,6 +532,7 @@ struct Base {
 impl Runner {
     fn run(mut self, rx: Receiver<Feed>) {
         while let Ok(feed) = rx.recv() {
+            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
             if matches!(self.shared.status().state, ShadowState::Stopped | ShadowState::Promoted) {
                 break;
             }
