@@ -122,8 +122,6 @@ fn validate_exits_two_for_a_malformed_cloud_configuration() {
 
 #[test]
 fn run_exits_two_before_connecting_when_a_lease_setting_is_malformed_or_inconsistent() {
-    let config = fixture("configs/clb-azure.json");
-    let config = config.to_str().unwrap();
     let cases: &[(&[&str], &str)] = &[
         (&["--leader-elect-renew-deadline", "20s"], "renew deadline must be shorter than its lease duration"),
         (&["--leader-elect-retry-period", "10s"], "retry period must be positive and shorter than its renew deadline"),
@@ -135,8 +133,15 @@ fn run_exits_two_before_connecting_when_a_lease_setting_is_malformed_or_inconsis
         ),
         (&["--azure-resource-lock-holder", ""], "the azure resource lock's holder is empty"),
     ];
+    run_exits_two_before_connecting(cases);
+}
+
+/// `run` with each case's flags exits 2 saying its expected text, before it reaches for a
+/// cluster (an unreachable kubeconfig would fail differently).
+fn run_exits_two_before_connecting(cases: &[(&[&str], &str)]) {
+    let config = fixture("configs/clb-azure.json");
+    let config = config.to_str().unwrap();
     for (flags, expected) in cases {
-        // An unreachable kubeconfig: reaching for the cluster would fail differently.
         let mut args = vec!["run", "--cloud-config", config, "--credential", "none", "--kubeconfig", "/nonexistent"];
         args.extend_from_slice(flags);
         let (code, _, err) = clb_host(&args);
@@ -422,8 +427,6 @@ fn a_write_budget_flag_that_is_malformed_repeated_or_refused_by_the_logic_exits_
 
 #[test]
 fn run_refuses_an_unknown_divergence_kind_and_shadow_flags_without_a_candidate_with_exit_2() {
-    let config = fixture("configs/clb-azure.json");
-    let config = config.to_str().unwrap();
     let cases: &[(&[&str], &str)] = &[
         (
             &["--shadow-logic-file", "/nonexistent.wasm", "--shadow-allow", "emit-event,reworded"],
@@ -437,11 +440,5 @@ fn run_refuses_an_unknown_divergence_kind_and_shadow_flags_without_a_candidate_w
             "cannot be used with",
         ),
     ];
-    for (flags, expected) in cases {
-        let mut args = vec!["run", "--cloud-config", config, "--credential", "none", "--kubeconfig", "/nonexistent"];
-        args.extend_from_slice(flags);
-        let (code, _, err) = clb_host(&args);
-        assert_eq!(code, EXIT_BAD_INPUT, "{flags:?}: {err}");
-        assert!(err.contains(expected), "{flags:?}: {err}");
-    }
+    run_exits_two_before_connecting(cases);
 }
