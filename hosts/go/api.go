@@ -16,13 +16,15 @@ import (
 	"fmt"
 )
 
-// Refused is the logic's `err` answer to a constructor: Value is the error value.
+// Refused is the logic's `err` answer to a constructor: Value is the error value (a
+// config-error record for tracker.create, a state-error variant for tracker.import-state).
 type Refused struct {
 	Call  string
 	Value any
+	text  string // Value's canonical text
 }
 
-func (e *Refused) Error() string { return fmt.Sprintf("`%s` refused: %v", e.Call, e.Value) }
+func (e *Refused) Error() string { return fmt.Sprintf("`%s` refused: %s", e.Call, e.text) }
 
 func (c *Component) function(call string) (*Function, error) {
 	fn := c.Schema.Function(call)
@@ -128,7 +130,8 @@ func construct(c *Component, call string, args ...any) (*handle, error) {
 	if x, ok := v.(Variant); ok {
 		if x.Tag != "ok" {
 			s.Close()
-			return nil, &Refused{Call: call, Value: x.Val}
+			text, _ := fn.Result.Cases[1].Type.Encode(x.Val, nil)
+			return nil, &Refused{Call: call, Value: x.Val, text: text}
 		}
 		v = x.Val
 	}

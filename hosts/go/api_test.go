@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The components come from the environment (the test suite sets them; see README.md):
@@ -79,6 +80,9 @@ func TestARefusedConfigAndABadArgumentAreGoErrors(t *testing.T) {
 	var refused *Refused
 	if !errors.As(err, &refused) || refused.Call != "tracker.create" {
 		t.Fatalf("got %v", err)
+	}
+	if !strings.HasPrefix(err.Error(), "`tracker.create` refused: {\"field\":") {
+		t.Errorf("%v", err)
 	}
 	if refused.Value.(map[string]any)["field"] == nil {
 		t.Errorf("the config-error record: %v", refused.Value)
@@ -210,6 +214,23 @@ func TestAChangedResultDivergesAtItsSeqAndATruncatedTraceIsUnreadable(t *testing
 	_, err = ReplayFile(truncated, c, nil, false)
 	var te *TraceError
 	if !errors.As(err, &te) || te.Line != strings.Count(string(data), "\n") || !strings.Contains(te.Message, "truncated") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestACallPastItsDeadlineIsATrap(t *testing.T) {
+	path := os.Getenv("CLB_COMPONENT")
+	if path == "" {
+		t.Skip("CLB_COMPONENT is not set")
+	}
+	c, err := LoadFile(path, Options{Limits: Limits{Deadline: time.Nanosecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = CreateTracker(c, config())
+	var trap *Trap
+	if !errors.As(err, &trap) || trap.Kind != "deadline" {
 		t.Fatalf("got %v", err)
 	}
 }

@@ -145,7 +145,8 @@ func (s *Session) Call(fn *Function, args []any) (result any, err error) {
 				panic(r)
 			}
 			s.poisoned = true
-			result, err = nil, &Trap{fn.Call, "trap", fault.msg}
+			kind, msg := s.classify(ctx, fault)
+			result, err = nil, &Trap{fn.Call, kind, msg}
 		}
 	}()
 	c := &cx{s: s, ctx: ctx}
