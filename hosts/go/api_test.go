@@ -235,6 +235,23 @@ func TestACallPastItsDeadlineIsATrap(t *testing.T) {
 	}
 }
 
+func TestAnAllocationPastTheMemoryCapIsATrap(t *testing.T) {
+	path := os.Getenv("CLB_COMPONENT")
+	if path == "" {
+		t.Skip("CLB_COMPONENT is not set")
+	}
+	c, err := LoadFile(path, Options{Limits: Limits{MemoryMiB: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_, err = ImportTracker(c, config(), map[string]any{"version": 7, "payload": make([]byte, 8<<20)})
+	var trap *Trap
+	if !errors.As(err, &trap) || trap.Kind != "trap" {
+		t.Fatalf("got %v", err)
+	}
+}
+
 func TestNotAComponentIsALoadError(t *testing.T) {
 	for _, wasm := range [][]byte{nil, []byte("\x00asm\x01\x00\x00\x00"), []byte("\x00asm\x0d\x00\x01\x00")} {
 		_, err := Load("x.wasm", wasm, Options{})
