@@ -172,6 +172,106 @@ fn the_other_hosts_find_the_same_divergences_of_the_next_guest_as_clb_host() {
     }
 }
 
+/// The canonical text (docs/traces.md) of `value`, a JSON value of the schema type `ty`: records'
+/// fields in WIT order, where serde_json's maps sort them.
+fn canonical(value: &serde_json::Value, ty: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let Some((kind, arg)) = ty.as_object().and_then(|o| o.iter().next()) else { return value.to_string() };
+    let join = |items: Vec<String>, open: &str, close: &str| format!("{open}{}{close}", items.join(","));
+    match (kind.as_str(), value) {
+        ("record", _) => join(
+            arg.as_array()
+                .unwrap()
+                .iter()
+                .map(|f| format!("{}:{}", f["name"], canonical(&value[f["name"].as_str().unwrap()], &f["type"])))
+                .collect(),
+            "{",
+            "}",
+        ),
+        ("list", Value::Array(items)) => join(items.iter().map(|x| canonical(x, arg)).collect(), "[", "]"),
+        ("tuple", Value::Array(items)) => {
+            join(items.iter().zip(arg.as_array().unwrap()).map(|(x, t)| canonical(x, t)).collect(), "[", "]")
+        }
+        ("option", Value::Null) => "null".to_owned(),
+        ("option", _) => canonical(value, arg),
+        ("variant" | "result", _) => {
+            let tag = value["tag"].as_str().unwrap();
+            let case = match arg {
+                Value::Array(cases) => cases.iter().find(|c| c["name"] == tag).unwrap()["type"].clone(),
+                _ => arg[tag].clone(),
+            };
+            match value.get("val") {
+                Some(val) => format!(r#"{{"tag":{},"val":{}}}"#, value["tag"], canonical(val, &case)),
+                None => format!(r#"{{"tag":{}}}"#, value["tag"]),
+            }
+        }
+        _ => value.to_string(),
+    }
+}
+
+/// A trace of the pure functions over every configuration and Service of the golden traces,
+/// recorded with no results: every call diverges, and each host's report shows what it replayed.
+/// The golden traces hold no `admit-service`, whose arguments are past 16 flat values and so go
+/// through the guest's memory in the canonical ABI.
+fn pure_calls_trace(dir: &Path) -> PathBuf {
+    let schema = std::fs::read_to_string(root().join("hosts/schema/clb-reconciler.json")).unwrap();
+    let schema: serde_json::Value = serde_json::from_str(&schema).unwrap();
+    let admit = schema["functions"].as_array().unwrap().iter().find(|f| f["call"] == "admit-service").unwrap();
+    let (config_type, service_type) = (&admit["params"][0]["type"], &admit["params"][1]["type"]);
+    let (mut configs, mut services) = (Vec::new(), Vec::new());
+    for trace in golden_traces() {
+        for line in std::fs::read_to_string(trace).unwrap().lines().skip(1) {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            let args = &line["args"];
+            match line["call"].as_str() {
+                Some("tracker.create") => configs.push(canonical(&args["config"], config_type)),
+                Some("tracker.observe") => services.extend(
+                    args["batch"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|o| o["tag"] == "service-upserted")
+                        .map(|o| canonical(&o["val"], service_type)),
+                ),
+                _ => {}
+            }
+        }
+    }
+    for list in [&mut configs, &mut services] {
+        list.sort();
+        list.dedup();
+    }
+    let mut lines = vec![r#"{"format":"clb-trace","version":1,"source":"pure calls"}"#.to_owned()];
+    for config in &configs {
+        let seq = lines.len() - 1;
+        lines.push(format!(r#"{{"seq":{seq},"call":"validate-config","args":{{"config":{config}}},"result":null}}"#));
+        for service in &services {
+            let seq = lines.len() - 1;
+            lines.push(format!(
+                r#"{{"seq":{seq},"call":"admit-service","args":{{"config":{config},"service":{service}}},"result":null}}"#
+            ));
+        }
+    }
+    assert!(lines.len() > 100, "configurations and Services to admit: {}", lines.len());
+    let path = dir.join("pure-calls.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn every_host_answers_the_pure_functions_as_clb_host_does() {
+    let dir = scratch("hosts-pure");
+    let trace = pure_calls_trace(&dir);
+    let args = ["--all-divergences", "--json"];
+    let (code, rust, err) = super::traces::clb_replay(&[&trace], &args);
+    assert_eq!(code, 1, "{rust}{err}");
+    for host in [Host::Python, Host::Js, Host::Go] {
+        let (code, out, err) = replay(host, &[&trace], None, &args);
+        assert_eq!(code, 1, "{out}{err}");
+        assert_eq!(out, rust, "the same answers as clb-host");
+    }
+}
+
 /// Each host's own unit tests (codec, line reader, API, replay), given both components so that
 /// none is skipped.
 fn own_tests(host: Host) -> (bool, String) {
