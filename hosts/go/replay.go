@@ -371,15 +371,21 @@ func (r *replayer) callLine(l *line) (*Divergence, error) {
 			return nil, err
 		}
 		replayed := r.encode(g, fn, recordedHandle, hasHandle)
+		kept := false
 		if g.trap == nil && root && hasHandle {
 			if res := fn.Result.resourceIn(g.value); res != nil {
+				if old := r.held[recordedHandle]; old != nil {
+					old.session.Close()
+				}
 				r.held[recordedHandle] = &held{component: r.primary, session: s, resource: res,
 					lineage: []made{{fn, params}}, ids: map[uint64]uint64{}, missing: map[uint64]bool{}}
+				kept = true
 			}
-		} else if g.trap != nil && !root {
+		}
+		if g.trap != nil && !root {
 			r.pure.Close()
 			r.pure = nil
-		} else if root {
+		} else if root && !kept {
 			s.Close() // it holds no resource of this replay
 		}
 		return r.verdict(l, g, recorded, replayed), nil
