@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up the hosts in other languages (hosts/python, hosts/js) for tests and for use.
+# Sets up the hosts in other languages (hosts/python, hosts/js, hosts/go) for tests and for use.
 #
 #   bash hosts/setup.sh        # prints nothing but errors; its last line is the venv's python
 #
@@ -10,6 +10,10 @@
 #   the interpreter) says nothing changed.
 # * JavaScript: `npm ci --prefix hosts/js` when hosts/js/package-lock.json exists (see the JS
 #   section below).
+# * Go: the replay command built static (no cgo) at $CLB_CACHE/bin/clb-replay-go (and the
+#   per-call bench at $CLB_CACHE/bin/clb-bench-go), its modules
+#   from the Go module proxy into $CLB_CACHE/go/mod (the build cache in $CLB_CACHE/go/build);
+#   skipped when a stamp (a hash of hosts/go's sources and `go version`) says nothing changed.
 #
 # Idempotent. Exits non-zero, with the tool's output on stderr, when a step fails.
 set -euo pipefail
@@ -116,5 +120,37 @@ if [ -f "$hosts/js/package-lock.json" ]; then
     fi
 fi
 # --- end of the JS part -------------------------------------------------------------------------
+
+# --- Go (hosts/go) ------------------------------------------------------------------------------
+go_stamp() {
+    {
+        go version
+        cd "$hosts/go"
+        find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum -o -name schema.json \) -print \
+            | LC_ALL=C sort | while read -r f; do
+            printf '%s ' "$f"
+            sha256sum "$f" | cut -d' ' -f1
+        done
+    } | sha256sum | cut -d' ' -f1
+}
+
+setup_go() {
+    command -v go >/dev/null 2>&1 || { echo "hosts/setup.sh: hosts/go needs Go (1.25 or later)" >&2; return 1; }
+    export GOMODCACHE="${GOMODCACHE:-$cache/go/mod}" GOCACHE="${GOCACHE:-$cache/go/build}"
+    export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:--buildvcs=false}"
+    local bin="$cache/bin/clb-replay-go" stamp
+    mkdir -p "$cache/bin" "$GOMODCACHE" "$GOCACHE"
+    stamp="$(go_stamp)"
+    if [ -x "$bin" ] && [ -x "$cache/bin/clb-bench-go" ] && [ -f "$bin.stamp" ] && [ "$(cat "$bin.stamp")" = "$stamp" ]; then
+        return 0
+    fi
+    rm -f "$bin.stamp"
+    (cd "$hosts/go" && quiet go mod download && quiet env CGO_ENABLED=0 go build -o "$bin" ./cmd/replay \
+        && quiet env CGO_ENABLED=0 go build -o "$cache/bin/clb-bench-go" ./cmd/bench)
+    printf '%s\n' "$stamp" >"$bin.stamp"
+}
+
+setup_go
+# --- end of the Go part -------------------------------------------------------------------------
 
 printf '%s\n' "$venv/bin/python"

@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-// node hosts/js/bench.mjs COMPONENT [TRACE]: per-call costs through the integrator API.
+// node hosts/js/bench.mjs COMPONENT [TRACE] [N]: per-call costs through the integrator API, N calls
+// each (default 2000).
 //
 // * admit-service on a Service of the trace;
 // * tracker.observe of one EndpointSlice change on a small tracker (the trace's state: one
@@ -9,9 +10,11 @@
 import { readFileSync } from 'node:fs';
 import { callByName, loadComponent } from './index.mjs';
 
-const [componentPath, tracePath = new URL('../../tests/traces/a-first-service-with-endpoints-gets-a-load-balancer-and-its-pods-in-nrp.jsonl', import.meta.url).pathname] = process.argv.slice(2);
-if (!componentPath) {
-  console.error('usage: node hosts/js/bench.mjs COMPONENT [TRACE]');
+const [componentPath, traceArg, nArg] = process.argv.slice(2);
+const tracePath = traceArg || new URL('../../tests/traces/a-first-service-with-endpoints-gets-a-load-balancer-and-its-pods-in-nrp.jsonl', import.meta.url).pathname;
+const N = nArg === undefined ? 2000 : Number(nArg);
+if (!componentPath || !(Number.isInteger(N) && N > 0)) {
+  console.error('usage: node hosts/js/bench.mjs COMPONENT [TRACE] [N]');
   process.exit(2);
 }
 const clb = await loadComponent(componentPath);
@@ -45,7 +48,7 @@ function timeIt(name, n, fn) {
   console.log(`${name}: median ${q(0.5)} us, p90 ${q(0.9)} us, p99 ${q(0.99)} us (${n} calls)`);
 }
 
-timeIt('admit-service (API)', 5000, () => clb.admitService(config, service));
+timeIt('admit-service (API)', N, () => clb.admitService(config, service));
 
 const extra = structuredClone(slice);
 extra.endpoints.push({ addresses: ['10.244.1.99'], 'node-name': extra.endpoints[0]['node-name'], ready: true });
@@ -53,13 +56,14 @@ let now = 1000;
 let shown = false;
 // Each step's commands are completed (ok) between the timed observes, outside the timing.
 const samples = [];
-for (let i = 0; i < 2200; i++) {
+const warm = Math.min(200, N);
+for (let i = 0; i < N + warm; i++) {
   now += 1;
   const t0 = process.hrtime.bigint();
   const step = tracker.observe(String(now), [{ tag: 'slice-upserted', val: i % 2 ? slice : extra }]);
   const dt = Number(process.hrtime.bigint() - t0) / 1000;
-  if (i >= 200) samples.push(dt);
-  if (!shown && i === 201) {
+  if (i >= warm) samples.push(dt);
+  if (!shown && i === warm) {
     shown = true;
     console.log(`one observe gives: ${JSON.stringify(step).slice(0, 300)}…`);
   }
@@ -67,7 +71,7 @@ for (let i = 0; i < 2200; i++) {
 }
 samples.sort((a, b) => a - b);
 const q = (p) => samples[Math.floor(p * (samples.length - 1))].toFixed(1);
-console.log(`tracker.observe, one EndpointSlice change (API): median ${q(0.5)} us, p90 ${q(0.9)} us, p99 ${q(0.99)} us (2000 calls)`);
+console.log(`tracker.observe, one EndpointSlice change (API): median ${q(0.5)} us, p90 ${q(0.9)} us, p99 ${q(0.99)} us (${N} calls)`);
 console.log(`tracker memory: ${(tracker.memoryBytes() / 1048576).toFixed(1)} MiB`);
 
 // Raw jco bindings: the codec's share.
@@ -76,4 +80,4 @@ const admit = schema.get('admit-service');
 const jsConfig = admit.params[0].codec.decode(config, '', null);
 const jsService = admit.params[1].codec.decode(service, '', null);
 const raw = clb.loaded.instantiate().root['clb:reconciler/validation@0.7.0'];
-timeIt('admit-service (raw jco, no codec)', 5000, () => raw.admitService(jsConfig, jsService));
+timeIt('admit-service (raw jco, no codec)', N, () => raw.admitService(jsConfig, jsService));

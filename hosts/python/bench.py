@@ -52,6 +52,8 @@ def answer(step: dict) -> list:
         tag = c["command"]["tag"]
         if tag == "read-nrp":
             out.append([c["id"], {"tag": "nrp-snapshot", "val": {"services": [], "locations": []}}])
+        elif tag == "read-arm":
+            out.append([c["id"], {"tag": "arm-inventory", "val": {"public-ips": [], "load-balancers": [], "nat-gateways": []}}])
         elif tag == "put-public-ip":
             out.append([c["id"], {"tag": "public-ip-address", "val": "20.0.0.1"}])
         else:

@@ -2,8 +2,10 @@
 //! (a) `admit-service`, and one endpoint change through the supervisor on the 1,000-node
 //!     cluster, with and without `run --record`'s recorder (target: recording under 10% of
 //!     the call);
-//! (b) replaying the largest golden trace through `clb-host replay`, and through the Python and
-//!     JavaScript hosts when `hosts/setup.sh` has installed them.
+//! (b) replaying the largest golden trace through `clb-host replay`, and through the Python,
+//!     JavaScript and Go hosts when `hosts/setup.sh` has installed them;
+//! (c) each other host's own per-call bench (`admit-service`, one `tracker.observe` carrying one
+//!     EndpointSlice change, loading the component), run here so that none rots.
 //! Run with `cargo bench -p clb-tests --bench traces`; prints a Markdown table.
 
 use clb_host::sandbox::Limits;
@@ -82,18 +84,55 @@ fn main() {
         assert_eq!(code, 0);
     });
     println!("| clb-host replay (in process, includes compiling the component) | {:.1} ms |", rust.as_secs_f64() * 1e3);
-    for (host, program, mut args) in other_hosts(&largest, &builtin) {
-        args.extend(["--swap-component".to_owned(), swap.clone()]);
-        let Some(program) = program else {
-            println!("| {host} | not installed (run hosts/setup.sh) |");
+    let hosts = other_hosts();
+    for host in &hosts {
+        let Some(program) = &host.program else {
+            println!("| {} | not installed (run hosts/setup.sh) |", host.replay_name);
             continue;
         };
+        let mut args = host.replay_args.clone();
+        args.extend([largest.display().to_string(), "--component".into(), builtin.display().to_string()]);
+        args.extend(["--swap-component".to_owned(), swap.clone()]);
         let took = time(|| {
-            let status = std::process::Command::new(&program).args(&args).status().unwrap();
-            assert!(status.success(), "{host} replay failed");
+            let status = std::process::Command::new(program).args(&args).status().unwrap();
+            assert!(status.success(), "{} replay failed", host.replay_name);
         });
-        println!("| {host} (a new process) | {:.1} ms |", took.as_secs_f64() * 1e3);
+        println!("| {} (a new process) | {:.1} ms |", host.replay_name, took.as_secs_f64() * 1e3);
     }
+
+    // (c) Each host's bench prints its own lines; the calls are counted down with the rest.
+    let calls = scaled(2_000).to_string();
+    for host in &hosts {
+        let Some(program) = &host.bench_program else { continue };
+        let mut args = host.bench_args.clone();
+        args.push(builtin.display().to_string());
+        args.extend(host.bench_args_after.iter().cloned());
+        args.push(calls.clone());
+        let output = std::process::Command::new(program).args(&args).output().unwrap();
+        assert!(
+            output.status.success(),
+            "{}'s bench failed:\n{}{}",
+            host.language,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        println!("\n{} ({} {}):", host.language, program.display(), args.join(" "));
+        print!("{}", String::from_utf8_lossy(&output.stdout));
+    }
+}
+
+/// How to start one other host's replay and its per-call bench.
+struct OtherHost {
+    language: &'static str,
+    replay_name: &'static str,
+    /// The replay's program, `None` where `hosts/setup.sh` has not installed the host.
+    program: Option<PathBuf>,
+    /// The replay's arguments before the trace.
+    replay_args: Vec<String>,
+    bench_program: Option<PathBuf>,
+    /// The bench's arguments before the component, and between it and the number of calls.
+    bench_args: Vec<String>,
+    bench_args_after: Vec<String>,
 }
 
 fn micros(d: Duration) -> f64 {
@@ -123,22 +162,42 @@ fn largest_golden_trace() -> PathBuf {
         .expect("golden traces")
 }
 
-/// The Python and JavaScript replays of `trace`, with their programs where installed.
-fn other_hosts(trace: &std::path::Path, component: &std::path::Path) -> Vec<(&'static str, Option<PathBuf>, Vec<String>)> {
+/// The Python, JavaScript and Go hosts, with their programs where installed.
+fn other_hosts() -> Vec<OtherHost> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let python = cache_dir().join("venv/bin/python");
-    let node_ready = root.join("hosts/js/node_modules").is_dir();
-    let (trace, component) = (trace.display().to_string(), component.display().to_string());
+    let python = python.exists().then_some(python);
+    let node = root.join("hosts/js/node_modules").is_dir().then(|| PathBuf::from("node"));
+    let existing = |p: PathBuf| p.exists().then_some(p);
+    let path = |p: &str| root.join(p).display().to_string();
     vec![
-        (
-            "python -m clb_reconciler replay",
-            python.exists().then_some(python),
-            vec!["-m".into(), "clb_reconciler".into(), "replay".into(), trace.clone(), "--component".into(), component.clone()],
-        ),
-        (
-            "node hosts/js/replay.mjs",
-            node_ready.then(|| PathBuf::from("node")),
-            vec![root.join("hosts/js/replay.mjs").display().to_string(), trace, "--component".into(), component],
-        ),
+        OtherHost {
+            language: "Python",
+            replay_name: "python -m clb_reconciler replay",
+            program: python.clone(),
+            replay_args: vec!["-m".into(), "clb_reconciler".into(), "replay".into()],
+            bench_program: python,
+            bench_args: vec![path("hosts/python/bench.py")],
+            bench_args_after: vec![],
+        },
+        OtherHost {
+            language: "JavaScript",
+            replay_name: "node hosts/js/replay.mjs",
+            program: node.clone(),
+            replay_args: vec![path("hosts/js/replay.mjs")],
+            bench_program: node,
+            bench_args: vec![path("hosts/js/bench.mjs")],
+            // Its default trace, then the number of calls.
+            bench_args_after: vec![String::new()],
+        },
+        OtherHost {
+            language: "Go",
+            replay_name: "clb-replay-go",
+            program: existing(cache_dir().join("bin/clb-replay-go")),
+            replay_args: vec![],
+            bench_program: existing(cache_dir().join("bin/clb-bench-go")),
+            bench_args: vec![],
+            bench_args_after: vec![],
+        },
     ]
 }

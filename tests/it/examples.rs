@@ -3,10 +3,11 @@
 //! `hosts/python/README.md` and `hosts/js/README.md` runs in a fresh folder that holds what the
 //! README says to have: `clb_guest.wasm` (as `clb-host component --out clb_guest.wasm` writes
 //! it) and `hosts/` (the checkout's, for `./hosts/js/index.mjs`); Python is `hosts/setup.sh`'s
-//! venv, where `clb_reconciler` is installed as a user would install it. The Rust example is
-//! the body of a test below, compared line by line with the README's block.
+//! venv, where `clb_reconciler` is installed as a user would install it. The ```go block of
+//! `hosts/go/README.md` runs there too, as `main.go` of the module its ```sh block makes. The
+//! Rust example is the body of a test below, compared line by line with the README's block.
 
-use super::hosts::{python, root};
+use super::hosts::{go_env, python, root};
 use super::traces::scratch;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use std::path::{Path, PathBuf};
@@ -75,6 +76,31 @@ fn every_javascript_example_of_the_readmes_runs_as_written() {
     let (ran, failures) = run_all("js", Path::new("node"), "example.mjs");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(ran >= 2, "the README and hosts/js/README.md each hold a JavaScript example; ran {ran}");
+}
+
+#[test]
+fn the_go_example_of_its_readme_runs_as_written_in_a_module_of_the_users() {
+    python(); // hosts/setup.sh puts the Go modules into the cache
+    let text = std::fs::read_to_string(root().join("hosts/go/README.md")).unwrap();
+    let setup = fenced(&text, "sh")
+        .into_iter()
+        .find(|(_, code)| code.contains("go mod init"))
+        .expect("a ```sh block that makes the module");
+    let blocks = fenced(&text, "go");
+    assert!(!blocks.is_empty(), "hosts/go/README.md holds a Go example");
+    for (line, code) in blocks {
+        let dir = users_folder(&format!("go-{line}"));
+        std::fs::write(dir.join("main.go"), &code).unwrap();
+        let output = go_env(Command::new("bash").args(["-euc", &setup.1]).current_dir(&dir)).output().unwrap();
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "hosts/go/README.md:{line}: the ```go example failed ({}):\n{code}{out}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(out.contains(r#"{"commands":[{"id":"0","command":{"tag":"read-nrp"}}]"#), "{out}");
+    }
 }
 
 /// The README's Rust example, between the markers: the test below runs it and checks that the

@@ -1,8 +1,9 @@
-//! The other hosts of the same `.wasm` (`hosts/python`, `hosts/js`): each replays every golden
-//! trace byte-identically, and reports a changed trace and a truncated one exactly as
-//! `clb-host replay` does (`docs/traces.md`). `hosts/setup.sh` installs them (a venv and
-//! `npm ci`, cached outside the clone); these tests run it first, so they need nothing set up
-//! by hand — only python3 with pip, Node with npm, and the package registries.
+//! The other hosts of the same `.wasm` (`hosts/python`, `hosts/js`, `hosts/go`): each replays
+//! every golden trace byte-identically, and reports a changed trace and a truncated one exactly
+//! as `clb-host replay` does (`docs/traces.md`). `hosts/setup.sh` installs them (a venv,
+//! `npm ci` and the Go replay command, cached outside the clone); these tests run it first, so
+//! they need nothing set up by hand — only python3 with pip, Node with npm, Go, and the package
+//! registries and module proxy.
 
 use super::traces::{golden_traces, guest_files, scratch, with_one_result_changed};
 use std::path::{Path, PathBuf};
@@ -28,11 +29,28 @@ pub(crate) fn python() -> &'static Path {
     })
 }
 
+/// The Go host's replay command, as `hosts/setup.sh` builds it (static, outside the clone).
+pub(crate) fn go_replay() -> PathBuf {
+    python(); // setup.sh builds it
+    clb_tests::cache_dir().join("bin/clb-replay-go")
+}
+
+/// Go's module and build caches, where `hosts/setup.sh` puts them.
+pub(crate) fn go_env(command: &mut Command) -> &mut Command {
+    let cache = clb_tests::cache_dir().join("go");
+    command
+        .env("GOMODCACHE", cache.join("mod"))
+        .env("GOCACHE", cache.join("build"))
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-buildvcs=false")
+}
+
 /// Which host, and how to start its replay.
 #[derive(Clone, Copy)]
 enum Host {
     Python,
     Js,
+    Go,
 }
 
 /// Replays `traces` in `host` through the built-in logic, or `component`.
@@ -51,6 +69,7 @@ fn replay(host: Host, traces: &[&Path], component: Option<&Path>, extra: &[&str]
             c.arg(root().join("hosts/js/replay.mjs"));
             c
         }
+        Host::Go => Command::new(go_replay()),
     };
     command.args(traces).arg("--component").arg(component);
     command.arg("--swap-component").arg(format!("next-guest={}", next.display()));
@@ -118,6 +137,11 @@ fn every_golden_trace_replays_identically_under_the_javascript_host() {
 }
 
 #[test]
+fn every_golden_trace_replays_identically_under_the_go_host() {
+    every_golden_trace_replays_identically(Host::Go);
+}
+
+#[test]
 fn the_python_host_reports_a_changed_and_a_truncated_trace_as_clb_host_does() {
     a_changed_trace_is_reported_as_clb_host_reports_it(Host::Python);
 }
@@ -125,6 +149,11 @@ fn the_python_host_reports_a_changed_and_a_truncated_trace_as_clb_host_does() {
 #[test]
 fn the_javascript_host_reports_a_changed_and_a_truncated_trace_as_clb_host_does() {
     a_changed_trace_is_reported_as_clb_host_reports_it(Host::Js);
+}
+
+#[test]
+fn the_go_host_reports_a_changed_and_a_truncated_trace_as_clb_host_does() {
+    a_changed_trace_is_reported_as_clb_host_reports_it(Host::Go);
 }
 
 /// The shadow check in another language: the next guest over the hot-swap trace.
@@ -136,10 +165,110 @@ fn the_other_hosts_find_the_same_divergences_of_the_next_guest_as_clb_host() {
     let next_text = next.display().to_string();
     let args = ["--all-divergences", "--json"];
     let (_, rust, _) = super::traces::clb_replay(&[source], &["--component", &next_text, args[0], args[1]]);
-    for host in [Host::Python, Host::Js] {
+    for host in [Host::Python, Host::Js, Host::Go] {
         let (code, out, err) = replay(host, &[source], Some(next), &args);
         assert_eq!(code, 1, "{out}{err}");
         assert_eq!(without_trap_texts(&out), without_trap_texts(&rust));
+    }
+}
+
+/// The canonical text (docs/traces.md) of `value`, a JSON value of the schema type `ty`: records'
+/// fields in WIT order, where serde_json's maps sort them.
+fn canonical(value: &serde_json::Value, ty: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let Some((kind, arg)) = ty.as_object().and_then(|o| o.iter().next()) else { return value.to_string() };
+    let join = |items: Vec<String>, open: &str, close: &str| format!("{open}{}{close}", items.join(","));
+    match (kind.as_str(), value) {
+        ("record", _) => join(
+            arg.as_array()
+                .unwrap()
+                .iter()
+                .map(|f| format!("{}:{}", f["name"], canonical(&value[f["name"].as_str().unwrap()], &f["type"])))
+                .collect(),
+            "{",
+            "}",
+        ),
+        ("list", Value::Array(items)) => join(items.iter().map(|x| canonical(x, arg)).collect(), "[", "]"),
+        ("tuple", Value::Array(items)) => {
+            join(items.iter().zip(arg.as_array().unwrap()).map(|(x, t)| canonical(x, t)).collect(), "[", "]")
+        }
+        ("option", Value::Null) => "null".to_owned(),
+        ("option", _) => canonical(value, arg),
+        ("variant" | "result", _) => {
+            let tag = value["tag"].as_str().unwrap();
+            let case = match arg {
+                Value::Array(cases) => cases.iter().find(|c| c["name"] == tag).unwrap()["type"].clone(),
+                _ => arg[tag].clone(),
+            };
+            match value.get("val") {
+                Some(val) => format!(r#"{{"tag":{},"val":{}}}"#, value["tag"], canonical(val, &case)),
+                None => format!(r#"{{"tag":{}}}"#, value["tag"]),
+            }
+        }
+        _ => value.to_string(),
+    }
+}
+
+/// A trace of the pure functions over every configuration and Service of the golden traces,
+/// recorded with no results: every call diverges, and each host's report shows what it replayed.
+/// The golden traces hold no `admit-service`, whose arguments are past 16 flat values and so go
+/// through the guest's memory in the canonical ABI.
+fn pure_calls_trace(dir: &Path) -> PathBuf {
+    let schema = std::fs::read_to_string(root().join("hosts/schema/clb-reconciler.json")).unwrap();
+    let schema: serde_json::Value = serde_json::from_str(&schema).unwrap();
+    let admit = schema["functions"].as_array().unwrap().iter().find(|f| f["call"] == "admit-service").unwrap();
+    let (config_type, service_type) = (&admit["params"][0]["type"], &admit["params"][1]["type"]);
+    let (mut configs, mut services) = (Vec::new(), Vec::new());
+    for trace in golden_traces() {
+        for line in std::fs::read_to_string(trace).unwrap().lines().skip(1) {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            let args = &line["args"];
+            match line["call"].as_str() {
+                Some("tracker.create") => configs.push(canonical(&args["config"], config_type)),
+                Some("tracker.observe") => services.extend(
+                    args["batch"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|o| o["tag"] == "service-upserted")
+                        .map(|o| canonical(&o["val"], service_type)),
+                ),
+                _ => {}
+            }
+        }
+    }
+    for list in [&mut configs, &mut services] {
+        list.sort();
+        list.dedup();
+    }
+    let mut lines = vec![r#"{"format":"clb-trace","version":1,"source":"pure calls"}"#.to_owned()];
+    for config in &configs {
+        let seq = lines.len() - 1;
+        lines.push(format!(r#"{{"seq":{seq},"call":"validate-config","args":{{"config":{config}}},"result":null}}"#));
+        for service in &services {
+            let seq = lines.len() - 1;
+            lines.push(format!(
+                r#"{{"seq":{seq},"call":"admit-service","args":{{"config":{config},"service":{service}}},"result":null}}"#
+            ));
+        }
+    }
+    assert!(lines.len() > 100, "configurations and Services to admit: {}", lines.len());
+    let path = dir.join("pure-calls.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn every_host_answers_the_pure_functions_as_clb_host_does() {
+    let dir = scratch("hosts-pure");
+    let trace = pure_calls_trace(&dir);
+    let args = ["--all-divergences", "--json"];
+    let (code, rust, err) = super::traces::clb_replay(&[&trace], &args);
+    assert_eq!(code, 1, "{rust}{err}");
+    for host in [Host::Python, Host::Js, Host::Go] {
+        let (code, out, err) = replay(host, &[&trace], None, &args);
+        assert_eq!(code, 1, "{out}{err}");
+        assert_eq!(out, rust, "the same answers as clb-host");
     }
 }
 
@@ -159,9 +288,17 @@ fn own_tests(host: Host) -> (bool, String) {
             c.arg("--test").arg(root().join("hosts/js/test"));
             c
         }
+        Host::Go => {
+            python(); // setup.sh downloads the modules
+            let mut c = Command::new("go");
+            go_env(&mut c).args(["test", "-count=1", "-v", "./..."]).current_dir(root().join("hosts/go"));
+            c
+        }
     };
+    if !matches!(host, Host::Go) {
+        command.current_dir(root());
+    }
     let output = command
-        .current_dir(root())
         .env("CLB_GUEST", builtin)
         .env("CLB_COMPONENT", builtin)
         .env("CLB_NEXT_GUEST", next)
@@ -185,6 +322,13 @@ fn the_javascript_hosts_own_tests_pass_with_none_skipped() {
     let (passed, text) = own_tests(Host::Js);
     assert!(passed, "{text}");
     assert!(text.contains("# skipped 0") && text.contains("# fail 0"), "{text}");
+}
+
+#[test]
+fn the_go_hosts_own_tests_pass_with_none_skipped() {
+    let (passed, text) = own_tests(Host::Go);
+    assert!(passed, "{text}");
+    assert!(!text.contains("--- SKIP") && text.contains("--- PASS"), "{text}");
 }
 
 /// Runs `command`, failing the test with its output unless it succeeds; returns its stdout.
@@ -272,4 +416,10 @@ fn the_python_host_installed_by_pip_replays_every_golden_trace_from_a_folder_out
     assert!(package.starts_with(&venv), "imported from the venv, not the checkout: {}", package.display());
     assert!(package.join("schema.json").is_file(), "the installed package carries the schema");
     replays_every_golden_trace_from(&dir, &venv.join("bin/clb-replay-py"));
+}
+
+#[test]
+fn the_go_hosts_static_replay_command_replays_every_golden_trace_from_a_folder_outside_the_checkout() {
+    let dir = scratch("hosts-go");
+    replays_every_golden_trace_from(&dir, &go_replay());
 }
