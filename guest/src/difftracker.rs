@@ -221,6 +221,22 @@ impl DiffTracker {
         in_nrp && !in_k8s
     }
 
+    /// Whether NRP may still map `identity` at any address Kubernetes no longer puts it at, or
+    /// a batch whose outcome is unknown named it anywhere: what a departed egress pod whose
+    /// addresses were never read waits for, since any such address may have been its own.
+    pub fn awaits_any_drain(&self, identity: &str) -> bool {
+        let unbacked = self.nrp_by_identity.get(identity).is_some_and(|locations| {
+            locations.keys().any(|location| {
+                self.nrp.get(location.as_str()).is_some_and(|addresses| {
+                    addresses.iter().any(|(address, services)| {
+                        services.contains(identity) && self.awaits_drain(identity, location, address)
+                    })
+                })
+            })
+        });
+        unbacked || self.uncertain.values().any(|identities| identities.contains(identity))
+    }
+
     /// Whether Kubernetes has any address for the identity.
     pub fn has_endpoints(&self, identity: &str) -> bool {
         self.k8s_by_identity.contains_key(identity)

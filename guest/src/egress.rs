@@ -438,12 +438,22 @@ mod tests {
     // TestPodInformerAddPod_AcceptsOrdinaryEgressLabel.
     #[test]
     fn valid_identities_follow_the_azure_name_rule_and_default_natgw_is_reserved() {
-        for ok in ["a", "egress-a", "e.g_1", "x_", "0", &"a".repeat(MAX_IDENTITY_LEN)] {
+        let longest = "a".repeat(MAX_IDENTITY_LEN);
+        let usable = ["a", "egress-a", "e.g_1", "x_", "0", "e0", "egress-gateway-a", "tenant-a-egress", "my_egress.gw-1"];
+        // Names that merely resemble the reserved one stay usable.
+        let resembling = ["team-egress", "default-natgw2", "my-default-natgw", "default-natgateway"];
+        for ok in usable.into_iter().chain(resembling).chain([longest.as_str()]) {
             assert!(is_valid_identity(ok), "{ok}");
         }
-        for bad in ["", "-a", "a-", "a.", "_a", "a b", "a/b", "ÄB", &"a".repeat(MAX_IDENTITY_LEN + 1), "default-natgw"]
-        {
+        let (too_long, far_too_long) = ("a".repeat(MAX_IDENTITY_LEN + 1), "a".repeat(81));
+        let bad = ["", "-a", "a-", "a.", "_a", "a b", "a/b", "ÄB", "../hijacked-nat", "egress/gateway", ".leading-dot"];
+        let more = ["trailing-dot.", "trailing-hyphen-", "has space", "UPPER", &too_long, &far_too_long];
+        for bad in bad.into_iter().chain(more).chain(["default-natgw", "Default-NatGW", "DEFAULT-NATGW"]) {
             assert!(!is_valid_identity(bad), "{bad}");
+        }
+        // The longest identity's public IP names fit Azure's 80 characters, the IPv6 one too.
+        for v6 in [false, true] {
+            assert!(crate::outbound::public_ip_name(&longest, v6).len() <= 80);
         }
         let reserved = read_pod(&pod("p", Some("Default-NATGW"), &["10.244.0.5"]), no_inbound);
         assert_eq!(reserved.identity, None);
@@ -493,8 +503,8 @@ mod tests {
     // Mirrors upstream TestEgressRefCountSoundness and TestGuardConcurrency_AddPodDeletePod_RefCountSymmetry.
     // Upstream TestPodInformerRemovePod and TestUpdateK8sEgress.
     // Upstream TestGuardLifecycle_StaleDeletePodIsNoOp: the first delete of the only pod releases its
-    // count and address, the duplicate changes nothing (its IsLastPod signal is the NAT gateway
-    // lifecycle's, not built here).
+    // count and address, the duplicate changes nothing (its IsLastPod signal, the last pod's
+    // teardown, is the outbound lifecycle's: tracker/tests/upstream_pod_finalizers.rs).
     // Upstream TestEgressRefCount_Robust: idempotent add, the last pod's delete drops the count to
     // none, a stale duplicate delete is a no-op (the outbound deletion it schedules upstream is not
     // built here).
@@ -518,7 +528,8 @@ mod tests {
 
     // Upstream TestEngineDeletePod_StaleDuplicateRemovalIsNoOp: deleting a pod nobody tracks leaves
     // the live pod's count and address alone, and the live pod's delete still releases them
-    // (IsLastPod and the pod finalizer are the NAT gateway lifecycle's, not built here).
+    // (IsLastPod and the pod finalizer are the outbound lifecycle's and the pod finalizer's:
+    // tracker/tests/upstream_outbound.rs and upstream_pod_finalizers.rs).
     #[test]
     fn deleting_a_pod_that_is_not_tracked_leaves_another_pods_count_and_address_alone() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -534,7 +545,7 @@ mod tests {
     // Upstream TestEngineDeletePod_DualStackRemovesAllAddressesAtomically: one delete takes both
     // families' addresses away and releases the count. Differs: the count is per pod (1), not per
     // address (upstream 2), so a dual-stack pod cannot be half-released; the one pending
-    // pod-finalizer record is the pod finalizer's, not built here.
+    // pod-finalizer record is the pod finalizer's (tracker/tests/upstream_pod_finalizers.rs).
     #[test]
     fn deleting_a_dual_stack_pod_removes_both_its_addresses_and_its_one_count() {
         let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
@@ -902,10 +913,13 @@ mod tests {
                 Observation::PodUpserted(pod("a", Some("egress-a"), &["10.244.0.5"])),
                 Observation::PodUpserted(pod("b", Some("egress-a"), &["10.244.0.6"])),
                 Observation::PodUpserted(colliding.clone()),
+                // A mixed-case label counts under its lower-cased identity; a pod with no label not at all.
+                Observation::PodUpserted(pod("d", Some("Egress-B"), &["10.244.0.8"])),
+                Observation::PodUpserted(pod("e", None, &["10.244.0.9"])),
                 Observation::ListsComplete,
             ],
         );
-        let counts = BTreeMap::from([("egress-a".to_owned(), 2)]);
+        let counts = BTreeMap::from([("egress-a".to_owned(), 2), ("egress-b".to_owned(), 1)]);
         assert_eq!(tracker.egress().ref_counts(), &counts);
         tracker.observe(1, vec![Observation::PodDeleted(colliding.key()), Observation::PodDeleted(colliding.key())]);
         assert_eq!(tracker.egress().ref_counts(), &counts, "a refused pod's deletion releases nothing");
@@ -1177,7 +1191,8 @@ mod tests {
     // Upstream TestGuardDefaultNATGatewayNeverEntersNRPSnapshotOrRemovalDiff: the RP's default
     // outbound service in NRP's snapshot, even at an address, is never written about while an
     // egress identity beside it is programmed and drained. The removal-diff half (an Outbound
-    // service no longer wanted is unregistered) is the NAT gateway lifecycle's, not built here.
+    // service of ours no longer wanted is unregistered beside it) is not asserted here (P in
+    // docs/conformance.md).
     #[test]
     fn the_rps_default_outbound_service_listed_by_nrp_is_left_alone_at_its_address() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();

@@ -336,6 +336,18 @@ pub struct Failure {
     pub message: String,
 }
 
+/// The host's code for a Kubernetes write refused because the object now has another UID.
+pub const UID_MISMATCH: &str = "UIDMismatch";
+
+impl Failure {
+    /// The Kubernetes object a write was for is gone: the API server answered 404, or the
+    /// host's UID guard refused the write because the name now holds another object (409
+    /// `UIDMismatch`). Either way, what the write was to do to that object has nothing left to do.
+    pub fn object_gone(&self) -> bool {
+        self.status == 404 || (self.status == 409 && self.code.as_deref() == Some(UID_MISMATCH))
+    }
+}
+
 /// A service as NRP lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NrpService {

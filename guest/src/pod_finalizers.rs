@@ -43,9 +43,6 @@ pub mod reason {
     pub const POD_FINALIZER_FAILED: &str = "ServiceGatewayPodFinalizerFailed";
 }
 
-/// The host's code for a write refused because the object now has another UID.
-const UID_MISMATCH: &str = "UIDMismatch";
-
 /// What a pod carries: its identity and its addresses (address → location).
 pub type Carried = Option<(String, BTreeMap<String, String>)>;
 
@@ -320,7 +317,7 @@ impl PodFinalizers {
             self.schedule(key);
             return None;
         };
-        let gone = failure.status == 404 || (failure.status == 409 && failure.code.as_deref() == Some(UID_MISMATCH));
+        let gone = failure.object_gone();
         if gone {
             self.forget(key);
             return None;

@@ -1694,8 +1694,10 @@ impl Tracker {
                 return;
             }
         };
-        let gone_is_done = op.is_delete_step() || op.is_kubernetes();
-        if failure.status == 404 && gone_is_done {
+        // A Kubernetes write refused by the host's UID guard is for a Service replaced under the
+        // same name: the object it was for is gone, as with a 404.
+        let gone = failure.status == 404 || (op.is_kubernetes() && failure.object_gone());
+        if gone && (op.is_delete_step() || op.is_kubernetes()) {
             if op.is_kubernetes() {
                 lifecycle.object.exists = false;
             }
@@ -2019,7 +2021,9 @@ impl Tracker {
     /// Whether what a pod carried has left NRP: each of its addresses is unmapped for its
     /// identity (or another pod's now), no batch in flight (`in_flight`, sorted by location)
     /// names the identity there, and an identity no pod carries any more has no outbound
-    /// lifecycle left (its teardown ended).
+    /// lifecycle left (its teardown ended). A pod none of whose addresses was ever read (it had
+    /// no IP when it was seen) waits until its identities have no address left in NRP that no
+    /// live pod backs: one of those may have been its own.
     fn pod_released(&self, key: &ObjectKey, in_flight: &[&NrpLocation]) -> bool {
         let Some(held) = self.pods.get(key) else { return true };
         let in_batch = |identity: &str, location: &str, address: &str| {
@@ -2029,6 +2033,7 @@ impl Tracker {
         held.left.iter().all(|(identity, location, address)| {
             !self.state.diff.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
         }) && held.identities.iter().all(|id| self.egress.carries(id) || !self.outbound.lifecycles.contains_key(id))
+            && (!held.left.is_empty() || held.identities.iter().all(|id| !self.state.diff.awaits_any_drain(id)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -4250,10 +4255,14 @@ mod tests {
                     _ => (c.id, ok(&c.command)),
                 })
                 .collect();
+            let failed_now = step.commands.iter().any(|c| matches!(c.command, Command::PutLoadBalancer(_)));
             let next = tracker.complete(now, results);
+            let put = next.commands.iter().any(|c| matches!(c.command, Command::PutLoadBalancer(_)));
+            assert!(!(failed_now && put), "no PUT again at once: {:?}", next.commands);
             if next.commands.is_empty() {
                 let wake = next.wake_at_ms.expect("a retry is always scheduled");
                 delays.push(wake - now);
+                assert!(tracker.tick(wake - 1).commands.is_empty(), "nothing before the backoff ends");
                 now = wake;
                 step = tracker.tick(now);
             } else {
@@ -4261,6 +4270,7 @@ mod tests {
             }
         }
         assert!(!tracker.state.lifecycles[UID].parked, "never parked");
+        assert!(delays[0] > 0 && delays[1] > delays[0] && delays[2] > delays[1], "the backoff grows: {delays:?}");
         assert!(delays.iter().all(|&d| d <= timing::BACKOFF_CAP_MS * 6 / 5), "{delays:?}");
         assert!(delays.iter().rev().take(5).all(|&d| d >= timing::BACKOFF_CAP_MS), "at the cap: {delays:?}");
         assert!(step.commands.iter().any(|c| matches!(c.command, Command::PutLoadBalancer(_))), "still trying");

@@ -221,6 +221,8 @@ async fn reference(op: Operation) -> (Resources, String) {
 // TestUpdateNRPSGWAddressLocations_Mock, TestServiceGatewayClientSynchronousCompletionEndToEnd,
 // TestServiceGatewayClientAsyncFailureIsNotSynchronousCompletion,
 // TestIsSynchronousCompletion_RejectsErrorBearing200 and TestLocationsUpdater_SendsExactAddressPayloadToNRP.
+// Upstream TestCreateOrUpdateLB_Mock, TestDeleteNatGateway_Mock and TestUpdateNRPSGWServices_Mock: their success and
+// error subtests, for the load balancer PUT, the NAT gateway delete and the services update among every operation.
 // Upstream TestIsSynchronousCompletion: its error statuses, 401 among them, are errors with their status.
 #[tokio::test]
 async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and_in_process_and_loses_nothing() {
@@ -457,7 +459,8 @@ fn answering_with(answer: &'static str) -> (String, Arc<std::sync::Mutex<Vec<Str
     (url, accepted)
 }
 
-// Upstream TestIsSynchronousCompletion and TestTolerateSynchronousCompletion: a synchronous 200 to a POST is a
+// Upstream TestIsSynchronousCompletion, TestTolerateSynchronousCompletion and TestUpdateNRPSGWServices_Mock (its
+// synchronous-200 cases): a synchronous 200 to a POST is a
 // success even when it carries a Location or Azure-AsyncOperation header (real NRP answers so), and is not polled:
 // a poll of the header's URL, a closed port, would fail the call.
 #[tokio::test]
@@ -794,7 +797,11 @@ async fn ipv6_locations_are_keyed_canonically_whatever_the_spelling() {
 // Upstream TestGuardV9WireValues_InboundResources and TestGuardV9WireValues_EnumStrings: the load balancer's scope
 // is "Public", which is what makes refusing internal load balancers safe (the NAT gateway's SKU is pinned below).
 // Upstream TestSDKV9WireValues: the protocols go as "Tcp" and "Udp".
+// Upstream TestBuildInboundServiceResources_TCPHasResetEnabled: a TCP rule's enableTcpReset is on the wire, true.
+// Upstream TestNRPDrainVsRemoveWireShapes, its ARM half: a drained address goes with "services": [] and
+// a location left without pods with "addresses": [], both present, never null or omitted.
 // Upstream TestCompleteServiceCreationWorkflow: the public IP and the load balancer are put in the configured region.
+// Upstream TestCreateOrUpdateLB_Mock: the load balancer built is the JSON sent.
 // Upstream TestResourceIDsAreConsistent: each rule's frontend ID is that of the load balancer's one frontend.
 // Upstream TestGuardV9WireValues_OutboundResources: a NAT gateway goes as SKU StandardV2 with its public IPs by
 // ARM ID and its serviceGateway reference (an explicit null to disassociate).
@@ -837,6 +844,8 @@ fn requests_serialise_as_the_arm_json_with_empty_lists_present_and_null_to_clear
     assert_eq!(balancer["location"], test_scope().location.as_str());
     assert_eq!(balancer["properties"]["frontendIPConfigurations"][0]["name"], "frontend");
     assert_eq!(balancer["properties"]["loadBalancingRules"][0]["properties"]["protocol"], "Tcp");
+    // A TCP rule's reset goes on the wire, present and true (an omitted field would leave it off).
+    assert_eq!(balancer["properties"]["loadBalancingRules"][0]["properties"]["enableTcpReset"], true);
     let rule_json = &balancer["properties"]["loadBalancingRules"][1];
     assert_eq!(rule_json["name"], "rule-udp-53");
     assert_eq!(rule_json["properties"]["protocol"], "Udp");

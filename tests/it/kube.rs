@@ -220,7 +220,7 @@ impl Env {
         Api::namespaced(self.admin.clone(), &self.namespace)
     }
 
-    /// An Outbound service registered in NRP, as the NAT gateway lifecycle (not built yet) would.
+    /// An Outbound service registered in NRP, as the outbound lifecycle registers one.
     async fn outbound_service(&self, name: &str) {
         let request = azure::ServiceRequest {
             name: name.into(),

@@ -305,6 +305,9 @@ fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_o
 
     let f = failure(block(executor.execute(&remove("uid-1"))));
     assert_eq!((f.status, f.code.as_deref()), (409, Some(UID_MISMATCH)));
+    // The guest reads this refusal as "the object is gone" (its deletion ends): the same code.
+    assert_eq!(UID_MISMATCH, clb_guest::model::UID_MISMATCH);
+    assert!(clb_guest::model::Failure { status: f.status, code: f.code.clone(), retry_after_ms: None, message: f.message.clone() }.object_gone());
     assert_eq!(finalizers(), both, "the replaced Service's finalizers are not ours to remove");
     assert_eq!(block(executor.execute(&remove("uid-2"))), wit::Outcome::Ok);
     assert_eq!(finalizers(), Some(vec!["other".to_owned()]));

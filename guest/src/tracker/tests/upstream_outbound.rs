@@ -308,6 +308,10 @@ fn a_pod_back_while_the_identity_drains_revives_it_with_no_write() {
     let (issued, _) = drive(&mut tracker, NOW + 3, Step { commands: all, ..Step::default() }, ok);
     assert!(issued.iter().all(is_location_update), "only the new pod's address: {issued:?}");
     assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11"]);
+    // The revived identity counts its one pod, as a recount from the pods does.
+    assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&1));
+    assert_eq!(&tracker.egress().recount(), tracker.egress().ref_counts());
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
 }
 
 // Upstream TestAddPod_DoesNotReviveOutboundServiceWhoseDeleteWasAttempted,

@@ -103,7 +103,8 @@ fn a_non_last_pods_finalizer_is_released_only_after_nrp_accepted_the_drain_of_it
     assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
 }
 
-// Upstream TestGuardDeleteOutboundService_RemovesLastPodFinalizerOnlyAfterNATGatewayDeletion,
+// Upstream TestGuardFinalizers_PositiveStripRemovesFinalizer,
+// TestGuardDeleteOutboundService_RemovesLastPodFinalizerOnlyAfterNATGatewayDeletion,
 // TestGuardDeletePod_LastPodWithNamespaceNameTracksLastPodEntry,
 // TestGuardRemoveLastPodFinalizersIsScopedToItsService and TestOutboundWorkflow: the last pod's
 // finalizer waits for the drain and the whole teardown, then goes; another identity's pod keeps
@@ -121,6 +122,7 @@ fn the_last_pods_finalizer_is_released_only_after_its_nat_gateway_and_public_ip_
     let release = position(&issued, is_release_of("p"));
     assert!(delete_nat < release && delete_pip < release, "{issued:?}");
     assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "only p's: {issued:?}");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none(), "the released pod's record is gone");
 }
 
 // Upstream TestGuardDeleteOutboundService_NATDeleteFailureRetainsLastPodFinalizer,
@@ -311,10 +313,11 @@ fn after_a_restart_a_deleting_pod_holding_the_finalizer_waits_for_both_its_addre
 }
 
 // Upstream TestRecoverStuckFinalizers_NoIPPodUsesServiceDrainVerification, TestPodInformerRemovePod_NoIPPodFinalizerRemovedDirectly,
-// TestPodInformerRemovePod_NoIPDeleteKeepsFinalizerWhileDrainPending, TestPodInformerRemovePod_NoIPDeleteWaitsForUnbackedNRPAddress,
+// TestPodInformerRemovePod_NoIPDeleteKeepsFinalizerWhileDrainPending,
 // TestPodInformerRemovePod_NoIPDeleteStripsUntrackedPod and TestPodInformerRemovePod_NoIPLastPodWaitsForServiceDeletion: a pod that
 // never had an IP has no address to drain: it is released at once while another pod carries its
-// identity, and, as the last pod, once the identity's teardown has ended.
+// identity and every address of the identity in NRP is a live pod's, and, as the last pod, once
+// the identity's teardown has ended.
 #[test]
 fn a_pod_with_no_ip_is_released_at_once_unless_it_is_the_last_whose_teardown_it_waits_for() {
     let mut tracker = two_pods();
@@ -341,6 +344,46 @@ fn a_pod_with_no_ip_is_released_at_once_unless_it_is_the_last_whose_teardown_it_
     let step = tracker.observe(NOW + 6, vec![Observation::PodUpserted(deleting(no_ip))]);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 6, step, ok, everything_but_events);
     assert!(position(&issued, |c| is_delete(c, ResourceKind::NatGateway)) < position(&issued, is_release_of("n")));
+}
+
+// Upstream TestGuardRemovePodFinalizerByPod_DoesNotStripReplacementPod, its stale-UID half: a release the
+// host's UID guard refuses (409 UIDMismatch: the name holds a replacement pod) is done, as a 404 is: the
+// record ends, nothing is retried, and nothing is written for the replacement under the old UID.
+#[test]
+fn a_release_refused_because_the_name_holds_a_replacement_pod_ends_the_record() {
+    let mut tracker = two_pods();
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(deleting(pod("p", "10.244.2.10")))]);
+    let answer = |c: &Command| if is_release_of("p")(c) { failed(409, crate::model::UID_MISMATCH) } else { ok(c) };
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, answer, |_| true);
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "once: {issued:?}");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(!issued.iter().any(|c| matches!(c, Command::EmitEvent(_))), "no Warning: the pod is gone");
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestPodInformerRemovePod_NoIPDeleteWaitsForUnbackedNRPAddress: a pod deleted with no IP
+// read keeps its finalizer while NRP maps its identity at an address no live pod backs (that
+// address may have been its own, cleared by the kubelet before it was read), and is released
+// once NRP no longer does.
+#[test]
+fn a_pod_with_no_ip_waits_while_nrp_maps_its_identity_at_an_address_no_live_pod_backs() {
+    let mut tracker = two_pods();
+    let no_ip = Pod { pod_ips: vec![], phase: Some("Failed".into()), ..pod("n", "") };
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(no_ip.clone())]);
+    drive(&mut tracker, NOW + 2, step, ok);
+    // q leaves; the batch that drains its address has no answer yet: NRP still maps it.
+    let step = tracker.observe(NOW + 3, vec![gone("q")]);
+    let (_, (drain, _)) = drive_until(&mut tracker, NOW + 3, step, is_location_update);
+    let step = tracker.observe(NOW + 4, vec![Observation::PodUpserted(deleting(no_ip))]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 4, step, ok, everything_but_events);
+    assert!(finalizers(&issued).is_empty(), "10.244.2.11 is unbacked in NRP: {issued:?}");
+    assert!(tracker.nrp_view()[HOST]["10.244.2.11"].contains(IDENTITY));
+    let step = tracker.complete(NOW + 5, vec![(drain, Outcome::Ok)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 5, step, ok, everything_but_events);
+    // q's own release (by its UID) waited for the same drain.
+    let released = [("n".to_owned(), "uid-n".to_owned(), false), ("q".to_owned(), "uid-q".to_owned(), false)];
+    assert_eq!(finalizers(&issued), released);
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created, "p still carries the identity");
 }
 
 // Upstream TestPodInformerRemovePod_ReleasesFinalizerWhenLabelValueEmptied, TestPodInformerRemovePod_UntrackedPodFinalizerRemovedDirectly,
@@ -453,10 +496,12 @@ fn a_pod_deleted_while_the_batch_adding_its_address_is_in_flight_waits_for_that_
     assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.11"));
 }
 
-// Upstream TestEngineOnServiceCreationComplete_LateLastPodFinalizerRedispatches and
-// TestGuardDeletePod_PodDeletedWhileBuffered_EnqueuesNoRecord (differs: the pod is held for the teardown of
+// Upstream TestEngineOnServiceCreationComplete_LateLastPodFinalizerRedispatches,
+// TestGuardDeletePod_PodDeletedAfterCreateDispatchIsDrainGated, TestEngineDeletePod_LastBufferedPodSchedulesDeletion
+// and TestGuardDeletePod_PodDeletedWhileBuffered_EnqueuesNoRecord (differs: the pod is held for the teardown of
 // what the creation made, not released at once): the last pod deleted while its identity's NAT gateway is being
-// created is released once the creation's command has finished and the teardown that follows it has ended.
+// created is released (under its UID) once the creation's command has finished and the teardown that follows it
+// has ended; its address, waiting for the creation, is never sent.
 #[test]
 fn the_last_pod_deleted_during_its_identitys_creation_is_released_after_the_teardown_that_follows() {
     let mut tracker = started();
@@ -468,7 +513,11 @@ fn the_last_pod_deleted_during_its_identitys_creation_is_released_after_the_tear
     let step = tracker.complete(NOW + 2, vec![(put, Outcome::Ok)]);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, everything_but_events);
     assert!(position(&issued, |c| is_delete(c, ResourceKind::NatGateway)) < position(&issued, is_release_of("p")));
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)]);
+    let sent = |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(|l| l.addresses.iter().any(|a| a.address == "10.244.2.10")));
+    assert!(!issued.iter().any(sent), "the address waited for the creation and is never sent: {issued:?}");
     assert!(tracker.outbound().lifecycles.is_empty());
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none(), "no record left");
 }
 
 // Upstream TestGuardDeletePod_LocalStateMissingNRPWithLiveOrBufferedPodIsNonLast: after a restart, a deleting pod

@@ -111,8 +111,8 @@ fn a_deletion_whose_drain_fails_stays_pending_and_runs_no_delete_step_until_the_
 
 // Upstream TestCheckPendingServiceDeletions_MultipleServices: deletions are gated one by one: a Service NRP holds
 // no address of is deleted and released while another one's drain keeps failing, and that one stays pending
-// with its registration untouched. (Upstream's outbound case has no counterpart: the NAT gateway lifecycle is
-// not built.)
+// with its registration untouched. (Upstream's third, outbound, case is not asserted here: P in
+// docs/conformance.md.)
 #[test]
 fn a_drained_deletion_proceeds_while_another_one_is_still_held_by_its_address_in_nrp() {
     let other = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e02";
@@ -399,6 +399,79 @@ fn a_failed_load_balancer_delete_stops_the_deletion_there_until_its_retry_succee
     assert_eq!(reasons(&issued), [reason::DELETED_LOAD_BALANCER]);
     assert!(last.idle);
     assert_eq!(tracker.phase(UID), None);
+}
+
+// Upstream TestRemoveServiceGatewayFinalizer, its stale-UID case: the release of a deleted Service's
+// finalizer that the host's UID guard refuses (409 UIDMismatch: the name holds a new Service now) is
+// done, as a 404 is: the old Service's deletion ends and nothing is retried for it.
+#[test]
+fn a_finalizer_release_refused_because_the_name_holds_another_service_now_ends_the_deletion() {
+    let mut tracker = created_with(&[(80, 8080)]);
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(terminating_web())]);
+    let ok = answer_ok(&[UID]);
+    let mut releases = 0;
+    let (_, _, last) = drive(&mut tracker, NOW + 1, step, |c| match c {
+        Command::SetFinalizer { present: false, .. } => {
+            releases += 1;
+            Outcome::Failed(Failure {
+                status: 409,
+                code: Some(crate::model::UID_MISMATCH.into()),
+                retry_after_ms: None,
+                message: "the name holds another object".into(),
+            })
+        }
+        other => ok(other),
+    });
+    assert_eq!(releases, 1);
+    assert_eq!(tracker.phase(UID), None, "the deletion ended");
+    assert!(last.idle, "{last:?}");
+    let later = tracker.tick(NOW + 60_000);
+    assert!(!later.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "no retry: {later:?}");
+}
+
+// Upstream TestIsServiceOverlayMappingsError, its negative cases: only a 400 carrying the code
+// ServiceWithOverlayMappingsCannotBeDeleted sends a deletion back to draining. An unregistration
+// refused with another code, by a 409 carrying a similar message, answered 404 or 500 reads NRP
+// no second time and drains nothing again, and the Service is unregistered in the end.
+#[test]
+fn only_the_overlay_mappings_code_sends_a_refused_unregistration_back_to_draining() {
+    let cases = [
+        (400, Some("InvalidRequestFormat"), "bad request"),
+        (409, Some("Conflict"), "ServiceWithOverlayMappingsCannotBeDeleted in the message only"),
+        (404, Some("NotFound"), "not found"),
+        (500, None, "HTTP 500"),
+    ];
+    for (status, code, message) in cases {
+        let mut tracker = created_with(&[(80, 8080)]);
+        let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(terminating_web())]);
+        let ok = answer_ok(&[UID]);
+        let mut refused = false;
+        let (issued, _, _) = drive(&mut tracker, NOW + 1, step, |c| {
+            if writes_registration(c, UID, Some(true)) && !refused {
+                refused = true;
+                return Outcome::Failed(Failure {
+                    status,
+                    code: code.map(Into::into),
+                    retry_after_ms: None,
+                    message: message.into(),
+                });
+            }
+            ok(c)
+        });
+        assert!(refused, "{status}: unregistered once");
+        assert!(!tracker.state.draining.contains(UID), "{status} {code:?}: not sent back to draining");
+        let at = issued.iter().position(|c| writes_registration(c, UID, Some(true))).unwrap();
+        let after = &issued[at + 1..];
+        assert!(!after.iter().any(|c| *c == Command::ReadNrp || is_location_update(c)), "{status} {code:?}: {after:?}");
+        let mut now = NOW + 1;
+        while tracker.phase(UID).is_some() && now < NOW + 600_000 {
+            now += 1_000;
+            let step = tracker.tick(now);
+            let (issued, _, _) = drive(&mut tracker, now, step, &ok);
+            assert!(!issued.iter().any(|c| *c == Command::ReadNrp || is_location_update(c)), "{status}: {issued:?}");
+        }
+        assert_eq!(tracker.phase(UID), None, "{status} {code:?}: unregistered in the end");
+    }
 }
 
 // Upstream TestOnServiceCreationComplete_NonOverlayDeleteErrorRetriesNormally: an unregistration that fails for
