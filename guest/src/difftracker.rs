@@ -662,6 +662,92 @@ mod tests {
         assert!(t.nrp_references("egress-x") && t.nrp_references("other"));
     }
 
+    // Upstream TestUpdateLocationsAddresses "update existing address with new identity": an
+    // address NRP has for one service gets a second one and an egress identity in one
+    // PartialUpdate that names all three, and the mirror records it.
+    #[test]
+    fn an_address_nrp_has_gains_a_service_and_an_egress_identity_in_one_partial_update() {
+        let mut t = DiffTracker::default();
+        t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
+        converge(&mut t, ready_all);
+        t.add_endpoint("svc-b", "10.1.0.5", "10.0.0.4");
+        t.add_endpoint("egress-x", "10.1.0.5", "10.0.0.4");
+        let batch = t.take_sync(10, |_| false, ready_all);
+        let services = ["egress-x", "svc-a", "svc-b"].map(String::from).to_vec();
+        assert_eq!(
+            batch,
+            vec![NrpLocation {
+                location: "10.0.0.4".into(),
+                action: UpdateAction::PartialUpdate,
+                addresses: vec![NrpAddress { address: "10.1.0.5".into(), services: services.clone() }],
+            }]
+        );
+        t.apply(&batch);
+        let expected = View::from([(
+            "10.0.0.4".to_string(),
+            BTreeMap::from([("10.1.0.5".to_string(), services.into_iter().collect::<BTreeSet<_>>())]),
+        )]);
+        assert_eq!(t.nrp_view(), expected);
+        assert_eq!(t.nrp_view(), t.desired_view(|_| Class::Ready));
+    }
+
+    // Upstream TestUpdateLocationsAddresses "sync empty states" and "complex case with multiple
+    // operations": from an NRP that lists stale services, addresses and a whole node, one sync
+    // and its apply leave the mirror equal to what Kubernetes wants, an inbound service and an
+    // egress identity side by side on one address.
+    #[test]
+    fn one_sync_and_its_apply_make_the_mirror_equal_kubernetes_after_many_kinds_of_change() {
+        let mut empty = DiffTracker::default();
+        assert!(empty.take_sync(10, |_| false, ready_all).is_empty());
+        assert!(empty.nrp_view().is_empty());
+
+        let address = |a: &str, services: &[&str]| NrpAddress {
+            address: a.into(),
+            services: services.iter().map(|s| s.to_string()).collect(),
+        };
+        let listed = vec![
+            NrpListedLocation {
+                location: "10.0.0.4".into(),
+                addresses: vec![address("10.1.0.1", &["svc-1", "svc-2"]), address("10.1.0.2", &["svc-4"])],
+            },
+            NrpListedLocation { location: "10.0.0.5".into(), addresses: vec![address("10.1.0.3", &["svc-3"])] },
+        ];
+        let mut t = DiffTracker::default();
+        let registered = (1..=5).map(|i| format!("svc-{i}")).chain(["egress-1".to_string()]).collect();
+        t.replace_nrp(registered, &listed);
+        t.add_endpoint("svc-1", "10.1.0.1", "10.0.0.4");
+        t.add_endpoint("svc-3", "10.1.0.1", "10.0.0.4");
+        t.add_endpoint("egress-1", "10.1.0.1", "10.0.0.4");
+        t.add_endpoint("svc-5", "10.1.0.5", "10.0.0.6");
+        let batch = t.take_sync(10, |_| false, ready_all);
+        assert_eq!(
+            batch,
+            vec![
+                NrpLocation {
+                    location: "10.0.0.4".into(),
+                    action: UpdateAction::PartialUpdate,
+                    addresses: vec![address("10.1.0.1", &["egress-1", "svc-1", "svc-3"]), address("10.1.0.2", &[])],
+                },
+                NrpLocation { location: "10.0.0.5".into(), action: UpdateAction::PartialUpdate, addresses: vec![] },
+                NrpLocation {
+                    location: "10.0.0.6".into(),
+                    action: UpdateAction::FullUpdate,
+                    addresses: vec![address("10.1.0.5", &["svc-5"])],
+                },
+            ]
+        );
+        t.apply(&batch);
+        let set = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        let expected = View::from([
+            ("10.0.0.4".to_string(), BTreeMap::from([("10.1.0.1".to_string(), set(&["egress-1", "svc-1", "svc-3"]))])),
+            ("10.0.0.6".to_string(), BTreeMap::from([("10.1.0.5".to_string(), set(&["svc-5"]))])),
+        ]);
+        assert_eq!(t.nrp_view(), expected);
+        assert_eq!(t.nrp_view(), t.desired_view(|_| Class::Ready));
+        assert!(!t.nrp_references("svc-2") && !t.nrp_references("svc-4"), "stale services are gone");
+        assert!(t.take_sync(10, |_| false, ready_all).is_empty(), "nothing left to send");
+    }
+
     // Upstream TestConvertLocationDTOsToAddressLocations.
     #[test]
     fn nrp_listings_in_any_ipv6_spelling_become_one_canonical_location() {

@@ -729,7 +729,9 @@ mod tests {
     }
 
     // Mirrors upstream TestPodEgressAddresses: status.podIPs, else status.podIP; hostIPs, else hostIP.
-    // Upstream TestGuardAddPod_InvalidParamsIsNoOp and TestUpdateK8sPodRejectsEmptyLocationOrAddress.
+    // Upstream TestGuardAddPod_InvalidParamsIsNoOp, TestUpdateK8sPodRejectsEmptyLocationOrAddress and
+    // TestPodInformerAddPod (differs: a pod with no HostIP, no PodIP or no IPs still carries its identity,
+    // with no address; one with a PodIP and no HostIP is warned about).
     #[test]
     fn pod_ips_fall_back_to_pod_ip_and_host_ips_fall_back_to_host_ip() {
         let p = Pod {
@@ -750,6 +752,16 @@ mod tests {
             "pending: carries, no address"
         );
         assert!(reading.warnings.is_empty());
+        // A HostIP and no PodIP yet: carries, no address, no warning.
+        let no_pod_ip = Pod { pod_ips: vec![], pod_ip: None, ..pod("p", Some("egress-a"), &[]) };
+        let reading = read_pod(&no_pod_ip, no_inbound);
+        assert_eq!((reading.identity.as_deref(), reading.addresses.len()), (Some("egress-a"), 0));
+        assert!(reading.warnings.is_empty());
+        // A PodIP and no HostIP at all: carries, no address, and a warning.
+        let no_host = Pod { host_ips: vec![], host_ip: None, ..pod("p", Some("egress-a"), &["10.0.1.1"]) };
+        let reading = read_pod(&no_host, no_inbound);
+        assert_eq!((reading.identity.as_deref(), reading.addresses.len()), (Some("egress-a"), 0));
+        assert_eq!(reading.warnings.iter().map(|w| w.reason).collect::<Vec<_>>(), [reason::NO_NODE_LOCATION]);
     }
 
     // Mirrors upstream TestPodNodeLocationsByFamily_CanonicalizesRepresentation.
@@ -864,6 +876,8 @@ mod tests {
     // an identity gaining a second family ([v4] → [v4, v6]) keeps its v4 address in NRP and its
     // identity's count at one throughout: the update adds only the v6 address, under the v6 host
     // IP, and removes nothing (removing the old set first would empty the identity for a moment).
+    // Upstream TestReconcileEgressPodUpdate_LiveReRegistrationKeepsFinalizerAndReAdds: the pod keeps its
+    // finalizer (nothing but the update is written) and each family goes under its own family's host IP.
     #[test]
     fn the_sole_pod_of_an_identity_gaining_a_second_family_adds_only_the_new_address() {
         let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -878,6 +892,7 @@ mod tests {
             ..held(pod("p", Some("egress-a"), &["10.244.0.5", "fd01::5"]))
         };
         let step = tracker.observe(4, vec![Observation::PodUpserted(dual)]);
+        assert_eq!(step.commands.len(), 1, "no finalizer write: {:?}", step.commands);
         assert_eq!(tracker.egress().ref_counts(), &BTreeMap::from([("egress-a".to_owned(), 1)]));
         let sent = updates(&step);
         assert_eq!(sent.len(), 1, "only the new family's location: {sent:?}");

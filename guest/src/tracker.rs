@@ -174,6 +174,24 @@ impl LbConfig {
 
 
 impl Lifecycle {
+    /// The Service as last read lacks our finalizer, or the ingress IP this controller gave it,
+    /// though both were written: somebody stripped them. A deletion would not wait for the
+    /// Azure resources to go without the finalizer.
+    fn object_needs_repair(&self) -> bool {
+        self.object.exists
+            && (!self.object.has_finalizer || self.ingress_ip.as_ref().is_some_and(|ip| self.object.ingress != [ip.clone()]))
+    }
+
+    /// Puts back what [`Self::object_needs_repair`] found missing: an update of the Service's
+    /// object alone (its Azure resources are as applied).
+    fn repair(&mut self) {
+        self.phase = Phase::UpdateInProgress;
+        self.steps = [OpStep::AddFinalizer, OpStep::PatchStatus].into();
+        self.op_config = self.applied.clone();
+        self.retries = 0;
+        self.not_before_ms = 0;
+    }
+
     /// Not created and not parked (waiting for a new spec): the tracker has steps to run for it.
     fn has_work_left(&self) -> bool {
         self.phase != Phase::Created && !self.parked
@@ -792,6 +810,13 @@ impl Tracker {
         let mut step = Step::default();
         for observation in batch {
             match observation {
+                // A Service's UID names its Azure resources: with none there is nothing to name
+                // them by (the API server always sets one; a host that sends none is wrong).
+                Observation::ServiceUpserted(service) if service.uid.trim().is_empty() => {
+                    let message =
+                        format!("Service {}/{} has no UID: it is ignored", service.namespace, service.name);
+                    step.logs.push(LogLine { level: LogLevel::Warn, message });
+                }
                 Observation::ServiceUpserted(service) => self.upsert_service(service, &mut step),
                 Observation::ServiceDeleted(key) => self.remove_service_object(&key),
                 Observation::SliceUpserted(slice) => {
@@ -946,6 +971,9 @@ impl Tracker {
                 lifecycle.not_before_ms = 0;
                 lifecycle.parked = false;
             }
+            // Someone stripped our finalizer (or the ingress IP) from a Service that is served:
+            // put it back, or a deletion would not wait for the Azure resources to go.
+            Phase::Created if lifecycle.object_needs_repair() => lifecycle.repair(),
             Phase::Created => {}
             Phase::NotStarted => lifecycle.op_config = Some(config),
             Phase::CreationInProgress | Phase::UpdateInProgress => {
@@ -1605,6 +1633,10 @@ impl Tracker {
                     lifecycle.phase = Phase::UpdateInProgress;
                     lifecycle.op_config = lifecycle.desired.clone();
                     lifecycle.steps = [OpStep::PutLoadBalancer, OpStep::PatchStatus].into();
+                    self.state.runnable.insert(identity.to_owned());
+                } else if lifecycle.object_needs_repair() {
+                    // Read without our finalizer (or its ingress IP) after it was written.
+                    lifecycle.repair();
                     self.state.runnable.insert(identity.to_owned());
                 } else {
                     lifecycle.phase = Phase::Created;
@@ -2875,6 +2907,9 @@ mod tests {
     // Upstream TestBuildInboundServiceResources_BackendPoolNaming,
     // TestBuildInboundServiceResources_ResourceIDs, TestBuildInboundResourceNames,
     // TestMultipleServicesIndependence and TestBackendPoolPopulation.
+    // Upstream TestCompleteServiceCreationWorkflow, its first half: ports 80->8080 and 443->8443
+    // become rule-tcp-80 and rule-tcp-443 to those backend ports, with public IP `<uid>-pip` and
+    // load balancer and pool named by the UID (the wire half is tests/it/azure.rs).
     #[test]
     fn a_service_s_load_balancer_is_named_by_its_uid_with_one_tcp_rule_per_port_to_its_target_port() {
         let long = "very-long-service-uid-that-exceeds-normal-length-abcdef123456789012345678901234567890";
@@ -2904,6 +2939,9 @@ mod tests {
     // frontend port to its backend port. A UDP rule has TCP reset off (upstream leaves it unset;
     // false is what ARM reads for an unset one).
     // Upstream TestBuildInboundServiceResources_SameBackendPortDifferentProtocolAllowed.
+    // Upstream TestExtractInboundConfigFromService_MixedTargetPorts, its UDP port: a UDP port among
+    // TCP ones keeps protocol UDP (its numeric, unset and named target ports are in
+    // a_named_target_port_is_refused_at_admission_and_never_becomes_a_rule).
     #[test]
     fn tcp_and_udp_ports_become_rules_in_spec_order_named_by_protocol_and_port_udp_without_tcp_reset() {
         let cases = [
@@ -3414,7 +3452,8 @@ mod tests {
     // Service is one PUT of its load balancer with the new rules (nothing else of Azure is
     // written: not its public IP, not its NRP registration); removing a port drops only its
     // rule; once applied, the same spec again writes nothing.
-    // Upstream TestEngineUpdateService_NoOpWhenConfigUnchanged.
+    // Upstream TestEngineUpdateService_NoOpWhenConfigUnchanged and TestReconcileInboundService (its
+    // "updates an already tracked service" case).
     #[test]
     fn a_port_change_puts_the_load_balancer_once_with_the_new_rules_and_the_same_spec_again_writes_nothing() {
         let mut tracker = created_with(&[(80, 8080), (443, 8443)]);
@@ -3441,6 +3480,8 @@ mod tests {
     // update is in flight is put once that one completes (one PUT of a load balancer at a time);
     // a failed update is retried, after its backoff, with the spec it was for, and the Service
     // stays registered meanwhile.
+    // Upstream TestServiceUpdaterUpdateInboundService, its transient-failure case: a failed update
+    // PUT is retryable, not parked.
     #[test]
     fn a_spec_changed_during_an_update_is_put_after_it_and_a_failed_update_is_retried_with_its_spec() {
         let mut tracker = created_with(&[(80, 8080)]);
@@ -4441,6 +4482,61 @@ mod tests {
         assert_eq!(tracker.phase(UID), Some(Phase::Created));
     }
 
+    // Upstream TestUpdateService_CreationFailedTerminalRecoversOnSpecChange: a creation parked by
+    // a refusal is taken up again by a spec change at once, in the step that observes it (no
+    // tick, no backoff), and its load balancer is put with the new spec.
+    #[test]
+    fn a_creation_parked_by_a_refusal_is_put_again_at_once_with_the_spec_that_changed() {
+        let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+        let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
+        let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(spec), Observation::ListsComplete]);
+        let ok = answer_ok(&[]);
+        let (issued, _, _) =
+            drive(&mut tracker, NOW, step, |c| if is_put_load_balancer(c) { refused_for_good() } else { ok(c) });
+        assert!(warned_rejected(&issued), "parked: {issued:?}");
+        assert!(tracker.state.lifecycles[UID].parked);
+        let unchanged = ported(UID, &[(TCP, 80, to(8080))], &[]);
+        let same = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(unchanged)]);
+        assert!(same.commands.is_empty(), "the same spec stays parked: {same:?}");
+        let changed = ported(UID, &[(TCP, 80, to(8081))], &[]);
+        let step = tracker.observe(NOW + 2, vec![Observation::ServiceUpserted(changed)]);
+        assert!(!step.commands.is_empty(), "dispatched in the step that observes the change: {step:?}");
+        assert!(!tracker.state.lifecycles[UID].parked);
+        // Driven at the same instant: nothing waits for a backoff.
+        let (issued, _, last) = drive(&mut tracker, NOW + 2, step, answer_ok(&[]));
+        let put = load_balancers(&issued);
+        assert_eq!(put.len(), 1, "{issued:?}");
+        assert_eq!(put[0].rules, vec![rule(LbProtocol::Tcp, 80, 8081, 4)], "the new spec");
+        assert!(!warned_rejected(&issued));
+        assert!(last.idle);
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    }
+
+    // Upstream TestServiceUpdaterUpdateInboundService, its unsupported-spec case: a created Service
+    // whose spec turns dual-stack is never put with it (admission refuses it before anything is
+    // written), gets one Warning and keeps its last admitted spec; its retryable-failure case is
+    // a_spec_changed_during_an_update_is_put_after_it_and_a_failed_update_is_retried_with_its_spec.
+    #[test]
+    fn a_created_service_whose_spec_turns_dual_stack_is_not_put_and_keeps_its_admitted_spec() {
+        let mut tracker = created_with(&[(80, 8080)]);
+        let dual = Service {
+            ip_families: vec!["IPv4".into(), "IPv6".into()],
+            ..ported(UID, &[(TCP, 80, to(9090))], &[])
+        };
+        let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(dual)]);
+        let (issued, _, last) = drive(&mut tracker, NOW + 1, step, answer_ok(&[UID]));
+        assert!(load_balancers(&issued).is_empty(), "{issued:?}");
+        let events: Vec<&Event> =
+            issued.iter().filter_map(|c| if let Command::EmitEvent(e) = c { Some(e) } else { None }).collect();
+        assert_eq!(events.len(), 1, "{issued:?}");
+        assert_eq!(events[0].reason, crate::admission::reason::UNSUPPORTED_DUAL_STACK);
+        assert!(issued.iter().all(|c| matches!(c, Command::EmitEvent(_))), "nothing written: {issued:?}");
+        let kept = tracker.admitted_spec("default", "web").unwrap();
+        assert!(kept.ip_families.len() <= 1 && kept.ports[0].target_port == to(8080), "{kept:?}");
+        assert!(last.idle);
+        assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    }
+
     // ---- Per-phase dispatch (upstream engine_state_machine_guards_test.go) ----
 
     /// Runs `step` answered by `answer_ok`, holding in flight the first command `hold` matches
@@ -4788,16 +4884,21 @@ mod tests {
     // Ports upstream TestRecoverStuckFinalizers_KeepsFinalizerWhenOnlyPIPExists and
     // TestRecoverStuckFinalizers_RemovesFinalizerWhenNoAzureResource: a Service found deleting
     // at start-up keeps its finalizer until what is left of its Azure resources is deleted (a
-    // delete that finds nothing is done), then releases it.
+    // delete that finds nothing is done), then releases it. A public IP listed with no address
+    // yet (the crash right after its create), or not as put, still counts as left.
     // Upstream TestReconcileInboundService_DeletingServiceIsNotProvisionedFromScratch,
     // TestDeletePublicIP_Mock and TestEngineDeleteService_AfterRestart.
     #[test]
     fn a_service_found_deleting_at_start_up_releases_its_finalizer_only_after_what_is_left_in_azure_is_deleted() {
         let config = LbConfig::for_service(&provisioned_service());
-        for pip_left in [true, false] {
+        for (pip_left, address, as_put) in
+            [(true, Some(ADDRESS), true), (true, None, true), (true, None, false), (false, None, true)]
+        {
             let deleting = Service { deleting: true, ..provisioned_service() };
             let identity = deleting.identity();
             let mut inventory = inventory_of(&deleting, None);
+            inventory.public_ips[0].address = address.map(str::to_owned);
+            inventory.public_ips[0].as_put = as_put;
             if !pip_left {
                 inventory.public_ips.clear();
             }
@@ -4822,7 +4923,7 @@ mod tests {
                 .iter()
                 .position(|c| matches!(c, Command::SetFinalizer { present: false, .. }))
                 .expect("the finalizer is released");
-            assert!(pip_at < released, "pip left: {pip_left}: {issued:?}");
+            assert!(pip_at < released, "pip left: {pip_left} ({address:?}, as put {as_put}): {issued:?}");
             assert!(!public_ip_there && last.idle);
             assert_eq!(tracker.phase(&identity), None, "the deletion is done");
         }
@@ -4830,7 +4931,8 @@ mod tests {
 
     // Ports upstream TestFetchServiceGatewayServices_MatchesServiceTypeCaseInsensitively: NRP's
     // service type is compared in any case, so a registration listed as `INBOUND` is ours and
-    // the restart adopts it with nothing to write.
+    // the restart adopts it with nothing to write, and one listed as `outbound` is an egress
+    // identity's. Its `InboundOutbound` and unknown-type cases differ (see below).
     #[test]
     fn an_nrp_service_type_in_any_case_is_an_inbound_registration() {
         let service = provisioned_service();
@@ -4852,6 +4954,47 @@ mod tests {
         });
         assert!(writes(&issued).is_empty(), "{issued:?}");
         assert!(last.idle && tracker.registered().contains(service.identity().as_str()));
+
+        // Each type alone in NRP, no Kubernetes object for it. `outbound` in any case is an egress
+        // identity's registration. Differs from upstream (which counts `InboundOutbound` as both and
+        // fails start-up on an unknown type): any other type is somebody else's, neither inbound nor
+        // egress, and nothing is ever written about it, even under a UID-shaped name.
+        let uid_like = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e55";
+        for (service_type, name, inbound, outbound) in [
+            ("inbound", UID, true, false),
+            ("outbound", "egress-n", false, true),
+            ("OutBound", "egress-n", false, true),
+            ("InboundOutbound", uid_like, false, false),
+            ("Sideways", uid_like, false, false),
+        ] {
+            let mut tracker = Tracker::create(clb()).unwrap();
+            let step = tracker.observe(NOW, vec![Observation::ListsComplete]);
+            let listed = NrpService {
+                name: name.into(),
+                service_type: service_type.into(),
+                backend_pools: vec![],
+                is_default: false,
+            };
+            let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+                Command::ReadNrp => {
+                    Outcome::NrpSnapshot(NrpState { services: vec![listed.clone()], locations: vec![] })
+                }
+                Command::ReadArm => Outcome::ArmInventory(ArmInventory::default()),
+                other => answer_ok(&[])(other),
+            });
+            assert_eq!(tracker.egress().is_registered(name), outbound, "{service_type}");
+            if !inbound && !outbound {
+                assert!(!tracker.registered().contains(name), "{service_type}");
+                assert!(writes(&issued).is_empty(), "{service_type}: foreign, untouched: {issued:?}");
+            } else if inbound {
+                // Ours with no Service behind it: an orphan registration, unregistered.
+                let unregisters = |c: &Command| {
+                    matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == name && r.is_delete))
+                };
+                assert!(issued.iter().any(unregisters), "{service_type}: {issued:?}");
+            }
+            assert!(last.idle, "{service_type}");
+        }
     }
 
     // Ports upstream TestGuardOnServiceCreationComplete_UnknownServiceIsNoOp: an answer to a

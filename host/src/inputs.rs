@@ -221,7 +221,7 @@ pub fn parse_scope(path: &Path, text: &str, service_gateway: &str) -> Result<Sco
             .filter(|rg| !rg.trim().is_empty())
             .unwrap_or_else(|| resource_group.clone()),
         resource_group,
-        service_gateway: service_gateway.to_owned(),
+        service_gateway: required(service_gateway.to_owned(), "--service-gateway")?,
     })
 }
 
@@ -310,6 +310,7 @@ mod tests {
     // config's keys become the scope every ARM ID is built from, and the VNet's resource group
     // defaults to the cluster's when absent or blank.
     // Upstream TestConvertServiceDTOsToServiceRequests_VNetResourceGroup and TestConfigValidationInWorkflow.
+    // Upstream TestConfigValidate "valid config".
     #[test]
     fn the_cloud_config_names_the_scope_and_the_vnet_resource_group_defaults_to_the_clusters() {
         let path = Path::new("azure.json");
@@ -328,7 +329,8 @@ mod tests {
     }
 
     // Ports upstream TestConfigValidate: each key the scope needs is required, missing or blank,
-    // and the error names it.
+    // and the error names it; so is the ServiceGateway's name (`--service-gateway`, upstream's
+    // ServiceGatewayResourceName). The valid case is the_cloud_config_names_the_scope_....
     // Upstream TestConfigValidationInWorkflow.
     #[test]
     fn a_cloud_config_without_a_key_the_scope_needs_is_refused_naming_it() {
@@ -345,6 +347,12 @@ mod tests {
                     Err(InputError::Missing { key: missing, .. }) => assert_eq!(missing, key, "{text}"),
                     other => panic!("{key}: {other:?}"),
                 }
+            }
+        }
+        for service_gateway in ["", "  "] {
+            match parse_scope(Path::new("azure.json"), SCOPE, service_gateway) {
+                Err(InputError::Missing { key, .. }) => assert_eq!(key, "--service-gateway"),
+                other => panic!("{service_gateway:?}: {other:?}"),
             }
         }
     }

@@ -221,6 +221,35 @@ async fn a_queued_add_is_written_with_one_get_and_one_put_and_an_idle_tick_takes
     assert_eq!((events[0].reason.as_str(), events[0].object.as_str()), ("LoadBalancerBackendPoolUpdated", "ns/a"));
 }
 
+// Upstream TestLoadBalancerBackendPoolUpdater "Remove node IPs from backend pool", "Multiple
+// operations in two batches" and "add-then-remove deduplicates IPs and removes target": a later
+// batch reads the pool an earlier one wrote (GET {1, 2}) and PUTs it without the removed IP.
+#[tokio::test]
+async fn a_removal_in_a_later_batch_takes_the_ip_out_of_the_pool_the_first_batch_wrote() {
+    let f = fixture().await;
+    f.updater.enqueue(&[add("lb1", &["10.0.0.1", "10.0.0.2"])]).unwrap();
+    assert_eq!(ran(f.updater.tick().await.unwrap()).written, 1);
+    assert_eq!(pool_ips(&f.emulator, "lb1"), vec!["10.0.0.1", "10.0.0.2"]);
+    f.updater
+        .enqueue(&[
+            add("lb1", &["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2", "10.0.0.3", "10.0.0.3"]),
+            op("ns/a", "lb1", OperationKind::Remove, &["10.0.0.2"]),
+        ])
+        .unwrap();
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.groups, summary.written), (1, 1), "{summary:?}");
+    assert_eq!(pool_ips(&f.emulator, "lb1"), vec!["10.0.0.1", "10.0.0.3"], "10.0.0.2 removed, 10.0.0.3 added once");
+    assert_eq!(
+        (requests(&f.emulator, Operation::GetBackendPool), requests(&f.emulator, Operation::PutBackendPool)),
+        (2, 2)
+    );
+    f.updater.enqueue(&[op("ns/a", "lb1", OperationKind::Remove, &["10.0.0.1", "10.0.0.3"])]).unwrap();
+    assert_eq!(ran(f.updater.tick().await.unwrap()).written, 1);
+    assert!(pool_ips(&f.emulator, "lb1").is_empty(), "every IP removed");
+    assert_eq!(requests(&f.emulator, Operation::PutBackendPool), 3);
+    assert_eq!(pool_ips(&f.emulator, "lb2"), Vec::<String>::new(), "the other load balancer's pool is untouched");
+}
+
 // Upstream TestLoadBalancerBackendPoolUpdater "adding already-present IPs does not trigger
 // CreateOrUpdate" and "removing non-existent IPs does not trigger CreateOrUpdate".
 #[tokio::test]
@@ -232,6 +261,60 @@ async fn a_change_already_in_the_pool_is_not_written() {
     let summary = ran(f.updater.tick().await.unwrap());
     assert_eq!((summary.groups, summary.unchanged, summary.written), (1, 1, 0));
     assert_eq!(requests(&f.emulator, Operation::PutBackendPool), 1, "only the first tick wrote");
+}
+
+// Upstream TestEndpointSlicesInformerDeduplicatesNodeIPs: the endpoints moving from node1 to
+// three on node2 enqueue exactly a remove of node1's IP and an add of node2's, and the same node
+// set again (whatever the endpoint count behind it) enqueues nothing.
+#[tokio::test]
+async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and_nothing_when_it_does_not() {
+    use clb_host::pool_producer::{PoolProducer, ready_node_ips};
+    use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+    use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::ServicePlacement;
+    use std::collections::{BTreeMap, BTreeSet};
+    let f = fixture().await;
+    let node_ips: BTreeMap<String, Vec<String>> =
+        [("node1", "10.0.0.1"), ("node2", "10.0.0.2")].map(|(n, ip)| (n.to_string(), vec![ip.to_string()])).into();
+    let slice = |nodes: &[&str]| wit::EndpointSlice {
+        namespace: "test".into(),
+        name: "eps1".into(),
+        owner_service_uid: Some("uid-1".into()),
+        address_type: "IPv4".into(),
+        endpoints: nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| wit::Endpoint {
+                addresses: vec![format!("10.244.0.{}", i + 5)],
+                node_name: Some(n.to_string()),
+                ready: Some(true),
+            })
+            .collect(),
+        deleting: false,
+    };
+    let placement = || ServicePlacement { load_balancer: "lb1".into(), pool: POOL.into() };
+    let mut producer = PoolProducer::new();
+    let mut update = |nodes: &[&str]| {
+        let ips = ready_node_ips("uid-1", [&slice(nodes)], &node_ips);
+        let mut notes = Vec::new();
+        let held = f.updater.service_lock().try_lock().expect("the service lock is free");
+        producer.update(&f.updater, &held, "test/svc1", placement(), ips, BTreeSet::new, &mut notes).unwrap();
+        notes
+    };
+    assert_eq!(update(&["node1"]), vec![format!("enqueue test/svc1 add lb1:{POOL} [10.0.0.1]")]);
+    assert_eq!(f.updater.status().unwrap().queued, 1);
+    assert_eq!(
+        update(&["node2", "node2", "node2"]),
+        vec![
+            format!("enqueue test/svc1 remove lb1:{POOL} [10.0.0.1]"),
+            format!("enqueue test/svc1 add lb1:{POOL} [10.0.0.2]"),
+        ]
+    );
+    assert_eq!(f.updater.status().unwrap().queued, 3, "exactly one remove and one add more");
+    assert!(update(&["node2", "node2"]).is_empty(), "the same node set with fewer endpoints is a no-op");
+    assert!(update(&["node2", "node2", "node2", "node2"]).is_empty(), "and with more");
+    assert_eq!(f.updater.status().unwrap().queued, 3, "nothing more queued");
+    assert_eq!(ran(f.updater.tick().await.unwrap()).written, 1);
+    assert_eq!(pool_ips(&f.emulator, "lb1"), vec!["10.0.0.2"]);
 }
 
 // Upstream TestLoadBalancerBackendPoolUpdaterSerializesWithServiceReconcileLock.
@@ -379,6 +462,27 @@ async fn a_terminal_failure_warns_every_service_of_the_group_once() {
     let expected = |s: &str| (s.to_string(), "Warning".to_string(), "LoadBalancerBackendPoolUpdateFailed".to_string());
     assert_eq!(warned, vec![expected("ns/a"), expected("ns/b")]);
     assert_eq!(f.updater.status().unwrap().queued, 0, "dropped");
+}
+
+// Upstream TestLoadBalancerBackendPoolUpdaterFailed "Non-retriable error when getting backend
+// pool": the GET fails, so no PUT follows, the pool is left as it was and the group is dropped.
+#[tokio::test]
+async fn a_terminal_failure_of_the_get_sends_no_put_and_leaves_the_pool_unchanged() {
+    let f = fixture().await;
+    f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
+    f.emulator.set_fault(Fault::times(Operation::GetBackendPool, 1, FaultMode::status(500)));
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.abandoned, summary.written), (1, 0), "{summary:?}");
+    assert_eq!(requests(&f.emulator, Operation::PutBackendPool), 0, "no PUT after a failed GET");
+    assert!(pool_ips(&f.emulator, "lb1").is_empty(), "the pool is unchanged");
+    let warned: Vec<(String, String, String)> =
+        f.updater.kube().events().into_iter().map(|e| (e.object, e.event_type, e.reason)).collect();
+    assert_eq!(
+        warned,
+        vec![("ns/a".to_string(), "Warning".to_string(), "LoadBalancerBackendPoolUpdateFailed".to_string())]
+    );
+    assert_eq!(f.updater.status().unwrap().queued, 0, "dropped");
+    assert!(!f.lock.is_held(), "released after the tick");
 }
 
 // Upstream TestLoadBalancerBackendPoolUpdaterFailed "Backend pool not found".

@@ -579,6 +579,55 @@ impl Controller {
     }
 }
 
+// Upstream TestGetServiceByUID_UIDMismatchReturnsNotFound: the production client acts on no
+// same-name Service of another UID: its status patch and both finalizer changes are refused 409
+// UIDMismatch and the object is left as it was (same resourceVersion); with the Service's own UID
+// a write lands.
+#[test]
+fn the_kube_client_writes_nothing_to_a_same_name_service_of_another_uid() {
+    use clb_host::executor::{KubeApi as _, UID_MISMATCH};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let admin = apiserver().admin().await;
+        let namespace = format!("clb-uid-guard-{}", std::process::id());
+        apply(&Api::<Namespace>::all(admin.clone()), &namespace, serde_json::json!({})).await;
+        let services = Api::<Service>::namespaced(admin.clone(), &namespace);
+        // ClusterIP, so that no controller another test runs acts on it.
+        let body = serde_json::json!({
+            "metadata": { "finalizers": ["example.com/keep"] },
+            "spec": { "type": "ClusterIP", "ports": [{ "protocol": "TCP", "port": 80, "targetPort": 8080 }] },
+        });
+        let created = apply(&services, "web", body).await;
+        let uid = created.metadata.uid.clone().expect("a UID");
+        let reference = |uid: &str| wit::ObjectRef {
+            kind: "Service".into(),
+            namespace: namespace.clone(),
+            name: "web".into(),
+            uid: uid.into(),
+        };
+        let other = reference("00000000-0000-0000-0000-0000000000ff");
+        let client = clb_host::kube::KubeClient::new(admin.clone(), "uid-guard-test");
+        let refused = client.patch_service_status(&other, &["20.0.0.9".into()]).await.unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
+        let refused = client.set_finalizer(&other, "servicegateway.azure.com/service-cleanup", true).await.unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
+        let refused = client.set_finalizer(&other, "example.com/keep", false).await.unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
+        let after = services.get("web").await.unwrap();
+        assert_eq!(after.metadata.resource_version, created.metadata.resource_version, "nothing was written");
+        assert!(ingress_ips(&after).is_empty());
+        assert_eq!(after.metadata.finalizers, Some(vec!["example.com/keep".to_owned()]));
+
+        // (A ClusterIP Service may hold no ingress: the API server itself would refuse that, 422.)
+        client.set_finalizer(&reference(&uid), "example.com/keep", false).await.unwrap();
+        let written = services.get("web").await.unwrap();
+        assert_eq!(written.metadata.finalizers, None, "with its own UID the write lands");
+
+        let _ = services.delete("web", &DeleteParams::default()).await;
+        let _ = Api::<Namespace>::all(admin.clone()).delete(&namespace, &DeleteParams::default()).await;
+    });
+}
+
 // Upstream TestRegisterInformers_DeliversEndpointSliceEventsToTracker,
 // TestLoadBalancerEnsureTracksExternalService, TestServiceUpdaterDeleteInboundService_Succeeds and
 // TestCreateInboundService_PopulatesIngressOnSuccess.

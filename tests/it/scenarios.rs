@@ -81,6 +81,355 @@ fn a_multi_slb_scenario_under_the_native_library_stops_saying_it_needs_the_compo
     assert!(report.aborted.as_deref().is_some_and(|why| why.contains("need the component")), "{:?}", report.aborted);
 }
 
+/// The example scenario whose file name contains `fragment`, with `steps` (YAML at the indent
+/// of its step list) appended, run under the component.
+fn extended(fragment: &str, steps: &str) -> ScenarioReport {
+    let path = scenario_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains(fragment))
+        .unwrap_or_else(|| panic!("a scenario named like {fragment}"));
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    text.push_str(steps);
+    let scenario = scenario::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+    let original = scenario::read(&path).unwrap().steps.len();
+    assert!(scenario.steps.len() > original, "the steps were appended");
+    simulate::run(&scenario, &mut component_reconciler()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+const WEB_UID: &str = "6a1f0c8e-2b3d-4e5f-8a9b-0c1d2e3f4a01";
+
+/// An `apply` step of shop/web's EndpointSlice `web-abc12` with `endpoints` (`address@node`).
+fn web_slice(endpoints: &[&str]) -> String {
+    let mut text = format!(
+        "  - apply:\n      - apiVersion: discovery.k8s.io/v1\n        kind: EndpointSlice\n        metadata:\n          \
+         name: web-abc12\n          namespace: shop\n          uid: 7b2a1d9f-3c4e-4f60-9bac-1d2e3f4a5b01\n          \
+         ownerReferences: [{{apiVersion: v1, kind: Service, name: web, uid: {WEB_UID}}}]\n        addressType: IPv4\n        \
+         endpoints:\n"
+    );
+    for endpoint in endpoints {
+        let (address, node) = endpoint.split_once('@').unwrap();
+        text.push_str(&format!("          - {{addresses: [\"{address}\"], nodeName: {node}}}\n"));
+    }
+    text
+}
+
+// Upstream TestReconcileNodeIPChange "node addition registers a pod dropped while its node was
+// uncached": a live Service's slice names a node not known yet; its pod stays out of NRP until the
+// Node appears, and is then programmed at the Node's IP.
+#[test]
+fn a_pod_on_a_node_not_yet_known_is_programmed_once_the_node_appears() {
+    let steps = format!(
+        "{}  - settle:\n  - expect:\n      nrp:\n        locations:\n          \
+         10.224.0.4: {{10.244.1.10: [{WEB_UID}]}}\n          10.224.0.9: {{10.244.2.10: [{WEB_UID}]}}\n      \
+         invariants: true\n  - apply:\n      - apiVersion: v1\n        kind: Node\n        metadata: {{name: aks-node-3}}\n        \
+         status: {{addresses: [{{type: InternalIP, address: 10.224.0.6}}]}}\n  - settle:\n  - expect:\n      nrp:\n        \
+         locations:\n          10.224.0.4: {{10.244.1.10: [{WEB_UID}]}}\n          10.224.0.9: {{10.244.2.10: [{WEB_UID}]}}\n          \
+         10.224.0.6: {{10.244.3.10: [{WEB_UID}]}}\n      invariants: true\n",
+        web_slice(&["10.244.1.10@aks-node-1", "10.244.2.10@aks-node-2", "10.244.3.10@aks-node-3"])
+    );
+    let report = extended("a-node-whose-ip-changes-moves-its-pods", &steps);
+    assert!(report.passed, "{}", rendered(&report));
+}
+
+// Upstream TestReconcileEndpointSlice: an update that swaps one pod for another removes the old
+// address and adds the new one in the same write, and deleting the EndpointSlice of a live
+// Service takes its pods out of NRP while the Service stays registered.
+#[test]
+fn a_slice_update_swapping_a_pod_and_the_slices_deletion_are_followed_in_nrp() {
+    let steps = format!(
+        "{}  - settle:\n  - expect:\n      nrp:\n        locations: {{10.224.0.4: {{10.244.1.12: [{WEB_UID}]}}}}\n      \
+         invariants: true\n  - delete: {{kind: EndpointSlice, namespace: shop, name: web-abc12}}\n  - settle:\n  \
+         - expect:\n      nrp:\n        services: [{WEB_UID}]\n        locations: {{}}\n      status: {{shop/web: present}}\n      \
+         invariants: true\n",
+        web_slice(&["10.244.1.12@aks-node-1"])
+    );
+    let report = extended("scaling-a-deployment-up-and-down", &steps);
+    assert!(report.passed, "{}", rendered(&report));
+    let swapped = report
+        .command_stream()
+        .into_iter()
+        .filter(|c| {
+            c.contains(r#"address: "10.244.1.11", services: []"#)
+                && c.contains(&format!(r#"address: "10.244.1.12", services: ["{WEB_UID}"]"#))
+        })
+        .count();
+    assert_eq!(swapped, 1, "one write removes the old pod and adds the new: {:#?}", report.command_stream());
+}
+
+// Upstream TestLoadBalancerEmitsWarningEventForRejectedService: a Service with a named targetPort
+// and an internal one each get their Warning, and nothing of theirs reaches NRP or Azure.
+#[test]
+fn a_service_with_a_named_target_port_or_internal_gets_its_warning_and_nothing_in_azure() {
+    let service = |name: &str, uid: &str, annotations: &str, target_port: &str| {
+        format!(
+            "      - apiVersion: v1\n        kind: Service\n        metadata: {{name: {name}, namespace: shop, uid: {uid}{annotations}}}\n        \
+             spec:\n          type: LoadBalancer\n          externalTrafficPolicy: Local\n          selector: {{app: {name}}}\n          \
+             ports: [{{protocol: TCP, port: 80, targetPort: {target_port}}}]\n"
+        )
+    };
+    let slice = |name: &str, uid: &str, address: &str| {
+        format!(
+            "      - apiVersion: discovery.k8s.io/v1\n        kind: EndpointSlice\n        metadata:\n          name: {name}-1\n          \
+             namespace: shop\n          uid: {uid}-slice\n          ownerReferences: [{{apiVersion: v1, kind: Service, name: {name}, uid: {uid}}}]\n        \
+             addressType: IPv4\n        endpoints:\n          - {{addresses: [\"{address}\"], nodeName: aks-node-1}}\n"
+        )
+    };
+    let (named, internal) = ("6a1f0c8e-2b3d-4e5f-8a9b-0c1d2e3f4b01", "6a1f0c8e-2b3d-4e5f-8a9b-0c1d2e3f4b02");
+    let text = format!(
+        "name: rejected\nconfig:\n  loadBalancerBackendPoolConfigurationType: podIP\n  loadBalancerSku: standardV2\nsteps:\n  \
+         - apply:\n      - apiVersion: v1\n        kind: Node\n        metadata: {{name: aks-node-1}}\n        \
+         status: {{addresses: [{{type: InternalIP, address: 10.224.0.4}}]}}\n{}{}{}{}  - settle:\n  - expect:\n      \
+         nrp: {{services: [], locations: {{}}}}\n      status: {{shop/named: absent, shop/internal: absent}}\n      events:\n        \
+         - {{reason: UnsupportedNamedTargetPort, object: shop/named, type: Warning, count: 1}}\n        \
+         - {{reason: UnsupportedInternalLoadBalancer, object: shop/internal, type: Warning, count: 1}}\n      \
+         resources: {{publicIps: [], loadBalancers: []}}\n      invariants: true\n",
+        service("named", named, "", "http"),
+        service(
+            "internal",
+            internal,
+            ", annotations: {service.beta.kubernetes.io/azure-load-balancer-internal: \"true\"}",
+            "8080"
+        ),
+        slice("named", named, "10.244.1.10"),
+        slice("internal", internal, "10.244.1.11"),
+    );
+    let scenario = scenario::parse(std::path::Path::new("rejected.yaml"), &text).unwrap_or_else(|e| panic!("{e}"));
+    let report = simulate::run(&scenario, &mut component_reconciler()).unwrap();
+    assert!(report.passed, "{}", rendered(&report));
+    let reasons: Vec<(&str, &str)> = report.events.iter().map(|e| (e.reason.as_str(), e.object.as_str())).collect();
+    assert_eq!(reasons.len(), 2, "only the two Warnings: {reasons:?}");
+    let written = report.azure_calls.keys().filter(|op| op.starts_with("put-") || op.starts_with("update-"));
+    assert_eq!(written.count(), 0, "no write reached Azure: {:?}", report.azure_calls);
+}
+
+/// A scenario of shop/web (Local, the CLB config) on four nodes `aks-node-1..4` (10.224.0.4..7),
+/// the `before` steps first, then the Nodes, the Service and a slice of `endpoints` (YAML flow
+/// mappings), then `after`.
+fn web_on_four_nodes(before: &str, endpoints: &[&str], after: &str) -> ScenarioReport {
+    let mut text =
+        "name: web\nconfig:\n  loadBalancerBackendPoolConfigurationType: podIP\n  loadBalancerSku: standardV2\n\
+                    steps:\n"
+            .to_string();
+    text.push_str(before);
+    text.push_str("  - apply:\n");
+    for n in 1..=4 {
+        text.push_str(&format!(
+            "      - apiVersion: v1\n        kind: Node\n        metadata: {{name: aks-node-{n}}}\n        \
+             status: {{addresses: [{{type: InternalIP, address: 10.224.0.{}}}]}}\n",
+            n + 3
+        ));
+    }
+    text.push_str(&format!(
+        "      - apiVersion: v1\n        kind: Service\n        metadata: {{name: web, namespace: shop, uid: {WEB_UID}}}\n        \
+         spec:\n          type: LoadBalancer\n          externalTrafficPolicy: Local\n          selector: {{app: web}}\n          \
+         ports: [{{protocol: TCP, port: 80, targetPort: 8080}}]\n"
+    ));
+    let slice = web_slice(&[]);
+    text.push_str(slice.strip_prefix("  - apply:\n").unwrap());
+    for endpoint in endpoints {
+        text.push_str(&format!("          - {endpoint}\n"));
+    }
+    text.push_str(after);
+    let scenario = scenario::parse(std::path::Path::new("web.yaml"), &text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    simulate::run(&scenario, &mut component_reconciler()).unwrap()
+}
+
+/// How many locations each address-location write of the run named, in order.
+fn location_writes(report: &ScenarioReport) -> Vec<usize> {
+    report
+        .command_stream()
+        .into_iter()
+        .filter(|c| c.contains("Command::UpdateAddressLocations"))
+        .map(|c| c.matches("NrpLocation {").count())
+        .collect()
+}
+
+// Upstream TestIsTerminalLocationSyncStatus_ClassifiesEveryStatus: 404, 409, 401, 403 and 504 on
+// an address-location batch are transient, so the whole batch is sent again (a refusal such as
+// 400 is halved instead) and all four locations end in NRP.
+#[test]
+fn an_address_location_batch_failing_404_409_401_403_or_504_is_retried_whole() {
+    let four: Vec<String> =
+        (1..=4).map(|n| format!("{{addresses: [\"10.244.{n}.10\"], nodeName: aks-node-{n}}}")).collect();
+    let four: Vec<&str> = four.iter().map(String::as_str).collect();
+    let expect = format!(
+        "  - settle:\n  - expect:\n      nrp:\n        locations:\n{}      invariants: true\n",
+        (1..=4).map(|n| format!("          10.224.0.{}: {{10.244.{n}.10: [{WEB_UID}]}}\n", n + 3)).collect::<String>()
+    );
+    for status in [404u16, 409, 401, 403, 504, 400] {
+        let fault = format!(
+            "  - fault: {{operation: update-address-locations, count: 1, mode: {{kind: status, status: {status}}}}}\n"
+        );
+        let report = web_on_four_nodes(&fault, &four, &expect);
+        assert!(report.passed, "{status}: {}", rendered(&report));
+        let writes = location_writes(&report);
+        assert_eq!(writes[0], 4, "{status}: one batch of the four locations first: {writes:?}");
+        if status == 400 {
+            assert_eq!(writes[1], 2, "a refusal is halved: {writes:?}");
+        } else {
+            assert_eq!(writes, [4, 4], "{status}: the whole batch is sent again, once");
+        }
+    }
+}
+
+// Upstream TestSyncOps_ParkedLiveLBRemainsReadyToSync: shop/web's live load balancer gets an
+// update Azure refuses for good, so web is parked (one Warning, the PUT not retried), yet its new
+// endpoint is bound to it in NRP and its old one is not drained; shop/broken, a first-time create
+// refused the same way, has no load balancer and its pod stays out of NRP.
+#[test]
+fn a_parked_service_whose_load_balancer_is_live_keeps_its_endpoints_bound_in_nrp() {
+    const BROKEN_UID: &str = "6a1f0c8e-2b3d-4e5f-8a9b-0c1d2e3f4a02";
+    let service = |name: &str, uid: &str, target_port: u16| {
+        format!(
+            "      - apiVersion: v1\n        kind: Service\n        metadata: {{name: {name}, namespace: shop, uid: {uid}}}\n        \
+             spec:\n          type: LoadBalancer\n          externalTrafficPolicy: Local\n          selector: {{app: {name}}}\n          \
+             ports: [{{protocol: TCP, port: 80, targetPort: {target_port}}}]\n"
+        )
+    };
+    let after = format!(
+        "  - settle:\n  - fault: {{operation: put-load-balancer, always: true, mode: {{kind: status, status: 400, code: InvalidParameter}}}}\n  \
+         - apply:\n{}{}      - apiVersion: discovery.k8s.io/v1\n        kind: EndpointSlice\n        metadata:\n          \
+         name: broken-abc12\n          namespace: shop\n          uid: 7b2a1d9f-3c4e-4f60-9bac-1d2e3f4a5b02\n          \
+         ownerReferences: [{{apiVersion: v1, kind: Service, name: broken, uid: {BROKEN_UID}}}]\n        addressType: IPv4\n        \
+         endpoints:\n          - {{addresses: [\"10.244.1.20\"], nodeName: aks-node-1}}\n  - settle: 1m\n  - expect:\n      \
+         status: {{shop/web: present, shop/broken: absent}}\n      events:\n        \
+         - {{reason: LoadBalancerConfigurationRejected, object: shop/web, type: Warning, count: 1}}\n        \
+         - {{reason: LoadBalancerConfigurationRejected, object: shop/broken, type: Warning, count: 1}}\n{}  - settle: 1m\n  \
+         - expect:\n      nrp:\n        services: [{WEB_UID}]\n        locations:\n          \
+         10.224.0.4: {{10.244.1.10: [{WEB_UID}], 10.244.1.11: [{WEB_UID}]}}\n      \
+         resources: {{loadBalancers: [{WEB_UID}]}}\n      events:\n        \
+         - {{reason: LoadBalancerConfigurationRejected, object: shop/web, count: 1}}\n      invariants: true\n",
+        service("web", WEB_UID, 8081),
+        service("broken", BROKEN_UID, 8080),
+        web_slice(&["10.244.1.10@aks-node-1", "10.244.1.11@aks-node-1"]),
+    );
+    let report = web_on_four_nodes("", &["{addresses: [\"10.244.1.10\"], nodeName: aks-node-1}"], &after);
+    assert!(report.passed, "{}", rendered(&report));
+    let stream = report.command_stream();
+    let web_puts =
+        stream.iter().filter(|c| c.contains(&format!("PutLoadBalancer(LoadBalancer {{ name: \"{WEB_UID}\""))).count();
+    assert_eq!(web_puts, 2, "the create, then the refused update, never retried");
+    let last = stream.iter().rev().find(|c| c.contains("Command::UpdateAddressLocations")).unwrap();
+    assert!(last.contains(&format!(r#"address: "10.244.1.11", services: ["{WEB_UID}"]"#)), "{last}");
+    assert!(!last.contains("services: []") && !last.contains("addresses: []"), "nothing drained: {last}");
+    assert!(stream.iter().all(|c| !c.contains("10.244.1.20")), "the first-time create's pod never reaches NRP");
+}
+
+// Upstream TestDisassociateNatGatewayFromServiceGateway_Mock: when the last pod of egress-b goes,
+// Azure answers the Outbound service's unlink and the NAT gateway's disassociation 404 (already
+// gone); each is a successful no-op, sent once and not retried, and the teardown goes on:
+// unregistered, NAT gateway and public IP deleted.
+#[test]
+fn a_teardown_whose_unlink_and_disassociation_find_nothing_goes_on_without_a_retry() {
+    let marker = "  - delete: {kind: Pod, namespace: batch, name: job-1}\n";
+    let path = scenario_files()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("the-first-pod-of-an-egress-identity-provisions-its-nat-gateway"))
+        .expect("the egress lifecycle scenario");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches(marker).count(), 1);
+    let faults = "  - fault: {operation: update-services, count: 1, mode: {kind: status, status: 404, code: NotFound}}\n  \
+                  - fault: {operation: put-nat-gateway, count: 1, mode: {kind: status, status: 404, code: NotFound}}\n";
+    let text = text.replace(marker, &format!("{faults}{marker}"));
+    let scenario = scenario::parse(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+    let report = simulate::run(&scenario, &mut component_reconciler()).unwrap();
+    // The scenario's own last expectation: outbound gone, nothing left in Azure, and the calls
+    // counted exactly (put-nat-gateway 2 and update-services 3: the 404s were not retried).
+    let out = rendered(&report);
+    assert!(report.passed, "{out}");
+    assert!(out.contains("fault hit: update-services") && out.contains("fault hit: put-nat-gateway"), "{out}");
+    let tail: Vec<&str> = report
+        .command_stream()
+        .into_iter()
+        .filter(|c| c.contains("UpdateServices") || c.contains("PutNatGateway") || c.contains("DeleteResource"))
+        .skip(2)
+        .collect();
+    let kinds: Vec<&str> = tail
+        .iter()
+        .map(|c| {
+            if c.contains("PutNatGateway") {
+                "disassociate"
+            } else if c.contains("NatGateway, name") {
+                "delete-nat-gateway"
+            } else if c.contains("PublicIp, name") {
+                "delete-public-ip"
+            } else if c.contains("is-delete: true") {
+                "unregister"
+            } else {
+                "unlink"
+            }
+        })
+        .collect();
+    assert_eq!(kinds, ["unlink", "disassociate", "unregister", "delete-nat-gateway", "delete-public-ip"], "{tail:#?}");
+}
+
+// Upstream TestEgressRefCountSoundness "LastPodRemovalDrivesRefCountToZero": two pods of one
+// identity count 2; the first delete is not the last (1, the other pod's address still wanted,
+// no teardown: the egress lifecycle scenario's exact call counts after job-0 goes), the second
+// is (no count left, nothing wanted, and the scenario's teardown follows).
+#[test]
+fn the_last_pod_of_an_identity_drops_its_count_to_zero_and_only_it_tears_the_identity_down() {
+    use clb_guest::difftracker::{Class, DiffTracker};
+    use clb_guest::egress::Egress;
+    use clb_guest::model::Pod;
+    let pod = |name: &str, ip: &str| Pod {
+        namespace: "batch".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        egress_label: Some("egress-b".into()),
+        phase: Some("Running".into()),
+        pod_ips: vec![ip.into()],
+        host_ips: vec!["10.224.0.6".into()],
+        ..Pod::default()
+    };
+    let (mut egress, mut diff) = (Egress::default(), DiffTracker::default());
+    let (p, q) = (pod("job-0", "10.244.2.10"), pod("job-1", "10.244.2.11"));
+    egress.upsert(&p, |_| false, &mut diff);
+    egress.upsert(&q, |_| false, &mut diff);
+    assert_eq!(egress.ref_counts().get("egress-b"), Some(&2));
+    egress.delete(&p.key(), &mut diff);
+    assert_eq!(egress.ref_counts().get("egress-b"), Some(&1), "not the last pod");
+    let wanted = diff.desired_view(|_| Class::Ready);
+    assert_eq!(wanted["10.224.0.6"].keys().collect::<Vec<_>>(), ["10.244.2.11"], "{wanted:?}");
+    assert!(egress.carries("egress-b"));
+    egress.delete(&q.key(), &mut diff);
+    assert!(egress.ref_counts().is_empty(), "the last pod drops the count to none");
+    assert!(!egress.carries("egress-b"));
+    assert!(diff.desired_view(|_| Class::Ready).is_empty());
+    assert_eq!(egress.recount(), *egress.ref_counts());
+
+    let report = run_component(
+        &scenario_files()
+            .into_iter()
+            .find(|p| p.to_string_lossy().contains("the-first-pod-of-an-egress-identity-provisions-its-nat-gateway"))
+            .expect("the egress lifecycle scenario"),
+    );
+    assert!(report.passed, "{}", rendered(&report));
+}
+
+// Upstream TestEndpointSliceAddresses "malformed address skipped without dropping valid peers" and
+// "endpoint without a node is excluded": an endpoint listing a valid address beside one that is
+// not an IP programs the valid one, and an endpoint without nodeName programs nothing.
+#[test]
+fn a_malformed_address_is_skipped_beside_its_valid_peer_and_an_endpoint_without_a_node_is_left_out() {
+    let endpoints = [
+        "{addresses: [\"10.244.1.10\"], nodeName: aks-node-1}",
+        "{addresses: [\"10.244.1.11\", \"not-an-ip\"], nodeName: aks-node-1}",
+        "{addresses: [\"10.244.2.10\"]}",
+        "{addresses: [\"10.244.2.11\"], nodeName: aks-node-2, conditions: {ready: true}}",
+    ];
+    let expect = format!(
+        "  - settle:\n  - expect:\n      nrp:\n        services: [{WEB_UID}]\n        locations:\n          \
+         10.224.0.4: {{10.244.1.10: [{WEB_UID}], 10.244.1.11: [{WEB_UID}]}}\n          \
+         10.224.0.5: {{10.244.2.11: [{WEB_UID}]}}\n      status: {{shop/web: present}}\n"
+    );
+    let report = web_on_four_nodes("", &endpoints, &expect);
+    assert!(report.passed, "{}", rendered(&report));
+}
+
 #[test]
 fn an_azure_section_with_a_load_balancer_without_pools_is_refused() {
     let text = "name: x\nconfig: {}\nazure: {loadBalancers: {lb1: []}}\nsteps:\n  - settle:\n";
@@ -228,6 +577,8 @@ fn the_executor_maps_each_azure_error_to_the_failure_the_guest_sees() {
 
 // Upstream TestDeletePublicIP_Mock and TestMapLocationDataToDTO.
 // Upstream TestCreateOrUpdateLB_Mock: a load balancer PUT with an empty name is refused before any request.
+// Upstream TestCreateOrUpdateNatGateway_Mock "empty name": a NAT gateway PUT with an empty name (or no public IP)
+// is refused before any request.
 // Upstream TestUpdateNRPSGWServices_Mock: an empty services update reaches no API (differs: refused as an invalid
 // command, where upstream returns nil without a call).
 #[test]
@@ -255,6 +606,18 @@ fn the_executor_refuses_invalid_commands_without_sending_them() {
             public_ip: "p".into(),
             backend_pool: "p".into(),
             rules: vec![],
+        }),
+        wit::Command::PutNatGateway(wit::NatGateway {
+            name: "".into(),
+            public_ips: vec!["p".into()],
+            public_ips_v6: vec![],
+            associated: true,
+        }),
+        wit::Command::PutNatGateway(wit::NatGateway {
+            name: "n".into(),
+            public_ips: vec![],
+            public_ips_v6: vec![],
+            associated: true,
         }),
     ];
     for command in invalid {
@@ -313,4 +676,20 @@ fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_o
     assert_eq!(finalizers(), Some(vec!["other".to_owned()]));
     assert_eq!(block(executor.execute(&remove("uid-2"))), wit::Outcome::Ok, "already gone");
     assert_eq!(finalizers(), Some(vec!["other".to_owned()]));
+
+    // A status write to the replaced Service is refused the same way and leaves its status alone.
+    let patch = |uid: &str| {
+        wit::Command::PatchServiceStatus(wit::ServiceStatus {
+            service: reference(uid),
+            ingress_ips: vec!["20.1.2.3".into()],
+        })
+    };
+    let status = || cluster.service("shop", "web").unwrap().status;
+    let before = status();
+    let f = failure(block(executor.execute(&patch("uid-1"))));
+    assert_eq!((f.status, f.code.as_deref()), (409, Some(UID_MISMATCH)));
+    assert_eq!(status(), before, "the replaced Service's status is untouched");
+    assert_eq!(block(executor.execute(&patch("uid-2"))), wit::Outcome::Ok);
+    let ingress = status().and_then(|s| s.load_balancer).and_then(|lb| lb.ingress).unwrap_or_default();
+    assert_eq!(ingress.iter().map(|i| i.ip.clone().unwrap_or_default()).collect::<Vec<_>>(), ["20.1.2.3"]);
 }

@@ -257,8 +257,9 @@ fn a_failed_registration_holds_the_pods_address_until_the_retry_succeeds() {
     assert!(tracker.egress().is_registered(IDENTITY));
 }
 
-// Upstream TestEngineDeletePod_LastBufferedPodBeforeCreateAbortsService: a pod that comes and goes before
-// anything was written for its identity leaves nothing to do.
+// Upstream TestEngineDeletePod_LastBufferedPodBeforeCreateAbortsService and
+// TestHandleEmptyOutboundService_FailedCreateSchedulesTeardown (a create never dispatched is aborted): a pod
+// that comes and goes before anything was written for its identity leaves nothing to do.
 #[test]
 fn a_pod_gone_before_anything_was_written_for_its_identity_leaves_nothing_to_tear_down() {
     let mut tracker = started();
@@ -289,7 +290,746 @@ fn the_last_pod_gone_during_creation_stops_it_and_tears_down_what_it_made() {
     let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
     assert!(disassociate < delete_nat && delete_nat < delete_pip, "{issued:?}");
     assert!(!issued.iter().any(|c| is_put_nat_gateway(c, true)), "not resurrected: {issued:?}");
+    assert!(!issued.iter().any(is_location_update), "the address is never sent: {issued:?}");
     assert!(tracker.outbound().lifecycles.is_empty());
+}
+
+/// The services each address a location update sends is mapped to, by address.
+fn sent_addresses(issued: &[Command]) -> Vec<(String, Vec<String>)> {
+    issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::UpdateAddressLocations(locations) => Some(locations),
+            _ => None,
+        })
+        .flatten()
+        .flat_map(|l| l.addresses.iter().map(|a| (a.address.clone(), a.services.clone())))
+        .collect()
+}
+
+fn is_teardown_write(command: &Command) -> bool {
+    matches!(command, Command::UpdateServices(_) | Command::PutNatGateway(_) | Command::DeleteResource(_))
+}
+
+// Upstream TestEngineDeleteService_WithLocations (held and failed drain): while NRP still maps the
+// identity's address, no teardown write is issued: not beside the drain, not while it is in
+// flight, not after NRP refused it (the drain alone is retried); the teardown starts once NRP
+// accepted the drain.
+#[test]
+fn no_teardown_write_is_issued_until_nrp_accepted_the_drain_of_the_identitys_address() {
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW + 1, vec![gone("p")]);
+    let (before, (id, drain)) = drive_until(&mut tracker, NOW + 1, step, is_location_update);
+    assert!(!before.iter().any(is_teardown_write), "nothing beside the drain: {before:?}");
+    assert!(matches!(&drain, Command::UpdateAddressLocations(l) if l.len() == 1 && l[0].location == HOST), "{drain:?}");
+    assert!(tracker.tick(NOW + 1).commands.is_empty(), "nothing while the drain is in flight");
+    let step = tracker.complete(NOW + 2, vec![(id, failed(500))]);
+    assert!(!step.commands.iter().any(|c| is_teardown_write(&c.command)), "{:?}", step.commands);
+    assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.10"), "still mapped in NRP's mirror");
+    assert!(tracker.outbound().lifecycles.contains_key(IDENTITY));
+    let (issued, _) = drive(&mut tracker, NOW + 2, step, ok);
+    assert_eq!(issued.first(), Some(&drain), "the drain again first: {issued:?}");
+    assert_torn_down_in_order(&issued);
+    assert_eq!(issued.iter().filter(|c| is_location_update(c)).count(), 1, "{issued:?}");
+    assert!(tracker.outbound().lifecycles.is_empty());
+    assert!(tracker.nrp_view().is_empty());
+}
+
+// Upstream TestHandleEmptyOutboundService_FailedCreateSchedulesTeardown (a create that already
+// reached Azure): the NAT gateway PUT fails first (the identity backs off, nothing in NRP), then
+// the last pod goes: what the creation may have made is still torn down (disassociate, delete the
+// NAT gateway, then its public IP), nothing registered, and the identity forgotten.
+#[test]
+fn the_last_pod_gone_after_a_failed_creation_still_tears_down_what_it_made() {
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let step = tracker.complete(NOW, vec![(id, failed(500))]);
+    assert!(step.commands.is_empty(), "backing off: {:?}", step.commands);
+    assert!(step.wake_at_ms.is_some_and(|at| at > NOW), "a retry is scheduled: {:?}", step.wake_at_ms);
+    assert!(!tracker.egress().is_registered(IDENTITY));
+    assert!(tracker.outbound().lifecycles.contains_key(IDENTITY), "still tracked");
+    let step = tracker.observe(NOW + 1, vec![gone("p")]);
+    let (issued, _) = drive(&mut tracker, NOW + 1, step, ok);
+    assert!(!issued.iter().any(|c| matches!(c, Command::UpdateServices(_))), "never registered: {issued:?}");
+    assert!(!issued.iter().any(is_location_update), "{issued:?}");
+    assert!(!issued.iter().any(|c| is_put_nat_gateway(c, true)), "not created again: {issued:?}");
+    let disassociate = position(&issued, |c| is_put_nat_gateway(c, false));
+    let delete_nat = position(&issued, |c| is_delete(c, ResourceKind::NatGateway));
+    let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
+    assert!(disassociate < delete_nat && delete_nat < delete_pip, "{issued:?}");
+    assert!(tracker.outbound().lifecycles.is_empty());
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestEngineAddPod_DeletedDuringCreationNotResurrected (the creation succeeds): the last
+// pod goes while the NAT gateway PUT is in flight, which then succeeds; its address is never sent
+// to NRP, the identity counts no pod, and what was made is torn down (unregistered first if it was
+// registered), never created again.
+#[test]
+fn the_last_pod_gone_during_a_creation_that_succeeds_is_not_resurrected() {
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let step = tracker.observe(NOW + 1, vec![gone("p")]);
+    assert!(step.commands.is_empty(), "one command at a time: {:?}", step.commands);
+    let step = tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]);
+    let (issued, _) = drive(&mut tracker, NOW + 2, step, ok);
+    assert!(sent_addresses(&issued).is_empty(), "the address is never sent: {issued:?}");
+    assert!(tracker.egress().ref_counts().is_empty(), "{:?}", tracker.egress().ref_counts());
+    assert!(tracker.egress().recount().is_empty());
+    let disassociate = position(&issued, |c| is_put_nat_gateway(c, false));
+    let delete_nat = position(&issued, |c| is_delete(c, ResourceKind::NatGateway));
+    let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
+    assert!(disassociate < delete_nat && delete_nat < delete_pip, "{issued:?}");
+    if let Some(register) = issued.iter().position(|c| is_outbound(c, Some(IDENTITY), false)) {
+        let unregister = position(&issued, |c| is_outbound(c, None, true));
+        assert!(register < unregister && unregister < delete_nat, "{issued:?}");
+    }
+    assert_eq!(issued.iter().filter(|c| is_put_nat_gateway(c, true)).count(), 0, "not resurrected: {issued:?}");
+    assert!(tracker.outbound().lifecycles.is_empty());
+    assert!(tracker.nrp_view().is_empty());
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestDeletePod_MatchingUIDStillCancelsBufferedAddress,
+// TestDeletePod_BufferedDeleteWithoutIdentityCancelsByAddress and
+// TestDeletePodWithoutAddresses_MatchingUIDCancelsBufferedAddresses (in effect: a deletion here is
+// keyed by namespace/name and carries no address, and the tracker finds the pod's addresses
+// itself): a pod deleted while its identity is being created, another pod keeping the identity
+// wanted, has its address cancelled: once the identity is registered only the other pod's
+// address is sent, and the identity counts one pod.
+#[test]
+fn a_pod_deleted_during_its_identitys_creation_never_has_its_address_sent() {
+    let mut tracker = started();
+    let pods = [pod("p", "10.244.2.10"), pod("q", "10.244.2.11")].map(Observation::PodUpserted);
+    let step = tracker.observe(NOW, pods.into());
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let step = tracker.observe(NOW + 1, vec![gone("p")]);
+    let release = |c: &Issued| matches!(&c.command, Command::SetFinalizer { service, present: false, .. } if service.name.as_str() == "p");
+    assert!(step.commands.iter().all(release), "only p's finalizer released: {:?}", step.commands);
+    let step = tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]);
+    let (issued, _) = drive(&mut tracker, NOW + 2, step, ok);
+    let register = position(&issued, |c| is_outbound(c, Some(IDENTITY), false));
+    assert!(register < position(&issued, is_location_update), "{issued:?}");
+    assert_eq!(sent_addresses(&issued), [("10.244.2.11".to_owned(), vec![IDENTITY.to_owned()])], "{issued:?}");
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11"]);
+    assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&1));
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(_))), "{issued:?}");
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+}
+
+// Upstream TestDeletePod_BufferedStaleDeleteKeepsSameIPReplacement: two pods carry the identity at
+// one address while it is being created; the old one's deletion cancels only its own part: the
+// address is still sent, mapped to the identity, once it is registered, and nothing is torn down.
+#[test]
+fn a_pod_deleted_during_creation_leaves_the_address_another_pod_carries_to_be_sent() {
+    let mut tracker = started();
+    let pods = [pod("p", "10.244.2.10"), pod("q", "10.244.2.10")].map(Observation::PodUpserted);
+    let step = tracker.observe(NOW, pods.into());
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let step = tracker.observe(NOW + 1, vec![gone("p")]);
+    let release = |c: &Issued| matches!(&c.command, Command::SetFinalizer { service, present: false, .. } if service.name.as_str() == "p");
+    assert!(step.commands.iter().all(release), "only p's finalizer released: {:?}", step.commands);
+    let step = tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]);
+    let (issued, _) = drive(&mut tracker, NOW + 2, step, ok);
+    let register = position(&issued, |c| is_outbound(c, Some(IDENTITY), false));
+    assert!(register < position(&issued, is_location_update), "{issued:?}");
+    assert_eq!(sent_addresses(&issued), [("10.244.2.10".to_owned(), vec![IDENTITY.to_owned()])], "{issued:?}");
+    assert!(tracker.nrp_view()[HOST]["10.244.2.10"].contains(IDENTITY));
+    assert!(
+        !issued.iter().any(|c| matches!(c, Command::DeleteResource(_)) || is_put_nat_gateway(c, false)),
+        "{issued:?}"
+    );
+    assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&1));
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+}
+
+/// The pod deleted while the finalizer holds it.
+fn deleting_held(pod: Pod) -> Pod {
+    Pod { deleting: true, finalizers: vec![crate::pod_finalizers::FINALIZER.into()], ..pod }
+}
+
+fn is_release(command: &Command, name: &str, uid: &str) -> bool {
+    matches!(command, Command::SetFinalizer { service, present: false, .. }
+        if service.kind.as_str() == "Pod" && service.name.as_str() == name && service.uid.as_str() == uid)
+}
+
+// Upstream TestRemoveLastPodFinalizers_SurfacesRetryExhaustion (the last pod's release, after the
+// teardown): a failing release of the last pod's finalizer is kept and retried with backoff (the
+// tracker is not quiet, the pod still tracked), the operator is warned once, and it ends once the
+// release succeeds. Differs: retried for as long as it fails, no budget to exhaust.
+#[test]
+fn a_failing_release_of_the_last_pods_finalizer_after_the_teardown_is_retried_and_warned_about() {
+    use crate::pod_finalizers::reason::POD_FINALIZER_FAILED;
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held(pod("p", "10.244.2.10")))]);
+    let (before, (id, _)) = drive_until(&mut tracker, NOW + 1, step, |c| is_release(c, "p", "uid-p"));
+    let delete_nat = position(&before, |c| is_delete(c, ResourceKind::NatGateway));
+    assert!(delete_nat < position(&before, |c| is_delete(c, ResourceKind::PublicIp)), "{before:?}");
+    let step = tracker.complete(
+        NOW + 2,
+        vec![(
+            id,
+            Outcome::Failed(Failure {
+                status: 500,
+                code: Some("InternalError".into()),
+                retry_after_ms: None,
+                message: "refused".into(),
+            }),
+        )],
+    );
+    assert!(!tracker.is_quiet(), "the failed release is kept for a retry");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_some(), "the pod's record is kept");
+    assert!(step.wake_at_ms.is_some_and(|at| at > NOW + 2), "retried after a backoff: {:?}", step.wake_at_ms);
+    assert!(!step.commands.iter().any(|c| is_release(&c.command, "p", "uid-p")), "not at once: {:?}", step.commands);
+    let mut failures = 1;
+    let answer = |c: &Command| {
+        if is_release(c, "p", "uid-p") && failures > 0 {
+            failures -= 1;
+            return failed(500);
+        }
+        ok(c)
+    };
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, answer, |_| true);
+    assert_eq!(issued.iter().filter(|c| is_release(c, "p", "uid-p")).count(), 2, "{issued:?}");
+    let warnings =
+        issued.iter().filter(|c| matches!(c, Command::EmitEvent(e) if e.reason == POD_FINALIZER_FAILED)).count();
+    assert_eq!(warnings, 1, "warned once: {issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(_) | Command::PutNatGateway(_))), "{issued:?}");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestEngineDeletePod_DuplicateEventKeepsDrainGate: the deleting pod delivered again while
+// the drain of its address is in flight changes nothing: no release and no second drain; its
+// finalizer is released once, after NRP accepted the drain.
+#[test]
+fn a_deleting_pod_delivered_again_while_its_drain_is_in_flight_keeps_the_release_behind_it() {
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("q", "10.244.2.11"))]);
+    drive(&mut tracker, NOW, step, ok);
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held(pod("p", "10.244.2.10")))]);
+    let (before, (id, _)) = drive_until(&mut tracker, NOW + 1, step, is_location_update);
+    assert!(!before.iter().any(|c| is_release(c, "p", "uid-p")), "{before:?}");
+    let again = tracker.observe(NOW + 2, vec![Observation::PodUpserted(deleting_held(pod("p", "10.244.2.10")))]);
+    assert!(
+        !again.commands.iter().any(|c| is_release(&c.command, "p", "uid-p") || is_location_update(&c.command)),
+        "{:?}",
+        again.commands
+    );
+    assert!(tracker.tick(NOW + 3).commands.is_empty(), "nothing while the drain is in flight");
+    let step = tracker.complete(NOW + 4, vec![(id, Outcome::Ok)]);
+    let step = Step { commands: again.commands.into_iter().chain(step.commands).collect(), ..step };
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 4, step, ok, |_| true);
+    assert_eq!(issued.iter().filter(|c| is_release(c, "p", "uid-p")).count(), 1, "{issued:?}");
+    assert!(!issued.iter().any(is_location_update), "drained once: {issued:?}");
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11"]);
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+}
+
+// Upstream TestGuardRemoveLastPodFinalizersIsScopedToItsService: two identities' last pods are
+// deleted together; one teardown ends and releases its own pod while the other's NAT gateway
+// delete keeps failing: the other last pod's finalizer is not released with it (its record kept);
+// it is released only after its own NAT gateway delete succeeds.
+#[test]
+fn a_teardown_that_ends_releases_only_its_own_last_pod_not_another_identitys() {
+    let mut tracker = provisioned();
+    let other = || Pod { egress_label: Some("egress-d".into()), ..pod("other", "10.244.2.20") };
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(other())]);
+    drive(&mut tracker, NOW, step, ok);
+    assert_eq!(tracker.outbound().lifecycles["egress-d"].phase, Phase::Created);
+    let gone_pods = [deleting_held(pod("p", "10.244.2.10")), deleting_held(other())].map(Observation::PodUpserted);
+    let step = tracker.observe(NOW + 1, gone_pods.into());
+    let is_other_nat = |c: &Command| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::NatGateway && r.name == "egress-d");
+    let mut failures = 4;
+    let answer = |c: &Command| {
+        if is_other_nat(c) && failures > 0 {
+            failures -= 1;
+            return failed(500);
+        }
+        ok(c)
+    };
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, answer, |c| !matches!(c, Command::EmitEvent(_)));
+    let ours = |c: &Command| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::NatGateway && r.name == IDENTITY);
+    let release = position(&issued, |c| is_release(c, "p", "uid-p"));
+    let other_deletes: Vec<usize> = (0..issued.len()).filter(|&i| is_other_nat(&issued[i])).collect();
+    assert_eq!(other_deletes.len(), 5, "four failures, then the success: {issued:?}");
+    assert!(position(&issued, ours) < release && release < other_deletes[1], "p is not held by egress-d: {issued:?}");
+    let other_release = position(&issued, |c| is_release(c, "other", "uid-other"));
+    assert!(other_release > other_deletes[4], "released only after its own NAT gateway delete: {issued:?}");
+    assert_eq!(issued.iter().filter(|c| is_release(c, "other", "uid-other")).count(), 1, "{issued:?}");
+    assert!(tracker.outbound().lifecycles.is_empty());
+}
+
+/// The finalizer commands about pod `name`: (UID, added).
+fn finalizers_of(issued: &[Command], name: &str) -> Vec<(String, bool)> {
+    issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::SetFinalizer { service, present, .. }
+                if service.kind.as_str() == "Pod" && service.name.as_str() == name =>
+            {
+                Some((service.uid.to_string(), *present))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// `old` carries the identity and its creation is held at the NAT gateway PUT; `old` is deleted
+/// and `new`, a same-name replacement, arrives; then the creation is let through. Returns every
+/// command after the held PUT, and the tracker.
+fn replaced_during_creation(old: Pod, new: Pod) -> (Vec<Command>, Tracker) {
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(old.clone())]);
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let mut all = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held(old))]).commands;
+    all.extend(tracker.observe(NOW + 1, vec![Observation::PodUpserted(new)]).commands);
+    all.extend(tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]).commands);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 2, Step { commands: all, ..Step::default() }, ok, |c| {
+        !matches!(c, Command::EmitEvent(_))
+    });
+    (issued, tracker)
+}
+
+// Upstream TestDeletePod_StaleDeleteDoesNotDrainReplacementAddress: while the identity is created, a
+// pod is deleted and a same-name replacement (a new UID) carries the same address: the old pod's
+// deletion drains nothing; the address is sent, mapped to the identity, once it is registered
+// (again); the replacement's finalizer is added and never released, and only the old UID's is.
+// Differs: the old pod leaving pre-empts the creation (the design's "delete that pre-empts a
+// creation"), so the identity is torn down and created again for the replacement, where upstream
+// lets the creation go on with the replacement buffered; the outcome is the same.
+#[test]
+fn a_pod_replaced_at_the_same_address_during_creation_leaves_the_replacements_address_to_be_sent() {
+    let new = Pod { uid: "uid-p2".into(), ..pod("p", "10.244.2.10") };
+    let (issued, tracker) = replaced_during_creation(pod("p", "10.244.2.10"), new);
+    let register = position(&issued, |c| is_outbound(c, Some(IDENTITY), false));
+    assert!(register < position(&issued, is_location_update), "{issued:?}");
+    assert_eq!(sent_addresses(&issued), [("10.244.2.10".to_owned(), vec![IDENTITY.to_owned()])], "{issued:?}");
+    assert!(tracker.nrp_view()[HOST]["10.244.2.10"].contains(IDENTITY));
+    let last_register = issued.iter().rposition(|c| is_outbound(c, Some(IDENTITY), false)).unwrap();
+    assert!(last_register < position(&issued, is_location_update), "{issued:?}");
+    let finalizers = finalizers_of(&issued, "p");
+    assert!(finalizers.contains(&("uid-p2".to_owned(), true)), "{issued:?}");
+    assert!(!finalizers.contains(&("uid-p2".to_owned(), false)), "{issued:?}");
+    assert!(finalizers.iter().all(|(uid, present)| *present || uid == "uid-p"), "{issued:?}");
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+    assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&1));
+}
+
+// Upstream TestDeletePodWithoutAddresses_KeepsReplacementBufferedAddresses: while the identity is
+// created, a pod that never had an address is deleted and its same-name replacement (a new UID)
+// has one: the replacement's address is sent, mapped to the identity, once it is registered, and
+// its finalizer is never released. Differs as the test above: torn down and created again.
+#[test]
+fn a_pod_without_an_address_replaced_during_creation_leaves_the_replacements_address_to_be_sent() {
+    let old = Pod { pod_ips: vec![], phase: Some("Pending".into()), ..pod("p", "") };
+    let new = Pod { uid: "uid-p2".into(), ..pod("p", "10.244.2.12") };
+    let (issued, tracker) = replaced_during_creation(old, new);
+    let register = position(&issued, |c| is_outbound(c, Some(IDENTITY), false));
+    assert!(register < position(&issued, is_location_update), "{issued:?}");
+    assert_eq!(sent_addresses(&issued), [("10.244.2.12".to_owned(), vec![IDENTITY.to_owned()])], "{issued:?}");
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.12"]);
+    assert!(!finalizers_of(&issued, "p").contains(&("uid-p2".to_owned(), false)), "{issued:?}");
+    let last_register = issued.iter().rposition(|c| is_outbound(c, Some(IDENTITY), false)).unwrap();
+    assert!(last_register < position(&issued, is_location_update), "{issued:?}");
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+}
+
+// Upstream TestEngineOnServiceCreationComplete_LateLastPodFinalizerRedispatches (both subtests; the
+// snapshot race is Go plumbing): the last pod, holding the finalizer, is deleted while its
+// identity is created; the creation succeeds and the teardown follows; a replacement pod arrives
+// during the teardown: the teardown still ends and releases the deleted pod's finalizer (once,
+// after the NAT gateway delete), then the identity is created again for the replacement, whose
+// address is sent last and whose finalizer is kept.
+#[test]
+fn a_last_pod_deleted_during_creation_is_released_after_the_teardown_and_a_replacement_recreates_the_identity() {
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let mut all =
+        tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held(pod("p", "10.244.2.10")))]).commands;
+    all.extend(tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]).commands);
+    let step = Step { commands: all, ..Step::default() };
+    let (before, (id, _)) = drive_until(&mut tracker, NOW + 2, step, |c| is_delete(c, ResourceKind::NatGateway));
+    assert!(!before.iter().any(|c| is_release(c, "p", "uid-p")), "{before:?}");
+    let mut all = tracker.observe(NOW + 3, vec![Observation::PodUpserted(pod("r", "10.244.2.12"))]).commands;
+    all.extend(tracker.complete(NOW + 4, vec![(id, Outcome::Ok)]).commands);
+    let step = Step { commands: all, ..Step::default() };
+    let mut issued = before;
+    let delete_nat = issued.len();
+    issued.push(Command::DeleteResource(ResourceRef { kind: ResourceKind::NatGateway, name: IDENTITY.into() }));
+    issued.extend(drive_keeping(&mut tracker, NOW + 4, step, ok, |c| !matches!(c, Command::EmitEvent(_))).0);
+    let release = position(&issued, |c| is_release(c, "p", "uid-p"));
+    assert!(delete_nat < release, "{issued:?}");
+    assert_eq!(issued.iter().filter(|c| is_release(c, "p", "uid-p")).count(), 1, "{issued:?}");
+    let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
+    let put_pip = position(&issued, |c| matches!(c, Command::PutPublicIp(_)));
+    let recreate = delete_nat + position(&issued[delete_nat..], |c| is_put_nat_gateway(c, true));
+    let register = position(&issued, |c| is_outbound(c, Some(IDENTITY), false));
+    let address = position(&issued, is_location_update);
+    assert!(delete_pip < put_pip && put_pip < recreate && recreate < register && register < address, "{issued:?}");
+    assert_eq!(sent_addresses(&issued), [("10.244.2.12".to_owned(), vec![IDENTITY.to_owned()])], "{issued:?}");
+    assert!(!finalizers_of(&issued, "r").iter().any(|(_, present)| !present), "{issued:?}");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+}
+
+// Upstream TestEngineDeletePod_DualStackRemovesAllAddressesAtomically (the live path): a dual-stack
+// pod, its identity's only one, has both addresses in NRP; deleted, both are drained, and its one
+// finalizer is released once, after both drains and the teardown.
+#[test]
+fn a_dual_stack_last_pod_is_drained_of_both_addresses_and_released_once_after_the_teardown() {
+    let mut tracker = started();
+    let node = Node { name: "n".into(), internal_ips: vec![HOST.into(), "fd00::6".into()] };
+    let dual = Pod {
+        pod_ips: vec!["10.244.2.10".into(), "fd00:10::a".into()],
+        host_ips: vec![HOST.into(), "fd00::6".into()],
+        ..pod("p", "10.244.2.10")
+    };
+    let step = tracker.observe(NOW, vec![Observation::NodeUpserted(node), Observation::PodUpserted(dual.clone())]);
+    drive(&mut tracker, NOW, step, ok);
+    assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.10"), "{:?}", tracker.nrp_view());
+    assert!(tracker.nrp_view()["fd00::6"].contains_key("fd00:10::a"), "{:?}", tracker.nrp_view());
+    assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&1), "one count per pod");
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held(dual))]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, |c| !matches!(c, Command::EmitEvent(_)));
+    let drained: BTreeSet<&str> = issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::UpdateAddressLocations(l) => Some(l),
+            _ => None,
+        })
+        .flatten()
+        .map(|l| l.location.as_str())
+        .collect();
+    assert_eq!(drained, BTreeSet::from([HOST, "fd00::6"]), "both families drained: {issued:?}");
+    assert_eq!(finalizers_of(&issued, "p"), [("uid-p".to_owned(), false)], "released once: {issued:?}");
+    let release = position(&issued, |c| is_release(c, "p", "uid-p"));
+    let last_drain = issued.iter().rposition(is_location_update).unwrap();
+    assert!(last_drain < release, "{issued:?}");
+    assert!(position(&issued, |c| is_delete(c, ResourceKind::NatGateway)) < release, "{issued:?}");
+    assert!(tracker.nrp_view().is_empty(), "{:?}", tracker.nrp_view());
+    assert!(tracker.egress().ref_counts().is_empty());
+}
+
+// Upstream TestGuardConcurrency_AddPodDeletePod_RefCountSymmetry (the goroutine race is Go plumbing;
+// the tracker is single-threaded): twenty pods of one identity over five hosts, some sharing an
+// address, all added and then all deleted in another order: the identity counts the twenty, then
+// none; nothing is left in NRP's mirror and the identity is torn down.
+#[test]
+fn many_pods_of_one_identity_added_and_deleted_leave_no_count_and_nothing_behind() {
+    let mut tracker = started();
+    let many: Vec<Pod> = (0..20)
+        .map(|i| Pod {
+            host_ips: vec![format!("10.224.0.{}", i % 5 + 1)],
+            ..pod(&format!("p-{i}"), &format!("10.244.2.{}", i % 15 + 1))
+        })
+        .collect();
+    let step = tracker.observe(NOW, many.into_iter().map(Observation::PodUpserted).collect());
+    drive(&mut tracker, NOW, step, ok);
+    assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&20));
+    assert_eq!(&tracker.egress().recount(), tracker.egress().ref_counts());
+    let mapped: usize = tracker.nrp_view().values().map(BTreeMap::len).sum();
+    assert_eq!(mapped, 15, "15 distinct (host, address) pairs: {:?}", tracker.nrp_view());
+    let order = (0..20).map(|i| (i * 7) % 20); // 0, 7, 14, 1, 8, ...: every pod once
+    let step = tracker.observe(NOW + 1, order.map(|i| gone(&format!("p-{i}"))).collect());
+    let (issued, _) = drive(&mut tracker, NOW + 1, step, ok);
+    assert!(issued.iter().any(|c| is_delete(c, ResourceKind::NatGateway)), "{issued:?}");
+    assert!(tracker.egress().ref_counts().is_empty(), "{:?}", tracker.egress().ref_counts());
+    assert!(tracker.egress().recount().is_empty());
+    assert!(tracker.nrp_view().is_empty(), "{:?}", tracker.nrp_view());
+    assert!(tracker.outbound().lifecycles.is_empty());
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestEngineDeletePod_ReplacementUIDNotGatedByStaleRecord: the old pod's drain is in flight
+// when its same-name replacement (a new UID, on another host) arrives and is deleted in turn: the
+// replacement's finalizer is released after its own drain, without waiting for the old pod's
+// (nor is the old UID's released before its drain is accepted); the old drain then completes
+// with nothing more released for the replacement.
+#[test]
+fn a_deleted_replacements_release_does_not_wait_for_the_old_pods_drain() {
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("q", "10.244.2.11"))]);
+    drive(&mut tracker, NOW, step, ok);
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held(pod("p", "10.244.2.10")))]);
+    let (_, (old_drain, _)) = drive_until(&mut tracker, NOW + 1, step, is_location_update);
+    let replacement = Pod { uid: "uid-p2".into(), host_ips: vec!["10.224.0.7".into()], ..pod("p", "10.244.2.12") };
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(replacement.clone())]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, |_| true);
+    assert!(tracker.nrp_view()["10.224.0.7"].contains_key("10.244.2.12"), "{issued:?}");
+    let step = tracker.observe(NOW + 3, vec![Observation::PodUpserted(deleting_held(replacement))]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 3, step, ok, |_| true);
+    let drain = position(
+        &issued,
+        |c| matches!(c, Command::UpdateAddressLocations(l) if l.iter().any(|l| l.location == "10.224.0.7")),
+    );
+    let release = position(&issued, |c| is_release(c, "p", "uid-p2"));
+    assert!(drain < release, "{issued:?}");
+    assert!(!issued.iter().any(|c| is_release(c, "p", "uid-p")), "the old pod waits for its own drain: {issued:?}");
+    let step = tracker.complete(NOW + 4, vec![(old_drain, Outcome::Ok)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 4, step, ok, |_| true);
+    assert!(!finalizers_of(&issued, "p").iter().any(|(uid, _)| uid == "uid-p2"), "{issued:?}");
+    assert_eq!(tracker.nrp_view().values().flat_map(|a| a.keys()).collect::<Vec<_>>(), ["10.244.2.11"]);
+}
+
+// Upstream TestCheckInitializationComplete_WaitsForPendingPodDeletions: after a restart (no state), a
+// pod being deleted that still holds the finalizer, its identity kept by another pod, leaves the
+// tracker busy (not idle, not quiet) while its release is outstanding, and idle once it is done.
+#[test]
+fn after_a_restart_the_tracker_is_not_idle_while_a_deleting_pods_release_is_outstanding() {
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let pods = [deleting_held(pod("p", "10.244.2.10")), pod("q", "10.244.2.11")].map(Observation::PodUpserted);
+    let step = tracker.observe(NOW, pods.into_iter().chain([Observation::ListsComplete]).collect());
+    let read = step.commands[0].id;
+    let listed = |address: &str| NrpAddress { address: address.into(), services: vec![IDENTITY.into()] };
+    let snapshot = NrpState {
+        services: vec![NrpService {
+            name: IDENTITY.into(),
+            service_type: "Outbound".into(),
+            backend_pools: vec![],
+            is_default: false,
+        }],
+        locations: vec![NrpListedLocation {
+            location: HOST.into(),
+            addresses: vec![listed("10.244.2.10"), listed("10.244.2.11")],
+        }],
+    };
+    let step = tracker.complete(NOW, vec![(read, Outcome::NrpSnapshot(snapshot))]);
+    let inventory_read = step.commands.iter().find(|c| c.command == Command::ReadArm).expect("the inventory").id;
+    let inventory = ArmInventory {
+        nat_gateways: vec![ListedNatGateway {
+            name: IDENTITY.into(),
+            public_ips: vec![format!("{IDENTITY}-pip")],
+            public_ips_v6: vec![],
+            associated: true,
+            as_put: true,
+        }],
+        ..ArmInventory::default()
+    };
+    let step = tracker.complete(NOW, vec![(inventory_read, Outcome::ArmInventory(inventory))]);
+    let (before, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_release(c, "p", "uid-p"));
+    assert!(before.iter().any(is_location_update), "drained first: {before:?}");
+    assert!(!tracker.is_quiet(), "the release is outstanding");
+    let waiting = tracker.tick(NOW + 1);
+    assert!(!waiting.idle, "not idle while the release is outstanding: {:?}", waiting.commands);
+    assert!(waiting.commands.is_empty(), "{:?}", waiting.commands);
+    let step = tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]);
+    let (issued, now) = drive(&mut tracker, NOW + 2, step, ok);
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(_))), "the identity is kept: {issued:?}");
+    assert!(tracker.is_quiet());
+    assert!(tracker.tick(now).idle);
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11"]);
+}
+
+// Upstream TestIsServiceReady_StateUpdateInProgress (the CreationInProgress and Created checks; the
+// UpdateInProgress one is tracker.rs's endpoint_changes_of_a_service_whose_load_balancer_is_being_updated_reach_nrp_meanwhile),
+// for an inbound Service: while its load balancer is being created its endpoints do not reach NRP;
+// once it is Created (and registered) they do, and a later change goes at once.
+#[test]
+fn an_inbound_services_endpoints_wait_while_it_is_created_and_go_at_once_once_it_is() {
+    let (mut tracker, held) = in_phase(Phase::CreationInProgress);
+    let (id, _) = held.expect("the load balancer PUT in flight");
+    assert_eq!(tracker.phase(UID), Some(Phase::CreationInProgress));
+    let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+    let step = tracker.observe(NOW, vec![node, Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")]))]);
+    assert!(!step.commands.iter().any(|c| is_location_update(&c.command)), "not ready: {:?}", step.commands);
+    assert!(tracker.tick(NOW + 1).commands.iter().all(|c| !is_location_update(&c.command)));
+    let step = tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]);
+    let (issued, now) = drive(&mut tracker, NOW + 2, step, ok);
+    let register = position(
+        &issued,
+        |c| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == UID && !r.is_delete)),
+    );
+    assert!(register < position(&issued, is_location_update), "{issued:?}");
+    assert_eq!(programmed(&issued), [("10.224.0.4".to_owned(), vec!["10.244.0.5".to_owned()])], "{issued:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    let step =
+        tracker.observe(now, vec![Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1"), ("10.244.0.7", "n1")]))]);
+    let sent: Vec<Command> = step.commands.iter().map(|c| c.command.clone()).collect();
+    assert_eq!(programmed(&sent), [("10.224.0.4".to_owned(), vec!["10.244.0.7".to_owned()])], "ready: {sent:?}");
+}
+
+// Upstream TestOnServiceCreationComplete_TerminalParkEmitsWarningEvent (all three subtests; the
+// deadlock guard is Go plumbing), for an inbound Service: a creation and an update Azure refuses
+// for good are each parked with one Warning on the Service whose message carries Azure's text and
+// that it waits for a spec change; a transient failure (5xx) parks nothing and raises no such
+// Warning. Differs: the reason is LoadBalancerConfigurationRejected.
+#[test]
+fn a_load_balancer_put_refused_for_good_warns_on_the_service_once_and_a_transient_failure_does_not() {
+    let rejected = |commands: &[Issued]| -> Vec<Event> {
+        commands
+            .iter()
+            .filter_map(|c| match &c.command {
+                Command::EmitEvent(e) if e.reason == reason::LOAD_BALANCER_CONFIGURATION_REJECTED => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    for (phase, text) in [
+        (Phase::CreationInProgress, "frontend port 65535 out of range"),
+        (Phase::UpdateInProgress, "unsupported protocol SCTP"),
+    ] {
+        let (mut tracker, held) = in_phase(phase);
+        let (id, _) = held.expect("the load balancer PUT in flight");
+        let refused = Outcome::Failed(Failure {
+            status: 400,
+            code: Some("QuotaExceeded".into()),
+            retry_after_ms: None,
+            message: text.into(),
+        });
+        let step = tracker.complete(NOW + 1, vec![(id, refused)]);
+        let events = rejected(&step.commands);
+        assert_eq!(events.len(), 1, "{phase:?}: {:?}", step.commands);
+        assert_eq!(events[0].event_type, EventType::Warning);
+        assert_eq!(events[0].regarding.uid.as_str(), UID, "{:?}", events[0]);
+        assert!(events[0].message.contains(text), "{:?}", events[0].message);
+        assert!(events[0].message.contains("fix the Service spec"), "{:?}", events[0].message);
+        let later = tracker.tick(NOW + 60 * 60 * 1000);
+        assert!(
+            !later.commands.iter().any(|c| matches!(c.command, Command::PutLoadBalancer(_))),
+            "parked: {:?}",
+            later.commands
+        );
+        assert!(rejected(&later.commands).is_empty(), "warned once");
+    }
+    let (mut tracker, held) = in_phase(Phase::CreationInProgress);
+    let (id, _) = held.expect("the load balancer PUT in flight");
+    let step = tracker.complete(NOW + 1, vec![(id, failed(503))]);
+    assert!(rejected(&step.commands).is_empty(), "{:?}", step.commands);
+    let at = step.wake_at_ms.expect("a retry");
+    let retry = tracker.tick(at);
+    assert!(
+        retry.commands.iter().any(|c| matches!(c.command, Command::PutLoadBalancer(_))),
+        "retried, not parked: {:?}",
+        retry.commands
+    );
+    assert!(rejected(&retry.commands).is_empty());
+}
+
+// Upstream TestOnServiceCreationComplete_OverlayMappingsErrorReDrainsLocations (the state after the
+// refusal and its backoff), for an inbound Service being deleted: the unregistration NRP refuses
+// because addresses still map to it has NRP read again, nothing unregistered in the same step and
+// the retry behind a backoff; while NRP keeps refusing, consecutive unregistrations are at least a
+// second apart. Differs: with no address of it left in the mirror the drain ends at once, so the
+// phase reads DeletionInProgress again rather than DeletionPending.
+#[test]
+fn an_unregistration_refused_for_overlay_mappings_goes_back_to_draining_and_is_retried_after_a_backoff() {
+    let mut tracker = created_with(&[(80, 8080)]);
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(terminating_web())]);
+    let is_unregistration =
+        |c: &Command| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == UID && r.is_delete));
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, is_unregistration);
+    let overlay = || {
+        Outcome::Failed(Failure {
+            status: 400,
+            code: Some(OVERLAY_MAPPINGS_CODE.into()),
+            retry_after_ms: None,
+            message: "mapped".into(),
+        })
+    };
+    let step = tracker.complete(NOW + 1, vec![(id, overlay())]);
+    // Its mirror holds no address of it, so the drain is done at once and the deletion is back
+    // to the unregistration, behind NRP read again and the backoff.
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
+    assert!(step.commands.iter().any(|c| c.command == Command::ReadNrp), "NRP read again: {:?}", step.commands);
+    assert!(step.wake_at_ms.is_some_and(|at| at >= NOW + 1 + 1_000), "a backoff: {:?}", step.wake_at_ms);
+    assert!(!step.commands.iter().any(|c| is_unregistration(&c.command)), "{:?}", step.commands);
+    let registered =
+        NrpService { name: UID.into(), service_type: "Inbound".into(), backend_pools: vec![], is_default: false };
+    let answer = |c: &Command| match c {
+        c if is_unregistration(c) => overlay(),
+        Command::ReadNrp => Outcome::NrpSnapshot(NrpState { services: vec![registered.clone()], locations: vec![] }),
+        other => answer_ok(&[UID])(other),
+    };
+    let mut unregistered_at = vec![NOW];
+    let (mut now, mut step) = (NOW + 1, step);
+    for _ in 0..200 {
+        if unregistered_at.len() == 4 {
+            break;
+        }
+        if step.commands.is_empty() {
+            let at = step.wake_at_ms.expect("a retry is scheduled");
+            assert!(at > now, "{at} {now}");
+            now = at;
+            step = tracker.tick(now);
+            continue;
+        }
+        unregistered_at.extend(step.commands.iter().filter(|c| is_unregistration(&c.command)).map(|_| now));
+        let results = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+        step = tracker.complete(now, results);
+    }
+    assert_eq!(unregistered_at.len(), 4, "retried: {unregistered_at:?}");
+    assert!(unregistered_at.windows(2).all(|w| w[1] >= w[0] + 1_000), "no storm: {unregistered_at:?}");
+    assert!(tracker.state.lifecycles.contains_key(UID), "kept until NRP lets go");
+}
+
+// Upstream TestDeleteInboundService (the lower-casing subtest; the absent one is
+// upstream_lifecycle.rs's): a Service deleted under its UID in upper case deletes the identity
+// known in lower case (unregistered, its load balancer deleted, no other identity appears).
+#[test]
+fn a_deleting_service_is_deleted_under_its_lower_cased_uid() {
+    let mut tracker = created_with(&[(80, 8080)]);
+    let upper = Service { uid: UID.to_ascii_uppercase(), ..terminating_web() };
+    assert_ne!(upper.uid, UID);
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(upper)]);
+    assert!(tracker.phase(UID).is_some_and(|p| p.is_deleting()), "{:?}", tracker.phase(UID));
+    let (issued, _, _) = super::drive(&mut tracker, NOW, step, answer_ok(&[UID]));
+    let deleted_lb = issued
+        .iter()
+        .any(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::LoadBalancer && r.name == UID));
+    assert!(deleted_lb, "{issued:?}");
+    let unregistered = issued
+        .iter()
+        .any(|c| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == UID && r.is_delete)));
+    assert!(unregistered, "{issued:?}");
+    assert!(tracker.phase(UID).is_none(), "deleted and forgotten");
+    assert!(tracker.phase(&UID.to_ascii_uppercase()).is_none());
+}
+
+// Upstream TestReconcileInboundService ('adds a new service with provider identity' and 'rejects an
+// internal load balancer'): a Service whose UID comes in upper case is tracked and provisioned
+// under the lower-cased identity, its load balancer carrying its port; an internal load balancer
+// is refused with one UnsupportedInternalLoadBalancer Warning naming the annotation, and is not
+// tracked nor provisioned.
+#[test]
+fn a_service_is_tracked_under_its_lower_cased_uid_and_an_internal_load_balancer_is_refused() {
+    let mut tracker = started();
+    let upper = ported(&UID.to_ascii_uppercase(), &[(TCP, 80, to(8080))], &[]);
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(upper)]);
+    assert!(tracker.phase(UID).is_some(), "tracked lower-cased");
+    let (issued, _, _) = super::drive(&mut tracker, NOW, step, answer_ok(&[UID]));
+    let put = issued.iter().find_map(|c| match c {
+        Command::PutLoadBalancer(lb) => Some(lb),
+        _ => None,
+    });
+    let put = put.expect("its load balancer");
+    assert_eq!(put.name.as_str(), UID);
+    assert_eq!(put.rules.iter().map(|r| r.frontend_port).collect::<Vec<_>>(), [80], "{put:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+
+    const INTERNAL: &str = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e55";
+    let internal = Service {
+        name: "internal".into(),
+        ..ported(INTERNAL, &[(TCP, 80, to(8080))], &[(crate::admission::ANNOTATION_INTERNAL_LB, "true")])
+    };
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(internal)]);
+    let warnings: Vec<&Event> = step
+        .commands
+        .iter()
+        .filter_map(|c| match &c.command {
+            Command::EmitEvent(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(warnings.len(), 1, "{:?}", step.commands);
+    assert_eq!(warnings[0].reason, crate::admission::reason::UNSUPPORTED_INTERNAL_LOAD_BALANCER);
+    assert_eq!(warnings[0].event_type, EventType::Warning);
+    assert!(warnings[0].message.contains(crate::admission::ANNOTATION_INTERNAL_LB), "{:?}", warnings[0].message);
+    assert!(step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))), "{:?}", step.commands);
+    assert!(tracker.phase(INTERNAL).is_none());
 }
 
 // Upstream TestEngineAddPod_DuringDeletionPendingRevivesService and
@@ -380,16 +1120,23 @@ fn outbound_lifecycles_survive_a_state_round_trip_and_a_version_5_state_has_none
     assert!(why.contains("whose outbound lifecycle does not wait for it"), "{why}");
 }
 
-// Upstream TestGuardOrphanedNATGatewayUsesOutboundDeletionPath and
-// TestGuardOutboundTeardownRespectsLivePodRefCount: after a restart with no state, a NAT gateway of ours
-// (by its shape) that no pod carries is torn down through the outbound path; one a live pod carries,
-// registered, is adopted with nothing written; the RP's default and foreign NAT gateways are not
-// touched.
+// Upstream TestGuardOrphanedNATGatewayUsesOutboundDeletionPath, TestGuardOutboundTeardownRespectsLivePodRefCount,
+// TestGuardDefaultNATGatewayIsNeverScheduledForOrphanDeletion, TestGuardOrphanCleanupSkipsResourcesStillDesiredInKubernetes
+// and TestGuardDefaultNATGatewayNeverEntersNRPSnapshotOrRemovalDiff (the removal half): after a restart with
+// no state, a NAT gateway of ours (by its shape) that no pod carries is torn down through the
+// outbound path (its Outbound service unregistered, NAT gateway and public IP deleted, never as a
+// load balancer), while an orphan load balancer beside it goes the
+// inbound path (load balancer and `<uid>-pip` deleted); one a live pod carries, registered, is
+// adopted with nothing written; one a live pod carries that NRP never registered (a crash
+// mid-create) is kept and registered; the RP's default and foreign NAT gateways are not touched.
 #[test]
 fn at_start_up_our_nat_gateways_are_adopted_or_torn_down_by_their_pods_and_no_other_is_touched() {
+    const ORPHAN_LB: &str = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e66";
     let mut tracker = Tracker::create(clb()).unwrap();
     let live = Pod { egress_label: Some("egress-live".into()), ..pod("live", "10.244.2.12") };
-    let step = tracker.observe(NOW, vec![Observation::PodUpserted(live), Observation::ListsComplete]);
+    let crashed = Pod { egress_label: Some("egress-crashed".into()), ..pod("crashed", "10.244.2.13") };
+    let pods = [live, crashed].map(Observation::PodUpserted);
+    let step = tracker.observe(NOW, pods.into_iter().chain([Observation::ListsComplete]).collect());
     let read = step.commands[0].id;
     let registered = |name: &str| NrpService {
         name: name.into(),
@@ -397,7 +1144,7 @@ fn at_start_up_our_nat_gateways_are_adopted_or_torn_down_by_their_pods_and_no_ot
         backend_pools: vec![],
         is_default: name == "default-natgw",
     };
-    let services = vec![registered("egress-live"), registered("default-natgw")];
+    let services = vec![registered("egress-live"), registered("default-natgw"), registered("egress-old")];
     let step = tracker.complete(NOW, vec![(read, Outcome::NrpSnapshot(NrpState { services, locations: vec![] }))]);
     let inventory_read = step.commands.iter().find(|c| c.command == Command::ReadArm).expect("the inventory").id;
     let nat = |name: &str, ips: &[&str]| ListedNatGateway {
@@ -413,24 +1160,67 @@ fn at_start_up_our_nat_gateways_are_adopted_or_torn_down_by_their_pods_and_no_ot
             nat("egress-old", &["egress-old-pip"]),
             nat("default-natgw", &["default-natgw-pip"]),
             nat("theirs", &["shared-pip"]),
+            nat("egress-crashed", &["egress-crashed-pip"]),
         ],
-        ..ArmInventory::default()
+        public_ips: vec![ListedPublicIp {
+            name: format!("{ORPHAN_LB}-pip"),
+            version: IpVersion::Ipv4,
+            address: Some("20.0.0.9".into()),
+            as_put: true,
+        }],
+        load_balancers: vec![ListedLoadBalancer {
+            name: ORPHAN_LB.into(),
+            shape: Some(LoadBalancer {
+                name: ORPHAN_LB.into(),
+                public_ip: format!("{ORPHAN_LB}-pip").into(),
+                backend_pool: ORPHAN_LB.into(),
+                rules: vec![],
+            }),
+        }],
     };
     let step = tracker.complete(NOW, vec![(inventory_read, Outcome::ArmInventory(inventory))]);
     let (issued, _) = drive(&mut tracker, NOW, step, ok);
-    let touched: BTreeSet<String> = issued
+    let deleted: BTreeSet<(ResourceKind, String)> = issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::DeleteResource(r) => Some((r.kind, r.name.to_string())),
+            _ => None,
+        })
+        .collect();
+    let want = [
+        (ResourceKind::NatGateway, "egress-old".to_owned()),
+        (ResourceKind::PublicIp, "egress-old-pip".to_owned()),
+        (ResourceKind::LoadBalancer, ORPHAN_LB.to_owned()),
+        (ResourceKind::PublicIp, format!("{ORPHAN_LB}-pip")),
+    ];
+    assert_eq!(deleted, BTreeSet::from(want), "{issued:?}");
+    let written: BTreeSet<String> = issued
         .iter()
         .filter_map(|c| match c {
             Command::PutNatGateway(n) => Some(n.name.clone()),
-            Command::DeleteResource(r) => Some(r.name.clone()),
             Command::UpdateServices(r) => Some(r[0].name.clone()),
             _ => None,
         })
         .collect();
-    assert_eq!(touched, BTreeSet::from(["egress-old".to_owned(), "egress-old-pip".to_owned()]), "{issued:?}");
-    assert!(issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::NatGateway)));
-    assert_eq!(tracker.outbound().lifecycles.keys().collect::<Vec<_>>(), ["egress-live"]);
+    assert_eq!(written, BTreeSet::from(["egress-old".to_owned(), "egress-crashed".to_owned()]), "{issued:?}");
+    let registers_crashed = |c: &Command| {
+        matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == "egress-crashed"
+            && r.service_type == NrpServiceType::Outbound && !r.is_delete))
+    };
+    assert!(issued.iter().any(registers_crashed), "{issued:?}");
+    let unregisters = |name: &str| {
+        issued
+            .iter()
+            .any(|c| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == name && r.is_delete)))
+    };
+    assert!(unregisters("egress-old"), "ours, no longer wanted, is unregistered: {issued:?}");
+    let names_default =
+        |c: &Command| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == "default-natgw"));
+    assert!(!issued.iter().any(names_default), "{issued:?}");
+    assert_eq!(tracker.outbound().lifecycles.keys().collect::<Vec<_>>(), ["egress-crashed", "egress-live"]);
     assert_eq!(tracker.outbound().lifecycles["egress-live"].phase, Phase::Created);
+    assert_eq!(tracker.outbound().lifecycles["egress-crashed"].phase, Phase::Created);
+    assert!(tracker.egress().is_registered("egress-crashed"));
 }
 
 // Upstream TestGuardEgressPublicIPsAreSweptOnceNATGatewayIsGone, TestGuardDefaultNATGatewayPIPSurvivesOrphanSweep,
@@ -441,19 +1231,25 @@ fn at_start_up_our_nat_gateways_are_adopted_or_torn_down_by_their_pods_and_no_ot
 // failed read is retried before anything is swept): after a restart, the public IPs a teardown cut short left
 // without their NAT gateway (both families, with or without an address) are deleted, as is a Service's public
 // IP left alone; the RP's default's, one a pod's identity still needs, one a load balancer or NAT gateway uses,
-// one NRP references, one not of our shape and one of another name are not touched.
+// one NRP references, one not of our shape and one of another name are not touched, nor are both
+// families of public IP still attached to a NAT gateway (not ours, so never torn down itself).
 #[test]
 fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_nothing_else_is() {
     let mut tracker = Tracker::create(clb()).unwrap();
     let live = Pod { egress_label: Some("egress-live".into()), ..pod("live", "10.244.2.12") };
     let step = tracker.observe(NOW, vec![Observation::PodUpserted(live), Observation::ListsComplete]);
     let read = step.commands[0].id;
-    let theirs =
-        NrpService { name: "egress-theirs".into(), service_type: "Outbound".into(), backend_pools: vec![], is_default: false };
+    let theirs = NrpService {
+        name: "egress-theirs".into(),
+        service_type: "Outbound".into(),
+        backend_pools: vec![],
+        is_default: false,
+    };
     let snapshot = NrpState { services: vec![theirs], locations: vec![] };
     let step = tracker.complete(NOW, vec![(read, Outcome::NrpSnapshot(snapshot))]);
     let inventory_read = step.commands.iter().find(|c| c.command == Command::ReadArm).expect("the inventory").id;
-    let failed = Outcome::Failed(Failure { status: 500, code: None, retry_after_ms: None, message: "list failed".into() });
+    let failed =
+        Outcome::Failed(Failure { status: 500, code: None, retry_after_ms: None, message: "list failed".into() });
     let step = tracker.complete(NOW, vec![(inventory_read, failed)]);
     assert!(step.commands.is_empty(), "nothing written, nothing swept before the inventory: {:?}", step.commands);
     let ip = |name: &str, version: IpVersion, address: Option<&str>, as_put: bool| ListedPublicIp {
@@ -474,7 +1270,16 @@ fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_no
             ip("egress-used-pip", IpVersion::Ipv4, Some("20.0.0.10"), true),
             ip("frontend", IpVersion::Ipv4, Some("20.0.0.11"), true),
             ip(&format!("{gone_service}-pip"), IpVersion::Ipv4, None, true),
+            ip("still-in-use-pip", IpVersion::Ipv4, Some("20.0.0.12"), true),
+            ip("still-in-use-pip-v6", IpVersion::Ipv6, Some("2001:db8::12"), true),
         ],
+        nat_gateways: vec![ListedNatGateway {
+            name: "still-in-use".into(),
+            public_ips: vec!["still-in-use-pip".into()],
+            public_ips_v6: vec!["still-in-use-pip-v6".into()],
+            associated: false,
+            as_put: false,
+        }],
         load_balancers: vec![ListedLoadBalancer {
             name: "someone-elses-lb".into(),
             shape: Some(LoadBalancer {
@@ -484,7 +1289,6 @@ fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_no
                 rules: vec![],
             }),
         }],
-        ..ArmInventory::default()
     };
     let step = tracker.tick(NOW + 60_000);
     let answer = |c: &Command| match c {

@@ -5,7 +5,8 @@
 //! the comment directly above it (`docs/conformance.md` is generated from those).
 
 use super::upstream_outbound::{
-    HOST, IDENTITY, drive, drive_keeping, drive_until, gone, is_delete, ok, pod, position, provisioned, started,
+    HOST, IDENTITY, drive, drive_keeping, drive_until, gone, is_delete, is_outbound, is_put_nat_gateway, ok, pod,
+    position, provisioned, started,
 };
 use super::*;
 use crate::pod_finalizers::{FINALIZER, reason::POD_FINALIZER_FAILED};
@@ -48,6 +49,15 @@ fn listed(address: &str) -> NrpAddress {
     NrpAddress { address: address.into(), services: vec![IDENTITY.into()] }
 }
 
+/// The release of a pod's finalizer under `uid`.
+fn release_of(name: &str, uid: &str) -> Command {
+    Command::SetFinalizer {
+        service: ObjectRef { kind: "Pod".into(), namespace: "batch".into(), name: name.into(), uid: uid.into() },
+        finalizer: FINALIZER.into(),
+        present: false,
+    }
+}
+
 fn everything_but_events(command: &Command) -> bool {
     !matches!(command, Command::EmitEvent(_))
 }
@@ -65,7 +75,8 @@ fn two_pods() -> Tracker {
 }
 
 // Upstream TestAddPodFinalizer and TestHasPodFinalizer: a pod that carries an identity gets the
-// finalizer, named by its UID; a pod that already has it gets no write.
+// finalizer, named by its UID, beside anybody else's; a pod that already has it (alone or among
+// others) gets no write.
 #[test]
 fn a_pod_that_carries_an_identity_gets_the_finalizer_under_its_uid_and_one_that_has_it_gets_no_write() {
     let mut tracker = started();
@@ -74,14 +85,22 @@ fn a_pod_that_carries_an_identity_gets_the_finalizer_under_its_uid_and_one_that_
         vec![
             Observation::PodUpserted(pod("p", "10.244.2.10")),
             Observation::PodUpserted(holding(pod("q", "10.244.2.11"))),
+            // Ours among someone else's: held, no write.
+            Observation::PodUpserted(Pod {
+                finalizers: vec!["example.com/other".into(), FINALIZER.into()],
+                ..pod("r", "10.244.2.12")
+            }),
+            // Someone else's only: not held, ours is added beside it.
+            Observation::PodUpserted(Pod { finalizers: vec!["example.com/other".into()], ..pod("s", "10.244.2.13") }),
         ],
     );
     let (issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
-    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), true)]);
+    let added = [("p".to_owned(), "uid-p".to_owned(), true), ("s".to_owned(), "uid-s".to_owned(), true)];
+    assert_eq!(finalizers(&issued), added, "{issued:?}");
     assert!(tracker.is_quiet());
 }
 
-// Upstream TestGuardNonLastPodFinalizerRemovedOnlyAfterNRPDrain, TestRemovePodFinalizer,
+// Upstream TestGuardNonLastPodFinalizerRemovedOnlyAfterNRPDrain, TestRemovePodFinalizer, TestPodInformerRemovePod,
 // TestCheckPendingPodDeletions, TestGuardFinalizers_PositiveStripRemovesFinalizer, TestEngineDeletePod_DuplicateEventKeepsDrainGate,
 // TestOutboundAddressInAnyNRPLocationLocked and TestGuardDeletePod_NonLastEnqueuesPendingPodDeletion: a
 // pod that is not its identity's last keeps its finalizer while the batch that drains its address is
@@ -106,7 +125,8 @@ fn a_non_last_pods_finalizer_is_released_only_after_nrp_accepted_the_drain_of_it
 // Upstream TestGuardFinalizers_PositiveStripRemovesFinalizer,
 // TestGuardDeleteOutboundService_RemovesLastPodFinalizerOnlyAfterNATGatewayDeletion,
 // TestGuardDeletePod_LastPodWithNamespaceNameTracksLastPodEntry,
-// TestGuardRemoveLastPodFinalizersIsScopedToItsService and TestOutboundWorkflow: the last pod's
+// TestGuardRemoveLastPodFinalizersIsScopedToItsService, TestCheckPendingPodDeletions ("skips last pod") and
+// TestOutboundWorkflow: the last pod's
 // finalizer waits for the drain and the whole teardown, then goes; another identity's pod keeps
 // its own.
 #[test]
@@ -153,6 +173,8 @@ fn a_failing_nat_gateway_delete_keeps_the_last_pods_finalizer_until_a_retry_succ
 // Upstream TestGuardNonLastPodFinalizerRetriesOnTransientUpdateError,
 // TestPodInformerRemovePod_QueuesRetryWhenFinalizerRemovalFails,
 // TestGuardLocationsUpdaterReschedulesOnReadyFinalizerRemovalFailure,
+// TestPodInformerRemovePod_CountsForgottenFinalizerRemoval (differs: a failed release is never forgotten, so
+// there is nothing to count; it is retried and warned about),
 // TestGuardDeleteOutboundService_FinalizerRemovalFailureReportsFailure, TestGuardCheckPendingPodDeletions_TransientGetErrorKeepsEntryForRetry
 // and TestRemoveLastPodFinalizers_SurfacesRetryExhaustion (differs: retried with backoff for as long as it fails,
 // no budget to exhaust; the Warning surfaces it): a release that fails is retried with backoff,
@@ -232,13 +254,11 @@ fn a_replacement_pod_with_the_same_name_is_never_released_or_stripped_for_the_ol
     assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.10"));
 }
 
-// Upstream TestCheckPendingPodDeletions_PreservesReplacementPodEntry,
-// TestGuardDeletePod_StaleSameIPDeleteDoesNotRemoveReplacementUID, TestDeletePod_StaleDeleteDoesNotDrainReplacementAddress,
+// Upstream TestGuardDeletePod_StaleSameIPDeleteDoesNotRemoveReplacementUID, TestDeletePod_StaleDeleteDoesNotDrainReplacementAddress,
 // TestDeletePod_BufferedStaleDeleteKeepsSameIPReplacement, TestDeletePod_MatchingUIDStillCancelsBufferedAddress,
 // TestDeletePod_BufferedDeleteWithoutIdentityCancelsByAddress,
 // TestDeletePodWithoutAddresses_MatchingUIDCancelsBufferedAddresses,
-// TestGuardDeletePodForReplacement_DoesNotDeleteSameServiceNATGateway and
-// TestReconcileEgressPodUpdate_SolePodIPReplacementKeepsNATGateway: a pod whose IP another pod of the same
+// and TestGuardDeletePodForReplacement_DoesNotDeleteSameServiceNATGateway: a pod whose IP another pod of the same
 // identity now has is released with no drain (the address stays in NRP for the other pod) and
 // without touching the NAT gateway.
 #[test]
@@ -256,10 +276,10 @@ fn a_pod_whose_address_another_pod_now_carries_is_released_without_a_drain_or_a_
 // Upstream TestRecoverStuckFinalizers_SeedsAllDualStackAddresses, TestCheckInitializationComplete_WaitsForPendingPodDeletions,
 // TestFinalizerRecoveryGapClosesOnAsyncRemoval, TestGuardDeletePod_LocalStateMissingNRPDualStackLastReconstructsServiceCleanup,
 // TestGuardDeletePod_LocalStateMissingNRPOnlySurvivorSchedulesServiceCleanup,
-// TestPodInformerRemovePod_LocalStateMissingButNRPAddressPresentKeepsFinalizer and
+// TestPodInformerRemovePod_LocalStateMissingButNRPAddressPresentKeepsFinalizer, TestCheckPendingPodDeletions and
 // TestGuardDeletePod_RecoveredDeletePreservesInFlightDeletionForLiveReregistration: after a restart (no
-// state), a dual-stack pod being deleted that still holds the finalizer is released only once NRP has
-// dropped both its addresses and, its identity being ours and carried by no pod, once the teardown
+// state), a dual-stack pod being deleted that still holds the finalizer (read again, a duplicate, and then with
+// its IPs cleared, before NRP drains) is released only once NRP has dropped both its addresses and, its identity being ours and carried by no pod, once the teardown
 // the start-up inventory started has ended.
 #[test]
 fn after_a_restart_a_deleting_pod_holding_the_finalizer_waits_for_both_its_addresses_and_the_teardown() {
@@ -272,7 +292,7 @@ fn after_a_restart_a_deleting_pod_holding_the_finalizer_waits_for_both_its_addre
     let node = Node { name: "n".into(), internal_ips: vec![HOST.into(), "fd00::6".into()] };
     let step = tracker.observe(
         NOW,
-        vec![Observation::NodeUpserted(node), Observation::PodUpserted(dual), Observation::ListsComplete],
+        vec![Observation::NodeUpserted(node), Observation::PodUpserted(dual.clone()), Observation::ListsComplete],
     );
     let read = step.commands[0].id;
     let snapshot = NrpState {
@@ -294,7 +314,12 @@ fn after_a_restart_a_deleting_pod_holding_the_finalizer_waits_for_both_its_addre
         }],
         ..ArmInventory::default()
     };
-    let step = tracker.complete(NOW, vec![(inventory_read, Outcome::ArmInventory(inventory))]);
+    let mut all = tracker.complete(NOW, vec![(inventory_read, Outcome::ArmInventory(inventory))]).commands;
+    // Before NRP drains: the same terminating pod again (a duplicate), then with its IPs cleared by the kubelet.
+    let cleared = Pod { pod_ips: vec![], pod_ip: None, ..dual.clone() };
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(dual), Observation::PodUpserted(cleared)]);
+    all.extend(step.commands);
+    let step = Step { commands: all, ..Step::default() };
     let (issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
     let drained: BTreeSet<&str> = issued
         .iter()
@@ -312,7 +337,8 @@ fn after_a_restart_a_deleting_pod_holding_the_finalizer_waits_for_both_its_addre
     assert!(tracker.nrp_view().values().all(|a| a.is_empty()));
 }
 
-// Upstream TestRecoverStuckFinalizers_NoIPPodUsesServiceDrainVerification, TestPodInformerRemovePod_NoIPPodFinalizerRemovedDirectly,
+// Upstream TestRecoverStuckFinalizers_NoIPPodUsesServiceDrainVerification, TestPodInformerRemovePod,
+// TestPodInformerRemovePod_NoIPPodFinalizerRemovedDirectly,
 // TestPodInformerRemovePod_NoIPDeleteKeepsFinalizerWhileDrainPending,
 // TestPodInformerRemovePod_NoIPDeleteStripsUntrackedPod and TestPodInformerRemovePod_NoIPLastPodWaitsForServiceDeletion: a pod that
 // never had an IP has no address to drain: it is released at once while another pod carries its
@@ -386,14 +412,25 @@ fn a_pod_with_no_ip_waits_while_nrp_maps_its_identity_at_an_address_no_live_pod_
     assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created, "p still carries the identity");
 }
 
-// Upstream TestPodInformerRemovePod_ReleasesFinalizerWhenLabelValueEmptied, TestPodInformerRemovePod_UntrackedPodFinalizerRemovedDirectly,
-// TestPodInformerRemovePod_BufferedPodFinalizerRemovedByCaller and TestPodInformerRemovePod_CountsForgottenFinalizerRemoval: a pod whose
+// Upstream TestPodInformerRemovePod_ReleasesFinalizerWhenLabelValueEmptied (a pod with an empty label holding only
+// someone else's finalizer gets no write), TestPodInformerRemovePod_UntrackedPodFinalizerRemovedDirectly and
+// TestCheckPendingPodDeletions ("pod not found cleans up tracking"): a pod whose
 // label is emptied is released after its address drains; one that leaves the label's selection
 // (the host sees a delete) is released by its UID too, and a release answered 404 (the pod is gone
 // already) ends its record.
 #[test]
 fn a_pod_whose_label_is_emptied_or_removed_is_released_after_its_address_drains() {
     let mut tracker = two_pods();
+    // A pod with an empty label that holds only someone else's finalizer is left alone.
+    let foreign = Pod {
+        egress_label: Some(String::new()),
+        finalizers: vec!["example.com/other".into()],
+        ..pod("f", "10.244.2.40")
+    };
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(foreign)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, |_| true);
+    assert!(issued.is_empty(), "{issued:?}");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "f")).is_none());
     let emptied = Pod { egress_label: Some(String::new()), ..holding(pod("p", "10.244.2.10")) };
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(emptied)]);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, everything_but_events);
@@ -557,9 +594,8 @@ fn after_a_restart_a_held_pod_whose_identity_a_live_pod_carries_is_released_afte
 fn a_pod_whose_finalizer_add_fails_after_it_was_read_holding_it_and_deleting_is_released_after_its_drain() {
     let mut tracker = provisioned();
     let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(pod("q", "10.244.2.11"))]);
-    let is_add_of_q = |c: &Command| {
-        matches!(c, Command::SetFinalizer { service, present: true, .. } if service.name.as_str() == "q")
-    };
+    let is_add_of_q =
+        |c: &Command| matches!(c, Command::SetFinalizer { service, present: true, .. } if service.name.as_str() == "q");
     let (_, (add, _)) = drive_until(&mut tracker, NOW + 1, step, is_add_of_q);
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(deleting(pod("q", "10.244.2.11")))]);
     let mut pending: Vec<(u64, Command)> = step.commands.iter().map(|c| (c.id, c.command.clone())).collect();
@@ -599,4 +635,375 @@ fn a_pod_read_again_with_its_uid_in_another_spelling_is_released_under_the_spell
     let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, everything_but_events);
     assert_eq!(finalizers(&issued), [("q".to_owned(), "uid-q".to_owned(), false)], "{issued:?}");
     assert!(tracker.pods.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
+}
+
+// Upstream TestGuardDeletePod_PodDeletedWhileBuffered_EnqueuesNoRecord and
+// TestPodInformerRemovePod_BufferedPodFinalizerRemovedByCaller: a pod holding the finalizer that is deleted
+// before anything was written for its identity is released at once, not stranded: no drain, no creation,
+// no teardown, and no record left.
+#[test]
+fn a_pod_deleted_before_anything_was_written_for_its_identity_is_released_at_once() {
+    let mut tracker = started();
+    let observed = vec![
+        Observation::PodUpserted(holding(pod("p", "10.244.2.10"))),
+        Observation::PodUpserted(deleting(pod("p", "10.244.2.10"))),
+    ];
+    let step = tracker.observe(NOW, observed);
+    let (issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "{issued:?}");
+    assert_eq!(issued.len(), 1, "nothing but the release: {issued:?}");
+    assert!(tracker.outbound().lifecycles.is_empty());
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestReconcileEgressPodUpdate_SolePodIPReplacementKeepsNATGateway and
+// TestPodInformerDrainForReplace_LiveReRegistrationDoesNotStripFinalizer: a live pod whose IP changes
+// within its identity keeps its finalizer and, sole pod or not, its identity: the new address is
+// programmed, the old one drained, and nothing is torn down in between.
+#[test]
+fn a_live_pod_whose_ip_changes_keeps_its_finalizer_and_its_identitys_nat_gateway() {
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(holding(pod("p", "10.244.2.12")))]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, |_| true);
+    let teardown = |c: &Command| {
+        matches!(c, Command::DeleteResource(_))
+            || is_outbound(c, None, true)
+            || is_outbound(c, None, false)
+            || is_put_nat_gateway(c, false)
+    };
+    assert!(!issued.iter().any(teardown), "the sole pod's identity stays: {issued:?}");
+    assert!(finalizers(&issued).is_empty(), "{issued:?}");
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.12"]);
+    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    assert!(held.has && held.live && held.uid.as_str() == "uid-p");
+    // Not the last pod: q carries the identity too; p's address changes again.
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(holding(pod("q", "10.244.2.11")))]);
+    drive(&mut tracker, NOW + 2, step, ok);
+    let step = tracker.observe(NOW + 3, vec![Observation::PodUpserted(holding(pod("p", "10.244.2.13")))]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 3, step, ok, |_| true);
+    assert!(!issued.iter().any(teardown), "{issued:?}");
+    assert!(finalizers(&issued).is_empty(), "the drain of the old address strips nothing: {issued:?}");
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11", "10.244.2.13"]);
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_some_and(|h| h.has && h.live));
+}
+
+// Upstream TestCheckPendingPodDeletions_PreservesReplacementPodEntry: the old pod's release is in flight when
+// a same-name replacement (another UID) is read; the release's answer does not clobber the replacement's
+// record: the replacement gets its own finalizer and its address reaches NRP.
+#[test]
+fn a_release_answered_after_a_replacement_was_read_leaves_the_replacements_record_alone() {
+    let mut tracker = two_pods();
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(deleting(pod("p", "10.244.2.10")))]);
+    let (_, (release, _)) = drive_until(&mut tracker, NOW + 2, step, is_release_of("p"));
+    let replacement = Pod { uid: "uid-p2".into(), ..pod("p", "10.244.2.12") };
+    let step = tracker.observe(NOW + 3, vec![Observation::PodUpserted(replacement)]);
+    let mut all = step.commands;
+    all.extend(tracker.complete(NOW + 4, vec![(release, Outcome::Ok)]).commands);
+    let (issued, _) =
+        drive_keeping(&mut tracker, NOW + 4, Step { commands: all, ..Step::default() }, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p2".to_owned(), true)], "{issued:?}");
+    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    assert!(held.has && held.live && held.uid.as_str() == "uid-p2", "{held:?}");
+    assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.12"));
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestPodInformerRemovePod_NoIPDeleteKeepsFinalizerWhileDrainPending: a pod deleted with its IP
+// (its drain in flight) and then read again deleting with its IPs cleared by the kubelet keeps its
+// finalizer until the earlier drain is answered.
+#[test]
+fn a_deleted_pod_read_again_with_its_ips_cleared_keeps_its_finalizer_until_the_earlier_drain_is_answered() {
+    let mut tracker = two_pods();
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(deleting(pod("p", "10.244.2.10")))]);
+    let (before, (drain, _)) = drive_until(&mut tracker, NOW + 2, step, is_location_update);
+    assert!(finalizers(&before).is_empty(), "{before:?}");
+    let cleared = Pod { pod_ips: vec![], ..deleting(pod("p", "")) };
+    let step = tracker.observe(NOW + 3, vec![Observation::PodUpserted(cleared)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 3, step, ok, everything_but_events);
+    assert!(finalizers(&issued).is_empty(), "released before the drain: {issued:?}");
+    let step = tracker.complete(NOW + 4, vec![(drain, Outcome::Ok)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 4, step, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "{issued:?}");
+    assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.10"));
+}
+
+// Upstream TestPodInformerRemovePod_NoIPLastPodWaitsForServiceDeletion: the last pod of its identity, its
+// address in NRP, is deleted with its IPs cleared: its stale address is drained by the pod's record, then
+// the identity is torn down, then the finalizer goes.
+#[test]
+fn the_last_pod_deleted_with_its_ips_cleared_is_drained_torn_down_and_then_released() {
+    let mut tracker = provisioned();
+    let cleared = Pod { pod_ips: vec![], ..deleting(pod("p", "")) };
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(cleared)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, everything_but_events);
+    // Its address was the location's only one: the drain deletes the whole location.
+    let drains =
+        |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(|l| l.location == HOST));
+    let drain = position(&issued, drains);
+    let delete_nat = position(&issued, |c| is_delete(c, ResourceKind::NatGateway));
+    let release = position(&issued, is_release_of("p"));
+    assert!(drain < delete_nat && delete_nat < release, "{issued:?}");
+    assert!(tracker.nrp_view().values().all(|a| a.is_empty()));
+    assert!(tracker.outbound().lifecycles.is_empty());
+}
+
+// Upstream TestGuardLastPodFinalizer_DoesNotStripReplacementPod: the old pod is its identity's last and the
+// teardown is running when a same-name replacement (another UID) is read: the teardown's end releases
+// nothing, for the old pod or the replacement, and the replacement is held under its own UID.
+#[test]
+fn a_replacement_read_during_the_last_pods_teardown_is_never_stripped_when_the_teardown_ends() {
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting(pod("p", "10.244.2.10")))]);
+    let (before, (delete, _)) = drive_until(&mut tracker, NOW + 1, step, |c| is_delete(c, ResourceKind::NatGateway));
+    assert!(finalizers(&before).is_empty(), "{before:?}");
+    let replacement = Pod { uid: "uid-p2".into(), ..pod("p", "10.244.2.12") };
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(replacement)]);
+    let mut all = step.commands;
+    all.extend(tracker.complete(NOW + 3, vec![(delete, Outcome::Ok)]).commands);
+    let (issued, _) =
+        drive_keeping(&mut tracker, NOW + 3, Step { commands: all, ..Step::default() }, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p2".to_owned(), true)], "{issued:?}");
+    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    assert!(held.has && held.live && held.uid.as_str() == "uid-p2", "{held:?}");
+    assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.12"), "the identity is made again for the replacement");
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestAddPodFinalizer (a pod re-read without the finalizer gets it again; an add refused for a replaced
+// pod is not retried) and TestPodInformerAddPod_SkipsStaleReplacedPod: an add the host's UID guard refuses
+// (409 UIDMismatch: the name holds a replacement) ends the stale pod's record; once the replacement is read,
+// only its address is in NRP and only its record is held.
+#[test]
+fn a_pod_read_without_the_finalizer_gets_it_again_and_an_add_refused_for_a_replaced_pod_ends_its_record() {
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("q", "10.244.2.11"))]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("q".to_owned(), "uid-q".to_owned(), true)]);
+    // Read again without it (stripped, or the earlier read was stale): added again.
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(pod("q", "10.244.2.11"))]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, everything_but_events);
+    assert_eq!(finalizers(&issued), [("q".to_owned(), "uid-q".to_owned(), true)]);
+    // A stale read of p (uid-old) while the API server holds a replacement.
+    let stale = Pod { uid: "uid-old".into(), ..pod("p", "10.244.2.10") };
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(stale)]);
+    let (_, (add, _)) = drive_until(&mut tracker, NOW + 2, step, |c| finalizers(std::slice::from_ref(c)).len() == 1);
+    let mut all = tracker.complete(NOW + 3, vec![(add, failed(409, crate::model::UID_MISMATCH))]).commands;
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none(), "the stale record ended");
+    let replacement = Pod { uid: "uid-new".into(), ..pod("p", "10.244.2.12") };
+    all.extend(tracker.observe(NOW + 3, vec![Observation::PodUpserted(replacement)]).commands);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 3, Step { commands: all, ..Step::default() }, ok, |_| true);
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-new".to_owned(), true)], "no retry for uid-old: {issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::EmitEvent(_))), "no Warning: the stale pod is gone");
+    assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.12"));
+    assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.10"), "the stale address is not (or no longer) in NRP");
+    assert_eq!(tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap().uid.as_str(), "uid-new");
+}
+
+// Upstream TestPodInformerRemovePod: a Failed pod, with its IP, that is deleted goes through the drain gate
+// like any other: its finalizer is kept until NRP has accepted the drain of its address; a pod with a PodIP but
+// no HostIP (nothing of it was programmed) is released with no drain.
+#[test]
+fn a_failed_pod_deleted_with_its_ip_is_released_only_after_its_drain() {
+    let mut tracker = two_pods();
+    let failed_pod = Pod { phase: Some("Failed".into()), ..deleting(pod("p", "10.244.2.10")) };
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(failed_pod)]);
+    let (before, (id, drain)) = drive_until(&mut tracker, NOW + 2, step, is_location_update);
+    assert!(finalizers(&before).is_empty(), "nothing released before the drain: {before:?}");
+    let Command::UpdateAddressLocations(locations) = &drain else { unreachable!() };
+    assert_eq!(locations[0].addresses[0].address, "10.244.2.10");
+    let step = tracker.complete(NOW + 3, vec![(id, Outcome::Ok)]);
+    let (after, _) = drive_keeping(&mut tracker, NOW + 3, step, ok, everything_but_events);
+    assert_eq!(finalizers(&after), [("p".to_owned(), "uid-p".to_owned(), false)]);
+    let no_host = Pod { host_ips: vec![], ..holding(pod("r", "10.244.2.14")) };
+    let step = tracker.observe(NOW + 4, vec![Observation::PodUpserted(no_host.clone())]);
+    drive(&mut tracker, NOW + 4, step, ok);
+    let step = tracker.observe(NOW + 5, vec![Observation::PodUpserted(Pod { deleting: true, ..no_host })]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 5, step, ok, everything_but_events);
+    assert_eq!(issued, [release_of("r", "uid-r")], "no drain: {issued:?}");
+}
+
+// Upstream TestPodInformerRemovePod_UntrackedPodFinalizerRemovedDirectly: after a restart, a deleting pod
+// holding the finalizer whose address NRP does not list and whose identity has nothing in Azure is released at
+// once: no drain, no teardown.
+#[test]
+fn after_a_restart_a_deleting_pod_nrp_does_not_map_is_released_at_once() {
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let observed = vec![Observation::PodUpserted(deleting(pod("p", "10.244.2.10"))), Observation::ListsComplete];
+    let step = tracker.observe(NOW, observed);
+    let (issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
+    assert_eq!(issued, [Command::ReadNrp, release_of("p", "uid-p")], "{issued:?}");
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestPodInformerAddPod_FinalizerAddFailureRegistersAndAlerts (differs: the Warning's reason is
+// ServiceGatewayPodFinalizerFailed and there is no failure counter): while the finalizer cannot be added at
+// all, the pod's address is programmed in NRP, and the operator is warned once for the run of failures.
+#[test]
+fn a_pods_address_reaches_nrp_while_its_finalizer_cannot_be_added_at_all() {
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
+    let answer = |c: &Command| {
+        if matches!(c, Command::SetFinalizer { present: true, .. }) { failed(500, "InternalError") } else { ok(c) }
+    };
+    // Every add fails (and is retried for ever): answer until the address is in NRP.
+    let (mut step, mut now, mut issued) = (step, NOW, Vec::new());
+    for _ in 0..100 {
+        if tracker.nrp_view().get(HOST).is_some_and(|a| a.contains_key("10.244.2.10")) {
+            break;
+        }
+        if step.commands.is_empty() {
+            now = step.wake_at_ms.expect("a retry is due");
+            step = tracker.tick(now);
+            continue;
+        }
+        let results = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
+        issued.extend(step.commands.iter().map(|c| c.command.clone()));
+        step = tracker.complete(now, results);
+    }
+    assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.10"), "{issued:?}");
+    assert!(!finalizers(&issued).is_empty(), "{issued:?}");
+    let warnings = issued.iter().filter(|c| matches!(c, Command::EmitEvent(e) if e.reason == POD_FINALIZER_FAILED));
+    assert_eq!(warnings.count(), 1, "{issued:?}");
+    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    assert!(!held.has && held.live, "{held:?}");
+}
+
+// Upstream TestOutboundAddressInAnyNRPLocationLocked (its "different service" and "services is nil" cases):
+// after a restart, deleting pods holding the finalizer whose addresses NRP maps only for another service, or
+// for none, are released with no drain: nothing of their identity is in NRP. The other service's mapping
+// stays.
+#[test]
+fn after_a_restart_pods_whose_addresses_nrp_maps_only_for_another_service_or_none_are_released_without_a_drain() {
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let observed = vec![
+        Observation::PodUpserted(deleting(pod("p", "10.244.2.10"))),
+        Observation::PodUpserted(deleting(pod("q", "10.244.2.11"))),
+        Observation::ListsComplete,
+    ];
+    let step = tracker.observe(NOW, observed);
+    let inbound = NrpService {
+        name: "uid-inbound".into(),
+        service_type: "LoadBalancer".into(),
+        backend_pools: vec![],
+        is_default: false,
+    };
+    let snapshot = NrpState {
+        services: vec![inbound],
+        locations: vec![NrpListedLocation {
+            location: HOST.into(),
+            addresses: vec![
+                NrpAddress { address: "10.244.2.10".into(), services: vec!["uid-inbound".into()] },
+                NrpAddress { address: "10.244.2.11".into(), services: vec![] },
+            ],
+        }],
+    };
+    let answer = |c: &Command| if *c == Command::ReadNrp { Outcome::NrpSnapshot(snapshot.clone()) } else { ok(c) };
+    let (issued, _) = drive_keeping(&mut tracker, NOW, step, answer, |_| true);
+    assert_eq!(issued, [Command::ReadNrp, release_of("p", "uid-p"), release_of("q", "uid-q")], "{issued:?}");
+    assert_eq!(tracker.nrp_view()[HOST]["10.244.2.10"], BTreeSet::from(["uid-inbound".to_owned()]));
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestCheckPendingPodDeletions ("keeps finalizer until every address of a dual-stack pod drains") and
+// TestOutboundAddressInAnyNRPLocationLocked ("finds an address under a later location"): after a restart, a
+// deleting dual-stack pod whose IPv4 address has left NRP but whose IPv6 address NRP still maps, under the
+// IPv6 location, keeps its finalizer until that drain succeeds (the first attempt fails and is retried); its
+// identity, carried by a live pod, is not torn down.
+#[test]
+fn a_dual_stack_pod_whose_ipv6_address_alone_is_still_in_nrp_is_released_only_once_that_drain_succeeds() {
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let dual = Pod {
+        pod_ips: vec!["10.244.2.10".into(), "fd00:10::a".into()],
+        host_ips: vec![HOST.into(), "fd00::6".into()],
+        ..deleting(pod("p", "10.244.2.10"))
+    };
+    let node = Node { name: "n".into(), internal_ips: vec![HOST.into(), "fd00::6".into()] };
+    let observed = vec![
+        Observation::NodeUpserted(node),
+        Observation::PodUpserted(dual),
+        Observation::PodUpserted(holding(pod("q", "10.244.2.11"))),
+        Observation::ListsComplete,
+    ];
+    let step = tracker.observe(NOW, observed);
+    let snapshot = NrpState {
+        services: vec![registered()],
+        locations: vec![
+            NrpListedLocation { location: HOST.into(), addresses: vec![listed("10.244.2.11")] },
+            NrpListedLocation { location: "fd00::6".into(), addresses: vec![listed("fd00:10::a")] },
+        ],
+    };
+    let touches_v6 =
+        |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(|l| l.location == "fd00::6"));
+    let mut v6_drains = 0;
+    let answer = |c: &Command| {
+        if *c == Command::ReadNrp {
+            return Outcome::NrpSnapshot(snapshot.clone());
+        }
+        if touches_v6(c) {
+            v6_drains += 1;
+            if v6_drains == 1 {
+                return failed(500, "InternalServerError");
+            }
+        }
+        ok(c)
+    };
+    let (issued, _) = drive_keeping(&mut tracker, NOW, step, answer, everything_but_events);
+    let drains: Vec<usize> = issued.iter().enumerate().filter(|(_, c)| touches_v6(c)).map(|(i, _)| i).collect();
+    assert_eq!(drains.len(), 2, "the failed drain is retried: {issued:?}");
+    assert!(drains[1] < position(&issued, is_release_of("p")), "released before the v6 drain succeeded: {issued:?}");
+    assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "{issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(_))), "{issued:?}");
+    assert!(tracker.nrp_view().get("fd00::6").is_none_or(|a| a.is_empty()));
+    assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.11"));
+}
+
+// Upstream TestGuardDeletePod_NonLastBufferedPodAfterCreateDispatchIsDrainGated: two pods wait for their
+// identity's creation; one is deleted while the NAT gateway PUT is in flight. The creation goes on, nothing is
+// torn down, the survivor's address reaches NRP, and the deleted pod, whose address waited for the creation
+// and was never sent, is released at once (a release after a batch that sent its address would wait for the
+// drain).
+#[test]
+fn a_non_last_pod_deleted_during_its_identitys_creation_leaves_the_creation_going_and_is_drain_gated() {
+    let mut tracker = started();
+    let observed =
+        vec![Observation::PodUpserted(pod("p", "10.244.2.10")), Observation::PodUpserted(pod("q", "10.244.2.11"))];
+    let step = tracker.observe(NOW, observed);
+    let (_, (put, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting(pod("q", "10.244.2.11")))]);
+    let mut all = step.commands;
+    all.extend(tracker.complete(NOW + 2, vec![(put, Outcome::Ok)]).commands);
+    let (issued, _) =
+        drive_keeping(&mut tracker, NOW + 2, Step { commands: all, ..Step::default() }, ok, everything_but_events);
+    let teardown = |c: &Command| {
+        matches!(c, Command::DeleteResource(_)) || is_outbound(c, None, true) || is_put_nat_gateway(c, false)
+    };
+    assert!(!issued.iter().any(teardown), "{issued:?}");
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.10"]);
+    let sends_q = |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(|l| l.addresses.iter().any(|a| a.address == "10.244.2.11" && !a.services.is_empty())));
+    assert!(!issued.iter().any(sends_q), "q's address is never sent: {issued:?}");
+    assert_eq!(finalizers(&issued), [("q".to_owned(), "uid-q".to_owned(), false)], "{issued:?}");
+}
+
+// Upstream TestReconcileEgressPodUpdate_LiveReRegistrationKeepsFinalizerAndReAdds: a live pod, not its
+// identity's last, that gains a second family (v4 -> v4+v6) keeps its finalizer (no write) and has each
+// address in NRP under its own family's location.
+#[test]
+fn a_live_pod_gaining_a_second_family_beside_another_pod_keeps_its_finalizer() {
+    let mut tracker = two_pods();
+    let dual = Pod {
+        pod_ips: vec!["10.244.2.10".into(), "fd00:10::a".into()],
+        host_ips: vec![HOST.into(), "fd00::6".into()],
+        ..holding(pod("p", "10.244.2.10"))
+    };
+    let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(dual)]);
+    let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, |_| true);
+    assert!(finalizers(&issued).is_empty(), "{issued:?}");
+    assert!(issued.iter().all(is_location_update), "{issued:?}");
+    assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.10", "10.244.2.11"]);
+    assert_eq!(tracker.nrp_view()["fd00::6"].keys().collect::<Vec<_>>(), ["fd00:10::a"]);
+    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_some_and(|h| h.has && h.live));
 }

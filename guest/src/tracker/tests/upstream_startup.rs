@@ -110,11 +110,12 @@ fn a_deletion_whose_drain_fails_stays_pending_and_runs_no_delete_step_until_the_
 }
 
 // Upstream TestCheckPendingServiceDeletions_MultipleServices: deletions are gated one by one: a Service NRP holds
-// no address of is deleted and released while another one's drain keeps failing, and that one stays pending
-// with its registration untouched. (Upstream's third, outbound, case is not asserted here: P in
-// docs/conformance.md.)
+// no address of is deleted and released, and an egress identity whose last pod goes in the same batch has its
+// address drained and its NAT gateway and public IP deleted, while another Service's drain keeps being refused,
+// and that one stays pending with its registration untouched.
 #[test]
 fn a_drained_deletion_proceeds_while_another_one_is_still_held_by_its_address_in_nrp() {
+    use super::upstream_outbound::{IDENTITY, gone as pod_gone, pod};
     let other = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e02";
     let a = Service { uid: other.into(), name: "api".into(), ..lb_service("Local") };
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
@@ -125,19 +126,36 @@ fn a_drained_deletion_proceeds_while_another_one_is_still_held_by_its_address_in
             Observation::ServiceUpserted(a.clone()),
             Observation::ServiceUpserted(lb_service("Local")),
             Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+            Observation::PodUpserted(pod("p", "10.244.2.10")),
             Observation::ListsComplete,
         ],
     );
     drive(&mut tracker, NOW, step, answer_ok(&[]));
     assert_eq!((tracker.phase(other), tracker.phase(UID)), (Some(Phase::Created), Some(Phase::Created)));
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
     let gone = terminating;
     let step = tracker.observe(
         NOW + 1,
-        vec![Observation::ServiceUpserted(gone(a)), Observation::ServiceUpserted(gone(lb_service("Local")))],
+        vec![
+            Observation::ServiceUpserted(gone(a)),
+            Observation::ServiceUpserted(gone(lb_service("Local"))),
+            pod_gone("p"),
+        ],
     );
     let ok = answer_ok(&[]);
-    let (issued, _, _) =
-        drive(&mut tracker, NOW + 1, step, |c| if is_location_update(c) { failed(500) } else { ok(c) });
+    // NRP refuses every batch holding B's location (10.224.0.4): it is isolated and set aside.
+    let holds_b =
+        |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(|l| l.location == "10.224.0.4"));
+    let (issued, _, _) = drive(&mut tracker, NOW + 1, step, |c| if holds_b(c) { refused_for_good() } else { ok(c) });
+    assert!(issued.iter().any(holds_b), "B's drain was tried: {issued:?}");
+    let drained = |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(|l| l.location == super::upstream_outbound::HOST));
+    let drained_at = issued.iter().position(|c| drained(c) && !holds_b(c)).expect("the identity's address drained");
+    let nat_at =
+        issued.iter().position(|c| *c == deletes(ResourceKind::NatGateway, IDENTITY)).expect("NAT gateway deleted");
+    let pip_at =
+        issued.iter().position(|c| *c == deletes(ResourceKind::PublicIp, &format!("{IDENTITY}-pip"))).expect("its IP");
+    assert!(drained_at < nat_at && nat_at < pip_at, "{issued:?}");
+    assert!(!tracker.outbound().lifecycles.contains_key(IDENTITY), "the identity's teardown is done");
     assert!(issued.iter().any(|c| writes_registration(c, other, Some(true))), "A unregistered: {issued:?}");
     let released = |c: &Command| match c {
         Command::SetFinalizer { service, present, .. } => !present && service.uid.as_str() == other,
@@ -429,6 +447,41 @@ fn a_finalizer_release_refused_because_the_name_holds_another_service_now_ends_t
     assert!(!later.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "no retry: {later:?}");
 }
 
+// Upstream TestAddServiceGatewayFinalizer, its "repairs live finalizers" case: a served Service read
+// again without our finalizer (somebody stripped it) gets it back, with nothing else written; one
+// read with it writes nothing. Without it a deletion would not wait for the Azure resources to go.
+#[test]
+fn a_served_service_read_without_its_finalizer_gets_it_back_and_nothing_else() {
+    let mut tracker = created_with(&[(80, 8080)]);
+    let served = Service { finalizers: vec![FINALIZER.into()], ingress_ips: vec!["20.0.0.1".into()], ..ported(UID, &[(TCP, 80, to(8080))], &[]) };
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(served.clone())]);
+    assert!(step.commands.is_empty(), "as served: {:?}", step.commands);
+    let stripped = Service { finalizers: vec!["other".into()], ..served };
+    let step = tracker.observe(NOW + 2, vec![Observation::ServiceUpserted(stripped)]);
+    let (issued, _, last) = drive(&mut tracker, NOW + 2, step, answer_ok(&[UID]));
+    let added = |c: &Command| matches!(c, Command::SetFinalizer { present: true, service, .. } if service.uid.as_str() == UID);
+    assert_eq!(issued.len(), 1, "{issued:?}");
+    assert!(added(&issued[0]), "{issued:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    assert!(last.idle);
+}
+
+// Upstream TestReconcileInboundService and TestDeleteInboundService, their "missing service identity"
+// cases: a Service with no UID, live or being deleted, is ignored with a warning; nothing is
+// written, since a UID is what its Azure resources are named by.
+#[test]
+fn a_service_without_a_uid_is_ignored_with_a_warning_and_nothing_is_written() {
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![Observation::ListsComplete]);
+    drive(&mut tracker, NOW, step, answer_ok(&[]));
+    for service in [ported("", &[(TCP, 80, to(8080))], &[]), terminating(ported(" ", &[(TCP, 80, to(8080))], &[]))] {
+        let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(service)]);
+        assert!(step.commands.is_empty(), "{:?}", step.commands);
+        assert!(step.logs.iter().any(|l| l.level == LogLevel::Warn && l.message.contains("has no UID")), "{:?}", step.logs);
+        assert!(tracker.state.lifecycles.is_empty());
+    }
+}
+
 // Upstream TestIsServiceOverlayMappingsError, its negative cases: only a 400 carrying the code
 // ServiceWithOverlayMappingsCannotBeDeleted sends a deletion back to draining. An unregistration
 // refused with another code, by a 409 carrying a similar message, answered 404 or 500 reads NRP
@@ -582,4 +635,247 @@ fn a_failed_status_patch_is_retried_alone_and_the_service_is_not_reported_ensure
     assert_eq!(reasons(&issued), [reason::ENSURED_LOAD_BALANCER], "{issued:?}");
     assert!(last.idle);
     assert_eq!(tracker.phase(UID), Some(Phase::Created));
+}
+
+// Upstream TestOutboundIPFamiliesLocked_FollowsClusterAddressFamilies,
+// TestSeedClusterAddressFamilies_OnlyIPv6NodeAddressesCount,
+// TestInitializeFromCluster_SeedsClusterAddressFamiliesFromNodes and
+// TestReconcileServices_OutboundAdditionsCarryClusterIPFamilies: an egress identity gets an IPv6
+// public IP (`<id>-pip-v6`, on its NAT gateway's IPv6 list) exactly when a Node of the cluster has
+// an IPv6 InternalIP: a dual-stack node, alone or in a mixed pool, yes; IPv4-only nodes, no Nodes,
+// an IPv4-mapped or a malformed InternalIP, no. The identity created at start-up (its pod listed
+// before the Nodes, all in the initial lists) decides as the one created at run time does.
+#[test]
+fn an_egress_identity_gets_an_ipv6_public_ip_exactly_when_a_node_has_an_ipv6_internal_ip() {
+    use super::upstream_outbound::{IDENTITY, pod, started};
+    let node = |name: &str, ips: &[&str]| {
+        Observation::NodeUpserted(Node {
+            name: name.into(),
+            internal_ips: ips.iter().map(|ip| ip.to_string()).collect(),
+        })
+    };
+    let cases: [(&str, Vec<Observation>, bool); 6] = [
+        ("dual-stack", vec![node("dual", &["10.0.0.1", "fd00::1"])], true),
+        ("IPv4 only", vec![node("v4", &["10.0.0.1"])], false),
+        ("mixed pool", vec![node("v4", &["10.0.0.1"]), node("dual", &["10.0.0.2", "fd00::2"])], true),
+        ("no Nodes", vec![], false),
+        ("IPv4-mapped", vec![node("a", &["::ffff:10.0.0.1"])], false),
+        ("malformed", vec![node("a", &["not-an-ip"])], false),
+    ];
+    let answer = |c: &Command| match c {
+        Command::ReadArm => Outcome::ArmInventory(ArmInventory::default()),
+        other => super::upstream_outbound::ok(other),
+    };
+    for (case, nodes, v6) in cases {
+        for at_start_up in [true, false] {
+            let case = format!("{case}, at start-up {at_start_up}");
+            let (mut tracker, step) = if at_start_up {
+                let mut tracker = Tracker::create(clb()).unwrap();
+                let mut initial = vec![Observation::PodUpserted(pod("p", "10.244.2.10"))];
+                initial.extend(nodes.iter().cloned());
+                initial.push(Observation::ListsComplete);
+                let step = tracker.observe(NOW, initial);
+                (tracker, step)
+            } else {
+                let mut tracker = started();
+                let mut batch = nodes.clone();
+                batch.push(Observation::PodUpserted(pod("p", "10.244.2.10")));
+                let step = tracker.observe(NOW, batch);
+                (tracker, step)
+            };
+            let (issued, _) = super::upstream_outbound::drive(&mut tracker, NOW, step, answer);
+            let mut pips: Vec<&str> = issued
+                .iter()
+                .filter_map(|c| match c {
+                    Command::PutPublicIp(p) => Some(p.name.as_str()),
+                    _ => None,
+                })
+                .collect();
+            pips.sort_unstable();
+            let expected: &[&str] = if v6 { &["egress-c-pip", "egress-c-pip-v6"] } else { &["egress-c-pip"] };
+            assert_eq!(pips, expected, "{case}: {issued:?}");
+            let nat = issued
+                .iter()
+                .find_map(|c| match c {
+                    Command::PutNatGateway(n) if n.name == IDENTITY => Some(n),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{case}: a NAT gateway is put: {issued:?}"));
+            let expected_v6: Vec<String> = if v6 { vec!["egress-c-pip-v6".into()] } else { vec![] };
+            assert_eq!(nat.public_ips_v6, expected_v6, "{case}");
+            assert_eq!(nat.public_ips, ["egress-c-pip".to_owned()], "{case}");
+            assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created, "{case}");
+        }
+    }
+}
+
+// Upstream TestShouldTriggerInitialLocationSync: at a restart NRP's address locations are brought to what the
+// cluster wants whenever they differ: an existing registered Service's drifted endpoints are synced even though
+// the one new Service's creation is refused for good and parks, and a Service found deleting has the address
+// NRP still lists for it drained before its unregistration. (Nothing differing, nothing is written:
+// a_restarted_controller_adopts_a_service_whose_azure_resources_registration_and_status_hold_with_no_write_and_no_event.)
+#[test]
+fn a_restart_syncs_the_address_locations_of_existing_and_deleting_services_even_when_every_addition_parks() {
+    let n1 = || Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+    let listed = |address: &str| NrpListedLocation {
+        location: "10.224.0.4".into(),
+        addresses: vec![NrpAddress { address: address.into(), services: vec![UID.into()] }],
+    };
+    let registered =
+        NrpService { name: UID.into(), service_type: "Inbound".into(), backend_pools: vec![], is_default: false };
+    let want = |addresses: &[&str]| -> View {
+        let mut view = View::new();
+        if !addresses.is_empty() {
+            let at = view.entry("10.224.0.4".to_owned()).or_default();
+            for address in addresses {
+                at.insert((*address).to_owned(), [UID.to_owned()].into());
+            }
+        }
+        view
+    };
+
+    // An existing Service whose endpoint moved while no controller ran, beside a new Service that parks.
+    let existing = provisioned_service();
+    let config = LbConfig::for_service(&existing);
+    let inventory = inventory_of(&existing, Some(config.load_balancer.clone()));
+    let new = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e02";
+    let parking = Service { uid: new.into(), name: "api".into(), ..lb_service("Local") };
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(
+        NOW,
+        vec![
+            n1(),
+            Observation::ServiceUpserted(existing),
+            Observation::ServiceUpserted(parking),
+            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+            Observation::ListsComplete,
+        ],
+    );
+    let snapshot = NrpState { services: vec![registered.clone()], locations: vec![listed("10.244.0.9")] };
+    let ok = answer_ok(&[UID]);
+    let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+        Command::ReadNrp => Outcome::NrpSnapshot(snapshot.clone()),
+        Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+        Command::PutLoadBalancer(lb) if lb.name.as_str() == new => refused_for_good(),
+        other => ok(other),
+    });
+    assert!(warned_rejected(&issued), "the new Service parks: {issued:?}");
+    assert!(tracker.state.lifecycles[new].parked);
+    assert!(issued.iter().any(is_location_update), "{issued:?}");
+    assert!(
+        programmed(&issued)
+            .iter()
+            .any(|(at, addresses)| at == "10.224.0.4" && addresses.contains(&"10.244.0.5".to_owned()))
+    );
+    assert_eq!(tracker.nrp_view(), want(&["10.244.0.5"]), "synced: the moved endpoint replaces the old one");
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    assert!(!issued.iter().any(|c| matches!(c, Command::PutLoadBalancer(lb) if lb.name.as_str() == UID)), "adopted");
+    assert!(last.idle);
+
+    // A Service found deleting whose address NRP still lists: drained, then unregistered.
+    let deleting = terminating(provisioned_service());
+    let inventory = inventory_of(&deleting, Some(config.load_balancer.clone()));
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![n1(), Observation::ServiceUpserted(deleting), Observation::ListsComplete]);
+    let snapshot = NrpState { services: vec![registered], locations: vec![listed("10.244.0.5")] };
+    let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
+        Command::ReadNrp => Outcome::NrpSnapshot(snapshot.clone()),
+        Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+        other => ok(other),
+    });
+    let drained = issued.iter().position(is_location_update).expect("drained");
+    let unregistered = issued.iter().position(|c| writes_registration(c, UID, Some(true))).expect("unregistered");
+    assert!(drained < unregistered, "{issued:?}");
+    assert!(tracker.nrp_view().is_empty(), "{:?}", tracker.nrp_view());
+    assert_eq!(tracker.phase(UID), None);
+    assert!(last.idle);
+}
+
+// Upstream TestCleanupOrphanedPublicIPs_KeepsPIPForServiceStillDesiredInKubernetes: at start-up a detached public
+// IP (no address, not as put: the crash right after its create) of a Service Kubernetes still wants, or of an
+// egress identity a pod still carries, neither of them in NRP, is never swept: each goes on to be provisioned
+// with it put again; a `<uid>-pip` wanted by nobody beside them is deleted.
+#[test]
+fn a_detached_public_ip_of_a_wanted_service_or_identity_is_not_swept_and_an_unwanted_one_is() {
+    use super::upstream_outbound::{IDENTITY, pod};
+    let orphan = "22222222-2222-2222-2222-222222222222";
+    let detached = |name: String| ListedPublicIp { name, version: IpVersion::Ipv4, address: None, as_put: false };
+    let inventory = ArmInventory {
+        nat_gateways: Vec::new(),
+        public_ips: vec![
+            detached(format!("{UID}-pip")),
+            detached(format!("{IDENTITY}-pip")),
+            detached(format!("{orphan}-pip")),
+        ],
+        load_balancers: Vec::new(),
+    };
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(
+        NOW,
+        vec![
+            Observation::ServiceUpserted(lb_service("Local")),
+            Observation::PodUpserted(pod("p", "10.244.2.10")),
+            Observation::ListsComplete,
+        ],
+    );
+    let (issued, _, last) = reads_answered(&mut tracker, &step, &[], Outcome::ArmInventory(inventory));
+    let deleted_pips: Vec<&str> = issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::DeleteResource(r) if r.kind == ResourceKind::PublicIp => Some(r.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted_pips, [format!("{orphan}-pip")], "{issued:?}");
+    for wanted in [format!("{UID}-pip"), format!("{IDENTITY}-pip")] {
+        assert!(issued.iter().any(|c| matches!(c, Command::PutPublicIp(p) if p.name.as_str() == wanted)), "{wanted}");
+    }
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    assert!(tracker.registered().contains(UID));
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+    assert!(tracker.egress().is_registered(IDENTITY));
+    assert!(last.idle);
+}
+
+// Upstream TestReconcileServices_AppliesRuntimeAdmissionOnStartup, its positive control beside a refusal: at a
+// restart a Service created while no controller ran and admissible is provisioned (public IP, load balancer,
+// registration, its endpoint in NRP, its status, EnsuredLoadBalancer), while an internal load balancer found
+// beside it is refused with its Warning and gets nothing.
+#[test]
+fn a_restart_provisions_a_new_admissible_service_and_refuses_an_internal_one_beside_it() {
+    let internal_uid = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e03";
+    let internal = Service {
+        uid: internal_uid.into(),
+        name: "internal".into(),
+        annotations: [(crate::admission::ANNOTATION_INTERNAL_LB.to_owned(), "true".to_owned())].into_iter().collect(),
+        ..lb_service("Local")
+    };
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(
+        NOW,
+        vec![
+            Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] }),
+            Observation::ServiceUpserted(internal),
+            Observation::ServiceUpserted(lb_service("Local")),
+            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+            Observation::ListsComplete,
+        ],
+    );
+    let (issued, _, last) = reads_answered(&mut tracker, &step, &[], Outcome::ArmInventory(ArmInventory::default()));
+    assert!(!format!("{:?}", writes(&issued)).contains(internal_uid), "nothing for the internal one: {issued:?}");
+    let events: Vec<&str> = reasons(&issued);
+    assert_eq!(
+        events.iter().filter(|r| **r == crate::admission::reason::UNSUPPORTED_INTERNAL_LOAD_BALANCER).count(),
+        1,
+        "{events:?}"
+    );
+    assert!(issued.iter().any(|c| matches!(c, Command::PutPublicIp(p) if p.name.as_str() == format!("{UID}-pip"))));
+    assert_eq!(load_balancers(&issued).iter().map(|lb| lb.name.as_str()).collect::<Vec<_>>(), [UID]);
+    assert!(issued.iter().any(|c| writes_registration(c, UID, Some(false))), "{issued:?}");
+    assert_eq!(programmed(&issued), [("10.224.0.4".to_owned(), vec!["10.244.0.5".to_owned()])]);
+    assert_eq!(status_patches(&issued), [&vec!["20.0.0.1".to_owned()]]);
+    assert_eq!(events.iter().filter(|r| **r == reason::ENSURED_LOAD_BALANCER).count(), 1, "{events:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    assert_eq!(tracker.phase(internal_uid), None);
+    assert!(last.idle);
 }
