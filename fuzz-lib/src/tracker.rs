@@ -363,7 +363,7 @@ impl Hostile {
     fn note(&mut self, failure: &model::Failure) {
         // A 404, or the host's UID guard saying the object is another one now (409
         // `UIDMismatch`), tells the tracker the object it wrote about is gone: a lie when it is not.
-        if failure.status == 404 || failure.code.as_deref() == Some(UID_MISMATCH) {
+        if failure.object_gone() {
             self.lied = true;
         }
         const TERMINAL: &[&str] =

@@ -1728,8 +1728,8 @@ impl Tracker {
         };
         // A Kubernetes write refused by the host's UID guard is for a Service replaced under the
         // same name: the object it was for is gone, as with a 404.
-        let gone = failure.status == 404 || (op.is_kubernetes() && failure.object_gone());
-        if gone && (op.is_delete_step() || op.is_kubernetes()) {
+        let gone = (op.is_delete_step() && failure.status == 404) || (op.is_kubernetes() && failure.object_gone());
+        if gone {
             if op.is_kubernetes() {
                 lifecycle.object.exists = false;
             }

@@ -145,6 +145,16 @@ pub(super) fn position(issued: &[Command], what: impl Fn(&Command) -> bool) -> u
     issued.iter().position(what).unwrap_or_else(|| panic!("not issued: {issued:?}"))
 }
 
+/// What a creation made (the NAT gateway, its public IP) torn down in order: disassociated,
+/// deleted, then its public IP. Returns where the NAT gateway's delete is.
+fn assert_made_resources_torn_down_in_order(issued: &[Command]) -> usize {
+    let disassociate = position(issued, |c| is_put_nat_gateway(c, false));
+    let delete_nat = position(issued, |c| is_delete(c, ResourceKind::NatGateway));
+    let delete_pip = position(issued, |c| is_delete(c, ResourceKind::PublicIp));
+    assert!(disassociate < delete_nat && delete_nat < delete_pip, "{issued:?}");
+    delete_nat
+}
+
 /// The teardown's commands, in upstream's order, after the drain.
 fn assert_torn_down_in_order(issued: &[Command]) {
     let drain = position(issued, is_location_update);
@@ -285,10 +295,7 @@ fn the_last_pod_gone_during_creation_stops_it_and_tears_down_what_it_made() {
     let (issued, _) = drive(&mut tracker, NOW + 2, step, ok);
     assert!(!issued.iter().any(|c| is_outbound(c, Some(IDENTITY), false)), "never registered: {issued:?}");
     assert!(!issued.iter().any(|c| matches!(c, Command::UpdateServices(_))), "nothing to unlink: {issued:?}");
-    let disassociate = position(&issued, |c| is_put_nat_gateway(c, false));
-    let delete_nat = position(&issued, |c| is_delete(c, ResourceKind::NatGateway));
-    let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
-    assert!(disassociate < delete_nat && delete_nat < delete_pip, "{issued:?}");
+    assert_made_resources_torn_down_in_order(&issued);
     assert!(!issued.iter().any(|c| is_put_nat_gateway(c, true)), "not resurrected: {issued:?}");
     assert!(!issued.iter().any(is_location_update), "the address is never sent: {issued:?}");
     assert!(tracker.outbound().lifecycles.is_empty());
@@ -354,10 +361,7 @@ fn the_last_pod_gone_after_a_failed_creation_still_tears_down_what_it_made() {
     assert!(!issued.iter().any(|c| matches!(c, Command::UpdateServices(_))), "never registered: {issued:?}");
     assert!(!issued.iter().any(is_location_update), "{issued:?}");
     assert!(!issued.iter().any(|c| is_put_nat_gateway(c, true)), "not created again: {issued:?}");
-    let disassociate = position(&issued, |c| is_put_nat_gateway(c, false));
-    let delete_nat = position(&issued, |c| is_delete(c, ResourceKind::NatGateway));
-    let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
-    assert!(disassociate < delete_nat && delete_nat < delete_pip, "{issued:?}");
+    assert_made_resources_torn_down_in_order(&issued);
     assert!(tracker.outbound().lifecycles.is_empty());
     assert!(tracker.is_quiet());
 }
@@ -378,10 +382,7 @@ fn the_last_pod_gone_during_a_creation_that_succeeds_is_not_resurrected() {
     assert!(sent_addresses(&issued).is_empty(), "the address is never sent: {issued:?}");
     assert!(tracker.egress().ref_counts().is_empty(), "{:?}", tracker.egress().ref_counts());
     assert!(tracker.egress().recount().is_empty());
-    let disassociate = position(&issued, |c| is_put_nat_gateway(c, false));
-    let delete_nat = position(&issued, |c| is_delete(c, ResourceKind::NatGateway));
-    let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
-    assert!(disassociate < delete_nat && delete_nat < delete_pip, "{issued:?}");
+    let delete_nat = assert_made_resources_torn_down_in_order(&issued);
     if let Some(register) = issued.iter().position(|c| is_outbound(c, Some(IDENTITY), false)) {
         let unregister = position(&issued, |c| is_outbound(c, None, true));
         assert!(register < unregister && unregister < delete_nat, "{issued:?}");
