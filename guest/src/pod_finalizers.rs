@@ -14,7 +14,14 @@
 //!
 //! Every write names the pod's UID, so a replacement pod with the same name is never released
 //! or stripped by a stale record: a pod read with another UID than its record's replaces it
-//! (the old object is gone, and its addresses drain through the DiffTracker as before). A write
+//! (the old object is gone, and its addresses drain through the DiffTracker as before). A pod
+//! read being deleted under another UID than that of a live pod holding the finalizer is the
+//! other way round ([`PodFinalizers::superseded`]): a stale read of the object a replacement
+//! superseded, which must not drain, uncount or release the replacement, and is ignored.
+//! Upstream also releases the old UID's finalizer then (`ReleaseNoDrain`); here nothing is
+//! written: an object that holds a finalizer keeps its name, so while the replacement exists the
+//! old object holds none, and a write for it would be repeated by every re-list that shows it
+//! again (property P3). A write
 //! the API server answers 404, or the host's UID guard refuses (409 `UIDMismatch`), ends the
 //! record: the object it was for is gone. Any other failure is retried with the tracker's
 //! backoff; the first failure of a run is a Warning Event on the pod
@@ -177,6 +184,25 @@ impl PodFinalizers {
             held.leave(&identity, &addresses);
         }
         self.schedule(&key);
+    }
+
+    /// Whether a read of a pod is stale: it is being deleted and its key is held under another
+    /// UID for a live pod (one that carries an identity) that holds the finalizer, a replacement
+    /// read after it (upstream's order: the same name live under a new UID, then a deletion of
+    /// the old UID). The tracker then leaves the held record, what it carries and its count alone.
+    /// Upstream decides by the UID a live address is held under; a record here is per pod, so
+    /// this is the same question for every address the old pod named at once. Any other record
+    /// is replaced by the read as before: a record that carries nothing has nothing live at
+    /// stake, and one whose finalizer is not confirmed may still end on a write the API server
+    /// refuses for its UID (the object gone), after which the ignored read would act only at the
+    /// next re-list (property P3: a re-list changes nothing).
+    pub fn superseded(&self, pod: &Pod) -> bool {
+        pod.deleting
+            && !pod.uid.is_empty()
+            && self
+                .pods
+                .get(&pod.key())
+                .is_some_and(|h| h.live && h.has && !h.uid.as_str().eq_ignore_ascii_case(&pod.uid))
     }
 
     /// A pod stopped carrying what it carried (`before`): it left the API server or the egress

@@ -1234,6 +1234,9 @@ impl Tracker {
     /// An egress pod was created or changed (the rules are in [`crate::egress`]).
     fn upsert_pod(&mut self, pod: &Pod, step: &mut Step) {
         let key = pod.key();
+        if self.pods.superseded(pod) {
+            return; // a stale deletion of the object a same-name replacement superseded (`crate::pod_finalizers`)
+        }
         let carried_before = self.egress.carried_by(&key);
         let before = carried_before.as_ref().map(|(identity, _)| identity.clone());
         let State { lifecycles, service_by_identity, diff, .. } = &mut self.state;
@@ -1989,6 +1992,17 @@ impl Tracker {
                 lifecycle.op_config = lifecycle.desired.clone();
                 lifecycle.steps = OpStep::ENSURE.into();
                 self.state.runnable.insert(identity.clone());
+            } else if lifecycle.phase == Phase::DeletionInProgress
+                && lifecycle.in_flight.is_none()
+                && lifecycle.steps.contains(&OpStep::Unregister)
+                && self.state.diff.nrp_references(identity)
+            {
+                // Its drain ended on a mirror NRP now shows was wrong (after an overlay-mappings
+                // refusal the drain ends before NRP is read back): drain again before unregistering.
+                lifecycle.phase = Phase::DeletionPending;
+                lifecycle.steps.clear();
+                self.state.draining.insert(identity.clone());
+                self.state.diff.touch_identity(identity);
             }
         }
         for identity in registered {
@@ -2171,6 +2185,18 @@ impl Tracker {
                 lifecycle.phase = Phase::UpdateInProgress;
                 lifecycle.steps = outbound::ENSURE.into();
                 self.outbound.runnable.insert(identity.clone());
+                self.state.diff.touch_identity(identity);
+            } else if lifecycle.phase == Phase::DeletionInProgress
+                && lifecycle.in_flight.is_none()
+                && lifecycle.steps.contains(&OutStep::Unregister)
+                && self.state.diff.nrp_references(identity)
+            {
+                // As an inbound deletion's (`reconcile_with_nrp`): a drain that ended on a mirror
+                // NRP now contradicts drains again before the unregistration.
+                lifecycle.phase = Phase::DeletionPending;
+                lifecycle.steps.clear();
+                self.outbound.runnable.remove(identity);
+                self.outbound.draining.insert(identity.clone());
                 self.state.diff.touch_identity(identity);
             }
         }
@@ -4956,10 +4982,17 @@ mod tests {
         assert!(last.idle && tracker.registered().contains(service.identity().as_str()));
 
         // Each type alone in NRP, no Kubernetes object for it. `outbound` in any case is an egress
-        // identity's registration. Differs from upstream (which counts `InboundOutbound` as both and
-        // fails start-up on an unknown type): any other type is somebody else's, neither inbound nor
-        // egress, and nothing is ever written about it, even under a UID-shaped name.
+        // identity's registration. Differs from upstream on purpose (which counts `InboundOutbound`
+        // as both and fails start-up on an unknown type, lest it sweep what such a registration
+        // uses): any other type is somebody else's, neither inbound nor egress, and nothing is ever
+        // written about it, even under a UID-shaped name whose load balancer and public IP ARM
+        // lists exactly as this controller makes them (which the sweep deletes for a name NRP
+        // does not list).
         let uid_like = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e55";
+        let foreign_inventory = {
+            let service = Service { uid: uid_like.into(), ..provisioned_service() };
+            inventory_of(&service, Some(LbConfig::for_service(&service).load_balancer.clone()))
+        };
         for (service_type, name, inbound, outbound) in [
             ("inbound", UID, true, false),
             ("outbound", "egress-n", false, true),
@@ -4979,6 +5012,7 @@ mod tests {
                 Command::ReadNrp => {
                     Outcome::NrpSnapshot(NrpState { services: vec![listed.clone()], locations: vec![] })
                 }
+                Command::ReadArm if name == uid_like => Outcome::ArmInventory(foreign_inventory.clone()),
                 Command::ReadArm => Outcome::ArmInventory(ArmInventory::default()),
                 other => answer_ok(&[])(other),
             });
@@ -4995,6 +5029,18 @@ mod tests {
             }
             assert!(last.idle, "{service_type}");
         }
+        // The control: the same load balancer and public IP with nothing in NRP are an orphan's.
+        let mut tracker = Tracker::create(clb()).unwrap();
+        let step = tracker.observe(NOW, vec![Observation::ListsComplete]);
+        let (issued, _, _) = drive(&mut tracker, NOW, step, |c| match c {
+            Command::ReadNrp => Outcome::NrpSnapshot(NrpState { services: vec![], locations: vec![] }),
+            Command::ReadArm => Outcome::ArmInventory(foreign_inventory.clone()),
+            other => answer_ok(&[])(other),
+        });
+        let deleted = |kind: ResourceKind| {
+            issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.kind == kind && r.name.starts_with(uid_like)))
+        };
+        assert!(deleted(ResourceKind::LoadBalancer) && deleted(ResourceKind::PublicIp), "{issued:?}");
     }
 
     // Ports upstream TestGuardOnServiceCreationComplete_UnknownServiceIsNoOp: an answer to a

@@ -5,7 +5,10 @@
 //! commands through a [`KubeApi`]. Every error becomes a `failure` carrying exactly what the
 //! API said — HTTP status (0 when no answer arrived), error code, `Retry-After`, message — and
 //! nothing more: no retry, no 404-means-done, no reordering. What a failure means is the
-//! guest's call (`guest/src/tracker.rs`).
+//! guest's call (`guest/src/tracker.rs`). One mechanism below the executor is not a decision:
+//! the Kubernetes client sends a write that lost a resourceVersion race again from a fresh read
+//! (the same change, never onto an object of another UID; `crate::kube`), as every client of
+//! the API server does.
 //!
 //! Before running a command the executor checks that it is sane (design §2.4): names present,
 //! a batch of at most [`MAX_BATCH`] entries, no entry twice in one batch, locations and

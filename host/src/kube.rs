@@ -6,7 +6,12 @@
 //! (absent → 404 `NotFound`, another UID → 409 [`UID_MISMATCH`]), and the change is sent as a
 //! JSON merge patch that carries the `metadata.resourceVersion` just read, so that the API server
 //! refuses it (409 `Conflict`) if the object changed — or was deleted and re-created — in between.
-//! The host retries nothing: a conflict is handed to the guest like any other failure.
+//! Such a conflict is retried at once from a fresh read, up to [`ATTEMPTS`] writes (as client-go's
+//! `RetryOnConflict` with `retry.DefaultRetry`): another writer's change (its own finalizer, a label)
+//! costs no backoff of the guest's and is kept, since the new patch is computed from what the read
+//! found. A re-read that finds another UID (the object was replaced) or none is refused as above,
+//! so a replacement never gets a write meant for the object it replaced. Every other failure, and a
+//! conflict still there after the last attempt, is handed to the guest like any other failure.
 //!
 //! * the status: `status.loadBalancer.ingress` becomes exactly the given IPs (the `status`
 //!   subresource);
@@ -27,6 +32,10 @@ use serde_json::json;
 
 /// The `source.component` and `reportingComponent` of the Events this host records.
 pub const COMPONENT: &str = "clb-reconciler";
+
+/// How many writes of one change are sent while the object keeps changing under them; client-go's
+/// `retry.DefaultRetry.Steps`.
+pub const ATTEMPTS: u32 = 5;
 
 /// The Kubernetes writes of `clb-host run`.
 #[derive(Clone)]
@@ -72,43 +81,85 @@ impl KubeClient {
         Ok((object, version))
     }
 
+    /// Reads the object `what` names and sends the patch `patch` makes of it and its resourceVersion (to
+    /// the `status` subresource with `status`); again from a fresh read while the API server answers
+    /// that the object changed in between (409 `Conflict`), up to [`ATTEMPTS`] patches. `patch` gives
+    /// `None` when the object already is as wanted.
+    async fn patch_guarded<K>(
+        &self,
+        what: &wit::ObjectRef,
+        change: &str,
+        status: bool,
+        patch: impl Fn(&K, &str) -> Option<serde_json::Value>,
+    ) -> Result<(), KubeError>
+    where
+        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let api = self.api::<K>(&what.namespace);
+        let mut attempt = 1;
+        loop {
+            let (current, version) = self.guarded::<K>(what).await?;
+            let Some(patch) = patch(&current, &version) else { return Ok(()) };
+            let params = PatchParams::default();
+            let sent = if status {
+                api.patch_status(&what.name, &params, &Patch::Merge(&patch)).await
+            } else {
+                api.patch(&what.name, &params, &Patch::Merge(&patch)).await
+            };
+            match sent.map_err(api_error) {
+                Ok(_) => return Ok(()),
+                // A replacement fails the uid precondition with a plain Conflict too: the next read finds
+                // the other UID and refuses.
+                Err(error) if is_conflict(&error) && attempt < ATTEMPTS => {
+                    tracing::info!(
+                        kind = %what.kind, namespace = %what.namespace, name = %what.name, uid = %what.uid, change,
+                        read_version = %version, attempt, %error,
+                        "the object changed between its read and the write; reading it again"
+                    );
+                    attempt += 1;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
     /// Adds or removes one finalizer of a `K`, guarded by its UID and resourceVersion.
     async fn patch_finalizer<K>(&self, what: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
     {
-        let (current, version) = self.guarded::<K>(what).await?;
-        let mut finalizers = current.meta().finalizers.clone().unwrap_or_default();
-        let had = finalizers.iter().any(|f| f == finalizer);
-        match (had, present) {
-            (true, true) | (false, false) => return Ok(()),
-            (false, true) => finalizers.push(finalizer.to_owned()),
-            (true, false) => finalizers.retain(|f| f != finalizer),
-        }
-        let patch = json!({
-            "metadata": { "uid": what.uid, "resourceVersion": version, "finalizers": finalizers },
-        });
-        self.api::<K>(&what.namespace)
-            .patch(&what.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(api_error)?;
-        Ok(())
+        let change = if present { "add finalizer" } else { "remove finalizer" };
+        self.patch_guarded::<K>(what, change, false, |current, version| {
+            let mut finalizers = current.meta().finalizers.clone().unwrap_or_default();
+            let had = finalizers.iter().any(|f| f == finalizer);
+            match (had, present) {
+                (true, true) | (false, false) => return None,
+                (false, true) => finalizers.push(finalizer.to_owned()),
+                (true, false) => finalizers.retain(|f| f != finalizer),
+            }
+            Some(json!({
+                "metadata": { "uid": what.uid, "resourceVersion": version, "finalizers": finalizers },
+            }))
+        })
+        .await
     }
+}
+
+/// The API server's answer to a write whose resourceVersion (or uid) precondition no longer holds.
+fn is_conflict(error: &KubeError) -> bool {
+    error.status == 409 && error.reason.as_deref() == Some("Conflict")
 }
 
 impl KubeApi for KubeClient {
     async fn patch_service_status(&self, service: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError> {
-        let (_, version) = self.guarded::<Service>(service).await?;
         let ingress: Vec<_> = ingress_ips.iter().map(|ip| json!({ "ip": ip })).collect();
-        let patch = json!({
-            "metadata": { "uid": service.uid, "resourceVersion": version },
-            "status": { "loadBalancer": { "ingress": ingress } },
-        });
-        self.api::<Service>(&service.namespace)
-            .patch_status(&service.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(api_error)?;
-        Ok(())
+        self.patch_guarded::<Service>(service, "status", true, |_, version| {
+            Some(json!({
+                "metadata": { "uid": service.uid, "resourceVersion": version },
+                "status": { "loadBalancer": { "ingress": ingress } },
+            }))
+        })
+        .await
     }
 
     async fn set_finalizer(&self, object: &wit::ObjectRef, finalizer: &str, present: bool) -> Result<(), KubeError> {

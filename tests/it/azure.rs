@@ -377,6 +377,35 @@ fn a_listed_nat_gateway_is_as_put_only_when_it_is_exactly_what_a_put_makes() {
     assert_eq!(listed(serde_json::json!({"properties": {}})), None, "no name");
 }
 
+// Upstream TestPIPNamesInAzureFromList_IncludesAddressLessPIP: a public IP ARM lists with an address,
+// with empty properties (its address not allocated yet) or with no properties at all is there under
+// its name, so the start-up sweep sees it; one without a name is left out. Regression: a listed IP
+// whose properties lacked the allocation method or the version read as absent, so the IP of a
+// Service deleted while its creation was under way was never swept.
+#[test]
+fn a_listed_public_ip_without_an_address_or_properties_is_still_listed_and_a_nameless_one_is_not() {
+    let listed = wire::listed_public_ip;
+    let ours = serde_json::json!({"name": "alloc-pip", "sku": {"name": "StandardV2"}, "properties": {
+        "publicIPAllocationMethod": "Static", "publicIPAddressVersion": "IPv6", "ipAddress": "2001:db8::1",
+        "provisioningState": "Succeeded"}});
+    let got = listed(ours).unwrap();
+    assert!(got.as_put && got.version == IpVersion::IPv6 && got.address.as_deref() == Some("2001:db8::1"), "{got:?}");
+    let upstreams = serde_json::json!({"name": "alloc-pip", "properties": {"ipAddress": "1.2.3.4"}});
+    let got = listed(upstreams).unwrap();
+    assert_eq!((got.name.as_str(), got.address.as_deref(), got.as_put), ("alloc-pip", Some("1.2.3.4"), false));
+    for (what, value) in [
+        ("pending", serde_json::json!({"name": "pending-pip", "properties": {}})),
+        ("nilprops", serde_json::json!({"name": "nilprops-pip"})),
+        ("null properties", serde_json::json!({"name": "nilprops-pip", "properties": null})),
+        ("an empty address", serde_json::json!({"name": "pending-pip", "properties": {"ipAddress": ""}})),
+    ] {
+        let got = listed(value).unwrap_or_else(|| panic!("{what}: an address-less public IP is listed"));
+        assert!(got.address.is_none() && !got.as_put && got.version == IpVersion::IPv4, "{what}: {got:?}");
+    }
+    assert_eq!(listed(serde_json::json!({"properties": {}})), None, "no name");
+    assert_eq!(listed(serde_json::json!({"name": "", "properties": {}})), None, "an empty name");
+}
+
 // Regression: one timeout (60 s, not a flag) held every NRP call. Each hung request ends on its
 // own side's timeout: were it the other side's (an hour), the test would not end.
 // Upstream TestLocationsUpdater_HungSyncTimesOutAndRecovers.

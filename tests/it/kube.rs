@@ -628,6 +628,345 @@ fn the_kube_client_writes_nothing_to_a_same_name_service_of_another_uid() {
     });
 }
 
+/// What a [`RacingProxy`] does before it forwards the `n`th PATCH (from 0): another writer's change,
+/// made straight to the API server through the admin's Service API.
+type Interference = Box<dyn Fn(Api<Service>, usize) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A plain-HTTP proxy in front of the test API server that makes the race between a client's read and
+/// its write deterministic: before it forwards a PATCH it lets another writer change the object, so the
+/// patch arrives carrying the resourceVersion of a read that no longer holds. It records what it forwards.
+struct RacingProxy {
+    addr: std::net::SocketAddr,
+    shared: Arc<RacingShared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct RacingShared {
+    upstream: String,
+    http: reqwest::Client,
+    services: Api<Service>,
+    interfere: Interference,
+    patches: std::sync::atomic::AtomicUsize,
+    /// `METHOD path` of each request, in the order they came.
+    requests: Mutex<Vec<String>>,
+}
+
+impl RacingProxy {
+    async fn start(upstream: &str, services: Api<Service>, interfere: Interference) -> Self {
+        // The loopback test API server's CA is a throwaway one; this is test plumbing.
+        let http = reqwest::Client::builder().danger_accept_invalid_certs(true).build().expect("an HTTP client");
+        let shared = Arc::new(RacingShared {
+            upstream: upstream.trim_end_matches('/').to_owned(),
+            http,
+            services,
+            interfere,
+            patches: Default::default(),
+            requests: Mutex::default(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds a loopback port");
+        let addr = listener.local_addr().expect("a local address");
+        let accepting = shared.clone();
+        let task = tokio::spawn(async move {
+            // Owned here, so that aborting this task also ends every connection.
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let shared = accepting.clone();
+                connections.spawn(async move {
+                    let service = hyper::service::service_fn(move |request| shared.clone().forward(request));
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                });
+            }
+        });
+        Self { addr, shared, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.shared.requests.lock().unwrap().clone()
+    }
+}
+
+impl Drop for RacingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RacingShared {
+    async fn forward(
+        self: Arc<Self>,
+        request: hyper::Request<hyper::body::Incoming>,
+    ) -> Result<hyper::Response<http_body_util::Full<hyper::body::Bytes>>, std::convert::Infallible> {
+        use http_body_util::BodyExt as _;
+        let (parts, body) = request.into_parts();
+        let body = body.collect().await.expect("the request's body").to_bytes();
+        self.requests.lock().unwrap().push(format!("{} {}", parts.method, parts.uri.path()));
+        if parts.method == hyper::Method::PATCH {
+            let n = self.patches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            (self.interfere)(self.services.clone(), n).await;
+        }
+        let url = format!("{}{}", self.upstream, parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+        let mut upstream = self.http.request(parts.method, url).body(body);
+        for (name, value) in parts.headers.iter().filter(|(name, _)| *name != hyper::header::HOST) {
+            upstream = upstream.header(name, value);
+        }
+        let answer = upstream.send().await.expect("the API server answers the proxy");
+        let mut response = hyper::Response::builder().status(answer.status().as_u16());
+        for (name, value) in answer.headers() {
+            if name != reqwest::header::CONTENT_LENGTH && name != reqwest::header::TRANSFER_ENCODING {
+                response = response.header(name.as_str(), value.as_bytes());
+            }
+        }
+        let body = answer.bytes().await.expect("the API server's answer");
+        Ok(response.body(http_body_util::Full::new(body)).expect("a valid response"))
+    }
+}
+
+/// The world of one race.
+struct Race {
+    /// The production client, with the controller's rights (`examples/deploy/rbac.yaml`), through the proxy.
+    client: clb_host::kube::KubeClient,
+    /// The Service `web` as first created.
+    web: wit::ObjectRef,
+    /// The admin's Service API of the race's namespace, straight to the API server.
+    services: Api<Service>,
+    proxy: RacingProxy,
+}
+
+impl Race {
+    /// The requests the client sent, as `METHOD path` with `web`'s path shortened to `web`.
+    fn calls(&self) -> Vec<String> {
+        let path = format!("/api/v1/namespaces/{}/services/web", self.web.namespace);
+        self.proxy.requests().iter().map(|request| request.replacen(&path, "web", 1)).collect()
+    }
+}
+
+/// Runs `test` on a [`Race`] over the Service `web` made of `spec` with `finalizers`, in a namespace of its own
+/// (named after `tag`), with `interfere` before each PATCH; the namespace is deleted after.
+fn race(
+    tag: &str,
+    spec: serde_json::Value,
+    finalizers: &[&str],
+    interfere: Interference,
+    test: impl AsyncFnOnce(&Race),
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let server = apiserver();
+        let admin = server.admin().await;
+        let namespace = format!("clb-race-{tag}-{}", std::process::id());
+        apply(&Api::<Namespace>::all(admin.clone()), &namespace, serde_json::json!({})).await;
+        let services = Api::<Service>::namespaced(admin.clone(), &namespace);
+        let created = create_web(&services, &spec, finalizers).await;
+        let proxy = RacingProxy::start(&server.url, services.clone(), interfere).await;
+        let kubeconfig = server.controller_kubeconfig(&admin, Some(&proxy.url())).await;
+        let controller =
+            clb_host::live::settings::connect(Some(&kubeconfig)).await.expect("connects through the proxy");
+        let web = wit::ObjectRef {
+            kind: "Service".into(),
+            namespace: namespace.clone(),
+            name: "web".into(),
+            uid: created.metadata.uid.expect("a UID"),
+        };
+        let race = Race { client: clb_host::kube::KubeClient::new(controller, "race-test"), web, services, proxy };
+        test(&race).await;
+
+        let gone = serde_json::json!({ "metadata": { "finalizers": null } });
+        let _ = race.services.patch("web", &PatchParams::default(), &Patch::Merge(&gone)).await;
+        let _ = race.services.delete("web", &DeleteParams::default()).await;
+        let _ = Api::<Namespace>::all(admin).delete(&namespace, &DeleteParams::default()).await;
+    });
+}
+
+/// A ClusterIP `spec`, so that no controller another test runs acts on the Service.
+fn cluster_ip() -> serde_json::Value {
+    serde_json::json!({ "type": "ClusterIP", "ports": [{ "protocol": "TCP", "port": 80, "targetPort": 8080 }] })
+}
+
+async fn create_web(services: &Api<Service>, spec: &serde_json::Value, finalizers: &[&str]) -> Service {
+    let body = manifest(serde_json::json!({ "metadata": { "name": "web", "finalizers": finalizers }, "spec": spec }));
+    services.create(&Default::default(), &body).await.expect("creates the Service web")
+}
+
+/// Another controller adds its finalizer to `web`: a change of the object between a read and a write.
+async fn add_finalizer_as_another_writer(services: &Api<Service>, finalizer: &str) {
+    let current = services.get("web").await.expect("reads web");
+    let mut finalizers = current.metadata.finalizers.unwrap_or_default();
+    finalizers.push(finalizer.to_owned());
+    let patch = serde_json::json!({ "metadata": { "finalizers": finalizers } });
+    let written = services.patch("web", &PatchParams::default(), &Patch::Merge(&patch)).await;
+    written.expect("the other writer's change lands");
+}
+
+/// `web` deleted and created again under the same name (a new UID), carrying `finalizers`.
+async fn replace_web(services: &Api<Service>, finalizers: &[&str]) {
+    let released = serde_json::json!({ "metadata": { "finalizers": null } });
+    services.patch("web", &PatchParams::default(), &Patch::Merge(&released)).await.expect("releases web");
+    services.delete("web", &DeleteParams::default()).await.expect("deletes web");
+    // A plain loop, not `eventually`: its async closure would keep the proxy's future from being `Send`.
+    let started = Instant::now();
+    while services.get_opt("web").await.expect("reads web").is_some() {
+        assert!(started.elapsed() < CONVERGE, "web not gone within {CONVERGE:?}");
+        tokio::time::sleep(POLL).await;
+    }
+    create_web(services, &cluster_ip(), finalizers).await;
+}
+
+const OURS: &str = "servicegateway.azure.com/service-cleanup";
+const OTHER: &str = "example.com/other";
+
+fn finalizers(service: &Service) -> Vec<String> {
+    service.metadata.finalizers.clone().unwrap_or_default()
+}
+
+// Upstream TestAddServiceGatewayFinalizer ("does not duplicate finalizer", and the retry its "replaced between
+// get and update" subtest takes) and TestGuardAddPodFinalizerRetriesOnConflict: a patch refused 409 Conflict
+// because another writer changed the Service after the client's read is sent again at once from a fresh read,
+// so the finalizer lands beside the other writer's, which is kept.
+#[test]
+fn a_finalizer_added_while_another_writer_changes_the_service_lands_on_a_fresh_read_and_keeps_the_writers_finalizer() {
+    let interfere: Interference = Box::new(|services, n| {
+        Box::pin(async move {
+            if n == 0 {
+                add_finalizer_as_another_writer(&services, OTHER).await;
+            }
+        })
+    });
+    race("add", cluster_ip(), &["example.com/keep"], interfere, async |race| {
+        use clb_host::executor::KubeApi as _;
+        race.client.set_finalizer(&race.web, OURS, true).await.expect("the conflict is retried, and the retry lands");
+        let after = race.services.get("web").await.unwrap();
+        assert_eq!(finalizers(&after), ["example.com/keep", OTHER, OURS], "ours added once, beside the other writer's");
+        assert_eq!(race.calls(), ["GET web", "PATCH web", "GET web", "PATCH web"]);
+
+        race.client.set_finalizer(&race.web, OURS, true).await.unwrap();
+        assert_eq!(race.calls()[4..], ["GET web"], "a read, and nothing written");
+        assert_eq!(race.services.get("web").await.unwrap().metadata.resource_version, after.metadata.resource_version);
+    });
+}
+
+// Upstream TestRemoveServiceGatewayFinalizer ("removes finalizer from service", and the retry its "replaced
+// between get and update" subtest takes): the removal that meets another writer's change is sent again from a
+// fresh read; our finalizer goes, the other writer's and the one that was there stay.
+#[test]
+fn a_finalizer_removed_while_another_writer_changes_the_service_goes_on_a_fresh_read_and_keeps_the_writers_finalizer() {
+    let interfere: Interference = Box::new(|services, n| {
+        Box::pin(async move {
+            if n == 0 {
+                add_finalizer_as_another_writer(&services, OTHER).await;
+            }
+        })
+    });
+    race("remove", cluster_ip(), &[OURS, "example.com/keep"], interfere, async |race| {
+        use clb_host::executor::KubeApi as _;
+        race.client.set_finalizer(&race.web, OURS, false).await.expect("the conflict is retried, and the retry lands");
+        let after = race.services.get("web").await.unwrap();
+        assert_eq!(finalizers(&after), ["example.com/keep", OTHER]);
+        assert_eq!(race.calls(), ["GET web", "PATCH web", "GET web", "PATCH web"]);
+    });
+}
+
+// Upstream TestAddServiceGatewayFinalizer "does not add finalizers when the Service is replaced between get and
+// update": the patch meant for the old Service fails against its same-name replacement, and the fresh read finds
+// the new UID: the client refuses (409 UIDMismatch, which the guest takes as the old Service gone) and the
+// replacement gets no finalizer.
+#[test]
+fn a_service_replaced_between_the_read_and_the_finalizer_patch_is_refused_and_its_replacement_gets_no_finalizer() {
+    let interfere: Interference = Box::new(|services, n| {
+        Box::pin(async move {
+            if n == 0 {
+                replace_web(&services, &[]).await;
+            }
+        })
+    });
+    race("add-replaced", cluster_ip(), &[], interfere, async |race| {
+        use clb_host::executor::{KubeApi as _, UID_MISMATCH};
+        let refused = race.client.set_finalizer(&race.web, OURS, true).await.unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
+        let after = race.services.get("web").await.unwrap();
+        assert_ne!(after.metadata.uid.as_deref(), Some(race.web.uid.as_str()), "web was replaced");
+        assert_eq!(after.metadata.finalizers, None, "the replacement got no finalizer");
+        assert_eq!(race.calls(), ["GET web", "PATCH web", "GET web"]);
+    });
+}
+
+// Upstream TestRemoveServiceGatewayFinalizer "does not remove finalizers when the Service is replaced between get
+// and update": the replacement, which carries our finalizer too, keeps all of its finalizers. Upstream answers
+// nil there; this client answers 409 UIDMismatch, which the guest takes as done for the old Service.
+#[test]
+fn a_service_replaced_between_the_read_and_the_finalizer_removal_is_refused_and_its_replacement_keeps_its_finalizers()
+{
+    let interfere: Interference = Box::new(|services, n| {
+        Box::pin(async move {
+            if n == 0 {
+                replace_web(&services, &[OURS, OTHER]).await;
+            }
+        })
+    });
+    race("remove-replaced", cluster_ip(), &[OURS], interfere, async |race| {
+        use clb_host::executor::{KubeApi as _, UID_MISMATCH};
+        let refused = race.client.set_finalizer(&race.web, OURS, false).await.unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
+        let after = race.services.get("web").await.unwrap();
+        assert_ne!(after.metadata.uid.as_deref(), Some(race.web.uid.as_str()), "web was replaced");
+        assert_eq!(finalizers(&after), [OURS, OTHER], "the replacement keeps its finalizers");
+        assert_eq!(race.calls(), ["GET web", "PATCH web", "GET web"]);
+    });
+}
+
+// Upstream's bound (retry.DefaultRetry's and finalizerRetryBackoff's 5 steps): a Service that changes before every
+// patch costs 5 reads and 5 patches, then the last conflict goes to the guest as before, and nothing of ours is
+// written.
+#[test]
+fn a_service_that_changes_before_every_finalizer_patch_is_given_up_after_the_last_attempt_with_the_conflict() {
+    let interfere: Interference = Box::new(|services, n| {
+        Box::pin(async move { add_finalizer_as_another_writer(&services, &format!("example.com/other-{n}")).await })
+    });
+    race("bounded", cluster_ip(), &[], interfere, async |race| {
+        use clb_host::executor::KubeApi as _;
+        let refused = race.client.set_finalizer(&race.web, OURS, true).await.unwrap_err();
+        assert_eq!((refused.status, refused.reason.as_deref()), (409, Some("Conflict")), "{refused:?}");
+        let attempts = 5;
+        let after = race.services.get("web").await.unwrap();
+        let others: Vec<_> = (0..attempts).map(|n| format!("example.com/other-{n}")).collect();
+        assert_eq!(finalizers(&after), others, "every write of the other writer kept, none of ours");
+        assert_eq!(race.calls(), ["GET web", "PATCH web"].repeat(attempts));
+    });
+}
+
+// The status patch takes the same retry: an ingress IP written while another writer relabels the Service lands
+// on a fresh read, and the label stays.
+#[test]
+fn a_status_patch_while_another_writer_changes_the_service_lands_on_a_fresh_read_and_keeps_the_writers_change() {
+    // A LoadBalancer Service (a ClusterIP one may hold no ingress): no reconciler may run meanwhile.
+    let _turn = reconcilers_slot();
+    let interfere: Interference = Box::new(|services, n| {
+        Box::pin(async move {
+            if n == 0 {
+                let label = serde_json::json!({ "metadata": { "labels": { "example.com/other": "yes" } } });
+                services.patch("web", &PatchParams::default(), &Patch::Merge(&label)).await.expect("relabels web");
+            }
+        })
+    });
+    let spec = serde_json::json!({
+        "type": "LoadBalancer", "externalTrafficPolicy": "Local",
+        "ports": [{ "protocol": "TCP", "port": 80, "targetPort": 8080 }],
+    });
+    race("status", spec, &[], interfere, async |race| {
+        use clb_host::executor::KubeApi as _;
+        race.client.patch_service_status(&race.web, &["20.0.0.9".into()]).await.expect("the retry lands");
+        let after = race.services.get("web").await.unwrap();
+        assert_eq!(ingress_ips(&after), ["20.0.0.9"]);
+        let labels = after.metadata.labels.unwrap_or_default();
+        assert_eq!(labels.get("example.com/other").map(String::as_str), Some("yes"), "the other writer's label kept");
+        assert_eq!(race.calls(), ["GET web", "PATCH web/status", "GET web", "PATCH web/status"]);
+    });
+}
+
 // Upstream TestRegisterInformers_DeliversEndpointSliceEventsToTracker,
 // TestLoadBalancerEnsureTracksExternalService, TestServiceUpdaterDeleteInboundService_Succeeds and
 // TestCreateInboundService_PopulatesIngressOnSuccess.

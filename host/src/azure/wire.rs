@@ -520,17 +520,26 @@ pub fn pool_content(pool: BackendAddressPool) -> BackendPool {
     }
 }
 
-/// A listed public IP, or `None` for one that does not decode as a public IP (not one this host
-/// made, so nothing to adopt or to sweep).
+/// A listed public IP, or `None` for an item without a name. ARM lists a public IP still being
+/// made with no address and sometimes with no (or empty) properties; such an IP is still there
+/// under its name, so the start-up sweep must see it (read as absent, a deleted Service's IP
+/// that a crash left mid-creation would leak). What its properties do not say reads as ARM's
+/// defaults (IPv4) and never as what a put makes.
 pub fn listed_public_ip(value: serde_json::Value) -> Option<ListedPublicIp> {
-    let name = value.get("name")?.as_str()?.to_owned();
-    let ip: PublicIpAddress = serde_json::from_value(value).ok()?;
-    let p = &ip.properties;
-    let as_put = ip.sku.name.eq_ignore_ascii_case("StandardV2")
-        && p.public_ip_allocation_method.eq_ignore_ascii_case("Static")
-        && succeeded(p.provisioning_state.as_deref());
-    let address = p.ip_address.clone().filter(|a| !a.is_empty());
-    Some(ListedPublicIp { name, version: p.public_ip_address_version, address, as_put })
+    let name = value.get("name")?.as_str().filter(|n| !n.is_empty())?.to_owned();
+    let properties = value.get("properties").filter(|p| p.is_object());
+    let text = |key: &str| properties.and_then(|p| p.get(key)).and_then(|v| v.as_str());
+    let version = match text("publicIPAddressVersion") {
+        Some(v) if v.eq_ignore_ascii_case("IPv6") => IpVersion::IPv6,
+        _ => IpVersion::IPv4,
+    };
+    let sku = value.get("sku").and_then(|s| s.get("name")).and_then(|n| n.as_str());
+    let as_put = sku.is_some_and(|s| s.eq_ignore_ascii_case("StandardV2"))
+        && text("publicIPAllocationMethod").is_some_and(|m| m.eq_ignore_ascii_case("Static"))
+        && text("publicIPAddressVersion").is_some()
+        && succeeded(text("provisioningState"));
+    let address = text("ipAddress").filter(|a| !a.is_empty()).map(str::to_owned);
+    Some(ListedPublicIp { name, version, address, as_put })
 }
 
 /// A listed load balancer, or `None` for an item without a name. Its `shape` is the spec

@@ -808,3 +808,60 @@ fn every_pod_ip_reaches_nrp_canonical_under_its_family_and_pod_ips_win_over_pod_
     ]);
     assert_eq!(tracker.nrp_view(), want);
 }
+
+// Upstream TestOnServiceCreationComplete_OverlayMappingsErrorReDrainsLocations: an unregistration NRP refuses
+// because addresses still map to the Service goes back to draining (DeletionPending, in the drain set) once NRP,
+// read again, shows such an address; the address is removed (the re-drain), no unregistration is sent while
+// that removal is unanswered, even long past the backoff, and once it lands the Service is unregistered, its
+// public IP deleted and its finalizer released.
+#[test]
+fn an_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_what_nrp_still_maps_then_unregisters() {
+    use super::upstream_outbound::{drive, drive_all_but, drive_until};
+    let mut tracker = created_with(&[(80, 8080)]);
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(terminating_web())]);
+    let is_unregistration =
+        |c: &Command| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == UID && r.is_delete));
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, is_unregistration);
+    let overlay = Outcome::Failed(Failure {
+        status: 400,
+        code: Some(OVERLAY_MAPPINGS_CODE.into()),
+        retry_after_ms: None,
+        message: "mapped".into(),
+    });
+    let step = tracker.complete(NOW + 1, vec![(id, overlay)]);
+    assert!(!step.commands.iter().any(|c| is_unregistration(&c.command)), "{:?}", step.commands);
+    let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("NRP read again").id;
+    // A pod address Kubernetes no longer lists, which NRP still maps to the Service.
+    let stray = NrpListedLocation {
+        location: "10.224.0.4".into(),
+        addresses: vec![NrpAddress { address: "10.244.0.99".into(), services: vec![UID.into()] }],
+    };
+    let registered =
+        NrpService { name: UID.into(), service_type: "Inbound".into(), backend_pools: vec![], is_default: false };
+    let snapshot = NrpState { services: vec![registered], locations: vec![stray] };
+    let step = tracker.complete(NOW + 1, vec![(read, Outcome::NrpSnapshot(snapshot))]);
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending), "{:?}", step.commands);
+    assert!(tracker.state.draining.contains(UID), "back in the drain set");
+    let removes_stray = |l: &NrpLocation| {
+        l.location == "10.224.0.4"
+            && (l.addresses.is_empty()
+                || l.addresses.iter().any(|a| a.address == "10.244.0.99" && a.services.is_empty()))
+    };
+    let redrain = |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(removes_stray));
+    let batch = step.commands.iter().find(|c| redrain(&c.command)).expect("the re-drain").id;
+    // The removal hangs far past the backoff; everything else is answered: nothing is unregistered meanwhile.
+    let late = NOW + 60_000;
+    let meanwhile = drive_all_but(&mut tracker, NOW + 1, step, batch, late, answer_ok(&[UID]));
+    assert!(!meanwhile.iter().any(is_unregistration), "{meanwhile:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending), "{meanwhile:?}");
+    let pending = tracker.complete(late, vec![(batch, Outcome::Ok)]);
+    let (issued, _) = drive(&mut tracker, late, pending, answer_ok(&[]));
+    let at = |what: &dyn Fn(&Command) -> bool| issued.iter().position(what);
+    let unregistered = at(&is_unregistration).unwrap_or_else(|| panic!("unregistered: {issued:?}"));
+    let pip = at(&|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::PublicIp)).expect("its IP");
+    let released = at(&|c| matches!(c, Command::SetFinalizer { present: false, .. })).expect("its finalizer");
+    assert!(unregistered < pip && pip < released, "{issued:?}");
+    assert_eq!(unregistrations(&issued), 1, "{issued:?}");
+    assert!(!issued.iter().any(redrain), "drained once: {issued:?}");
+    assert_eq!(tracker.phase(UID), None);
+}

@@ -116,6 +116,35 @@ pub(super) fn drive_until(
     panic!("never issued the command to hold: {issued:?}");
 }
 
+/// Answers every command but `held` with `answer`, ticking at each wake-up before `until`; returns
+/// what was issued meanwhile (`held` stays unanswered: a write that hangs).
+pub(super) fn drive_all_but(
+    tracker: &mut Tracker,
+    mut now: u64,
+    mut step: Step,
+    held: u64,
+    until: u64,
+    answer: impl Fn(&Command) -> Outcome,
+) -> Vec<Command> {
+    let mut meanwhile = Vec::new();
+    loop {
+        let answered: Vec<(u64, Outcome)> =
+            step.commands.iter().filter(|c| c.id != held).map(|c| (c.id, answer(&c.command))).collect();
+        meanwhile.extend(step.commands.iter().filter(|c| c.id != held).map(|c| c.command.clone()));
+        if !answered.is_empty() {
+            step = tracker.complete(now, answered);
+            continue;
+        }
+        match step.wake_at_ms.filter(|&at| at < until) {
+            Some(at) => {
+                now = now.max(at);
+                step = tracker.tick(now);
+            }
+            None => return meanwhile,
+        }
+    }
+}
+
 /// The tracker with egress-c created and its one pod's address in NRP.
 pub(super) fn provisioned() -> Tracker {
     let mut tracker = started();
@@ -594,13 +623,51 @@ fn replaced_during_creation(old: Pod, new: Pod) -> (Vec<Command>, Tracker) {
     (issued, tracker)
 }
 
-// Upstream TestDeletePod_StaleDeleteDoesNotDrainReplacementAddress: while the identity is created, a
-// pod is deleted and a same-name replacement (a new UID) carries the same address: the old pod's
-// deletion drains nothing; the address is sent, mapped to the identity, once it is registered
-// (again); the replacement's finalizer is added and never released, and only the old UID's is.
-// Differs: the old pod leaving pre-empts the creation (the design's "delete that pre-empts a
-// creation"), so the identity is torn down and created again for the replacement, where upstream
-// lets the creation go on with the replacement buffered; the outcome is the same.
+// Upstream TestDeletePod_StaleDeleteDoesNotDrainReplacementAddress (upstream's order): while the identity is
+// created, a same-name replacement (a new UID) carries the pod's address, and only then is a deletion of the old
+// UID read (stale): it changes nothing. The replacement keeps the identity counted, so the creation goes on (no
+// teardown, one NAT gateway PUT, one registration); the address is sent once, mapped to the identity, after the
+// registration; the replacement's finalizer is added and never released. Differs: upstream also releases the old
+// UID's finalizer (ReleaseNoDrain); here the stale read writes nothing (see `crate::pod_finalizers`).
+#[test]
+fn a_stale_deletion_of_the_old_uid_after_a_same_address_replacement_during_creation_lets_the_creation_go_on() {
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
+    let (_, (id, _)) = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
+    let new = Pod { uid: "uid-p2".into(), ..pod("p", "10.244.2.10") };
+    // The replacement holds the finalizer (its addition answered) when the stale deletion is read.
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(new)]);
+    let mut issued: Vec<Command> = step.commands.iter().map(|c| c.command.clone()).collect();
+    let mut all = tracker.complete(NOW + 1, step.commands.iter().map(|c| (c.id, ok(&c.command))).collect()).commands;
+    let stale = Observation::PodUpserted(deleting_held(pod("p", "10.244.2.10")));
+    all.extend(tracker.observe(NOW + 1, vec![stale]).commands);
+    all.extend(tracker.complete(NOW + 2, vec![(id, Outcome::Ok)]).commands);
+    issued.extend(
+        drive_keeping(&mut tracker, NOW + 2, Step { commands: all, ..Step::default() }, ok, |c| {
+            !matches!(c, Command::EmitEvent(_))
+        })
+        .0,
+    );
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(_))), "no teardown: {issued:?}");
+    assert!(!issued.iter().any(|c| is_put_nat_gateway(c, true)), "not created again: {issued:?}");
+    assert_eq!(issued.iter().filter(|c| is_outbound(c, Some(IDENTITY), false)).count(), 1, "{issued:?}");
+    let register = position(&issued, |c| is_outbound(c, Some(IDENTITY), false));
+    assert!(register < position(&issued, is_location_update), "{issued:?}");
+    assert_eq!(sent_addresses(&issued), [("10.244.2.10".to_owned(), vec![IDENTITY.to_owned()])], "{issued:?}");
+    assert_eq!(finalizers_of(&issued, "p"), [("uid-p2".to_owned(), true)], "{issued:?}");
+    assert!(tracker.nrp_view()[HOST]["10.244.2.10"].contains(IDENTITY));
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
+    assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&1));
+    assert!(tracker.is_quiet());
+}
+
+// Upstream TestDeletePod_StaleDeleteDoesNotDrainReplacementAddress (the order a watch gives): while the identity
+// is created, a pod is deleted and then a same-name replacement (a new UID) carries the same address: the old
+// pod's deletion drains nothing; the address is sent, mapped to the identity, once it is registered (again); the
+// replacement's finalizer is added and never released, and only the old UID's is. Differs: here the deletion is
+// not stale (the old UID is the one held), so the old pod leaving pre-empts the creation (design §4, "delete that
+// pre-empts an in-flight create") and the identity is torn down and created again for the replacement; the
+// outcome is the same. The test above is upstream's order, where the creation goes on.
 #[test]
 fn a_pod_replaced_at_the_same_address_during_creation_leaves_the_replacements_address_to_be_sent() {
     let new = Pod { uid: "uid-p2".into(), ..pod("p", "10.244.2.10") };
@@ -914,8 +981,10 @@ fn a_load_balancer_put_refused_for_good_warns_on_the_service_once_and_a_transien
 // refusal and its backoff), for an inbound Service being deleted: the unregistration NRP refuses
 // because addresses still map to it has NRP read again, nothing unregistered in the same step and
 // the retry behind a backoff; while NRP keeps refusing, consecutive unregistrations are at least a
-// second apart. Differs: with no address of it left in the mirror the drain ends at once, so the
-// phase reads DeletionInProgress again rather than DeletionPending.
+// second apart. With no address of it left in the mirror the drain ends at once, so the phase reads
+// DeletionInProgress again until NRP is read back; the re-drain of what NRP still maps is in
+// upstream_lifecycle.rs:
+// an_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_what_nrp_still_maps_then_unregisters.
 #[test]
 fn an_unregistration_refused_for_overlay_mappings_goes_back_to_draining_and_is_retried_after_a_backoff() {
     let mut tracker = created_with(&[(80, 8080)]);
@@ -1359,4 +1428,58 @@ fn a_teardown_after_a_registration_whose_answer_was_lost_unregisters_before_dele
     assert!(unregister < deletes[0], "unregistered first: {issued:?}");
     assert!(!registered.get());
     assert!(tracker.outbound().lifecycles.is_empty(), "the teardown ended");
+}
+
+// Upstream TestOnServiceCreationComplete_OverlayMappingsErrorReDrainsLocations, for an egress identity's
+// teardown (upstream's outbound deletion takes the same path): the unregistration NRP refuses because
+// addresses still map to the identity has NRP read again; when the read shows such an address the teardown
+// goes back to draining, the address is removed, nothing is unregistered while that removal is unanswered,
+// and once it lands the identity is unregistered, then its NAT gateway and public IP deleted. Regression:
+// the drain ended against the mirror before NRP was read back, so a slow removal let the identity be
+// unregistered and its NAT gateway deleted while NRP still mapped its address.
+#[test]
+fn an_egress_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_what_nrp_still_maps() {
+    let mut tracker = provisioned();
+    let step = tracker.observe(NOW + 1, vec![gone("p")]);
+    let is_unregistration = |c: &Command| is_outbound(c, None, true);
+    let (_, (id, _)) = drive_until(&mut tracker, NOW + 1, step, is_unregistration);
+    let overlay = Outcome::Failed(Failure {
+        status: 400,
+        code: Some(OVERLAY_MAPPINGS_CODE.into()),
+        retry_after_ms: None,
+        message: "mapped".into(),
+    });
+    let step = tracker.complete(NOW + 2, vec![(id, overlay)]);
+    assert!(!step.commands.iter().any(|c| is_unregistration(&c.command)), "{:?}", step.commands);
+    let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("NRP read again").id;
+    let stray = NrpListedLocation {
+        location: HOST.into(),
+        addresses: vec![NrpAddress { address: "10.244.2.99".into(), services: vec![IDENTITY.into()] }],
+    };
+    let registered =
+        NrpService { name: IDENTITY.into(), service_type: "Outbound".into(), backend_pools: vec![], is_default: false };
+    let snapshot = NrpState { services: vec![registered], locations: vec![stray] };
+    let step = tracker.complete(NOW + 2, vec![(read, Outcome::NrpSnapshot(snapshot))]);
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::DeletionPending, "{:?}", step.commands);
+    assert!(tracker.outbound().draining.contains(IDENTITY), "back in the drain set");
+    let removes_stray = |l: &NrpLocation| {
+        l.location == HOST
+            && (l.addresses.is_empty() || l.addresses.iter().any(|a| a.address == "10.244.2.99" && a.services.is_empty()))
+    };
+    let redrain = |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(removes_stray));
+    let batch = step.commands.iter().find(|c| redrain(&c.command)).expect("the re-drain").id;
+    let late = NOW + 60_000;
+    let meanwhile = drive_all_but(&mut tracker, NOW + 2, step, batch, late, ok);
+    assert!(!meanwhile.iter().any(is_unregistration), "{meanwhile:?}");
+    assert!(!meanwhile.iter().any(|c| is_delete(c, ResourceKind::NatGateway)), "{meanwhile:?}");
+    assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::DeletionPending, "{meanwhile:?}");
+    let pending = tracker.complete(late, vec![(batch, Outcome::Ok)]);
+    let (issued, _) = drive(&mut tracker, late, pending, ok);
+    let unregistered = position(&issued, is_unregistration);
+    let delete_nat = position(&issued, |c| is_delete(c, ResourceKind::NatGateway));
+    let delete_pip = position(&issued, |c| is_delete(c, ResourceKind::PublicIp));
+    assert!(unregistered < delete_nat && delete_nat < delete_pip, "{issued:?}");
+    assert_eq!(issued.iter().filter(|c| is_unregistration(c)).count(), 1, "{issued:?}");
+    assert!(!issued.iter().any(redrain), "drained once: {issued:?}");
+    assert!(!tracker.outbound().lifecycles.contains_key(IDENTITY), "torn down");
 }

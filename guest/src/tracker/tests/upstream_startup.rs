@@ -879,3 +879,60 @@ fn a_restart_provisions_a_new_admissible_service_and_refuses_an_internal_one_bes
     assert_eq!(tracker.phase(internal_uid), None);
     assert!(last.idle);
 }
+
+// Upstream TestGuardOrphanCleanup_PIPNotScheduledWhenDesiredOrHasLB: the start-up sweep of `<uid>-pip` public
+// IPs never takes a live Service's. (1) The public IP of a Service Kubernetes still wants (no load balancer, not
+// in NRP) is adopted, not deleted. (2) That of a Service NRP still registers as Inbound, gone from Kubernetes, is
+// not the sweep's: the registration's own deletion unregisters it and only then deletes the public IP, once.
+// (3) An orphan load balancer's public IP is deleted with it, after it, once: the sweep schedules it as one
+// orphan, not a second time for its public IP.
+#[test]
+fn the_public_ip_sweep_leaves_a_wanted_service_s_and_a_registered_one_s_to_them_and_deletes_an_orphan_s_once() {
+    let registered = "44444444-4444-4444-4444-444444444444";
+    let gone = "33333333-3333-3333-3333-333333333333";
+    let service = provisioned_service();
+    let mut inventory = orphaned(gone);
+    inventory.public_ips.extend(inventory_of(&service, None).public_ips);
+    inventory.public_ips.push(ListedPublicIp {
+        name: format!("{registered}-pip"),
+        version: IpVersion::Ipv4,
+        address: Some("20.0.0.8".into()),
+        as_put: true,
+    });
+    let mut still_registered = true;
+    let mut tracker = Tracker::create(clb()).unwrap();
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service), Observation::ListsComplete]);
+    let (issued, logs, last) = drive(&mut tracker, NOW, step, |c| match c {
+        Command::ReadArm => Outcome::ArmInventory(inventory.clone()),
+        Command::ReadNrp if still_registered => answer_ok(&[registered])(c),
+        c if writes_registration(c, registered, Some(true)) => {
+            still_registered = false;
+            Outcome::Ok
+        }
+        other => answer_ok(&[])(other),
+    });
+    let at = |wanted: &Command| issued.iter().position(|c| c == wanted);
+    let count = |wanted: &Command| issued.iter().filter(|c| *c == wanted).count();
+    // (1)
+    assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.name.starts_with(UID))), "{issued:?}");
+    assert!(!issued.iter().any(|c| matches!(c, Command::PutPublicIp(_))), "adopted: {issued:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    assert!(tracker.registered().contains(UID));
+    // (2)
+    let its_pip = deletes(ResourceKind::PublicIp, &format!("{registered}-pip"));
+    let unregistered = issued.iter().position(|c| writes_registration(c, registered, Some(true)));
+    let unregistered = unregistered.unwrap_or_else(|| panic!("unregistered: {issued:?}"));
+    assert!(at(&its_pip).is_some_and(|pip| unregistered < pip), "{issued:?}");
+    assert_eq!(count(&its_pip), 1, "{issued:?}");
+    // (3)
+    let lb = deletes(ResourceKind::LoadBalancer, gone);
+    let pip = deletes(ResourceKind::PublicIp, &format!("{gone}-pip"));
+    assert!(at(&lb).zip(at(&pip)).is_some_and(|(lb, pip)| lb < pip), "{issued:?}");
+    assert_eq!((count(&lb), count(&pip)), (1, 1), "{issued:?}");
+    assert!(!issued.iter().any(|c| request_for(c, gone).is_some()), "never in NRP: {issued:?}");
+    // Of the three, the sweep schedules the orphan load balancer alone.
+    let swept = logs.iter().any(|l| l.message.contains("; 1 orphan(s) of deleted Services to delete"));
+    assert!(swept, "{logs:?}");
+    assert!(last.idle);
+    assert!(tracker.phase(registered).is_none() && tracker.phase(gone).is_none());
+}
