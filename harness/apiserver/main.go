@@ -1,4 +1,4 @@
-// clb-test-apiserver: a real Kubernetes API server for the tests (issue 5).
+// clb-test-apiserver: a real Kubernetes API server for the tests.
 //
 // It starts an embedded etcd and kube-apiserver (the upstream code, in-process) on free loopback
 // ports, writes an admin kubeconfig, prints one line

@@ -190,6 +190,9 @@ impl From<CloudConfig> for Config {
 struct ScopeKeys {
     #[serde(default)]
     subscription_id: String,
+    /// Upstream's key, spelled as upstream spells it (Go's decoder also takes other cases).
+    #[serde(default, rename = "networkResourceSubscriptionID", alias = "networkResourceSubscriptionId")]
+    network_resource_subscription_id: String,
     #[serde(default)]
     resource_group: String,
     #[serde(default)]
@@ -202,7 +205,9 @@ struct ScopeKeys {
 
 /// Reads where the Azure resources live from the cloud configuration: `subscriptionId`,
 /// `resourceGroup`, `location` and `vnetName` are required; `vnetResourceGroup` defaults to
-/// `resourceGroup`. The ServiceGateway's name is not in that file and is given.
+/// `resourceGroup`. The network resources (and so every ID and URL here) are in
+/// `networkResourceSubscriptionID` when it names one, else in `subscriptionId`, as upstream's.
+/// The ServiceGateway's name is not in that file and is given.
 pub fn read_scope(path: &Path, service_gateway: &str) -> Result<Scope, InputError> {
     parse_scope(path, &read(path)?, service_gateway)
 }
@@ -212,9 +217,12 @@ pub fn parse_scope(path: &Path, text: &str, service_gateway: &str) -> Result<Sco
     let required = |value: String, key: &'static str| {
         if value.trim().is_empty() { Err(InputError::Missing { path: path.to_owned(), key }) } else { Ok(value) }
     };
+    let subscription = required(keys.subscription_id, "subscriptionId")?;
     let resource_group = required(keys.resource_group, "resourceGroup")?;
     Ok(Scope {
-        subscription: required(keys.subscription_id, "subscriptionId")?,
+        subscription: Some(keys.network_resource_subscription_id)
+            .filter(|sub| !sub.trim().is_empty())
+            .unwrap_or(subscription),
         location: required(keys.location, "location")?,
         vnet: required(keys.vnet_name, "vnetName")?,
         vnet_resource_group: Some(keys.vnet_resource_group)
@@ -326,6 +334,37 @@ mod tests {
         let own = parse_scope(path, &format!("{SCOPE}vnetResourceGroup: rg-net\n"), "servicegateway").unwrap();
         assert_eq!(own.vnet_resource_group, "rg-net");
         assert!(own.vnet_id().starts_with("/subscriptions/sub-1/resourceGroups/rg-net/"), "{}", own.vnet_id());
+    }
+
+    // Ports upstream TestConfigServiceGatewayResourceID and the network half of TestDiffTrackerConfig:
+    // `networkResourceSubscriptionID` moves every network resource's ID (the ServiceGateway's, the
+    // VNet's, the public IPs', load balancers' and NAT gateways') to that subscription; blank or
+    // absent, they stay in `subscriptionId`, which is required either way.
+    #[test]
+    fn a_network_resource_subscription_holds_every_network_resource_id() {
+        let path = Path::new("azure.json");
+        let sgw = "/resourceGroups/rg-aks/providers/Microsoft.Network/serviceGateways/servicegateway";
+        let own = parse_scope(path, SCOPE, "servicegateway").unwrap();
+        assert_eq!(own.service_gateway_id(), format!("/subscriptions/sub-1{sgw}"));
+        for key in ["networkResourceSubscriptionID", "networkResourceSubscriptionId"] {
+            let text = format!("{SCOPE}{key}: network-sub\n");
+            let scope = parse_scope(path, &text, "servicegateway").unwrap();
+            assert_eq!(scope.service_gateway_id(), format!("/subscriptions/network-sub{sgw}"), "{key}");
+            for id in [
+                scope.vnet_id(),
+                scope.public_ip_id("u-pip"),
+                scope.load_balancer_id("u"),
+                scope.nat_gateway_id("egress-a"),
+                scope.frontend_id("u"),
+            ] {
+                assert!(id.starts_with("/subscriptions/network-sub/resourceGroups/rg-aks/"), "{key}: {id}");
+            }
+        }
+        let blank = parse_scope(path, &format!("{SCOPE}networkResourceSubscriptionID: \" \"\n"), "servicegateway");
+        assert_eq!(blank.unwrap().subscription, "sub-1");
+        let alone = SCOPE.replace("subscriptionId: sub-1", "networkResourceSubscriptionID: network-sub");
+        let missing = parse_scope(path, &alone, "servicegateway");
+        assert!(matches!(missing, Err(InputError::Missing { key: "subscriptionId", .. })), "{missing:?}");
     }
 
     // Ports upstream TestConfigValidate: each key the scope needs is required, missing or blank,

@@ -1112,3 +1112,56 @@ async fn the_emulator_answers_a_body_over_its_limit_with_413_and_keeps_serving()
     let state = http.get(format!("{}/emulator/state", server.url())).send().await.expect("still serving");
     assert_eq!(state.status().as_u16(), 200);
 }
+
+// Upstream TestBuildInboundServiceResources_WithConfig and TestBuildOutboundServiceResources_Basic, their
+// NetworkResourceSubscriptionID: with the cloud config's `networkResourceSubscriptionID`, the public IP, load
+// balancer, pool, VNet, NAT gateway and ServiceGateway IDs in every request are under that subscription, and so
+// are the requests' URLs (the emulator of that subscription answers them; its cluster subscription's URLs are
+// not its).
+#[tokio::test]
+async fn a_network_resource_subscription_holds_every_id_and_url_of_the_network_resources() {
+    let text = "subscriptionId: cluster-sub\nnetworkResourceSubscriptionID: network-sub\nresourceGroup: rg-1\n\
+                location: eastus2\nvnetName: vnet-1\n";
+    let path = std::path::Path::new("azure.json");
+    let scope = clb_host::inputs::parse_scope(path, text, DEFAULT_SERVICE_GATEWAY).unwrap();
+    let net = "/subscriptions/network-sub/resourceGroups/rg-1/providers/Microsoft.Network";
+
+    let requests = [inbound("u1"), outbound("egress-1", NatGatewayLink::Set("egress-1".into()))];
+    let services = serde_json::to_value(wire::update_services(&scope, UpdateAction::PartialUpdate, &requests)).unwrap();
+    let pool = &services["serviceRequests"][0]["service"]["properties"]["loadBalancerBackendPools"][0];
+    assert_eq!(pool["id"], format!("{net}/loadBalancers/u1/backendAddressPools/u1"));
+    assert_eq!(pool["properties"]["virtualNetwork"]["id"], format!("{net}/virtualNetworks/vnet-1"));
+    let nat_id = &services["serviceRequests"][1]["service"]["properties"]["publicNatGatewayId"];
+    assert_eq!(nat_id, &serde_json::json!(format!("{net}/natGateways/egress-1")));
+
+    let balancer = serde_json::to_value(wire::load_balancer(&scope, &lb("u1", "u1-pip", vec![rule(Protocol::Tcp, 80)])));
+    let balancer = balancer.unwrap();
+    let frontend = &balancer["properties"]["frontendIPConfigurations"][0];
+    assert_eq!(frontend["properties"]["publicIPAddress"]["id"], format!("{net}/publicIPAddresses/u1-pip"));
+    let rule_json = &balancer["properties"]["loadBalancingRules"][0]["properties"];
+    let frontend_id = format!("{net}/loadBalancers/u1/frontendIPConfigurations/frontend");
+    assert_eq!(rule_json["frontendIPConfiguration"]["id"], frontend_id);
+    assert_eq!(rule_json["backendAddressPool"]["id"], format!("{net}/loadBalancers/u1/backendAddressPools/u1"));
+
+    let nat = serde_json::to_value(wire::nat_gateway(&scope, &nat_gateway("egress-1", true))).unwrap();
+    assert_eq!(nat["properties"]["publicIpAddresses"][0]["id"], format!("{net}/publicIPAddresses/egress-1-pip"));
+    assert_eq!(nat["properties"]["serviceGateway"]["id"], format!("{net}/serviceGateways/{DEFAULT_SERVICE_GATEWAY}"));
+    let listed = wire::listed_nat_gateway(&scope, serde_json::json!({"name": "egress-1", "sku": nat["sku"],
+        "properties": nat["properties"]}));
+    let listed = listed.unwrap();
+    assert!(listed.as_put && listed.associated, "read back under the same subscription: {listed:?}");
+
+    let emulator = Arc::new(Emulator::new(scope.clone()));
+    let server = serve(emulator.clone()).await;
+    let mut config = ArmConfig::new(server.url(), scope.clone());
+    config.poll_interval = Duration::from_millis(10);
+    let api = ArmClient::new(config, Credential::None).unwrap();
+    seed(&api).await;
+    let resources = emulator.resources();
+    assert!(resources.public_ips.contains_key("svc-1-pip") && resources.nat_gateways.contains_key("egress-1"));
+    assert_eq!(api.list_load_balancers().await.unwrap().len(), 2);
+    let cluster = Scope { subscription: "cluster-sub".into(), ..scope };
+    let wrong = ArmClient::new(ArmConfig::new(server.url(), cluster), Credential::None).unwrap();
+    let refused = wrong.put_public_ip(&pip("x-pip")).await.unwrap_err();
+    assert_eq!(refused.status, 404, "{refused:?}");
+}

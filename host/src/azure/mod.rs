@@ -402,6 +402,8 @@ pub struct BackendPool {
 /// Where the resources live; from it come every ARM ID.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scope {
+    /// The subscription of the network resources: the cloud configuration's
+    /// `networkResourceSubscriptionID` when it names one, else its `subscriptionId`.
     pub subscription: String,
     pub resource_group: String,
     /// The Azure region of created resources.
