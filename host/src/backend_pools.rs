@@ -203,6 +203,8 @@ pub struct PoolUpdater<A, L, K> {
     guest: Mutex<GuestQueue>,
     /// Lower-cased `namespace/name` → load balancer, as the last reconcile wrote it.
     assignment: Mutex<BTreeMap<String, (String, String)>>,
+    /// Canonical node IP → the node's name, as the producer last read the Nodes.
+    node_names: Mutex<BTreeMap<String, String>>,
     stats: Arc<PoolUpdaterStats>,
     /// The trace its guest calls go to, and the queue's handle there.
     trace: Option<(Arc<Recorder>, u64)>,
@@ -224,8 +226,8 @@ fn address_key(text: &str) -> String {
     text.trim().parse::<IpAddr>().map(|ip| ip.to_string()).unwrap_or_else(|_| text.trim().to_owned())
 }
 
-/// The name of a backend address. Upstream names it after the node; operations carry only node
-/// IPs for now, so the IP (with `:` made `-`, which ARM names refuse) names it.
+/// The name of a backend address whose node is not known (the node left between the operation
+/// and the write): the IP, with `:` made `-`, which ARM names refuse.
 fn address_name(ip: &str) -> String {
     ip.replace(':', "-")
 }
@@ -259,6 +261,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             config,
             guest: Mutex::new(GuestQueue { session, queue }),
             assignment: Mutex::new(BTreeMap::new()),
+            node_names: Mutex::new(BTreeMap::new()),
             stats: Arc::default(),
             trace: None,
         })
@@ -318,6 +321,13 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
 
     pub fn resource_lock(&self) -> &L {
         &self.resource_lock
+    }
+
+    /// The Nodes as the producer reads them (node name → its IPs): a backend address added for
+    /// one of those IPs is named after its node, as upstream names it.
+    pub fn set_nodes<'n>(&self, nodes: impl IntoIterator<Item = (&'n String, &'n Vec<String>)>) {
+        let names = nodes.into_iter().flat_map(|(name, ips)| ips.iter().map(|ip| (address_key(ip), name.clone())));
+        *plain(&self.node_names) = names.collect();
     }
 
     /// The lock this updater shares with reconciles.
@@ -486,9 +496,12 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         pool.addresses.retain(|a| !remove.contains(&address_key(&a.ip_address)));
         let mut changed = pool.addresses.len() != before;
         let mut present: BTreeSet<String> = pool.addresses.iter().map(|a| address_key(&a.ip_address)).collect();
+        let node_names = plain(&self.node_names).clone();
         for ip in &group.add {
-            if present.insert(address_key(ip)) {
-                pool.addresses.push(BackendAddress { name: address_name(ip), ip_address: ip.clone() });
+            let key = address_key(ip);
+            if present.insert(key.clone()) {
+                let name = node_names.get(&key).cloned().unwrap_or_else(|| address_name(ip));
+                pool.addresses.push(BackendAddress { name, ip_address: ip.clone() });
                 changed = true;
             }
         }

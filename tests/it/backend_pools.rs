@@ -9,6 +9,7 @@ use clb_host::simulator::cluster::Cluster;
 use clb_host::emulator::{Emulator, Fault, FaultMode};
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
 use clb_tests::test_scope;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -219,6 +220,35 @@ async fn a_queued_add_is_written_with_one_get_and_one_put_and_an_idle_tick_takes
     let events = f.updater.kube().events();
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!((events[0].reason.as_str(), events[0].object.as_str()), ("LoadBalancerBackendPoolUpdated", "ns/a"));
+}
+
+// A backend address is named after its node, as upstream's addNodeIPAddressesToBackendPool names it from the
+// node-IP map (IPv6 spelled any way finds its node); an IP whose node the producer no longer reads is named
+// after the IP, ':' made '-'. The nodes read later name what is added later.
+#[tokio::test]
+async fn a_backend_address_is_named_after_its_node_and_after_its_ip_when_no_node_has_it() {
+    let f = fixture().await;
+    let nodes = BTreeMap::from([
+        ("aks-nodepool1-0".to_owned(), vec!["10.0.0.4".to_owned()]),
+        ("aks-nodepool1-1".to_owned(), vec!["FD00:0:0:0:0:0:0:5".to_owned()]),
+    ]);
+    f.updater.set_nodes(&nodes);
+    f.updater.enqueue(&[add("lb1", &["10.0.0.4", "fd00::5", "10.0.0.9"])]).unwrap();
+    assert_eq!(ran(f.updater.tick().await.unwrap()).written, 1);
+    let named = |emulator: &Emulator| -> BTreeMap<String, String> {
+        emulator.resources().backend_pools[&format!("lb1/{POOL}")]
+            .addresses
+            .iter()
+            .map(|a| (a.properties.ip_address.to_lowercase(), a.name.clone()))
+            .collect()
+    };
+    let want = [("10.0.0.4", "aks-nodepool1-0"), ("10.0.0.9", "10.0.0.9"), ("fd00::5", "aks-nodepool1-1")];
+    assert_eq!(named(&f.emulator), want.map(|(ip, n)| (ip.to_owned(), n.to_owned())).into());
+    f.updater.set_nodes(&BTreeMap::from([("aks-nodepool1-2".to_owned(), vec!["10.0.0.10".to_owned()])]));
+    f.updater.enqueue(&[add("lb1", &["10.0.0.10"])]).unwrap();
+    assert_eq!(ran(f.updater.tick().await.unwrap()).written, 1);
+    assert_eq!(named(&f.emulator)["10.0.0.10"], "aks-nodepool1-2");
+    assert_eq!(named(&f.emulator)["10.0.0.4"], "aks-nodepool1-0", "a name once written stays");
 }
 
 // Upstream TestLoadBalancerBackendPoolUpdater "Remove node IPs from backend pool", "Multiple

@@ -21,7 +21,7 @@ use clb_tests::watch_proxy::WatchProxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -510,12 +510,13 @@ impl Env {
         content.addresses.into_iter().map(|a| a.ip_address).collect()
     }
 
-    /// Waits until the pool holds exactly the IPs of these Nodes.
+    /// Waits until the pool holds exactly the IPs of these Nodes, each named after its Node.
     async fn pool_holds(&self, pool: &PoolRef, nodes: &[u8]) {
-        let want: BTreeSet<String> = nodes.iter().map(|&n| self.location(n)).collect();
+        let want: BTreeMap<String, String> = nodes.iter().map(|&n| (self.location(n), self.node_name(n))).collect();
         eventually(&format!("{}/{} holds {want:?}", pool.load_balancer, pool.pool), async || {
-            let ips = self.pool_ips(pool).await;
-            if ips == want { Ok(()) } else { Err(format!("{ips:?}")) }
+            let (content, _) = self.emulator.get_backend_pool(pool).await.expect("reads the pool");
+            let held: BTreeMap<String, String> = content.addresses.into_iter().map(|a| (a.ip_address, a.name)).collect();
+            if held == want { Ok(()) } else { Err(format!("{held:?}")) }
         })
         .await;
     }
@@ -816,7 +817,10 @@ async fn replace_web(services: &Api<Service>, finalizers: &[&str]) {
     create_web(services, &cluster_ip(), finalizers).await;
 }
 
-const OURS: &str = "servicegateway.azure.com/service-cleanup";
+/// The finalizer the race tests write. Not the controller's own: reconcilers other tests run watch every
+/// namespace and strip the controller's finalizer from a Service that is not a LoadBalancer, which would race
+/// these tests' reads (the client treats every finalizer name alike).
+const OURS: &str = "clb.test/race-ours";
 const OTHER: &str = "example.com/other";
 
 fn finalizers(service: &Service) -> Vec<String> {

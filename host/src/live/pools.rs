@@ -213,6 +213,9 @@ impl Pools {
         for observation in batch {
             store.apply(observation);
         }
+        if batch.iter().any(|o| matches!(o, wit::Observation::NodeUpserted(_) | wit::Observation::NodeDeleted(_))) {
+            self.updater.set_nodes(&store.nodes);
+        }
         if store.listed && !store.changed.is_empty() {
             self.changed.notify_one();
         }

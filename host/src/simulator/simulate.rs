@@ -659,6 +659,7 @@ impl Simulation<'_> {
                 (record.name, ips)
             })
             .collect();
+        pools.updater.set_nodes(&node_ips);
         let slices: Vec<wit::EndpointSlice> =
             self.cluster.slices().iter().map(crate::records::endpoint_slice).collect();
         let resources = self.emulator.resources();
