@@ -111,14 +111,41 @@ pub struct CloudConfig {
     load_balancer_backend_pool_update_interval_in_seconds: Option<u64>,
 }
 
-/// One entry of `multipleStandardLoadBalancerConfigurations`; its other upstream fields are
-/// allowed and ignored.
+/// One entry of `multipleStandardLoadBalancerConfigurations`. Upstream's service selectors are
+/// refused (placement by them is not built, and ignoring them would put Services on other load
+/// balancers than upstream does); its other fields are allowed and ignored: `primaryVMSet` and
+/// `nodeSelector` choose the nodes of the cluster's own pools, which this controller never writes.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MultipleStandardLoadBalancer {
     name: String,
     #[serde(default)]
     allow_service_placement: Option<bool>,
+    /// Read only to be refused when set.
+    #[serde(default, rename = "serviceLabelSelector", deserialize_with = "refuse_service_label_selector")]
+    _service_label_selector: (),
+    #[serde(default, rename = "serviceNamespaceSelector", deserialize_with = "refuse_service_namespace_selector")]
+    _service_namespace_selector: (),
+}
+
+fn refuse_service_label_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    refuse_if_set(d, "serviceLabelSelector", "by the Services' labels")
+}
+
+fn refuse_service_namespace_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
+    refuse_if_set(d, "serviceNamespaceSelector", "by the labels of the Services' namespaces")
+}
+
+/// An upstream key read only to refuse it when set (`null` is unset).
+fn refuse_if_set<'de, D: serde::Deserializer<'de>>(d: D, key: &str, by: &str) -> Result<(), D::Error> {
+    match Option::<serde::de::IgnoredAny>::deserialize(d)? {
+        None => Ok(()),
+        Some(_) => Err(serde::de::Error::custom(format!(
+            "`{key}` is not supported: placing Services {by} is not built, and ignoring it would put \
+             Services on other load balancers than upstream does; remove it from every \
+             multipleStandardLoadBalancerConfigurations entry"
+        ))),
+    }
 }
 
 impl CloudConfig {
@@ -334,6 +361,34 @@ mod tests {
         let own = parse_scope(path, &format!("{SCOPE}vnetResourceGroup: rg-net\n"), "servicegateway").unwrap();
         assert_eq!(own.vnet_resource_group, "rg-net");
         assert!(own.vnet_id().starts_with("/subscriptions/sub-1/resourceGroups/rg-net/"), "{}", own.vnet_id());
+    }
+
+    // A multi-SLB configuration that places Services by label or namespace selectors is refused with
+    // the key and its line, not read as if it had none (which would place Services elsewhere than
+    // upstream); `null` selectors and the node-side keys upstream requires (`primaryVMSet`,
+    // `nodeSelector`) are accepted.
+    #[test]
+    fn a_multi_slb_entry_with_a_service_selector_is_refused_by_its_key_and_line() {
+        let path = Path::new("azure.json");
+        let entry = |extra: &str| {
+            format!(
+                "loadBalancerBackendPoolConfigurationType: nodeIP\nmultipleStandardLoadBalancerConfigurations:\n\
+                 - name: lb1\n  primaryVMSet: pool1\n  nodeSelector: {{matchLabels: {{pool: a}}}}\n{extra}"
+            )
+        };
+        let accepted = parse_cloud_config(path, &entry("  serviceLabelSelector: null\n")).unwrap();
+        assert_eq!(accepted.slb_configurations().len(), 1);
+        for (key, value) in [
+            ("serviceLabelSelector", "{matchLabels: {app: web}}"),
+            ("serviceLabelSelector", "{}"),
+            ("serviceNamespaceSelector", "{matchExpressions: [{key: team, operator: In, values: [a]}]}"),
+        ] {
+            let text = entry(&format!("  {key}: {value}\n"));
+            let refused = parse_cloud_config(path, &text).unwrap_err().to_string();
+            let named = refused.contains(&format!("`{key}` is not supported"));
+            assert!(refused.starts_with("azure.json:6:") && named, "{refused}");
+            assert!(matches!(parse_config(path, &text), Err(InputError::Parse { line: 6, .. })), "{key}");
+        }
     }
 
     // Ports upstream TestConfigServiceGatewayResourceID and the network half of TestDiffTrackerConfig:
