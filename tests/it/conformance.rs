@@ -32,10 +32,10 @@ struct Row {
 
 const STATUSES: [(&str, &str); 6] = [
     ("N", "counterparts name the upstream test and assert everything it asserts, its table cases included"),
-    ("P", "counterparts name the upstream test but assert only part of it; the note says what is missing"),
+    ("P", "counterparts name the upstream test but assert only part of it; the note says what is missing and why"),
     ("E", "an equivalent exists (a scenario, a property, a unit test) but does not name the upstream test yet"),
     ("X", "the behaviour is implemented here, but nothing tests it yet"),
-    ("U", "the behaviour is not implemented (multi-SLB IPv6 pools; a separate network subscription)"),
+    ("U", "the behaviour is not implemented (multi-SLB IPv6 pools; creating a Service's pool at reconcile)"),
     ("NA", "Go plumbing with no counterpart here, or a rule the design replaced on purpose"),
 ];
 
