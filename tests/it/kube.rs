@@ -17,12 +17,13 @@ use clb_host::live::lease::{LeaseLockConfig, RESOURCE_LOCK_NAMESPACE};
 use clb_host::live::settings::RunError;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::apiserver::apiserver;
-use clb_tests::watch_proxy::WatchProxy;
+use clb_tests::watch_proxy::{BeforeForward, WatchProxy};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod, Service, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -629,101 +630,42 @@ fn the_kube_client_writes_nothing_to_a_same_name_service_of_another_uid() {
     });
 }
 
-/// What a [`RacingProxy`] does before it forwards the `n`th PATCH (from 0): another writer's change,
+/// What the race's proxy does before it forwards the `n`th PATCH (from 0): another writer's change,
 /// made straight to the API server through the admin's Service API.
 type Interference = Box<dyn Fn(Api<Service>, usize) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
-/// A plain-HTTP proxy in front of the test API server that makes the race between a client's read and
-/// its write deterministic: before it forwards a PATCH it lets another writer change the object, so the
-/// patch arrives carrying the resourceVersion of a read that no longer holds. It records what it forwards.
+/// A [`WatchProxy`] in front of the test API server that makes the race between a client's read and its
+/// write deterministic: before it forwards a PATCH it lets another writer change the object, so the patch
+/// arrives carrying the resourceVersion of a read that no longer holds. It records what it forwards.
 struct RacingProxy {
-    addr: std::net::SocketAddr,
-    shared: Arc<RacingShared>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-struct RacingShared {
-    upstream: String,
-    http: reqwest::Client,
-    services: Api<Service>,
-    interfere: Interference,
-    patches: std::sync::atomic::AtomicUsize,
+    proxy: WatchProxy,
     /// `METHOD path` of each request, in the order they came.
-    requests: Mutex<Vec<String>>,
+    requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl RacingProxy {
     async fn start(upstream: &str, services: Api<Service>, interfere: Interference) -> Self {
-        // The loopback test API server's CA is a throwaway one; this is test plumbing.
-        let http = reqwest::Client::builder().danger_accept_invalid_certs(true).build().expect("an HTTP client");
-        let shared = Arc::new(RacingShared {
-            upstream: upstream.trim_end_matches('/').to_owned(),
-            http,
-            services,
-            interfere,
-            patches: Default::default(),
-            requests: Mutex::default(),
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (recorded, patches, interfere) = (requests.clone(), Arc::new(AtomicUsize::new(0)), Arc::new(interfere));
+        let before: BeforeForward = Box::new(move |method, path| {
+            recorded.lock().unwrap().push(format!("{method} {path}"));
+            let patch = (*method == hyper::Method::PATCH).then(|| patches.fetch_add(1, Ordering::SeqCst));
+            let (services, interfere) = (services.clone(), interfere.clone());
+            Box::pin(async move {
+                if let Some(n) = patch {
+                    interfere(services, n).await;
+                }
+            })
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds a loopback port");
-        let addr = listener.local_addr().expect("a local address");
-        let accepting = shared.clone();
-        let task = tokio::spawn(async move {
-            // Owned here, so that aborting this task also ends every connection.
-            let mut connections = tokio::task::JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                let shared = accepting.clone();
-                connections.spawn(async move {
-                    let service = hyper::service::service_fn(move |request| shared.clone().forward(request));
-                    let io = hyper_util::rt::TokioIo::new(stream);
-                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
-                });
-            }
-        });
-        Self { addr, shared, task }
+        Self { proxy: WatchProxy::with_hook(upstream, before).await, requests }
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.proxy.url()
     }
 
     fn requests(&self) -> Vec<String> {
-        self.shared.requests.lock().unwrap().clone()
-    }
-}
-
-impl Drop for RacingProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl RacingShared {
-    async fn forward(
-        self: Arc<Self>,
-        request: hyper::Request<hyper::body::Incoming>,
-    ) -> Result<hyper::Response<http_body_util::Full<hyper::body::Bytes>>, std::convert::Infallible> {
-        use http_body_util::BodyExt as _;
-        let (parts, body) = request.into_parts();
-        let body = body.collect().await.expect("the request's body").to_bytes();
-        self.requests.lock().unwrap().push(format!("{} {}", parts.method, parts.uri.path()));
-        if parts.method == hyper::Method::PATCH {
-            let n = self.patches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            (self.interfere)(self.services.clone(), n).await;
-        }
-        let url = format!("{}{}", self.upstream, parts.uri.path_and_query().map_or("/", |p| p.as_str()));
-        let mut upstream = self.http.request(parts.method, url).body(body);
-        for (name, value) in parts.headers.iter().filter(|(name, _)| *name != hyper::header::HOST) {
-            upstream = upstream.header(name, value);
-        }
-        let answer = upstream.send().await.expect("the API server answers the proxy");
-        let mut response = hyper::Response::builder().status(answer.status().as_u16());
-        for (name, value) in answer.headers() {
-            if name != reqwest::header::CONTENT_LENGTH && name != reqwest::header::TRANSFER_ENCODING {
-                response = response.header(name.as_str(), value.as_bytes());
-            }
-        }
-        let body = answer.bytes().await.expect("the API server's answer");
-        Ok(response.body(http_body_util::Full::new(body)).expect("a valid response"))
+        self.requests.lock().unwrap().clone()
     }
 }
 

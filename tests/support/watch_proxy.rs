@@ -6,6 +6,10 @@
 //!
 //! The host's client talks plain HTTP to the proxy with its own bearer token; the proxy speaks
 //! TLS to the API server and forwards the token, so RBAC applies as without it.
+//!
+//! A proxy started [`WatchProxy::with_hook`] also awaits a hook before it forwards each request:
+//! what a test needs to happen between a client's requests (another writer's change, to race a
+//! client's read and its write), and a record of them.
 
 use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
@@ -17,6 +21,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
+
+/// What a proxy awaits before it forwards a request, given the request's method and path.
+pub type BeforeForward =
+    Box<dyn Fn(&hyper::Method, &str) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// What a watch meets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +46,7 @@ struct Shared {
     expired: Mutex<BTreeSet<String>>,
     expired_total: AtomicUsize,
     held: AtomicUsize,
+    before: Option<BeforeForward>,
 }
 
 /// A running proxy; it stops when dropped.
@@ -50,6 +59,15 @@ pub struct WatchProxy {
 impl WatchProxy {
     /// A proxy to `upstream` (the API server's `https://` URL) on a free loopback port.
     pub async fn start(upstream: &str) -> Self {
+        Self::start_with(upstream, None).await
+    }
+
+    /// [`start`](Self::start), awaiting `before` ahead of every request it forwards.
+    pub async fn with_hook(upstream: &str, before: BeforeForward) -> Self {
+        Self::start_with(upstream, Some(before)).await
+    }
+
+    async fn start_with(upstream: &str, before: Option<BeforeForward>) -> Self {
         // The upstream is the loopback test API server with a throwaway CA; the proxy is test
         // plumbing, so it does not check that certificate.
         let client = reqwest::Client::builder().danger_accept_invalid_certs(true).build().expect("an HTTP client");
@@ -60,6 +78,7 @@ impl WatchProxy {
             expired: Mutex::new(BTreeSet::new()),
             expired_total: AtomicUsize::new(0),
             held: AtomicUsize::new(0),
+            before,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds a loopback port");
         let addr = listener.local_addr().expect("a local address");
@@ -155,6 +174,9 @@ async fn forward(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Resp
         Ok(body) => body.to_bytes(),
         Err(e) => return Ok(text(400, format!("{{\"message\": \"the proxy could not read the body: {e}\"}}"))),
     };
+    if let Some(before) = &shared.before {
+        before(&parts.method, parts.uri.path()).await;
+    }
     let mut upstream = shared.client.request(parts.method, url).body(body);
     for (name, value) in &parts.headers {
         if name != hyper::header::HOST {
