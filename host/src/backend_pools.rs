@@ -496,13 +496,15 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         pool.addresses.retain(|a| !remove.contains(&address_key(&a.ip_address)));
         let mut changed = pool.addresses.len() != before;
         let mut present: BTreeSet<String> = pool.addresses.iter().map(|a| address_key(&a.ip_address)).collect();
-        let node_names = plain(&self.node_names).clone();
-        for ip in &group.add {
-            let key = address_key(ip);
-            if present.insert(key.clone()) {
-                let name = node_names.get(&key).cloned().unwrap_or_else(|| address_name(ip));
-                pool.addresses.push(BackendAddress { name, ip_address: ip.clone() });
-                changed = true;
+        {
+            let node_names = plain(&self.node_names);
+            for ip in &group.add {
+                let key = address_key(ip);
+                if present.insert(key.clone()) {
+                    let name = node_names.get(&key).cloned().unwrap_or_else(|| address_name(ip));
+                    pool.addresses.push(BackendAddress { name, ip_address: ip.clone() });
+                    changed = true;
+                }
             }
         }
         if !changed {

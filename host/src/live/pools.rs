@@ -51,6 +51,8 @@ struct Store {
     slices: BTreeMap<Key, wit::EndpointSlice>,
     /// Node name → IPv4 InternalIPs.
     nodes: BTreeMap<String, Vec<String>>,
+    /// The IPs of [`nodes`](Self::nodes) changed since the updater last read them.
+    nodes_changed: bool,
     /// Services to recompute.
     changed: BTreeSet<Key>,
     /// Whether the initial lists are complete.
@@ -107,11 +109,13 @@ impl Store {
                 // Nodes change at every status heartbeat; only their IPs matter here.
                 if self.nodes.get(&node.name) != Some(&ips) {
                     self.nodes.insert(node.name.clone(), ips);
+                    self.nodes_changed = true;
                     self.mark_on_node(&node.name);
                 }
             }
             wit::Observation::NodeDeleted(name) => {
                 if self.nodes.remove(name).is_some() {
+                    self.nodes_changed = true;
                     self.mark_on_node(name);
                 }
             }
@@ -213,7 +217,8 @@ impl Pools {
         for observation in batch {
             store.apply(observation);
         }
-        if batch.iter().any(|o| matches!(o, wit::Observation::NodeUpserted(_) | wit::Observation::NodeDeleted(_))) {
+        // Nodes are upserted at every status heartbeat; the updater's names change only with their IPs.
+        if std::mem::take(&mut store.nodes_changed) {
             self.updater.set_nodes(&store.nodes);
         }
         if store.listed && !store.changed.is_empty() {
