@@ -445,9 +445,9 @@ async fn remove_operations_during_a_waiting_tick_cancels_the_work() {
     assert_eq!(f.updater.status().unwrap().queued, 0);
 }
 
-// Upstream issue #9839, the reason for upstream PR #10328: a concurrent writer makes the PUT
-// fail with 412; the group is requeued and the next tick writes on top of the other writer's
-// change.
+// The lost update upstream's backend-pool updater was written against: a concurrent writer makes
+// the PUT fail with 412; the group is requeued and the next tick writes on top of the other
+// writer's change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_412_from_a_concurrent_writer_is_retried_on_top_of_its_change() {
     let f = fixture().await;

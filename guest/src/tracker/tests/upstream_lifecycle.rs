@@ -816,19 +816,13 @@ fn every_pod_ip_reaches_nrp_canonical_under_its_family_and_pod_ips_win_over_pod_
 // public IP deleted and its finalizer released.
 #[test]
 fn an_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_what_nrp_still_maps_then_unregisters() {
-    use super::upstream_outbound::{drive, drive_all_but, drive_until};
+    use super::upstream_outbound::{drive, drive_all_but, drive_until, overlay_mappings_refusal};
     let mut tracker = created_with(&[(80, 8080)]);
     let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(terminating_web())]);
     let is_unregistration =
         |c: &Command| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == UID && r.is_delete));
     let (_, (id, _)) = drive_until(&mut tracker, NOW, step, is_unregistration);
-    let overlay = Outcome::Failed(Failure {
-        status: 400,
-        code: Some(OVERLAY_MAPPINGS_CODE.into()),
-        retry_after_ms: None,
-        message: "mapped".into(),
-    });
-    let step = tracker.complete(NOW + 1, vec![(id, overlay)]);
+    let step = tracker.complete(NOW + 1, vec![(id, overlay_mappings_refusal())]);
     assert!(!step.commands.iter().any(|c| is_unregistration(&c.command)), "{:?}", step.commands);
     let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("NRP read again").id;
     // A pod address Kubernetes no longer lists, which NRP still maps to the Service.

@@ -145,6 +145,16 @@ pub(super) fn drive_all_but(
     }
 }
 
+/// NRP's refusal to unregister a service that addresses still map to.
+pub(super) fn overlay_mappings_refusal() -> Outcome {
+    Outcome::Failed(Failure {
+        status: 400,
+        code: Some(OVERLAY_MAPPINGS_CODE.into()),
+        retry_after_ms: None,
+        message: "mapped".into(),
+    })
+}
+
 /// The tracker with egress-c created and its one pod's address in NRP.
 pub(super) fn provisioned() -> Tracker {
     let mut tracker = started();
@@ -992,14 +1002,7 @@ fn an_unregistration_refused_for_overlay_mappings_goes_back_to_draining_and_is_r
     let is_unregistration =
         |c: &Command| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == UID && r.is_delete));
     let (_, (id, _)) = drive_until(&mut tracker, NOW, step, is_unregistration);
-    let overlay = || {
-        Outcome::Failed(Failure {
-            status: 400,
-            code: Some(OVERLAY_MAPPINGS_CODE.into()),
-            retry_after_ms: None,
-            message: "mapped".into(),
-        })
-    };
+    let overlay = overlay_mappings_refusal;
     let step = tracker.complete(NOW + 1, vec![(id, overlay())]);
     // Its mirror holds no address of it, so the drain is done at once and the deletion is back
     // to the unregistration, behind NRP read again and the backoff.
@@ -1443,13 +1446,7 @@ fn an_egress_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_
     let step = tracker.observe(NOW + 1, vec![gone("p")]);
     let is_unregistration = |c: &Command| is_outbound(c, None, true);
     let (_, (id, _)) = drive_until(&mut tracker, NOW + 1, step, is_unregistration);
-    let overlay = Outcome::Failed(Failure {
-        status: 400,
-        code: Some(OVERLAY_MAPPINGS_CODE.into()),
-        retry_after_ms: None,
-        message: "mapped".into(),
-    });
-    let step = tracker.complete(NOW + 2, vec![(id, overlay)]);
+    let step = tracker.complete(NOW + 2, vec![(id, overlay_mappings_refusal())]);
     assert!(!step.commands.iter().any(|c| is_unregistration(&c.command)), "{:?}", step.commands);
     let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).expect("NRP read again").id;
     let stray = NrpListedLocation {
