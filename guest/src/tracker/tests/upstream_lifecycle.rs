@@ -101,7 +101,7 @@ fn deleting_a_service_nobody_provisioned_writes_nothing() {
     assert!(writes(&issued).is_empty(), "{issued:?}");
     assert!(last.idle);
     assert_eq!(tracker.phase(UID), None);
-    assert!(tracker.state.lifecycles.is_empty() && tracker.state.draining.is_empty());
+    assert!(tracker.state.lifecycles.is_empty() && tracker.state.work.draining.is_empty());
 }
 
 // Upstream TestGuardDeleteService_DoubleDeleteIsIdempotent: the Terminating Service seen twice more while its
@@ -115,7 +115,7 @@ fn a_second_delete_while_draining_changes_nothing() {
     );
     assert!(again.commands.is_empty(), "{:?}", again.commands);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
-    assert_eq!(tracker.state.draining, BTreeSet::from([UID.to_owned()]));
+    assert_eq!(tracker.state.work.draining, BTreeSet::from([UID.to_owned()]));
     let issued = finish(&mut tracker, NOW + 2, held, again);
     assert_eq!(unregistrations(&issued), 1, "{issued:?}");
     for kind in [ResourceKind::LoadBalancer, ResourceKind::PublicIp] {
@@ -140,7 +140,7 @@ fn a_service_seen_again_while_its_creation_backs_off_keeps_its_retries_and_deadl
     assert_eq!(again.wake_at_ms, Some(wake));
     assert_eq!(tracker.phase(UID), Some(Phase::CreationInProgress));
     let lifecycle = &tracker.state.lifecycles[UID];
-    assert_eq!(lifecycle.retries, 1);
+    assert_eq!(lifecycle.attempt.retries, 1);
     assert_eq!(lifecycle.desired.as_ref().map(|d| d.load_balancer.rules[0].frontend_port), Some(8080));
     assert_eq!(finalizer_change(&tracker.tick(wake - 1)), None, "the deadline holds");
     let retry = tracker.tick(wake);
@@ -286,7 +286,7 @@ fn a_deletion_during_an_update_and_an_unanswered_batch_waits_for_the_drain_befor
     let sent: Vec<Command> = del.commands.iter().map(|c| c.command.clone()).collect();
     assert_eq!(unregistrations(&sent), 0, "{sent:?}");
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
-    assert!(tracker.state.draining.contains(UID));
+    assert!(tracker.state.work.draining.contains(UID));
     // The update lands first: the deletion still waits for the batch.
     let step = tracker.complete(NOW + 3, vec![(put, Outcome::Ok)]);
     let sent: Vec<Command> = step.commands.iter().map(|c| c.command.clone()).collect();
@@ -835,7 +835,7 @@ fn an_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_what_nr
     let snapshot = NrpState { services: vec![registered], locations: vec![stray] };
     let step = tracker.complete(NOW + 1, vec![(read, Outcome::NrpSnapshot(snapshot))]);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending), "{:?}", step.commands);
-    assert!(tracker.state.draining.contains(UID), "back in the drain set");
+    assert!(tracker.state.work.draining.contains(UID), "back in the drain set");
     let removes_stray = |l: &NrpLocation| {
         l.location == "10.224.0.4"
             && (l.addresses.is_empty()

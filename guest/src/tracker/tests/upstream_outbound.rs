@@ -1186,7 +1186,7 @@ fn outbound_lifecycles_survive_a_state_round_trip_and_a_version_5_state_has_none
     let v5 = Tracker::import_state(clb(), 5, &started().export_state_v5()).unwrap();
     assert!(v5.outbound().lifecycles.is_empty());
     let mut broken = tracker.outbound.clone();
-    broken.lifecycles.get_mut(IDENTITY).unwrap().in_flight = None;
+    broken.lifecycles.get_mut(IDENTITY).unwrap().attempt.in_flight = None;
     let payload =
         postcard::to_allocvec(&(&tracker.state, &tracker.egress, &tracker.arm, &tracker.budget, &broken)).unwrap();
     let why = corrupt(Tracker::import_state(clb(), 6, &payload));
@@ -1458,7 +1458,7 @@ fn an_egress_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_
     let snapshot = NrpState { services: vec![registered], locations: vec![stray] };
     let step = tracker.complete(NOW + 2, vec![(read, Outcome::NrpSnapshot(snapshot))]);
     assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::DeletionPending, "{:?}", step.commands);
-    assert!(tracker.outbound().draining.contains(IDENTITY), "back in the drain set");
+    assert!(tracker.outbound().work.draining.contains(IDENTITY), "back in the drain set");
     let removes_stray = |l: &NrpLocation| {
         l.location == HOST
             && (l.addresses.is_empty() || l.addresses.iter().any(|a| a.address == "10.244.2.99" && a.services.is_empty()))

@@ -9,6 +9,7 @@ use super::upstream_outbound::{
     position, provisioned, started,
 };
 use super::*;
+use crate::pod_finalizers::Want;
 use crate::pod_finalizers::{FINALIZER, reason::POD_FINALIZER_FAILED};
 
 /// A pod as the API server shows it once it holds the finalizer.

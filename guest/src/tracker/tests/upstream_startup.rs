@@ -70,7 +70,7 @@ fn a_deleting_service_nrp_holds_no_address_of_starts_its_delete_steps_at_once() 
     let deleting = terminating(lb_service("Local"));
     let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(deleting)]);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
-    assert!(!tracker.state.draining.contains(UID));
+    assert!(!tracker.state.work.draining.contains(UID));
     let sent = commands(&step);
     let unlink = |c: &Command| request_for(c, UID).is_some_and(|r| r.backend_pools.is_empty() && !r.is_delete);
     assert!(sent.iter().any(unlink), "{sent:?}");
@@ -95,7 +95,7 @@ fn a_deletion_whose_drain_fails_stays_pending_and_runs_no_delete_step_until_the_
     });
     assert_eq!(drains, 1, "{issued:?}");
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
-    assert!(tracker.state.draining.contains(UID));
+    assert!(tracker.state.work.draining.contains(UID));
     let delete_step = |c: &&Command| matches!(c, Command::UpdateServices(_) | Command::DeleteResource(_));
     assert_eq!(issued.iter().filter(delete_step).count(), 0, "{issued:?}");
     assert!(tracker.registered().contains(UID));
@@ -512,7 +512,7 @@ fn only_the_overlay_mappings_code_sends_a_refused_unregistration_back_to_drainin
             ok(c)
         });
         assert!(refused, "{status}: unregistered once");
-        assert!(!tracker.state.draining.contains(UID), "{status} {code:?}: not sent back to draining");
+        assert!(!tracker.state.work.draining.contains(UID), "{status} {code:?}: not sent back to draining");
         let at = issued.iter().position(|c| writes_registration(c, UID, Some(true))).unwrap();
         let after = &issued[at + 1..];
         assert!(!after.iter().any(|c| *c == Command::ReadNrp || is_location_update(c)), "{status} {code:?}: {after:?}");
@@ -551,7 +551,7 @@ fn an_unregistration_failing_for_another_reason_is_retried_directly_without_drai
     assert!(after.iter().all(|c| matches!(c, Command::EmitEvent(_))), "nothing but its Warning: {after:?}");
     assert_eq!(reasons(after), [reason::SYNC_LOAD_BALANCER_FAILED]);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
-    assert!(!tracker.state.draining.contains(UID));
+    assert!(!tracker.state.work.draining.contains(UID));
     assert!(last.wake_at_ms.is_some_and(|at| at <= NOW + 1 + 2_000), "{last:?}");
     let retry = tracker.tick(NOW + 2_000);
     let sent = commands(&retry);

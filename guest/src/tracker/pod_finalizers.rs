@@ -40,6 +40,7 @@ use crate::model::{Failure, ObjectKey, ObjectRef, Pod};
 use crate::name::Name;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use super::*;
 
 /// The finalizer that holds an egress pod until its addresses have left NRP.
 pub const FINALIZER: &str = "servicegateway.azure.com/pod-cleanup";
@@ -69,10 +70,8 @@ pub struct Held {
     /// Identities it carried: where it was the last pod, the release waits for the teardown.
     #[serde(deserialize_with = "crate::name::btree_set")]
     pub identities: BTreeSet<String>,
-    /// The command in flight and whether it adds.
-    pub in_flight: Option<(u64, bool)>,
-    pub retries: u32,
-    pub not_before_ms: u64,
+    /// The command in flight (whether it adds) and the backoff.
+    pub attempt: Attempt<bool>,
     /// A Warning was sent for the current run of failures.
     pub failing: bool,
 }
@@ -86,9 +85,7 @@ impl Held {
             deleting: false,
             left: BTreeSet::new(),
             identities: BTreeSet::new(),
-            in_flight: None,
-            retries: 0,
-            not_before_ms: 0,
+            attempt: Attempt::new(),
             failing: false,
         }
     }
@@ -127,15 +124,9 @@ pub enum Want {
 pub struct PodFinalizers {
     #[serde(deserialize_with = "crate::name::btree_map")]
     pods: BTreeMap<ObjectKey, Held>,
-    /// Pods whose finalizer is to be decided now.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    runnable: BTreeSet<ObjectKey>,
-    /// Pods backing off after a failed write.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    timers: BTreeSet<(u64, ObjectKey)>,
-    /// Pods whose finalizer waits for what they carried to leave NRP.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    releasing: BTreeSet<ObjectKey>,
+    /// `runnable`: pods whose finalizer is to be decided now; `timers`: pods backing off after a
+    /// failed write; `draining`: pods whose release waits for what they carried to leave NRP.
+    work: WorkSets<ObjectKey>,
     /// NRP's mirror or an outbound teardown moved since the releasing pods were last looked at.
     recheck: bool,
 }
@@ -223,31 +214,30 @@ impl PodFinalizers {
     /// Puts a pod in the work set its finalizer needs, or forgets it when it needs nothing.
     fn schedule(&mut self, key: &ObjectKey) {
         let Some(held) = self.pods.get_mut(key) else { return };
-        if held.in_flight.is_some() {
+        if held.attempt.in_flight.is_some() {
             return; // decided again at its outcome
         }
         match held.want() {
             want @ (Want::Add | Want::Release) => {
-                // A releasing pod is filed in `releasing` whether it is due now or backing off:
+                // A releasing pod is filed in `draining` whether it is due now or backing off:
                 // that set is what a recheck wakes, so a pod outside it would wait for ever.
                 if want == Want::Release {
-                    self.releasing.insert(key.clone());
+                    self.work.draining.insert(key.clone());
                 } else {
-                    self.releasing.remove(key);
+                    self.work.draining.remove(key);
                 }
-                if held.retries > 0 {
-                    self.timers.insert((held.not_before_ms, key.clone()));
+                if held.attempt.retries > 0 {
+                    self.work.timers.insert((held.attempt.not_before_ms, key.clone()));
                 } else {
-                    self.runnable.insert(key.clone());
+                    self.work.runnable.insert(key.clone());
                 }
             }
             Want::Nothing if held.live => {
                 // Held and carrying: nothing to do until it stops carrying.
-                self.releasing.remove(key);
-                self.runnable.remove(key);
-                self.timers.remove(&(held.not_before_ms, key.clone()));
-                held.retries = 0;
-                held.not_before_ms = 0;
+                self.work.draining.remove(key);
+                self.work.runnable.remove(key);
+                self.work.timers.remove(&(held.attempt.not_before_ms, key.clone()));
+                held.attempt.reset();
                 held.failing = false;
             }
             Want::Nothing => self.forget(key),
@@ -256,17 +246,17 @@ impl PodFinalizers {
 
     fn forget(&mut self, key: &ObjectKey) {
         if let Some(held) = self.pods.remove(key)
-            && held.not_before_ms > 0
+            && held.attempt.not_before_ms > 0
         {
-            self.timers.remove(&(held.not_before_ms, key.clone()));
+            self.work.timers.remove(&(held.attempt.not_before_ms, key.clone()));
         }
-        self.runnable.remove(key);
-        self.releasing.remove(key);
+        self.work.runnable.remove(key);
+        self.work.draining.remove(key);
     }
 
     /// NRP's mirror or an outbound teardown changed: the releasing pods are looked at again.
     pub fn recheck(&mut self) {
-        if !self.releasing.is_empty() {
+        if !self.work.draining.is_empty() {
             self.recheck = true;
         }
     }
@@ -274,17 +264,11 @@ impl PodFinalizers {
     /// Moves the pods whose backoff is over, and (after a recheck) the releasing ones, to the
     /// work set; takes the work set.
     pub fn take_runnable(&mut self, now: u64) -> BTreeSet<ObjectKey> {
-        while let Some((at, key)) = self.timers.first().cloned() {
-            if at > now {
-                break;
-            }
-            self.timers.pop_first();
-            self.runnable.insert(key);
-        }
+        self.work.fire(now);
         if std::mem::take(&mut self.recheck) {
-            self.runnable.extend(self.releasing.iter().cloned());
+            self.work.runnable.extend(self.work.draining.iter().cloned());
         }
-        std::mem::take(&mut self.runnable)
+        std::mem::take(&mut self.work.runnable)
     }
 
     /// The pod, if held.
@@ -295,11 +279,11 @@ impl PodFinalizers {
     /// What a runnable pod needs now, `None` when it waits (for its backoff, or for an answer).
     pub fn due(&mut self, key: &ObjectKey, now: u64) -> Option<Want> {
         let held = self.pods.get_mut(key)?;
-        if held.in_flight.is_some() {
+        if held.attempt.in_flight.is_some() {
             return None;
         }
-        if held.not_before_ms > now {
-            self.timers.insert((held.not_before_ms, key.clone()));
+        if held.attempt.not_before_ms > now {
+            self.work.timers.insert((held.attempt.not_before_ms, key.clone()));
             return None;
         }
         Some(held.want())
@@ -308,7 +292,7 @@ impl PodFinalizers {
     /// The command for a pod's finalizer was issued as `id`.
     pub fn issued(&mut self, key: &ObjectKey, id: u64, present: bool) -> ObjectRef {
         let held = self.pods.get_mut(key).expect("the caller read it");
-        held.in_flight = Some((id, present));
+        held.attempt.in_flight = Some((id, present));
         ObjectRef {
             kind: "Pod".into(),
             namespace: key.namespace.clone(),
@@ -330,11 +314,11 @@ impl PodFinalizers {
         let held = self
             .pods
             .get_mut(key)
-            .filter(|h| h.uid.as_str().eq_ignore_ascii_case(uid) && h.in_flight.map(|f| f.0) == Some(id))?;
-        let (_, present) = held.in_flight.take().expect("matched above");
+            .filter(|h| h.uid.as_str().eq_ignore_ascii_case(uid) && h.attempt.in_flight.map(|f| f.0) == Some(id))?;
+        let (_, present) = held.attempt.in_flight.take().expect("matched above");
         let Some(failure) = failure else {
             held.has = present;
-            held.retries = 0;
+            held.attempt.retries = 0;
             held.failing = false;
             if !present {
                 held.left.clear();
@@ -352,8 +336,8 @@ impl PodFinalizers {
             self.schedule(key);
             return None;
         }
-        held.retries = held.retries.saturating_add(1);
-        held.not_before_ms = retry_at(held.retries);
+        held.attempt.retries = held.attempt.retries.saturating_add(1);
+        held.attempt.not_before_ms = retry_at(held.attempt.retries);
         let first = !std::mem::replace(&mut held.failing, true);
         // What it needs now may differ from what the failed write was for (the pod was read
         // while the write was in flight): it is filed for that.
@@ -363,31 +347,30 @@ impl PodFinalizers {
 
     /// Nothing to do but wait for an answer or for what a releasing pod waits on.
     pub fn is_quiet(&self) -> bool {
-        self.runnable.is_empty() && self.timers.is_empty() && !self.recheck
+        self.work.runnable.is_empty() && self.work.timers.is_empty() && !self.recheck
     }
 
     /// The earliest backoff to wake for.
     pub fn next_timer(&self) -> Option<u64> {
-        self.timers.first().map(|(at, _)| *at)
+        self.work.next_timer()
     }
 
     /// No backoff ends later than `latest` (as the tracker's `bring_in_deadlines`).
     pub fn bring_in(&mut self, latest: u64) {
-        while let Some((_, key)) = self.timers.last().filter(|(at, _)| *at > latest).cloned() {
-            self.timers.pop_last();
-            if let Some(held) = self.pods.get_mut(&key) {
-                held.not_before_ms = held.not_before_ms.min(latest);
+        let pods = &mut self.pods;
+        self.work.bring_in(latest, |key| {
+            if let Some(held) = pods.get_mut(key) {
+                held.attempt.bring_in(latest);
             }
-            self.timers.insert((latest, key));
-        }
+        });
     }
 
     /// Takes a pod out of every work set, for tests of state checks.
     #[cfg(test)]
     pub(crate) fn unschedule(&mut self, key: &ObjectKey) {
-        self.runnable.remove(key);
-        self.releasing.remove(key);
-        self.timers.retain(|(_, k)| k != key);
+        self.work.runnable.remove(key);
+        self.work.draining.remove(key);
+        self.work.timers.retain(|(_, k)| k != key);
     }
 
     /// The pods held, for reports and the invariant checkers.
@@ -399,26 +382,26 @@ impl PodFinalizers {
     /// command ids the tracker has in flight for which pod. (A command in flight for a pod no
     /// longer held, or held under another UID, is a stale one whose answer is ignored.)
     pub fn check(&self, in_flight: &BTreeMap<u64, &ObjectKey>) -> Result<(), String> {
-        let on_timers: BTreeSet<&ObjectKey> = self.timers.iter().map(|(_, k)| k).collect();
+        let on_timers: BTreeSet<&ObjectKey> = self.work.timers.iter().map(|(_, k)| k).collect();
         for (key, held) in &self.pods {
             let what = || format!("pod {}/{}", key.namespace, key.name);
-            if let Some((id, _)) = held.in_flight {
+            if let Some((id, _)) = held.attempt.in_flight {
                 if in_flight.get(&id) != Some(&key) {
                     return Err(format!("{}: its finalizer command {id} is not in flight for it", what()));
                 }
                 continue;
             }
-            let scheduled = self.runnable.contains(key) || on_timers.contains(key);
+            let scheduled = self.work.runnable.contains(key) || on_timers.contains(key);
             match held.want() {
                 Want::Add if !scheduled => return Err(format!("{} needs its finalizer and is not scheduled", what())),
-                Want::Release if !self.releasing.contains(key) => {
+                Want::Release if !self.work.draining.contains(key) => {
                     return Err(format!("{} is to be released and is not releasing", what()));
                 }
                 Want::Nothing if !held.live => return Err(format!("{} needs nothing and is still held", what())),
                 _ => {}
             }
         }
-        for key in self.runnable.iter().chain(&self.releasing).chain(on_timers.iter().copied()) {
+        for key in self.work.runnable.iter().chain(&self.work.draining).chain(on_timers.iter().copied()) {
             if !self.pods.contains_key(key) {
                 return Err(format!("pod {}/{} is in a work set but not held", key.namespace, key.name));
             }
@@ -426,3 +409,137 @@ impl PodFinalizers {
         Ok(())
     }
 }
+impl Tracker {
+    /// An egress pod was created or changed (the rules are in [`crate::egress`]).
+    pub(super) fn upsert_pod(&mut self, pod: &Pod, step: &mut Step) {
+        let key = pod.key();
+        if self.pods.superseded(pod) {
+            return; // a stale deletion of the object a same-name replacement superseded (`crate::pod_finalizers`)
+        }
+        let carried_before = self.egress.carried_by(&key);
+        let before = carried_before.as_ref().map(|(identity, _)| identity.clone());
+        let State { lifecycles, service_by_identity, diff, .. } = &mut self.state;
+        let inbound = |id: &str| lifecycles.contains_key(id) || service_by_identity.contains_key(id);
+        for (regarding, warning) in self.egress.upsert(pod, inbound, diff) {
+            self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+        }
+        let carried_after = self.egress.carried_by(&key);
+        self.pods.observe(pod, &carried_before, &carried_after);
+        if carried_after.is_none() && pod.finalizers.iter().any(|f| f == pod_finalizers::FINALIZER) {
+            // Held by our finalizer from before this state (a restart): what it carried drains.
+            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !self.state.is_inbound(id));
+            if let Some((identity, _)) = named.filter(|(id, _)| self.egress.know(id)) {
+                self.state.diff.touch_identity(&identity);
+            }
+        }
+        let after = carried_after.map(|(identity, _)| identity);
+        if before != after {
+            for identity in before.iter().chain(&after) {
+                self.carried_changed(identity);
+            }
+        }
+    }
+
+    /// An inbound identity is known now (a Service, an orphan in NRP): egress pods carrying it
+    /// are refused, as they would have been had it been known when they were read
+    /// ([`Egress::refuse_identity`]).
+    pub(super) fn refuse_colliding_pods(&mut self, identity: &str, step: &mut Step) {
+        let refused = self.egress.refuse_identity(identity, &mut self.state.diff);
+        if !refused.is_empty() {
+            self.carried_changed(identity);
+        }
+        for (regarding, warning, addresses) in refused {
+            let key = ObjectKey { namespace: regarding.namespace.clone(), name: regarding.name.clone() };
+            self.pods.gone(&key, &Some((identity.to_owned(), addresses)), false);
+            self.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+        }
+    }
+
+    /// The egress side: the pods, the identities they carry and the reference counts (P4).
+    pub fn egress(&self) -> &Egress {
+        &self.egress
+    }
+
+    // ---- Egress pod finalizers (crate::pod_finalizers) ----
+
+    /// Adds the finalizer to the pods that carry an identity, and releases it from those that
+    /// carry nothing any more once what they carried has left NRP.
+    pub(super) fn advance_pod_finalizers(&mut self, now: u64, step: &mut Step) {
+        let runnable = self.pods.take_runnable(now);
+        let due: Vec<(ObjectKey, Want)> =
+            runnable.into_iter().filter_map(|key| self.pods.due(&key, now).map(|want| (key, want))).collect();
+        let writes: Vec<(ObjectKey, bool)> = {
+            // The batches in flight's locations, sorted, once per call rather than once per address
+            // a releasing pod carried (a mass deletion releases thousands). No location is in two
+            // batches in flight (`State::check`).
+            let mut in_flight: Vec<&NrpLocation> = Vec::new();
+            if due.iter().any(|(_, want)| *want == Want::Release) {
+                in_flight.extend(self.batches_in_flight().flatten());
+                in_flight.sort_unstable_by(|a, b| a.location.cmp(&b.location));
+            }
+            due.into_iter()
+                .filter_map(|(key, want)| match want {
+                    Want::Add => Some((key, true)),
+                    Want::Release if self.pod_released(&key, &in_flight) => Some((key, false)),
+                    // Waits in `draining` until something changes.
+                    Want::Release | Want::Nothing => None,
+                })
+                .collect()
+        };
+        for (key, present) in writes {
+            let id = self.state.next_command_id;
+            let pod = self.pods.issued(&key, id, present);
+            let what = InFlight::PodFinalizer { key, uid: pod.uid.to_string(), present };
+            let finalizer = pod_finalizers::FINALIZER.to_owned();
+            self.issue(Command::SetFinalizer { service: pod, finalizer, present }, what, step);
+        }
+    }
+
+    /// Whether what a pod carried has left NRP: each of its addresses is unmapped for its
+    /// identity (or another pod's now), no batch in flight (`in_flight`, sorted by location)
+    /// names the identity there, and an identity no pod carries any more has no outbound
+    /// lifecycle left (its teardown ended). A pod none of whose addresses was ever read (it had
+    /// no IP when it was seen) waits until its identities have no address left in NRP that no
+    /// live pod backs: one of those may have been its own.
+    pub(super) fn pod_released(&self, key: &ObjectKey, in_flight: &[&NrpLocation]) -> bool {
+        let Some(held) = self.pods.get(key) else { return true };
+        let in_batch = |identity: &str, location: &str, address: &str| {
+            let Ok(at) = in_flight.binary_search_by(|l| l.location.as_str().cmp(location)) else { return false };
+            in_flight[at].addresses.iter().any(|a| a.address == address && a.services.iter().any(|s| s == identity))
+        };
+        held.left.iter().all(|(identity, location, address)| {
+            !self.state.diff.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
+        }) && held.identities.iter().all(|id| self.egress.carries(id) || !self.outbound.lifecycles.contains_key(id))
+            && (!held.left.is_empty() || held.identities.iter().all(|id| !self.state.diff.awaits_any_drain(id)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn pod_finalizer_outcome(
+        &mut self,
+        key: &ObjectKey,
+        uid: &str,
+        id: u64,
+        present: bool,
+        outcome: Outcome,
+        now: u64,
+        step: &mut Step,
+    ) {
+        let failure = match &outcome {
+            Outcome::Failed(f) => Some(f),
+            _ => None,
+        };
+        let what = format!("{} finalizer of pod {}/{}", if present { "adding the" } else { "releasing the" }, key.namespace, key.name);
+        let report = self.pods.answered(key, uid, id, failure, |retries| {
+            let failure = failure.expect("only a failure is retried");
+            now.saturating_add(retry_delay(&format!("{}/{}", key.namespace, key.name), retries, failure, &what, step))
+        });
+        if let Some(failure) = report {
+            let code = failure.code.as_deref().map(|c| format!(", {c}")).unwrap_or_default();
+            let message = format!("{what} failed (HTTP {}{code}): {}; retrying with backoff", failure.status, failure.message);
+            step.logs.push(LogLine { level: LogLevel::Warn, message: message.clone() });
+            let regarding = ObjectRef { kind: "Pod".into(), namespace: key.namespace.clone(), name: key.name.clone(), uid: Name::new(uid) };
+            self.event(&regarding, EventType::Warning, pod_finalizers::reason::POD_FINALIZER_FAILED, message, step);
+        }
+    }
+}
+
