@@ -38,7 +38,11 @@ fi
 CLB_GUEST_TOOLCHAIN=$(sed -n 's/^channel = "\(.*\)"/\1/p' ../rust-toolchain.toml)
 export CLB_GUEST_TOOLCHAIN
 
-cargo +nightly fuzz build -s "$SANITIZER"
+# Only the targets asked for. Each build compiles this checkout's crates with coverage and the
+# dependencies without (.cargo/config.toml, rustc-wrapper.sh).
+for target in "${TARGETS[@]}"; do
+  cargo +nightly fuzz build -s "$SANITIZER" "$target"
+done
 
 mkdir -p logs
 # CPU time of the finished children of this shell (fields 16 and 17 of /proc/self/stat: cutime,

@@ -380,6 +380,20 @@ mod tests {
     const HALF_A_CONFIGMAP: usize = 1 << 19;
 
     #[test]
+    fn the_built_in_component_raw_is_no_larger_than_its_ceiling() {
+        // A ratchet, lowered as the component shrinks and never raised: the goal is 700,000
+        // bytes (it fits a ConfigMap raw with room to grow), not reached yet. Where the bytes go
+        // and how it was measured: BENCHMARKS.md, "Where the component's bytes go".
+        const CEILING: usize = 1_125_000;
+        let raw = crate::BUILTIN_GUEST.len();
+        assert!(
+            raw <= CEILING,
+            "the built-in component is {raw} bytes, over its ceiling of {CEILING}: find what grew (`twiggy top` \
+             and `twiggy monos` on an unstripped build, as BENCHMARKS.md says) and shrink it"
+        );
+    }
+
+    #[test]
     fn the_built_in_component_compressed_takes_at_most_half_a_configmap() {
         let raw = crate::BUILTIN_GUEST.len();
         let (gzipped, zstded) = (gzip(crate::BUILTIN_GUEST).len(), zstd(crate::BUILTIN_GUEST).len());

@@ -25,7 +25,9 @@ use crate::sandbox::bindings::clb::reconciler::types as wit;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+#[cfg(feature = "live")]
 use kube::Resource;
+#[cfg(feature = "live")]
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -38,6 +40,7 @@ pub const COMPONENT: &str = "clb-reconciler";
 pub const ATTEMPTS: u32 = 5;
 
 /// The Kubernetes writes of `clb-host run`.
+#[cfg(feature = "live")]
 #[derive(Clone)]
 pub struct KubeClient {
     client: kube::Client,
@@ -45,6 +48,7 @@ pub struct KubeClient {
     instance: String,
 }
 
+#[cfg(feature = "live")]
 impl KubeClient {
     pub fn new(client: kube::Client, instance: impl Into<String>) -> Self {
         Self { client, instance: instance.into() }
@@ -150,6 +154,7 @@ fn is_conflict(error: &KubeError) -> bool {
     error.status == 409 && error.reason.as_deref() == Some("Conflict")
 }
 
+#[cfg(feature = "live")]
 impl KubeApi for KubeClient {
     async fn patch_service_status(&self, service: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError> {
         let ingress: Vec<_> = ingress_ips.iter().map(|ip| json!({ "ip": ip })).collect();
@@ -213,6 +218,7 @@ impl KubeApi for KubeClient {
 
 /// A client error as the executor reports it: the API server's status, reason and message, or
 /// status 0 when no answer arrived.
+#[cfg(feature = "live")]
 pub fn api_error(error: kube::Error) -> KubeError {
     match error {
         kube::Error::Api(status) => KubeError {

@@ -10,11 +10,15 @@
 //! Every failure is one [`AzureError`] carrying what a retry policy needs — the HTTP status, the
 //! ARM error code, `Retry-After` and a [`ErrorKind`]. Nothing here retries: the guest decides.
 
+#[cfg(feature = "live")]
 pub mod arm;
+#[cfg(feature = "live")]
 pub mod auth;
 pub mod wire;
 
+#[cfg(feature = "live")]
 pub use arm::{ArmClient, ArmConfig};
+#[cfg(feature = "live")]
 pub use auth::Credential;
 
 use serde::{Deserialize, Serialize};

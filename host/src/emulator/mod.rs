@@ -10,10 +10,12 @@
 
 pub mod core;
 pub mod faults;
+#[cfg(feature = "live")]
 pub mod server;
 
 pub use self::core::{DEFAULT_SERVICE, EmulatorState, Rejection, Resources};
 pub use faults::{AsyncOutcome, Fault, FaultMode};
+#[cfg(feature = "live")]
 pub use server::EmulatorServer;
 
 use self::core::{Dispatch, State};
