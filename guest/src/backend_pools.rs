@@ -257,7 +257,7 @@ impl PoolQueue {
             group.ops.retain(|q| !q.op.service.eq_ignore_ascii_case(service));
         }
         // A parked pool with nothing left to wait for must not keep a wake-up alive.
-        let keys: BTreeSet<&str> = self.queue.iter().map(|q| q.key.as_str()).collect();
+        let keys = crate::name::set_of(self.queue.iter().map(|q| q.key.as_str()));
         self.parked.retain(|k, _| keys.contains(k.as_str()));
         before - self.queue.len()
     }
@@ -268,7 +268,7 @@ impl PoolQueue {
 
     /// The pools with a group drained and not yet reported (a handful: the groups of one tick).
     fn pools_in_flight(&self) -> BTreeSet<&str> {
-        self.in_flight.values().map(|f| f.key.as_str()).collect()
+        crate::name::set_of(self.in_flight.values().map(|f| f.key.as_str()))
     }
 
     /// How full the queue is at `now_ms`; stops at the first drainable operation. An operation
@@ -298,9 +298,10 @@ impl PoolQueue {
     pub fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Vec<PoolGroup> {
         let now = self.clock.read(now_ms);
         self.parked.retain(|_, until| *until > now);
-        let in_flight: BTreeSet<String> = self.pools_in_flight().into_iter().map(str::to_owned).collect();
-        let assigned: BTreeMap<String, String> =
-            assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())).collect();
+        let in_flight = crate::name::set_of(self.pools_in_flight().into_iter().map(str::to_owned));
+        let assigned = crate::name::map_of(
+            assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())),
+        );
 
         struct Building {
             first: Queued,

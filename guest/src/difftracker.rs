@@ -309,8 +309,7 @@ impl DiffTracker {
         let wanted = self.k8s.get(location).unwrap_or(&empty);
         let mut desired: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
         for (address, identities) in wanted {
-            let set: BTreeSet<&str> =
-                identities.keys().map(Name::as_str).filter(|id| class(id) == Class::Ready).collect();
+            let set = crate::name::set_of(identities.keys().map(Name::as_str).filter(|id| class(id) == Class::Ready));
             if !set.is_empty() {
                 desired.insert(address, set);
             }

@@ -310,11 +310,12 @@ impl Egress {
     /// the registered Outbound services, and identities no pod carries that NRP no longer
     /// references are forgotten.
     pub fn nrp_read(&mut self, services: &[NrpService], diff: &DiffTracker) {
-        self.registered = services
-            .iter()
-            .filter(|s| s.service_type.eq_ignore_ascii_case("Outbound") && !s.is_default)
-            .map(|s| s.name.to_ascii_lowercase())
-            .collect();
+        self.registered = crate::name::set_of(
+            services
+                .iter()
+                .filter(|s| s.service_type.eq_ignore_ascii_case("Outbound") && !s.is_default)
+                .map(|s| s.name.to_ascii_lowercase()),
+        );
         let refs = &self.refs;
         self.known.retain(|id| refs.contains_key(id) || diff.nrp_references(id));
     }

@@ -21,13 +21,15 @@ pub mod egress;
 #[cfg(any(test, feature = "invariants"))]
 pub mod invariants;
 pub mod ip;
+pub mod lifecycle;
 pub mod model;
 pub mod name;
+pub mod outbound;
 pub mod placement;
+pub mod pod_finalizers;
 #[cfg(test)]
 mod properties;
 pub mod tracker;
-pub use tracker::{outbound, pod_finalizers};
 
 #[cfg(target_arch = "wasm32")]
 mod component;

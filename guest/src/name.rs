@@ -554,6 +554,27 @@ where
 }
 
 /// [`btree_map`] for the state's `BTreeSet`s.
+/// A set built by insertion. `collect` into a B-tree sorts a vector first, and each element type
+/// sorted so costs the component about 10 KB of sort code (BENCHMARKS.md, "Where the component's
+/// bytes go"); insertion reuses the B-tree code the type has anyway.
+pub fn set_of<T: Ord>(items: impl IntoIterator<Item = T>) -> BTreeSet<T> {
+    let mut set = BTreeSet::new();
+    for item in items {
+        set.insert(item);
+    }
+    set
+}
+
+/// A map built by insertion, for the reason [`set_of`] gives; a later entry with an equal key
+/// wins, as with `collect`.
+pub fn map_of<K: Ord, V>(entries: impl IntoIterator<Item = (K, V)>) -> BTreeMap<K, V> {
+    let mut map = BTreeMap::new();
+    for (key, value) in entries {
+        map.insert(key, value);
+    }
+    map
+}
+
 pub fn btree_set<'de, D, T>(deserializer: D) -> Result<BTreeSet<T>, D::Error>
 where
     D: Deserializer<'de>,

@@ -384,7 +384,7 @@ mod tests {
         // A ratchet, lowered as the component shrinks and never raised: the goal is 700,000
         // bytes (it fits a ConfigMap raw with room to grow), not reached yet. Where the bytes go
         // and how it was measured: BENCHMARKS.md, "Where the component's bytes go".
-        const CEILING: usize = 1_125_000;
+        const CEILING: usize = 1_070_000;
         let raw = crate::BUILTIN_GUEST.len();
         assert!(
             raw <= CEILING,

@@ -44,14 +44,19 @@ pub mod egress;
 pub mod ip;
 #[path = "../../../guest/src/model.rs"]
 pub mod model;
+#[path = "../../../guest/src/lifecycle.rs"]
+pub mod lifecycle;
 #[path = "../../../guest/src/name.rs"]
 pub mod name;
+#[path = "../../../guest/src/outbound.rs"]
+pub mod outbound;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
+#[path = "../../../guest/src/pod_finalizers.rs"]
+pub mod pod_finalizers;
 /// The real tracker (its state version is `v1::STATE_VERSION`).
-#[path = "../../../guest/src/tracker/mod.rs"]
+#[path = "../../../guest/src/tracker.rs"]
 pub mod v1;
-pub use v1::{outbound, pod_finalizers};
 
 pub mod tracker;
 

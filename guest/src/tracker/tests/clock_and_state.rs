@@ -3,27 +3,8 @@
 
 use super::*;
 
-pub(super) fn failed(status: u16) -> Outcome {
-    Outcome::Failed(Failure { status, code: None, retry_after_ms: None, message: format!("HTTP {status}") })
-}
 
-pub(super) fn finalizer_change(step: &Step) -> Option<(u64, bool)> {
-    step.commands.iter().find_map(|c| match c.command {
-        Command::SetFinalizer { present, .. } => Some((c.id, present)),
-        _ => None,
-    })
-}
 
-/// A tracker whose Service's first command (adding the finalizer) failed at [`NOW`].
-pub(super) fn tracker_retrying_its_finalizer() -> (Tracker, Step) {
-    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-    let step =
-        tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
-    let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[])(&Command::ReadNrp))]);
-    let (id, _) = finalizer_change(&step).unwrap();
-    let step = tracker.complete(NOW, vec![(id, failed(500))]);
-    (tracker, step)
-}
 
 // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
 // deletion after its finalizer was removed, an upsert that re-added the finalizer in that
@@ -180,7 +161,9 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     // Version 7 writes the same state with its NRP bookkeeping reshaped, then no pods, then
     // an ARM inventory with nothing left to read or adopt, then full write budgets, then no
     // outbound lifecycles, then no pod held by its finalizer.
-    let upgraded = decode_exact::<State<NrpSyncV2>>(before).unwrap().upgrade();
+    let mut rest = before;
+    let upgraded = take::<State<NrpSyncV2>>(&mut rest).unwrap().upgrade();
+    assert!(rest.is_empty(), "the fixture is one version-1 state and nothing after it");
     let budget = Buckets::full(&clb().write_budgets());
     let none = (&Outbound::default(), &PodFinalizers::default());
     let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, none.0, none.1);
@@ -188,24 +171,7 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
 }
 
-pub(super) fn corrupt(result: Result<Tracker, StateError>) -> String {
-    match result {
-        Err(StateError::Corrupt(why)) => why,
-        other => panic!("expected a corrupt state, got {other:?}"),
-    }
-}
 
-/// A tracker with Service commands, an Event and nothing else in flight: the lists are in,
-/// NRP was read, and the Service's first command (its finalizer) waits for its outcome.
-pub(super) fn tracker_with_commands_in_flight() -> Tracker {
-    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-    let step =
-        tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
-    let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).unwrap().id;
-    let step = tracker.complete(1, vec![(read, Outcome::NrpSnapshot(NrpState::default()))]);
-    assert!(step.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{step:?}");
-    tracker
-}
 
 // Regression: state import accepted trailing bytes.
 #[test]

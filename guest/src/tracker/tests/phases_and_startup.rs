@@ -5,132 +5,10 @@ use super::*;
 
 // ---- Per-phase dispatch (upstream engine_state_machine_guards_test.go) ----
 
-/// Runs `step` answered by `answer_ok`, holding in flight the first command `hold` matches
-/// (the rest are answered); returns that command with its id.
-pub(super) fn drive_holding(
-    tracker: &mut Tracker,
-    now: u64,
-    mut step: Step,
-    hold: impl Fn(&Command) -> bool,
-) -> (u64, Command) {
-    let ok = answer_ok(&[]);
-    for _ in 0..1_000 {
-        assert!(!step.commands.is_empty(), "the command to hold was never issued");
-        let held = step.commands.iter().find(|c| hold(&c.command)).map(|c| (c.id, c.command.clone()));
-        let results = step.commands.iter().filter(|c| Some(c.id) != held.as_ref().map(|h| h.0));
-        let results = results.map(|c| (c.id, ok(&c.command))).collect();
-        step = tracker.complete(now, results);
-        if let Some(held) = held {
-            drive(tracker, now, step, &ok);
-            return held;
-        }
-    }
-    panic!("the tracker kept issuing commands");
-}
 
-pub(super) fn is_put_load_balancer(command: &Command) -> bool {
-    matches!(command, Command::PutLoadBalancer(_))
-}
 
-/// The test Service (port 80 → 8080, a ready pod on n1) brought to `phase`, with the command
-/// that keeps it there held in flight (for `NotStarted`, whose lists are not complete, the
-/// read of NRP; none for `Created`).
-pub(super) fn in_phase(phase: Phase) -> (Tracker, Option<(u64, Command)>) {
-    let (tracker, held) = match phase {
-        Phase::NotStarted => {
-            let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-            let node =
-                Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
-            let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
-            let slice = Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")]));
-            let step = tracker.observe(NOW, vec![node, Observation::ServiceUpserted(spec), slice]);
-            let read = step.commands.iter().map(|c| (c.id, c.command.clone())).collect::<Vec<_>>();
-            assert_eq!(read.iter().map(|(_, c)| c).collect::<Vec<_>>(), [&Command::ReadNrp], "nothing else");
-            (tracker, read.into_iter().next())
-        }
-        Phase::CreationInProgress => {
-            let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-            let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
-            let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(spec), Observation::ListsComplete]);
-            let held = drive_holding(&mut tracker, NOW, step, is_put_load_balancer);
-            (tracker, Some(held))
-        }
-        Phase::Created => (created_with(&[(80, 8080)]), None),
-        Phase::UpdateInProgress => {
-            let mut tracker = created_with(&[(80, 8080)]);
-            let step = respec(&mut tracker, NOW, &[(80, 8081)]);
-            let held = drive_holding(&mut tracker, NOW, step, is_put_load_balancer);
-            (tracker, Some(held))
-        }
-        Phase::DeletionPending | Phase::DeletionInProgress => {
-            let mut tracker = created_with(&[(80, 8080)]);
-            let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
-            let cluster_ip = Service { service_type: Some("ClusterIP".into()), ..spec };
-            let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(cluster_ip)]);
-            let (drain, batch) = drive_holding(&mut tracker, NOW, step, is_location_update);
-            if phase == Phase::DeletionPending {
-                (tracker, Some((drain, batch)))
-            } else {
-                let step = tracker.complete(NOW, vec![(drain, Outcome::Ok)]);
-                let unlink = drive_holding(&mut tracker, NOW, step, |c| matches!(c, Command::UpdateServices(_)));
-                (tracker, Some(unlink))
-            }
-        }
-    };
-    assert_eq!(tracker.phase(UID), Some(phase));
-    (tracker, held)
-}
 
-/// Answers `held` and the commands of `pending`, and runs everything that follows, the lists
-/// completed if they were not; returns every command `pending` and the rest issued.
-pub(super) fn finish(tracker: &mut Tracker, now: u64, held: Option<(u64, Command)>, mut pending: Step) -> Vec<Command> {
-    let ok = answer_ok(&[]);
-    pending.commands.extend(tracker.observe(now, vec![Observation::ListsComplete]).commands);
-    if let Some((id, command)) = held {
-        pending.commands.extend(tracker.complete(now, vec![(id, ok(&command))]).commands);
-    }
-    drive(tracker, now, pending, ok).0
-}
 
-pub(super) const PHASES: [Phase; 6] = [
-    Phase::NotStarted,
-    Phase::CreationInProgress,
-    Phase::Created,
-    Phase::UpdateInProgress,
-    Phase::DeletionPending,
-    Phase::DeletionInProgress,
-];
-
-// Upstream TestGuardStateTransitions_UpdateServiceDispatch, TestEngineUpdateService_IgnoredDuringDeletion
-// and TestGuardStateTransitions_CreateAfterDelete_BuffersRecreate: a spec change in each
-// phase. Every phase records the new spec; only a created Service starts an update at once
-// (one PUT of the new spec); a creation or an update in flight keeps its phase and sends
-// nothing more; a deletion goes on and remembers to provision the Service again. And in every
-// phase the Service ends created with the new spec: nothing serves the old one after an edit.
-// Upstream TestUpdateService_RecreateAfterDeletionReplays and TestEngineAddService_AlreadyTracked.
-#[test]
-fn a_spec_change_in_each_phase_is_recorded_and_only_a_created_service_starts_an_update() {
-    for phase in PHASES {
-        let (mut tracker, held) = in_phase(phase);
-        let step = respec(&mut tracker, NOW + 1, &[(80, 9090)]);
-        let after = if phase == Phase::Created { Phase::UpdateInProgress } else { phase };
-        assert_eq!(tracker.phase(UID), Some(after), "{phase:?}");
-        let put = put_in(&step);
-        assert_eq!(put.is_some(), phase == Phase::Created, "{phase:?}: {:?}", step.commands);
-        assert!(put.is_none_or(|(_, lb)| lb.rules[0].backend_port == 9090));
-        let lifecycle = &tracker.state.lifecycles[UID];
-        let desired = lifecycle.desired.as_ref().expect("a spec is wanted");
-        assert_eq!(desired.load_balancer.rules[0].backend_port, 9090, "{phase:?}: the new spec is recorded");
-        assert_eq!(lifecycle.recreate, phase.is_deleting(), "{phase:?}");
-
-        let issued = finish(&mut tracker, NOW + 2, held, step);
-        assert_eq!(tracker.phase(UID), Some(Phase::Created), "{phase:?}: {issued:?}");
-        let lifecycle = &tracker.state.lifecycles[UID];
-        assert_eq!(lifecycle.applied, lifecycle.desired, "{phase:?}");
-        let last = load_balancers(&issued).last().map(|lb| lb.rules[0].backend_port);
-        assert_eq!(last, Some(9090), "{phase:?}: the last PUT is of the new spec: {issued:?}");
-    }
-}
 
 // Upstream TestGuardStateTransitions_DeleteServiceDispatch: deleting the Service in any phase
 // before deletion makes it DeletionPending and queues it for the drain (its addresses leave
@@ -166,44 +44,10 @@ fn deleting_a_service_in_any_phase_before_deletion_queues_its_drain_and_ends_in_
 
 // ---- Start-up adoption from the ARM inventory ----
 
-pub(super) const ADDRESS: &str = "20.0.0.7";
 
-/// `lb_service` as a controller that provisioned it left it: finalizer held, status set.
-pub(super) fn provisioned_service() -> Service {
-    Service { finalizers: vec![FINALIZER.into()], ingress_ips: vec![ADDRESS.into()], ..lb_service("Local") }
-}
 
-pub(super) fn inventory_of(service: &Service, load_balancer: Option<LoadBalancer>) -> ArmInventory {
-    let config = LbConfig::for_service(service);
-    ArmInventory {
-        nat_gateways: Vec::new(),
-        public_ips: vec![ListedPublicIp {
-            name: config.public_ip.name.to_string(),
-            version: config.public_ip.version,
-            address: Some(ADDRESS.into()),
-            as_put: true,
-        }],
-        load_balancers: load_balancer
-            .map(|lb| ListedLoadBalancer { name: lb.name.to_string(), shape: Some(lb) })
-            .into_iter()
-            .collect(),
-    }
-}
 
-/// [`drive`] with NRP listing `registered` and ARM answering `arm`.
-pub(super) fn reads_answered(
-    tracker: &mut Tracker,
-    step: &Step,
-    registered: &[&str],
-    arm: Outcome,
-) -> (Vec<Command>, Vec<LogLine>, Step) {
-    let nrp = answer_ok(registered);
-    drive(tracker, NOW, step.clone(), |c| if *c == Command::ReadArm { arm.clone() } else { nrp(c) })
-}
 
-pub(super) fn writes(issued: &[Command]) -> Vec<&Command> {
-    issued.iter().filter(|c| !matches!(c, Command::EmitEvent(_) | Command::ReadNrp | Command::ReadArm)).collect()
-}
 
 // Upstream TestGuardWaitForInitialSync_ReturnsOnCompletion.
 #[test]
@@ -548,53 +392,10 @@ fn a_state_imported_while_the_arm_inventory_is_read_keeps_the_read_in_flight_and
     }
 }
 
-/// The tracker's state as versions 1 and 2 wrote it (one batch in flight at most).
-pub(super) fn as_versions_1_and_2(tracker: &Tracker) -> (Vec<u8>, Vec<u8>) {
-    let state = tracker.state.clone().map_nrp(|n| {
-        assert!(n.batches_in_flight.len() <= 1 && n.location_backoff.is_empty(), "{n:?}");
-        NrpSyncV2 {
-            loaded: n.loaded,
-            read_in_flight: n.read_in_flight,
-            read_retries: n.read_retries,
-            next_read_ms: n.next_read_ms,
-            batch_in_flight: n.batches_in_flight.keys().next().copied(),
-            batch_retries: n.batch_retries,
-            batch_not_before_ms: n.batch_not_before_ms,
-            batch_limit: n.batch_limit,
-            quarantined: n.quarantined,
-            service_writes_in_flight: n.service_writes_in_flight,
-            foreign: n.foreign,
-        }
-    });
-    (postcard::to_allocvec(&state).unwrap(), postcard::to_allocvec(&(&state, &tracker.egress)).unwrap())
-}
 
 // ---- Write budgets ----
 
-pub(super) fn budgeted(change: impl FnOnce(&mut crate::budget::WriteBudgets)) -> Config {
-    let mut budgets = crate::budget::WriteBudgets::DEFAULT;
-    change(&mut budgets);
-    Config { write_budgets: Some(budgets), ..clb() }
-}
 
-/// A tracker under `locations` as its address-location budget, having seen `nodes` nodes
-/// (n1 at 10.224.0.1, …) and the test Service with one pod on n1, and its first step.
-pub(super) fn with_address_budget(locations: crate::budget::Budget, nodes: u8) -> (Tracker, Step) {
-    let mut tracker =
-        Tracker::create_with_arm_settled(budgeted(|b| b.update_address_locations = locations)).unwrap();
-    let mut observations: Vec<Observation> = (1..=nodes)
-        .map(|i| {
-            Observation::NodeUpserted(Node { name: format!("n{i}"), internal_ips: vec![format!("10.224.0.{i}")] })
-        })
-        .collect();
-    observations.extend([
-        Observation::ServiceUpserted(lb_service("Local")),
-        Observation::SliceUpserted(slice_on(&[("10.244.0.1", "n1")])),
-        Observation::ListsComplete,
-    ]);
-    let step = tracker.observe(NOW, observations);
-    (tracker, step)
-}
 
 #[test]
 fn endpoint_changes_made_while_the_address_location_budget_is_spent_wait_for_its_next_token_and_go_in_one_batch() {

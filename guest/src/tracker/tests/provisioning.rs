@@ -3,18 +3,6 @@
 
 use super::*;
 
-/// The locations of every address-location update among `issued`, with their addresses.
-pub(super) fn programmed(issued: &[Command]) -> Vec<(String, Vec<String>)> {
-    issued
-        .iter()
-        .filter_map(|c| match c {
-            Command::UpdateAddressLocations(locations) => Some(locations),
-            _ => None,
-        })
-        .flatten()
-        .map(|l| (l.location.clone(), l.addresses.iter().map(|a| a.address.clone()).collect()))
-        .collect()
-}
 
 // Ports upstream TestProcessK8sEndpoints_SkipsMalformedAddresses: an endpoint address that
 // is not an IP is left out; the slice's other addresses are programmed.
@@ -121,35 +109,7 @@ fn a_service_wanted_again_during_its_deletion_is_deleted_first_then_provisioned_
     assert_eq!(tracker.phase(UID), Some(Phase::Created));
 }
 
-/// A tracker with `lb_service` registered and one endpoint on each of nodes n4…n7
-/// (locations 10.224.0.4…7), and the step that starts programming them.
-pub(super) fn four_locations() -> (Tracker, Step) {
-    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-    let mut observations: Vec<Observation> = (4..8)
-        .map(|i| {
-            Observation::NodeUpserted(Node { name: format!("n{i}"), internal_ips: vec![format!("10.224.0.{i}")] })
-        })
-        .collect();
-    let endpoints: Vec<(String, String)> = (4..8).map(|i| (format!("10.244.0.{i}"), format!("n{i}"))).collect();
-    let slice = slice_on(&endpoints.iter().map(|(a, n)| (a.as_str(), n.as_str())).collect::<Vec<_>>());
-    observations.extend([
-        Observation::ServiceUpserted(lb_service("Local")),
-        Observation::SliceUpserted(slice),
-        Observation::ListsComplete,
-    ]);
-    let step = tracker.observe(NOW, observations);
-    (tracker, step)
-}
 
-pub(super) fn batch_locations(step: &Step) -> Vec<(u64, Vec<String>)> {
-    step.commands
-        .iter()
-        .filter_map(|c| match &c.command {
-            Command::UpdateAddressLocations(ls) => Some((c.id, ls.iter().map(|l| l.location.clone()).collect())),
-            _ => None,
-        })
-        .collect()
-}
 
 // Ports upstream TestLocationsUpdater_TerminalErrorNotRetried, where the project deliberately
 // differs (design §4: one failing Service never blocks the others): a batch NRP refuses (400)
@@ -232,20 +192,6 @@ fn each_failure_status_of_an_address_location_batch_gets_its_class() {
     }
 }
 
-/// Answers everything but address-location batches until the first batch is issued.
-pub(super) fn drive_holding_batches_until_first(tracker: &mut Tracker, mut step: Step) -> (Vec<Command>, Vec<LogLine>, Step) {
-    let ok = answer_ok(&[UID]);
-    let mut issued = Vec::new();
-    for _ in 0..100 {
-        if !batch_locations(&step).is_empty() || step.commands.is_empty() {
-            return (issued, Vec::new(), step);
-        }
-        issued.extend(step.commands.iter().map(|c| c.command.clone()));
-        let results = step.commands.iter().map(|c| (c.id, ok(&c.command))).collect();
-        step = tracker.complete(NOW, results);
-    }
-    panic!("no address-location batch: {issued:?}");
-}
 
 // Ports upstream TestEndpointSliceAddresses_ResolvesLocationPerAddressFamily: each endpoint
 // address goes under its node's InternalIP of the same family, whatever the slice's
@@ -429,20 +375,7 @@ fn an_unregistration_refused_for_overlay_mappings_re_reads_nrp_drains_again_and_
     assert_eq!(tracker.phase(UID), None);
 }
 
-pub(super) fn refused_for_good() -> Outcome {
-    Outcome::Failed(Failure {
-        status: 400,
-        code: Some("InvalidParameter".into()),
-        retry_after_ms: None,
-        message: "bad rule".into(),
-    })
-}
 
-pub(super) fn warned_rejected(issued: &[Command]) -> bool {
-    issued
-        .iter()
-        .any(|c| matches!(c, Command::EmitEvent(e) if e.reason == reason::LOAD_BALANCER_CONFIGURATION_REJECTED))
-}
 
 // Ports upstream TestEngineOnServiceCreationComplete_DriftDuringTerminalFailureReDispatches
 // and TestEngineOnServiceCreationComplete_DriftDuringTerminalUpdateReDispatches: when Azure

@@ -3,60 +3,10 @@
 
 use super::*;
 
-pub(super) const NOW: u64 = 1_700_000_000_000;
-pub(super) const UID: &str = "0f6f2c2e-1b1a-4a7e-9c61-3f0b0c1d2e01";
 
-pub(super) fn throttled(retry_after_ms: u64) -> Outcome {
-    Outcome::Failed(Failure {
-        status: 429,
-        code: None,
-        retry_after_ms: Some(retry_after_ms),
-        message: "throttled".into(),
-    })
-}
 
-/// What Azure and the API server answer when all goes well; NRP lists `registered`.
-pub(super) fn answer_ok(registered: &[&str]) -> impl Fn(&Command) -> Outcome {
-    let services: Vec<NrpService> = registered
-        .iter()
-        .map(|name| NrpService {
-            name: (*name).into(),
-            service_type: "Inbound".into(),
-            backend_pools: vec![],
-            is_default: false,
-        })
-        .collect();
-    move |command| match command {
-        Command::PutPublicIp(_) => Outcome::PublicIpAddress("20.0.0.1".into()),
-        Command::ReadNrp => Outcome::NrpSnapshot(NrpState { services: services.clone(), locations: vec![] }),
-        _ => Outcome::Ok,
-    }
-}
 
-/// Runs `step`'s commands and every command that follows at `now`, answered by `answer`;
-/// returns them all, every log line, and the last step.
-pub(super) fn drive(
-    tracker: &mut Tracker,
-    now: u64,
-    mut step: Step,
-    mut answer: impl FnMut(&Command) -> Outcome,
-) -> (Vec<Command>, Vec<LogLine>, Step) {
-    let (mut issued, mut logs) = (Vec::new(), Vec::new());
-    for _ in 0..1_000 {
-        logs.extend(step.logs.iter().cloned());
-        if step.commands.is_empty() {
-            return (issued, logs, step);
-        }
-        let results = step.commands.iter().map(|c| (c.id, answer(&c.command))).collect();
-        issued.extend(step.commands.iter().map(|c| c.command.clone()));
-        step = tracker.complete(now, results);
-    }
-    panic!("the tracker kept issuing commands: {:?}", &issued[issued.len() - 10..]);
-}
 
-pub(super) fn is_location_update(command: &Command) -> bool {
-    matches!(command, Command::UpdateAddressLocations(_))
-}
 
 // Regression: u64 overflow from a Retry-After, in its shortest sequence.
 #[test]
@@ -196,120 +146,15 @@ fn a_retry_after_of_u64_max_on_the_address_location_batch_holds_the_addresses_no
     assert!(issued.iter().any(is_location_update), "sent after the cap: {issued:?}");
 }
 
-/// A slice of the test Service with one ready endpoint per `(address, node)`.
-pub(super) fn slice_on(endpoints: &[(&str, &str)]) -> EndpointSlice {
-    EndpointSlice {
-        namespace: "default".into(),
-        name: "web-1".into(),
-        owner_service_uid: Some(UID.into()),
-        address_type: "IPv4".into(),
-        endpoints: endpoints
-            .iter()
-            .map(|(address, node)| Endpoint {
-                addresses: vec![(*address).into()],
-                node_name: Some((*node).into()),
-                ready: Some(true),
-            })
-            .collect(),
-        deleting: false,
-    }
-}
 
-/// Answers `step`'s commands and those that follow at `now` as all going well, except the
-/// address-location batches: left in flight and returned (id, the locations they cover).
-pub(super) fn drive_holding_batches(tracker: &mut Tracker, now: u64, step: Step) -> Vec<(u64, Vec<String>)> {
-    let (ok, mut held, mut step) = (answer_ok(&[UID]), Vec::new(), step);
-    while !step.commands.is_empty() {
-        let mut results = Vec::new();
-        for issued in &step.commands {
-            match &issued.command {
-                Command::UpdateAddressLocations(batch) => {
-                    held.push((issued.id, batch.iter().map(|l| l.location.clone()).collect()));
-                }
-                command => results.push((issued.id, ok(command))),
-            }
-        }
-        step = tracker.complete(now, results);
-    }
-    held
-}
 
-/// The test Service provisioned with a pod on node n1 (location 10.224.0.4; node n2 is
-/// 10.224.0.5), its first address-location batch in flight, unanswered.
-pub(super) fn tracker_with_a_batch_in_flight() -> (Tracker, u64) {
-    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-    let node =
-        |name: &str, ip: &str| Observation::NodeUpserted(Node { name: name.into(), internal_ips: vec![ip.into()] });
-    let step = tracker.observe(
-        NOW,
-        vec![
-            node("n1", "10.224.0.4"),
-            node("n2", "10.224.0.5"),
-            Observation::ServiceUpserted(lb_service("Local")),
-            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
-            Observation::ListsComplete,
-        ],
-    );
-    let held = drive_holding_batches(&mut tracker, NOW, step);
-    assert_eq!(held.iter().map(|(_, l)| l.clone()).collect::<Vec<_>>(), [vec!["10.224.0.4".to_owned()]]);
-    (tracker, held[0].0)
-}
 
-pub(super) fn load_balancers(issued: &[Command]) -> Vec<&LoadBalancer> {
-    issued.iter().filter_map(|c| if let Command::PutLoadBalancer(lb) = c { Some(lb) } else { None }).collect()
-}
 
-pub(super) fn put_in(step: &Step) -> Option<(u64, LoadBalancer)> {
-    step.commands.iter().find_map(|c| match &c.command {
-        Command::PutLoadBalancer(lb) => Some((c.id, lb.clone())),
-        _ => None,
-    })
-}
 
-/// The test Service (ETP Local, no endpoints), created, all commands answered.
-pub(super) fn created_local() -> Tracker {
-    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-    let step =
-        tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
-    drive(&mut tracker, NOW, step, answer_ok(&[]));
-    assert_eq!(tracker.phase(UID), Some(Phase::Created));
-    tracker
-}
 
-/// `service` as the API server sends it once it is Terminating, our finalizer still on it.
-pub(super) fn terminating(service: Service) -> Service {
-    Service { deleting: true, finalizers: vec![FINALIZER.into()], ..service }
-}
 
-/// [`created_with`]`(&[(80, 8080)])`'s Service, Terminating.
-pub(super) fn terminating_web() -> Service {
-    terminating(ported(UID, &[(TCP, 80, to(8080))], &[]))
-}
 
-/// The test Service with `ports` (protocol TCP, port, target port), created and in NRP with
-/// a pod on n1 (10.224.0.4), all commands answered.
-pub(super) fn created_with(ports: &[(i32, i32)]) -> Tracker {
-    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-    let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
-    let spec = ported(UID, &ports.iter().map(|(p, t)| (TCP, *p, to(*t))).collect::<Vec<_>>(), &[]);
-    let step = tracker.observe(
-        NOW,
-        vec![
-            node,
-            Observation::ServiceUpserted(spec),
-            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
-            Observation::ListsComplete,
-        ],
-    );
-    let (issued, _, _) = drive(&mut tracker, NOW, step, answer_ok(&[]));
-    assert_eq!(load_balancers(&issued).len(), 1, "{issued:?}");
-    tracker
-}
 
-pub(super) fn respec(tracker: &mut Tracker, now: u64, ports: &[(i32, i32)]) -> Step {
-    let spec = ported(UID, &ports.iter().map(|(p, t)| (TCP, *p, to(*t))).collect::<Vec<_>>(), &[]);
-    tracker.observe(now, vec![Observation::ServiceUpserted(spec)])
-}
 
 // Upstream TestEngineUpdateService_PortChangeSchedulesUpdate, TestServiceUpdaterUpdateInboundService,
 // TestServiceUpdaterUpdateInboundService_PortRemovalDropsOnlyThatRule and
