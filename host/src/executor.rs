@@ -5,7 +5,7 @@
 //! commands through a [`KubeApi`]. Every error becomes a `failure` carrying exactly what the
 //! API said — HTTP status (0 when no answer arrived), error code, `Retry-After`, message — and
 //! nothing more: no retry, no 404-means-done, no reordering. What a failure means is the
-//! guest's call (`guest/src/tracker.rs`). One mechanism below the executor is not a decision:
+//! guest's call (`guest/src/tracker/`). One mechanism below the executor is not a decision:
 //! the Kubernetes client sends a write that lost a resourceVersion race again from a fresh read
 //! (the same change, never onto an object of another UID; `crate::kube`), as every client of
 //! the API server does.

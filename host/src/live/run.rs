@@ -244,7 +244,7 @@ type Lane = (String, String, String);
 
 /// The lane of a command, if it has one. Azure commands have none: the guest keeps at most one
 /// command per Service in flight and never lets an address batch, a Service write and an NRP
-/// read overlap where their order matters (`guest/src/tracker.rs`), so they may finish in any
+/// read overlap where their order matters (`guest/src/tracker/`), so they may finish in any
 /// order. A Service's Events and writes keep their order, so an Event never appears before the
 /// change it announces.
 fn lane(command: &wit::Command) -> Option<Lane> {

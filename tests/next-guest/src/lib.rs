@@ -55,7 +55,7 @@ pub mod placement;
 #[path = "../../../guest/src/pod_finalizers.rs"]
 pub mod pod_finalizers;
 /// The real tracker (its state version is `v1::STATE_VERSION`).
-#[path = "../../../guest/src/tracker.rs"]
+#[path = "../../../guest/src/tracker/mod.rs"]
 pub mod v1;
 
 pub mod tracker;

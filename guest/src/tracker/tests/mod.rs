@@ -2,6 +2,9 @@
 //! `upstream_*` files port upstream's tests of one area each.
 
 use super::*;
+use super::service::*;
+use crate::admission::admit_service;
+use std::collections::BTreeMap;
 
 fn clb() -> Config {
     Config { backend_pool_type: "podIP".into(), load_balancer_sku: "standardV2".into(), ..Config::default() }

@@ -903,7 +903,7 @@ fn after_a_restart_the_tracker_is_not_idle_while_a_deleting_pods_release_is_outs
 }
 
 // Upstream TestIsServiceReady_StateUpdateInProgress (the CreationInProgress and Created checks; the
-// UpdateInProgress one is tracker.rs's endpoint_changes_of_a_service_whose_load_balancer_is_being_updated_reach_nrp_meanwhile),
+// UpdateInProgress one is provisioning.rs's endpoint_changes_of_a_service_whose_load_balancer_is_being_updated_reach_nrp_meanwhile),
 // for an inbound Service: while its load balancer is being created its endpoints do not reach NRP;
 // once it is Created (and registered) they do, and a later change goes at once.
 #[test]

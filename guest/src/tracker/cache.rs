@@ -1,0 +1,92 @@
+//! The Kubernetes cache as the tracker keeps it: Services with their verdicts, EndpointSlices in
+//! compact keys ([`StoredSlice`]) with their resolved addresses, Nodes' locations per family.
+
+use crate::admission::Verdict;
+use crate::ip;
+use crate::model::*;
+use crate::name::{Name, VecMap};
+use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct ServiceRecord {
+    pub(super) observed: Service,
+    /// The spec last admitted; a live Service that becomes invalid keeps it (design §3).
+    pub(super) admitted: Option<Service>,
+    pub(super) verdict: Verdict,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct SliceRecord {
+    pub(super) slice: StoredSlice,
+    pub(super) owner: Option<Name>,
+    /// Ready addresses → their location, as the Nodes resolve them now.
+    pub(super) resolved: VecMap<Name, Name>,
+}
+
+/// An EndpointSlice as the tracker keeps it: [`EndpointSlice`] in compact keys, serialized
+/// exactly like it (field for field), so the state format does not change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct StoredSlice {
+    pub(super) namespace: Name,
+    pub(super) name: Name,
+    pub(super) owner_service_uid: Option<Name>,
+    pub(super) address_type: Name,
+    pub(super) endpoints: Vec<StoredEndpoint>,
+    pub(super) deleting: bool,
+}
+
+/// [`Endpoint`], as [`StoredSlice`] keeps it: nearly always one address, held in place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct StoredEndpoint {
+    pub(super) addresses: SmallVec<[Name; 1]>,
+    pub(super) node_name: Option<Name>,
+    pub(super) ready: Option<bool>,
+}
+
+impl StoredSlice {
+    pub(super) fn of(slice: &EndpointSlice) -> Self {
+        let endpoints = slice.endpoints.iter().map(|e| StoredEndpoint {
+            addresses: e.addresses.iter().map(Name::from).collect(),
+            node_name: e.node_name.as_ref().map(Name::from),
+            ready: e.ready,
+        });
+        Self {
+            namespace: Name::new(&slice.namespace),
+            name: Name::new(&slice.name),
+            owner_service_uid: slice.owner_service_uid.as_ref().map(Name::from),
+            address_type: Name::new(&slice.address_type),
+            endpoints: endpoints.collect(),
+            deleting: slice.deleting,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct NodeLocations {
+    pub(super) v4: Option<Name>,
+    pub(super) v6: Option<Name>,
+}
+
+impl NodeLocations {
+    pub(super) fn of(node: &Node) -> Self {
+        Self {
+            v4: ip::same_family_location(&node.internal_ips, ip::Family::V4),
+            v6: ip::same_family_location(&node.internal_ips, ip::Family::V6),
+        }
+    }
+
+    pub(super) fn for_family(&self, family: ip::Family) -> Option<&Name> {
+        match family {
+            ip::Family::V4 => self.v4.as_ref(),
+            ip::Family::V6 => self.v6.as_ref(),
+        }
+    }
+}
+
+/// The address types whose endpoints are pod IPs, `IPv4` and `IPv6` (in any case, as the NRP
+/// types are read): only their endpoints are programmed; `FQDN` and types Kubernetes does not
+/// have are not.
+pub(super) fn programmable(address_type: &str) -> bool {
+    address_type.eq_ignore_ascii_case("IPv4") || address_type.eq_ignore_ascii_case("IPv6")
+}

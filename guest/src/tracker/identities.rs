@@ -1,0 +1,211 @@
+//! The tracker's side of egress identities' outbound lifecycles (`crate::outbound`): when pods
+//! start or stop carrying an identity, its reconciliation after a read of NRP, the end of an
+//! operation and the answers to its commands; and `OutboundIdentity`, its kind for the driver.
+
+use crate::config::Mode;
+use crate::lifecycle::{Op, WorkSets};
+use crate::model::*;
+use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
+use std::collections::BTreeMap;
+use super::state::*;
+use super::driver::*;
+use super::service::*;
+
+impl Tracker {
+    // ---- Outbound lifecycles (crate::outbound) ----
+
+    /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
+    /// public IP too (upstream: the cluster's families, decided once per identity).
+    pub(super) fn cluster_has_ipv6(&self) -> bool {
+        self.state.nodes.values().any(|n| n.v6.is_some())
+    }
+
+    /// Whether pods carry the identity changed (none to some, some to none). Nothing is decided
+    /// before start-up reconciliation, which decides for every carried identity once NRP (which
+    /// says which identities are somebody else's) has been read.
+    pub(super) fn carried_changed(&mut self, identity: &str) {
+        if !self.state.reconciled || self.mode != Mode::ContainerLoadBalancer {
+            return;
+        }
+        let carried = self.egress.carries(identity);
+        let Some(lifecycle) = self.outbound.lifecycles.get_mut(identity) else {
+            // An identity NRP already lists is somebody else's: programmed, never provisioned.
+            if carried && !self.egress.is_registered(identity) {
+                let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
+                self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                self.outbound.work.runnable.insert(identity.to_owned());
+            }
+            return;
+        };
+        match (carried, lifecycle.phase) {
+            // Back while its addresses drain, before any teardown step: it stays as it is
+            // (upstream: revived only if no delete was attempted).
+            (true, Phase::DeletionPending) if lifecycle.whole => {
+                lifecycle.phase = Phase::Created;
+                self.outbound.work.draining.remove(identity);
+                self.state.diff.touch_identity(identity);
+            }
+            (true, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = true,
+            (true, _) => {}
+            (false, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = false,
+            // Nothing was written yet: nothing to tear down.
+            (false, Phase::NotStarted) => {
+                self.outbound.lifecycles.remove(identity);
+                self.outbound.work.runnable.remove(identity);
+            }
+            // The last pod went: drain, then tear down. A command in flight finishes first.
+            (false, _) => {
+                if lifecycle.steps.front() == Some(&OutStep::Register) && lifecycle.attempt.retries > 0 {
+                    // A registration was answered with a failure and waits for its retry: it
+                    // may have taken effect all the same (a lost response), so the teardown
+                    // unregisters rather than trust the mirror (a read of NRP corrects it).
+                    self.egress.set_registered(identity, true);
+                }
+                lifecycle.attempt.reset();
+                lifecycle.failing = false;
+                self.start_drain::<OutboundIdentity>(identity);
+            }
+        }
+    }
+
+    /// After every read of NRP: carried identities with no lifecycle (pods seen before the
+    /// first read, or an identity whose registration by somebody else went away) are decided
+    /// now, and one of ours that NRP lost is ensured again (every step is a PUT: idempotent).
+    pub(super) fn reconcile_outbound(&mut self) {
+        let undecided: Vec<String> =
+            self.egress.carried().filter(|id| !self.outbound.lifecycles.contains_key(*id)).map(str::to_owned).collect();
+        for identity in undecided {
+            self.carried_changed(&identity);
+        }
+        for (identity, lifecycle) in self.outbound.lifecycles.iter_mut() {
+            if lifecycle.phase == Phase::Created && !self.egress.is_registered(identity) {
+                lifecycle.phase = Phase::UpdateInProgress;
+                lifecycle.steps = outbound::ENSURE.into();
+                self.outbound.work.runnable.insert(identity.clone());
+                self.state.diff.touch_identity(identity);
+            }
+        }
+        self.drain_again_where_referenced::<OutboundIdentity>();
+    }
+
+    /// The last step of an outbound operation succeeded.
+    pub(super) fn finish_outbound(&mut self, identity: &str, step: &mut Step) {
+        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("caller checked");
+        let message = match lifecycle.phase {
+            Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
+                lifecycle.phase = Phase::Created;
+                lifecycle.whole = true;
+                self.state.diff.touch_identity(identity);
+                format!("egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered")
+            }
+            Phase::DeletionInProgress => {
+                let recreate = lifecycle.recreate && self.egress.carries(identity);
+                self.outbound.lifecycles.remove(identity);
+                self.pods.recheck(); // a last pod's finalizer waited for this
+                if recreate {
+                    let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
+                    self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                    self.outbound.work.runnable.insert(identity.to_owned());
+                }
+                format!("egress identity {identity}: unregistered, NAT gateway and public IP(s) deleted")
+            }
+            Phase::Created | Phase::DeletionPending => return,
+        };
+        step.logs.push(LogLine { level: LogLevel::Info, message });
+    }
+
+    pub(super) fn outbound_outcome(&mut self, identity: &str, id: u64, op: OutStep, outcome: Outcome, now: u64, step: &mut Step) {
+        if !self.answered::<OutboundIdentity>(identity, id, op, &outcome, now, step) {
+            return;
+        }
+        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("it waited for the answer");
+        let failure = match outcome {
+            Outcome::Failed(f) => f,
+            Outcome::Ok | Outcome::PublicIpAddress(_) | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
+                self.outbound_step_succeeded(identity, op);
+                return;
+            }
+        };
+        if failure.status == 404 && op.gone_is_done() {
+            self.outbound_step_succeeded(identity, op);
+            return;
+        }
+        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            if op == OutStep::Register {
+                // It may have taken effect whatever the answer: the teardown unregisters.
+                self.egress.set_registered(identity, true);
+            }
+            return; // a creation pre-empted by the teardown: the teardown carries on
+        }
+        let code = failure.code.as_deref().unwrap_or("");
+        let what = format!("{op:?} for egress identity {identity}");
+        if op.failure_is_ignored() {
+            let message =
+                format!("{what} failed (HTTP {} {code}): {}; the teardown goes on", failure.status, failure.message);
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+            self.outbound_step_succeeded(identity, op);
+            return;
+        }
+        if op == OutStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
+            self.drain_again::<OutboundIdentity>(identity, now);
+        }
+        if self.retry_later::<OutboundIdentity>(identity, &failure, &what, now, step) {
+            let message = format!(
+                "{what} failed (HTTP {}{}): {}; retrying with backoff",
+                failure.status,
+                if code.is_empty() { String::new() } else { format!(", {code}") },
+                failure.message
+            );
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+        }
+    }
+
+    pub(super) fn outbound_step_succeeded(&mut self, identity: &str, op: OutStep) {
+        match op {
+            OutStep::Register => {
+                self.egress.set_registered(identity, true);
+                self.state.diff.touch_identity(identity);
+            }
+            OutStep::Unregister => self.egress.set_registered(identity, false),
+            _ => {}
+        }
+        self.outbound.lifecycles.get_mut(identity).expect("caller checked").succeeded(op);
+        self.step_done::<OutboundIdentity>(identity, op);
+    }
+
+    /// The outbound side: the lifecycles of the egress identities this tracker provisions.
+    pub fn outbound(&self) -> &Outbound {
+        &self.outbound
+    }
+}
+
+/// Egress identities' outbound lifecycles, to the lifecycle driver.
+pub(super) struct OutboundIdentity;
+
+impl Kind for OutboundIdentity {
+    type Life = OutboundLifecycle;
+    const DELETE: &'static [OutStep] = &outbound::DELETE;
+    const UNREGISTER: OutStep = OutStep::Unregister;
+    fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, OutboundLifecycle> {
+        &tracker.outbound.lifecycles
+    }
+    fn parts(tracker: &mut Tracker) -> (&mut BTreeMap<String, OutboundLifecycle>, &mut WorkSets<String>) {
+        (&mut tracker.outbound.lifecycles, &mut tracker.outbound.work)
+    }
+    fn registered(tracker: &Tracker, identity: &str) -> bool {
+        tracker.egress.is_registered(identity)
+    }
+    /// Records what the step may leave behind as it is sent.
+    fn command(tracker: &mut Tracker, identity: &str, op: OutStep) -> Command {
+        let lifecycle = tracker.outbound.lifecycles.get_mut(identity).expect("the driver checked");
+        let command = lifecycle.command(identity, op);
+        lifecycle.sending(op);
+        command
+    }
+    fn in_flight(identity: &str, op: OutStep) -> InFlight {
+        InFlight::Outbound { identity: identity.to_owned(), step: op }
+    }
+    fn finish(tracker: &mut Tracker, identity: &str, step: &mut Step) {
+        tracker.finish_outbound(identity, step);
+    }
+}

@@ -1,0 +1,364 @@
+//! What the tracker does with a Service: admission of each version it reads, the lifecycle it
+//! wants, deletion, the commands of its steps and what their answers do; and `Inbound`, its kind
+//! for the driver.
+
+use crate::admission::{Verdict, admit_service};
+use crate::lifecycle::{Op, WorkSets};
+use crate::model::*;
+use std::collections::BTreeMap;
+use super::state::*;
+use super::service::*;
+use super::cache::*;
+use super::driver::*;
+
+impl Tracker {
+    // ---- Kubernetes side ----
+
+    pub(super) fn upsert_service(&mut self, service: Service, step: &mut Step) {
+        let verdict = admit_service(&self.config, &service);
+        let key = service.key();
+        let identity = service.identity();
+        let previous = self.state.services.remove(&key);
+        if let Some(previous) = previous.as_ref().filter(|p| p.observed.uid != service.uid) {
+            // The same name now belongs to a new object: the old one is gone.
+            let old = previous.observed.identity();
+            self.state.service_by_identity.remove(&old);
+            self.delete_service(&old, true);
+        }
+        let same_object = previous.as_ref().is_some_and(|p| p.observed.uid == service.uid);
+        let previous_admitted = previous.as_ref().filter(|_| same_object).and_then(|p| p.admitted.clone());
+        let verdict_changed = !same_object || previous.as_ref().is_some_and(|p| p.verdict != verdict);
+        let admitted = match &verdict {
+            Verdict::Admitted | Verdict::NothingToProvision => Some(service.clone()),
+            _ => previous_admitted,
+        };
+        if let (Verdict::Rejected(rejection), true) = (&verdict, verdict_changed) {
+            let kept = if admitted.is_some() { "; it keeps its last admitted configuration" } else { "" };
+            let message = format!("{}{kept}", rejection.message);
+            self.event(&object_ref(&service), EventType::Warning, &rejection.reason, message, step);
+        }
+        if let Some(lifecycle) = self.state.lifecycles.get_mut(&identity) {
+            lifecycle.object = ObjectState::of(&service);
+            lifecycle.service = object_ref(&service);
+        }
+        match &verdict {
+            Verdict::Admitted => self.want_service(&identity, &service),
+            Verdict::Cleanup | Verdict::Ignored(_) => {
+                if !self.state.lifecycles.contains_key(&identity) && ObjectState::of(&service).has_finalizer {
+                    // Ours from before a restart: clean up whatever is left, then release it.
+                    self.adopt_for_deletion(&identity, object_ref(&service), ObjectState::of(&service));
+                }
+                self.delete_service(&identity, false)
+            }
+            Verdict::Rejected(_) | Verdict::NothingToProvision => {}
+        }
+        self.state.service_by_identity.insert(identity.clone(), key.clone());
+        self.state.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
+        self.refuse_colliding_pods(&identity, step);
+    }
+
+    pub(super) fn remove_service_object(&mut self, key: &ObjectKey) {
+        let Some(record) = self.state.services.remove(key) else { return };
+        let identity = record.observed.identity();
+        self.state.service_by_identity.remove(&identity);
+        self.delete_service(&identity, true);
+    }
+
+    /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
+    pub(super) fn programmable(&self, identity: &str) -> bool {
+        self.state.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
+    }
+
+    pub(super) fn want_service(&mut self, identity: &str, service: &Service) {
+        let config = LbConfig::for_service(service);
+        let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else {
+            let lifecycle =
+                Lifecycle::new(object_ref(service), Phase::NotStarted, ObjectState::of(service), Some(config));
+            self.state.lifecycles.insert(identity.to_owned(), lifecycle);
+            self.seed(identity);
+            self.state.work.runnable.insert(identity.to_owned());
+            return;
+        };
+        let changed = lifecycle.desired.as_ref() != Some(&config);
+        lifecycle.desired = Some(config.clone());
+        match lifecycle.phase {
+            Phase::DeletionPending | Phase::DeletionInProgress => lifecycle.recreate = true,
+            Phase::Created if lifecycle.applied.as_ref() != Some(&config) => {
+                lifecycle.phase = Phase::UpdateInProgress;
+                lifecycle.steps = [OpStep::PutLoadBalancer, OpStep::PatchStatus].into();
+                lifecycle.op_config = Some(config);
+                lifecycle.attempt.reset();
+                lifecycle.parked = false;
+            }
+            // Someone stripped our finalizer (or the ingress IP) from a Service that is served:
+            // put it back, or a deletion would not wait for the Azure resources to go.
+            Phase::Created if lifecycle.object_needs_repair() => lifecycle.repair(),
+            Phase::Created => {}
+            Phase::NotStarted => lifecycle.op_config = Some(config),
+            Phase::CreationInProgress | Phase::UpdateInProgress => {
+                // A parked operation starts over with the new spec. A running one takes it
+                // when what it has not written yet is all the spec changes (the load balancer,
+                // and the public IP unless that is unchanged): one PUT instead of a PUT of the
+                // old spec and an update (upstream TestEngineUpdateService_OverwritesConfigDuringCreation).
+                // Otherwise it notices the drift when it completes.
+                let pending = |op: OpStep| {
+                    lifecycle.steps.contains(&op) && lifecycle.attempt.in_flight.is_none_or(|(_, running)| running != op)
+                };
+                let same_ip = lifecycle.op_config.as_ref().is_some_and(|c| c.public_ip == config.public_ip);
+                if lifecycle.parked && changed {
+                    lifecycle.parked = false;
+                    lifecycle.attempt.reset();
+                    lifecycle.op_config = Some(config);
+                    lifecycle.steps = OpStep::ENSURE.into();
+                } else if changed && pending(OpStep::PutLoadBalancer) && (same_ip || pending(OpStep::PutPublicIp)) {
+                    lifecycle.op_config = Some(config);
+                }
+            }
+        }
+        self.state.work.runnable.insert(identity.to_owned());
+    }
+
+    /// Starts (or keeps) the deletion of a Service's Azure resources. `gone`: the object has
+    /// left the API server. Never synthesises a deletion for a Service nobody provisioned.
+    pub(super) fn delete_service(&mut self, identity: &str, gone: bool) {
+        let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return };
+        if gone {
+            lifecycle.object.exists = false;
+        }
+        lifecycle.recreate = false;
+        if lifecycle.phase.is_deleting() {
+            if lifecycle.parked {
+                lifecycle.parked = false;
+                self.state.work.runnable.insert(identity.to_owned());
+            }
+            return;
+        }
+        lifecycle.attempt.reset();
+        lifecycle.parked = false;
+        lifecycle.failing = false;
+        self.unseed(identity);
+        self.start_drain::<Inbound>(identity);
+    }
+
+    pub(super) fn command_for(&self, identity: &str, op: OpStep) -> Command {
+        let lifecycle = &self.state.lifecycles[identity];
+        let config = lifecycle.op_config.as_ref();
+        let inbound = |backend_pools: Vec<PoolRef>, is_delete: bool| {
+            Command::UpdateServices(vec![NrpServiceRequest {
+                name: identity.to_owned(),
+                service_type: NrpServiceType::Inbound,
+                backend_pools,
+                public_nat_gateway: None,
+                is_delete,
+            }])
+        };
+        match op {
+            OpStep::AddFinalizer | OpStep::RemoveFinalizer => Command::SetFinalizer {
+                service: lifecycle.service.clone(),
+                finalizer: FINALIZER.to_owned(),
+                present: op == OpStep::AddFinalizer,
+            },
+            OpStep::PutPublicIp => Command::PutPublicIp(config.expect("skipped without a config").public_ip.clone()),
+            OpStep::PutLoadBalancer => {
+                Command::PutLoadBalancer(config.expect("skipped without a config").load_balancer.clone())
+            }
+            OpStep::Register => {
+                inbound(vec![PoolRef { load_balancer: identity.to_owned(), pool: identity.to_owned() }], false)
+            }
+            OpStep::PatchStatus => Command::PatchServiceStatus {
+                service: lifecycle.service.clone(),
+                ingress_ips: lifecycle.ingress_ip.iter().cloned().collect(),
+            },
+            OpStep::ClearStatus => {
+                Command::PatchServiceStatus { service: lifecycle.service.clone(), ingress_ips: Vec::new() }
+            }
+            OpStep::Unlink => inbound(Vec::new(), false),
+            OpStep::Unregister => inbound(Vec::new(), true),
+            OpStep::DeleteLoadBalancer => {
+                Command::DeleteResource(ResourceRef { kind: ResourceKind::LoadBalancer, name: identity.to_owned() })
+            }
+            OpStep::DeletePublicIp => {
+                Command::DeleteResource(ResourceRef { kind: ResourceKind::PublicIp, name: format!("{identity}-pip") })
+            }
+        }
+    }
+
+    /// The last step of an operation succeeded.
+    pub(super) fn finish_operation(&mut self, identity: &str, step: &mut Step) {
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("caller checked");
+        match lifecycle.phase {
+            Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
+                let created = lifecycle.phase != Phase::UpdateInProgress;
+                lifecycle.applied = lifecycle.op_config.clone();
+                if lifecycle.desired.is_some() && lifecycle.desired != lifecycle.applied {
+                    lifecycle.phase = Phase::UpdateInProgress;
+                    lifecycle.op_config = lifecycle.desired.clone();
+                    lifecycle.steps = [OpStep::PutLoadBalancer, OpStep::PatchStatus].into();
+                    self.state.work.runnable.insert(identity.to_owned());
+                } else if lifecycle.object_needs_repair() {
+                    // Read without our finalizer (or its ingress IP) after it was written.
+                    lifecycle.repair();
+                    self.state.work.runnable.insert(identity.to_owned());
+                } else {
+                    lifecycle.phase = Phase::Created;
+                }
+                let (service, ip) = (lifecycle.service.clone(), lifecycle.ingress_ip.clone().unwrap_or_default());
+                if created {
+                    let message = format!("load balancer {identity} is serving at {ip}");
+                    self.event(&service, EventType::Normal, reason::ENSURED_LOAD_BALANCER, message, step);
+                }
+            }
+            Phase::DeletionInProgress => {
+                let service = lifecycle.service.clone();
+                let message = format!("load balancer {identity} and its public IP are deleted and unregistered");
+                if lifecycle.recreate && lifecycle.object.exists && lifecycle.desired.is_some() {
+                    lifecycle.phase = Phase::NotStarted;
+                    lifecycle.recreate = false;
+                    lifecycle.applied = None;
+                    lifecycle.ingress_ip = None;
+                    lifecycle.op_config = lifecycle.desired.clone();
+                    lifecycle.steps = OpStep::ENSURE.into();
+                    lifecycle.attempt.retries = 0;
+                    self.seed(identity);
+                    self.state.diff.touch_identity(identity);
+                    self.state.work.runnable.insert(identity.to_owned());
+                } else {
+                    self.state.lifecycles.remove(identity);
+                }
+                self.event(&service, EventType::Normal, reason::DELETED_LOAD_BALANCER, message, step);
+            }
+            Phase::Created | Phase::DeletionPending => {}
+        }
+    }
+
+    pub(super) fn service_outcome(&mut self, identity: &str, id: u64, op: OpStep, outcome: Outcome, now: u64, step: &mut Step) {
+        if !self.answered::<Inbound>(identity, id, op, &outcome, now, step) {
+            return;
+        }
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("it waited for the answer");
+        let failure = match outcome {
+            Outcome::Failed(f) => f,
+            Outcome::PublicIpAddress(ip) => {
+                lifecycle.ingress_ip = Some(ip);
+                self.step_succeeded(identity, op);
+                return;
+            }
+            Outcome::Ok | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
+                self.step_succeeded(identity, op);
+                return;
+            }
+        };
+        // A Kubernetes write refused by the host's UID guard is for a Service replaced under the
+        // same name: the object it was for is gone, as with a 404.
+        let gone = (op.is_delete_step() && failure.status == 404) || (op.is_kubernetes() && failure.object_gone());
+        if gone {
+            if op.is_kubernetes() {
+                lifecycle.object.exists = false;
+            }
+            self.step_succeeded(identity, op);
+            if op.is_kubernetes() && !self.state.lifecycles[identity].phase.is_deleting() {
+                // The Service left the API server before we finished: undo what we made.
+                self.delete_service(identity, true);
+            }
+            return;
+        }
+        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            return; // a create or update pre-empted by a delete: the delete carries on
+        }
+        let code = failure.code.as_deref().unwrap_or("");
+        if op == OpStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
+            self.drain_again::<Inbound>(identity, now);
+        }
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("still there");
+        let terminal = matches!(op, OpStep::PutLoadBalancer | OpStep::PutPublicIp)
+            && (TERMINAL_CODES.contains(&code) || failure.status == 422);
+        let service = lifecycle.service.clone();
+        if terminal && lifecycle.desired.is_some() && lifecycle.desired != lifecycle.op_config {
+            // The spec changed while the refused one was in flight: the refusal is of a spec
+            // nobody wants any more, so the operation goes on with the current one instead of
+            // parking (upstream TestEngineOnServiceCreationComplete_DriftDuringTerminalFailureReDispatches
+            // and TestEngineOnServiceCreationComplete_DriftDuringTerminalUpdateReDispatches).
+            lifecycle.op_config = lifecycle.desired.clone();
+            lifecycle.attempt.reset();
+            return;
+        }
+        if terminal {
+            lifecycle.parked = true;
+            let message = format!(
+                "Azure refused {op:?} for load balancer {identity}: {} ({}); fix the Service spec to retry",
+                failure.message, code
+            );
+            self.event(&service, EventType::Warning, reason::LOAD_BALANCER_CONFIGURATION_REJECTED, message, step);
+            return;
+        }
+        let what = format!("{op:?} for load balancer {identity}");
+        if self.retry_later::<Inbound>(identity, &failure, &what, now, step) {
+            let message = format!(
+                "{op:?} for load balancer {identity} failed (HTTP {}{}): {}; retrying with backoff",
+                failure.status,
+                if code.is_empty() { String::new() } else { format!(", {code}") },
+                failure.message
+            );
+            self.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
+        }
+    }
+
+    pub(super) fn step_succeeded(&mut self, identity: &str, op: OpStep) {
+        match op {
+            OpStep::Register => self.state.diff.set_registered(identity, true),
+            OpStep::Unregister => self.state.diff.set_registered(identity, false),
+            _ => {}
+        }
+        let lifecycle = self.state.lifecycles.get_mut(identity).expect("caller checked");
+        match op {
+            OpStep::AddFinalizer => lifecycle.object.has_finalizer = true,
+            OpStep::RemoveFinalizer => lifecycle.object.has_finalizer = false,
+            OpStep::PatchStatus => lifecycle.object.ingress = lifecycle.ingress_ip.iter().cloned().collect(),
+            OpStep::ClearStatus => lifecycle.object.ingress.clear(),
+            _ => {}
+        }
+        // The backoff was for the step that just succeeded: the next step, or the end of the
+        // operation, must not wait for it (after the clock stepped back, a stale deadline held
+        // `finish_operation` back after the finalizer was removed).
+        self.step_done::<Inbound>(identity, op);
+    }
+
+    /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
+    pub(super) fn adopt_for_deletion(&mut self, identity: &str, service: ObjectRef, object: ObjectState) {
+        let lifecycle = Lifecycle::new(service, Phase::DeletionPending, object, None);
+        self.state.lifecycles.insert(identity.to_owned(), lifecycle);
+        self.state.work.draining.insert(identity.to_owned());
+        self.state.diff.touch_identity(identity);
+    }
+}
+
+/// Inbound Services, to the lifecycle driver.
+pub(super) struct Inbound;
+
+impl Kind for Inbound {
+    type Life = Lifecycle;
+    const DELETE: &'static [OpStep] = &OpStep::DELETE;
+    const UNREGISTER: OpStep = OpStep::Unregister;
+    fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, Lifecycle> {
+        &tracker.state.lifecycles
+    }
+    fn parts(tracker: &mut Tracker) -> (&mut BTreeMap<String, Lifecycle>, &mut WorkSets<String>) {
+        (&mut tracker.state.lifecycles, &mut tracker.state.work)
+    }
+    fn registered(tracker: &Tracker, identity: &str) -> bool {
+        tracker.state.diff.is_registered(identity)
+    }
+    /// An egress identity of the same name is torn down first.
+    fn blocked(tracker: &Tracker, identity: &str) -> bool {
+        tracker.outbound.lifecycles.contains_key(identity)
+    }
+    fn command(tracker: &mut Tracker, identity: &str, op: OpStep) -> Command {
+        tracker.command_for(identity, op)
+    }
+    fn in_flight(identity: &str, op: OpStep) -> InFlight {
+        InFlight::Service { identity: identity.to_owned(), step: op }
+    }
+    fn finish(tracker: &mut Tracker, identity: &str, step: &mut Step) {
+        tracker.finish_operation(identity, step);
+    }
+}

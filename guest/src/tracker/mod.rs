@@ -1,0 +1,415 @@
+//! The stateful core: observations and outcomes in, commands out (design §4; upstream §b.3,
+//! §c.2).
+//!
+//! * The Kubernetes side is the cache of Services, EndpointSlices and Nodes; the ready endpoints
+//!   of every Service being provisioned are folded into the [`DiffTracker`]. That state *is* the
+//!   buffer of endpoint changes during creation: they are applied in arrival order and only
+//!   reach NRP once the Service is registered, so a pod removed during creation never appears.
+//! * Each Service has a lifecycle (NotStarted → CreationInProgress → Created ⇄ UpdateInProgress
+//!   → DeletionPending → DeletionInProgress) that runs one command at a time: finalizer, public
+//!   IP, load balancer, NRP registration, status; and on deletion, after NRP no longer maps any
+//!   address to it: unlink, delete the load balancer, unregister, delete the public IP, release
+//!   the finalizer.
+//! * Each egress identity a pod carries that NRP does not list gets an outbound lifecycle
+//!   ([`crate::outbound`]) on the same machinery: public IP(s), NAT gateway, registration; and
+//!   once its last pod has gone and its addresses have drained, the teardown in upstream's order.
+//! * An address-location batch carries only registered, live Services, so a failing Service
+//!   never blocks another's addresses; and a slow or failing batch costs only the locations it
+//!   covers: while one has been in flight for [`timing::SLOW_BATCH_MS`], another may go over
+//!   other locations (at most [`MAX_BATCHES_IN_FLIGHT`], no location in two), and a failed
+//!   batch's locations back off on their own. Only a throttled batch (429) holds
+//!   back every location: the throttle is the subscription's.
+//! * Failures back off per Service (1 s doubling to 30 s, deterministic jitter, at least
+//!   `Retry-After` up to [`timing::RETRY_AFTER_CAP_MS`]); a periodic read of NRP repairs drift;
+//!   nothing is written before the initial lists are complete and NRP has been read.
+//! * Every Azure write draws on a token bucket of its kind ([`crate::budget`]): a write with no
+//!   token waits, so that a burst of changes coalesces into few calls; a 429 shrinks the bucket's
+//!   rate instead of holding everything behind a backoff.
+//! * Time is the host's `now`, made monotonic ([`Clock`]); every deadline saturates, and none is
+//!   further ahead than [`timing::MAX_DELAY_MS`].
+
+use crate::admission::Verdict;
+use crate::budget::{Buckets, WriteKind};
+use crate::config::{Config, ConfigError, Mode, validate_config};
+use crate::difftracker::View;
+use crate::egress::Egress;
+use crate::lifecycle::Op;
+use crate::model::*;
+use crate::name::Name;
+use crate::outbound::Outbound;
+use crate::pod_finalizers::PodFinalizers;
+use std::collections::BTreeSet;
+
+// Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
+// driver, then what the tracker does with each part; this file, the coordination, is on top.
+mod service;
+mod cache;
+mod state;
+mod driver;
+mod snapshot;
+mod inbound;
+mod kube;
+mod nrp;
+mod startup;
+mod identities;
+mod pods;
+
+use cache::programmable;
+use identities::*;
+use inbound::*;
+use state::*;
+pub use crate::lifecycle::{backoff_ms, timing};
+pub use crate::model::Phase;
+pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
+pub use state::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, STATE_VERSION, StateError, Tracker};
+
+impl Tracker {
+    /// A tracker with empty state; refuses a configuration [`validate_config`] refuses.
+    pub fn create(config: Config) -> Result<Self, ConfigError> {
+        let mode = validate_config(&config)?;
+        let state =
+            State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
+        let budget = Buckets::full(&config.write_budgets());
+        Ok(Self {
+            config,
+            mode,
+            state,
+            egress: Egress::default(),
+            arm: ArmSync::default(),
+            budget,
+            outbound: Outbound::default(),
+            pods: PodFinalizers::default(),
+            clock: Clock::default(),
+        })
+    }
+
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The verdict last reached for a Service, if the tracker has seen it.
+    pub fn verdict(&self, namespace: &str, name: &str) -> Option<&Verdict> {
+        self.state.services.get(&ObjectKey::new(namespace, name)).map(|r| &r.verdict)
+    }
+
+    /// The spec the tracker provisions a Service with: the last one admitted.
+    pub fn admitted_spec(&self, namespace: &str, name: &str) -> Option<&Service> {
+        self.state.services.get(&ObjectKey::new(namespace, name)).and_then(|r| r.admitted.as_ref())
+    }
+
+    /// A Service's lifecycle phase, by identity (lower-cased UID).
+    pub fn phase(&self, identity: &str) -> Option<Phase> {
+        self.state.lifecycles.get(identity).map(|l| l.phase)
+    }
+
+    /// The NRP mirror: what NRP has accepted, location → address → services.
+    pub fn nrp_view(&self) -> View {
+        self.state.diff.nrp_view()
+    }
+
+    /// Registered inbound services in the NRP mirror.
+    pub fn registered(&self) -> &BTreeSet<Name> {
+        self.state.diff.registered()
+    }
+
+    /// What NRP should hold once quiet: the ready-filtered Kubernetes state.
+    pub fn desired_view(&self) -> View {
+        self.state.diff.desired_view(|id| self.class(id))
+    }
+
+    /// Whether nothing is in flight, nothing is dirty and no Service has work left.
+    pub fn is_quiet(&self) -> bool {
+        self.state.in_flight.is_empty() && self.is_quiet_after_events()
+    }
+
+    pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
+        let now = self.clock.read(now_ms);
+        let mut step = Step::default();
+        for observation in batch {
+            match observation {
+                // A Service's UID names its Azure resources: with none there is nothing to name
+                // them by (the API server always sets one; a host that sends none is wrong).
+                Observation::ServiceUpserted(service) if service.uid.trim().is_empty() => {
+                    let message =
+                        format!("Service {}/{} has no UID: it is ignored", service.namespace, service.name);
+                    step.logs.push(LogLine { level: LogLevel::Warn, message });
+                }
+                Observation::ServiceUpserted(service) => self.upsert_service(service, &mut step),
+                Observation::ServiceDeleted(key) => self.remove_service_object(&key),
+                Observation::SliceUpserted(slice) => {
+                    if !programmable(&slice.address_type) && !slice.address_type.eq_ignore_ascii_case("FQDN") {
+                        let message = format!(
+                            "EndpointSlice {}/{}: addressType {:?} is not IPv4, IPv6 or FQDN; its endpoints are not programmed",
+                            slice.namespace, slice.name, slice.address_type
+                        );
+                        step.logs.push(LogLine { level: LogLevel::Warn, message });
+                    }
+                    self.upsert_slice(slice)
+                }
+                Observation::SliceDeleted(key) => self.remove_slice(&key),
+                Observation::NodeUpserted(node) => self.upsert_node(node, &mut step),
+                Observation::NodeDeleted(name) => self.remove_node(&name),
+                Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
+                Observation::PodDeleted(key) => {
+                    let before = self.egress.carried_by(&key);
+                    self.egress.delete(&key, &mut self.state.diff);
+                    self.pods.gone(&key, &before, true);
+                    if let Some((identity, _)) = before {
+                        self.carried_changed(&identity);
+                    }
+                }
+                Observation::ListsComplete => {
+                    self.state.lists_complete = true;
+                }
+            }
+        }
+        self.pump(now, &mut step);
+        step
+    }
+
+    pub fn complete(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>) -> Step {
+        let now = self.clock.read(now_ms);
+        let mut step = Step::default();
+        for (id, outcome) in results {
+            // An unknown id is a duplicate or stale answer: ignoring it is safe.
+            let Some(what) = self.state.in_flight.remove(&id) else { continue };
+            match what {
+                InFlight::Service { identity, step: op } => {
+                    self.state.service_commands_in_flight -= 1;
+                    if op.writes_nrp() {
+                        self.state.nrp.service_writes_in_flight -= 1;
+                    }
+                    self.service_outcome(&identity, id, op, outcome, now, &mut step);
+                }
+                InFlight::Outbound { identity, step: op } => {
+                    self.state.service_commands_in_flight -= 1;
+                    if op.writes_nrp() {
+                        self.state.nrp.service_writes_in_flight -= 1;
+                    }
+                    self.outbound_outcome(&identity, id, op, outcome, now, &mut step);
+                }
+                InFlight::PodFinalizer { key, uid, present } => {
+                    self.pod_finalizer_outcome(&key, &uid, id, present, outcome, now, &mut step)
+                }
+                InFlight::Locations(batch) => self.locations_outcome(id, batch, outcome, now, &mut step),
+                InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
+                InFlight::ReadArm => self.arm_outcome(outcome, now, &mut step),
+                // Events are best effort; a lost one is not worth a retry.
+                InFlight::Event => {}
+            }
+        }
+        self.pump(now, &mut step);
+        step
+    }
+
+    pub fn tick(&mut self, now_ms: u64) -> Step {
+        let now = self.clock.read(now_ms);
+        let mut step = Step::default();
+        self.pump(now, &mut step);
+        step
+    }
+
+    // ---- Commands ----
+
+    fn issue(&mut self, command: Command, what: InFlight, step: &mut Step) -> u64 {
+        let id = self.state.next_command_id;
+        self.state.next_command_id += 1;
+        self.state.in_flight.insert(id, what);
+        step.commands.push(Issued { id, command });
+        id
+    }
+
+    fn event(&mut self, regarding: &ObjectRef, event_type: EventType, reason: &str, message: String, step: &mut Step) {
+        if regarding.name.is_empty() {
+            return; // an orphan found in NRP has no object to attach an Event to
+        }
+        let event = Event { regarding: regarding.clone(), event_type, reason: reason.to_owned(), message };
+        self.issue(Command::EmitEvent(event), InFlight::Event, step);
+    }
+
+    // ---- Write budgets ----
+
+    /// Takes a token of `kind`'s bucket if it has one.
+    fn take_token(&mut self, kind: WriteKind, now: u64) -> bool {
+        let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
+        bucket.try_take(budget, now)
+    }
+
+    /// When `kind`'s bucket next has a token, if that is after `now`.
+    fn token_due(&self, kind: WriteKind, now: u64) -> Option<u64> {
+        Some(self.budget.ready_at(&self.config.write_budgets(), kind, now)).filter(|&at| at > now)
+    }
+
+    /// What Azure answered a write of `kind`: a 429 shrinks its budget (and says so), an
+    /// accepted write gives some of a shrunk budget back.
+    fn budget_answered(&mut self, kind: WriteKind, outcome: &Outcome, now: u64, step: &mut Step) {
+        let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
+        match outcome {
+            Outcome::Failed(f) if f.status == 429 => {
+                let per_minute = bucket.throttled(budget, now);
+                let message = format!(
+                    "{} was throttled (HTTP 429): its write budget shrinks to {per_minute} a minute (configured: {} a \
+                     minute) and grows back as writes are accepted",
+                    kind.name(),
+                    budget.per_minute
+                );
+                step.logs.push(LogLine { level: LogLevel::Warn, message });
+            }
+            Outcome::Failed(_) => {}
+            _ => bucket.accepted(budget, now),
+        }
+    }
+
+
+    fn ready_to_write(&self) -> bool {
+        self.state.lists_complete && self.state.nrp.loaded && self.state.reconciled
+    }
+
+    /// Starts whatever can start now (the tracker's time, [`Clock`]); sets when to be called
+    /// again (the host's time).
+    fn pump(&mut self, now: u64, step: &mut Step) {
+        if self.mode != Mode::ContainerLoadBalancer {
+            // Outside CLB mode the tracker provisions nothing (the backend-pool updater serves
+            // multi-SLB mode), so it is idle once its Events are sent.
+            step.idle = step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_)));
+            return;
+        }
+        self.bring_in_deadlines(now);
+        self.maybe_reconcile(step);
+        self.state.work.fire(now);
+        self.outbound.work.fire(now);
+        // A read scheduled past the end of time (its deadline saturated at `u64::MAX`) never
+        // comes: at `now = u64::MAX` it would be due again after every read, a read per answer.
+        let scheduled = self.state.nrp.next_read_ms < u64::MAX;
+        let read_due = !self.state.nrp.loaded || (scheduled && now >= self.state.nrp.next_read_ms);
+        if read_due
+            && !self.state.nrp.read_in_flight
+            && self.state.nrp.batches_in_flight.is_empty()
+            && self.state.nrp.service_writes_in_flight == 0
+            && now >= self.state.nrp.next_read_ms
+        {
+            self.state.nrp.read_in_flight = true;
+            self.issue(Command::ReadNrp, InFlight::ReadNrp, step);
+        }
+        if self.inventory_wanted() && now >= self.arm.next_read_ms {
+            self.arm.read_in_flight = true;
+            self.issue(Command::ReadArm, InFlight::ReadArm, step);
+        }
+        if self.ready_to_write() {
+            self.check_drained::<Inbound>();
+            let hold_nrp_writes = read_due || self.state.nrp.read_in_flight;
+            // Outbound first: an inbound Service whose identity an egress identity of ours had
+            // waits for that teardown (they share NRP's name and the `-pip` name), and the pass
+            // that ends it must let the Service go.
+            self.check_drained::<OutboundIdentity>();
+            self.run::<OutboundIdentity>(now, hold_nrp_writes, step);
+            self.run::<Inbound>(now, hold_nrp_writes, step);
+            if !hold_nrp_writes {
+                self.sync_locations(now, step);
+            }
+            self.advance_pod_finalizers(now, step);
+        }
+        step.wake_at_ms = self.next_wake(now).map(|at| self.clock.to_host(at));
+        step.idle =
+            step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))) && self.is_quiet_after_events();
+    }
+
+    /// No deadline is further ahead than the longest delay the tracker schedules
+    /// ([`timing::MAX_DELAY_MS`]), which its own deadlines never are (its clock does not go back).
+    /// One that is was set by a clock ahead of this one (a state imported from another host, or
+    /// exported before a step back) or by an older version that honoured any `Retry-After`: it
+    /// is brought in to now plus that delay, so nothing waits longer. Costs a look at the last
+    /// timer unless there is something to bring in; `advance` does the same for a Service's own
+    /// deadline.
+    fn bring_in_deadlines(&mut self, now: u64) {
+        let latest = now.saturating_add(timing::MAX_DELAY_MS);
+        let nrp = &mut self.state.nrp;
+        nrp.next_read_ms = nrp.next_read_ms.min(latest);
+        self.arm.next_read_ms = self.arm.next_read_ms.min(latest);
+        nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
+        self.budget.bring_in(now);
+        for backoff in nrp.location_backoff.values_mut() {
+            backoff.not_before_ms = backoff.not_before_ms.min(latest);
+        }
+        let lifecycles = &mut self.state.lifecycles;
+        self.state.work.bring_in(latest, |identity| {
+            if let Some(lifecycle) = lifecycles.get_mut(identity) {
+                lifecycle.attempt.bring_in(latest);
+            }
+        });
+        self.pods.bring_in(latest);
+        let lifecycles = &mut self.outbound.lifecycles;
+        self.outbound.work.bring_in(latest, |identity| {
+            if let Some(lifecycle) = lifecycles.get_mut(identity) {
+                lifecycle.attempt.bring_in(latest);
+            }
+        });
+    }
+
+    /// Quiet once the Events just issued are counted as done (they need no answer to proceed).
+    /// Every unsettled lifecycle is in flight, runnable, waiting on a timer or draining, so
+    /// looking at those sets is enough: no scan of all Services.
+    fn is_quiet_after_events(&self) -> bool {
+        let quiet = self.ready_to_write()
+            && !self.state.diff.has_dirty()
+            && self.state.work.is_empty()
+            && self.outbound.is_quiet()
+            && self.pods.is_quiet()
+            && self.state.in_flight.values().all(|f| matches!(f, InFlight::Event));
+        // Also under the fuzz crate's `invariants` feature, so that fuzzing checks it.
+        #[cfg(any(test, feature = "invariants"))]
+        if quiet {
+            let settled = self.state.lifecycles.values().all(|l| !l.has_work_left());
+            assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.state.lifecycles);
+            let settled = self.outbound.lifecycles.values().all(|l| !l.has_work_left());
+            assert!(settled, "an outbound lifecycle with work left is in no work set: {:#?}", self.outbound.lifecycles);
+        }
+        quiet
+    }
+
+    fn next_wake(&self, now: u64) -> Option<u64> {
+        let nrp = &self.state.nrp;
+        let mut wake = None;
+        let mut consider = |at: u64| wake = Some(wake.map_or(at, |w: u64| w.min(at)));
+        let timers = [self.state.work.next_timer(), self.outbound.work.next_timer(), self.pods.next_timer()];
+        timers.into_iter().flatten().for_each(&mut consider);
+        if !nrp.read_in_flight {
+            consider(nrp.next_read_ms.max(now));
+        }
+        if self.inventory_wanted() {
+            consider(self.arm.next_read_ms.max(now));
+        }
+        if !self.state.work.runnable.is_empty() || !self.outbound.work.runnable.is_empty() {
+            // A Service held for a token (or for a read of NRP, or for room in flight, which an
+            // answer ends: waking for a token then is only early).
+            for kind in [WriteKind::Services, WriteKind::Arm] {
+                if let Some(at) = self.token_due(kind, now) {
+                    consider(at);
+                }
+            }
+        }
+        if self.state.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
+            if nrp.batch_not_before_ms > now {
+                consider(nrp.batch_not_before_ms);
+            } else if let Some(at) = self.token_due(WriteKind::AddressLocations, now) {
+                consider(at);
+            } else {
+                // The next batch may go once the youngest in flight is slow, and a location
+                // backing off once its delay is over. Past either, only an answer or a change
+                // can make a batch: nothing to wake for.
+                let slow_at = nrp.batches_in_flight.values().max().map(|at| at.saturating_add(timing::SLOW_BATCH_MS));
+                if let Some(at) = slow_at.filter(|&at| at > now) {
+                    consider(at);
+                }
+                if let Some(due) = nrp.location_backoff.values().map(|b| b.not_before_ms).filter(|&at| at > now).min() {
+                    consider(due);
+                }
+            }
+        }
+        wake
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,108 @@
+//! Export and import of the tracker's state (the format is `state`).
+
+#[cfg(test)]
+use crate::config::ConfigError;
+use crate::budget::Buckets;
+use crate::config::{Config, validate_config};
+use crate::egress::Egress;
+
+use crate::model::*;
+use crate::outbound::Outbound;
+use crate::pod_finalizers::PodFinalizers;
+
+use super::state::*;
+
+impl Tracker {
+    /// A tracker as [`Self::create`], but with its start-up inventory of ARM settled and empty,
+    /// as a state from before version 4 imports: for the tests of everything but start-up
+    /// adoption, which then see the commands they saw before the inventory existed.
+    #[cfg(test)]
+    pub(crate) fn create_with_arm_settled(config: Config) -> Result<Self, ConfigError> {
+        Ok(Self { arm: ArmSync::settled(), ..Self::create(config)? })
+    }
+
+    /// The state as version 3 wrote it (no ARM inventory), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v3(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress)).expect("plain data")
+    }
+
+    /// The state as version 4 wrote it (no write budgets), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v4(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm)).expect("plain data")
+    }
+
+    /// The state as version 5 wrote it (no outbound lifecycles), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v5(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget)).expect("plain data")
+    }
+
+    /// The state as version 6 wrote it (no pod finalizers), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v6(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound)).expect("plain data")
+    }
+
+    /// This tracker's current payload with `state` in place of its own, for tests of states that
+    /// must be refused.
+    #[cfg(test)]
+    pub(super) fn payload_with(&self, state: &State) -> Vec<u8> {
+        postcard::to_allocvec(&(state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods))
+            .expect("plain data")
+    }
+
+    // ---- State ----
+
+    /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
+    /// the egress side (postcard encodes a pair as one after the other).
+    pub fn export_state(&self) -> (u32, Vec<u8>) {
+        let payload =
+            postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods))
+            .expect("the state is plain data and always encodes");
+        (STATE_VERSION, payload)
+    }
+
+    /// The schema version [`Self::export_state`] writes.
+    pub fn state_version(&self) -> u32 {
+        STATE_VERSION
+    }
+
+    /// A tracker from exported state. The payload must be exactly one value of its version
+    /// (bytes after it are refused: a version-2 payload offered as version 1 would otherwise
+    /// import without its egress side), and what [`State::check`] and [`Egress::check`] verify
+    /// must hold; anything else is [`StateError::Corrupt`].
+    pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
+        let mode = validate_config(&config).map_err(StateError::InvalidConfig)?;
+        let corrupt = |why: String| StateError::Corrupt(format!("state version {version}: {why}"));
+        let full = Buckets::full(&config.write_budgets());
+        let none = Outbound::default();
+        let no_pods = PodFinalizers::default;
+        if !(1..=STATE_VERSION).contains(&version) {
+            return Err(StateError::UnsupportedVersion(version));
+        }
+        // Each part the version has, one after the other (postcard writes a tuple so), then
+        // nothing: one decoder per part for every version. A part a version lacks starts as that
+        // version implies: no egress pods, the ARM inventory settled, full write budgets, no
+        // outbound lifecycles, no pod held.
+        let mut rest = payload;
+        let state = if version <= 2 {
+            take::<State<NrpSyncV2>>(&mut rest).map_err(corrupt)?.upgrade()
+        } else {
+            take::<State>(&mut rest).map_err(corrupt)?
+        };
+        let egress = if version >= 2 { take(&mut rest).map_err(corrupt)? } else { Egress::default() };
+        let arm = if version >= 4 { take(&mut rest).map_err(corrupt)? } else { ArmSync::settled() };
+        let budget = if version >= 5 { take(&mut rest).map_err(corrupt)? } else { full };
+        let outbound = if version >= 6 { take(&mut rest).map_err(corrupt)? } else { none };
+        let pods = if version >= 7 { take(&mut rest).map_err(corrupt)? } else { no_pods() };
+        if !rest.is_empty() {
+            return Err(corrupt(format!("{} byte(s) after the payload", rest.len())));
+        }
+        state.check(&arm, &outbound, &pods).map_err(corrupt)?;
+        egress.check().map_err(corrupt)?;
+        outbound.check().map_err(corrupt)?;
+        Ok(Self { config, mode, state, egress, arm, budget, outbound, pods, clock: Clock::default() })
+    }
+}

@@ -1,0 +1,246 @@
+//! Start-up: the one read of ARM's inventory and what it is for: adopting what already holds
+//! what a Service or an egress identity wants, and sweeping what Services and egress identities
+//! deleted while no controller ran left behind.
+
+use crate::lifecycle::{retry_delay, timing};
+use crate::model::*;
+use crate::outbound::{self, OutStep, OutboundLifecycle};
+use std::collections::{BTreeMap, VecDeque};
+use super::state::*;
+use super::service::*;
+
+impl Tracker {
+    /// The start-up inventory is to be read: not settled, not out, and asked for only once the
+    /// lists are complete and NRP is read (start-up reconciliation uses it the moment it comes).
+    pub(super) fn inventory_wanted(&self) -> bool {
+        !self.arm.settled && !self.arm.read_in_flight && self.state.lists_complete && self.state.nrp.loaded
+    }
+
+    // ---- The start-up inventory of ARM ----
+
+    pub(super) fn arm_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) {
+        let arm = &mut self.arm;
+        arm.read_in_flight = false;
+        match outcome {
+            Outcome::ArmInventory(inventory) => {
+                arm.settled = true;
+                // Issued only once the lists are complete and NRP is read: start-up
+                // reconciliation runs now, with the inventory.
+                self.maybe_reconcile(step);
+                self.adopt_from_arm(&inventory, step);
+                return;
+            }
+            Outcome::Failed(failure) if arm.read_retries.saturating_add(1) < timing::ARM_READ_ATTEMPTS => {
+                arm.read_retries += 1;
+                let delay = retry_delay("read-arm", arm.read_retries, &failure, "read-arm", step);
+                arm.next_read_ms = now.saturating_add(delay);
+            }
+            other => {
+                // No `Debug` of the answer: it would pull the formatting of every record into the
+                // component for one log line.
+                let why = match other {
+                    Outcome::Failed(f) => format!("HTTP {} {}: {}", f.status, f.code.unwrap_or_default(), f.message),
+                    _ => "the host answered with another outcome than an inventory".to_owned(),
+                };
+                let message = format!(
+                    "read-arm failed {} time(s) ({why}); start-up goes on without the ARM inventory: \
+                     every Service's public IP and load balancer is written once, none is adopted",
+                    arm.read_retries + 1
+                );
+                step.logs.push(LogLine { level: LogLevel::Warn, message });
+                arm.settled = true;
+            }
+        }
+        self.maybe_reconcile(step);
+    }
+
+    /// Start-up adoption: a Service not yet provisioned by this tracker whose public IP (and
+    /// load balancer) ARM already holds as it wants them skips those writes, and one that needs
+    /// nothing written at all is created as it is, with no second `EnsuredLoadBalancer` Event.
+    /// Then the sweep: a UID-named load balancer of our shape, or a UID-named `-pip` public IP,
+    /// that no Service, NRP registration, egress identity or foreign service explains is ours
+    /// from a Service deleted while no controller ran, and is deleted.
+    pub(super) fn adopt_from_arm(&mut self, inventory: &ArmInventory, step: &mut Step) {
+        // Names sorted with their index, not maps: each map or sort of another type costs the
+        // component kilobytes of code, and both lists share this one.
+        fn by_name(mut names: Vec<(&str, usize)>) -> Vec<(&str, usize)> {
+            names.sort_unstable();
+            names
+        }
+        let public_ips = by_name(inventory.public_ips.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect());
+        let shaped = inventory.load_balancers.iter().enumerate().filter(|(_, l)| l.shape.is_some());
+        let load_balancers = by_name(shaped.map(|(i, l)| (l.name.as_str(), i)).collect());
+        let find = |sorted: &[(&str, usize)], name: &str| {
+            sorted.binary_search_by_key(&name, |(n, _)| n).ok().map(|i| sorted[i].1)
+        };
+        let public_ip_named = |name: &str| find(&public_ips, name).map(|i| &inventory.public_ips[i]);
+        let load_balancer_named =
+            |name: &str| find(&load_balancers, name).and_then(|i| inventory.load_balancers[i].shape.as_ref());
+        let (mut adopted, mut whole) = (0usize, 0usize);
+        for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
+            if lifecycle.phase != Phase::NotStarted {
+                continue;
+            }
+            let Some(config) = lifecycle.op_config.as_ref() else { continue };
+            let public_ip = public_ip_named(&config.public_ip.name)
+                .filter(|p| p.as_put && p.version == config.public_ip.version)
+                .and_then(|p| p.address.clone());
+            let Some(address) = public_ip else { continue };
+            let load_balancer_holds = load_balancer_named(&config.load_balancer.name)
+                .is_some_and(|lb| same_load_balancer(lb, &config.load_balancer));
+            lifecycle
+                .steps
+                .retain(|s| *s != OpStep::PutPublicIp && (*s != OpStep::PutLoadBalancer || !load_balancer_holds));
+            adopted += 1;
+            lifecycle.ingress_ip = Some(address);
+            // Every step left already holds: the Service is as a creation would leave it.
+            let registered = self.state.diff.is_registered(identity);
+            if lifecycle.steps.iter().all(|&op| lifecycle.holds_already(op, registered)) {
+                lifecycle.phase = Phase::Created;
+                lifecycle.applied = lifecycle.op_config.clone();
+                lifecycle.steps.clear();
+                self.state.work.runnable.remove(identity);
+                whole += 1;
+            }
+        }
+        let sweepable = |tracker: &Self, identity: &str| {
+            looks_like_uid(identity)
+                && !tracker.state.lifecycles.contains_key(identity)
+                && !tracker.state.service_by_identity.contains_key(identity)
+                && !tracker.state.diff.is_registered(identity)
+                && !tracker.state.nrp.foreign.contains(identity)
+                && tracker.egress.class(identity).is_none()
+        };
+        let mut orphans = 0usize;
+        for &(name, index) in &load_balancers {
+            let Some(lb) = inventory.load_balancers[index].shape.as_ref() else { continue };
+            let ours = lb.backend_pool == name && lb.public_ip == format!("{name}-pip");
+            if ours && sweepable(self, name) {
+                self.adopt_for_deletion(name, orphan(name), ObjectState::gone());
+                orphans += 1;
+            }
+        }
+        // Then the public IPs left without a load balancer (those with one are adopted above).
+        for &(name, _) in &public_ips {
+            if let Some(identity) = name.strip_suffix("-pip").filter(|id| sweepable(self, id)) {
+                self.adopt_for_deletion(identity, orphan(identity), ObjectState::gone());
+                orphans += 1;
+            }
+        }
+        let (outbound_adopted, outbound_orphans) = self.adopt_outbound_from_arm(inventory);
+        let message = format!(
+            "start-up inventory: {} public IP(s), {} load balancer(s), {} NAT gateway(s); {adopted} Service(s) \
+             adopted their public IP, {whole} of them with nothing to write; {} orphan(s) of deleted Services to \
+             delete; {outbound_adopted} egress identit(y/ies) adopted, {outbound_orphans} no pod carries to tear down",
+            inventory.public_ips.len(),
+            inventory.load_balancers.len(),
+            inventory.nat_gateways.len(),
+            orphans
+        );
+        step.logs.push(LogLine { level: LogLevel::Info, message });
+    }
+
+    /// Start-up adoption of egress identities. A NAT gateway of ours is one named as a valid
+    /// identity that is exactly what `PutNatGateway` makes of it (its public IPs `<id>-pip`
+    /// and, if any, `<id>-pip-v6`). Carried by a pod and registered: ours, created (no write). Carried
+    /// and being created: what already holds is not written again. Carried by no pod: left from
+    /// before (its pods went while no controller ran, or a teardown was cut short) and torn down,
+    /// after a drain if NRP still maps its addresses. Nothing else is touched, and never the RP's
+    /// `default-natgw` (not a valid identity). Public IPs a teardown cut short left after deleting
+    /// their NAT gateway are not swept: `<id>-pip` alone does not prove a public IP ours (the
+    /// inventory test keeps `kubernetes-pip`). Returns (adopted, torn down).
+    pub(super) fn adopt_outbound_from_arm(&mut self, inventory: &ArmInventory) -> (usize, usize) {
+        let (mut adopted, mut orphans) = (0, 0);
+        let pip = outbound::public_ip_name;
+        for nat in &inventory.nat_gateways {
+            let id = nat.name.to_ascii_lowercase();
+            let v6 = !nat.public_ips_v6.is_empty();
+            let shaped = nat.as_put
+                && nat.public_ips == [pip(&id, false)]
+                && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
+            if !shaped || !crate::egress::is_valid_identity(&id) || self.state.is_inbound(&id) {
+                continue;
+            }
+            let (carried, registered) = (self.egress.carries(&id), self.egress.is_registered(&id));
+            let listed_as_put = |name: &str| inventory.public_ips.iter().any(|p| p.name.eq_ignore_ascii_case(name) && p.as_put);
+            match self.outbound.lifecycles.get_mut(&id) {
+                Some(lifecycle) if lifecycle.phase == Phase::NotStarted => {
+                    let holds = nat.associated
+                        && lifecycle.v6 == v6
+                        && listed_as_put(&pip(&id, false))
+                        && (!v6 || listed_as_put(&pip(&id, true)));
+                    if holds {
+                        lifecycle.steps.retain(|s| !matches!(s, OutStep::PutPublicIp | OutStep::PutPublicIpV6 | OutStep::PutNatGateway));
+                        lifecycle.public_ips_put = true;
+                        lifecycle.nat_gateway_put = true;
+                        adopted += 1;
+                    }
+                }
+                Some(_) => {}
+                None if carried && registered => {
+                    let lifecycle = OutboundLifecycle::new(Phase::Created, v6, VecDeque::new());
+                    self.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    self.state.diff.touch_identity(&id);
+                    adopted += 1;
+                }
+                None if carried => {}
+                None => {
+                    let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
+                    lifecycle.whole = false;
+                    self.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    self.outbound.work.draining.insert(id.clone());
+                    self.state.diff.touch_identity(&id);
+                    orphans += 1;
+                }
+            }
+        }
+        (adopted, orphans + self.sweep_egress_public_ips(inventory))
+    }
+
+    /// The public IPs a teardown cut short left after deleting their NAT gateway (upstream
+    /// `TestGuardEgressPublicIPsAreSweptOnceNATGatewayIsGone`): `<id>-pip` / `<id>-pip-v6` of our
+    /// shape (StandardV2, static, of their family) for a valid identity that is no Service's, has no
+    /// outbound lifecycle (a NAT gateway of ours above made one), no pod carries, NRP neither
+    /// registers nor references, and that no load balancer or NAT gateway of the resource group
+    /// uses. They go through the outbound teardown, whose other steps hold already. The RP's
+    /// `default-natgw-pip` is never one (`default-natgw` is no valid identity); UID-shaped names
+    /// are the inbound sweep's. Returns how many identities are swept.
+    pub(super) fn sweep_egress_public_ips(&mut self, inventory: &ArmInventory) -> usize {
+        let used = |name: &str| {
+            inventory.nat_gateways.iter().any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|p| p.eq_ignore_ascii_case(name)))
+                || inventory.load_balancers.iter().any(|l| l.shape.as_ref().is_some_and(|s| s.public_ip.eq_ignore_ascii_case(name)))
+        };
+        let mut found: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+        for ip in inventory.public_ips.iter().filter(|p| p.as_put) {
+            let name = ip.name.to_ascii_lowercase();
+            let (id, v6) = match (name.strip_suffix("-pip-v6"), name.strip_suffix("-pip")) {
+                (Some(id), _) if ip.version == IpVersion::Ipv6 => (id, true),
+                (None, Some(id)) if ip.version == IpVersion::Ipv4 => (id, false),
+                _ => continue,
+            };
+            let ours = crate::egress::is_valid_identity(id)
+                && !looks_like_uid(id)
+                && !self.state.is_inbound(id)
+                && !self.outbound.lifecycles.contains_key(id)
+                && !self.egress.carries(id)
+                && !self.egress.is_registered(id)
+                && !self.state.nrp.foreign.contains(id)
+                && !self.state.diff.nrp_references(id)
+                && !used(&name);
+            if ours {
+                let entry = found.entry(id.to_owned()).or_default();
+                if v6 { entry.1 = true } else { entry.0 = true }
+            }
+        }
+        let swept = found.len();
+        for (id, (_, v6)) in found {
+            // Only the public IPs are left: every step before their deletes holds already.
+            let mut lifecycle = OutboundLifecycle::new(Phase::DeletionInProgress, v6, outbound::DELETE.into());
+            lifecycle.whole = false;
+            lifecycle.nat_gateway_put = false;
+            self.outbound.lifecycles.insert(id.clone(), lifecycle);
+            self.outbound.work.runnable.insert(id);
+        }
+        swept
+    }
+}
