@@ -121,8 +121,13 @@ impl<S: Copy> Attempt<S> {
     /// The step failed: the next try waits out the backoff of `key`'s next attempt (at least
     /// the failure's `Retry-After`, capped, `what` naming it in the log). Returns when.
     pub(crate) fn failed(&mut self, key: &str, failure: &Failure, what: &str, now: u64, step: &mut Step) -> u64 {
+        self.retry_at(|retries| now.saturating_add(retry_delay(key, retries, failure, what, step)))
+    }
+
+    /// One more failure in a row: the next try waits until `at(retries)`. Returns when.
+    pub(crate) fn retry_at(&mut self, at: impl FnOnce(u32) -> u64) -> u64 {
         self.retries = self.retries.saturating_add(1);
-        self.not_before_ms = now.saturating_add(retry_delay(key, self.retries, failure, what, step));
+        self.not_before_ms = at(self.retries);
         self.not_before_ms
     }
 }

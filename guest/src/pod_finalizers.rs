@@ -336,8 +336,7 @@ impl PodFinalizers {
             self.schedule(key);
             return None;
         }
-        held.attempt.retries = held.attempt.retries.saturating_add(1);
-        held.attempt.not_before_ms = retry_at(held.attempt.retries);
+        held.attempt.retry_at(retry_at);
         let first = !std::mem::replace(&mut held.failing, true);
         // What it needs now may differ from what the failed write was for (the pod was read
         // while the write was in flight): it is filed for that.

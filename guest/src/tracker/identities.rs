@@ -12,8 +12,6 @@ use super::driver::*;
 use super::service::*;
 
 impl Tracker {
-    // ---- Outbound lifecycles (crate::outbound) ----
-
     /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
     /// public IP too (upstream: the cluster's families, decided once per identity).
     pub(super) fn cluster_has_ipv6(&self) -> bool {

@@ -83,7 +83,6 @@ impl Tracker {
         })
     }
 
-
     pub fn mode(&self) -> Mode {
         self.mode
     }
@@ -260,7 +259,6 @@ impl Tracker {
             _ => bucket.accepted(budget, now),
         }
     }
-
 
     fn ready_to_write(&self) -> bool {
         self.state.lists_complete && self.state.nrp.loaded && self.state.reconciled

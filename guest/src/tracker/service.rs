@@ -78,7 +78,6 @@ impl LbConfig {
     }
 }
 
-
 impl Lifecycle {
     /// The Service as last read lacks our finalizer, or the ingress IP this controller gave it,
     /// though both were written: somebody stripped them. A deletion would not wait for the
@@ -137,7 +136,6 @@ impl Lifecycle {
         }
     }
 }
-
 
 /// One command of a Service's operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -254,7 +252,6 @@ pub(super) fn object_ref(service: &Service) -> ObjectRef {
         uid: Name::new(&service.uid),
     }
 }
-
 
 impl Life for Lifecycle {
     life_fields!(OpStep);

@@ -53,8 +53,6 @@ impl Tracker {
             .expect("plain data")
     }
 
-    // ---- State ----
-
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {

@@ -77,8 +77,6 @@ impl PartialEq for Tracker {
 
 impl Eq for Tracker {}
 
-
-
 /// The schema version `export_state` writes. Bump it on any change to [`State`] and teach
 /// `import_state` to read the old one. Version 2 added the egress side ([`Egress`]) after the
 /// version-1 payload; a version-1 state imports with no egress pods. Version 3 keeps several
@@ -170,8 +168,6 @@ pub(super) struct State<N = NrpSync> {
     /// Start-up reconciliation against NRP has run.
     pub(super) reconciled: bool,
 }
-
-
 
 /// The largest next command id an imported state may hold (see [`State::check`]).
 pub(super) const MAX_NEXT_COMMAND_ID: u64 = 1 << 63;
@@ -314,8 +310,6 @@ impl State {
     }
 }
 
-
-
 /// NRP-facing bookkeeping.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct NrpSync {
@@ -411,8 +405,6 @@ pub(super) fn location_batches<'a>(
         _ => None,
     })
 }
-
-
 
 /// The start-up inventory of ARM (state version 4): the resource group's public IPs and load
 /// balancers, read once so that what already holds what a Service wants is

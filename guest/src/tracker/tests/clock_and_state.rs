@@ -3,9 +3,6 @@
 
 use super::*;
 
-
-
-
 // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
 // deletion after its finalizer was removed, an upsert that re-added the finalizer in that
 // window was absorbed, and the lifecycle was dropped with the finalizer still held.
@@ -170,8 +167,6 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
 }
-
-
 
 // Regression: state import accepted trailing bytes.
 #[test]
