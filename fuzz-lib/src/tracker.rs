@@ -177,8 +177,33 @@ fn failed(status: u16, code: &str) -> Outcome {
     Outcome::Failed(model::Failure { status, code: Some(code.into()), retry_after_ms: None, message: code.into() })
 }
 
+/// ARM's subscription write bucket as the tracker's answers report it: 200 writes refilled at 10
+/// a second, spent by each write answered and, now and then, by another client of the
+/// subscription; the figure each `complete` carries.
+#[derive(Default)]
+struct ArmBucket {
+    spent: u32,
+    at_ms: u64,
+}
+
+impl ArmBucket {
+    /// The figure after `writes` more at `now` (a clock that went back refills nothing).
+    fn answer(&mut self, now: u64, writes: usize) -> Option<u32> {
+        if writes == 0 {
+            return None;
+        }
+        let refilled = u32::try_from(now.saturating_sub(self.at_ms) / 100).unwrap_or(u32::MAX);
+        self.at_ms = self.at_ms.max(now);
+        let writes = u32::try_from(writes).unwrap_or(u32::MAX);
+        self.spent = self.spent.saturating_sub(refilled).saturating_add(writes).min(200);
+        Some(200 - self.spent)
+    }
+}
+
 /// Part A's world: the tracker, Azure (the model's [`World`]), Kubernetes ([`Objects`]).
 pub struct Hostile {
+    /// ARM's figures for `complete` (the bucket is not enforced: the answers say what happened).
+    arm: ArmBucket,
     tracker: Tracker,
     config: clb_guest::Config,
     azure: World,
@@ -416,16 +441,18 @@ impl Hostile {
             Step::Observe(batch) => self.observe(batch.iter().map(observation_to_model).collect()),
             Step::Big(slice) => self.observe(vec![observation_to_model(&wit::Observation::SliceUpserted(slice.clone()))]),
             Step::Answer(answers) => {
-                let mut results = Vec::new();
+                let (mut results, mut writes) = (Vec::new(), 0);
                 for (index, answer) in answers {
                     if self.in_flight.is_empty() {
                         break;
                     }
                     let issued = self.in_flight.remove(usize::from(*index) % self.in_flight.len());
+                    writes += usize::from(issued.command.writes_arm());
                     results.push((issued.id, self.answer(&issued, answer)));
                     self.answered.insert(issued.id);
                 }
-                let step = self.tracker.complete(self.now, results);
+                let figure = self.arm.answer(self.now, writes);
+                let step = self.tracker.complete_paced(self.now, results, figure);
                 self.absorb(step);
             }
             Step::Stray(answers) => {
@@ -486,13 +513,14 @@ impl Hostile {
             if !self.in_flight.is_empty() {
                 let issued = std::mem::take(&mut self.in_flight);
                 let results: Vec<(u64, Outcome)> = issued.iter().map(|i| (i.id, self.truth(&i.command))).collect();
+                let figure = self.arm.answer(self.now, issued.iter().filter(|i| i.command.writes_arm()).count());
                 for (issued, (_, outcome)) in issued.iter().zip(&results) {
                     if last.len() == 8 {
                         last.pop_front();
                     }
                     last.push_back(format!("at {}: {:?} -> {outcome:?}", self.now, issued.command));
                 }
-                let step = self.tracker.complete(self.now, results);
+                let step = self.tracker.complete_paced(self.now, results, figure);
                 self.absorb(step);
                 continue;
             }
@@ -580,6 +608,7 @@ pub fn run_hostile(program: &Program) {
     let Ok(tracker) = Tracker::create(config.clone()) else { return };
     let now = 1_700_000_000_000;
     let mut world = Hostile {
+        arm: ArmBucket::default(),
         tracker,
         config,
         azure: World { now, ..World::default() },

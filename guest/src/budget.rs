@@ -10,11 +10,21 @@
 //! A 429 halves the operation's rate (never below [`FLOOR_DIVISOR`]th of the configured one) and
 //! empties its bucket; each accepted write gives back an eighth of the configured rate. The shrunk
 //! rate lives in the exported state (version 5), so a hot swap keeps the pace Azure asked for.
+//!
+//! The fixed budgets are guesses; ARM says how much room is left on every answer
+//! (`x-ms-ratelimit-remaining-subscription-writes`), counting what every other client of the
+//! subscription spent too. While those figures come, [`ArmPace`] paces every ARM-routed write
+//! (NRP's are POST actions through ARM) instead of the `arm-writes` and `update-services`
+//! budgets: it spends down to a reserve left to the other clients, then at ARM's refill rate. The
+//! `update-address-locations` budget still applies as well: it is what coalesces a burst of
+//! endpoint changes into few batches, not a guess at ARM's limit.
 
 use serde::{Deserialize, Serialize};
 
 /// Units per token: a millisecond at one write per minute adds one unit.
 pub const UNITS_PER_TOKEN: u64 = 60_000;
+/// A token in [`ArmPace`]'s signed units.
+const TOKEN: i64 = UNITS_PER_TOKEN as i64;
 /// A throttled rate never falls below the configured one divided by this (and never below one
 /// write a minute).
 pub const FLOOR_DIVISOR: u32 = 32;
@@ -39,8 +49,10 @@ pub struct WriteBudgets {
     pub update_address_locations: Budget,
     /// NRP `update-services`: registering, unlinking and unregistering a Service.
     pub update_services: Budget,
-    /// ARM writes and deletes of public IPs and load balancers.
+    /// ARM writes and deletes of public IPs, load balancers and NAT gateways.
     pub arm_writes: Budget,
+    /// The writes [`ArmPace`] leaves to other clients of the subscription.
+    pub arm_write_reserve: u32,
 }
 
 impl WriteBudgets {
@@ -54,6 +66,7 @@ impl WriteBudgets {
         update_address_locations: Budget { per_minute: 300, burst: 10 },
         update_services: Budget { per_minute: 300, burst: 20 },
         arm_writes: Budget { per_minute: 300, burst: 100 },
+        arm_write_reserve: DEFAULT_ARM_WRITE_RESERVE,
     };
 }
 
@@ -164,6 +177,120 @@ impl Bucket {
 
 fn floor(budget: Budget) -> u32 {
     (budget.per_minute / FLOOR_DIVISOR).max(1).min(budget.per_minute)
+}
+
+/// ARM's documented subscription write bucket: 200 writes, refilled at 10 a second.
+pub const ARM_WRITE_BUCKET: u32 = 200;
+pub const ARM_REFILL_PER_MINUTE: u32 = 600;
+/// The writes left to other clients by default: a fifth of ARM's bucket.
+pub const DEFAULT_ARM_WRITE_RESERVE: u32 = 40;
+/// A figure older than this paces no more: the fixed budgets do again (ARM refills its whole
+/// bucket in 20 s, so an older figure says nothing about now).
+pub const ARM_FIGURE_FRESH_MS: u64 = 60_000;
+
+/// The pace of ARM-routed writes set by ARM's remaining-writes figures (state version 8).
+///
+/// A mirror of ARM's bucket less the reserve: each figure sets the level to what ARM reported
+/// less the reserve and less the writes still in flight (ARM may not have counted them yet; so
+/// the tracker never overshoots on their account). Between figures it refills at ARM's
+/// documented rate. The level may be below zero: when other clients spend as fast as ARM
+/// refills, each figure finds the bucket below the reserve again, the tracker waits for the
+/// refill of the whole shortfall before its next write, and its writes settle at the rate the
+/// headers show is left: the pace it observes, never ARM's 429. A 429 halves the refill rate (to
+/// no less than a 32nd) and accepted writes give it back in eighths, as for the fixed budgets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArmPace {
+    /// Writes left above the reserve, in units ([`UNITS_PER_TOKEN`] per write); negative: ARM's
+    /// bucket is below the reserve.
+    units: i64,
+    /// The refill rate now: ARM's, or less after a 429.
+    per_minute: u32,
+    /// The time (tracker's) up to which `units` is counted.
+    at_ms: u64,
+    /// Most writes the refill reaches: ARM's bucket (200, or the largest figure seen) less the
+    /// reserve.
+    cap: u32,
+    /// When ARM's figure last came.
+    seen_at_ms: u64,
+}
+
+impl ArmPace {
+    /// ARM reported `remaining` writes at `now` while `in_flight` ARM-routed writes were
+    /// unanswered.
+    pub fn reported(previous: Option<ArmPace>, remaining: u32, reserve: u32, in_flight: u32, now: u64) -> Self {
+        let largest = previous.map_or(0, |p| p.cap.saturating_add(reserve));
+        let cap = ARM_WRITE_BUCKET.max(remaining).max(largest).saturating_sub(reserve).min(MAX_BURST);
+        let left = i64::from(remaining) - i64::from(reserve) - i64::from(in_flight);
+        Self {
+            units: left.clamp(-i64::from(MAX_BURST), i64::from(cap)) * TOKEN,
+            per_minute: previous.map_or(ARM_REFILL_PER_MINUTE, |p| p.per_minute),
+            at_ms: now,
+            cap,
+            seen_at_ms: now,
+        }
+    }
+
+    /// Whether the last figure is recent enough to pace by.
+    pub fn fresh(&self, now: u64) -> bool {
+        now.saturating_sub(self.seen_at_ms) < ARM_FIGURE_FRESH_MS
+    }
+
+    fn refill(&mut self, now: u64) {
+        self.per_minute = self.per_minute.clamp(pace_floor(), ARM_REFILL_PER_MINUTE);
+        // Capped so that the product fits: a day refills any shortfall.
+        let elapsed = now.saturating_sub(self.at_ms).min(86_400_000);
+        let added = (elapsed * u64::from(self.per_minute)) as i64;
+        self.units = self.units.saturating_add(added).min(i64::from(self.cap) * TOKEN);
+        self.at_ms = self.at_ms.max(now);
+    }
+
+    /// A state from a host whose clock was ahead counts from `now` on (as [`Bucket::bring_in`]).
+    pub fn bring_in(&mut self, now: u64) {
+        self.at_ms = self.at_ms.min(now);
+        self.seen_at_ms = self.seen_at_ms.min(now);
+    }
+
+    /// Takes a write if there is one.
+    pub fn try_take(&mut self, now: u64) -> bool {
+        self.refill(now);
+        let taken = self.units >= TOKEN;
+        if taken {
+            self.units -= TOKEN;
+        }
+        taken
+    }
+
+    /// When the next write may go (`now` if it may).
+    pub fn ready_at(&self, now: u64) -> u64 {
+        let mut probe = *self;
+        probe.refill(now);
+        let missing = TOKEN.saturating_sub(probe.units).max(0) as u64;
+        now.saturating_add(missing.div_ceil(u64::from(probe.per_minute)))
+    }
+
+    /// ARM throttled a write: half the refill rate, nothing left above the reserve.
+    pub fn throttled(&mut self, now: u64) -> u32 {
+        self.refill(now);
+        self.per_minute = (self.per_minute / 2).max(pace_floor());
+        self.units = self.units.min(0);
+        self.per_minute
+    }
+
+    /// ARM accepted a write: an eighth of a throttled rate comes back.
+    pub fn accepted(&mut self, now: u64) {
+        self.refill(now);
+        let step = ARM_REFILL_PER_MINUTE / RECOVERY_DIVISOR;
+        self.per_minute = self.per_minute.saturating_add(step).min(ARM_REFILL_PER_MINUTE);
+    }
+
+    /// The refill rate now (writes per minute).
+    pub fn per_minute(&self) -> u32 {
+        self.per_minute
+    }
+}
+
+fn pace_floor() -> u32 {
+    ARM_REFILL_PER_MINUTE / FLOOR_DIVISOR
 }
 
 /// The buckets of the tracker (state version 5).
@@ -277,6 +404,57 @@ mod tests {
         bucket.bring_in(1_000);
         assert!(!bucket.try_take(budget, 1_399));
         assert!(bucket.try_take(budget, 1_400));
+    }
+
+    #[test]
+    fn arms_figure_is_spent_down_to_the_reserve_less_what_is_in_flight_then_at_arms_refill_rate() {
+        let mut pace = ArmPace::reported(None, 200, 40, 10, 1_000);
+        assert!((0..150).all(|_| pace.try_take(1_000)), "200 - 40 reserved - 10 in flight");
+        assert!(!pace.try_take(1_000));
+        assert_eq!(pace.ready_at(1_000), 1_100, "ARM refills 10 a second");
+        assert!(pace.try_take(1_100));
+        // A minute idle refills up to ARM's bucket less the reserve, no more.
+        let mut idle = pace;
+        assert!((0..160).all(|_| idle.try_take(61_100)));
+        assert!(!idle.try_take(61_100));
+    }
+
+    #[test]
+    fn a_figure_below_the_reserve_waits_for_the_refill_of_the_whole_shortfall() {
+        // Another client spent ARM's bucket down to 30 of the 40 reserved: 11 writes of refill
+        // before the next one.
+        let pace = ArmPace::reported(None, 30, 40, 0, 0);
+        assert_eq!(pace.ready_at(0), 1_100);
+        // A figure of a larger bucket than ARM documents raises the ceiling.
+        let mut large = ArmPace::reported(Some(pace), 1_000, 40, 0, 0);
+        assert!((0..960).all(|_| large.try_take(0)));
+        assert!(!large.try_take(0));
+        assert!((0..960).all(|_| large.try_take(600_000)), "refilled to the largest figure seen less the reserve");
+    }
+
+    #[test]
+    fn a_429_halves_arms_pace_and_empties_it_and_accepted_writes_give_it_back() {
+        let mut pace = ArmPace::reported(None, 100, 40, 0, 0);
+        assert_eq!(pace.throttled(0), 300);
+        assert_eq!(pace.ready_at(0), 200, "one write at 5 a second");
+        let rates: Vec<u32> = (0..6).map(|_| pace.throttled(0)).collect();
+        assert_eq!(rates, [150, 75, 37, 18, 18, 18], "floor: 600 / 32");
+        // A new figure keeps the shrunk rate.
+        let mut pace = ArmPace::reported(Some(pace), 100, 40, 0, 0);
+        assert_eq!(pace.per_minute(), 18);
+        (0..8).for_each(|_| pace.accepted(0));
+        assert_eq!(pace.per_minute(), ARM_REFILL_PER_MINUTE);
+    }
+
+    #[test]
+    fn a_figure_paces_for_a_minute_and_a_state_from_a_clock_ahead_counts_from_now() {
+        let pace = ArmPace::reported(None, 100, 40, 0, 10_000);
+        assert!(pace.fresh(69_999));
+        assert!(!pace.fresh(70_000));
+        let mut ahead = ArmPace::reported(None, 40, 40, 0, 3_600_000);
+        ahead.bring_in(1_000);
+        assert!(ahead.fresh(1_000));
+        assert_eq!(ahead.ready_at(1_000), 1_100);
     }
 
     #[test]

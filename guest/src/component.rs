@@ -67,10 +67,10 @@ impl wit_reconciler::GuestTracker for TrackerResource {
         deliver(self.0.borrow_mut().observe(now_ms, batch))
     }
 
-    fn complete(&self, now_ms: u64, results: Vec<(u64, wit::Outcome)>) -> wit::Step {
+    fn complete(&self, now_ms: u64, results: Vec<(u64, wit::Outcome)>, arm_remaining_writes: Option<u32>) -> wit::Step {
         install_panic_hook();
         let results = results.into_iter().map(|(id, o)| (id, o.into())).collect();
-        deliver(self.0.borrow_mut().complete(now_ms, results))
+        deliver(self.0.borrow_mut().complete_paced(now_ms, results, arm_remaining_writes))
     }
 
     fn tick(&self, now_ms: u64) -> wit::Step {

@@ -145,6 +145,17 @@ fn check_write_budgets(budgets: &WriteBudgets) -> Result<(), ConfigError> {
             ));
         }
     }
+    if budgets.arm_write_reserve > budget::MAX_BURST {
+        return Err(ConfigError::new(
+            "armWriteReserve",
+            "InvalidWriteBudget",
+            format!(
+                "the ARM write reserve is {}; it must be 0 to {} (writes left to other clients of the subscription)",
+                budgets.arm_write_reserve,
+                budget::MAX_BURST
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -243,6 +254,9 @@ mod tests {
         assert!(err.message.contains("arm-writes"), "{}", err.message);
         budgets.arm_writes.per_minute = budget::MAX_PER_MINUTE;
         assert_eq!(validate_config(&Config { write_budgets: Some(budgets), ..clb }), Ok(Mode::ContainerLoadBalancer));
+        let reserve = WriteBudgets { arm_write_reserve: budget::MAX_BURST + 1, ..WriteBudgets::DEFAULT };
+        let err = validate_config(&Config { write_budgets: Some(reserve), ..config("podIP", "standardV2", &[]) }).unwrap_err();
+        assert_eq!((err.field.as_str(), err.reason.as_str()), ("armWriteReserve", "InvalidWriteBudget"));
     }
 
     #[test]

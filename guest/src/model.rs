@@ -320,6 +320,22 @@ pub enum Command {
     SetFinalizer { service: ObjectRef, finalizer: String, present: bool },
 }
 
+impl Command {
+    /// Whether ARM counts it as a write (NRP's calls are POST actions through ARM): what its
+    /// remaining-writes figure goes down by.
+    pub fn writes_arm(&self) -> bool {
+        matches!(
+            self,
+            Command::UpdateServices(_)
+                | Command::UpdateAddressLocations(_)
+                | Command::PutPublicIp(_)
+                | Command::PutLoadBalancer(_)
+                | Command::PutNatGateway(_)
+                | Command::DeleteResource(_)
+        )
+    }
+}
+
 /// A command with the id its outcome refers to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Issued {

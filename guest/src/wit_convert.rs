@@ -39,6 +39,7 @@ macro_rules! wit_conversions {
                         update_address_locations: budget(b.update_address_locations, default.update_address_locations),
                         update_services: budget(b.update_services, default.update_services),
                         arm_writes: budget(b.arm_writes, default.arm_writes),
+                        arm_write_reserve: b.arm_write_reserve.unwrap_or(default.arm_write_reserve),
                     }
                 }
             }

@@ -421,6 +421,24 @@ struct EmulatorArgs {
     /// List IPv6 locations and addresses in upper case, as NRP may.
     #[arg(long)]
     echo_ipv6_upper: bool,
+    /// ARM's subscription write bucket (PUT, DELETE, POST): tokens when full.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    arm_write_burst: u32,
+    /// Write tokens ARM adds a second.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    arm_write_refill_per_second: u32,
+    /// ARM's subscription read bucket (GET, lists): tokens when full.
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..))]
+    arm_read_burst: u32,
+    /// Read tokens ARM adds a second.
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(u32).range(1..))]
+    arm_read_refill_per_second: u32,
+    /// Write tokens another client of the subscription spends a second.
+    #[arg(long, default_value_t = 0)]
+    arm_other_client_writes_per_second: u32,
+    /// Do not throttle as ARM does (every call is answered, with no remaining-tokens headers).
+    #[arg(long)]
+    no_arm_limits: bool,
 }
 
 /// How fast the logic may write to Azure (docs/operations.md, "Write budgets"); the defaults
@@ -433,6 +451,11 @@ struct BudgetArgs {
     /// logic's default (300/min with a burst of 10, 20 and 100).
     #[arg(long = "write-budget", value_name = "OPERATION=RATE:BURST", value_parser = parse_write_budget)]
     write_budget: Vec<(BudgetOperation, Budget)>,
+    /// The writes left to other clients of the subscription while ARM reports its remaining
+    /// writes on each answer: the logic spends down to this many, then at ARM's refill rate
+    /// (default 40, a fifth of ARM's documented bucket of 200).
+    #[arg(long = "arm-write-reserve", value_name = "N")]
+    arm_write_reserve: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -458,10 +481,15 @@ impl BudgetOperation {
 impl BudgetArgs {
     /// The budgets to put in the config: `None` when no flag names one (the logic's defaults).
     fn write_budgets(&self) -> Result<Option<WriteBudgets>, String> {
-        if self.write_budget.is_empty() {
+        if self.write_budget.is_empty() && self.arm_write_reserve.is_none() {
             return Ok(None);
         }
-        let mut budgets = WriteBudgets { update_address_locations: None, update_services: None, arm_writes: None };
+        let mut budgets = WriteBudgets {
+            update_address_locations: None,
+            update_services: None,
+            arm_writes: None,
+            arm_write_reserve: self.arm_write_reserve,
+        };
         for &(operation, budget) in &self.write_budget {
             let slot = match operation {
                 BudgetOperation::UpdateAddressLocations => &mut budgets.update_address_locations,
@@ -923,7 +951,7 @@ fn schema(component: Option<&std::path::Path>, out: &mut dyn Write) -> anyhow::R
 }
 
 fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
-    use crate::emulator::{Emulator, EmulatorConfig, EmulatorServer};
+    use crate::emulator::{ArmLimits, BucketLimits, Emulator, EmulatorConfig, EmulatorServer};
     let scope = crate::azure::Scope {
         vnet_resource_group: args.vnet_resource_group.unwrap_or_else(|| args.resource_group.clone()),
         subscription: args.subscription,
@@ -935,6 +963,12 @@ fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
     let config = EmulatorConfig {
         page_size: args.page_size.max(1),
         echo_ipv6_upper: args.echo_ipv6_upper,
+        arm_limits: (!args.no_arm_limits).then_some(ArmLimits {
+            writes: BucketLimits { burst: args.arm_write_burst, per_second: args.arm_write_refill_per_second },
+            reads: BucketLimits { burst: args.arm_read_burst, per_second: args.arm_read_refill_per_second },
+            other_client_writes_per_second: args.arm_other_client_writes_per_second,
+            report_remaining: true,
+        }),
         ..Default::default()
     };
     let runtime =

@@ -90,9 +90,14 @@ impl Reconciler for NativeReconciler {
         Ok(step_to_wit(self.tracker()?.observe(now_ms, batch)))
     }
 
-    fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError> {
+    fn complete(
+        &mut self,
+        now_ms: u64,
+        results: &[(u64, wit::Outcome)],
+        arm_remaining_writes: Option<u32>,
+    ) -> Result<wit::Step, LogicError> {
         let results = results.iter().map(|(id, outcome)| (*id, outcome_to_model(outcome))).collect();
-        Ok(step_to_wit(self.tracker()?.complete(now_ms, results)))
+        Ok(step_to_wit(self.tracker()?.complete_paced(now_ms, results, arm_remaining_writes)))
     }
 
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError> {

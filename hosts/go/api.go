@@ -186,9 +186,20 @@ func (t *Tracker) Observe(nowMs uint64, batch []any) (map[string]any, error) {
 	return t.step("tracker.observe", nowMs, batch)
 }
 
-// Complete is `tracker.complete`: outcomes by command id, []any{[]any{id, Variant{Tag: "ok"}}, …}.
+// Complete is `tracker.complete`: outcomes by command id, []any{[]any{id, Variant{Tag: "ok"}}, …},
+// with no figure from ARM.
 func (t *Tracker) Complete(nowMs uint64, results []any) (map[string]any, error) {
-	return t.step("tracker.complete", nowMs, results)
+	return t.CompletePaced(nowMs, results, nil)
+}
+
+// CompletePaced is `tracker.complete` with what ARM's x-ms-ratelimit-remaining-subscription-writes
+// said on the latest of the answers that carried it (nil: none did).
+func (t *Tracker) CompletePaced(nowMs uint64, results []any, armRemainingWrites *uint32) (map[string]any, error) {
+	var figure any
+	if armRemainingWrites != nil {
+		figure = *armRemainingWrites
+	}
+	return t.step("tracker.complete", nowMs, results, figure)
 }
 
 // Tick is `tracker.tick`: time passed (at wake-at-ms or on the periodic resync).

@@ -565,7 +565,7 @@ func (r *replayer) answerExtra(handle uint64, now any, ids []uint64) error {
 		for i, id := range ids {
 			results[i] = []any{id, Variant{Tag: "ok"}}
 		}
-		params := []any{now, results}
+		params := []any{now, results, nil}
 		g, err := invoke(h.session, complete, append([]any{h.resource}, params...))
 		if err != nil {
 			return err

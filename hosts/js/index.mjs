@@ -65,7 +65,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  */
 
 /**
- * Loads a component (any candidate of `clb:reconciler@0.7.0`): transpiles it with jco (cached by
+ * Loads a component (any candidate of `clb:reconciler@0.8.0`): transpiles it with jco (cached by
  * its sha256), checks it exports every function of the schema, and readies an instance for the
  * pure functions. Trackers and pool queues each get an instance of their own.
  * @param {string} path the component's `.wasm`
@@ -366,11 +366,14 @@ export class Tracker extends Handle {
   }
 
   /**
-   * Feeds the outcomes of commands, by id.
-   * @param {U64|bigint|number} nowMs @param {[U64|bigint|number, Outcome][]} results @returns {Step}
+   * Feeds the outcomes of commands, by id, with what ARM's
+   * `x-ms-ratelimit-remaining-subscription-writes` said on the latest of their answers that
+   * carried it (`undefined`: none did).
+   * @param {U64|bigint|number} nowMs @param {[U64|bigint|number, Outcome][]} results
+   * @param {number} [armRemainingWrites] @returns {Step}
    */
-  complete(nowMs, results) {
-    return this._call('tracker.complete', [nowMs, results]);
+  complete(nowMs, results, armRemainingWrites) {
+    return this._call('tracker.complete', [nowMs, results, armRemainingWrites]);
   }
 
   /** Time passed. @param {U64|bigint|number} nowMs @returns {Step} */

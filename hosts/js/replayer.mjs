@@ -432,7 +432,7 @@ class TraceReplay {
   async extraCompletes(line, entry, nowMs, commands) {
     let pending = commands;
     for (let round = 0; round < EXTRA_ROUNDS && pending.length; round++) {
-      const args = [nowMs, pending.map((c) => [BigInt(c.id), { tag: 'ok' }])];
+      const args = [nowMs, pending.map((c) => [BigInt(c.id), { tag: 'ok' }]), undefined];
       let ret;
       try {
         ret = entry.instance.call(this.completeFn, entry.object, args);

@@ -52,7 +52,7 @@ impl Driver for Component {
         self.session.tracker_observe(self.tracker, now, batch).unwrap()
     }
     fn complete(&mut self, now: u64, results: &[(u64, wit::Outcome)]) -> wit::Step {
-        self.session.tracker_complete(self.tracker, now, results).unwrap()
+        self.session.tracker_complete(self.tracker, now, results, None).unwrap()
     }
     fn tick(&mut self, now: u64) -> wit::Step {
         self.session.tracker_tick(self.tracker, now).unwrap()
@@ -209,9 +209,9 @@ fn startup_component(
         let start = Instant::now();
         let step = session.tracker_observe(tracker, 0, lists).unwrap();
         let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
-        let step = session.tracker_complete(tracker, 0, &[(read, snapshot.clone())]).unwrap();
+        let step = session.tracker_complete(tracker, 0, &[(read, snapshot.clone())], None).unwrap();
         let list = step.commands.iter().find(|c| c.command == wit::Command::ReadArm).unwrap().id;
-        black_box(session.tracker_complete(tracker, 0, &[(list, inventory.clone())]).unwrap());
+        black_box(session.tracker_complete(tracker, 0, &[(list, inventory.clone())], None).unwrap());
         start.elapsed()
     })
 }

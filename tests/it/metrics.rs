@@ -289,9 +289,14 @@ fn every_sample_name_and_label_key_of_a_full_scrape_is_the_documented_contract()
     supervisor.observe(2, &[service("boom", 9)]).unwrap();
     metrics.observe_command("read-nrp", false, Duration::from_millis(3));
     metrics.observe_swap_phase(SwapPhase::Switch, Duration::from_millis(2));
+    metrics.observe_throttled("put-load-balancer");
+    metrics.observe_throttled("put-load-balancer");
+    metrics.arm_remaining_writes(153);
 
     let (status, text) = get(server.local_addr(), "/metrics");
     assert_eq!(status, 200);
+    assert_eq!(value(&text, "clb_azure_throttled_total", &["command=\"put-load-balancer\""]), 2.0);
+    assert_eq!(value(&text, "clb_arm_remaining_writes", &[]), 153.0);
     assert!(text.ends_with("# EOF\n"), "an OpenMetrics exposition ends with its EOF marker:\n{text}");
     let scraped: BTreeSet<String> = text
         .lines()

@@ -27,6 +27,7 @@ pub fn unbounded(config: &wit::Config) -> wit::Config {
             update_address_locations: Some(most),
             update_services: Some(most),
             arm_writes: Some(most),
+            arm_write_reserve: Some(0),
         }),
         ..config.clone()
     }

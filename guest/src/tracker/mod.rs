@@ -29,7 +29,7 @@
 //!   further ahead than [`timing::MAX_DELAY_MS`].
 
 use crate::admission::Verdict;
-use crate::budget::{Buckets, WriteKind};
+use crate::budget::{ArmPace, Buckets, WriteKind};
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
 use crate::egress::Egress;
@@ -79,6 +79,7 @@ impl Tracker {
             budget,
             outbound: Outbound::default(),
             pods: PodFinalizers::default(),
+            pace: None,
             clock: Clock::default(),
         })
     }
@@ -167,9 +168,24 @@ impl Tracker {
         step
     }
 
+    /// [`Self::complete_paced`] with no figure from ARM.
     pub fn complete(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>) -> Step {
+        self.complete_paced(now_ms, results, None)
+    }
+
+    /// The outcomes of commands, by id, with ARM's remaining-writes figure on the latest of
+    /// their answers that carried one.
+    pub fn complete_paced(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>, arm_remaining_writes: Option<u32>) -> Step {
         let now = self.clock.read(now_ms);
         let mut step = Step::default();
+        if let Some(remaining) = arm_remaining_writes {
+            // The writes still unanswered after these answers: ARM may not have counted them.
+            let answered = |id: &u64| results.iter().any(|(r, _)| r == id);
+            let in_flight = self.state.in_flight.iter().filter(|(id, what)| what.writes_arm() && !answered(id)).count();
+            let reserve = self.config.write_budgets().arm_write_reserve;
+            let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
+            self.pace = Some(ArmPace::reported(self.pace, remaining, reserve, in_flight, now));
+        }
         for (id, outcome) in results {
             // An unknown id is a duplicate or stale answer: ignoring it is safe.
             let Some(what) = self.state.in_flight.remove(&id) else { continue };
@@ -229,15 +245,41 @@ impl Tracker {
 
     // ---- Write budgets ----
 
-    /// Takes a token of `kind`'s bucket if it has one.
-    fn take_token(&mut self, kind: WriteKind, now: u64) -> bool {
-        let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
-        bucket.try_take(budget, now)
+    /// The pace of ARM's figures, while they are fresh.
+    fn fresh_pace(&self, now: u64) -> Option<ArmPace> {
+        self.pace.filter(|p| p.fresh(now))
     }
 
-    /// When `kind`'s bucket next has a token, if that is after `now`.
+    /// Whether a write of `kind` draws on its fixed bucket: always without fresh figures from
+    /// ARM; with them, only address locations, whose budget is what coalesces their batches.
+    fn uses_fixed_budget(&self, kind: WriteKind, now: u64) -> bool {
+        kind == WriteKind::AddressLocations || self.fresh_pace(now).is_none()
+    }
+
+    /// Takes a token of what paces `kind` (its bucket, ARM's pace or both) if there is one.
+    fn take_token(&mut self, kind: WriteKind, now: u64) -> bool {
+        let budgets = self.config.write_budgets();
+        let (mut buckets, mut pace) = (self.budget, self.fresh_pace(now));
+        let fixed = self.uses_fixed_budget(kind, now);
+        // Taken from copies, kept only when every one that paces `kind` had a token.
+        let taken = (!fixed || {
+            let (bucket, budget) = buckets.of(&budgets, kind);
+            bucket.try_take(budget, now)
+        }) && pace.as_mut().is_none_or(|p| p.try_take(now));
+        if taken {
+            self.budget = buckets;
+            self.pace = pace.or(self.pace);
+        }
+        taken
+    }
+
+    /// When a write of `kind` may next go, if that is after `now`.
     fn token_due(&self, kind: WriteKind, now: u64) -> Option<u64> {
-        Some(self.budget.ready_at(&self.config.write_budgets(), kind, now)).filter(|&at| at > now)
+        let fixed = self
+            .uses_fixed_budget(kind, now)
+            .then(|| self.budget.ready_at(&self.config.write_budgets(), kind, now));
+        let pace = self.fresh_pace(now).map(|p| p.ready_at(now));
+        fixed.into_iter().chain(pace).max().filter(|&at| at > now)
     }
 
     /// What Azure answered a write of `kind`: a 429 shrinks its budget (and says so), an
@@ -257,6 +299,21 @@ impl Tracker {
             }
             Outcome::Failed(_) => {}
             _ => bucket.accepted(budget, now),
+        }
+        if let Some(pace) = self.pace.as_mut() {
+            match outcome {
+                Outcome::Failed(f) if f.status == 429 => {
+                    let per_minute = pace.throttled(now);
+                    let message = format!(
+                        "ARM throttled {} (HTTP 429): the pace of ARM-routed writes shrinks to {per_minute} a minute and \
+                         grows back as writes are accepted",
+                        kind.name()
+                    );
+                    step.logs.push(LogLine { level: LogLevel::Warn, message });
+                }
+                Outcome::Failed(_) => {}
+                _ => pace.accepted(now),
+            }
         }
     }
 
@@ -327,6 +384,9 @@ impl Tracker {
         self.arm.next_read_ms = self.arm.next_read_ms.min(latest);
         nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
         self.budget.bring_in(now);
+        if let Some(pace) = self.pace.as_mut() {
+            pace.bring_in(now);
+        }
         for backoff in nrp.location_backoff.values_mut() {
             backoff.not_before_ms = backoff.not_before_ms.min(latest);
         }

@@ -45,20 +45,28 @@ impl Tracker {
         postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound)).expect("plain data")
     }
 
+    /// The state as version 7 wrote it (no pace set by ARM's figures), for tests of older
+    /// payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v7(&self) -> Vec<u8> {
+        self.payload_with(&self.state)[..].strip_suffix(&postcard::to_allocvec(&self.pace).expect("plain data")[..])
+            .expect("the pace is the last part")
+            .to_vec()
+    }
+
     /// This tracker's current payload with `state` in place of its own, for tests of states that
     /// must be refused.
     #[cfg(test)]
     pub(super) fn payload_with(&self, state: &State) -> Vec<u8> {
-        postcard::to_allocvec(&(state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods))
+        postcard::to_allocvec(&(state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace))
             .expect("plain data")
     }
 
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        let payload =
-            postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods))
-            .expect("the state is plain data and always encodes");
+        let parts = (&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace);
+        let payload = postcard::to_allocvec(&parts).expect("the state is plain data and always encodes");
         (STATE_VERSION, payload)
     }
 
@@ -83,7 +91,7 @@ impl Tracker {
         // Each part the version has, one after the other (postcard writes a tuple so), then
         // nothing: one decoder per part for every version. A part a version lacks starts as that
         // version implies: no egress pods, the ARM inventory settled, full write budgets, no
-        // outbound lifecycles, no pod held.
+        // outbound lifecycles, no pod held, no pace set by ARM's figures.
         let mut rest = payload;
         let state = if version <= 2 {
             take::<State<NrpSyncV2>>(&mut rest).map_err(corrupt)?.upgrade()
@@ -95,12 +103,13 @@ impl Tracker {
         let budget = if version >= 5 { take(&mut rest).map_err(corrupt)? } else { full };
         let outbound = if version >= 6 { take(&mut rest).map_err(corrupt)? } else { none };
         let pods = if version >= 7 { take(&mut rest).map_err(corrupt)? } else { no_pods() };
+        let pace = if version >= 8 { take(&mut rest).map_err(corrupt)? } else { None };
         if !rest.is_empty() {
             return Err(corrupt(format!("{} byte(s) after the payload", rest.len())));
         }
         state.check(&arm, &outbound, &pods).map_err(corrupt)?;
         egress.check().map_err(corrupt)?;
         outbound.check().map_err(corrupt)?;
-        Ok(Self { config, mode, state, egress, arm, budget, outbound, pods, clock: Clock::default() })
+        Ok(Self { config, mode, state, egress, arm, budget, outbound, pods, pace, clock: Clock::default() })
     }
 }

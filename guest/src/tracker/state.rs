@@ -4,7 +4,7 @@
 //! ([`State::check`]). How an identity takes part in an address-location sync ([`classify`]) is
 //! here too: the state's own view of which identities are ready.
 
-use crate::budget::Buckets;
+use crate::budget::{ArmPace, Buckets};
 use crate::config::{Config, ConfigError, Mode};
 use crate::difftracker::{Class, DiffTracker};
 use crate::egress::Egress;
@@ -38,6 +38,18 @@ pub(super) enum InFlight {
     PodFinalizer { key: ObjectKey, uid: String, present: bool },
 }
 
+impl InFlight {
+    /// Whether ARM counts it as a write (NRP's calls are POST actions through ARM).
+    pub(super) fn writes_arm(&self) -> bool {
+        match self {
+            InFlight::Service { step, .. } => step.write_kind().is_some(),
+            InFlight::Outbound { step, .. } => step.write_kind().is_some(),
+            InFlight::Locations(_) => true,
+            InFlight::ReadNrp | InFlight::Event | InFlight::ReadArm | InFlight::PodFinalizer { .. } => false,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Tracker {
     pub(super) config: Config,
@@ -53,6 +65,8 @@ pub struct Tracker {
     pub(super) outbound: Outbound,
     /// The egress pod finalizers (state version 7).
     pub(super) pods: PodFinalizers,
+    /// The pace ARM's remaining-writes figures set (state version 8); `None` before the first.
+    pub(super) pace: Option<ArmPace>,
     /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
     /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
     pub(super) clock: Clock,
@@ -61,16 +75,12 @@ pub struct Tracker {
 /// Two trackers are equal when their configuration and state are: the clock is not state.
 impl PartialEq for Tracker {
     fn eq(&self, other: &Self) -> bool {
-        (&self.config, self.mode, &self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods)
+        let this = (&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace);
+        (&self.config, self.mode, this)
             == (
                 &other.config,
                 other.mode,
-                &other.state,
-                &other.egress,
-                &other.arm,
-                &other.budget,
-                &other.outbound,
-                &other.pods,
+                (&other.state, &other.egress, &other.arm, &other.budget, &other.outbound, &other.pods, &other.pace),
             )
     }
 }
@@ -88,8 +98,10 @@ impl Eq for Tracker {}
 /// ([`Outbound`]) after the version-5 payload; an older state imports with none (its egress
 /// identities are somebody else's, as they were to it). Version 7 adds the egress pod
 /// finalizers ([`PodFinalizers`]) after the version-6 payload; an older state imports with no
-/// pod held (the host's next list or a pod's next update reads each pod's finalizer).
-pub const STATE_VERSION: u32 = 7;
+/// pod held (the host's next list or a pod's next update reads each pod's finalizer). Version 8
+/// adds the pace set by ARM's remaining-writes figures ([`ArmPace`]) after the version-7
+/// payload; an older state imports with none (the fixed budgets pace until ARM's next answer).
+pub const STATE_VERSION: u32 = 8;
 
 /// Why state could not be imported.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,6 +5,10 @@
 //! 201/202 with an `Azure-AsyncOperation` (or `Location`) header are polled, honouring
 //! `Retry-After`, until the operation ends or [`ArmConfig::operation_timeout`] passes. Every
 //! other answer is an [`AzureError`] with the status, the ARM code and `Retry-After`.
+//!
+//! Every answer's `x-ms-ratelimit-remaining-subscription-writes`, success or error, polls
+//! included, is kept: the latest one received is what
+//! [`AzureApi::take_arm_remaining_writes`] and [`AzureApi::last_arm_remaining_writes`] report.
 
 use super::auth::Credential;
 use super::wire::{self, AsyncOperationStatus, ErrorEnvelope, Page};
@@ -68,6 +72,15 @@ pub struct ArmClient {
     base: reqwest::Url,
     credential: Credential,
     http: reqwest::Client,
+    /// ARM's remaining-writes figure as the answers reported it; shared by concurrent calls,
+    /// so it is the latest answer received, whichever call it ended.
+    remaining_writes: std::sync::Mutex<RemainingWrites>,
+}
+
+#[derive(Default)]
+struct RemainingWrites {
+    latest: Option<u32>,
+    untaken: Option<u32>,
 }
 
 /// A successful answer, after any polling.
@@ -92,7 +105,25 @@ impl ArmClient {
             .timeout(config.request_timeout.max(config.nrp_request_timeout))
             .build()
             .map_err(|e| invalid(format!("the HTTP client cannot be built: {e}")).with_source(e))?;
-        Ok(Self { config, base, credential, http })
+        Ok(Self { config, base, credential, http, remaining_writes: Default::default() })
+    }
+
+    fn remaining_writes(&self) -> std::sync::MutexGuard<'_, RemainingWrites> {
+        // Two plain fields: a panic elsewhere cannot leave them half-written.
+        self.remaining_writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps the answer's remaining-writes figure, if it carries a readable one.
+    fn note_remaining_writes(&self, op: Operation, headers: &HeaderMap) {
+        let Some(value) = headers.get(REMAINING_WRITES_HEADER) else { return };
+        match value.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()) {
+            Some(remaining) => {
+                let mut figures = self.remaining_writes();
+                figures.latest = Some(remaining);
+                figures.untaken = Some(remaining);
+            }
+            None => tracing::debug!("{op}: ignoring the malformed {REMAINING_WRITES_HEADER} value {value:?}"),
+        }
     }
 
     pub fn config(&self) -> &ArmConfig {
@@ -168,6 +199,7 @@ impl ArmClient {
         let response = request.send().await.map_err(|e| transport_error(op, e))?;
         let status = response.status();
         let headers = response.headers().clone();
+        self.note_remaining_writes(op, &headers);
         let body = response.bytes().await.map_err(|e| transport_error(op, e))?;
         Ok((status, headers, body.to_vec()))
     }
@@ -378,6 +410,14 @@ fn etag_of(op: Operation, headers: &HeaderMap, body_etag: Option<String>) -> Res
 }
 
 impl AzureApi for ArmClient {
+    fn take_arm_remaining_writes(&self) -> Option<u32> {
+        self.remaining_writes().untaken.take()
+    }
+
+    fn last_arm_remaining_writes(&self) -> Option<u32> {
+        self.remaining_writes().latest
+    }
+
     async fn update_services(&self, action: UpdateAction, requests: &[ServiceRequest]) -> Result<(), AzureError> {
         let op = Operation::UpdateServices;
         let body = encode(op, &wire::update_services(&self.config.scope, action, requests))?;
@@ -486,5 +526,29 @@ impl AzureApi for ArmClient {
         let url = self.network_url(op, &["loadBalancers", &pool.load_balancer, "backendAddressPools", &pool.pool])?;
         let body = encode(op, &wire::backend_pool(&self.config.scope, pool, content))?;
         self.call(op, Method::PUT, url, Some(body), if_match).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(REMAINING_WRITES_HEADER, HeaderValue::from_str(value).expect("a header value"));
+        headers
+    }
+
+    #[test]
+    fn a_malformed_remaining_writes_value_is_ignored_and_the_latest_good_one_is_kept() {
+        let scope = crate::simulator::simulate::scope();
+        let client = ArmClient::new(ArmConfig::new("http://127.0.0.1:1", scope), Credential::None).expect("builds");
+        client.note_remaining_writes(Operation::PutPublicIp, &headers("42"));
+        client.note_remaining_writes(Operation::PutPublicIp, &headers("many"));
+        client.note_remaining_writes(Operation::ListServices, &HeaderMap::new());
+        assert_eq!(client.take_arm_remaining_writes(), Some(42));
+        assert_eq!(client.take_arm_remaining_writes(), None);
+        client.note_remaining_writes(Operation::PutPublicIp, &headers("-1"));
+        assert_eq!(client.last_arm_remaining_writes(), Some(42));
     }
 }

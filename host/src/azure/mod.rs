@@ -28,6 +28,12 @@ use std::time::Duration;
 /// The default name of the ServiceGateway resource; CCM never uses another (§a.4).
 pub const DEFAULT_SERVICE_GATEWAY: &str = "servicegateway";
 
+/// The header of ARM's answers to writes (PUT, DELETE, POST): the subscription's write tokens
+/// left after the call.
+pub const REMAINING_WRITES_HEADER: &str = "x-ms-ratelimit-remaining-subscription-writes";
+/// The same for reads (GET and lists).
+pub const REMAINING_READS_HEADER: &str = "x-ms-ratelimit-remaining-subscription-reads";
+
 /// Every call of [`AzureApi`], named as in logs, metrics and emulator faults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -487,6 +493,18 @@ pub trait AzureApi {
         content: &BackendPool,
         if_match: Option<&ETag>,
     ) -> Result<(), AzureError>;
+
+    /// What ARM's `x-ms-ratelimit-remaining-subscription-writes` said on the latest answer that
+    /// carried it since the last call of this; `None` when no answer carried it since.
+    fn take_arm_remaining_writes(&self) -> Option<u32> {
+        None
+    }
+
+    /// What ARM's `x-ms-ratelimit-remaining-subscription-writes` said on the latest answer that
+    /// carried it, ever (for metrics); `None` when none did.
+    fn last_arm_remaining_writes(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// A shared client is a client (the simulator shares its emulator with the backend-pool updater).
@@ -544,5 +562,11 @@ impl<T: AzureApi> AzureApi for std::sync::Arc<T> {
         if_match: Option<&ETag>,
     ) -> Result<(), AzureError> {
         (**self).put_backend_pool(pool, content, if_match).await
+    }
+    fn take_arm_remaining_writes(&self) -> Option<u32> {
+        (**self).take_arm_remaining_writes()
+    }
+    fn last_arm_remaining_writes(&self) -> Option<u32> {
+        (**self).last_arm_remaining_writes()
     }
 }

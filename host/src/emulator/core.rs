@@ -3,6 +3,7 @@
 //! only when the whole request succeeded — as NRP does with a batch.
 
 use super::faults::{ActiveFault, AsyncOutcome, Fault, FaultMode};
+use super::throttle::{ArmBuckets, ArmLimits, ArmRemaining, Bucket, Clock, Figure};
 use crate::azure::wire::{self, ErrorBody, IdRef};
 use crate::azure::{IpVersion, Operation, Scope, UpdateAction};
 use serde::{Deserialize, Serialize};
@@ -125,6 +126,13 @@ pub struct EmulatorState {
     pub requests: BTreeMap<String, u64>,
     pub log: Vec<LogEntry>,
     pub token_exchanges: Vec<TokenExchange>,
+    /// Answers ARM's throttling gave instead of the call (429 `SubscriptionRequestsThrottled`),
+    /// per operation name; they count in `requests` too.
+    #[serde(default)]
+    pub throttled: BTreeMap<String, u64>,
+    /// The tokens left in ARM's subscription buckets now; absent when the emulator is unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arm_remaining: Option<ArmRemaining>,
 }
 
 /// An asynchronous operation handed out with a 202, waiting to be polled.
@@ -167,11 +175,21 @@ pub(crate) struct State {
     pub operations: BTreeMap<u64, AsyncOperation>,
     pub next_operation: u64,
     pub token_exchanges: Vec<TokenExchange>,
+    pub clock: Clock,
+    /// ARM's subscription buckets; `None`: unlimited.
+    pub arm: Option<ArmBuckets>,
+    pub throttled: BTreeMap<String, u64>,
+    /// The figure the latest answered call carries (its answer's header), until taken.
+    pub answer_figure: Option<Figure>,
+    /// The remaining-writes figure of the latest write answer, and the same until taken: what
+    /// the in-process emulator reports as a client would read it from the headers.
+    pub latest_writes: Option<u32>,
+    pub untaken_writes: Option<u32>,
 }
 
 impl State {
-    pub fn new() -> Self {
-        let mut state = State::default();
+    pub fn new(arm_limits: Option<ArmLimits>) -> Self {
+        let mut state = State { arm: arm_limits.map(|limits| ArmBuckets::starting(limits, 0)), ..State::default() };
         state.resources.services.insert(
             DEFAULT_SERVICE.to_owned(),
             ServiceRecord {
@@ -191,6 +209,57 @@ impl State {
             requests: self.requests.clone(),
             log: self.log.clone(),
             token_exchanges: self.token_exchanges.clone(),
+            throttled: self.throttled.clone(),
+            arm_remaining: self.arm.as_ref().map(|arm| arm.remaining_at(self.clock.now_ms())),
+        }
+    }
+
+    /// ARM's front door: the call named `name` takes a token from its bucket, or is refused
+    /// with 429 when the bucket is empty (counted in `throttled`). Either way the figure its
+    /// answer carries is left in `answer_figure`. Unlimited, every call passes with no figure.
+    pub fn arm_gate(&mut self, bucket: Bucket, name: &str) -> Result<(), Rejection> {
+        let now = self.clock.now_ms();
+        let Some(arm) = self.arm.as_mut() else {
+            self.answer_figure = None;
+            return Ok(());
+        };
+        let (figure, result) = match arm.take(bucket, now) {
+            Ok(figure) => (figure, Ok(())),
+            Err(throttled) => {
+                *self.throttled.entry(name.to_owned()).or_default() += 1;
+                let rejection = Rejection {
+                    status: 429,
+                    code: THROTTLED_CODE.to_owned(),
+                    message: throttled.message(),
+                    retry_after_secs: Some(throttled.retry_after_secs),
+                };
+                (Figure { bucket, remaining: 0 }, Err(rejection))
+            }
+        };
+        if !arm.report_remaining() {
+            self.answer_figure = None;
+            return result;
+        }
+        if bucket == Bucket::Writes {
+            self.latest_writes = Some(figure.remaining);
+            self.untaken_writes = Some(figure.remaining);
+        }
+        self.answer_figure = Some(figure);
+        result
+    }
+
+    /// ARM's buckets as `limits` say, full from now; `None`: unlimited.
+    pub fn set_arm_limits(&mut self, limits: Option<ArmLimits>) {
+        let now = self.clock.now_ms();
+        self.arm = limits.map(|limits| ArmBuckets::starting(limits, now));
+    }
+
+    /// Another client of the subscription spends tokens now, down to empty; nothing when
+    /// unlimited.
+    pub fn arm_spend(&mut self, writes: u32, reads: u32) {
+        let now = self.clock.now_ms();
+        if let Some(arm) = self.arm.as_mut() {
+            arm.spend(writes, reads, now);
         }
     }
 
@@ -232,6 +301,13 @@ impl State {
         bearer: Option<String>,
         apply: impl FnOnce(&mut State) -> Result<T, Rejection>,
     ) -> Dispatch<T> {
+        // ARM refuses before anything else looks at the call, faults included; a call that
+        // passes has spent its token whatever a fault then makes of it.
+        if let Err(rejection) = self.arm_gate(bucket_of(op), op.name()) {
+            let outcome = format!("{} {} (throttled)", rejection.status, rejection.code);
+            self.record(op.name(), &resources, outcome, bearer);
+            return Dispatch::Done(Err(rejection));
+        }
         let (dispatch, outcome) = match self.take_fault(op, &resources) {
             None => {
                 let result = apply(self);
@@ -964,6 +1040,16 @@ impl State {
         }
         self.get_backend_pool(scope, lb, pool)
     }
+}
+
+/// The ARM code of an answer from an empty subscription bucket.
+pub const THROTTLED_CODE: &str = "SubscriptionRequestsThrottled";
+
+/// The bucket an operation draws on: writes (PUT, DELETE, and NRP's POST actions) or reads.
+/// Polls of asynchronous operations draw on neither: ARM counts them apart, and the emulator
+/// keeps it simple.
+pub(crate) fn bucket_of(op: Operation) -> Bucket {
+    if op.is_write() { Bucket::Writes } else { Bucket::Reads }
 }
 
 pub(crate) fn pool_key(lb: &str, pool: &str) -> String {

@@ -7,16 +7,22 @@
 //! drive it with no network and no real time (a hang is the timeout error at once). [`server`]
 //! serves the same core over HTTP for the real client, where a hang really hangs and a drop
 //! really closes the connection.
+//!
+//! Both throttle as ARM does ([`throttle`]): by default a subscription's write and read
+//! buckets of ARM's published sizes, on the emulator's clock — virtual in-process (set by
+//! [`Emulator::set_now_ms`]), real over HTTP.
 
 pub mod core;
 pub mod faults;
 #[cfg(feature = "live")]
 pub mod server;
+pub mod throttle;
 
-pub use self::core::{DEFAULT_SERVICE, EmulatorState, Rejection, Resources};
+pub use self::core::{DEFAULT_SERVICE, EmulatorState, Rejection, Resources, THROTTLED_CODE};
 pub use faults::{AsyncOutcome, Fault, FaultMode};
 #[cfg(feature = "live")]
 pub use server::EmulatorServer;
+pub use throttle::{ArmLimits, ArmRemaining, BucketLimits};
 
 use self::core::{Dispatch, State};
 use crate::azure::{self, AzureApi, AzureError, ErrorKind, Operation, Scope, wire};
@@ -42,11 +48,19 @@ pub struct EmulatorConfig {
     pub echo_ipv6_upper: bool,
     /// `expires_in` of the tokens the Entra ID endpoint issues, in seconds.
     pub token_lifetime_secs: u64,
+    /// ARM's subscription throttling; `None`: unlimited. By default ARM's published sizes, so
+    /// that what runs against the emulator meets the limits it will meet in Azure.
+    pub arm_limits: Option<ArmLimits>,
 }
 
 impl Default for EmulatorConfig {
     fn default() -> Self {
-        Self { page_size: 100, echo_ipv6_upper: false, token_lifetime_secs: 3600 }
+        Self {
+            page_size: 100,
+            echo_ipv6_upper: false,
+            token_lifetime_secs: 3600,
+            arm_limits: Some(ArmLimits::default()),
+        }
     }
 }
 
@@ -66,7 +80,34 @@ impl Emulator {
     }
 
     pub fn with_config(scope: Scope, config: EmulatorConfig) -> Self {
-        Self { scope, config, state: Mutex::new(State::new()), cleared: tokio::sync::watch::Sender::new(0) }
+        let state = Mutex::new(State::new(config.arm_limits));
+        Self { scope, config, state, cleared: tokio::sync::watch::Sender::new(0) }
+    }
+
+    /// Sets the virtual clock ARM's buckets refill by. A time before the last one is taken but
+    /// credits nothing.
+    pub fn set_now_ms(&self, now_ms: u64) {
+        self.lock().clock = throttle::Clock::Virtual(now_ms);
+    }
+
+    /// From now on the buckets refill by real time since this call (the HTTP server's clock).
+    #[cfg_attr(not(feature = "live"), allow(dead_code))]
+    pub(crate) fn use_real_time(&self) {
+        let mut state = self.lock();
+        if matches!(state.clock, throttle::Clock::Virtual(_)) {
+            state.clock = throttle::Clock::Real(std::time::Instant::now());
+        }
+    }
+
+    /// Puts ARM's throttling to `limits` (`None`: unlimited), both buckets full from now.
+    pub fn set_arm_limits(&self, limits: Option<ArmLimits>) {
+        self.lock().set_arm_limits(limits);
+    }
+
+    /// Another client of the subscription spends `writes` and `reads` tokens now, down to
+    /// empty (not below); nothing when the emulator is unlimited.
+    pub fn arm_spend(&self, writes: u32, reads: u32) {
+        self.lock().arm_spend(writes, reads);
     }
 
     pub fn scope(&self) -> &Scope {
@@ -120,7 +161,10 @@ impl Emulator {
     ) -> Result<T, AzureError> {
         let mut state = self.lock();
         let scope = &self.scope;
-        match state.dispatch(op, resources, None, |s| apply(s, scope)) {
+        let dispatch = state.dispatch(op, resources, None, |s| apply(s, scope));
+        // In-process there are no headers: the figures are read from the state instead.
+        state.answer_figure = None;
+        match dispatch {
             Dispatch::Done(Ok(value)) => Ok(value),
             Dispatch::Done(Err(r)) => Err(rejection_error(op, r)),
             Dispatch::ErrorBody(e) => Err(AzureError::http(op, 200, e.code, e.message)),
@@ -168,6 +212,14 @@ pub(crate) fn location_names(request: &wire::UpdateAddressLocationsRequest) -> V
 }
 
 impl AzureApi for Emulator {
+    fn take_arm_remaining_writes(&self) -> Option<u32> {
+        self.lock().untaken_writes.take()
+    }
+
+    fn last_arm_remaining_writes(&self) -> Option<u32> {
+        self.lock().latest_writes
+    }
+
     async fn update_services(
         &self,
         action: azure::UpdateAction,
@@ -273,5 +325,110 @@ impl AzureApi for Emulator {
             s.put_backend_pool(scope, &pool.load_balancer, &pool.pool, &body, if_match)
         })
         .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::azure::{IpVersion, PublicIpSpec};
+
+    fn emulator(arm_limits: Option<ArmLimits>) -> Emulator {
+        Emulator::with_config(crate::simulator::simulate::scope(), EmulatorConfig { arm_limits, ..Default::default() })
+    }
+
+    async fn put_ip(emulator: &Emulator, n: usize) -> Result<String, AzureError> {
+        emulator.put_public_ip(&PublicIpSpec { name: format!("pip-{n}"), version: IpVersion::IPv4 }).await
+    }
+
+    #[tokio::test]
+    async fn a_full_write_bucket_answers_200_writes_then_429_with_retry_after_1_and_a_remaining_figure_of_0() {
+        let emulator = emulator(Some(ArmLimits::default()));
+        put_ip(&emulator, 0).await.expect("the first write passes");
+        assert_eq!(emulator.take_arm_remaining_writes(), Some(199));
+        assert_eq!(emulator.take_arm_remaining_writes(), None, "taken once");
+        for n in 1..200 {
+            put_ip(&emulator, n).await.expect("the bucket holds 200 writes");
+        }
+        assert_eq!(emulator.take_arm_remaining_writes(), Some(0));
+        let refused = put_ip(&emulator, 200).await.expect_err("the 201st write is throttled");
+        assert_eq!((refused.status, refused.code.as_str()), (429, THROTTLED_CODE));
+        assert_eq!(refused.retry_after, Some(std::time::Duration::from_secs(1)));
+        assert!(refused.message.contains("writes"), "the message names the bucket: {}", refused.message);
+        assert_eq!(emulator.take_arm_remaining_writes(), Some(0));
+        assert_eq!(emulator.last_arm_remaining_writes(), Some(0));
+        let state = emulator.state();
+        assert_eq!(state.resources.public_ips.len(), 200, "the throttled write applied nothing");
+        assert_eq!(state.requests["put-public-ip"], 201, "the 429 counts as a request");
+        assert_eq!(state.throttled.get("put-public-ip"), Some(&1));
+        assert_eq!(state.log.last().map(|e| e.outcome.as_str()), Some("429 SubscriptionRequestsThrottled (throttled)"));
+        assert_eq!(state.arm_remaining, Some(ArmRemaining { writes: 0, reads: 250 }));
+    }
+
+    #[tokio::test]
+    async fn the_write_bucket_refills_10_tokens_a_second_on_the_virtual_clock_and_never_backwards() {
+        let emulator = emulator(Some(ArmLimits::default()));
+        emulator.arm_spend(200, 0);
+        assert!(put_ip(&emulator, 0).await.is_err());
+        emulator.set_now_ms(1_000);
+        for n in 0..10 {
+            put_ip(&emulator, n).await.expect("ten tokens came back in a second");
+        }
+        assert_eq!(emulator.take_arm_remaining_writes(), Some(0));
+        assert_eq!(put_ip(&emulator, 10).await.expect_err("no eleventh").status, 429);
+        emulator.set_now_ms(500);
+        assert_eq!(put_ip(&emulator, 10).await.expect_err("going back credits nothing").status, 429);
+        emulator.set_now_ms(1_100);
+        put_ip(&emulator, 10).await.expect("a tenth of a second refills one token");
+    }
+
+    #[tokio::test]
+    async fn reads_draw_on_their_own_bucket_and_leave_the_writes_figure_alone() {
+        let emulator = emulator(Some(ArmLimits::default()));
+        emulator.arm_spend(200, 0);
+        for _ in 0..250 {
+            emulator.list_services().await.expect("reads pass while writes are empty");
+        }
+        assert_eq!(emulator.take_arm_remaining_writes(), None, "a read carries no writes figure");
+        let refused = emulator.list_public_ips().await.expect_err("the 251st read is throttled");
+        assert_eq!((refused.status, refused.retry_after), (429, Some(std::time::Duration::from_secs(1))));
+        assert!(refused.message.contains("reads"), "the message names the bucket: {}", refused.message);
+        assert_eq!(emulator.state().throttled.get("list-public-ips"), Some(&1));
+    }
+
+    #[tokio::test]
+    async fn another_clients_spend_lowers_the_figure_and_its_steady_writes_the_refill() {
+        let limits = ArmLimits { other_client_writes_per_second: 4, ..ArmLimits::default() };
+        let emulator = emulator(Some(limits));
+        emulator.arm_spend(50, 0);
+        put_ip(&emulator, 0).await.expect("150 tokens are left");
+        assert_eq!(emulator.take_arm_remaining_writes(), Some(149));
+        emulator.arm_spend(1_000, 0);
+        assert_eq!(emulator.state().arm_remaining.map(|r| r.writes), Some(0), "down to empty, not below");
+        emulator.set_now_ms(1_000);
+        assert_eq!(emulator.state().arm_remaining.map(|r| r.writes), Some(6), "10 a second less the other's 4");
+    }
+
+    #[tokio::test]
+    async fn an_injected_fault_still_spends_a_token_because_the_call_reached_arm() {
+        let emulator = emulator(Some(ArmLimits::default()));
+        emulator.set_fault(Fault::times(Operation::PutPublicIp, 1, FaultMode::status(500)));
+        assert_eq!(put_ip(&emulator, 0).await.expect_err("the fault answers").status, 500);
+        assert_eq!(emulator.take_arm_remaining_writes(), Some(199));
+    }
+
+    #[tokio::test]
+    async fn an_unlimited_emulator_never_throttles_and_reports_no_figure() {
+        let emulator = emulator(None);
+        for n in 0..500 {
+            put_ip(&emulator, n).await.expect("no limit");
+        }
+        emulator.arm_spend(1_000, 1_000);
+        emulator.list_services().await.expect("no limit");
+        assert_eq!(emulator.take_arm_remaining_writes(), None);
+        assert_eq!(emulator.last_arm_remaining_writes(), None);
+        let state = emulator.state();
+        assert!(state.throttled.is_empty());
+        assert_eq!(state.arm_remaining, None);
     }
 }

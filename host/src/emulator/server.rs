@@ -4,14 +4,21 @@
 //! * `GET /emulator/state` — [`EmulatorState`](super::EmulatorState) as JSON;
 //! * `POST /emulator/faults` — add a [`Fault`] (or a list of them); `DELETE /emulator/faults` — clear them
 //!   (calls they hung end without an answer);
+//! * `POST /emulator/arm-spend` — `{"writes": N, "reads": M}`: another client of the
+//!   subscription spends that many of ARM's tokens now (down to empty);
 //! * `GET /emulator/operations/{id}` — the status of an asynchronous operation;
 //! * `POST /{tenant}/oauth2/v2.0/token` — a client-credentials exchange with a JWT assertion.
+//!
+//! ARM's answers carry the remaining figure of the bucket they drew on
+//! (`x-ms-ratelimit-remaining-subscription-writes` or `-reads`) when the emulator throttles; its
+//! buckets refill by real time from the moment it is served.
 //!
 //! It is served with hyper directly rather than through a framework so that a `drop` fault can
 //! close the connection without answering (hyper does so when the service fails).
 
-use super::core::{Dispatch, Rejection, TokenExchange, default_code};
+use super::core::{Dispatch, Rejection, TokenExchange, bucket_of, default_code};
 use super::faults::{AsyncOutcome, Fault};
+use super::throttle::{Bucket, Figure};
 use super::{Emulator, EmulatorError, location_names, service_names};
 use crate::azure::wire::{self, ErrorBody, ErrorEnvelope, Page};
 use crate::azure::{Operation, Scope};
@@ -34,6 +41,7 @@ impl EmulatorServer {
     /// Listens on `listen` (port 0: any free port) and serves on the current tokio runtime.
     pub async fn start(emulator: Arc<Emulator>, listen: SocketAddr) -> Result<Self, EmulatorError> {
         let bind_error = |source| EmulatorError::Bind { addr: listen, source };
+        emulator.use_real_time();
         let listener = tokio::net::TcpListener::bind(listen).await.map_err(bind_error)?;
         let addr = listener.local_addr().map_err(bind_error)?;
         let task = tokio::spawn(accept_loop(listener, emulator.clone()));
@@ -164,6 +172,7 @@ fn route(emulator: &Emulator, call: &Call) -> Reply {
     let answer = match (&call.method, segments.as_slice()) {
         (&Method::GET, ["emulator", "state"]) => json(200, &emulator.state()),
         (&Method::POST, ["emulator", "faults"]) => set_faults(emulator, &call.body),
+        (&Method::POST, ["emulator", "arm-spend"]) => arm_spend(emulator, &call.body),
         (&Method::DELETE, ["emulator", "faults"]) => {
             emulator.clear_faults();
             json(200, &emulator.state().faults)
@@ -326,11 +335,35 @@ fn with_body<T: DeserializeOwned>(
     match serde_json::from_slice(&call.body) {
         Ok(body) => then(body),
         Err(e) => {
-            let rejection = reject(400, "InvalidRequestFormat", format!("the body is not a valid {op} request: {e}"));
-            emulator.lock().record(op.name(), &[], format!("400 {}", rejection.code), call.bearer.clone());
-            Reply::Answer(error_response(&rejection))
+            // An unreadable body still reached ARM, which throttles before it reads the body.
+            let mut state = emulator.lock();
+            let rejection = match state.arm_gate(bucket_of(op), op.name()) {
+                Ok(()) => reject(400, "InvalidRequestFormat", format!("the body is not a valid {op} request: {e}")),
+                Err(throttled) => throttled,
+            };
+            let outcome = throttled_text(&rejection, format!("{} {}", rejection.status, rejection.code));
+            state.record(op.name(), &[], outcome, call.bearer.clone());
+            let figure = state.answer_figure.take();
+            Reply::Answer(with_figure(error_response(&rejection), figure))
         }
     }
+}
+
+/// The log's outcome text, marked when it is ARM's throttling.
+fn throttled_text(rejection: &Rejection, text: String) -> String {
+    if rejection.status == 429 && rejection.code == super::THROTTLED_CODE {
+        format!("{text} (throttled)")
+    } else {
+        text
+    }
+}
+
+/// The answer with the remaining figure of the bucket its call drew on, as ARM sends it.
+fn with_figure(mut response: Response<Full<Bytes>>, figure: Option<Figure>) -> Response<Full<Bytes>> {
+    if let Some(figure) = figure {
+        response.headers_mut().insert(figure.bucket.header(), header_value(&figure.remaining.to_string()));
+    }
+    response
 }
 
 /// A call through the faults to the core; the answer as ARM would give it.
@@ -342,8 +375,12 @@ fn serve<T: Serialize>(
     apply: impl FnOnce(&mut super::core::State, &Scope) -> Result<T, Rejection>,
 ) -> Reply {
     let scope = emulator.scope();
-    let dispatch = emulator.lock().dispatch(op, resources, call.bearer.clone(), |s| apply(s, scope));
-    match dispatch {
+    let (dispatch, figure) = {
+        let mut state = emulator.lock();
+        let dispatch = state.dispatch(op, resources, call.bearer.clone(), |s| apply(s, scope));
+        (dispatch, state.answer_figure.take())
+    };
+    let reply = match dispatch {
         Dispatch::Done(Ok(value)) => {
             let value = serde_json::to_value(&value).unwrap_or(serde_json::Value::Null);
             let etag = value.get("etag").and_then(|e| e.as_str()).map(str::to_owned);
@@ -366,6 +403,10 @@ fn serve<T: Serialize>(
             headers.insert(hyper::header::RETRY_AFTER, header_value(&retry_after_secs.to_string()));
             Reply::Answer(response)
         }
+    };
+    match reply {
+        Reply::Answer(response) => Reply::Answer(with_figure(response, figure)),
+        unanswered => unanswered,
     }
 }
 
@@ -377,16 +418,18 @@ fn read_only<T: Serialize>(
     read: impl FnOnce(&super::core::State, &Scope) -> Result<T, Rejection>,
 ) -> Reply {
     let mut state = emulator.lock();
-    let result = read(&state, emulator.scope());
+    let result = state.arm_gate(Bucket::Reads, name).and_then(|()| read(&state, emulator.scope()));
     let outcome = match &result {
         Ok(_) => "200".to_owned(),
-        Err(r) => format!("{} {}", r.status, r.code),
+        Err(r) => throttled_text(r, format!("{} {}", r.status, r.code)),
     };
     state.record(name, &[resource.to_owned()], outcome, None);
-    Reply::Answer(match result {
+    let figure = state.answer_figure.take();
+    let response = match result {
         Ok(value) => json(200, &value),
         Err(rejection) => error_response(&rejection),
-    })
+    };
+    Reply::Answer(with_figure(response, figure))
 }
 
 fn paging(emulator: &Emulator, call: &Call) -> (usize, usize) {
@@ -458,6 +501,28 @@ fn set_faults(emulator: &Emulator, body: &[u8]) -> Response<Full<Bytes>> {
         Err(e) => {
             error_response(&reject(400, "InvalidFault", format!("the body is not a fault or a list of faults: {e}")))
         }
+    }
+}
+
+fn arm_spend(emulator: &Emulator, body: &[u8]) -> Response<Full<Bytes>> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Spend {
+        #[serde(default)]
+        writes: u32,
+        #[serde(default)]
+        reads: u32,
+    }
+    match serde_json::from_slice::<Spend>(body) {
+        Ok(spend) => {
+            emulator.arm_spend(spend.writes, spend.reads);
+            json(200, &emulator.state().arm_remaining)
+        }
+        Err(e) => error_response(&reject(
+            400,
+            "InvalidArmSpend",
+            format!("the body is not {{\"writes\": N, \"reads\": M}}: {e}"),
+        )),
     }
 }
 
@@ -543,4 +608,54 @@ fn status_code(status: u16) -> hyper::StatusCode {
 
 fn header_value(text: &str) -> hyper::header::HeaderValue {
     hyper::header::HeaderValue::from_str(text).unwrap_or_else(|_| hyper::header::HeaderValue::from_static("invalid"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::azure::{ArmClient, ArmConfig, AzureApi, Credential, IpVersion, PublicIpSpec};
+    use crate::emulator::{ArmLimits, BucketLimits, EmulatorConfig, THROTTLED_CODE};
+    use crate::simulator::simulate::scope;
+    use std::time::Duration;
+
+    fn pip(n: usize) -> PublicIpSpec {
+        PublicIpSpec { name: format!("pip-{n}"), version: IpVersion::IPv4 }
+    }
+
+    #[tokio::test]
+    async fn the_arm_client_reads_the_remaining_writes_over_http_and_an_empty_bucket_arrives_as_a_429_with_retry_after()
+    {
+        let limits = ArmLimits { writes: BucketLimits { burst: 2, per_second: 1 }, ..ArmLimits::default() };
+        let config = EmulatorConfig { arm_limits: Some(limits), ..EmulatorConfig::default() };
+        let emulator = Arc::new(Emulator::with_config(scope(), config));
+        let server = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.expect("listens");
+        let client =
+            ArmClient::new(ArmConfig::new(server.url(), scope()), Credential::None).expect("the client builds");
+
+        client.put_public_ip(&pip(0)).await.expect("the first write passes");
+        assert_eq!(client.take_arm_remaining_writes(), Some(1));
+        assert_eq!(client.take_arm_remaining_writes(), None, "taken once");
+        client.list_services().await.expect("a read passes");
+        assert_eq!(client.take_arm_remaining_writes(), None, "a read's answer carries the reads figure only");
+        assert_eq!(client.last_arm_remaining_writes(), Some(1));
+
+        client.put_public_ip(&pip(1)).await.expect("the second write passes");
+        let refused = client.put_public_ip(&pip(2)).await.expect_err("the third write is throttled");
+        assert_eq!((refused.status, refused.code.as_str()), (429, THROTTLED_CODE));
+        // One token at one a second: at most a second, whatever real time passed.
+        assert_eq!(refused.retry_after, Some(Duration::from_secs(1)));
+        assert_eq!(client.take_arm_remaining_writes(), Some(0), "the 429 carries the figure too");
+        assert_eq!(emulator.state().throttled.get("put-public-ip"), Some(&1));
+        assert!(!emulator.resources().public_ips.contains_key("pip-2"));
+
+        let spend = reqwest::Client::new()
+            .post(format!("{}/emulator/arm-spend", server.url()))
+            .body(r#"{"reads": 1000}"#)
+            .send()
+            .await
+            .expect("the emulator answers");
+        assert_eq!(spend.status(), 200);
+        let refused = client.list_services().await.expect_err("another client emptied the reads");
+        assert_eq!((refused.status, refused.code.as_str()), (429, THROTTLED_CODE));
+    }
 }

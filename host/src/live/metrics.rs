@@ -36,7 +36,8 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
@@ -321,6 +322,16 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Azure answered a command 429 (throttled), by [`command_name`](crate::executor::command_name).
+    pub fn observe_throttled(&self, command: &'static str) {
+        self.latency.throttled.get_or_create(&vec![("command", command.to_owned())]).inc();
+    }
+
+    /// What ARM's `x-ms-ratelimit-remaining-subscription-writes` last said.
+    pub fn arm_remaining_writes(&self, remaining: u32) {
+        self.latency.arm_remaining_writes.set(i64::from(remaining));
+    }
+
     /// How long one phase of a swap took: `load` (decompress, check and compile, off the loop),
     /// `stage` (the state move into the new version, off the loop) or `switch` (the pause of the
     /// loop while the new version takes over).
@@ -356,6 +367,9 @@ struct Latency {
     guest_calls: Histograms,
     commands: Histograms,
     swap_phases: Histograms,
+    /// Not latencies, but observed as they happen like them: 429s by command, ARM's last figure.
+    throttled: Family<Vec<(&'static str, String)>, Counter>,
+    arm_remaining_writes: Gauge,
 }
 
 impl Latency {
@@ -367,7 +381,19 @@ impl Latency {
             guest_calls: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_05, 4.0, 10))),
             commands: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.005, 2.5, 11))),
             swap_phases: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 4.0, 9))),
+            throttled: Family::default(),
+            arm_remaining_writes: Gauge::default(),
         };
+        registry.register(
+            "clb_azure_throttled",
+            "Commands Azure answered 429 (throttled), by command (run).",
+            latency.throttled.clone(),
+        );
+        registry.register(
+            "clb_arm_remaining_writes",
+            "What ARM's x-ms-ratelimit-remaining-subscription-writes said on the last answer that carried it (run); the logic paces ARM-routed writes by it.",
+            latency.arm_remaining_writes.clone(),
+        );
         registry.register_with_unit(
             "clb_guest_call",
             "Time the serving version took over one delivered input, by logic version.",

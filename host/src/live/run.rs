@@ -320,6 +320,9 @@ impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
                     if let Some(metrics) = &metrics {
                         let failed = matches!(outcome, wit::Outcome::Failed(_));
                         metrics.observe_command(command_name(&issued.command), failed, started.elapsed());
+                        if matches!(&outcome, wit::Outcome::Failed(f) if f.status == 429) {
+                            metrics.observe_throttled(command_name(&issued.command));
+                        }
                     }
                     log_outcome(&issued, &outcome);
                     Finished { id: issued.id, lane, outcome }
@@ -530,7 +533,11 @@ async fn reconcile(
             }
             Some(finished) = commands.running.next(), if !commands.running.is_empty() => {
                 let results = commands.settle(finished);
-                supervisor.complete(now_ms(), &results)
+                let figure = settings.arm.take_arm_remaining_writes();
+                if let (Some(remaining), Some(control)) = (figure, &control) {
+                    control.metrics().arm_remaining_writes(remaining);
+                }
+                supervisor.complete_paced(now_ms(), &results, figure)
             }
             change = changes.next() => {
                 let Some(change) = change else { return Err(RunError::WatchEnded("Services, EndpointSlices, Nodes and Pods")) };

@@ -37,7 +37,7 @@ use bindings::{Clb, ClbPre};
 /// The WIT package this host speaks.
 pub const PACKAGE: &str = "clb:reconciler";
 /// Its version; a component is compatible when its package version is semver-compatible.
-pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 7, 0);
+pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 8, 0);
 /// Interfaces of [`PACKAGE`] a component may import. `types` has no functions: it is imported
 /// implicitly by interfaces that `use` it.
 pub const GRANTED_INTERFACES: &[&str] = &["diagnostics", "types"];
@@ -544,9 +544,10 @@ impl Session {
         tracker: ResourceAny,
         now_ms: u64,
         results: &[(u64, Outcome)],
+        arm_remaining_writes: Option<u32>,
     ) -> Result<Step, GuestError> {
         self.call("tracker.complete", |b, s| {
-            b.clb_reconciler_reconciler().tracker().call_complete(s, tracker, now_ms, results)
+            b.clb_reconciler_reconciler().tracker().call_complete(s, tracker, now_ms, results, arm_remaining_writes)
         })
     }
 

@@ -8,7 +8,7 @@
 //! `metadata.uid`). Pods are simulated for egress: those with the egress label are watched.
 
 use crate::azure::Operation;
-use crate::emulator::{Fault, FaultMode};
+use crate::emulator::{ArmLimits, BucketLimits, Fault, FaultMode};
 use crate::inputs::{self, CloudConfig, InputError};
 use crate::sandbox::bindings::clb::reconciler::types::Config;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
@@ -67,6 +67,90 @@ pub struct AzureSetup {
     /// which this controller does not build yet, would register them for egress identities).
     #[serde(default)]
     pub outbound_services: Vec<String>,
+    /// ARM's subscription throttling in the emulator (default: ARM's published sizes).
+    #[serde(default)]
+    pub arm_limits: ArmLimitsSetting,
+}
+
+/// `armLimits:` — `unlimited`, or `{writes: {burst, perSecond}, reads: {burst, perSecond},
+/// otherClientWritesPerSecond}` with every field optional and ARM's published sizes (writes
+/// 200 refilled 10 a second, reads 250 refilled 25 a second, no other client) for the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArmLimitsSetting(pub Option<ArmLimits>);
+
+impl Default for ArmLimitsSetting {
+    fn default() -> Self {
+        ArmLimitsSetting(Some(ArmLimits::default()))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawArmLimits {
+    #[serde(default)]
+    writes: Option<RawBucket>,
+    #[serde(default)]
+    reads: Option<RawBucket>,
+    #[serde(default)]
+    other_client_writes_per_second: Option<u32>,
+    #[serde(default)]
+    report_remaining: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawBucket {
+    #[serde(default)]
+    burst: Option<u32>,
+    #[serde(default)]
+    per_second: Option<u32>,
+}
+
+impl RawBucket {
+    fn or(bucket: Option<RawBucket>, name: &str, default: BucketLimits) -> Result<BucketLimits, String> {
+        let Some(raw) = bucket else { return Ok(default) };
+        let limits = BucketLimits {
+            burst: raw.burst.unwrap_or(default.burst),
+            per_second: raw.per_second.unwrap_or(default.per_second),
+        };
+        // An empty bucket that never refills would refuse every call forever.
+        if limits.burst == 0 || limits.per_second == 0 {
+            return Err(format!("armLimits.{name}: burst and perSecond must be at least 1"));
+        }
+        Ok(limits)
+    }
+}
+
+impl<'de> Deserialize<'de> for ArmLimitsSetting {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> de::Visitor<'de> for Visitor {
+            type Value = ArmLimitsSetting;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    "`unlimited` or {writes: {burst, perSecond}, reads: {burst, perSecond}, otherClientWritesPerSecond, \
+                     reportRemaining}",
+                )
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<ArmLimitsSetting, E> {
+                match text {
+                    "unlimited" => Ok(ArmLimitsSetting(None)),
+                    other => Err(E::custom(format!("armLimits {other:?}: expected `unlimited` or a map"))),
+                }
+            }
+            fn visit_map<M: de::MapAccess<'de>>(self, map: M) -> Result<ArmLimitsSetting, M::Error> {
+                let raw = RawArmLimits::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let limits = ArmLimits {
+                    writes: RawBucket::or(raw.writes, "writes", ArmLimits::ARM_WRITES).map_err(M::Error::custom)?,
+                    reads: RawBucket::or(raw.reads, "reads", ArmLimits::ARM_READS).map_err(M::Error::custom)?,
+                    other_client_writes_per_second: raw.other_client_writes_per_second.unwrap_or(0),
+                    report_remaining: raw.report_remaining.unwrap_or(true),
+                };
+                Ok(ArmLimitsSetting(Some(limits)))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 impl AzureSetup {
@@ -84,6 +168,8 @@ pub enum Step {
     Delete(DeleteStep),
     Fault(FaultStep),
     ClearFaults,
+    /// Another client of the subscription spends ARM tokens at the current instant.
+    ArmSpend(ArmSpendStep),
     /// Lets virtual time pass, waking the guest whenever it asked to be.
     Advance(VirtualDuration),
     /// Runs until the guest reports `idle`, within the bound (default [`DEFAULT_SETTLE_MS`]).
@@ -116,6 +202,9 @@ impl Step {
                 format!("fault {} {times}{on}: {}", f.fault.operation, mode_summary(&f.fault.mode))
             }
             Step::ClearFaults => "clear-faults".into(),
+            Step::ArmSpend(spend) => {
+                format!("arm-spend: another client spends {} write and {} read tokens", spend.writes, spend.reads)
+            }
             Step::Advance(d) => format!("advance {d}"),
             Step::Settle(within) => format!("settle (within {})", within.unwrap_or(VirtualDuration(DEFAULT_SETTLE_MS))),
             Step::Restart => "restart".into(),
@@ -329,6 +418,17 @@ impl fmt::Display for SwapExpect {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(if *self == SwapExpect::Accepted { "accepted" } else { "refused" })
     }
+}
+
+/// `arm-spend: {writes: N, reads: M}`: tokens another client of the subscription spends from
+/// ARM's buckets, down to empty (not below).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArmSpendStep {
+    #[serde(default)]
+    pub writes: u32,
+    #[serde(default)]
+    pub reads: u32,
 }
 
 /// `fault: {operation, mode, count | always: true, resource?}`.
@@ -754,5 +854,48 @@ mod tests {
         assert_eq!(VirtualDuration::parse("168h"), Some(VirtualDuration(MAX_DURATION_MS)));
         assert_eq!(VirtualDuration::parse("169h"), None);
         assert_eq!(VirtualDuration::parse("1000000000000h"), None);
+    }
+
+    fn scenario_with(azure: &str, step: &str) -> Result<Scenario, ScenarioError> {
+        let text =
+            format!("name: arm limits\nconfig:\n  loadBalancerSku: standardV2\nazure:\n{azure}\nsteps:\n  - {step}\n");
+        parse(Path::new("arm.yaml"), &text)
+    }
+
+    #[test]
+    fn arm_limits_default_to_arms_published_sizes_and_each_field_given_replaces_only_itself() {
+        let default = scenario_with("  outboundServices: []", "settle:").expect("valid");
+        assert_eq!(default.azure.arm_limits, ArmLimitsSetting(Some(ArmLimits::default())));
+        let partial = scenario_with("  armLimits: {writes: {burst: 20}, otherClientWritesPerSecond: 3}", "settle:")
+            .expect("valid");
+        let want = ArmLimits {
+            writes: BucketLimits { burst: 20, per_second: 10 },
+            reads: BucketLimits { burst: 250, per_second: 25 },
+            other_client_writes_per_second: 3,
+            report_remaining: true,
+        };
+        assert_eq!(partial.azure.arm_limits, ArmLimitsSetting(Some(want)));
+        let unlimited = scenario_with("  armLimits: unlimited", "settle:").expect("valid");
+        assert_eq!(unlimited.azure.arm_limits, ArmLimitsSetting(None));
+    }
+
+    #[test]
+    fn an_unknown_arm_limits_key_a_zero_refill_or_another_word_is_an_invalid_scenario_with_its_line() {
+        for azure in [
+            "  armLimits: {writes: {size: 1}}",
+            "  armLimits: {reads: {perSecond: 0}}",
+            "  armLimits: none",
+            "  armLimits: {burst: 1}",
+        ] {
+            let error = scenario_with(azure, "settle:").expect_err(azure).to_string();
+            assert!(error.contains("arm.yaml:5"), "{azure}: {error}");
+        }
+    }
+
+    #[test]
+    fn an_arm_spend_step_reads_its_writes_and_reads_with_zero_for_the_one_not_given() {
+        let scenario = scenario_with("  armLimits: {}", "arm-spend: {writes: 150}").expect("valid");
+        assert_eq!(scenario.steps, vec![Step::ArmSpend(ArmSpendStep { writes: 150, reads: 0 })]);
+        assert!(scenario_with("  armLimits: {}", "arm-spend: {write: 1}").is_err());
     }
 }

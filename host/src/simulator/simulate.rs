@@ -29,7 +29,7 @@ use crate::azure::{
 use crate::backend_pools::{
     DEFAULT_MAX_RETRIES, InMemoryLock, PoolUpdater, PoolUpdaterConfig, PoolUpdaterError, ServiceLock, Tick,
 };
-use crate::emulator::{Emulator, Resources};
+use crate::emulator::{Emulator, EmulatorConfig, Resources};
 use crate::executor::{Executor, command_name};
 use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
@@ -106,7 +106,13 @@ pub trait Reconciler {
     /// Starts a fresh tracker (at start and on every restart); earlier state is dropped.
     fn start(&mut self, config: &wit::Config) -> Result<(), LogicError>;
     fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError>;
-    fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError>;
+    /// With ARM's remaining-writes figure on the latest answer among `results` that carried one.
+    fn complete(
+        &mut self,
+        now_ms: u64,
+        results: &[(u64, wit::Outcome)],
+        arm_remaining_writes: Option<u32>,
+    ) -> Result<wit::Step, LogicError>;
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError>;
     /// Replaces the logic, keeping the state. An error aborts the run (the scenario names what
     /// cannot be found); a refusal is a result, checked against the step's `expect`.
@@ -201,8 +207,13 @@ impl Reconciler for ComponentReconciler<'_> {
         self.promote(now_ms, step)
     }
 
-    fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, LogicError> {
-        let step = self.supervisor.complete(now_ms, results)?;
+    fn complete(
+        &mut self,
+        now_ms: u64,
+        results: &[(u64, wit::Outcome)],
+        arm_remaining_writes: Option<u32>,
+    ) -> Result<wit::Step, LogicError> {
+        let step = self.supervisor.complete_paced(now_ms, results, arm_remaining_writes)?;
         self.promote(now_ms, step)
     }
 
@@ -365,7 +376,7 @@ pub struct StepReport {
     pub summary: String,
     pub at_ms: u64,
     pub commands: Vec<CommandRecord>,
-    /// Emulator requests a fault answered.
+    /// Emulator requests a fault (or ARM's throttling) answered.
     pub faults_hit: Vec<String>,
     /// Inputs the logic trapped on, dropped so that the rest could go on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -390,6 +401,13 @@ pub struct ScenarioReport {
     pub final_nrp: NrpView,
     /// Azure calls the emulator answered in the whole run, per operation (faulted ones too).
     pub azure_calls: BTreeMap<String, u64>,
+    /// What ARM last reported of the subscription's write tokens left
+    /// (`x-ms-ratelimit-remaining-subscription-writes`); absent when unlimited or no write ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arm_remaining_writes: Option<u32>,
+    /// ARM's 429s for an empty subscription bucket, per operation.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub throttled: BTreeMap<String, u64>,
     pub events: Vec<RecordedEvent>,
     /// Why the run stopped early (the logic trapped or refused the configuration).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -419,9 +437,12 @@ pub fn scope() -> Scope {
 /// Runs one scenario through `logic` against a fresh emulator and cluster.
 pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioReport, SimulateError> {
     let runtime = tokio::runtime::Builder::new_current_thread().build().map_err(SimulateError::Runtime)?;
+    // Azure as the scenario found it is not the controller's doing: it is set up unthrottled,
+    // and ARM's limits start, buckets full, with the first step.
+    let unlimited = EmulatorConfig { arm_limits: None, ..EmulatorConfig::default() };
     let mut sim = Simulation {
         logic,
-        emulator: Arc::new(Emulator::new(scope())),
+        emulator: Arc::new(Emulator::with_config(scope(), unlimited)),
         cluster: Arc::new(Cluster::new()),
         runtime,
         now: 0,
@@ -434,7 +455,13 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         early_releases: Vec::new(),
     };
     let mut steps = Vec::new();
-    let mut aborted = sim.set_up_azure(scenario).and_then(|()| sim.restart(scenario)).err();
+    let mut aborted = sim
+        .set_up_azure(scenario)
+        .and_then(|()| {
+            sim.emulator.set_arm_limits(scenario.azure.arm_limits.0);
+            sim.restart(scenario)
+        })
+        .err();
     for (index, step) in scenario.steps.iter().enumerate() {
         if aborted.is_some() {
             break;
@@ -469,6 +496,11 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
             }
             Step::ClearFaults => {
                 sim.emulator.clear_faults();
+                Ok(())
+            }
+            Step::ArmSpend(spend) => {
+                sim.emulator.set_now_ms(sim.now);
+                sim.emulator.arm_spend(spend.writes, spend.reads);
                 Ok(())
             }
             Step::Advance(d) => sim.advance(d.0),
@@ -509,12 +541,15 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         aborted = result.err();
     }
     let passed = aborted.is_none() && steps.iter().flat_map(|s| &s.checks).all(|c| c.ok);
+    let state = sim.emulator.state();
     Ok(ScenarioReport {
         name: scenario.name.clone(),
         path: scenario.path.display().to_string(),
         steps,
         final_nrp: nrp_view(&sim.emulator.resources()),
-        azure_calls: sim.emulator.state().requests,
+        azure_calls: state.requests,
+        arm_remaining_writes: sim.emulator.last_arm_remaining_writes(),
+        throttled: state.throttled,
         events: sim.cluster.events(),
         aborted: aborted.map(|e| e.to_string()),
         passed,
@@ -695,6 +730,7 @@ impl Simulation<'_> {
     fn pool_tick(&mut self) -> Result<(), LogicError> {
         let Some(pools) = self.pools.as_mut() else { return Ok(()) };
         pools.next_tick = self.now.saturating_add(pools.interval);
+        self.emulator.set_now_ms(self.now);
         match self.runtime.block_on(pools.updater.tick_at(self.now))? {
             Tick::Idle => {}
             Tick::LockFailed(err) => self.pool_lines.push(format!("tick at {}: {err}", Ms(self.now))),
@@ -734,6 +770,8 @@ impl Simulation<'_> {
                 return Ok(());
             }
             let issued = std::mem::take(&mut self.pending);
+            // ARM's buckets refill by the virtual time the commands run at.
+            self.emulator.set_now_ms(self.now);
             let (emulator, cluster) = (self.emulator.clone(), self.cluster.clone());
             let executor = Executor::new(&*emulator, &*cluster);
             let mut results = Vec::with_capacity(issued.len());
@@ -752,7 +790,8 @@ impl Simulation<'_> {
                 });
                 results.push((command.id, outcome));
             }
-            let step = self.logic.complete(self.now, &results)?;
+            let figure = self.emulator.take_arm_remaining_writes();
+            let step = self.logic.complete(self.now, &results, figure)?;
             self.absorb(step);
         }
         Err(livelock(self.now))
@@ -828,7 +867,7 @@ impl Simulation<'_> {
         let new = usize::try_from(state.requests.values().sum::<u64>() - before).unwrap_or(usize::MAX);
         let log = &state.log[state.log.len().saturating_sub(new)..];
         log.iter()
-            .filter(|e| e.outcome.ends_with("(fault)"))
+            .filter(|e| e.outcome.ends_with("(fault)") || e.outcome.ends_with("(throttled)"))
             .map(|e| format!("{} [{}] → {}", e.operation, e.resources.join(", "), e.outcome))
             .collect()
     }
@@ -1304,6 +1343,20 @@ pub fn calls_text(calls: &BTreeMap<String, u64>, events: usize) -> String {
     format!("Azure writes: {total}{detail}; reads: {reads}; Events: {events}")
 }
 
+/// What ARM last reported of the write tokens left and the 429s of its throttling, on one
+/// line; `None` when there is neither (an unlimited emulator).
+pub fn arm_text(remaining_writes: Option<u32>, throttled: &BTreeMap<String, u64>) -> Option<String> {
+    let mut parts = Vec::new();
+    if let Some(left) = remaining_writes {
+        parts.push(format!("{left} writes left"));
+    }
+    if !throttled.is_empty() {
+        let counts: Vec<String> = throttled.iter().map(|(name, n)| format!("{name} {n}")).collect();
+        parts.push(format!("throttled (429): {}", counts.join(", ")));
+    }
+    (!parts.is_empty()).then(|| format!("ARM: {}", parts.join("; ")))
+}
+
 /// One line per command, for the report.
 pub fn describe_command(command: &wit::Command) -> String {
     let name = command_name(command);
@@ -1450,6 +1503,9 @@ pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io:
     writeln!(out, "  final NRP: services {:?}", report.final_nrp.services)?;
     writeln!(out, "             locations {}", locations_text(&report.final_nrp.locations))?;
     writeln!(out, "  {}", calls_text(&report.azure_calls, report.events.len()))?;
+    if let Some(line) = arm_text(report.arm_remaining_writes, &report.throttled) {
+        writeln!(out, "  {line}")?;
+    }
     if let Some(why) = &report.aborted {
         writeln!(out, "  ✗ aborted: {why}")?;
     }

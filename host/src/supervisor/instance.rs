@@ -73,7 +73,8 @@ pub(super) fn state_refused(stage: &'static str, version: u32, error: &wit::Stat
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
     Observe { now_ms: u64, batch: Arc<[wit::Observation]> },
-    Complete { now_ms: u64, results: Arc<[(u64, wit::Outcome)]> },
+    /// With ARM's remaining-writes figure on the latest answer among `results` that carried one.
+    Complete { now_ms: u64, results: Arc<[(u64, wit::Outcome)]>, arm_remaining_writes: Option<u32> },
     Tick { now_ms: u64 },
 }
 
@@ -93,9 +94,14 @@ impl Input {
             Input::Observe { now_ms, batch } => {
                 batch.iter().map(|o| Input::Observe { now_ms: *now_ms, batch: Arc::from([o.clone()]) }).collect()
             }
-            Input::Complete { now_ms, results } => {
-                results.iter().map(|r| Input::Complete { now_ms: *now_ms, results: Arc::from([r.clone()]) }).collect()
-            }
+            Input::Complete { now_ms, results, arm_remaining_writes } => results
+                .iter()
+                .map(|r| Input::Complete {
+                    now_ms: *now_ms,
+                    results: Arc::from([r.clone()]),
+                    arm_remaining_writes: *arm_remaining_writes,
+                })
+                .collect(),
             Input::Tick { .. } => vec![self.clone()],
         }
     }
@@ -107,7 +113,7 @@ impl Input {
                 let what: Vec<String> = batch.iter().map(describe_observation).collect();
                 format!("observe at {now_ms}ms: {}", what.join(", "))
             }
-            Input::Complete { now_ms, results } => {
+            Input::Complete { now_ms, results, .. } => {
                 let ids: Vec<String> = results.iter().map(|(id, _)| format!("#{id}")).collect();
                 format!("complete at {now_ms}ms: {}", ids.join(", "))
             }
@@ -159,10 +165,10 @@ pub(super) fn record_input(recorder: &Recorder, handle: u64, input: &Input, ende
             let batch = Arg::Value(Box::new(move || serde_json::to_value(&*batch).expect("serializes")));
             recorder.call("tracker.observe", vec![this, arg(*now_ms), batch], ended);
         }
-        Input::Complete { now_ms, results } => {
+        Input::Complete { now_ms, results, arm_remaining_writes } => {
             let results = results.clone();
             let results = Arg::Value(Box::new(move || serde_json::to_value(&*results).expect("serializes")));
-            recorder.call("tracker.complete", vec![this, arg(*now_ms), results], ended);
+            recorder.call("tracker.complete", vec![this, arg(*now_ms), results, arg(*arm_remaining_writes)], ended);
         }
         Input::Tick { now_ms } => recorder.call("tracker.tick", vec![this, arg(*now_ms)], ended),
     }
@@ -177,7 +183,9 @@ impl Running {
     pub(super) fn call(&mut self, input: &Input) -> Result<wit::Step, GuestError> {
         match input {
             Input::Observe { now_ms, batch } => self.session.tracker_observe(self.tracker, *now_ms, batch),
-            Input::Complete { now_ms, results } => self.session.tracker_complete(self.tracker, *now_ms, results),
+            Input::Complete { now_ms, results, arm_remaining_writes } => {
+                self.session.tracker_complete(self.tracker, *now_ms, results, *arm_remaining_writes)
+            }
             Input::Tick { now_ms } => self.session.tracker_tick(self.tracker, *now_ms),
         }
     }

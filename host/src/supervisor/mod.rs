@@ -648,8 +648,20 @@ impl<'a> Supervisor<'a> {
         self.deliver(Input::Observe { now_ms, batch: Arc::from(batch) })
     }
 
+    /// [`Self::complete_paced`] with no figure from ARM.
     pub fn complete(&mut self, now_ms: u64, results: &[(u64, wit::Outcome)]) -> Result<wit::Step, SupervisorError> {
-        self.deliver(Input::Complete { now_ms, results: Arc::from(results) })
+        self.complete_paced(now_ms, results, None)
+    }
+
+    /// The outcomes of commands, with ARM's remaining-writes figure on the latest of their
+    /// answers that carried one (`tracker.complete`).
+    pub fn complete_paced(
+        &mut self,
+        now_ms: u64,
+        results: &[(u64, wit::Outcome)],
+        arm_remaining_writes: Option<u32>,
+    ) -> Result<wit::Step, SupervisorError> {
+        self.deliver(Input::Complete { now_ms, results: Arc::from(results), arm_remaining_writes })
     }
 
     pub fn tick(&mut self, now_ms: u64) -> Result<wit::Step, SupervisorError> {

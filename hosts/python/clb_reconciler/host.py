@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.7.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.8.0``."""
         return self._loaded.package
 
     @property
@@ -249,9 +249,13 @@ class Tracker(_Handle):
         (``observation`` variants: ``service-upserted``, ``slice-upserted``, ``lists-complete``, …)."""
         return self._call("tracker.observe", now_ms, batch)
 
-    def complete(self, now_ms: int, results: List[Sequence[Any]]) -> Dict[str, Any]:
-        """``tracker.complete``: outcomes by command id, ``[[id, {"tag": "ok"}], …]``."""
-        return self._call("tracker.complete", now_ms, [list(r) for r in results])
+    def complete(
+        self, now_ms: int, results: List[Sequence[Any]], arm_remaining_writes: Optional[int] = None
+    ) -> Dict[str, Any]:
+        """``tracker.complete``: outcomes by command id, ``[[id, {"tag": "ok"}], …]``, with what
+        ARM's ``x-ms-ratelimit-remaining-subscription-writes`` said on the latest of their
+        answers that carried it (``None``: none did)."""
+        return self._call("tracker.complete", now_ms, [list(r) for r in results], arm_remaining_writes)
 
     def tick(self, now_ms: int) -> Dict[str, Any]:
         """``tracker.tick``: time passed (at ``wake-at-ms`` or on the periodic resync)."""

@@ -502,7 +502,7 @@ class Replayer:
             if not ids:
                 return
             held = self.held[handle]
-            params = [now, [[i, {"tag": "ok"}] for i in ids]]
+            params = [now, [[i, {"tag": "ok"}] for i in ids], None]
             got = _invoke(held.session, complete, [held.resource, *params])
             if got.trap is not None:
                 self._rebuild(handle)

@@ -69,7 +69,7 @@ impl GuestTracker for NoState {
     fn observe(&self, _now_ms: u64, _batch: Vec<Observation>) -> Step {
         Step { commands: Vec::new(), wake_at_ms: None, idle: true }
     }
-    fn complete(&self, _now_ms: u64, _results: Vec<(u64, Outcome)>) -> Step {
+    fn complete(&self, _now_ms: u64, _results: Vec<(u64, Outcome)>, _arm_remaining_writes: Option<u32>) -> Step {
         Step { commands: Vec::new(), wake_at_ms: None, idle: true }
     }
     fn tick(&self, _now_ms: u64) -> Step {

@@ -155,15 +155,15 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
     let (version, payload) = tracker.export_state();
     assert_eq!(version, STATE_VERSION);
-    // Version 7 writes the same state with its NRP bookkeeping reshaped, then no pods, then
+    // Version 8 writes the same state with its NRP bookkeeping reshaped, then no pods, then
     // an ARM inventory with nothing left to read or adopt, then full write budgets, then no
-    // outbound lifecycles, then no pod held by its finalizer.
+    // outbound lifecycles, then no pod held by its finalizer, then no pace set by ARM.
     let mut rest = before;
     let upgraded = take::<State<NrpSyncV2>>(&mut rest).unwrap().upgrade();
     assert!(rest.is_empty(), "the fixture is one version-1 state and nothing after it");
     let budget = Buckets::full(&clb().write_budgets());
     let none = (&Outbound::default(), &PodFinalizers::default());
-    let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, none.0, none.1);
+    let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, none.0, none.1, None::<crate::budget::ArmPace>);
     assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
 }

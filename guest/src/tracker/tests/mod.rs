@@ -812,6 +812,7 @@ fn with_address_budget(locations: crate::budget::Budget, nodes: u8) -> (Tracker,
     (tracker, step)
 }
 
+mod arm_pace;
 mod clock_and_state;
 mod phases_and_startup;
 mod provisioning;

@@ -1179,7 +1179,7 @@ fn outbound_lifecycles_survive_a_state_round_trip_and_a_version_5_state_has_none
     let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
     let _held = drive_until(&mut tracker, NOW, step, |c| is_put_nat_gateway(c, true));
     let (version, payload) = tracker.export_state();
-    assert_eq!(version, 7);
+    assert_eq!(version, STATE_VERSION);
     let imported = Tracker::import_state(clb(), version, &payload).unwrap();
     assert_eq!(imported, tracker);
     assert_eq!(Tracker::import_state(clb(), 6, &tracker.export_state_v6()).unwrap().outbound, tracker.outbound);

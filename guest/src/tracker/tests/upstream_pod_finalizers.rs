@@ -509,7 +509,7 @@ fn pod_finalizers_survive_a_state_round_trip_and_a_version_6_state_has_none() {
     );
     assert!(!finalizers(&step.commands.iter().map(|c| c.command.clone()).collect::<Vec<_>>()).is_empty());
     let (version, payload) = tracker.export_state();
-    assert_eq!(version, 7);
+    assert_eq!(version, STATE_VERSION);
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     let v6 = Tracker::import_state(clb(), 6, &tracker.export_state_v6()).unwrap();
     assert!(v6.pods.held().next().is_none());
@@ -533,7 +533,7 @@ fn pod_finalizers_survive_a_state_round_trip_and_a_version_6_state_has_none() {
         _ => None,
     });
     *filed.expect("r's add is in flight") = ObjectKey::new("batch", "q");
-    let why = corrupt(Tracker::import_state(clb(), 7, &tracker.payload_with(&state)));
+    let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &tracker.payload_with(&state)));
     assert!(why.contains("pod batch/r: its finalizer command") && why.contains("is not in flight for it"), "{why}");
 }
 
