@@ -533,10 +533,7 @@ async fn reconcile(
             }
             Some(finished) = commands.running.next(), if !commands.running.is_empty() => {
                 let results = commands.settle(finished);
-                let figure = settings.arm.take_arm_remaining_writes();
-                if let (Some(remaining), Some(control)) = (figure, &control) {
-                    control.metrics().arm_remaining_writes(remaining);
-                }
+                let figure = arm_figure(&*settings.arm, control.as_ref().map(|control| &**control.metrics()));
                 supervisor.complete_paced(now_ms(), &results, figure)
             }
             change = changes.next() => {
@@ -594,6 +591,16 @@ async fn reconcile(
     futures::join!(stop_commands, finish_tick);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What ARM's latest answer since the last call said is left of the subscription's writes: shown
+/// on `/metrics`, and handed to the logic with the outcomes.
+fn arm_figure<A: AzureApi>(arm: &A, metrics: Option<&Metrics>) -> Option<u32> {
+    let figure = arm.take_arm_remaining_writes();
+    if let (Some(remaining), Some(metrics)) = (figure, metrics) {
+        metrics.arm_remaining_writes(remaining);
+    }
+    figure
 }
 
 #[cfg(test)]
@@ -681,6 +688,30 @@ mod tests {
 
     fn block_on<T>(future: impl Future<Output = T>) -> T {
         tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(future)
+    }
+
+    fn put_public_ip(name: &str) -> wit::Command {
+        wit::Command::PutPublicIp(wit::PublicIp { name: name.into(), version: wit::IpVersion::Ipv4 })
+    }
+
+    #[test]
+    fn arms_figures_and_its_429s_reach_metrics_and_each_figure_reaches_the_logic_once() {
+        let azure = Emulator::new(crate::simulator::simulate::scope());
+        let kube = SlowKube::default();
+        let executor = Executor::new(&azure, &kube);
+        let metrics = Metrics::new();
+        let mut commands = Commands::new(&executor, Leadership::unconditional(), Some(metrics.clone()));
+        // Another client leaves 2 writes: the first put is answered with 1 left, the third is
+        // throttled (429, 0 left).
+        azure.arm_spend(198, 0);
+        let issued = [put_public_ip("a"), put_public_ip("b"), put_public_ip("c")];
+        commands.queued.extend((0u64..).zip(issued).map(|(id, command)| wit::Issued { id, command }));
+        block_on(drive(&mut commands));
+        assert_eq!(arm_figure(&azure, Some(&metrics)), Some(0));
+        assert_eq!(arm_figure(&azure, Some(&metrics)), None, "no answer since: no figure");
+        let text = metrics.render();
+        assert!(text.contains("clb_azure_throttled_total{command=\"put-public-ip\"} 1"), "{text}");
+        assert!(text.contains("clb_arm_remaining_writes 0"), "{text}");
     }
 
     #[test]
