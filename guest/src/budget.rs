@@ -219,7 +219,8 @@ impl ArmPace {
     /// unanswered.
     pub fn reported(previous: Option<ArmPace>, remaining: u32, reserve: u32, in_flight: u32, now: u64) -> Self {
         let largest = previous.map_or(0, |p| p.cap.saturating_add(reserve));
-        let cap = ARM_WRITE_BUCKET.max(remaining).max(largest).saturating_sub(reserve).min(MAX_BURST);
+        // At least one: a pace that never refilled would hold every write while figures come.
+        let cap = ARM_WRITE_BUCKET.max(remaining).max(largest).saturating_sub(reserve).clamp(1, MAX_BURST);
         let left = i64::from(remaining) - i64::from(reserve) - i64::from(in_flight);
         Self {
             units: left.clamp(-i64::from(MAX_BURST), i64::from(cap)) * TOKEN,
@@ -417,6 +418,25 @@ mod tests {
         let mut idle = pace;
         assert!((0..160).all(|_| idle.try_take(61_100)));
         assert!(!idle.try_take(61_100));
+    }
+
+    #[test]
+    fn any_figure_lets_exactly_what_is_above_the_reserve_and_the_writes_in_flight_go_at_once_and_then_one_a_refill() {
+        for remaining in (0..=1_000).step_by(7) {
+            for reserve in [0, 1, 40, 199] {
+                for in_flight in [0, 1, 17, 300] {
+                    let mut pace = ArmPace::reported(None, remaining, reserve, in_flight, 0);
+                    let at_once = (0..=2_000).take_while(|_| pace.try_take(0)).count();
+                    let room = i64::from(remaining) - i64::from(reserve) - i64::from(in_flight);
+                    let what = format!("{remaining} left, {reserve} reserved, {in_flight} in flight");
+                    assert_eq!(at_once as i64, room.max(0), "{what}");
+                    // Then one write per 100 ms of ARM's refill, once any shortfall is made up.
+                    let next = pace.ready_at(0);
+                    assert_eq!(next, (100 * (1 - room.min(0))) as u64, "{what}");
+                    assert!(!pace.try_take(next - 1) && pace.try_take(next), "{what}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -145,14 +145,18 @@ fn check_write_budgets(budgets: &WriteBudgets) -> Result<(), ConfigError> {
             ));
         }
     }
-    if budgets.arm_write_reserve > budget::MAX_BURST {
+    // A reserve of ARM's whole documented bucket would leave the logic no write on a
+    // subscription of that bucket, ever.
+    if budgets.arm_write_reserve >= budget::ARM_WRITE_BUCKET {
         return Err(ConfigError::new(
             "armWriteReserve",
             "InvalidWriteBudget",
             format!(
-                "the ARM write reserve is {}; it must be 0 to {} (writes left to other clients of the subscription)",
+                "the ARM write reserve is {}; it must be 0 to {}, below ARM's documented bucket of {} writes (what \
+                 is left to other clients of the subscription)",
                 budgets.arm_write_reserve,
-                budget::MAX_BURST
+                budget::ARM_WRITE_BUCKET - 1,
+                budget::ARM_WRITE_BUCKET
             ),
         ));
     }
@@ -254,9 +258,16 @@ mod tests {
         assert!(err.message.contains("arm-writes"), "{}", err.message);
         budgets.arm_writes.per_minute = budget::MAX_PER_MINUTE;
         assert_eq!(validate_config(&Config { write_budgets: Some(budgets), ..clb }), Ok(Mode::ContainerLoadBalancer));
-        let reserve = WriteBudgets { arm_write_reserve: budget::MAX_BURST + 1, ..WriteBudgets::DEFAULT };
-        let err = validate_config(&Config { write_budgets: Some(reserve), ..config("podIP", "standardV2", &[]) }).unwrap_err();
+        // Regression: a reserve of ARM's whole bucket or more left a pace that never refilled, so
+        // no ARM-routed write went while ARM's figures came.
+        let reserve = |r| Config {
+            write_budgets: Some(WriteBudgets { arm_write_reserve: r, ..WriteBudgets::DEFAULT }),
+            ..config("podIP", "standardV2", &[])
+        };
+        let err = validate_config(&reserve(budget::ARM_WRITE_BUCKET)).unwrap_err();
         assert_eq!((err.field.as_str(), err.reason.as_str()), ("armWriteReserve", "InvalidWriteBudget"));
+        assert!(err.message.contains("must be 0 to 199"), "{}", err.message);
+        assert_eq!(validate_config(&reserve(budget::ARM_WRITE_BUCKET - 1)), Ok(Mode::ContainerLoadBalancer));
     }
 
     #[test]
