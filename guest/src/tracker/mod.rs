@@ -285,35 +285,34 @@ impl Tracker {
     /// What Azure answered a write of `kind`: a 429 shrinks its budget (and says so), an
     /// accepted write gives some of a shrunk budget back.
     fn budget_answered(&mut self, kind: WriteKind, outcome: &Outcome, now: u64, step: &mut Step) {
+        let (throttled, accepted) = match outcome {
+            Outcome::Failed(f) => (f.status == 429, false),
+            _ => (false, true),
+        };
         let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
-        match outcome {
-            Outcome::Failed(f) if f.status == 429 => {
-                let per_minute = bucket.throttled(budget, now);
-                let message = format!(
-                    "{} was throttled (HTTP 429): its write budget shrinks to {per_minute} a minute (configured: {} a \
-                     minute) and grows back as writes are accepted",
-                    kind.name(),
-                    budget.per_minute
-                );
-                step.logs.push(LogLine { level: LogLevel::Warn, message });
-            }
-            Outcome::Failed(_) => {}
-            _ => bucket.accepted(budget, now),
+        if throttled {
+            let per_minute = bucket.throttled(budget, now);
+            let message = format!(
+                "{} was throttled (HTTP 429): its write budget shrinks to {per_minute} a minute (configured: {} a \
+                 minute) and grows back as writes are accepted",
+                kind.name(),
+                budget.per_minute
+            );
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+        } else if accepted {
+            bucket.accepted(budget, now);
         }
-        if let Some(pace) = self.pace.as_mut() {
-            match outcome {
-                Outcome::Failed(f) if f.status == 429 => {
-                    let per_minute = pace.throttled(now);
-                    let message = format!(
-                        "ARM throttled {} (HTTP 429): the pace of ARM-routed writes shrinks to {per_minute} a minute and \
-                         grows back as writes are accepted",
-                        kind.name()
-                    );
-                    step.logs.push(LogLine { level: LogLevel::Warn, message });
-                }
-                Outcome::Failed(_) => {}
-                _ => pace.accepted(now),
-            }
+        let Some(pace) = self.pace.as_mut() else { return };
+        if throttled {
+            let per_minute = pace.throttled(now);
+            let message = format!(
+                "ARM throttled {} (HTTP 429): the pace of ARM-routed writes shrinks to {per_minute} a minute and grows \
+                 back as writes are accepted",
+                kind.name()
+            );
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+        } else if accepted {
+            pace.accepted(now);
         }
     }
 

@@ -49,24 +49,22 @@ impl Tracker {
     /// payloads.
     #[cfg(test)]
     pub(crate) fn export_state_v7(&self) -> Vec<u8> {
-        self.payload_with(&self.state)[..].strip_suffix(&postcard::to_allocvec(&self.pace).expect("plain data")[..])
-            .expect("the pace is the last part")
-            .to_vec()
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods))
+            .expect("plain data")
     }
 
     /// This tracker's current payload with `state` in place of its own, for tests of states that
     /// must be refused.
     #[cfg(test)]
     pub(super) fn payload_with(&self, state: &State) -> Vec<u8> {
-        postcard::to_allocvec(&(state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace))
-            .expect("plain data")
+        postcard::to_allocvec(&self.parts_with(state)).expect("plain data")
     }
 
     /// The whole state: `(version, payload)`. Version 2 is the version-1 payload followed by
     /// the egress side (postcard encodes a pair as one after the other).
     pub fn export_state(&self) -> (u32, Vec<u8>) {
-        let parts = (&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace);
-        let payload = postcard::to_allocvec(&parts).expect("the state is plain data and always encodes");
+        let payload =
+            postcard::to_allocvec(&self.parts_with(&self.state)).expect("the state is plain data and always encodes");
         (STATE_VERSION, payload)
     }
 

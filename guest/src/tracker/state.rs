@@ -75,13 +75,19 @@ pub struct Tracker {
 /// Two trackers are equal when their configuration and state are: the clock is not state.
 impl PartialEq for Tracker {
     fn eq(&self, other: &Self) -> bool {
-        let this = (&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace);
-        (&self.config, self.mode, this)
-            == (
-                &other.config,
-                other.mode,
-                (&other.state, &other.egress, &other.arm, &other.budget, &other.outbound, &other.pods, &other.pace),
-            )
+        (&self.config, self.mode, self.parts_with(&self.state))
+            == (&other.config, other.mode, other.parts_with(&other.state))
+    }
+}
+
+/// The parts of the state, in the order the current version writes them.
+pub(super) type Parts<'a> =
+    (&'a State, &'a Egress, &'a ArmSync, &'a Buckets, &'a Outbound, &'a PodFinalizers, &'a Option<ArmPace>);
+
+impl Tracker {
+    /// The parts of this tracker's state, with `state` as its version-1 part.
+    pub(super) fn parts_with<'a>(&'a self, state: &'a State) -> Parts<'a> {
+        (state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace)
     }
 }
 
