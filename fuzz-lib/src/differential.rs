@@ -74,6 +74,10 @@ impl Sides {
         let native = step_to_wit(native);
         assert_eq!(native, component, "{call} at {}: native and component differ", self.now);
         self.in_flight.extend(component.commands);
+        // The figures too, after every step (both sides read only: `stats` takes `&self`).
+        let native: wit::TrackerStats = self.native.stats(self.now).into();
+        let component = ok("stats", self.session.tracker_stats(self.component, self.now));
+        assert_eq!(native, component, "stats after {call} at {}: native and component differ", self.now);
     }
 
     fn observe(&mut self, batch: Vec<wit::Observation>) {

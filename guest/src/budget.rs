@@ -169,6 +169,13 @@ impl Bucket {
         self.per_minute
     }
 
+    /// Whole tokens it would give at `now`, and its rate; changes nothing.
+    pub fn level(&self, budget: Budget, now: u64) -> (i64, u32) {
+        let mut probe = *self;
+        probe.refill(budget, now);
+        (i64::try_from(probe.units / UNITS_PER_TOKEN).unwrap_or(i64::MAX), probe.per_minute)
+    }
+
     /// Whether the rate is below the configured one (a 429 shrank it).
     pub fn is_shrunk(&self, budget: Budget) -> bool {
         self.per_minute < budget.per_minute
@@ -288,6 +295,14 @@ impl ArmPace {
     pub fn per_minute(&self) -> u32 {
         self.per_minute
     }
+
+    /// Whole writes it would allow at `now` (negative: that many short of the reserve) and its
+    /// rate, while its figure is fresh; changes nothing.
+    pub fn level(&self, now: u64) -> Option<(i64, u32)> {
+        let mut probe = *self;
+        probe.refill(now);
+        self.fresh(now).then_some((probe.units.div_euclid(TOKEN), probe.per_minute))
+    }
 }
 
 fn pace_floor() -> u32 {
@@ -325,6 +340,13 @@ impl Buckets {
         for bucket in [&mut self.address_locations, &mut self.services, &mut self.arm] {
             bucket.bring_in(now);
         }
+    }
+
+    /// [`Bucket::level`] of `kind`.
+    pub fn level(&self, kind: WriteKind, budgets: &WriteBudgets, now: u64) -> (i64, u32) {
+        let mut probe = *self;
+        let (bucket, budget) = probe.of(budgets, kind);
+        bucket.level(budget, now)
     }
 
     /// When a write of `kind` may go (`now` if it may).

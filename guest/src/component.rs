@@ -84,6 +84,11 @@ impl wit_reconciler::GuestTracker for TrackerResource {
         wit::VersionedState { version, payload }
     }
 
+    fn stats(&self, now_ms: u64) -> wit::TrackerStats {
+        install_panic_hook();
+        self.0.borrow().stats(now_ms).into()
+    }
+
     fn state_version(&self) -> u32 {
         install_panic_hook();
         self.0.borrow().state_version()

@@ -482,6 +482,11 @@ impl DiffTracker {
         skipped
     }
 
+    /// How many locations and addresses NRP holds, as the mirror has it.
+    pub fn nrp_totals(&self) -> (usize, usize) {
+        (self.nrp.len(), self.nrp.values().map(|addresses| addresses.len()).sum())
+    }
+
     /// NRP's view, for tests and reports: location → address → services.
     pub fn nrp_view(&self) -> View {
         let mut view = View::new();

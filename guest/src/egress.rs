@@ -338,6 +338,11 @@ impl Egress {
         self.registered.contains(identity)
     }
 
+    /// How many outbound services NRP listed as registered, as the mirror has it.
+    pub fn registered_count(&self) -> usize {
+        self.registered.len()
+    }
+
     /// The outbound lifecycle registered or unregistered the identity.
     pub fn set_registered(&mut self, identity: &str, registered: bool) {
         if registered {

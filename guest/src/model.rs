@@ -356,6 +356,14 @@ pub struct Failure {
 pub const UID_MISMATCH: &str = "UIDMismatch";
 
 impl Failure {
+    /// Azure's code, else the HTTP status: how the figures name a failure.
+    pub fn label(&self) -> String {
+        match self.code.as_deref() {
+            Some(code) if !code.is_empty() => code.to_owned(),
+            _ => self.status.to_string(),
+        }
+    }
+
     /// The Kubernetes object a write was for is gone: the API server answered 404, or the
     /// host's UID guard refused the write because the name now holds another object (409
     /// `UIDMismatch`). Either way, what the write was to do to that object has nothing left to do.
@@ -476,11 +484,16 @@ impl Clock {
     /// The time of a call at the host's `host_ms`: never less than the last one given. (A
     /// reader that must not change the clock reads a copy: it is `Copy`.)
     pub fn read(&mut self, host_ms: u64) -> u64 {
-        let ahead = host_ms.saturating_add(self.ahead);
-        let now = self.last.map_or(ahead, |last| ahead.max(last));
+        let now = self.peek(host_ms);
         self.ahead = now - host_ms; // never negative: `now` is at least `host_ms`
         self.last = Some(now);
         now
+    }
+
+    /// [`Self::read`] without moving the clock.
+    pub fn peek(&self, host_ms: u64) -> u64 {
+        let ahead = host_ms.saturating_add(self.ahead);
+        self.last.map_or(ahead, |last| ahead.max(last))
     }
 
     /// A time of this clock in the host's clock, for a deadline the host is told.

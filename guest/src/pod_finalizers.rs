@@ -345,6 +345,11 @@ impl PodFinalizers {
     }
 
     /// Nothing to do but wait for an answer or for what a releasing pod waits on.
+    /// Pods that carry the finalizer, as last read or written.
+    pub fn held_count(&self) -> usize {
+        self.pods.values().filter(|held| held.has).count()
+    }
+
     pub fn is_quiet(&self) -> bool {
         self.work.runnable.is_empty() && self.work.timers.is_empty() && !self.recheck
     }

@@ -387,6 +387,89 @@ macro_rules! wit_conversions {
                 }
             }
 
+            impl From<$crate::tracker::Stats> for wit::TrackerStats {
+                fn from(s: $crate::tracker::Stats) -> Self {
+                    use $crate::tracker::{Operation, ServiceType};
+                    let service_type = |t: ServiceType| match t {
+                        ServiceType::Inbound => wit::ServiceType::Inbound,
+                        ServiceType::Outbound => wit::ServiceType::Outbound,
+                    };
+                    let operation = |o: Operation| match o {
+                        Operation::Create => wit::Operation::Create,
+                        Operation::Update => wit::Operation::Update,
+                        Operation::Delete => wit::Operation::Delete,
+                    };
+                    let state = |p: model::Phase| match p {
+                        model::Phase::NotStarted => wit::OperationState::NotStarted,
+                        model::Phase::CreationInProgress => wit::OperationState::CreationInProgress,
+                        model::Phase::Created => wit::OperationState::Created,
+                        model::Phase::UpdateInProgress => wit::OperationState::UpdateInProgress,
+                        model::Phase::DeletionPending => wit::OperationState::DeletionPending,
+                        model::Phase::DeletionInProgress => wit::OperationState::DeletionInProgress,
+                    };
+                    let histograms = |hs: Vec<(Operation, ServiceType, $crate::tracker::Histogram)>| {
+                        hs.into_iter()
+                            .map(|(o, t, h)| wit::Histogram {
+                                operation: operation(o),
+                                service_type: service_type(t),
+                                counts: h.counts,
+                                count: h.count,
+                                sum: h.sum,
+                            })
+                            .collect()
+                    };
+                    let named = |ns: Vec<(String, u64)>| {
+                        ns.into_iter().map(|(name, count)| wit::NamedCount { name, count }).collect()
+                    };
+                    Self {
+                        service_gateway_enabled: s.service_gateway_enabled,
+                        pending: s
+                            .pending
+                            .into_iter()
+                            .map(|p| wit::PendingOperations {
+                                state: state(p.phase),
+                                service_type: service_type(p.service_type),
+                                count: p.count,
+                                oldest_began_ms: p.oldest_began_ms,
+                            })
+                            .collect(),
+                        k8s_services: s.k8s_services,
+                        nrp_load_balancers: s.nrp_load_balancers,
+                        nrp_nat_gateways: s.nrp_nat_gateways,
+                        nrp_locations: s.nrp_locations,
+                        nrp_addresses: s.nrp_addresses,
+                        pending_deletions: s.pending_deletions,
+                        blocked_by_locations: s.blocked_by_locations,
+                        pod_finalizers_held: s.pod_finalizers_held,
+                        commands_in_flight: s.commands_in_flight,
+                        attempts: s
+                            .attempts
+                            .into_iter()
+                            .map(|a| wit::AttemptCount {
+                                operation: operation(a.operation),
+                                service_type: service_type(a.service_type),
+                                success: a.success,
+                                error_code: a.error_code,
+                                orphan: a.orphan,
+                                count: a.count,
+                            })
+                            .collect(),
+                        durations: histograms(s.durations),
+                        retries: histograms(s.retries),
+                        parked: named(s.parked),
+                        orphans_cleaned: s.orphans_cleaned,
+                        delete_substep_failures: named(s.delete_substep_failures),
+                        location_sync_terminal_errors: s.location_sync_terminal_errors,
+                        initialized_after_ms: s.initialized_after_ms,
+                        budgets: s
+                            .budgets
+                            .into_iter()
+                            .map(|b| wit::BudgetLevel { bucket: b.bucket, tokens: b.tokens, per_minute: b.per_minute })
+                            .collect(),
+                    }
+                }
+            }
+
             impl From<model::Step> for wit::Step {
                 fn from(s: model::Step) -> Self {
                     Self {

@@ -111,7 +111,7 @@ enum Command {
     /// logic asks on Azure (ARM, or the emulator) and on the cluster, until interrupted.
     ///
     /// Several replicas may run: only the leader (a Lease, `--leader-elect-*`) watches and
-    /// writes. Serves /metrics, /healthz, /readyz, /status and POST /swap on --listen (prints
+    /// writes. Serves / (the operator page), /metrics, /healthz, /readyz, /status and POST /swap on --listen (prints
     /// `listening on http://ADDR`). Exits 0 on SIGTERM or SIGINT (after letting running
     /// commands finish, up to --shutdown-grace-secs, then releasing leadership), 2 when it
     /// cannot start (with why), 1 when the logic or the watches fail.
@@ -278,7 +278,7 @@ struct RecordArgs {
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("logic_source").args(["logic_file", "logic_configmap"])))]
 struct OperationsArgs {
-    /// Where to serve /metrics, /healthz, /readyz, /status and POST /swap; port 0 picks a free one.
+    /// Where to serve / (the operator page), /metrics, /healthz, /readyz, /status and POST /swap; port 0 picks a free one.
     #[arg(long, default_value = DEFAULT_LISTEN)]
     listen: std::net::SocketAddr,
     /// A file holding a token: POST /swap is then taken from any peer that presents it as

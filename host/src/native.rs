@@ -103,5 +103,9 @@ impl Reconciler for NativeReconciler {
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError> {
         Ok(step_to_wit(self.tracker()?.tick(now_ms)))
     }
+
+    fn stats(&mut self, now_ms: u64) -> Result<Option<wit::TrackerStats>, LogicError> {
+        Ok(Some(self.tracker()?.stats(now_ms).into()))
+    }
 }
 

@@ -14,6 +14,7 @@ package clb
 
 import (
 	"fmt"
+	"reflect"
 )
 
 // Refused is the logic's `err` answer to a constructor: Value is the error value (a
@@ -219,6 +220,20 @@ func (t *Tracker) StateVersion() (uint32, error) {
 		return 0, err
 	}
 	return uint32(v.(uint64)), nil
+}
+
+// Stats is `tracker.stats`: what the tracker is doing, for dashboards. It reads only: calling
+// it or not changes no later answer. nowMs is when the write budgets' levels are taken.
+func (t *Tracker) Stats(nowMs uint64) (Stats, error) {
+	v, err := t.call("tracker.stats", nowMs)
+	if err != nil {
+		return Stats{}, err
+	}
+	var stats Stats
+	if err := typed(v, reflect.ValueOf(&stats).Elem()); err != nil {
+		return Stats{}, err.prepend("result")
+	}
+	return stats, nil
 }
 
 // Swap is a hot swap as clb-host records it: this tracker's state imported into a fresh

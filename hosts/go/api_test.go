@@ -2,8 +2,11 @@ package clb
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +35,7 @@ func config() map[string]any {
 
 func TestATrackerAnswersItsFirstObservationWithAReadOfNRP(t *testing.T) {
 	c := component(t, "CLB_COMPONENT")
-	if c.Package != "clb:reconciler@0.8.0" {
+	if c.Package != "clb:reconciler@0.9.0" {
 		t.Errorf("package %q", c.Package)
 	}
 	mode, err := c.ValidateConfig(config())
@@ -147,6 +150,161 @@ func TestATrackerSwapsToTheNextGuest(t *testing.T) {
 	}
 	if _, err := swapped.Tick(1); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// recording calls a tracker and writes each call as a trace line (docs/traces.md), so that the
+// replay of what the calls did can be checked.
+type recording struct {
+	t       *testing.T
+	c       *Component
+	tracker *Tracker
+	lines   []string
+}
+
+func newRecording(t *testing.T, c *Component) *recording {
+	t.Helper()
+	tracker, err := CreateTracker(c, config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tracker.Close() })
+	header := fmt.Sprintf(`{"format":"clb-trace","version":1,"host":"test","component":{"package":%q,"sha256":%q},"source":"test"}`, c.Package, c.SHA256)
+	r := &recording{t: t, c: c, tracker: tracker, lines: []string{header}}
+	text, err := c.Schema.Function("tracker.create").Params[0].Type.Encode(config(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.lines = append(r.lines, `{"seq":0,"call":"tracker.create","args":{"config":`+text+`},"result":{"tag":"ok","val":0}}`)
+	return r
+}
+
+// do makes the call on the tracker with args (after self, in WIT order) and records it.
+func (r *recording) do(call string, args ...any) any {
+	r.t.Helper()
+	v, err := r.tracker.call(call, args...)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	parts := []string{`"self":0`}
+	for i, p := range r.c.Schema.Function(call).Params[1:] {
+		text, err := p.Type.Encode(args[i], nil)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		parts = append(parts, fmt.Sprintf("%q:%s", p.Name, text))
+	}
+	result, err := r.c.Encode(call, v)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.lines = append(r.lines, fmt.Sprintf(`{"seq":%d,"call":%q,"args":{%s},"result":%s}`, len(r.lines)-1, call, strings.Join(parts, ","), result))
+	return v
+}
+
+const uid = "6a1f0c8e-2b3d-4e5f-8a9b-0c1d2e3f4a01"
+
+// startedWithAServiceBeingCreated is start-up (lists complete, NRP and ARM read) with one
+// Service and its endpoints, up to the first write of its creation: the flow of the golden
+// trace a-first-service-with-endpoints-….
+func startedWithAServiceBeingCreated(t *testing.T, c *Component) *recording {
+	r := newRecording(t, c)
+	service := map[string]any{"uid": uid, "namespace": "shop", "name": "web", "service-type": "LoadBalancer",
+		"external-traffic-policy": "Local", "session-affinity": nil, "load-balancer-ip": nil, "load-balancer-class": nil,
+		"ip-families": []any{}, "ports": []any{map[string]any{"name": "http", "protocol": "TCP", "port": 80,
+			"target-port": Variant{Tag: "number", Val: 8080}, "node-port": nil}},
+		"annotations": []any{}, "finalizers": []any{}, "deleting": false, "ingress-ips": []any{}}
+	slice := map[string]any{"namespace": "shop", "name": "web-abc12", "owner-service-uid": uid, "address-type": "IPv4",
+		"endpoints": []any{map[string]any{"addresses": []any{"10.244.1.10"}, "node-name": "aks-node-1", "ready": true}},
+		"deleting":  false}
+	node := map[string]any{"name": "aks-node-1", "internal-ips": []any{"10.224.0.4"}}
+	r.do("tracker.observe", 1000, []any{Variant{Tag: "lists-complete"}})
+	r.do("tracker.observe", 1000, []any{Variant{Tag: "node-upserted", Val: node},
+		Variant{Tag: "service-upserted", Val: service}, Variant{Tag: "slice-upserted", Val: slice}})
+	nrp := map[string]any{"services": []any{}, "locations": []any{}}
+	r.do("tracker.complete", 1100, []any{[]any{0, Variant{Tag: "nrp-snapshot", Val: nrp}}}, nil)
+	arm := map[string]any{"public-ips": []any{}, "load-balancers": []any{}, "nat-gateways": []any{}}
+	r.do("tracker.complete", 1200, []any{[]any{1, Variant{Tag: "arm-inventory", Val: arm}}}, nil)
+	r.do("tracker.complete", 1300, []any{[]any{2, Variant{Tag: "ok"}}}, nil)
+	return r
+}
+
+// answerThePublicIP is the call after the stats: the answer to the public IP the creation asked for.
+func answerThePublicIP(r *recording) map[string]any {
+	return r.do("tracker.complete", 1500, []any{[]any{3, Variant{Tag: "public-ip-address", Val: "20.1.2.3"}}}, nil).(map[string]any)
+}
+
+func TestStatsShowsAServiceBeingCreatedAsPendingInboundAmongAllTwelveStatesAndTheThreeBudgets(t *testing.T) {
+	c := component(t, "CLB_COMPONENT")
+	stats, err := startedWithAServiceBeingCreated(t, c).tracker.Stats(1400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stats.ServiceGatewayEnabled {
+		t.Error("service-gateway-enabled is false")
+	}
+	if len(stats.Pending) != 12 {
+		t.Fatalf("%d pending entries: %+v", len(stats.Pending), stats.Pending)
+	}
+	var keys, want []string
+	var nonZero []PendingOperations
+	for _, p := range stats.Pending {
+		keys = append(keys, string(p.State)+"/"+string(p.ServiceType))
+		if p.Count != 0 {
+			nonZero = append(nonZero, p)
+		}
+	}
+	for _, s := range []OperationState{OperationStateNotStarted, OperationStateCreationInProgress, OperationStateCreated,
+		OperationStateDeletionPending, OperationStateDeletionInProgress, OperationStateUpdateInProgress} {
+		for _, side := range []ServiceType{ServiceTypeInbound, ServiceTypeOutbound} {
+			want = append(want, string(s)+"/"+string(side))
+		}
+	}
+	slices.Sort(keys)
+	slices.Sort(want)
+	if !slices.Equal(keys, want) {
+		t.Errorf("states %v", keys)
+	}
+	began := uint64(1000)
+	creating := []PendingOperations{{OperationStateCreationInProgress, ServiceTypeInbound, 1, &began}}
+	if !reflect.DeepEqual(nonZero, creating) {
+		t.Errorf("pending %+v", nonZero)
+	}
+	if stats.K8sServices != 1 {
+		t.Errorf("k8s-services %d", stats.K8sServices)
+	}
+	var buckets []string
+	for _, b := range stats.Budgets {
+		buckets = append(buckets, b.Bucket)
+		if b.PerMinute == 0 {
+			t.Errorf("budget %+v", b)
+		}
+	}
+	if !slices.Equal(buckets, []string{"update-address-locations", "update-services", "arm-writes"}) {
+		t.Errorf("budgets %v", buckets)
+	}
+}
+
+func TestStatsReadsOnlyTwiceTheSameAnswerAndTheNextStepAsWithoutIt(t *testing.T) {
+	c := component(t, "CLB_COMPONENT")
+	asked, unasked := startedWithAServiceBeingCreated(t, c), startedWithAServiceBeingCreated(t, c)
+	first, err := asked.tracker.Stats(1400)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := asked.tracker.Stats(1400); err != nil || !reflect.DeepEqual(again, first) {
+		t.Fatalf("%+v then %+v (%v)", first, again, err)
+	}
+	after := answerThePublicIP(asked)
+	if without := answerThePublicIP(unasked); !reflect.DeepEqual(after, without) {
+		t.Errorf("after stats %v, without %v", after, without)
+	}
+	if len(after["commands"].([]any)) == 0 {
+		t.Error("the next step does nothing, so a change would not show")
+	}
+	state, _ := asked.tracker.ExportState()
+	if without, _ := unasked.tracker.ExportState(); !reflect.DeepEqual(state, without) {
+		t.Error("the states differ")
 	}
 }
 

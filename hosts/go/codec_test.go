@@ -3,6 +3,7 @@ package clb
 import (
 	"bytes"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -130,5 +131,66 @@ func TestTheEmbeddedSchemaIsTheCommittedOne(t *testing.T) {
 	}
 	if _, err := ParseSchema(embeddedSchema, "schema.json"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Stats is filled from the record the schema's tracker.stats lifts, field by field, and a record
+// that lacks a field of Stats (a schema of another version) is a DecodeError at its path.
+func TestStatsAreTypedFromTheRecordAndAFieldTheRecordLacksIsADecodeErrorAtItsPath(t *testing.T) {
+	schema, err := ParseSchema(embeddedSchema, "schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ty := schema.Function("tracker.stats").Result
+	text := `{"service-gateway-enabled":true,` +
+		`"pending":[{"state":"deletion-pending","service-type":"outbound","count":2,"oldest-began-ms":"7"}],` +
+		`"k8s-services":1,"nrp-load-balancers":2,"nrp-nat-gateways":3,"nrp-locations":4,"nrp-addresses":5,` +
+		`"pending-deletions":6,"blocked-by-locations":7,"pod-finalizers-held":8,"commands-in-flight":9,` +
+		`"attempts":[{"operation":"update","service-type":"inbound","success":false,"error-code":"429","orphan":true,"count":"10"}],` +
+		`"durations":[{"operation":"create","service-type":"inbound","counts":["1","0"],"count":"1","sum":"90"}],` +
+		`"retries":[],"parked":[{"name":"terminal_error","count":"11"}],"orphans-cleaned":"12",` +
+		`"delete-substep-failures":[],"location-sync-terminal-errors":"13","initialized-after-ms":null,` +
+		`"budgets":[{"bucket":"arm-pace","tokens":"-3","per-minute":1200}]}`
+	j, err := ParseJSON(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, derr := ty.FromJSON(j)
+	if derr != nil {
+		t.Fatal(derr)
+	}
+	var got Stats
+	if err := typed(v, reflect.ValueOf(&got).Elem()); err != nil {
+		t.Fatal(err)
+	}
+	seven := uint64(7)
+	want := Stats{
+		ServiceGatewayEnabled:      true,
+		Pending:                    []PendingOperations{{OperationStateDeletionPending, ServiceTypeOutbound, 2, &seven}},
+		K8sServices:                1,
+		NRPLoadBalancers:           2,
+		NRPNatGateways:             3,
+		NRPLocations:               4,
+		NRPAddresses:               5,
+		PendingDeletions:           6,
+		BlockedByLocations:         7,
+		PodFinalizersHeld:          8,
+		CommandsInFlight:           9,
+		Attempts:                   []AttemptCount{{OperationUpdate, ServiceTypeInbound, false, "429", true, 10}},
+		Durations:                  []Histogram{{OperationCreate, ServiceTypeInbound, []uint64{1, 0}, 1, 90}},
+		Retries:                    []Histogram{},
+		Parked:                     []NamedCount{{"terminal_error", 11}},
+		OrphansCleaned:             12,
+		DeleteSubstepFailures:      []NamedCount{},
+		LocationSyncTerminalErrors: 13,
+		Budgets:                    []BudgetLevel{{"arm-pace", -3, 1200}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got  %+v\nwant %+v", got, want)
+	}
+	delete(v.(map[string]any)["pending"].([]any)[0].(map[string]any), "count")
+	err = typed(v, reflect.ValueOf(&got).Elem())
+	if err == nil || err.Error() != "pending[0]: the record lacks the field `count`" {
+		t.Errorf("got %v", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -84,5 +85,34 @@ func TestTheReportsAreClbHostsFormat(t *testing.T) {
 		`"replayed":{"commands":[],"wake-at-ms":null,"idle":true}}]}],"identical":false,"by-kind":{"trap":1}}`
 	if j != wantJSON {
 		t.Errorf("got\n%s\nwant\n%s", j, wantJSON)
+	}
+}
+
+func TestATraceWithStatsCallsReplaysIdenticallyAndAChangedStatsResultDiverges(t *testing.T) {
+	c := component(t, "CLB_COMPONENT")
+	r := startedWithAServiceBeingCreated(t, c)
+	r.do("tracker.stats", 1400)
+	r.do("tracker.stats", 1400)
+	answerThePublicIP(r)
+	at := slices.IndexFunc(r.lines, func(l string) bool { return strings.Contains(l, `"call":"tracker.stats"`) })
+	if at < 0 || !strings.Contains(r.lines[at], `"k8s-services":1,`) {
+		t.Fatal(r.lines[at])
+	}
+	path := filepath.Join(t.TempDir(), "stats.jsonl")
+	os.WriteFile(path, []byte(strings.Join(r.lines, "\n")+"\n"), 0o644)
+	report, err := ReplayFile(path, c, nil, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report.Calls != uint64(len(r.lines)-1) || len(report.Divergences) != 0 {
+		t.Fatal(TextReport([]*TraceReport{report}, true))
+	}
+	r.lines[at] = strings.Replace(r.lines[at], `"k8s-services":1,`, `"k8s-services":2,`, 1)
+	os.WriteFile(path, []byte(strings.Join(r.lines, "\n")+"\n"), 0o644)
+	if report, err = ReplayFile(path, c, nil, true); err != nil {
+		t.Fatal(err)
+	}
+	if len(report.Divergences) != 1 || report.Divergences[0].Seq != uint64(at-1) || report.Divergences[0].Call != "tracker.stats" {
+		t.Fatal(TextReport([]*TraceReport{report}, true))
 	}
 }

@@ -8,7 +8,8 @@
 //     `JSON.stringify` of a value built by `encode` is its canonical text, because keys are inserted
 //     in the canonical order and no key is integer-like;
 //   * jco values: what the bindings jco generates take and give (camelCase record fields, BigInt
-//     for u64/s64, Uint8Array for list<u8>, `undefined` for `none`, {tag, val} variants, string
+//     for u64/s64, Uint8Array for list<u8> (and a typed array for a list of other numbers:
+//     BigUint64Array for list<u64>), `undefined` for `none`, {tag, val} variants, string
 //     enums, resource objects for own/borrow, and results of exported functions as a return value
 //     or a thrown `ComponentError` whose `payload` is the err value).
 //
@@ -184,7 +185,8 @@ function compileInner(type, loose, where) {
           return out;
         },
         encode(v, ctx, p) {
-          if (!Array.isArray(v)) throw new CodecError(p, `expected a list from the component, got ${describe(v)}`);
+          // jco lifts a list of numbers other than u8 as a typed array (list<u64>: BigUint64Array).
+          if (!Array.isArray(v) && !(ArrayBuffer.isView(v) && !(v instanceof DataView))) throw new CodecError(p, `expected a list from the component, got ${describe(v)}`);
           const out = new Array(v.length);
           for (let i = 0; i < v.length; i++) out[i] = el.encode(v[i], ctx, sub(p, i));
           return out;
@@ -387,7 +389,7 @@ function mentionsOwn(type) {
  * One function of the world, compiled.
  * @typedef {object} SchemaFunction
  * @property {string} call `tracker.observe`, `validate-config`, …
- * @property {string} interface `clb:reconciler/reconciler@0.8.0`
+ * @property {string} interface `clb:reconciler/reconciler@0.9.0`
  * @property {string} export `[method]tracker.observe`, `[static]tracker.create`, `validate-config`
  * @property {'func'|'method'|'static'|'constructor'} kind
  * @property {string|null} resource the resource the function belongs to (`tracker`), if any

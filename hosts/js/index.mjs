@@ -49,6 +49,19 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  * @typedef {{queued:number, ready:boolean, 'wake-at-ms':U64|null}} QueueStatus
  * @typedef {{tag:'updated'}|{tag:'unchanged'}|{tag:'failed', val:any}} GroupOutcome
  * @typedef {{disposition:'done'|'dropped'|'requeued'|'abandoned', 'not-before-ms':U64|null, events:{service:string, 'event-type':'normal'|'warning', reason:string, message:string}[]}} GroupReport
+ * @typedef {'not-started'|'creation-in-progress'|'created'|'deletion-pending'|'deletion-in-progress'|'update-in-progress'} OperationState
+ * @typedef {'inbound'|'outbound'} ServiceType
+ * @typedef {'create'|'update'|'delete'} Operation
+ * @typedef {{state:OperationState, 'service-type':ServiceType, count:number, 'oldest-began-ms':U64|null}} PendingOperations
+ * @typedef {{operation:Operation, 'service-type':ServiceType, success:boolean, 'error-code':string, orphan:boolean, count:U64}} AttemptCount
+ * @typedef {{operation:Operation, 'service-type':ServiceType, counts:U64[], count:U64, sum:U64}} Histogram
+ * @typedef {{name:string, count:U64}} NamedCount
+ * @typedef {{bucket:string, tokens:string, 'per-minute':number}} BudgetLevel tokens an s64 as decimal text
+ * @typedef {{'service-gateway-enabled':boolean, pending:PendingOperations[], 'k8s-services':number, 'nrp-load-balancers':number,
+ *   'nrp-nat-gateways':number, 'nrp-locations':number, 'nrp-addresses':number, 'pending-deletions':number, 'blocked-by-locations':number,
+ *   'pod-finalizers-held':number, 'commands-in-flight':number, attempts:AttemptCount[], durations:Histogram[], retries:Histogram[],
+ *   parked:NamedCount[], 'orphans-cleaned':U64, 'delete-substep-failures':NamedCount[], 'location-sync-terminal-errors':U64,
+ *   'initialized-after-ms':U64|null, budgets:BudgetLevel[]}} TrackerStats
  */
 
 /**
@@ -65,7 +78,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  */
 
 /**
- * Loads a component (any candidate of `clb:reconciler@0.8.0`): transpiles it with jco (cached by
+ * Loads a component (any candidate of `clb:reconciler@0.9.0`): transpiles it with jco (cached by
  * its sha256), checks it exports every function of the schema, and readies an instance for the
  * pure functions. Trackers and pool queues each get an instance of their own.
  * @param {string} path the component's `.wasm`
@@ -389,6 +402,15 @@ export class Tracker extends Handle {
   /** The schema version export-state writes. @returns {number} */
   stateVersion() {
     return this._call('tracker.state-version', []);
+  }
+
+  /**
+   * What the tracker is doing, for dashboards. Reads only: calling it or not changes no later
+   * answer. `nowMs` is when the write budgets' levels are taken.
+   * @param {U64|bigint|number} nowMs @returns {TrackerStats}
+   */
+  stats(nowMs) {
+    return this._call('tracker.stats', [nowMs]);
   }
 
   /**

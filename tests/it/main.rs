@@ -13,6 +13,7 @@ mod layers;
 mod lease;
 mod metrics;
 mod operations;
+mod page;
 mod sandbox;
 mod scenarios;
 mod shadow;

@@ -76,6 +76,16 @@ fn the_probes_follow_the_tracker_from_start_to_its_first_idle_step() {
     assert_eq!(get(addr, "/nothing-here").0, 404);
 }
 
+/// Answers the read of NRP in `step` (empty), then the read of ARM that follows (nothing).
+fn answer_the_start_up_reads(supervisor: &mut Supervisor, step: &wit::Step) -> wit::Step {
+    let read = step.commands.iter().find(|i| i.command == wit::Command::ReadNrp).unwrap().id;
+    let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
+    let step = supervisor.complete(0, &[(read, wit::Outcome::NrpSnapshot(empty))]).unwrap();
+    let list = step.commands.iter().find(|i| i.command == wit::Command::ReadArm).unwrap().id;
+    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new(), nat_gateways: Vec::new() };
+    supervisor.complete(0, &[(list, wit::Outcome::ArmInventory(nothing))]).unwrap()
+}
+
 // Upstream TestCheckInitializationComplete_InProgressOpBlocksCompletion: a Service operation in flight at start-up
 // holds the end of initialisation (here readiness, the first idle step) back until it ends.
 #[test]
@@ -87,12 +97,7 @@ fn a_service_seen_at_start_up_keeps_the_host_unready_until_its_last_command_is_a
     supervisor.start(&read_config("clb.yaml")).unwrap();
     let lists = [node("n1", "10.224.0.4"), service("web", 1), wit::Observation::ListsComplete];
     let step = supervisor.observe(0, &lists).unwrap();
-    let read = step.commands.iter().find(|i| i.command == wit::Command::ReadNrp).unwrap().id;
-    let empty = wit::NrpState { services: Vec::new(), locations: Vec::new() };
-    let step = supervisor.complete(0, &[(read, wit::Outcome::NrpSnapshot(empty))]).unwrap();
-    let list = step.commands.iter().find(|i| i.command == wit::Command::ReadArm).unwrap().id;
-    let nothing = wit::ArmInventory { public_ips: Vec::new(), load_balancers: Vec::new(), nat_gateways: Vec::new() };
-    let mut step = supervisor.complete(0, &[(list, wit::Outcome::ArmInventory(nothing))]).unwrap();
+    let mut step = answer_the_start_up_reads(&mut supervisor, &step);
     // Both reads are answered: what is out now is the Service's work, and that alone holds readiness.
     assert!(!step.idle && !step.commands.is_empty(), "{step:?}");
     let mut answered = 0;
@@ -106,6 +111,54 @@ fn a_service_seen_at_start_up_keeps_the_host_unready_until_its_last_command_is_a
         step = supervisor.complete(0, &results).unwrap();
     }
     assert!(answered >= 3, "a public IP, a load balancer and the NRP registration: {answered}");
+    assert_eq!(get(addr, "/readyz"), (200, "ready\n".into()));
+}
+
+// Upstream TestCheckInitializationComplete_ParkedOpDoesNotBlockCompletion: a Service whose
+// creation keeps failing keeps the tracker from idling, but not the host from being ready once
+// start-up has ended (the logic's `initialized-after-ms`, read as `run` reads it, after each step).
+#[test]
+fn a_service_whose_creation_keeps_failing_does_not_keep_the_host_unready_once_start_up_has_ended() {
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let addr = server.local_addr();
+    let mut supervisor = Supervisor::new(builtin()).with_metrics(metrics.clone());
+    supervisor.start(&read_config("clb.yaml")).unwrap();
+    let sha = builtin().info().sha256.clone();
+    let publish = |supervisor: &mut Supervisor, now: u64| {
+        metrics.publish_figures(&sha, supervisor.logic_stats(now).unwrap(), now, now);
+    };
+    let lists = [node("n1", "10.224.0.4"), service("web", 1), wit::Observation::ListsComplete];
+    let step = supervisor.observe(0, &lists).unwrap();
+    publish(&mut supervisor, 0);
+    assert_eq!(get(addr, "/readyz").0, 503, "NRP is not read yet");
+    let mut step = answer_the_start_up_reads(&mut supervisor, &step);
+    publish(&mut supervisor, 0);
+    assert_eq!(get(addr, "/readyz").0, 503, "the Service's first command is in flight");
+    // Every Azure write fails with a 500, every Kubernetes write succeeds: the Service retries
+    // for ever, and the host is ready once it waits out a backoff with nothing in flight.
+    let mut now = 0;
+    for _ in 0..6 {
+        let results: Vec<(u64, wit::Outcome)> = step
+            .commands
+            .iter()
+            .map(|i| match &i.command {
+                wit::Command::PutPublicIp(_) | wit::Command::PutLoadBalancer(_) => {
+                    let failure = wit::Failure { status: 500, code: None, retry_after_ms: None, message: "boom".into() };
+                    (i.id, wit::Outcome::Failed(failure))
+                }
+                other => (i.id, clb_tests::cluster::answer(other)),
+            })
+            .collect();
+        step = if results.is_empty() {
+            now = step.wake_at_ms.expect("a retry is due");
+            supervisor.tick(now).unwrap()
+        } else {
+            supervisor.complete(now, &results).unwrap()
+        };
+        assert!(!step.idle, "a failing Service never lets the tracker idle");
+        publish(&mut supervisor, now);
+    }
     assert_eq!(get(addr, "/readyz"), (200, "ready\n".into()));
 }
 
@@ -292,6 +345,17 @@ fn every_sample_name_and_label_key_of_a_full_scrape_is_the_documented_contract()
     metrics.observe_throttled("put-load-balancer");
     metrics.observe_throttled("put-load-balancer");
     metrics.arm_remaining_writes(153);
+    // The logic's figures, with one attempt so that the attempts family has a sample.
+    let mut figures = supervisor.logic_stats(3).expect("the serving version reports its figures");
+    figures.attempts.push(wit::AttemptCount {
+        operation: wit::Operation::Create,
+        service_type: wit::ServiceType::Inbound,
+        success: true,
+        error_code: String::new(),
+        orphan: false,
+        count: 1,
+    });
+    metrics.publish_figures(&next().info().sha256, figures, 3, 3);
 
     let (status, text) = get(server.local_addr(), "/metrics");
     assert_eq!(status, 200);
@@ -320,4 +384,32 @@ fn every_sample_name_and_label_key_of_a_full_scrape_is_the_documented_contract()
     let missing: Vec<_> = contract.difference(&scraped).collect();
     let unknown: Vec<_> = scraped.difference(&contract).collect();
     assert!(missing.is_empty() && unknown.is_empty(), "missing {missing:?}, not in the contract {unknown:?}:\n{text}");
+}
+
+/// The sample dashboard (`examples/deploy/grafana-dashboard.json`) names only metrics the host
+/// serves: every `difftracker_engine_…` and `clb_…` name in its queries is in the contract.
+#[test]
+fn every_metric_the_sample_grafana_dashboard_queries_is_in_the_metrics_contract() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("examples/deploy/grafana-dashboard.json")).unwrap())
+            .expect("the dashboard is JSON");
+    let contract: std::collections::BTreeSet<String> = std::fs::read_to_string(fixture("metrics/contract.txt"))
+        .unwrap()
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .map(|line| line.split(' ').next().unwrap().to_owned())
+        .collect();
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut named = 0;
+    for target in panels.iter().flat_map(|p| p["targets"].as_array().unwrap()) {
+        let expr = target["expr"].as_str().expect("a query");
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("difftracker_engine_") || word.starts_with("clb_") {
+                named += 1;
+                assert!(contract.contains(word), "the dashboard queries {word}, which /metrics does not serve: {expr}");
+            }
+        }
+    }
+    assert!(named >= 10, "the dashboard names {named} metrics");
 }

@@ -20,30 +20,32 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// A `clb-host run` with its endpoint, on its own thread and runtime as in the binary.
-struct Host {
-    addr: SocketAddr,
+pub(crate) struct Host {
+    pub(crate) addr: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     thread: std::thread::JoinHandle<Result<(), clb_host::live::settings::RunError>>,
     _azure: clb_host::emulator::EmulatorServer,
+    /// What Azure holds, to check what the host reports against it.
+    emulator: std::sync::Arc<clb_host::emulator::Emulator>,
 }
 
 /// What a test's host watches, pins, reports to and requires.
 #[derive(Default)]
-struct Options {
-    source: Option<LogicSource>,
-    pin: Option<Sha256Pin>,
-    events: Option<EventTarget>,
-    admin_token: Option<String>,
+pub(crate) struct Options {
+    pub(crate) source: Option<LogicSource>,
+    pub(crate) pin: Option<Sha256Pin>,
+    pub(crate) events: Option<EventTarget>,
+    pub(crate) admin_token: Option<String>,
     /// `--probation-inputs`; the default when `None`.
-    probation_inputs: Option<usize>,
+    pub(crate) probation_inputs: Option<usize>,
     /// `--shadow-logic-file` or `--shadow-logic-configmap`, and its policy.
-    shadow: Option<clb_host::live::operations::ShadowSource>,
+    pub(crate) shadow: Option<clb_host::live::operations::ShadowSource>,
 }
 
 impl Host {
-    async fn start(client: &::kube::Client, options: Options) -> Self {
+    pub(crate) async fn start(client: &::kube::Client, options: Options) -> Self {
         let Options { source, pin, events, admin_token, probation_inputs, shadow } = options;
-        let (_emulator, azure, arm, config) = emulated_azure().await;
+        let (emulator, azure, arm, config) = emulated_azure().await;
         let mut settings = clb_host::live::settings::Settings::new(client.clone(), arm, config, "clb-ops-test");
         if let Some(inputs) = probation_inputs {
             settings.probation_inputs = inputs;
@@ -74,22 +76,22 @@ impl Host {
             })
         });
         let addr = listening.await.expect("the host starts");
-        Self { addr, stop, thread, _azure: azure }
+        Self { addr, stop, thread, _azure: azure, emulator }
     }
 
-    async fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
         let response = reqwest::get(format!("http://{}{path}", self.addr)).await.expect("the endpoint answers");
         (response.status().as_u16(), response.text().await.unwrap())
     }
 
-    async fn status(&self) -> Value {
+    pub(crate) async fn status(&self) -> Value {
         let (code, body) = self.get("/status").await;
         assert_eq!(code, 200, "{body}");
         serde_json::from_str(&body).expect("/status is JSON")
     }
 
     /// Waits until `/status` says the last swap had `result` (and `kind`, for a refusal).
-    async fn last_swap(&self, result: &str, kind: Option<&str>) -> Value {
+    pub(crate) async fn last_swap(&self, result: &str, kind: Option<&str>) -> Value {
         eventually(&format!("a last swap {result} {kind:?} in /status"), async || {
             let status = self.status().await;
             let last = &status["lastSwap"];
@@ -102,7 +104,7 @@ impl Host {
         .await
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.send(()).expect("the host is still running");
         let thread = self.thread;
         let result = tokio::task::spawn_blocking(move || thread.join()).await.unwrap();
@@ -154,7 +156,7 @@ async fn next_guest_serves(client: &::kube::Client, namespace: &str) {
 }
 
 /// A LoadBalancer Service the logic provisions (no endpoints needed).
-async fn create_service(client: &::kube::Client, namespace: &str, name: &str, annotations: Value) {
+pub(crate) async fn create_service(client: &::kube::Client, namespace: &str, name: &str, annotations: Value) {
     let service: Service = manifest(json!({
         "metadata": {"name": name, "annotations": annotations},
         "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local", "ports": [{"port": 80, "protocol": "TCP"}]},
@@ -163,7 +165,7 @@ async fn create_service(client: &::kube::Client, namespace: &str, name: &str, an
 }
 
 /// Waits until each of the Services named has its one ingress IP.
-async fn provisioned(client: &::kube::Client, namespace: &str, names: &[&str]) {
+pub(crate) async fn provisioned(client: &::kube::Client, namespace: &str, names: &[&str]) {
     let services = Api::<Service>::namespaced(client.clone(), namespace);
     for name in names {
         eventually(&format!("the Service {name} provisioned"), async || {
@@ -176,7 +178,7 @@ async fn provisioned(client: &::kube::Client, namespace: &str, names: &[&str]) {
 
 /// Deletes the Services whose names start with `prefix` and waits until they are gone (the
 /// serving logic releases its finalizer), before the next test's host lists them.
-async fn delete_services(client: &::kube::Client, namespace: &str, prefix: &str) {
+pub(crate) async fn delete_services(client: &::kube::Client, namespace: &str, prefix: &str) {
     let services = Api::<Service>::namespaced(client.clone(), namespace);
     let named = |listed: &::kube::api::ObjectList<Service>| -> Vec<String> {
         listed.items.iter().filter_map(|s| s.metadata.name.clone()).filter(|n| n.starts_with(prefix)).collect()
@@ -240,7 +242,7 @@ fn replace_file(path: &Path, bytes: &[u8]) {
 }
 
 /// Runs `test` against the test API server in a namespace of its own, deleted afterwards.
-fn in_namespace(name: &str, test: impl AsyncFnOnce(&::kube::Client, &str)) {
+pub(crate) fn in_namespace(name: &str, test: impl AsyncFnOnce(&::kube::Client, &str)) {
     let server = apiserver();
     // Hosts watch every namespace: they take turns with the other tests' reconcilers.
     let _turn = reconcilers_slot();
@@ -758,7 +760,7 @@ fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answer
 }
 
 /// `POST /swap` of `body` (with the pin header when given): the status and the JSON answer.
-async fn post_swap(host: &Host, body: Vec<u8>, pin: Option<&str>) -> (u16, Value) {
+pub(crate) async fn post_swap(host: &Host, body: Vec<u8>, pin: Option<&str>) -> (u16, Value) {
     let mut request = reqwest::Client::new().post(format!("http://{}/swap", host.addr)).body(body);
     if let Some(pin) = pin {
         request = request.header(clb_host::live::endpoint::SHA256_HEADER, pin);
@@ -1000,5 +1002,123 @@ fn a_shadow_in_run_with_promote_after_is_held_back_by_a_divergence_and_then_prom
         slices.delete("web-churn", &DeleteParams::default()).await.unwrap();
         delete_services(client, ns, "").await;
         host.stop().await;
+    });
+}
+
+/// Writes the EndpointSlice `<service>-pods` of the Service `service` (UID `uid`): `addresses`,
+/// ready, on the Node `node`.
+async fn endpoints_on(client: &::kube::Client, namespace: &str, service: &str, uid: &str, node: &str, addresses: &[String]) {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace);
+    let endpoints: Vec<Value> = addresses
+        .iter()
+        .map(|a| json!({"addresses": [a], "nodeName": node, "conditions": {"ready": true}}))
+        .collect();
+    let slice: EndpointSlice = manifest(json!({
+        "metadata": {
+            "name": format!("{service}-pods"),
+            "labels": {"kubernetes.io/service-name": service},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": uid}],
+        },
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+    }));
+    let params = ::kube::api::PatchParams::apply("clb-test").force();
+    slices.patch(&format!("{service}-pods"), &params, &::kube::api::Patch::Apply(&slice)).await.unwrap();
+}
+
+#[test]
+fn run_serves_upstreams_difftracker_engine_metrics_that_match_the_cluster_and_the_emulator_after_a_churn() {
+    use k8s_openapi::api::core::v1::Node;
+    in_namespace("figures", async |client, ns| {
+        let host = Host::start(client, Options::default()).await;
+        // Every upstream-named family is there from start-up, before any Service.
+        let (_, first) = host.get("/metrics").await;
+        for family in ["difftracker_engine_servicegateway_enabled", "difftracker_engine_pending_deletions"] {
+            eventually(&format!("{family} on /metrics"), async || {
+                let (_, text) = host.get("/metrics").await;
+                if text.contains(family) { Ok(()) } else { Err(first.clone()) }
+            })
+            .await;
+        }
+        let nodes = Api::<Node>::all(client.clone());
+        let node = format!("{ns}-node");
+        nodes.create(&PostParams::default(), &manifest(json!({"metadata": {"name": node}}))).await.unwrap();
+        let status = json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+            "status": {"addresses": [{"type": "InternalIP", "address": "10.224.250.1"}]},
+        });
+        nodes.patch_status(&node, &::kube::api::PatchParams::apply("clb-test").force(), &::kube::api::Patch::Apply(&status)).await.unwrap();
+
+        let services = Api::<Service>::namespaced(client.clone(), ns);
+        let names = ["figures-a", "figures-b", "figures-c"];
+        for (i, name) in names.iter().enumerate() {
+            create_service(client, ns, name, json!({})).await;
+            let uid = services.get(name).await.unwrap().metadata.uid.unwrap();
+            let addresses = [format!("10.244.250.{}", 10 * i + 1), format!("10.244.250.{}", 10 * i + 2)];
+            endpoints_on(client, ns, name, &uid, &node, &addresses).await;
+        }
+        provisioned(client, ns, &names).await;
+        // A churn of figures-a's endpoints, then figures-c goes.
+        let uid_a = services.get("figures-a").await.unwrap().metadata.uid.unwrap();
+        for round in 0..20u32 {
+            let addresses = [format!("10.244.251.{}", 1 + round % 5)];
+            endpoints_on(client, ns, "figures-a", &uid_a, &node, &addresses).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        delete_services(client, ns, "figures-c").await;
+
+        // Settled: nothing pending, and NRP's totals are the emulator's.
+        let text = eventually("the figures settled and equal to what the emulator holds", async || {
+            let (_, text) = host.get("/metrics").await;
+            let nrp = clb_host::simulator::simulate::nrp_view(&host.emulator.resources());
+            let addresses: usize = nrp.locations.values().map(|a| a.len()).sum();
+            let pending: f64 = text
+                .lines()
+                .filter(|l| l.starts_with("difftracker_engine_pending_service_operations{"))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+                .sum();
+            let want = [
+                (r#"difftracker_engine_tracked_services_total{state="nrp_loadbalancers"}"#, nrp.services.len() as f64),
+                ("difftracker_engine_locations_total", nrp.locations.len() as f64),
+                ("difftracker_engine_addresses_total", addresses as f64),
+            ];
+            let off: Vec<String> = want
+                .iter()
+                .filter(|(sample, value)| !text.lines().any(|l| l == format!("{sample} {value:?}")))
+                .map(|(sample, value)| format!("{sample} != {value}"))
+                .collect();
+            if pending == 0.0 && off.is_empty() && nrp.locations.get("10.224.250.1").is_some_and(|a| a.len() == 3) {
+                Ok(text)
+            } else {
+                Err(format!("pending {pending}; {off:?}; emulator {:?}", nrp.locations.get("10.224.250.1")))
+            }
+        })
+        .await;
+        // figures-a's one churned address and figures-b's two stay at the node.
+        let nrp = clb_host::simulator::simulate::nrp_view(&host.emulator.resources());
+        assert_eq!(nrp.locations["10.224.250.1"].len(), 3, "{:?}", nrp.locations);
+        assert_eq!(sample(&text, "difftracker_engine_servicegateway_enabled", &[]), 1.0);
+        let k8s = sample(&text, "difftracker_engine_tracked_services_total", &[r#"state="k8s_services""#]);
+        let registered = sample(&text, "difftracker_engine_tracked_services_total", &[r#"state="nrp_loadbalancers""#]);
+        assert_eq!(k8s, registered, "every Service provisioned is registered once settled:\n{text}");
+        assert!(registered >= 2.0, "{text}");
+        let created = [r#"operation="create""#, r#"service_type="inbound""#, r#"result="success""#];
+        assert!(sample(&text, "difftracker_engine_service_operations_total", &created) >= 3.0, "{text}");
+        let deleted = [r#"operation="delete""#, r#"service_type="inbound""#, r#"result="success""#];
+        assert!(sample(&text, "difftracker_engine_service_operations_total", &deleted) >= 1.0, "{text}");
+        for state in ["not_started", "creation_in_progress", "deletion_pending", "deletion_in_progress", "update_in_progress"] {
+            let labels = [&format!(r#"state="{state}""#) as &str, r#"service_type="inbound""#];
+            assert_eq!(sample(&text, "difftracker_engine_pending_operation_oldest_age_seconds", &labels), 0.0, "{text}");
+        }
+        assert!(sample(&text, "difftracker_engine_initialization_duration_seconds", &[]) >= 0.0);
+        assert_eq!(sample(&text, "difftracker_engine_pending_deletions", &[]), 0.0);
+        let sha = host.status().await["active"]["sha256"].as_str().unwrap().to_owned();
+        let in_flight = sample(&text, "clb_logic_commands_in_flight", &[&format!(r#"sha256="{sha}""#)]);
+        assert_eq!(in_flight, 0.0, "{text}");
+
+        delete_services(client, ns, "figures-").await;
+        host.stop().await;
+        nodes.delete(&node, &DeleteParams::default()).await.unwrap();
     });
 }

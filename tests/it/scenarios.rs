@@ -48,7 +48,7 @@ fn every_scenario_holds_under_the_component() {
 /// no native `PoolUpdater`), and the tracker sends no commands in that mode, so there is no
 /// command stream to compare; the guest's queue and placement are unit-tested natively.
 #[test]
-fn the_native_library_issues_the_same_command_stream_as_the_component_on_every_scenario() {
+fn the_native_library_issues_the_same_command_stream_and_reports_the_same_figures_as_the_component_on_every_scenario() {
     let mut compared = 0;
     for path in scenario_files() {
         let mut scenario = scenario::read(&path).unwrap();
@@ -66,6 +66,8 @@ fn the_native_library_issues_the_same_command_stream_as_the_component_on_every_s
         assert!(!component.command_stream().is_empty(), "{}", path.display());
         assert_eq!(component.command_stream(), native.command_stream(), "{}", path.display());
         assert_eq!(component.passed, native.passed, "{}", path.display());
+        assert!(component.figures.is_some(), "{}", path.display());
+        assert_eq!(component.figures, native.figures, "{}: the logic's figures differ", path.display());
     }
     assert!(compared >= 17, "{compared}");
 }

@@ -6,6 +6,7 @@ use crate::lifecycle::{Life, Op, WorkSets, timing};
 use crate::model::*;
 use std::collections::BTreeMap;
 use super::state::*;
+use super::figures::ServiceType;
 
 /// A kind of lifecycle: where its lifecycles and work sets live in the tracker, and what is
 /// particular to it.
@@ -15,7 +16,13 @@ pub(super) trait Kind {
     const DELETE: &'static [<Self::Life as Life>::Op];
     /// The step that unregisters it from NRP.
     const UNREGISTER: <Self::Life as Life>::Op;
+    /// Its side, for the figures.
+    const TYPE: ServiceType;
     fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, Self::Life>;
+    /// It has no Kubernetes object: an orphan found in NRP or ARM.
+    fn orphan(_tracker: &Tracker, _identity: &str) -> bool {
+        false
+    }
     fn parts(tracker: &mut Tracker) -> (&mut BTreeMap<String, Self::Life>, &mut WorkSets<String>);
     /// NRP lists the identity as registered (as the mirror has it).
     fn registered(tracker: &Tracker, identity: &str) -> bool;
@@ -72,6 +79,8 @@ impl Tracker {
                 return true;
             }
             let Some(&next) = lifecycle.steps().front() else {
+                let orphan = K::orphan(self, identity);
+                self.figures.succeeded(K::TYPE, identity, phase, orphan, now);
                 K::finish(self, identity, step);
                 return true;
             };
@@ -131,6 +140,11 @@ impl Tracker {
     /// A failed step waits out its backoff. Returns whether the failure starts a run of
     /// failures, which the caller reports (once per run).
     pub(super) fn retry_later<K: Kind>(&mut self, identity: &str, failure: &Failure, what: &str, now: u64, step: &mut Step) -> bool {
+        let orphan = K::orphan(self, identity);
+        if let Some(life) = K::lifecycles(self).get(identity) {
+            let phase = life.phase();
+            self.figures.failed(K::TYPE, identity, phase, &failure.label(), orphan, now);
+        }
         let (lifecycles, work) = K::parts(self);
         let lifecycle = lifecycles.get_mut(identity).expect("caller checked");
         let at = lifecycle.attempt_mut().failed(identity, failure, what, now, step);

@@ -8,6 +8,7 @@ use crate::model::*;
 use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
 use std::collections::BTreeMap;
 use super::state::*;
+use super::figures::ServiceType;
 use super::driver::*;
 use super::service::*;
 
@@ -141,6 +142,8 @@ impl Tracker {
             let message =
                 format!("{what} failed (HTTP {} {code}): {}; the teardown goes on", failure.status, failure.message);
             step.logs.push(LogLine { level: LogLevel::Warn, message });
+            let phase = lifecycle.phase;
+            self.figures.disassociation_failed(identity, phase, now);
             self.outbound_step_succeeded(identity, op);
             return;
         }
@@ -184,6 +187,7 @@ impl Kind for OutboundIdentity {
     type Life = OutboundLifecycle;
     const DELETE: &'static [OutStep] = &outbound::DELETE;
     const UNREGISTER: OutStep = OutStep::Unregister;
+    const TYPE: ServiceType = ServiceType::Outbound;
     fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, OutboundLifecycle> {
         &tracker.outbound.lifecycles
     }

@@ -7,6 +7,7 @@ use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use std::collections::BTreeMap;
 use super::state::*;
+use super::figures::ServiceType;
 use super::service::*;
 use super::cache::*;
 use super::driver::*;
@@ -284,6 +285,8 @@ impl Tracker {
         }
         if terminal {
             lifecycle.parked = true;
+            let phase = lifecycle.phase;
+            self.figures.parked(ServiceType::Inbound, identity, phase, &failure.label(), now);
             let message = format!(
                 "Azure refused {op:?} for load balancer {identity}: {} ({}); fix the Service spec to retry",
                 failure.message, code
@@ -339,8 +342,12 @@ impl Kind for Inbound {
     type Life = Lifecycle;
     const DELETE: &'static [OpStep] = &OpStep::DELETE;
     const UNREGISTER: OpStep = OpStep::Unregister;
+    const TYPE: ServiceType = ServiceType::Inbound;
     fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, Lifecycle> {
         &tracker.state.lifecycles
+    }
+    fn orphan(tracker: &Tracker, identity: &str) -> bool {
+        tracker.state.lifecycles.get(identity).is_some_and(|l| l.service.namespace.is_empty())
     }
     fn parts(tracker: &mut Tracker) -> (&mut BTreeMap<String, Lifecycle>, &mut WorkSets<String>) {
         (&mut tracker.state.lifecycles, &mut tracker.state.work)

@@ -43,6 +43,7 @@ use std::collections::BTreeSet;
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
 // driver, then what the tracker does with each part; this file, the coordination, is on top.
 mod service;
+mod figures;
 mod cache;
 mod state;
 mod driver;
@@ -53,6 +54,7 @@ mod nrp;
 mod startup;
 mod identities;
 mod pods;
+mod stats;
 
 use cache::programmable;
 use identities::*;
@@ -61,6 +63,7 @@ use state::*;
 pub use crate::lifecycle::{backoff_ms, timing};
 pub use crate::model::Phase;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
+pub use figures::{AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats};
 pub use state::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, STATE_VERSION, StateError, Tracker};
 
 impl Tracker {
@@ -81,6 +84,7 @@ impl Tracker {
             pods: PodFinalizers::default(),
             pace: None,
             clock: Clock::default(),
+            figures: Default::default(),
         })
     }
 
@@ -364,6 +368,7 @@ impl Tracker {
             }
             self.advance_pod_finalizers(now, step);
         }
+        self.note_figures(now);
         step.wake_at_ms = self.next_wake(now).map(|at| self.clock.to_host(at));
         step.idle =
             step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))) && self.is_quiet_after_events();

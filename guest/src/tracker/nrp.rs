@@ -99,6 +99,7 @@ impl Tracker {
                         nrp.batch_limit = (batch.len() / 2).max(1);
                     } else if let Some(refused) = batch.into_iter().next() {
                         nrp.quarantined.insert(refused.location.clone(), refused);
+                        self.figures.location_refused();
                         nrp.batch_limit = MAX_LOCATIONS_PER_BATCH;
                     }
                     return;

@@ -10,6 +10,7 @@ use crate::model::*;
 use crate::outbound::Outbound;
 use crate::pod_finalizers::PodFinalizers;
 
+use super::figures::Figures;
 use super::state::*;
 
 impl Tracker {
@@ -53,6 +54,13 @@ impl Tracker {
             .expect("plain data")
     }
 
+    /// The state as version 8 wrote it (no figures), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v8(&self) -> Vec<u8> {
+        let parts = (&self.state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace);
+        postcard::to_allocvec(&parts).expect("plain data")
+    }
+
     /// This tracker's current payload with `state` in place of its own, for tests of states that
     /// must be refused.
     #[cfg(test)]
@@ -89,7 +97,7 @@ impl Tracker {
         // Each part the version has, one after the other (postcard writes a tuple so), then
         // nothing: one decoder per part for every version. A part a version lacks starts as that
         // version implies: no egress pods, the ARM inventory settled, full write budgets, no
-        // outbound lifecycles, no pod held, no pace set by ARM's figures.
+        // outbound lifecycles, no pod held, no pace set by ARM's figures, no figures counted.
         let mut rest = payload;
         let state = if version <= 2 {
             take::<State<NrpSyncV2>>(&mut rest).map_err(corrupt)?.upgrade()
@@ -102,12 +110,14 @@ impl Tracker {
         let outbound = if version >= 6 { take(&mut rest).map_err(corrupt)? } else { none };
         let pods = if version >= 7 { take(&mut rest).map_err(corrupt)? } else { no_pods() };
         let pace = if version >= 8 { take(&mut rest).map_err(corrupt)? } else { None };
+        let figures: Figures = if version >= 9 { take(&mut rest).map_err(corrupt)? } else { Figures::default() };
         if !rest.is_empty() {
             return Err(corrupt(format!("{} byte(s) after the payload", rest.len())));
         }
         state.check(&arm, &outbound, &pods).map_err(corrupt)?;
         egress.check().map_err(corrupt)?;
         outbound.check().map_err(corrupt)?;
-        Ok(Self { config, mode, state, egress, arm, budget, outbound, pods, pace, clock: Clock::default() })
+        figures.check().map_err(corrupt)?;
+        Ok(Self { config, mode, state, egress, arm, budget, outbound, pods, pace, clock: Clock::default(), figures })
     }
 }

@@ -16,6 +16,7 @@ use crate::pod_finalizers::PodFinalizers;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use super::service::*;
+use super::figures::Figures;
 use super::cache::*;
 
 /// The most locations one `update-address-locations` carries.
@@ -70,6 +71,8 @@ pub struct Tracker {
     /// Time as the tracker counts it: the host's `now`, monotonic (see [`Clock`]). Every
     /// deadline in the state is in this clock's time. Not state: neither exported nor compared.
     pub(super) clock: Clock,
+    /// The counters of `tracker.stats` and when each pending operation began (state version 9).
+    pub(super) figures: Figures,
 }
 
 /// Two trackers are equal when their configuration and state are: the clock is not state.
@@ -81,13 +84,21 @@ impl PartialEq for Tracker {
 }
 
 /// The parts of the state, in the order the current version writes them.
-pub(super) type Parts<'a> =
-    (&'a State, &'a Egress, &'a ArmSync, &'a Buckets, &'a Outbound, &'a PodFinalizers, &'a Option<ArmPace>);
+pub(super) type Parts<'a> = (
+    &'a State,
+    &'a Egress,
+    &'a ArmSync,
+    &'a Buckets,
+    &'a Outbound,
+    &'a PodFinalizers,
+    &'a Option<ArmPace>,
+    &'a Figures,
+);
 
 impl Tracker {
     /// The parts of this tracker's state, with `state` as its version-1 part.
     pub(super) fn parts_with<'a>(&'a self, state: &'a State) -> Parts<'a> {
-        (state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace)
+        (state, &self.egress, &self.arm, &self.budget, &self.outbound, &self.pods, &self.pace, &self.figures)
     }
 }
 
@@ -107,7 +118,9 @@ impl Eq for Tracker {}
 /// pod held (the host's next list or a pod's next update reads each pod's finalizer). Version 8
 /// adds the pace set by ARM's remaining-writes figures ([`ArmPace`]) after the version-7
 /// payload; an older state imports with none (the fixed budgets pace until ARM's next answer).
-pub const STATE_VERSION: u32 = 8;
+/// Version 9 adds the figures of `tracker.stats` ([`Figures`]) after the version-8 payload; an
+/// older state imports with none (counters at zero, pending operations aged from the next call).
+pub const STATE_VERSION: u32 = 9;
 
 /// Why state could not be imported.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! The HTTP endpoint of `clb-host run` (a small hyper server): `/metrics` (the
-//! [`Metrics`] registry's OpenMetrics exposition), `/healthz` (200 while a version serves, else 503),
+//! The HTTP endpoint of `clb-host run` (a small hyper server): `/` (the operator page,
+//! [`crate::live::page`]), `/metrics` (the [`Metrics`] registry's OpenMetrics exposition), `/healthz` (200 while a version serves, else 503),
 //! `/readyz` (200 once ready, else 503), `/status` (JSON for people and scripts) and `POST
 //! /swap`.
 //!
@@ -132,6 +132,9 @@ async fn handle(
             "the initial lists are not delivered, or the tracker has not reported idle since it started\n".into(),
         ),
         (&Method::GET, "/status") => json(StatusCode::OK, &metrics.status()),
+        (&Method::GET, "/") => {
+            reply(StatusCode::OK, "text/html; charset=utf-8", crate::live::page::render(&metrics.overview()))
+        }
         (&Method::GET, _) => reply(StatusCode::NOT_FOUND, text, "not found\n".into()),
         _ => reply(StatusCode::METHOD_NOT_ALLOWED, text, "only GET, and POST /swap\n".into()),
     }

@@ -29,11 +29,20 @@
 //!   result ([`SwapRecord`]), swaps by result, quarantined inputs, the state size. A rollback the
 //!   supervisor does on its own is noticed here, when the snapshot after it is published, and
 //!   recorded like a swap.
+//! * The operator page (`GET /`, [`crate::live::page`]): an [`Overview`] of the above and of
+//!   what only the page shows, each kept in a list of fixed length so that a controller running
+//!   for months holds no more than a day-one one: the last [`SWAP_HISTORY`] swaps and rollbacks,
+//!   the last [`QUARANTINE_HISTORY`] quarantined inputs, the last [`COMMAND_ERRORS`] failed
+//!   commands, and [`SERIES_POINTS`] samples (one every [`SAMPLE_EVERY`]) of the sync lag and of
+//!   the commands carried out by name. Text from outside (a trap's message, Azure's error) is
+//!   cut at [`MAX_TEXT`] bytes.
 
+use crate::live::figures::{counters, family_of as family};
 use crate::live::swap::{SwapRecord, SwapResult};
+use crate::sandbox::bindings::clb::reconciler::types::TrackerStats;
 use crate::supervisor::{Snapshot, VersionSnapshot};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::counter::Counter;
@@ -41,7 +50,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -96,9 +105,125 @@ impl Shared {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Ready once a version serves, the lists are delivered, and the tracker has been idle or
+    /// says its start-up has ended (`initialized-after-ms`): a Service that keeps failing, or
+    /// one parked, keeps the tracker from idling but must not keep a new leader unready.
     fn is_ready(published: &Published) -> bool {
-        published.last.ready && published.last.serving.is_some() && !published.lists_pending && !published.standing_by
+        let started = published.figures.stats.as_ref().is_some_and(|s| s.initialized_after_ms.is_some());
+        (published.last.ready || started)
+            && published.last.serving.is_some()
+            && !published.lists_pending
+            && !published.standing_by
     }
+}
+
+/// Swaps and rollbacks the operator page lists, the newest first.
+pub const SWAP_HISTORY: usize = 10;
+/// Quarantined inputs the operator page lists.
+pub const QUARANTINE_HISTORY: usize = 20;
+/// Failed commands (Azure and Kubernetes) the operator page lists.
+pub const COMMAND_ERRORS: usize = 20;
+/// Samples of the operator page's time series: five minutes at [`SAMPLE_EVERY`].
+pub const SERIES_POINTS: usize = 60;
+/// How often [`Metrics::sample`] is meant to be called (`clb-host run` does).
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+/// Longest text kept from outside (an error, a trap's message, an input's description), in
+/// bytes: an ARM error body can be kilobytes, and twenty of them would make a heavy page.
+pub const MAX_TEXT: usize = 512;
+/// Objects named per quarantined input at most: one in practice (a quarantine is a single
+/// observation), but an input's size is the logic's to choose.
+const MAX_OBJECTS: usize = 10;
+
+/// An input the serving logic trapped on, quarantined.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QuarantineRecord {
+    /// When it was taken from the supervisor, ms since the epoch.
+    pub at_ms: u64,
+    /// The version it trapped on.
+    pub version: String,
+    /// The objects it observes, as `Kind namespace/name` (none for outcomes and ticks).
+    pub objects: Vec<String>,
+    /// The input in one line.
+    pub input: String,
+    pub error: String,
+}
+
+/// A command that failed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CommandError {
+    /// When it failed, ms since the epoch.
+    pub at_ms: u64,
+    /// [`command_name`](crate::executor::command_name).
+    pub command: &'static str,
+    /// [`command_subject`](crate::executor::command_subject).
+    pub subject: String,
+    /// The HTTP status, the code and the message, as the log line has them.
+    pub error: String,
+}
+
+/// One point of the operator page's time series.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sample {
+    /// ms since the epoch.
+    pub at_ms: u64,
+    /// The age of the oldest pending operation (0: none pending); `None` before the logic's
+    /// figures were first read.
+    pub lag_ms: Option<u64>,
+    /// Commands finished since the previous sample, by command name.
+    pub calls: BTreeMap<&'static str, u64>,
+}
+
+/// The operator page's view of everything published, taken under one lock.
+#[derive(Clone, Debug)]
+pub struct Overview {
+    /// When it was taken, ms since the epoch.
+    pub now_ms: u64,
+    pub status: Status,
+    /// Since when the serving version serves (ms since the epoch), in this process.
+    pub serving_since_ms: Option<u64>,
+    /// See [`Snapshot::state_version`].
+    pub state_version: Option<u32>,
+    pub probation: Option<crate::supervisor::ProbationSnapshot>,
+    /// The newest first.
+    pub swaps: Vec<SwapRecord>,
+    /// The newest first.
+    pub quarantined: Vec<QuarantineRecord>,
+    /// The newest first.
+    pub command_errors: Vec<CommandError>,
+    /// [`Metrics::figures`].
+    pub figures: Option<(String, TrackerStats, u64)>,
+    /// The oldest first.
+    pub series: Vec<Sample>,
+}
+
+/// Pushes `item` onto a list of at most `cap`, dropping the oldest.
+fn push_bounded<T>(list: &mut VecDeque<T>, cap: usize, item: T) {
+    while list.len() >= cap {
+        list.pop_front();
+    }
+    list.push_back(item);
+}
+
+/// `text` cut at [`MAX_TEXT`] bytes (on a character boundary), marked when cut.
+fn bounded_text(text: &str) -> String {
+    if text.len() <= MAX_TEXT {
+        return text.to_owned();
+    }
+    let mut end = MAX_TEXT;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Now, in ms since the epoch.
+pub fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[derive(Default)]
@@ -119,6 +244,19 @@ struct Published {
     standing_by: bool,
     /// Where every [`SwapRecord`] goes, once someone subscribed.
     records: Option<tokio::sync::mpsc::UnboundedSender<SwapRecord>>,
+    /// The serving logic's own figures (`tracker.stats`).
+    figures: crate::live::figures::Figures,
+    /// The serving version's sha256 and since when it serves (ms since the epoch).
+    serving_since: Option<(String, u64)>,
+    /// The bounded lists of the module documentation, the oldest first.
+    swap_history: VecDeque<SwapRecord>,
+    quarantined: VecDeque<QuarantineRecord>,
+    command_errors: VecDeque<CommandError>,
+    series: VecDeque<Sample>,
+    /// Commands finished by name, over the process (the names are a fixed set), and their
+    /// values at the last sample.
+    calls: BTreeMap<&'static str, u64>,
+    calls_sampled: BTreeMap<&'static str, u64>,
 }
 
 impl Published {
@@ -129,6 +267,7 @@ impl Published {
         }
         // A shadow's records are Events; `/status` shows the shadow itself.
         if !record.result.is_shadow() {
+            push_bounded(&mut self.swap_history, SWAP_HISTORY, record.clone());
             self.last_swap = Some(record);
         }
     }
@@ -221,9 +360,109 @@ impl Metrics {
                 reason: format!("{why}, and the previous version could not be rebuilt"),
             });
         }
+        let serving = snapshot.serving.as_ref().map(|v| &v.sha256);
+        if serving != published.serving_since.as_ref().map(|(sha256, _)| sha256) {
+            published.serving_since = serving.map(|sha256| (sha256.clone(), epoch_ms()));
+        }
         published.last = snapshot;
         for result in rollbacks {
             published.record(SwapRecord::now("supervisor", result));
+        }
+    }
+
+    /// The serving logic's figures (`tracker.stats`), read at `read_at_ms` (ms since the epoch)
+    /// when the logic's clock said `logic_now_ms`: the times in them are moved to the epoch.
+    pub fn publish_figures(&self, sha256: &str, mut stats: TrackerStats, read_at_ms: u64, logic_now_ms: u64) {
+        for pending in &mut stats.pending {
+            pending.oldest_began_ms =
+                pending.oldest_began_ms.map(|began| read_at_ms.saturating_sub(logic_now_ms.saturating_sub(began)));
+        }
+        self.lock().figures.update(sha256, stats, read_at_ms);
+    }
+
+    /// The serving logic's last figures: its sha256, the figures (their times in ms since the
+    /// epoch) and when they were read (ms since the epoch).
+    pub fn figures(&self) -> Option<(String, TrackerStats, u64)> {
+        Self::figures_of(&self.lock())
+    }
+
+    fn figures_of(published: &Published) -> Option<(String, TrackerStats, u64)> {
+        let figures = &published.figures;
+        figures.stats.clone().map(|stats| (figures.sha256.clone(), stats, figures.read_at_ms))
+    }
+
+    /// Keeps the inputs the supervisor quarantined (its `take_quarantined`) for the page.
+    pub fn record_quarantined(&self, quarantined: Vec<crate::supervisor::Quarantined>) {
+        if quarantined.is_empty() {
+            return;
+        }
+        let at_ms = epoch_ms();
+        let mut published = self.lock();
+        // Only the last few could be shown anyway: a burst of thousands costs no more.
+        let skip = quarantined.len().saturating_sub(QUARANTINE_HISTORY);
+        for q in quarantined.into_iter().skip(skip) {
+            let objects = q.input.objects();
+            let objects =
+                objects.iter().take(MAX_OBJECTS).map(|(kind, key)| bounded_text(&format!("{kind} {key}"))).collect();
+            let record = QuarantineRecord {
+                at_ms,
+                version: q.version,
+                objects,
+                input: bounded_text(&q.input.describe()),
+                error: bounded_text(&q.error),
+            };
+            push_bounded(&mut published.quarantined, QUARANTINE_HISTORY, record);
+        }
+    }
+
+    /// Keeps a failed command for the page: what it was, about what, and Azure's (or
+    /// Kubernetes') answer.
+    pub fn record_command_error(&self, command: &'static str, subject: &str, error: &str) {
+        let record =
+            CommandError { at_ms: epoch_ms(), command, subject: bounded_text(subject), error: bounded_text(error) };
+        push_bounded(&mut self.lock().command_errors, COMMAND_ERRORS, record);
+    }
+
+    /// Takes one point of the page's time series at `now_ms` (ms since the epoch): the sync
+    /// lag as the last figures have it, and the commands finished since the last point.
+    pub fn sample(&self, now_ms: u64) {
+        let mut published = self.lock();
+        let lag_ms = published.figures.stats.as_ref().map(|stats| {
+            stats
+                .pending
+                .iter()
+                .filter(|p| p.count > 0)
+                .filter_map(|p| p.oldest_began_ms)
+                .map(|began| now_ms.saturating_sub(began))
+                .max()
+                .unwrap_or(0)
+        });
+        let published = &mut *published;
+        let calls = published
+            .calls
+            .iter()
+            .map(|(name, n)| (*name, n - published.calls_sampled.get(name).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        published.calls_sampled = published.calls.clone();
+        push_bounded(&mut published.series, SERIES_POINTS, Sample { at_ms: now_ms, lag_ms, calls });
+    }
+
+    /// What the operator page shows.
+    pub fn overview(&self) -> Overview {
+        // One lock: the sections of a page agree with each other.
+        let published = self.lock();
+        Overview {
+            now_ms: epoch_ms(),
+            status: Self::status_of(&published),
+            serving_since_ms: published.serving_since.as_ref().map(|(_, at)| *at),
+            state_version: published.last.state_version,
+            probation: published.last.probation,
+            swaps: published.swap_history.iter().rev().cloned().collect(),
+            quarantined: published.quarantined.iter().rev().cloned().collect(),
+            command_errors: published.command_errors.iter().rev().cloned().collect(),
+            figures: Self::figures_of(&published),
+            series: published.series.iter().cloned().collect(),
         }
     }
 
@@ -266,7 +505,10 @@ impl Metrics {
 
     /// Readiness waits, besides the first idle step, for [`Metrics::lists_delivered`].
     pub fn await_lists(&self) {
-        self.lock().lists_pending = true;
+        let mut published = self.lock();
+        published.lists_pending = true;
+        // A new term's tracker starts again: the last one's start-up says nothing of it.
+        published.figures.stats = None;
     }
 
     /// The watchers' initial lists have been delivered to the logic.
@@ -285,12 +527,15 @@ impl Metrics {
 
     /// What `/status` shows.
     pub fn status(&self) -> Status {
-        let published = self.lock();
+        Self::status_of(&self.lock())
+    }
+
+    fn status_of(published: &Published) -> Status {
         let last = &published.last;
         let version = |v: &VersionSnapshot| VersionRef { version: v.version.clone(), sha256: v.sha256.clone() };
         Status {
             serving: last.serving.is_some(),
-            ready: Shared::is_ready(&published),
+            ready: Shared::is_ready(published),
             active: last.serving.as_ref().map(version),
             previous: last.versions.get(1).map(version),
             last_swap: published.last_swap.clone(),
@@ -316,6 +561,7 @@ impl Metrics {
     /// [`command_name`](crate::executor::command_name) and whether it failed.
     pub fn observe_command(&self, command: &'static str, failed: bool, took: Duration) {
         let result = if failed { "failed" } else { "ok" };
+        *self.lock().calls.entry(command).or_default() += 1;
         self.latency
             .commands
             .get_or_create(&vec![("command", command.to_owned()), ("result", result.to_owned())])
@@ -493,6 +739,9 @@ impl Collector for SnapshotCollector {
                 [(Labels::new(), m.unmapped)],
             )?;
         }
+        let now_ms = epoch_ms();
+        let short: String = published.figures.sha256.chars().take(12).collect();
+        published.figures.encode(out, &short, now_ms)?;
         if let Some(run) = shared.run.get() {
             encode_run(out, run)?;
         }
@@ -655,16 +904,6 @@ fn encode_run(out: &mut DescriptorEncoder<'_>, run: &RunStats) -> std::fmt::Resu
     Ok(())
 }
 
-/// A counter family (`name` without the `_total` the encoding appends) of these samples.
-fn counters(
-    out: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    samples: impl IntoIterator<Item = (Labels, u64)>,
-) -> std::fmt::Result {
-    family(out, name, help, samples.into_iter().map(|(labels, value)| (labels, ConstCounter::new(value))))
-}
-
 fn gauges(
     out: &mut DescriptorEncoder<'_>,
     name: &str,
@@ -672,25 +911,6 @@ fn gauges(
     samples: impl IntoIterator<Item = (Labels, i64)>,
 ) -> std::fmt::Result {
     family(out, name, help, samples.into_iter().map(|(labels, value)| (labels, ConstGauge::new(value))))
-}
-
-/// One family: its descriptor, then a sample per label set (none without labels).
-fn family<M: EncodeMetric>(
-    out: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    samples: impl Iterator<Item = (Labels, M)>,
-) -> std::fmt::Result {
-    let mut samples = samples.peekable();
-    let kind = match samples.peek() {
-        Some((_, metric)) => metric.metric_type(),
-        None => return Ok(()),
-    };
-    let mut encoder = out.encode_descriptor(name, help, None, kind)?;
-    for (labels, metric) in samples {
-        metric.encode(encoder.encode_family(&labels)?)?;
-    }
-    Ok(())
 }
 
 fn label(key: &'static str, value: &str) -> Labels {

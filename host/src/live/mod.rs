@@ -3,10 +3,12 @@
 //!
 //! * [`lease`] — leader election and the Azure resource lock on Kubernetes Leases;
 //! * [`swap`] — the swap protocol's records;
+//! * [`figures`] — the logic's own figures (`tracker.stats`) under upstream's metric names;
 //! * [`metrics`] — the registry the supervisor publishes into, and its exposition;
+//! * [`page`] — the operator page (`GET /`): HTML rendered from what [`metrics`] holds;
 //! * [`control`] — swap requests carried into the loop, results reported as Events;
 //! * [`sources`] — the watched file or ConfigMap that offers new versions;
-//! * [`endpoint`] — `/metrics`, `/healthz`, `/readyz`, `/status`, `POST /swap`;
+//! * [`endpoint`] — `/` (the page), `/metrics`, `/healthz`, `/readyz`, `/status`, `POST /swap`;
 //! * [`settings`] — what `run` is given, why it stops;
 //! * `pools` — the backend-pool updater's term (multi-SLB local-service mode);
 //! * [`run`] — the loop: watchers, the supervisor, commands, terms;
@@ -14,9 +16,11 @@
 
 pub mod control;
 pub mod endpoint;
+pub mod figures;
 pub mod lease;
 pub mod metrics;
 pub mod operations;
+pub mod page;
 mod pools;
 pub mod run;
 pub mod settings;

@@ -1,11 +1,11 @@
-//! `clb-host run` assembled: the HTTP endpoint, the watched source of new versions and the
-//! swap Event reporter started around the loop ([`run_with`]) with its [`Control`]. The top of
+//! `clb-host run` assembled: the HTTP endpoint, the watched source of new versions, the
+//! operator page's sampler and the swap Event reporter started around the loop ([`run_with`]) with its [`Control`]. The top of
 //! the live controller: nothing in it is imported by the parts it assembles.
 
 use crate::kube::KubeClient;
 use crate::live::control::{Control, EventTarget, ShadowPolicy, report_events};
 use crate::live::endpoint::{Admin, EndpointError, MetricsServer};
-use crate::live::metrics::Metrics;
+use crate::live::metrics::{Metrics, SAMPLE_EVERY, epoch_ms};
 use crate::live::run::run_with;
 use crate::live::settings::{RunError, Settings};
 use crate::live::sources::LogicSource;
@@ -21,7 +21,7 @@ const EVENT_DRAIN: Duration = Duration::from_secs(10);
 
 /// What `clb-host run` serves around its loop.
 pub struct OperationsConfig {
-    /// The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`, `POST /swap`.
+    /// The HTTP endpoint: `/` (the operator page), `/metrics`, `/healthz`, `/readyz`, `/status`, `POST /swap`.
     pub listen: SocketAddr,
     /// See [`Admin::token`].
     pub admin_token: Option<String>,
@@ -56,6 +56,8 @@ pub struct Operations {
     source: Option<JoinHandle<()>>,
     shadow_source: Option<JoinHandle<()>>,
     events: JoinHandle<()>,
+    /// Samples the operator page's time series.
+    sampler: JoinHandle<()>,
     target: EventTarget,
 }
 
@@ -91,8 +93,19 @@ impl Operations {
             let watch = shadow.source.watch(settings.kube.clone(), shadow.pin, swaps.for_shadow(), config.poll);
             tokio::spawn(watch)
         });
-        tracing::info!(addr = %server.local_addr(), events = %target, "serving /metrics, /healthz, /readyz, /status and POST /swap");
-        Ok(Self { server, control, source, shadow_source, events, target })
+        // On its own timer rather than the loop's: a quiet controller still draws its flat line,
+        // and a stuck loop shows as a lag that keeps growing.
+        let sampled = metrics.clone();
+        let sampler = tokio::spawn(async move {
+            let mut every = tokio::time::interval(SAMPLE_EVERY);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                sampled.sample(epoch_ms());
+            }
+        });
+        tracing::info!(addr = %server.local_addr(), events = %target, "serving / (the operator page), /metrics, /healthz, /readyz, /status and POST /swap");
+        Ok(Self { server, control, source, shadow_source, events, sampler, target })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -112,11 +125,11 @@ impl Operations {
         settings: Settings,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RunError> {
-        let Operations { server, control, source, shadow_source, events, .. } = self;
+        let Operations { server, control, source, shadow_source, events, sampler, .. } = self;
         let metrics = control.metrics().clone();
         let result = run_with(logic, settings, Some(control), shutdown).await;
         drop(server);
-        for source in [source, shadow_source].into_iter().flatten() {
+        for source in [source, shadow_source, Some(sampler)].into_iter().flatten() {
             source.abort();
         }
         metrics.unsubscribe_swaps();

@@ -320,8 +320,16 @@ impl<'a, A: AzureApi, K: KubeApi> Commands<'a, A, K> {
                     if let Some(metrics) = &metrics {
                         let failed = matches!(outcome, wit::Outcome::Failed(_));
                         metrics.observe_command(command_name(&issued.command), failed, started.elapsed());
-                        if matches!(&outcome, wit::Outcome::Failed(f) if f.status == 429) {
-                            metrics.observe_throttled(command_name(&issued.command));
+                        if let wit::Outcome::Failed(failure) = &outcome {
+                            if failure.status == 429 {
+                                metrics.observe_throttled(command_name(&issued.command));
+                            }
+                            let subject = command_subject(&issued.command);
+                            metrics.record_command_error(
+                                command_name(&issued.command),
+                                &subject,
+                                &failure_text(failure),
+                            );
                         }
                     }
                     log_outcome(&issued, &outcome);
@@ -387,6 +395,18 @@ fn log_outcome(issued: &wit::Issued, outcome: &wit::Outcome) {
             "command failed"
         ),
         _ => tracing::debug!(id = issued.id, command, "command done"),
+    }
+}
+
+/// A failure in one line, for the operator page: what the log line's fields say.
+fn failure_text(failure: &wit::Failure) -> String {
+    let status = match failure.status {
+        0 => "no response".to_owned(),
+        status => format!("HTTP {status}"),
+    };
+    match &failure.code {
+        Some(code) => format!("{status} {code}: {}", failure.message),
+        None => format!("{status}: {}", failure.message),
     }
 }
 
@@ -512,6 +532,10 @@ async fn reconcile(
     let mut lists_sent = false;
     let mut commands = Commands::new(&executor, leadership, control.as_ref().map(|control| control.metrics().clone()));
     let mut wake: Option<u64> = None;
+    // The logic's figures (`tracker.stats`) are read at most once a second, and within a second
+    // of the last step.
+    let mut figures_at = Instant::now();
+    let mut figures_stale = true;
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         commands.launch()?;
@@ -526,6 +550,11 @@ async fn reconcile(
         // waits for another, so a slow Azure call delays only what depends on its outcome.
         let step = tokio::select! {
             () = &mut shutdown => break,
+            () = tokio::time::sleep_until((figures_at + FIGURES_EVERY).into()), if figures_stale && control.is_some() => {
+                read_figures(&mut supervisor, control.as_ref(), now_ms());
+                (figures_at, figures_stale) = (Instant::now(), false);
+                continue;
+            }
             result = &mut pool_work => {
                 // It returns only on failure; an `Ok` would mean it stopped, which it must not.
                 result?;
@@ -573,8 +602,16 @@ async fn reconcile(
             }
         };
         absorb(step.map_err(RunError::Logic)?, &mut commands, &mut wake);
-        supervisor.take_quarantined();
+        let quarantined = supervisor.take_quarantined();
+        if let Some(control) = control.as_ref() {
+            control.metrics().record_quarantined(quarantined);
+        }
         remember_active(active, &supervisor);
+        figures_stale = true;
+        if figures_at.elapsed() >= FIGURES_EVERY {
+            read_figures(&mut supervisor, control.as_ref(), now_ms());
+            (figures_at, figures_stale) = (Instant::now(), false);
+        }
     }
     tracing::info!("shutdown requested");
     let grace = settings.shutdown_grace;
@@ -591,6 +628,25 @@ async fn reconcile(
     futures::join!(stop_commands, finish_tick);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How often the logic's figures are read for `/metrics` at most.
+const FIGURES_EVERY: Duration = Duration::from_secs(1);
+
+/// Reads the serving logic's figures into `/metrics`. A trap is logged and counted by the
+/// supervisor (which rebuilds the instance); the figures stay as last read.
+fn read_figures(supervisor: &mut Supervisor, control: Option<&Control>, now_ms: u64) {
+    let Some(control) = control else { return };
+    let sha256 = supervisor.logic().info().sha256.clone();
+    match supervisor.logic_stats(now_ms) {
+        Ok(stats) => {
+            let epoch_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+            control.metrics().publish_figures(&sha256, stats, epoch_ms, now_ms);
+        }
+        Err(error) => tracing::warn!(%error, version = %&sha256[..12.min(sha256.len())], "reading the logic's figures failed"),
+    }
 }
 
 /// What ARM's latest answer since the last call said is left of the subscription's writes: shown

@@ -37,7 +37,7 @@ use bindings::{Clb, ClbPre};
 /// The WIT package this host speaks.
 pub const PACKAGE: &str = "clb:reconciler";
 /// Its version; a component is compatible when its package version is semver-compatible.
-pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 8, 0);
+pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 9, 0);
 /// Interfaces of [`PACKAGE`] a component may import. `types` has no functions: it is imported
 /// implicitly by interfaces that `use` it.
 pub const GRANTED_INTERFACES: &[&str] = &["diagnostics", "types"];
@@ -557,6 +557,14 @@ impl Session {
 
     pub fn tracker_export(&mut self, tracker: ResourceAny) -> Result<VersionedState, GuestError> {
         self.call("tracker.export-state", |b, s| b.clb_reconciler_reconciler().tracker().call_export_state(s, tracker))
+    }
+
+    pub fn tracker_stats(
+        &mut self,
+        tracker: ResourceAny,
+        now_ms: u64,
+    ) -> Result<bindings::clb::reconciler::types::TrackerStats, GuestError> {
+        self.call("tracker.stats", |b, s| b.clb_reconciler_reconciler().tracker().call_stats(s, tracker, now_ms))
     }
 
     pub fn tracker_state_version(&mut self, tracker: ResourceAny) -> Result<u32, GuestError> {

@@ -550,6 +550,10 @@ pub struct Expectation {
     /// What the candidate in shadow (or the last one) found.
     #[serde(default)]
     pub shadow: Option<ShadowExpectation>,
+    /// A sample of the logic's figures as `/metrics` prints it, name and labels
+    /// (`difftracker_engine_tracked_services_total{state="k8s_services"}`) → its value, exactly.
+    #[serde(default)]
+    pub metrics: BTreeMap<String, f64>,
     /// Check the invariants (see `simulate`).
     #[serde(default)]
     pub invariants: bool,

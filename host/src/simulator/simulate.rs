@@ -144,6 +144,10 @@ pub trait Reconciler {
     fn recorder(&self) -> Option<Arc<Recorder>> {
         None
     }
+    /// What the logic is doing (`tracker.stats`); `None`: this reconciler cannot tell.
+    fn stats(&mut self, _now_ms: u64) -> Result<Option<wit::TrackerStats>, LogicError> {
+        Ok(None)
+    }
 }
 
 /// What [`Reconciler::logic_status`] tells: the serving component, as a `swap` step named it
@@ -220,6 +224,10 @@ impl Reconciler for ComponentReconciler<'_> {
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError> {
         let step = self.supervisor.tick(now_ms)?;
         self.promote(now_ms, step)
+    }
+
+    fn stats(&mut self, now_ms: u64) -> Result<Option<wit::TrackerStats>, LogicError> {
+        Ok(Some(self.supervisor.logic_stats(now_ms)?))
     }
 
     fn swap(&mut self, now_ms: u64, component: &ComponentSource) -> Result<SwapResult, LogicError> {
@@ -409,6 +417,9 @@ pub struct ScenarioReport {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub throttled: BTreeMap<String, u64>,
     pub events: Vec<RecordedEvent>,
+    /// The logic's own figures at the end of the run (`tracker.stats`), if the logic tells them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub figures: Option<wit::TrackerStats>,
     /// Why the run stopped early (the logic trapped or refused the configuration).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub aborted: Option<String>,
@@ -453,6 +464,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         pools: None,
         pool_lines: Vec::new(),
         early_releases: Vec::new(),
+        figures: Default::default(),
     };
     let mut steps = Vec::new();
     let mut aborted = sim
@@ -530,7 +542,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
             }),
             Step::Expect(expectation) => {
                 report.checks = sim.expect(expectation);
-                Ok(())
+                sim.expect_metrics(&expectation.metrics).map(|checks| report.checks.extend(checks))
             }
         };
         report.commands = std::mem::take(&mut sim.records);
@@ -540,6 +552,13 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         steps.push(report);
         aborted = result.err();
     }
+    let figures = match aborted {
+        None => sim.logic.stats(sim.now).unwrap_or_else(|error| {
+            aborted = Some(error);
+            None
+        }),
+        Some(_) => None,
+    };
     let passed = aborted.is_none() && steps.iter().flat_map(|s| &s.checks).all(|c| c.ok);
     let state = sim.emulator.state();
     Ok(ScenarioReport {
@@ -551,6 +570,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         arm_remaining_writes: sim.emulator.last_arm_remaining_writes(),
         throttled: state.throttled,
         events: sim.cluster.events(),
+        figures,
         aborted: aborted.map(|e| e.to_string()),
         passed,
     })
@@ -584,6 +604,8 @@ struct Simulation<'l> {
     /// Egress pods whose finalizer was released while NRP still sent their traffic out (see
     /// [`Simulation::release_checked`]).
     early_releases: Vec<String>,
+    /// The logic's figures as `expect.metrics` last read them.
+    figures: crate::live::figures::Figures,
 }
 
 impl Simulation<'_> {
@@ -870,6 +892,39 @@ impl Simulation<'_> {
             .filter(|e| e.outcome.ends_with("(fault)") || e.outcome.ends_with("(throttled)"))
             .map(|e| format!("{} [{}] → {}", e.operation, e.resources.join(", "), e.outcome))
             .collect()
+    }
+
+    /// `expect.metrics`: the logic's figures read now, rendered as `/metrics` renders them (its
+    /// counters kept monotonic across restarts and swaps, as there).
+    fn expect_metrics(&mut self, want: &BTreeMap<String, f64>) -> Result<Vec<Check>, LogicError> {
+        if want.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(stats) = self.logic.stats(self.now)? else {
+            let detail = Some("this run's reconciler does not report the logic's figures".to_owned());
+            return Ok(vec![Check { what: "metrics".into(), ok: false, detail }]);
+        };
+        self.figures.update("logic", stats, self.now);
+        let exposition = self.figures.exposition("logic", self.now);
+        Ok(want
+            .iter()
+            .map(|(sample, value)| {
+                let found = exposition
+                    .lines()
+                    .find_map(|line| line.strip_prefix(sample.as_str())?.strip_prefix(' '))
+                    .map(|v| v.split(' ').next().unwrap_or(v).parse::<f64>().unwrap_or(f64::NAN));
+                let detail = match found {
+                    Some(found) if found == *value => None,
+                    Some(found) => Some(format!("found {found}")),
+                    None => {
+                        let family = sample.split('{').next().unwrap_or(sample);
+                        let near: Vec<&str> = exposition.lines().filter(|l| l.starts_with(family)).collect();
+                        Some(format!("no such sample; {family} has: {}", if near.is_empty() { "nothing".into() } else { near.join(", ") }))
+                    }
+                };
+                Check { what: format!("metric {sample} = {value}"), ok: detail.is_none(), detail }
+            })
+            .collect())
     }
 
     fn expect(&self, expectation: &Expectation) -> Vec<Check> {
@@ -1476,6 +1531,22 @@ pub fn describe_outcome(outcome: &wit::Outcome) -> String {
 }
 
 /// The report as people read it.
+/// The logic's own figures at the end of a run, in one line (the `/metrics` families they feed:
+/// docs/operations.md, "What to scrape").
+fn figures_text(figures: &wit::TrackerStats) -> String {
+    let pending: u32 = figures.pending.iter().map(|p| p.count).sum();
+    let (mut succeeded, mut failed) = (0, 0);
+    for attempt in &figures.attempts {
+        *if attempt.success { &mut succeeded } else { &mut failed } += attempt.count;
+    }
+    let parked: u64 = figures.parked.iter().map(|p| p.count).sum();
+    format!(
+        "logic's figures: {} Services provisioned, {pending} operations pending; NRP holds {} locations, {} addresses; \
+         operations: {succeeded} succeeded, {failed} failed attempts, {parked} parked",
+        figures.k8s_services, figures.nrp_locations, figures.nrp_addresses
+    )
+}
+
 pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io::Result<()> {
     writeln!(out, "scenario: {}  ({})", report.name, report.path)?;
     for step in &report.steps {
@@ -1505,6 +1576,9 @@ pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io:
     writeln!(out, "  {}", calls_text(&report.azure_calls, report.events.len()))?;
     if let Some(line) = arm_text(report.arm_remaining_writes, &report.throttled) {
         writeln!(out, "  {line}")?;
+    }
+    if let Some(figures) = &report.figures {
+        writeln!(out, "  {}", figures_text(figures))?;
     }
     if let Some(why) = &report.aborted {
         writeln!(out, "  ✗ aborted: {why}")?;

@@ -122,7 +122,7 @@ impl Input {
     }
 
     /// The objects it observes, by kind and key.
-    pub(super) fn objects(&self) -> Vec<(&'static str, String)> {
+    pub fn objects(&self) -> Vec<(&'static str, String)> {
         let Input::Observe { batch, .. } = self else { return Vec::new() };
         let key = |ns: &str, name: &str| format!("{ns}/{name}");
         batch

@@ -68,7 +68,7 @@ pub mod shadow;
 
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{GuestError, Limits, Logic, Runtime};
-use crate::trace::{ComponentRef, Ended, Recorder, arg, lazy};
+use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
 use instance::{EXPORT_STAGE, Running, guest, record_input};
 pub use instance::{Input, SupervisorError};
 use serde::Serialize;
@@ -271,6 +271,23 @@ pub struct Snapshot {
     pub ready: bool,
     /// The candidate in shadow, or the last one (stopped or promoted).
     pub shadow: Option<ShadowHandle>,
+    /// The schema version of the serving version's state, once known: from its last checkpoint
+    /// or the swap that brought it in.
+    pub state_version: Option<u32>,
+    /// How far the serving version is through its probation, while it serves one.
+    pub probation: Option<ProbationSnapshot>,
+}
+
+/// A swapped-in version's probation, as far as it has gone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbationSnapshot {
+    /// Inputs it has served, of the `inputs` it must serve before the previous one is released.
+    pub served: usize,
+    pub inputs: usize,
+    /// Inputs it has quarantined, of the `quarantines` that roll it back.
+    pub quarantined: usize,
+    pub quarantines: u32,
 }
 
 /// Where the supervisor publishes a [`Snapshot`] after every call: the metrics registry
@@ -360,6 +377,9 @@ pub struct Supervisor<'a> {
     quarantined: Vec<Quarantined>,
     /// Whether a step has said `idle` since the last start: readiness (`/readyz`).
     idle_seen: bool,
+    /// See [`Snapshot::state_version`]. Not the checkpoint's own version: after a swap the
+    /// checkpoint may still be the previous version's export.
+    state_version: Option<u32>,
     stats: SupervisorStats,
     publisher: Option<Arc<dyn Publish>>,
     trace: Option<Traced>,
@@ -403,6 +423,7 @@ impl<'a> Supervisor<'a> {
             last_idle: false,
             quarantined: Vec::new(),
             idle_seen: false,
+            state_version: None,
             stats: SupervisorStats::default(),
             publisher: None,
             trace: None,
@@ -517,6 +538,13 @@ impl<'a> Supervisor<'a> {
             supervisor: self.stats.clone(),
             ready: self.idle_seen,
             shadow: self.shadow.as_ref().map(shadow::Tap::handle).or_else(|| self.last_shadow.clone()),
+            state_version: self.state_version,
+            probation: self.probation.as_ref().map(|p| ProbationSnapshot {
+                served: p.served,
+                inputs: self.probation_inputs,
+                quarantined: p.quarantined.len(),
+                quarantines: self.probation_quarantines,
+            }),
         }
     }
 
@@ -617,6 +645,7 @@ impl<'a> Supervisor<'a> {
         self.running = None;
         self.probation = None;
         self.idle_seen = false;
+        self.state_version = None;
         let mut session = self.logic.session().map_err(guest("instantiating"))?;
         let created = session.tracker_create(config);
         if let Some(trace) = &mut self.trace {
@@ -672,6 +701,33 @@ impl<'a> Supervisor<'a> {
     pub fn export_state(&mut self) -> Result<wit::VersionedState, SupervisorError> {
         self.checkpoint_now()?;
         Ok(wit::VersionedState::clone(&self.checkpoint))
+    }
+
+    /// What the serving logic is doing (`tracker.stats`). Changes nothing in the logic; a trap
+    /// rebuilds the instance from its checkpoint (a trapped instance cannot be called again) and
+    /// is returned, the inputs' journal untouched.
+    pub fn logic_stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, SupervisorError> {
+        let running = self.running.as_mut().ok_or(SupervisorError::NotStarted)?;
+        let answered = running.session.tracker_stats(running.tracker, now_ms);
+        if let Some(trace) = &self.trace
+            && let Some(handle) = trace.handle
+        {
+            let ended = match &answered {
+                Ok(stats) => Ended::Returned(lazy(stats.clone())),
+                Err(error) => Ended::Trapped(error.to_string()),
+            };
+            trace.recorder.call("tracker.stats", vec![Arg::Handle(handle), arg(now_ms)], ended);
+        }
+        match answered {
+            Ok(stats) => Ok(stats),
+            Err(error) => {
+                tracing::warn!(version = %version_name(&self.logic), %error, "tracker.stats trapped; rebuilding the logic from its checkpoint");
+                self.stats.recoveries += 1;
+                self.rebuild()?;
+                self.trace_rebuild();
+                Err(SupervisorError::Guest { stage: "tracker.stats", source: error })
+            }
+        }
     }
 
     fn deliver(&mut self, input: Input) -> Result<wit::Step, SupervisorError> {
@@ -752,6 +808,7 @@ impl<'a> Supervisor<'a> {
                 self.stats.checkpoint_bytes += state.payload.len() as u64;
                 self.stats.last_checkpoint_bytes = state.payload.len();
                 self.stats.checkpoint_time += started.elapsed();
+                self.state_version = Some(state.version);
                 self.checkpoint = Arc::new(state);
                 self.clear_journal();
                 Ok(())
@@ -869,6 +926,9 @@ impl<'a> Supervisor<'a> {
         }
         self.logic = previous;
         self.running = Some(running);
+        // Known again at the next checkpoint: the state at the swap may be older than the
+        // previous version's own schema.
+        self.state_version = None;
         self.checkpoint = state;
         self.journal_items = journal.iter().map(Input::items).sum();
         // What the previous version answered them is not known.
@@ -1028,6 +1088,7 @@ impl<'a> Supervisor<'a> {
         self.probation =
             Some(Probation { previous, state: self.checkpoint.clone(), journal, served: 0, quarantined: Vec::new() });
         self.running = Some(prepared.running);
+        self.state_version = Some(prepared.state_version);
         // Else the checkpoint and the journal stay: the new version took them, so it rebuilds
         // from them. Its first input is the self-check tick.
         if let Some(Adopt { state, journal_from }) = prepared.adopt {

@@ -102,3 +102,75 @@ test('swap and rollback through the API, recorded, replay identically', { skip: 
     assert.match(r.stdout, /: 8 calls, identical\n$/);
   }
 });
+
+const uid = '6a1f0c8e-2b3d-4e5f-8a9b-0c1d2e3f4a01';
+const service = { uid, namespace: 'shop', name: 'web', 'service-type': 'LoadBalancer', 'external-traffic-policy': 'Local', 'ip-families': [], ports: [{ name: 'http', protocol: 'TCP', port: 80, 'target-port': { tag: 'number', val: 8080 } }], annotations: [], finalizers: [], deleting: false, 'ingress-ips': [] };
+const slice = { namespace: 'shop', name: 'web-abc12', 'owner-service-uid': uid, 'address-type': 'IPv4', endpoints: [{ addresses: ['10.244.1.10'], 'node-name': 'aks-node-1', ready: true }], deleting: false };
+
+// Start-up (lists complete, NRP and ARM read) with one Service and its endpoints, up to the first
+// write of its creation: the flow of the golden trace `a-first-service-with-endpoints-…`.
+async function startedWithAServiceBeingCreated(clb) {
+  const tracker = (await clb.Tracker.create(config)).val;
+  tracker.observe(1000, [{ tag: 'lists-complete' }]);
+  tracker.observe(1000, [{ tag: 'node-upserted', val: { name: 'aks-node-1', 'internal-ips': ['10.224.0.4'] } }, { tag: 'service-upserted', val: service }, { tag: 'slice-upserted', val: slice }]);
+  tracker.complete(1100, [[0, { tag: 'nrp-snapshot', val: { services: [], locations: [] } }]]);
+  tracker.complete(1200, [[1, { tag: 'arm-inventory', val: { 'public-ips': [], 'load-balancers': [], 'nat-gateways': [] } }]]);
+  tracker.complete(1300, [[2, { tag: 'ok' }]]);
+  return tracker;
+}
+
+// The call after the stats: the answer to the public IP the creation asked for.
+const answerThePublicIp = (tracker) => tracker.complete(1500, [[3, { tag: 'public-ip-address', val: '20.1.2.3' }]]);
+const states = ['not-started', 'creation-in-progress', 'created', 'deletion-pending', 'deletion-in-progress', 'update-in-progress'];
+
+test('stats shows a Service being created as pending inbound among all twelve states, and the three budgets', { skip: !existsSync(component) }, async () => {
+  const clb = await loadComponent(component);
+  const stats = (await startedWithAServiceBeingCreated(clb)).stats(1400);
+  assert.equal(stats['service-gateway-enabled'], true);
+  assert.equal(stats.pending.length, 12);
+  const key = (p) => `${p.state}/${p['service-type']}`;
+  assert.deepEqual(stats.pending.map(key).sort(), states.flatMap((s) => [`${s}/inbound`, `${s}/outbound`]).sort());
+  assert.deepEqual(stats.pending.filter((p) => p.count > 0), [{ state: 'creation-in-progress', 'service-type': 'inbound', count: 1, 'oldest-began-ms': '1000' }]);
+  assert.equal(stats['k8s-services'], 1);
+  assert.deepEqual(stats.budgets.map((b) => b.bucket), ['update-address-locations', 'update-services', 'arm-writes']);
+  assert.ok(stats.budgets.every((b) => /^-?\d+$/.test(b.tokens) && b['per-minute'] > 0), JSON.stringify(stats.budgets));
+});
+
+test('stats reads only: twice the same answer, and the next step as without it', { skip: !existsSync(component) }, async () => {
+  const clb = await loadComponent(component);
+  const [asked, unasked] = [await startedWithAServiceBeingCreated(clb), await startedWithAServiceBeingCreated(clb)];
+  const first = asked.stats(1400);
+  assert.deepEqual(asked.stats(1400), first);
+  const after = answerThePublicIp(asked);
+  assert.deepEqual(after, answerThePublicIp(unasked));
+  assert.ok(after.commands.length > 0, 'the next step does something, so that a change would show');
+  assert.deepEqual(asked.exportState(), unasked.exportState());
+});
+
+test('a recorded trace with stats calls replays identically, and a changed stats result diverges', { skip: !existsSync(component) }, async () => {
+  const { mkdtempSync, writeFileSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { spawnSync } = await import('node:child_process');
+  const lines = [];
+  const clb = await loadComponent(component, { record: (line) => lines.push(line), source: 'test' });
+  const tracker = await startedWithAServiceBeingCreated(clb);
+  tracker.stats(1400);
+  tracker.stats(1400);
+  answerThePublicIp(tracker);
+  await clb.close();
+  const i = lines.findIndex((l) => l.includes('"call":"tracker.stats"'));
+  assert.ok(i > 0 && lines[i].includes('"k8s-services":1,'), lines[i]);
+  const dir = mkdtempSync(join(tmpdir(), 'clb-stats-'));
+  const replay = (text) => {
+    const trace = join(dir, 'stats.jsonl');
+    writeFileSync(trace, text.join('\n') + '\n');
+    return spawnSync(process.execPath, [join(here, '..', 'replay.mjs'), trace, '--component', component, '--json', '--all-divergences'], { encoding: 'utf8' });
+  };
+  let r = replay(lines);
+  assert.equal(r.status, 0, r.stdout + r.stderr);
+  assert.equal(JSON.parse(r.stdout).traces[0].calls, lines.length - 1);
+  lines[i] = lines[i].replace('"k8s-services":1,', '"k8s-services":2,');
+  r = replay(lines);
+  assert.equal(r.status, 1, r.stdout + r.stderr);
+  assert.deepEqual(JSON.parse(r.stdout).traces[0].divergences.map((d) => [d.seq, d.call]), [[i - 1, 'tracker.stats']]);
+});

@@ -10,8 +10,8 @@ const ctx = { handleIn: (_r, n) => n, handleOut: (_r, n) => n };
 const roundTrip = (codec, json) => JSON.stringify(codec.encode(codec.decode(json, '', ctx), ctx, ''));
 
 test('the schema describes the world', () => {
-  assert.equal(schema.package, 'clb:reconciler@0.8.0');
-  for (const call of ['validate-config', 'admit-service', 'tracker.create', 'tracker.observe', 'tracker.complete', 'tracker.tick', 'tracker.import-state', 'tracker.export-state', 'tracker.state-version', 'place-service', 'pool-queue.create', 'pool-queue.enqueue', 'pool-queue.remove-operations', 'pool-queue.status', 'pool-queue.drain-and-group', 'pool-queue.report']) {
+  assert.equal(schema.package, 'clb:reconciler@0.9.0');
+  for (const call of ['validate-config', 'admit-service', 'tracker.create', 'tracker.observe', 'tracker.complete', 'tracker.tick', 'tracker.import-state', 'tracker.export-state', 'tracker.state-version', 'tracker.stats', 'place-service', 'pool-queue.create', 'pool-queue.enqueue', 'pool-queue.remove-operations', 'pool-queue.status', 'pool-queue.drain-and-group', 'pool-queue.report']) {
     assert.ok(fn(call), call);
   }
   assert.ok(fn('tracker.observe').returnsStep);
@@ -92,4 +92,11 @@ test('loose decoding (the API) takes bigint, numbers, bytes and left-out options
 
 test('the schema refuses types without a canonical encoding', () => {
   for (const t of ['f32', 'char', { flags: ['a'] }, { option: { option: 'u8' } }]) assert.throws(() => compileType(t), CodecError);
+});
+
+test('a list of u64 that jco lifts as a BigUint64Array encodes as decimal strings', () => {
+  const counts = compileType({ list: 'u64' });
+  assert.deepEqual(counts.encode(new BigUint64Array([0n, 18446744073709551615n]), ctx, ''), ['0', '18446744073709551615']);
+  assert.deepEqual(compileType({ list: 'u32' }).encode(new Uint32Array([7]), ctx, ''), [7]);
+  assert.throws(() => counts.encode(new DataView(new ArrayBuffer(8)), ctx, ''), CodecError);
 });

@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.8.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.9.0``."""
         return self._loaded.package
 
     @property
@@ -214,7 +214,7 @@ class _Handle:
 
 class Tracker(_Handle):
     """The stateful core (``clb:reconciler/reconciler`` ``tracker``): observations and outcomes
-    in, commands out. Every method returns a ``step``:
+    in, commands out. Every step method (``observe``, ``complete``, ``tick``) returns a ``step``:
     ``{"commands": [{"id": int, "command": {"tag": …, "val": …}}, …], "wake-at-ms": int|None, "idle": bool}``.
     """
 
@@ -268,6 +268,14 @@ class Tracker(_Handle):
     def state_version(self) -> int:
         """``tracker.state-version``: the schema version :meth:`export_state` writes."""
         return self._call("tracker.state-version")
+
+    def stats(self, now_ms: int) -> Dict[str, Any]:
+        """``tracker.stats``: what the tracker is doing, for dashboards (a ``tracker-stats``
+        record: ``{"service-gateway-enabled": bool, "pending": [{"state", "service-type",
+        "count", "oldest-began-ms"}, …], …, "budgets": [{"bucket", "tokens", "per-minute"}, …]}``).
+        Reads only: calling it or not changes no later answer. ``now_ms`` is when the write
+        budgets' levels are taken."""
+        return self._call("tracker.stats", now_ms)
 
     def swap(self, component: Component) -> "Tracker":
         """A hot swap as ``clb-host`` records it: this tracker's :meth:`export_state` imported

@@ -11,7 +11,7 @@
 wit_bindgen::generate!({ path: "../../wit", world: "clb" });
 
 use clb::reconciler::types::{
-    Config, ConfigError, Mode, Observation, Outcome, Service, StateError, Step, VersionedState,
+    Config, ConfigError, Mode, Observation, Outcome, Service, StateError, Step, TrackerStats, VersionedState,
 };
 use exports::clb::reconciler::backend_pools::{
     GroupOutcome, GroupReport, Guest as PoolsGuest, GuestPoolQueue, PoolGroup, PoolOperation, PoolQueue, QueueStatus,
@@ -80,6 +80,30 @@ impl GuestTracker for NoState {
     }
     fn state_version(&self) -> u32 {
         0
+    }
+    fn stats(&self, _now_ms: u64) -> TrackerStats {
+        TrackerStats {
+            service_gateway_enabled: false,
+            pending: Vec::new(),
+            k8s_services: 0,
+            nrp_load_balancers: 0,
+            nrp_nat_gateways: 0,
+            nrp_locations: 0,
+            nrp_addresses: 0,
+            pending_deletions: 0,
+            blocked_by_locations: 0,
+            pod_finalizers_held: 0,
+            commands_in_flight: 0,
+            attempts: Vec::new(),
+            durations: Vec::new(),
+            retries: Vec::new(),
+            parked: Vec::new(),
+            orphans_cleaned: 0,
+            delete_substep_failures: Vec::new(),
+            location_sync_terminal_errors: 0,
+            initialized_after_ms: None,
+            budgets: Vec::new(),
+        }
     }
     fn import_state(_config: Config, _state: VersionedState) -> Result<Tracker, StateError> {
         Ok(Tracker::new(NoState))

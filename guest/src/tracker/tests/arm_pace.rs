@@ -159,7 +159,7 @@ fn the_pace_is_state_version_8_and_a_version_7_state_imports_without_one() {
     Arm::with(100).drive(&mut tracker, NOW, step);
     assert!(tracker.pace.is_some());
     let (version, payload) = tracker.export_state();
-    assert_eq!(version, 8);
+    assert_eq!(version, STATE_VERSION);
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     let v7 = Tracker::import_state(clb(), 7, &tracker.export_state_v7()).unwrap();
     assert_eq!((v7.pace, v7.state), (None, tracker.state.clone()));

@@ -155,15 +155,18 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
     let (version, payload) = tracker.export_state();
     assert_eq!(version, STATE_VERSION);
-    // Version 8 writes the same state with its NRP bookkeeping reshaped, then no pods, then
+    // Version 9 writes the same state with its NRP bookkeeping reshaped, then no pods, then
     // an ARM inventory with nothing left to read or adopt, then full write budgets, then no
-    // outbound lifecycles, then no pod held by its finalizer, then no pace set by ARM.
+    // outbound lifecycles, then no pod held by its finalizer, then no pace set by ARM, then no
+    // figures counted.
     let mut rest = before;
     let upgraded = take::<State<NrpSyncV2>>(&mut rest).unwrap().upgrade();
     assert!(rest.is_empty(), "the fixture is one version-1 state and nothing after it");
     let budget = Buckets::full(&clb().write_budgets());
     let none = (&Outbound::default(), &PodFinalizers::default());
-    let expected = (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, none.0, none.1, None::<crate::budget::ArmPace>);
+    let figures = super::super::figures::Figures::default();
+    let expected =
+        (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, none.0, none.1, None::<crate::budget::ArmPace>, &figures);
     assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
 }
@@ -286,6 +289,8 @@ fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_the
     tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
     let (version_1, _) = as_versions_1_and_2(&tracker);
     let imported = Tracker::import_state(clb(), 1, &version_1).unwrap();
+    // With nothing counted (version 9): otherwise the same state.
+    tracker.figures = Default::default();
     assert_eq!(imported, tracker);
     let (version, payload) = imported.export_state();
     assert_eq!(version, STATE_VERSION);
@@ -297,11 +302,43 @@ fn a_version_2_state_with_its_batch_in_flight_imports_with_that_batch_in_flight_
     let (mut tracker, batch) = tracker_with_a_batch_in_flight();
     let (_, version_2) = as_versions_1_and_2(&tracker);
     let mut imported = Tracker::import_state(clb(), 2, &version_2).unwrap();
-    // Issued at time 0 as far as version 3 knows, and with full write budgets (version 5):
-    // otherwise the same state.
+    // Issued at time 0 as far as version 3 knows, with full write budgets (version 5) and
+    // nothing counted (version 9): otherwise the same state.
     tracker.state.nrp.batches_in_flight.values_mut().for_each(|at| *at = 0);
     tracker.budget = Buckets::full(&clb().write_budgets());
+    tracker.figures = Default::default();
     assert_eq!(imported, tracker);
     imported.complete(10_000, vec![(batch, Outcome::Ok)]);
     assert!(imported.state.nrp.batches_in_flight.is_empty() && !imported.nrp_view().is_empty());
+}
+
+/// The figures travel with the state (version 9), so they are a function of the inputs alone: a
+/// tracker exported and imported mid-operation (a swap, a checkpoint and rebuild) counts on
+/// exactly as the one that was not, and a version-8 state imports with none counted.
+#[test]
+fn the_figures_are_state_version_9_and_count_on_across_an_export_and_import() {
+    let (mut tracker, step) = tracker_retrying_its_finalizer();
+    let stats = tracker.stats(NOW);
+    let failed = stats.attempts.iter().find(|a| !a.success).expect("the failed finalizer write is an attempt");
+    assert_eq!((failed.error_code.as_str(), failed.count), ("500", 1));
+    let (version, payload) = tracker.export_state();
+    assert_eq!(version, STATE_VERSION);
+    let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
+    assert_eq!(imported, tracker);
+    assert_eq!(imported.stats(NOW), stats);
+    // Both finish the operation the same way and report the same figures.
+    let later = NOW + 60_000;
+    let wake = tracker.tick(later);
+    drive(&mut tracker, later, wake, answer_ok(&[]));
+    let wake = imported.tick(later);
+    drive(&mut imported, later, wake, answer_ok(&[]));
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    assert_eq!(imported.stats(later), tracker.stats(later));
+    let succeeded = tracker.stats(later).attempts.iter().filter(|a| a.success).map(|a| a.count).sum::<u64>();
+    assert_eq!(succeeded, 1, "one operation succeeded");
+    drop(step);
+    // A version-8 state imports with no figures: nothing counted yet.
+    let v8 = Tracker::import_state(clb(), 8, &tracker.export_state_v8()).unwrap();
+    assert_eq!(v8.state, tracker.state);
+    assert!(v8.stats(later).attempts.is_empty());
 }

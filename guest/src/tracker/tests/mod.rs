@@ -824,3 +824,4 @@ mod upstream_lifecycle;
 mod upstream_startup;
 mod upstream_outbound;
 mod upstream_pod_finalizers;
+mod upstream_metrics;

@@ -264,7 +264,7 @@ fn a_failing_nat_gateway_delete_is_retried_and_its_public_ip_waits_for_it() {
 }
 
 // Upstream TestDeleteOutboundService_CountsSwallowedDisassociationFailure: a failed disassociation (either
-// half) is logged and the teardown goes on. Differs: a Warn log line, not a counter.
+// half) is logged and the teardown goes on (its count is asserted in upstream_metrics.rs).
 #[test]
 fn a_failed_disassociation_is_logged_and_the_teardown_goes_on() {
     let mut tracker = provisioned();

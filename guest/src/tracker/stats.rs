@@ -1,0 +1,158 @@
+//! `tracker.stats`: the gauges, read from the state when asked, beside the counters of
+//! [`Figures`]; and noting, after every call, when start-up ended and when each pending
+//! operation began.
+
+use super::figures::*;
+use super::state::*;
+use crate::budget::WriteKind;
+use crate::lifecycle::Life;
+use crate::model::Phase;
+
+/// Whether a lifecycle has an operation under way (upstream: an entry of `pendingServiceOps`).
+fn pending(life: &impl Life) -> bool {
+    life.phase() != Phase::Created || life.parked()
+}
+
+impl Tracker {
+    /// The phase of the lifecycle of `identity` on `side`, if it has an operation under way.
+    #[inline(never)]
+    fn pending_phase(&self, side: ServiceType, identity: &str) -> Option<Phase> {
+        match side {
+            ServiceType::Inbound => self.state.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase),
+            ServiceType::Outbound => self.outbound.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase),
+        }
+    }
+
+    /// Start-up has ended (upstream's initialization is complete): the lists are in, NRP and ARM
+    /// have been read, and no operation is under way — none runnable, no Service or egress
+    /// command in flight. An operation parked, or waiting out a retry's backoff, does not hold it
+    /// (upstream: a parked or retry-exhausted operation does not block completion), so a Service
+    /// that keeps failing does not keep a new leader unready.
+    fn start_up_ended(&self) -> bool {
+        self.ready_to_write()
+            && !self.inventory_wanted()
+            && !self.arm.read_in_flight
+            && self.state.work.runnable.is_empty()
+            && self.outbound.work.runnable.is_empty()
+            && !self.state.in_flight.values().any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
+    }
+
+    /// Called at the end of every `observe`, `complete` and `tick`: notes when start-up ended and
+    /// when each operation now pending began. Looks at the work sets and the operations already
+    /// followed, not at every lifecycle (but once, on the first call).
+    #[inline(never)]
+    pub(super) fn note_figures(&mut self, now: u64) {
+        let mut figures = std::mem::take(&mut self.figures);
+        let first = *figures.first_call_ms.get_or_insert(now);
+        if figures.initialized_after_ms.is_none() && self.start_up_ended() {
+            figures.initialized_after_ms = Some(now.saturating_sub(first));
+        }
+        figures.running.retain(|r| self.pending_phase(r.service_type, &r.identity).is_some());
+        let mut candidates: Vec<(ServiceType, &str)> = Vec::new();
+        if figures.seen_all {
+            for (side, work) in [(ServiceType::Inbound, &self.state.work), (ServiceType::Outbound, &self.outbound.work)] {
+                let sets = work.runnable.iter().chain(&work.draining).chain(work.timers.iter().map(|(_, id)| id));
+                candidates.extend(sets.map(|id| (side, id.as_str())));
+            }
+            candidates.extend(self.state.in_flight.values().filter_map(|what| match what {
+                InFlight::Service { identity, .. } => Some((ServiceType::Inbound, identity.as_str())),
+                InFlight::Outbound { identity, .. } => Some((ServiceType::Outbound, identity.as_str())),
+                _ => None,
+            }));
+        } else {
+            candidates.extend(self.state.lifecycles.keys().map(|id| (ServiceType::Inbound, id.as_str())));
+            candidates.extend(self.outbound.lifecycles.keys().map(|id| (ServiceType::Outbound, id.as_str())));
+        }
+        for (side, identity) in candidates {
+            if let Some(phase) = self.pending_phase(side, identity) {
+                figures.running(side, identity, phase, now);
+            }
+        }
+        figures.seen_all = true;
+        self.figures = figures;
+    }
+
+    /// What the tracker is doing (WIT `tracker.stats`). `now_ms` is when the write budgets'
+    /// levels are taken; nothing changes.
+    #[inline(never)]
+    pub fn stats(&self, now_ms: u64) -> Stats {
+        let now = self.clock.peek(now_ms);
+        let figures = &self.figures;
+        let mut pending_ops: Vec<Pending> = TYPES
+            .iter()
+            .flat_map(|&service_type| {
+                PHASES.iter().map(move |&phase| Pending { phase, service_type, count: 0, oldest_began_ms: None })
+            })
+            .collect();
+        let mut count = |service_type: ServiceType, identity: &str, life: &dyn Fn() -> Phase| {
+            let phase = life();
+            let began = figures.find(service_type, identity).ok().map(|i| figures.running[i].began_ms);
+            let entry = &mut pending_ops[service_type as usize * PHASES.len() + PHASES.iter().position(|p| *p == phase).unwrap_or(0)];
+            entry.count += 1;
+            if let Some(began) = began {
+                let began = self.clock.to_host(began);
+                entry.oldest_began_ms = Some(entry.oldest_began_ms.map_or(began, |b| b.min(began)));
+            }
+        };
+        let mut deletions = 0;
+        let mut blocked = 0;
+        let mut provisioned = 0;
+        for (identity, life) in &self.state.lifecycles {
+            provisioned += u32::from(life.desired.is_some() && !life.phase.is_deleting());
+            if pending(life) {
+                count(ServiceType::Inbound, identity, &|| life.phase);
+            }
+        }
+        for (identity, life) in &self.outbound.lifecycles {
+            if pending(life) {
+                count(ServiceType::Outbound, identity, &|| life.phase);
+            }
+        }
+        let draining = self.state.work.draining.iter().chain(&self.outbound.work.draining);
+        for identity in draining {
+            deletions += 1;
+            blocked += u32::from(!self.drained(identity));
+        }
+        let (locations, addresses) = self.state.diff.nrp_totals();
+        let histograms = |of: &[Histogram; 6], bounds: &[u64]| {
+            OPERATIONS
+                .iter()
+                .flat_map(|&o| TYPES.iter().map(move |&t| (o, t)))
+                .map(|(o, t)| (o, t, of[slot(o, t)].or_empty(bounds)))
+                .collect()
+        };
+        let mut budgets: Vec<BudgetLevel> = [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm]
+            .into_iter()
+            .map(|kind| {
+                let (tokens, per_minute) = self.budget.level(kind, &self.config.write_budgets(), now);
+                BudgetLevel { bucket: kind.name().to_owned(), tokens, per_minute }
+            })
+            .collect();
+        if let Some((tokens, per_minute)) = self.pace.as_ref().and_then(|p| p.level(now)) {
+            budgets.push(BudgetLevel { bucket: "arm-pace".to_owned(), tokens, per_minute });
+        }
+        let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Stats {
+            service_gateway_enabled: self.mode == crate::config::Mode::ContainerLoadBalancer,
+            pending: pending_ops,
+            k8s_services: provisioned,
+            nrp_load_balancers: small(self.state.diff.registered().len()),
+            nrp_nat_gateways: small(self.egress.registered_count()),
+            nrp_locations: small(locations),
+            nrp_addresses: small(addresses),
+            pending_deletions: deletions,
+            blocked_by_locations: blocked,
+            pod_finalizers_held: small(self.pods.held_count()),
+            commands_in_flight: small(self.state.in_flight.len()),
+            attempts: figures.attempts.clone(),
+            durations: histograms(&figures.durations, &DURATION_BOUNDS_MS),
+            retries: histograms(&figures.retries, &RETRY_BOUNDS),
+            parked: vec![(PARKED_TERMINAL.to_owned(), figures.parked_terminal)],
+            orphans_cleaned: figures.orphans_cleaned,
+            delete_substep_failures: vec![(SUBSTEP_DISASSOCIATE.to_owned(), figures.disassociate_failures)],
+            location_sync_terminal_errors: figures.location_terminal,
+            initialized_after_ms: figures.initialized_after_ms,
+            budgets,
+        }
+    }
+}
