@@ -413,3 +413,25 @@ fn every_metric_the_sample_grafana_dashboard_queries_is_in_the_metrics_contract(
     }
     assert!(named >= 10, "the dashboard names {named} metrics");
 }
+
+/// A candidate in shadow reads its own figures: `/metrics` shows them in ours (`clb_logic_…`)
+/// under its version beside the serving version's, while upstream's families stay the serving
+/// version's alone (one series, no version label).
+#[test]
+fn a_candidate_in_shadow_shows_its_figures_beside_the_serving_versions_and_never_in_upstreams() {
+    let metrics = Metrics::new();
+    let (_runtime, server) = serve(metrics.clone());
+    let mut supervisor = start(Supervisor::new(builtin()).with_metrics(metrics.clone()));
+    supervisor.shadow(next().clone(), Default::default()).unwrap();
+    supervisor.observe(1, &[service("web", 1)]).unwrap();
+    metrics.publish_figures(&builtin().info().sha256, supervisor.logic_stats(1).unwrap(), 1, 1);
+    let (_, text) = get(server.local_addr(), "/metrics");
+    for sha256 in [&builtin().info().sha256, &next().info().sha256] {
+        let labels = [format!("sha256=\"{sha256}\""), "bucket=\"arm-writes\"".to_owned()];
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        assert!(value(&text, "clb_logic_write_budget_per_minute", &labels) > 0.0, "{sha256}:\n{text}");
+    }
+    let upstream = text.lines().filter(|l| l.starts_with("difftracker_engine_servicegateway_enabled ")).count();
+    assert_eq!(upstream, 1, "{text}");
+    assert!(!text.lines().any(|l| l.starts_with("difftracker_engine_") && l.contains("sha256=")), "{text}");
+}

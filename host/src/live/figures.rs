@@ -11,7 +11,8 @@
 //!   when any count is lower than the last, what was counted before is carried into a base that
 //!   every later figure is added to. (What an old tracker counted after its last figures were
 //!   read is not seen.)
-//! * Ours carry the `version` and `sha256` labels of the version that reported them.
+//! * Ours carry the `version` and `sha256` labels of the version that reported them: the
+//!   serving version's, and a candidate's in shadow beside it.
 //!
 //! Upstream families whose event cannot happen in this controller are shown at zero; each says
 //! why in docs/operations.md ("What to scrape").
@@ -164,7 +165,15 @@ impl Figures {
     }
 
     /// Upstream's families and ours, if figures have been read; ages are taken at `now_ms`.
-    pub fn encode(&self, out: &mut DescriptorEncoder<'_>, version: &str, now_ms: u64) -> std::fmt::Result {
+    /// `others` (a candidate in shadow: its figures and sha256) are shown in ours beside the
+    /// serving version's, never in upstream's.
+    pub fn encode(
+        &self,
+        out: &mut DescriptorEncoder<'_>,
+        version: &str,
+        now_ms: u64,
+        others: &[(&wit::TrackerStats, &str)],
+    ) -> std::fmt::Result {
         let Some(stats) = &self.stats else { return Ok(()) };
         let name = |family: &str| format!("{UPSTREAM}_{family}");
         let by_state = |p: &wit::PendingOperations| {
@@ -246,37 +255,48 @@ impl Figures {
             family_of(out, &name(f), help, samples)?;
         }
 
-        // Ours, by version.
-        let labels = |extra: Option<(&'static str, &str)>| {
-            let mut labels: Labels = vec![("version", version.to_owned()), ("sha256", self.sha256.clone())];
-            labels.extend(extra.map(|(k, v)| (k, v.to_owned())));
-            labels
-        };
-        gauges(
-            out,
-            "clb_logic_commands_in_flight",
-            "Commands the logic issued that are not answered yet, by logic version.",
-            [(labels(None), f64::from(stats.commands_in_flight))],
-        )?;
-        gauges(
-            out,
-            "clb_logic_pod_finalizers_held",
-            "Egress pods holding the logic's finalizer, by logic version.",
-            [(labels(None), f64::from(stats.pod_finalizers_held))],
-        )?;
-        gauges(
-            out,
-            "clb_logic_write_budget_tokens",
-            "Writes each write budget would allow now (arm-pace: ARM's own figures, below zero when other clients spent ARM's bucket), by logic version.",
-            stats.budgets.iter().map(|b| (labels(Some(("bucket", &b.bucket))), b.tokens as f64)),
-        )?;
-        gauges(
-            out,
-            "clb_logic_write_budget_per_minute",
-            "Each write budget's refill rate now (less than configured after a 429), by logic version.",
-            stats.budgets.iter().map(|b| (labels(Some(("bucket", &b.bucket))), f64::from(b.per_minute))),
-        )
+        let mut versions = vec![(stats, version.to_owned(), self.sha256.clone())];
+        versions.extend(others.iter().map(|(stats, sha256)| (*stats, sha256.chars().take(12).collect(), (*sha256).to_owned())));
+        encode_ours(out, &versions)
     }
+}
+
+/// Ours, with the labels of the version that reported them: the serving version's, and a
+/// candidate's in shadow beside it.
+fn encode_ours(out: &mut DescriptorEncoder<'_>, versions: &[(&wit::TrackerStats, String, String)]) -> std::fmt::Result {
+    let labels = |version: &str, sha256: &str, extra: Option<(&'static str, &str)>| {
+        let mut labels: Labels = vec![("version", version.to_owned()), ("sha256", sha256.to_owned())];
+        labels.extend(extra.map(|(k, v)| (k, v.to_owned())));
+        labels
+    };
+    gauges(
+        out,
+        "clb_logic_commands_in_flight",
+        "Commands the logic issued that are not answered yet, by logic version.",
+        versions.iter().map(|(s, v, sha)| (labels(v, sha, None), f64::from(s.commands_in_flight))),
+    )?;
+    gauges(
+        out,
+        "clb_logic_pod_finalizers_held",
+        "Egress pods holding the logic's finalizer, by logic version.",
+        versions.iter().map(|(s, v, sha)| (labels(v, sha, None), f64::from(s.pod_finalizers_held))),
+    )?;
+    gauges(
+        out,
+        "clb_logic_write_budget_tokens",
+        "Writes each write budget would allow now (arm-pace: ARM's own figures, below zero when other clients spent ARM's bucket), by logic version.",
+        versions.iter().flat_map(|(s, v, sha)| {
+            s.budgets.iter().map(move |b| (labels(v, sha, Some(("bucket", &b.bucket))), b.tokens as f64))
+        }),
+    )?;
+    gauges(
+        out,
+        "clb_logic_write_budget_per_minute",
+        "Each write budget's refill rate now (less than configured after a 429), by logic version.",
+        versions.iter().flat_map(|(s, v, sha)| {
+            s.budgets.iter().map(move |b| (labels(v, sha, Some(("bucket", &b.bucket))), f64::from(b.per_minute)))
+        }),
+    )
 }
 
 impl Figures {
@@ -287,7 +307,7 @@ impl Figures {
         struct Alone(Figures, String, u64);
         impl prometheus_client::collector::Collector for Alone {
             fn encode(&self, mut out: DescriptorEncoder<'_>) -> std::fmt::Result {
-                self.0.encode(&mut out, &self.1, self.2)
+                self.0.encode(&mut out, &self.1, self.2, &[])
             }
         }
         let mut registry = prometheus_client::registry::Registry::default();

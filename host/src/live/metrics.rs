@@ -741,7 +741,9 @@ impl Collector for SnapshotCollector {
         }
         let now_ms = epoch_ms();
         let short: String = published.figures.sha256.chars().take(12).collect();
-        published.figures.encode(out, &short, now_ms)?;
+        let shadow_status = published.last.shadow.as_ref().map(|shadow| shadow.status());
+        let shadow = shadow_status.as_ref().and_then(|s| Some((s.figures.as_ref()?, s.sha256.as_str())));
+        published.figures.encode(out, &short, now_ms, shadow.as_slice())?;
         if let Some(run) = shared.run.get() {
             encode_run(out, run)?;
         }

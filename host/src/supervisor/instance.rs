@@ -79,6 +79,13 @@ pub enum Input {
 }
 
 impl Input {
+    /// The time it was given at.
+    pub(super) fn now_ms(&self) -> u64 {
+        match self {
+            Input::Observe { now_ms, .. } | Input::Complete { now_ms, .. } | Input::Tick { now_ms } => *now_ms,
+        }
+    }
+
     /// Observations or outcomes it carries (a tick counts as one).
     pub(super) fn items(&self) -> usize {
         match self {

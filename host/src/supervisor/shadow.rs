@@ -150,6 +150,10 @@ pub struct ShadowStatus {
     pub traces_written: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stopped: Option<String>,
+    /// The candidate's own figures (`tracker.stats`), read at most once a second before an
+    /// input: `/metrics` shows them under its version beside the serving one's.
+    #[serde(skip)]
+    pub figures: Option<wit::TrackerStats>,
 }
 
 /// One input the two versions answered differently.
@@ -366,6 +370,7 @@ impl Tap {
             last_divergence: None,
             traces_written: 0,
             stopped: None,
+            figures: None,
         };
         let shared = Arc::new(Shared {
             candidate: candidate.clone(),
@@ -383,6 +388,7 @@ impl Tap {
             base: None,
             failed_syncs: 0,
             diverged: false,
+            figures_at: None,
         });
         let link = match queue {
             None => Link::Inline { runner, queue: VecDeque::new() },
@@ -520,7 +526,12 @@ struct Runner {
     base: Option<Base>,
     failed_syncs: u32,
     diverged: bool,
+    /// When its figures were last read.
+    figures_at: Option<std::time::Instant>,
 }
+
+/// How often the candidate's figures are read at most.
+const FIGURES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Base {
     config: wit::Config,
@@ -592,7 +603,32 @@ impl Runner {
         }
     }
 
+    /// Reads the candidate's figures, at most once a second. Returns false when it trapped (the
+    /// candidate is then out of step).
+    fn read_figures(&mut self, now_ms: u64) -> bool {
+        let Some(running) = &mut self.running else { return true };
+        if self.figures_at.is_some_and(|at| at.elapsed() < FIGURES_EVERY) {
+            return true;
+        }
+        self.figures_at = Some(std::time::Instant::now());
+        match running.session.tracker_stats(running.tracker, now_ms) {
+            Ok(stats) => {
+                self.shared.status().figures = Some(stats);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the candidate trapped reading its figures; resyncing it");
+                self.out_of_step(Resync::Trap);
+                false
+            }
+        }
+    }
+
     fn compare(&mut self, input: Input, serving: wit::Step) {
+        if !self.read_figures(input.now_ms()) {
+            self.shared.status().resyncing += 1;
+            return;
+        }
         let Some(running) = &mut self.running else {
             self.shared.status().resyncing += 1;
             return;
