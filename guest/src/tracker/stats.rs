@@ -84,8 +84,7 @@ impl Tracker {
                 PHASES.iter().map(move |&phase| Pending { phase, service_type, count: 0, oldest_began_ms: None })
             })
             .collect();
-        let mut count = |service_type: ServiceType, identity: &str, life: &dyn Fn() -> Phase| {
-            let phase = life();
+        let mut count = |service_type: ServiceType, identity: &str, phase: Phase| {
             let began = figures.find(service_type, identity).ok().map(|i| figures.running[i].began_ms);
             let entry = &mut pending_ops[service_type as usize * PHASES.len() + PHASES.iter().position(|p| *p == phase).unwrap_or(0)];
             entry.count += 1;
@@ -100,12 +99,12 @@ impl Tracker {
         for (identity, life) in &self.state.lifecycles {
             provisioned += u32::from(life.desired.is_some() && !life.phase.is_deleting());
             if pending(life) {
-                count(ServiceType::Inbound, identity, &|| life.phase);
+                count(ServiceType::Inbound, identity, life.phase);
             }
         }
         for (identity, life) in &self.outbound.lifecycles {
             if pending(life) {
-                count(ServiceType::Outbound, identity, &|| life.phase);
+                count(ServiceType::Outbound, identity, life.phase);
             }
         }
         let draining = self.state.work.draining.iter().chain(&self.outbound.work.draining);
