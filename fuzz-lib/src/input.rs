@@ -113,7 +113,8 @@ pub const ANNOTATIONS: &[&str] = &[
 pub const ANNOTATION_VALUES: &[&str] = &["true", "TRUE", "false", "4", "30", "100", "-1", "lb1", "lb1,lb2"];
 /// The egress pod finalizer, and another controller's.
 pub const POD_FINALIZERS: &[&str] = &["servicegateway.azure.com/pod-cleanup", "example.com/other"];
-pub const FINALIZERS: &[&str] = &["servicegateway.azure.com/service-cleanup", "service.kubernetes.io/load-balancer-cleanup"];
+pub const FINALIZERS: &[&str] =
+    &["servicegateway.azure.com/service-cleanup", "service.kubernetes.io/load-balancer-cleanup"];
 pub const CODES: &[&str] = &[
     "Injected",
     "InvalidParameter",
@@ -314,6 +315,9 @@ impl<'a> Dec<'a> {
             finalizers: self.texts(FINALIZERS, 2),
             deleting: self.flag(),
             ingress_ips: self.texts(IPS, 2),
+            labels: (0..self.len(2))
+                .map(|_| (self.text(&["app", "tier", "team"]), self.text(&["web", "", "a"])))
+                .collect(),
         }
     }
 
@@ -516,9 +520,16 @@ impl<'a> Dec<'a> {
                 locations: (0..self.len(4))
                     .map(|_| wit::NrpLocation {
                         location: self.text(IPS),
-                        action: if self.flag() { wit::UpdateAction::FullUpdate } else { wit::UpdateAction::PartialUpdate },
+                        action: if self.flag() {
+                            wit::UpdateAction::FullUpdate
+                        } else {
+                            wit::UpdateAction::PartialUpdate
+                        },
                         addresses: (0..self.len(4))
-                            .map(|_| wit::NrpAddress { address: self.text(IPS), services: self.texts(SERVICE_NAMES, 3) })
+                            .map(|_| wit::NrpAddress {
+                                address: self.text(IPS),
+                                services: self.texts(SERVICE_NAMES, 3),
+                            })
                             .collect(),
                     })
                     .collect(),
@@ -698,6 +709,11 @@ impl Enc {
         self.texts(&s.finalizers, 2);
         self.flag(s.deleting);
         self.texts(&s.ingress_ips, 2);
+        let n = self.len(s.labels.len(), 2);
+        for (k, v) in &s.labels[..n] {
+            self.text(k);
+            self.text(v);
+        }
     }
 
     pub fn slice(&mut self, s: &wit::EndpointSlice) {

@@ -3,7 +3,7 @@
 //! Field copies only; no rule lives here. A panic anywhere in the logic is reported through the
 //! `diagnostics` import before the instance traps, so the host can say why.
 
-use crate::{admission, backend_pools as pools, config, model, placement, tracker};
+use crate::{admission, backend_pools as pools, config, model, placement, selector, tracker};
 use std::cell::RefCell;
 
 wit_bindgen::generate!({
@@ -118,14 +118,41 @@ impl wit_pools::Guest for Component {
     fn place_service(
         configurations: Vec<wit_pools::SlbConfiguration>,
         service: wit::Service,
-    ) -> Option<wit_pools::ServicePlacement> {
+        facts: wit_pools::PlacementFacts,
+    ) -> wit_pools::Placement {
         install_panic_hook();
+        let selector = |s: wit_pools::LabelSelector| selector::LabelSelector {
+            match_labels: s.match_labels,
+            match_expressions: s
+                .match_expressions
+                .into_iter()
+                .map(|r| selector::Requirement { key: r.key, operator: r.operator, values: r.values })
+                .collect(),
+        };
         let configurations: Vec<placement::SlbConfiguration> = configurations
             .into_iter()
-            .map(|c| placement::SlbConfiguration { name: c.name, allow_service_placement: c.allow_service_placement })
+            .map(|c| placement::SlbConfiguration {
+                name: c.name,
+                allow_service_placement: c.allow_service_placement,
+                service_label_selector: c.service_label_selector.map(selector),
+                service_namespace_selector: c.service_namespace_selector.map(selector),
+            })
             .collect();
-        placement::place_service(&configurations, &service.into())
-            .map(|p| wit_pools::ServicePlacement { load_balancer: p.load_balancer, pool: p.pool })
+        let facts = placement::PlacementFacts {
+            service_labels: service.labels.clone(),
+            namespace_labels: facts.namespace_labels,
+            current_load_balancer: facts.current_load_balancer,
+            load_balancers: facts
+                .load_balancers
+                .into_iter()
+                .map(|lb| placement::ExistingLoadBalancer { name: lb.name, rules: lb.rules })
+                .collect(),
+        };
+        match placement::place_service(&configurations, &service.into(), &facts) {
+            Ok(None) => wit_pools::Placement::NotLocal,
+            Ok(Some(p)) => wit_pools::Placement::At(wit_pools::ServicePlacement { load_balancer: p.load_balancer, pool: p.pool }),
+            Err(why) => wit_pools::Placement::Refused(why),
+        }
     }
 }
 

@@ -115,7 +115,9 @@ fn check_multi_slb_names(names: &[String]) -> Result<(), ConfigError> {
             return Err(ConfigError::new(
                 FIELD_MULTI_SLB,
                 "InvalidMultipleStandardLoadBalancerConfiguration",
-                format!("{FIELD_MULTI_SLB} names {name:?} more than once"),
+                // Upstream's words (`checkEnableMultipleStandardLoadBalancers`); names compare
+                // case-insensitively, as its set compares them.
+                format!("duplicated multiple standard load balancer configuration name {name}"),
             ));
         }
     }
@@ -270,9 +272,12 @@ mod tests {
         assert_eq!(validate_config(&reserve(budget::ARM_WRITE_BUCKET - 1)), Ok(Mode::ContainerLoadBalancer));
     }
 
+    // Upstream TestCheckEnableMultipleStandardLoadBalancers, its first case: a name twice (in any
+    // case) is refused in upstream's words; its other cases are the host's (inputs.rs).
     #[test]
     fn duplicate_multi_slb_names_are_refused() {
         let err = validate_config(&config("nodeIP", "standard", &["lb1", "LB1"])).unwrap_err();
         assert_eq!(err.reason, "InvalidMultipleStandardLoadBalancerConfiguration");
+        assert_eq!(err.message, "duplicated multiple standard load balancer configuration name LB1");
     }
 }

@@ -29,6 +29,7 @@ pub mod placement;
 pub mod pod_finalizers;
 #[cfg(test)]
 mod properties;
+pub mod selector;
 pub mod tracker;
 
 #[cfg(target_arch = "wasm32")]

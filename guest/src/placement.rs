@@ -2,25 +2,47 @@
 //! §e): which Services are local Services, which configured load balancer each one goes on, and
 //! the backend pool it owns there.
 //!
-//! The rules, in order:
-//! 1. only a local Service is placed: `spec.type: LoadBalancer` (as admission compares it),
-//!    `externalTrafficPolicy: Local` (case-insensitive), not deleting, and no other controller's
-//!    `spec.loadBalancerClass`;
-//! 2. the annotation [`ANNOTATION_LB_CONFIGURATIONS`] (a comma-separated list of configuration
-//!    names) places it on the first name that is in the configuration list, compared
-//!    case-insensitively and spelled as the configuration spells it;
-//! 3. else (no annotation, or none of its names is configured) it goes on the first configuration
-//!    that allows placement (`allowServicePlacement`, absent meaning true);
-//! 4. else it is not placed.
+//! Only a local Service is placed: `spec.type: LoadBalancer` (as admission compares it),
+//! `externalTrafficPolicy: Local` (case-insensitive), not deleting, and no other controller's
+//! `spec.loadBalancerClass`. Its load balancer is chosen as upstream's
+//! `getEligibleLoadBalancersForService` and `getMostEligibleLBForService` choose it:
+//!
+//! 1. **Eligible**, in the configurations' order:
+//!    * the annotation [`ANNOTATION_LB_CONFIGURATIONS`] (comma-separated names, compared
+//!      case-insensitively) keeps the configurations it names; naming none that exists is an
+//!      error. Without it every configuration is a candidate;
+//!    * `allowServicePlacement: false` drops a configuration unless the Service uses it now;
+//!    * a `serviceLabelSelector` the Service's labels do not match, or a
+//!      `serviceNamespaceSelector` its namespace's labels do not match, drops it;
+//!    * none left is an error saying how many each rule dropped;
+//!    * when a selector matched, the configurations without any selector are dropped.
+//! 2. **Most eligible**: the load balancer the Service uses now, if eligible; else the first
+//!    eligible one that exists (of the Service's kind: `-internal` or not) with no
+//!    load-balancing rules; else the first that does not exist; else the one with the fewest
+//!    rules (fewer than 301).
+//!
+//! "Uses now" is what the host placed the Service on last (upstream's `ActiveServices`); when
+//! the host has no record (a new leader), a load balancer holding a rule named after the Service
+//! (`a` + its UID without dashes, 32 characters at most, then `-`) is the one it uses, as
+//! upstream's start-up reconcile finds it.
 //!
 //! The pool is named after the Service as upstream's `getLocalServiceBackendPoolName` does for
 //! IPv4: `namespace/name` with the `/` made `-`.
 
+use crate::admission::ANNOTATION_INTERNAL_LB;
 use crate::model::Service;
+use crate::selector::LabelSelector;
 use serde::{Deserialize, Serialize};
 
 /// The upstream annotation naming the load-balancer configuration(s) a Service may go on.
 pub const ANNOTATION_LB_CONFIGURATIONS: &str = "service.beta.kubernetes.io/azure-load-balancer-configurations";
+
+/// Upstream's suffix of an internal load balancer's name.
+const INTERNAL_SUFFIX: &str = "-internal";
+
+/// Upstream's bound in `getMostEligibleLBForService`: a load balancer with this many rules or
+/// more is never the one with the fewest.
+const MAX_RULES: usize = 301;
 
 /// One entry of `multipleStandardLoadBalancerConfigurations`: the fields placement reads.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,12 +50,42 @@ pub struct SlbConfiguration {
     pub name: String,
     /// `allowServicePlacement`; absent means true.
     pub allow_service_placement: Option<bool>,
+    pub service_label_selector: Option<LabelSelector>,
+    pub service_namespace_selector: Option<LabelSelector>,
 }
 
 impl SlbConfiguration {
-    fn allows_placement(&self) -> bool {
-        self.allow_service_placement.unwrap_or(true)
+    /// A configuration of this name that places by nothing but its name.
+    pub fn named(name: &str) -> Self {
+        Self { name: name.to_owned(), ..Self::default() }
     }
+
+    fn has_selector(&self) -> bool {
+        self.service_label_selector.is_some() || self.service_namespace_selector.is_some()
+    }
+}
+
+/// A load balancer of the resource group as Azure holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExistingLoadBalancer {
+    /// As Azure names it: a configuration's name, with `-internal` for an internal one.
+    pub name: String,
+    /// The names of its load-balancing rules.
+    pub rules: Vec<String>,
+}
+
+/// What placement reads besides the configurations and the Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementFacts {
+    /// The Service's `metadata.labels` (the WIT `service` carries them; the model's does not,
+    /// since the tracker keeps none).
+    pub service_labels: Vec<(String, String)>,
+    /// The labels of the Service's namespace; `None` when the host does not know it.
+    pub namespace_labels: Option<Vec<(String, String)>>,
+    /// The configuration the host placed the Service on last.
+    pub current_load_balancer: Option<String>,
+    /// The resource group's load balancers.
+    pub load_balancers: Vec<ExistingLoadBalancer>,
 }
 
 /// Where a local Service's backend pool lives.
@@ -43,7 +95,7 @@ pub struct Placement {
     pub pool: String,
 }
 
-/// Rule 1: whether the Service is a local Service this mode places.
+/// Whether the Service is a local Service this mode places.
 pub fn is_local_service(service: &Service) -> bool {
     let other_class = service.load_balancer_class.as_deref().is_some_and(|c| !c.is_empty());
     let load_balancer = service.service_type.as_deref() == Some("LoadBalancer");
@@ -56,31 +108,228 @@ pub fn local_pool_name(service: &Service) -> String {
     format!("{}-{}", service.namespace, service.name)
 }
 
-/// The load balancer (and pool) of a Service, or `None` when it is not placed (rules above).
-pub fn place_service(configurations: &[SlbConfiguration], service: &Service) -> Option<Placement> {
-    if !is_local_service(service) {
-        return None;
+/// The names the annotation lists, lower-cased and trimmed (upstream's
+/// `GetLoadBalancerConfigurationsNames`: the key is matched case-insensitively, and an empty
+/// value names the empty name); empty when the Service has no such annotation.
+fn annotated_names(service: &Service) -> Vec<String> {
+    service
+        .annotations
+        .iter()
+        .filter(|(key, _)| key.eq_ignore_ascii_case(ANNOTATION_LB_CONFIGURATIONS))
+        .flat_map(|(_, value)| value.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect()
+}
+
+/// The prefix of the rules upstream names after a Service: `a` + its UID without dashes,
+/// 32 characters at most.
+fn rule_prefix(service: &Service) -> String {
+    std::iter::once('a').chain(service.uid.chars().filter(|c| *c != '-')).take(32).collect()
+}
+
+fn trim_internal(name: &str) -> (&str, bool) {
+    let cut = name.len().checked_sub(INTERNAL_SUFFIX.len()).filter(|at| name.is_char_boundary(*at));
+    match cut {
+        Some(at) if name[at..].eq_ignore_ascii_case(INTERNAL_SUFFIX) => (&name[..at], true),
+        _ => (name, false),
     }
-    let named =
-        service.annotation(ANNOTATION_LB_CONFIGURATIONS).into_iter().flat_map(|v| v.split(',')).find_map(|want| {
-            let want = want.trim();
-            configurations.iter().find(|c| !want.is_empty() && c.name.trim().eq_ignore_ascii_case(want))
-        });
-    let chosen = named.or_else(|| configurations.iter().find(|c| c.allows_placement()))?;
-    Some(Placement { load_balancer: chosen.name.trim().to_owned(), pool: local_pool_name(service) })
+}
+
+/// The load balancer the Service uses now: the host's record, else the one holding a rule
+/// named after it.
+fn current(service: &Service, facts: &PlacementFacts) -> Option<String> {
+    if let Some(current) = &facts.current_load_balancer {
+        return Some(current.clone());
+    }
+    let prefix = rule_prefix(service);
+    let named_after = |rule: &String| rule.split('-').next().is_some_and(|p| p.eq_ignore_ascii_case(&prefix));
+    facts
+        .load_balancers
+        .iter()
+        .find(|lb| lb.rules.iter().any(named_after))
+        .map(|lb| trim_internal(&lb.name).0.to_owned())
+}
+
+/// Step 1 (upstream's `getEligibleLoadBalancersForService`): the eligible configurations, in
+/// configuration order. Upstream walks them last to first, so the names in its error, and the
+/// first selector it finds invalid, come in that order here too.
+pub fn eligible<'c>(
+    configurations: &'c [SlbConfiguration],
+    service: &Service,
+    facts: &PlacementFacts,
+    current: Option<&str>,
+) -> Result<Vec<&'c SlbConfiguration>, String> {
+    let annotated = annotated_names(service);
+    let candidates: Vec<&SlbConfiguration> = if annotated.is_empty() {
+        configurations.iter().collect()
+    } else {
+        let named: Vec<_> =
+            configurations.iter().filter(|c| annotated.iter().any(|a| c.name.trim().eq_ignore_ascii_case(a))).collect();
+        if named.is_empty() {
+            return Err(format!(
+                "service {:?} selects {} load balancers by annotation, but none of them is defined in cloud provider \
+                 configuration",
+                service.name,
+                annotated.len()
+            ));
+        }
+        named
+    };
+    let (mut by_flag, mut by_labels, mut by_namespace) = (Vec::new(), Vec::new(), Vec::new());
+    let mut selector_matched = false;
+    let mut kept = Vec::with_capacity(candidates.len());
+    for candidate in candidates.iter().rev() {
+        let in_use = current.is_some_and(|c| c.eq_ignore_ascii_case(candidate.name.trim()));
+        if candidate.allow_service_placement == Some(false) && !in_use {
+            by_flag.push(candidate.name.as_str());
+            continue;
+        }
+        if let Some(selector) = &candidate.service_label_selector {
+            selector.check()?;
+            if !selector.matches(&facts.service_labels) {
+                by_labels.push(candidate.name.as_str());
+                continue;
+            }
+            selector_matched = true;
+        }
+        if let Some(selector) = &candidate.service_namespace_selector {
+            selector.check()?;
+            let Some(labels) = &facts.namespace_labels else {
+                return Err(format!("namespaces {:?} not found", service.namespace));
+            };
+            if !selector.matches(labels) {
+                by_namespace.push(candidate.name.as_str());
+                continue;
+            }
+            selector_matched = true;
+        }
+        kept.push(*candidate);
+    }
+    kept.reverse();
+    if kept.is_empty() {
+        let selected: Vec<&str> = candidates.iter().map(|c| c.name.as_str()).collect();
+        return Err(format!(
+            "service \"{}/{}\" selects {} load balancers ({}), but {} of them ({}) have AllowServicePlacement set to \
+             false and the service is not using any of them, {} of them ({}) do not match the service label selector, \
+             and {} of them ({}) do not match the service namespace selector",
+            service.namespace,
+            service.name,
+            selected.len(),
+            selected.join(", "),
+            by_flag.len(),
+            by_flag.join(", "),
+            by_labels.len(),
+            by_labels.join(", "),
+            by_namespace.len(),
+            by_namespace.join(", "),
+        ));
+    }
+    if selector_matched {
+        kept.retain(|c| c.has_selector());
+    }
+    Ok(kept)
+}
+
+/// Step 2 (upstream's `getMostEligibleLBForService`): the most eligible of the `eligible`
+/// names, as spelled there; `None` when every one exists with [`MAX_RULES`] rules or more.
+pub fn most_eligible<'e>(
+    current: Option<&str>,
+    eligible: &[&'e str],
+    existing: &[ExistingLoadBalancer],
+    internal: bool,
+) -> Option<&'e str> {
+    if let Some(current) = current.and_then(|c| eligible.iter().find(|e| e.eq_ignore_ascii_case(c))) {
+        return Some(current);
+    }
+    // The existing load balancers of the Service's kind, by their configuration's name.
+    let of_kind = || {
+        existing.iter().filter_map(move |lb| {
+            let (name, is_internal) = trim_internal(&lb.name);
+            (is_internal == internal).then_some((name, lb.rules.len()))
+        })
+    };
+    let mut first_absent = None;
+    for name in eligible {
+        match of_kind().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
+            Some((_, 0)) => return Some(name),
+            Some(_) => {}
+            None => first_absent = first_absent.or(Some(*name)),
+        }
+    }
+    if first_absent.is_some() {
+        return first_absent;
+    }
+    let mut fewest: Option<(usize, &str)> = None;
+    for (name, rules) in of_kind() {
+        let Some(eligible) = eligible.iter().find(|e| e.eq_ignore_ascii_case(name)) else { continue };
+        if rules < fewest.map_or(MAX_RULES, |(n, _)| n) {
+            fewest = Some((rules, eligible));
+        }
+    }
+    fewest.map(|(_, name)| name)
+}
+
+/// The load balancer (and pool) of a Service; `Ok(None)` when it is not a local Service; an
+/// error (upstream's words) when it is one that cannot be placed.
+pub fn place_service(
+    configurations: &[SlbConfiguration],
+    service: &Service,
+    facts: &PlacementFacts,
+) -> Result<Option<Placement>, String> {
+    if !is_local_service(service) {
+        return Ok(None);
+    }
+    let current = current(service, facts);
+    let eligible = eligible(configurations, service, facts, current.as_deref())?;
+    let names: Vec<&str> = eligible.iter().map(|c| c.name.trim()).collect();
+    let internal = service.annotations.iter().any(|(k, v)| k == ANNOTATION_INTERNAL_LB && v == "true");
+    let Some(chosen) = most_eligible(current.as_deref(), &names, &facts.load_balancers, internal) else {
+        return Err(format!(
+            "every eligible load balancer of service \"{}/{}\" ({}) has {MAX_RULES} load-balancing rules or more",
+            service.namespace,
+            service.name,
+            names.join(", ")
+        ));
+    };
+    Ok(Some(Placement { load_balancer: chosen.to_owned(), pool: local_pool_name(service) }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::selector::Requirement;
 
     fn lb(name: &str, allow: Option<bool>) -> SlbConfiguration {
-        SlbConfiguration { name: name.into(), allow_service_placement: allow }
+        SlbConfiguration { allow_service_placement: allow, ..SlbConfiguration::named(name) }
+    }
+
+    fn by_labels(name: &str, pairs: &[(&str, &str)]) -> SlbConfiguration {
+        SlbConfiguration { service_label_selector: Some(match_labels(pairs)), ..SlbConfiguration::named(name) }
+    }
+
+    fn by_namespace(name: &str, pairs: &[(&str, &str)]) -> SlbConfiguration {
+        SlbConfiguration { service_namespace_selector: Some(match_labels(pairs)), ..SlbConfiguration::named(name) }
+    }
+
+    fn match_labels(pairs: &[(&str, &str)]) -> LabelSelector {
+        LabelSelector { match_labels: labels(pairs), ..LabelSelector::default() }
+    }
+
+    fn match_in(key: &str, values: &[&str]) -> LabelSelector {
+        let values = values.iter().map(|v| (*v).to_owned()).collect();
+        LabelSelector {
+            match_expressions: vec![Requirement { key: key.into(), operator: "In".into(), values }],
+            ..Default::default()
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
     }
 
     fn local(annotation: Option<&str>) -> Service {
         Service {
-            uid: "u1".into(),
+            uid: "8e3b2c10-4d5e-4f6a-8b7c-9d0e1f2a3b01".into(),
             namespace: "shop".into(),
             name: "web".into(),
             service_type: Some("LoadBalancer".into()),
@@ -93,31 +342,261 @@ mod tests {
     }
 
     fn placed_on(configurations: &[SlbConfiguration], service: &Service) -> Option<String> {
-        place_service(configurations, service).map(|p| p.load_balancer)
+        place_service(configurations, service, &PlacementFacts::default()).unwrap().map(|p| p.load_balancer)
+    }
+
+    fn existing(name: &str, rules: usize) -> ExistingLoadBalancer {
+        ExistingLoadBalancer { name: name.into(), rules: (0..rules).map(|i| format!("rule-{i}")).collect() }
+    }
+
+    /// Upstream's `getEligibleLoadBalancersForService` on one case: the names, or the error.
+    fn eligible_names(
+        configurations: &[SlbConfiguration],
+        service: &Service,
+        facts: &PlacementFacts,
+        current: Option<&str>,
+    ) -> Result<Vec<String>, String> {
+        eligible(configurations, service, facts, current).map(|e| e.iter().map(|c| c.name.clone()).collect())
+    }
+
+    // Upstream TestGetEligibleLoadBalancers: each case, with upstream's Service `default/test`
+    // (a namespace case moves it to `ns1`) and its exact error texts. `ActiveServices` holding
+    // the Service is `current` here.
+    #[test]
+    fn eligible_load_balancers_follow_the_annotation_the_placement_flag_and_the_selectors_as_upstream() {
+        let mut svc = local(None);
+        (svc.namespace, svc.name) = ("default".into(), "test".into());
+        let with_annotation = |value: &str| {
+            let mut s = svc.clone();
+            s.annotations = vec![(ANNOTATION_LB_CONFIGURATIONS.into(), value.into())];
+            s
+        };
+        let in_ns1 = |mut s: Service| {
+            s.namespace = "ns1".into();
+            s
+        };
+        let facts = |service: &[(&str, &str)], namespace: Option<&[(&str, &str)]>| PlacementFacts {
+            service_labels: labels(service),
+            namespace_labels: namespace.map(labels),
+            ..PlacementFacts::default()
+        };
+        let none = PlacementFacts::default();
+        // should respect service annotation
+        let configs = [SlbConfiguration::named("a"), SlbConfiguration::named("c")];
+        assert_eq!(eligible_names(&configs, &with_annotation("A ,b"), &none, None), Ok(vec!["a".into()]));
+        // should report an error if a service selects a load balancer that is not defined in the configuration
+        assert_eq!(
+            eligible_names(&configs, &with_annotation("b"), &none, None),
+            Err("service \"test\" selects 1 load balancers by annotation, but none of them is defined in cloud provider configuration".into())
+        );
+        // should respect namespace selector
+        let configs =
+            [by_namespace("a", &[("k1", "v1")]), by_namespace("b", &[("k2", "v2")]), SlbConfiguration::named("c")];
+        let ns1 = facts(&[], Some(&[("k1", "v1")]));
+        assert_eq!(eligible_names(&configs, &in_ns1(svc.clone()), &ns1, None), Ok(vec!["a".into()]));
+        // should respect label selector
+        let configs = [by_labels("a", &[("k1", "v1")]), by_labels("b", &[("k2", "v2")]), SlbConfiguration::named("c")];
+        let labelled = facts(&[("k2", "v2"), ("k3", "v3")], None);
+        assert_eq!(eligible_names(&configs, &svc, &labelled, None), Ok(vec!["b".into()]));
+        // should put the service to the load balancers that does not have label/namespace selector if there is no other choice
+        let configs = [
+            by_labels("fails to match service label", &[("k1", "v1")]),
+            by_namespace("fails to match service namespace", &[("k2", "v2")]),
+            SlbConfiguration::named("empty"),
+        ];
+        let both = facts(&[("k2", "v2"), ("k3", "v3")], Some(&[("k1", "v1")]));
+        assert_eq!(eligible_names(&configs, &in_ns1(svc.clone()), &both, None), Ok(vec!["empty".into()]));
+        // should return the intersection of annotation, namespace and label selector
+        let configs = [
+            by_labels("a", &[("k1", "v1")]),
+            SlbConfiguration {
+                service_label_selector: Some(match_in("k2", &["v1", "v2", "v3"])),
+                service_namespace_selector: Some(match_in("k2", &["v1", "v2", "v3"])),
+                ..SlbConfiguration::named("b")
+            },
+            by_namespace("c", &[("k2", "v2")]),
+        ];
+        let both = facts(&[("k2", "v2")], Some(&[("k1", "v1"), ("k2", "v2")]));
+        assert_eq!(eligible_names(&configs, &in_ns1(with_annotation("a,b")), &both, None), Ok(vec!["b".into()]));
+        // should return an error if there is no matching lb config
+        let configs = [
+            by_labels("a", &[("k1", "v1")]),
+            SlbConfiguration {
+                service_namespace_selector: Some(match_in("k2", &["v1", "v3"])),
+                ..SlbConfiguration::named("b")
+            },
+            by_namespace("c", &[("k2", "v3")]),
+            SlbConfiguration { allow_service_placement: Some(false), ..by_namespace("d", &[("k2", "v2")]) },
+        ];
+        let ns = facts(&[], Some(&[("k1", "v1"), ("k2", "v2")]));
+        assert_eq!(
+            eligible_names(&configs, &in_ns1(with_annotation("a,b,c")), &ns, Some("d")),
+            Err("service \"ns1/test\" selects 3 load balancers (a, b, c), but 0 of them () have AllowServicePlacement set to \
+                 false and the service is not using any of them, 1 of them (a) do not match the service label selector, and 2 \
+                 of them (c, b) do not match the service namespace selector"
+                .into())
+        );
+        // should report an error if failed to convert label selector as a selector
+        let empty_in = match_in("k2", &[]);
+        let configs =
+            [SlbConfiguration { service_label_selector: Some(empty_in.clone()), ..SlbConfiguration::named("a") }];
+        let invalid =
+            Err("values: Invalid value: null: for 'in', 'notin' operators, values set can't be empty".to_owned());
+        assert_eq!(eligible_names(&configs, &svc, &none, None), invalid);
+        // should report an error if failed to convert namespace selector as a selector
+        let configs = [SlbConfiguration { service_namespace_selector: Some(empty_in), ..SlbConfiguration::named("a") }];
+        assert_eq!(eligible_names(&configs, &svc, &facts(&[], Some(&[])), None), invalid);
+        // should respect allowServicePlacement flag
+        let configs = [lb("a", Some(false)), lb("b", None), lb("c", None), lb("d", None)];
+        let annotated = with_annotation("a,c");
+        assert_eq!(eligible_names(&configs, &annotated, &none, Some("a")), Ok(vec!["a".into(), "c".into()]));
+    }
+
+    #[test]
+    fn a_namespace_selector_on_a_namespace_the_host_does_not_know_is_an_error_not_a_mismatch() {
+        let configs = [by_namespace("a", &[("team", "x")]), SlbConfiguration::named("b")];
+        let error = place_service(&configs, &local(None), &PlacementFacts::default()).unwrap_err();
+        assert_eq!(error, "namespaces \"shop\" not found");
+    }
+
+    #[test]
+    fn a_configuration_that_disallows_placement_is_kept_only_for_the_service_that_uses_it() {
+        let configs = [lb("lb1", Some(false)), lb("lb2", None)];
+        let service = local(Some("lb1"));
+        let facts = PlacementFacts { current_load_balancer: Some("LB1".into()), ..PlacementFacts::default() };
+        assert_eq!(place_service(&configs, &service, &facts).unwrap().unwrap().load_balancer, "lb1");
+        let error = place_service(&configs, &service, &PlacementFacts::default()).unwrap_err();
+        assert!(error.contains("1 of them (lb1) have AllowServicePlacement set to false"), "{error}");
+    }
+
+    // Upstream TestGetMostEligibleLBName: each case (an existing load balancer with nil
+    // properties is one with no rules here).
+    #[test]
+    fn the_most_eligible_load_balancer_is_the_current_then_an_empty_one_then_a_missing_one_then_the_least_used() {
+        // (description, current, eligible, existing, internal, expected)
+        type Case<'a> = (&'a str, Option<&'a str>, &'a [&'a str], Vec<ExistingLoadBalancer>, bool, Option<&'a str>);
+        let cases: [Case; 10] = [
+            (
+                "should return current LB name if it is eligible",
+                Some("lb1"),
+                &["lb1", "lb2"],
+                vec![],
+                false,
+                Some("lb1"),
+            ),
+            (
+                "should return eligible LBs with fewest rules",
+                Some("lb1"),
+                &["lb2", "lb3"],
+                vec![existing("lb2", 3), existing("lb3", 2), existing("lb4", 1)],
+                false,
+                Some("lb3"),
+            ),
+            (
+                "should return the first eligible LB if there is no existing eligible LBs",
+                None,
+                &["lb1", "lb2"],
+                vec![],
+                false,
+                Some("lb1"),
+            ),
+            (
+                "should return the first eligible LB that does not exist",
+                None,
+                &["lb1", "lb2", "lb3"],
+                vec![existing("lb3", 1)],
+                false,
+                Some("lb1"),
+            ),
+            (
+                "should respect internal load balancers",
+                None,
+                &["lb1", "lb2", "lb3"],
+                vec![existing("lb1-internal", 1), existing("lb2-internal", 0), existing("lb3-internal", 0)],
+                true,
+                Some("lb2"),
+            ),
+            (
+                "should return the first eligible LB if it exists with no rules",
+                None,
+                &["lb1", "lb2"],
+                vec![existing("lb1", 0)],
+                false,
+                Some("lb1"),
+            ),
+            (
+                "should return the first eligible LB if it exists with nil properties",
+                None,
+                &["lb1", "lb2"],
+                vec![existing("lb1", 0)],
+                false,
+                Some("lb1"),
+            ),
+            (
+                "should return the first eligible LB for internal service when only external LBs exist with no rules",
+                None,
+                &["lb1", "lb2"],
+                vec![existing("lb1", 0)],
+                true,
+                Some("lb1"),
+            ),
+            (
+                "should skip existing LB with rules and return the one with no rules",
+                None,
+                &["lb1", "lb2", "lb3"],
+                vec![existing("lb1", 3), existing("lb2", 0)],
+                false,
+                Some("lb2"),
+            ),
+            (
+                "should prefer existing LB with no rules over non-existent one",
+                None,
+                &["lb1", "lb2", "lb3"],
+                vec![existing("lb3", 0)],
+                false,
+                Some("lb3"),
+            ),
+        ];
+        for (description, current, eligible, existing, internal, want) in cases {
+            assert_eq!(most_eligible(current, eligible, &existing, internal), want, "{description}");
+        }
+    }
+
+    #[test]
+    fn a_load_balancer_with_301_rules_is_never_the_least_used_and_none_left_is_an_error() {
+        assert_eq!(
+            most_eligible(None, &["lb1", "lb2"], &[existing("lb1", 301), existing("lb2", 300)], false),
+            Some("lb2")
+        );
+        assert_eq!(most_eligible(None, &["lb1"], &[existing("lb1", 301)], false), None);
+        let facts = PlacementFacts { load_balancers: vec![existing("lb1", 301)], ..PlacementFacts::default() };
+        let error = place_service(&[SlbConfiguration::named("lb1")], &local(None), &facts).unwrap_err();
+        assert!(error.contains("301 load-balancing rules or more"), "{error}");
+    }
+
+    #[test]
+    fn without_the_hosts_record_a_load_balancer_holding_a_rule_named_after_the_service_is_the_one_it_uses() {
+        let configs = [lb("lb1", None), lb("lb2", Some(false))];
+        let rule =
+            ExistingLoadBalancer { name: "LB2".into(), rules: vec!["a8e3b2c104d5e4f6a8b7c9d0e1f2a3b0-TCP-80".into()] };
+        let facts = PlacementFacts { load_balancers: vec![existing("lb1", 0), rule], ..PlacementFacts::default() };
+        assert_eq!(place_service(&configs, &local(None), &facts).unwrap().unwrap().load_balancer, "lb2");
+        let other = ExistingLoadBalancer { name: "lb2".into(), rules: vec!["a0000-TCP-80".into()] };
+        let facts = PlacementFacts { load_balancers: vec![existing("lb1", 0), other], ..PlacementFacts::default() };
+        assert_eq!(place_service(&configs, &local(None), &facts).unwrap().unwrap().load_balancer, "lb1");
     }
 
     #[test]
     fn a_local_service_without_the_annotation_goes_on_the_first_configuration() {
-        let placement = place_service(&[lb("kubernetes", None), lb("lb2", None)], &local(None));
+        let facts = PlacementFacts::default();
+        let placement = place_service(&[lb("kubernetes", None), lb("lb2", None)], &local(None), &facts).unwrap();
         assert_eq!(placement, Some(Placement { load_balancer: "kubernetes".into(), pool: "shop-web".into() }));
     }
 
     #[test]
-    fn a_configuration_that_disallows_placement_is_skipped_without_the_annotation() {
-        let configs = [lb("kubernetes", Some(false)), lb("lb2", Some(true))];
-        assert_eq!(placed_on(&configs, &local(None)).as_deref(), Some("lb2"));
-    }
-
-    #[test]
-    fn no_configuration_allowing_placement_leaves_the_service_unplaced() {
-        assert_eq!(placed_on(&[lb("kubernetes", Some(false))], &local(None)), None);
-        assert_eq!(placed_on(&[], &local(None)), None);
-    }
-
-    #[test]
-    fn the_annotation_places_the_service_on_the_first_named_configuration_that_exists() {
+    fn the_annotation_keeps_the_configurations_it_names_in_configuration_order() {
         let configs = [lb("kubernetes", None), lb("lb2", None), lb("lb3", None)];
-        assert_eq!(placed_on(&configs, &local(Some("missing, lb3 ,lb2"))).as_deref(), Some("lb3"));
+        assert_eq!(placed_on(&configs, &local(Some("missing, lb3 ,lb2"))).as_deref(), Some("lb2"));
     }
 
     #[test]
@@ -127,15 +606,16 @@ mod tests {
     }
 
     #[test]
-    fn an_annotation_naming_only_unknown_configurations_falls_back_to_the_first_that_allows_placement() {
+    fn an_annotation_naming_only_unknown_configurations_is_an_error() {
         let configs = [lb("kubernetes", Some(false)), lb("lb2", None)];
-        assert_eq!(placed_on(&configs, &local(Some("nope, ,"))).as_deref(), Some("lb2"));
+        let error = place_service(&configs, &local(Some("nope, ,")), &PlacementFacts::default()).unwrap_err();
+        assert!(error.contains("selects 3 load balancers by annotation, but none of them is defined"), "{error}");
     }
 
     #[test]
-    fn an_explicitly_named_configuration_is_used_even_when_it_disallows_new_placement() {
+    fn an_explicitly_named_configuration_that_disallows_placement_is_not_eligible_for_a_new_service() {
         let configs = [lb("kubernetes", None), lb("lb2", Some(false))];
-        assert_eq!(placed_on(&configs, &local(Some("lb2"))).as_deref(), Some("lb2"));
+        assert!(place_service(&configs, &local(Some("lb2")), &PlacementFacts::default()).is_err());
     }
 
     #[test]
@@ -182,5 +662,90 @@ mod tests {
     #[test]
     fn the_pool_is_named_after_the_namespace_and_the_name() {
         assert_eq!(local_pool_name(&local(None)), "shop-web");
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const NAMES: [&str; 4] = ["lb1", "LB2", "lb3", "kubernetes"];
+        const KEYS: [&str; 2] = ["team", "tier"];
+        const VALUES: [&str; 2] = ["a", "b"];
+
+        fn pairs() -> impl Strategy<Value = Vec<(String, String)>> {
+            prop::collection::vec((0..2usize, 0..2usize), 0..3)
+                .prop_map(|v| v.into_iter().map(|(k, w)| (KEYS[k].to_owned(), VALUES[w].to_owned())).collect())
+        }
+
+        fn selector() -> impl Strategy<Value = Option<LabelSelector>> {
+            let operators = prop::sample::select(vec!["In", "NotIn", "Exists", "DoesNotExist", "in"]);
+            let requirement = (0..2usize, operators, prop::collection::vec(0..2usize, 0..2)).prop_map(|(k, op, vs)| {
+                Requirement {
+                    key: KEYS[k].to_owned(),
+                    operator: op.to_owned(),
+                    values: vs.into_iter().map(|v| VALUES[v].to_owned()).collect(),
+                }
+            });
+            prop::option::weighted(
+                0.4,
+                (pairs(), prop::collection::vec(requirement, 0..2))
+                    .prop_map(|(match_labels, match_expressions)| LabelSelector { match_labels, match_expressions }),
+            )
+        }
+
+        fn configurations() -> impl Strategy<Value = Vec<SlbConfiguration>> {
+            prop::collection::vec((prop::option::of(any::<bool>()), selector(), selector()), 1..4).prop_map(|v| {
+                v.into_iter()
+                    .enumerate()
+                    .map(|(i, (allow, labels, namespace))| SlbConfiguration {
+                        name: NAMES[i].to_owned(),
+                        allow_service_placement: allow,
+                        service_label_selector: labels,
+                        service_namespace_selector: namespace,
+                    })
+                    .collect()
+            })
+        }
+
+        fn facts() -> impl Strategy<Value = PlacementFacts> {
+            let lb = (0..4usize, any::<bool>(), 0..3usize).prop_map(|(i, internal, rules)| ExistingLoadBalancer {
+                name: format!("{}{}", NAMES[i].to_ascii_lowercase(), if internal { "-internal" } else { "" }),
+                rules: (0..rules).map(|r| format!("rule-{r}")).collect(),
+            });
+            (pairs(), prop::option::of(pairs()), prop::option::of(0..4usize), prop::collection::vec(lb, 0..4)).prop_map(
+                |(service_labels, namespace_labels, current, load_balancers)| PlacementFacts {
+                    service_labels,
+                    namespace_labels,
+                    current_load_balancer: current.map(|i| NAMES[i].to_owned()),
+                    load_balancers,
+                },
+            )
+        }
+
+        fn annotation() -> impl Strategy<Value = Option<String>> {
+            prop::option::weighted(0.3, prop::sample::select(vec!["lb1", "lb2, LB3", " kubernetes ", "nope", ""]))
+                .prop_map(|a| a.map(str::to_owned))
+        }
+
+        proptest! {
+            // Placement is total, picks only an eligible configuration, and is stable: placed
+            // again with its answer as the load balancer in use (what the host records), a
+            // Service stays where it is while nothing else changes, as upstream's first rule
+            // keeps a Service on the load balancer it uses.
+            #[test]
+            fn a_placed_service_goes_on_an_eligible_configuration_and_stays_there(
+                configurations in configurations(),
+                facts in facts(),
+                annotation in annotation(),
+            ) {
+                let service = local(annotation.as_deref());
+                let Ok(Some(placed)) = place_service(&configurations, &service, &facts) else { return Ok(()) };
+                let current = current(&service, &facts);
+                let eligible = eligible(&configurations, &service, &facts, current.as_deref()).unwrap();
+                prop_assert!(eligible.iter().any(|c| c.name == placed.load_balancer), "{placed:?} not in {eligible:?}");
+                let again = PlacementFacts { current_load_balancer: Some(placed.load_balancer.clone()), ..facts };
+                prop_assert_eq!(place_service(&configurations, &service, &again), Ok(Some(placed)));
+            }
+        }
     }
 }

@@ -20,8 +20,8 @@ use crate::azure::{AzureApi, AzureError, BackendAddress, PoolRef};
 use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    Disposition, GroupOutcome, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment, ServiceEvent,
-    ServicePlacement, SlbConfiguration,
+    Disposition, GroupOutcome, PlacementFacts, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment, ServiceEvent,
+    Placement, SlbConfiguration,
 };
 use crate::sandbox::{GuestError, Logic, Session};
 use crate::trace::{Arg, Ended, Recorder, arg, lazy};
@@ -160,6 +160,8 @@ pub struct PoolUpdaterStats {
     pub groups_unchanged: AtomicU64,
     pub groups_failed: AtomicU64,
     pub event_failures: AtomicU64,
+    /// Local Services placement refused, counted once per distinct reason.
+    pub placements_refused: AtomicU64,
 }
 
 /// What one tick did.
@@ -377,16 +379,18 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         self.traced("pool-queue.status", true, || vec![arg(now)], result)
     }
 
-    /// Asks the guest where a Service belongs (`None`: not a local Service in this mode). The
-    /// reconcile calls it under the service reconcile lock and records the answer with
-    /// [`assign`](Self::assign).
+    /// Asks the guest where a Service belongs (or that it is not a local Service in this mode,
+    /// or why no load balancer may take it, in upstream's words). The reconcile calls it under
+    /// the service reconcile lock and records the answer with [`assign`](Self::assign).
     pub fn place(
         &self,
         configurations: &[SlbConfiguration],
         service: &wit::Service,
-    ) -> Result<Option<ServicePlacement>, PoolUpdaterError> {
-        let result = self.with_guest(|s, _| s.place_service(configurations, service));
-        self.traced("place-service", false, || vec![arg(configurations.to_vec()), arg(service.clone())], result)
+        facts: &PlacementFacts,
+    ) -> Result<Placement, PoolUpdaterError> {
+        let result = self.with_guest(|s, _| s.place_service(configurations, service, facts));
+        let args = || vec![arg(configurations.to_vec()), arg(service.clone()), arg(facts.clone())];
+        self.traced("place-service", false, args, result)
     }
 
     /// Records where a local Service lives (`None`: not a local Service in this mode any more).
@@ -444,7 +448,8 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             .map(|(service, lb)| ServiceAssignment { service: service.clone(), load_balancer: lb.clone() })
             .collect();
         let groups = self.with_guest(|s, q| s.pool_queue_drain_and_group(q, now, &assignment));
-        let groups = self.traced("pool-queue.drain-and-group", true, || vec![arg(now), arg(assignment.clone())], groups)?;
+        let groups =
+            self.traced("pool-queue.drain-and-group", true, || vec![arg(now), arg(assignment.clone())], groups)?;
         let mut summary = TickSummary { groups: groups.len(), ..TickSummary::default() };
         for group in &groups {
             let outcome = self.apply(group).await;
@@ -514,6 +519,21 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             Ok(()) => GroupOutcome::Updated,
             Err(err) => GroupOutcome::Failed(failure_of(&err)),
         }
+    }
+
+    /// A local Service that cannot be placed (`message`: upstream's words): logged, counted, and
+    /// told on the Service as upstream's service controller tells it (a Warning
+    /// `SyncLoadBalancerFailed`). The producer calls it once per distinct reason.
+    pub async fn refuse_placement(&self, service: &str, message: &str) {
+        self.stats.placements_refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%service, reason = %message, "a local Service cannot be placed on any load balancer");
+        let event = ServiceEvent {
+            service: service.to_owned(),
+            event_type: wit::EventType::Warning,
+            reason: "SyncLoadBalancerFailed".into(),
+            message: format!("Error syncing load balancer: failed to place the Service: {message}"),
+        };
+        self.record(&event).await;
     }
 
     /// Records one Event; a failure is counted and logged, never fails the tick.

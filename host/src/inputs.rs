@@ -11,7 +11,9 @@
 use crate::azure::Scope;
 use crate::backend_pools::PoolUpdaterConfig;
 use crate::sandbox::bindings::clb::reconciler::types::Config;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
+    LabelRequirement as LabelRequirementRecord, LabelSelector as WitLabelSelector, SlbConfiguration,
+};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -26,6 +28,8 @@ pub enum InputError {
     Missing { path: PathBuf, key: &'static str },
     #[error("{path}: not UTF-8 text (at byte {at})")]
     NotText { path: PathBuf, at: usize },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
 }
 
 /// The largest text file read: a ConfigMap's 1 MiB, which bounds any Kubernetes object or
@@ -111,40 +115,60 @@ pub struct CloudConfig {
     load_balancer_backend_pool_update_interval_in_seconds: Option<u64>,
 }
 
-/// One entry of `multipleStandardLoadBalancerConfigurations`. Upstream's service selectors are
-/// refused (placement by them is not built, and ignoring them would put Services on other load
-/// balancers than upstream does); its other fields are allowed and ignored: `primaryVMSet` and
-/// `nodeSelector` choose the nodes of the cluster's own pools, which this controller never writes.
+/// One entry of `multipleStandardLoadBalancerConfigurations`: every key upstream's entry has is
+/// read. `primaryVMSet` (required, unique, as upstream's `checkEnableMultipleStandardLoadBalancers`
+/// requires it) and `nodeSelector` choose the nodes of the cluster's own pools, which this
+/// controller never writes (a local Service's pool holds its endpoints' nodes), so they are
+/// checked and otherwise unused.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MultipleStandardLoadBalancer {
     name: String,
+    #[serde(default, rename = "primaryVMSet", alias = "primaryVmSet")]
+    primary_vm_set: String,
     #[serde(default)]
     allow_service_placement: Option<bool>,
-    /// Read only to be refused when set.
-    #[serde(default, rename = "serviceLabelSelector", deserialize_with = "refuse_service_label_selector")]
-    _service_label_selector: (),
-    #[serde(default, rename = "serviceNamespaceSelector", deserialize_with = "refuse_service_namespace_selector")]
-    _service_namespace_selector: (),
+    #[serde(default)]
+    service_label_selector: Option<LabelSelector>,
+    #[serde(default)]
+    service_namespace_selector: Option<LabelSelector>,
 }
 
-fn refuse_service_label_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
-    refuse_if_set(d, "serviceLabelSelector", "by the Services' labels")
+/// A Kubernetes `LabelSelector` as written (`metav1.LabelSelector`); the guest checks it.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LabelSelector {
+    #[serde(default)]
+    match_labels: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    match_expressions: Option<Vec<LabelRequirement>>,
 }
 
-fn refuse_service_namespace_selector<'de, D: serde::Deserializer<'de>>(d: D) -> Result<(), D::Error> {
-    refuse_if_set(d, "serviceNamespaceSelector", "by the labels of the Services' namespaces")
+/// One `matchExpressions` entry.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelRequirement {
+    key: String,
+    operator: String,
+    #[serde(default)]
+    values: Option<Vec<String>>,
 }
 
-/// An upstream key read only to refuse it when set (`null` is unset).
-fn refuse_if_set<'de, D: serde::Deserializer<'de>>(d: D, key: &str, by: &str) -> Result<(), D::Error> {
-    match Option::<serde::de::IgnoredAny>::deserialize(d)? {
-        None => Ok(()),
-        Some(_) => Err(serde::de::Error::custom(format!(
-            "`{key}` is not supported: placing Services {by} is not built, and ignoring it would put \
-             Services on other load balancers than upstream does; remove it from every \
-             multipleStandardLoadBalancerConfigurations entry"
-        ))),
+impl From<&LabelSelector> for WitLabelSelector {
+    fn from(s: &LabelSelector) -> Self {
+        WitLabelSelector {
+            match_labels: s.match_labels.clone().unwrap_or_default().into_iter().collect(),
+            match_expressions: s
+                .match_expressions
+                .iter()
+                .flatten()
+                .map(|r| LabelRequirementRecord {
+                    key: r.key.clone(),
+                    operator: r.operator.clone(),
+                    values: r.values.clone().unwrap_or_default(),
+                })
+                .collect(),
+        }
     }
 }
 
@@ -153,8 +177,40 @@ impl CloudConfig {
     pub fn slb_configurations(&self) -> Vec<SlbConfiguration> {
         self.multiple_standard_load_balancer_configurations
             .iter()
-            .map(|lb| SlbConfiguration { name: lb.name.clone(), allow_service_placement: lb.allow_service_placement })
+            .map(|lb| SlbConfiguration {
+                name: lb.name.clone(),
+                allow_service_placement: lb.allow_service_placement,
+                service_label_selector: lb.service_label_selector.as_ref().map(Into::into),
+                service_namespace_selector: lb.service_namespace_selector.as_ref().map(Into::into),
+            })
             .collect()
+    }
+
+    /// Whether a multi-SLB entry places Services by their namespace's labels (the host then
+    /// needs the Namespaces).
+    pub fn reads_namespaces(&self) -> bool {
+        self.multiple_standard_load_balancer_configurations.iter().any(|lb| lb.service_namespace_selector.is_some())
+    }
+
+    /// Upstream's `checkEnableMultipleStandardLoadBalancers` on the entries, in its words: each
+    /// has a `primaryVMSet`, and no two share one (compared case-insensitively, as upstream's set
+    /// compares them). A name twice is the guest's `validate-config` refusal, in the same words.
+    pub fn check(&self, path: &Path) -> Result<(), InputError> {
+        let mut vm_sets = std::collections::BTreeSet::new();
+        for lb in &self.multiple_standard_load_balancer_configurations {
+            let reason = if lb.primary_vm_set.is_empty() {
+                format!("multiple standard load balancer configuration {} must have primary VMSet", lb.name)
+            } else if !vm_sets.insert(lb.primary_vm_set.to_ascii_lowercase()) {
+                format!(
+                    "duplicated primary VMSet {} in multiple standard load balancer configurations {}",
+                    lb.primary_vm_set, lb.name
+                )
+            } else {
+                continue;
+            };
+            return Err(InputError::Invalid { path: path.to_owned(), reason });
+        }
+        Ok(())
     }
 
     /// The backend-pool updater's knobs: the tick interval from
@@ -192,7 +248,9 @@ pub fn parse_config(path: &Path, text: &str) -> Result<Config, InputError> {
 /// Reads the cloud configuration's keys this logic reads, for [`Config`] and for
 /// [`CloudConfig::slb_configurations`].
 pub fn parse_cloud_config(path: &Path, text: &str) -> Result<CloudConfig, InputError> {
-    Ok(from_yaml(path, text)?.unwrap_or_default())
+    let config: CloudConfig = from_yaml(path, text)?.unwrap_or_default();
+    config.check(path)?;
+    Ok(config)
 }
 
 impl From<CloudConfig> for Config {
@@ -363,12 +421,41 @@ mod tests {
         assert!(own.vnet_id().starts_with("/subscriptions/sub-1/resourceGroups/rg-net/"), "{}", own.vnet_id());
     }
 
-    // A multi-SLB configuration that places Services by label or namespace selectors is refused with
-    // the key and its line, not read as if it had none (which would place Services elsewhere than
-    // upstream); `null` selectors and the node-side keys upstream requires (`primaryVMSet`,
-    // `nodeSelector`) are accepted.
+    // Upstream TestCheckEnableMultipleStandardLoadBalancers, its last two cases: an entry without
+    // `primaryVMSet`, and a VM set twice, are each refused with upstream's words after the file's
+    // name; `parse_config` (what `validate` and `run` read) refuses them too. Its first case (a
+    // name twice) is the guest's `duplicate_multi_slb_names_are_refused`.
     #[test]
-    fn a_multi_slb_entry_with_a_service_selector_is_refused_by_its_key_and_line() {
+    fn multi_slb_entries_need_unique_names_and_each_its_own_primary_vm_set() {
+        let path = Path::new("azure.json");
+        let entries = |list: &str| {
+            format!(
+                "loadBalancerBackendPoolConfigurationType: nodeIP\nmultipleStandardLoadBalancerConfigurations: [{list}]\n"
+            )
+        };
+        for (list, reason) in [
+            (
+                "{name: kubernetes, primaryVMSet: vmss-0}, {name: lb1}",
+                "multiple standard load balancer configuration lb1 must have primary VMSet",
+            ),
+            (
+                "{name: kubernetes, primaryVMSet: vmss-0}, {name: lb1, primaryVMSet: vmss-2}, {name: lb2, primaryVMSet: vmss-2}",
+                "duplicated primary VMSet vmss-2 in multiple standard load balancer configurations lb2",
+            ),
+        ] {
+            let refused = parse_cloud_config(path, &entries(list)).unwrap_err().to_string();
+            assert_eq!(refused, format!("azure.json: {reason}"));
+            assert!(matches!(parse_config(path, &entries(list)), Err(InputError::Invalid { .. })), "{list}");
+        }
+        let fine = entries("{name: kubernetes, primaryVMSet: vmss-0}, {name: lb1, primaryVMSet: vmss-1}");
+        assert_eq!(parse_cloud_config(path, &fine).unwrap().slb_configurations().len(), 2);
+    }
+
+    // Upstream's service selectors are read whole: `matchLabels` and `matchExpressions` (values
+    // absent read as none), `null` as no selector; a key a LabelSelector does not have is refused
+    // with its line, not ignored.
+    #[test]
+    fn multi_slb_service_selectors_are_read_whole_and_an_unknown_selector_key_is_refused() {
         let path = Path::new("azure.json");
         let entry = |extra: &str| {
             format!(
@@ -376,19 +463,24 @@ mod tests {
                  - name: lb1\n  primaryVMSet: pool1\n  nodeSelector: {{matchLabels: {{pool: a}}}}\n{extra}"
             )
         };
-        let accepted = parse_cloud_config(path, &entry("  serviceLabelSelector: null\n")).unwrap();
-        assert_eq!(accepted.slb_configurations().len(), 1);
-        for (key, value) in [
-            ("serviceLabelSelector", "{matchLabels: {app: web}}"),
-            ("serviceLabelSelector", "{}"),
-            ("serviceNamespaceSelector", "{matchExpressions: [{key: team, operator: In, values: [a]}]}"),
-        ] {
-            let text = entry(&format!("  {key}: {value}\n"));
-            let refused = parse_cloud_config(path, &text).unwrap_err().to_string();
-            let named = refused.contains(&format!("`{key}` is not supported"));
-            assert!(refused.starts_with("azure.json:6:") && named, "{refused}");
-            assert!(matches!(parse_config(path, &text), Err(InputError::Parse { line: 6, .. })), "{key}");
-        }
+        let text = entry(
+            "  serviceLabelSelector: {matchLabels: {app: web, tier: front}}\n  serviceNamespaceSelector: \
+             {matchExpressions: [{key: team, operator: In, values: [a, b]}, {key: legacy, operator: DoesNotExist}]}\n",
+        );
+        let config = parse_cloud_config(path, &text).unwrap();
+        assert!(config.reads_namespaces());
+        let [lb] = &config.slb_configurations()[..] else { panic!("one entry") };
+        let labels = lb.service_label_selector.as_ref().unwrap();
+        let pairs = [("app".to_owned(), "web".to_owned()), ("tier".to_owned(), "front".to_owned())];
+        assert_eq!(labels.match_labels, pairs);
+        let namespace = lb.service_namespace_selector.as_ref().unwrap();
+        let expressions: Vec<_> =
+            namespace.match_expressions.iter().map(|r| (r.key.as_str(), r.operator.as_str(), r.values.len())).collect();
+        assert_eq!(expressions, [("team", "In", 2), ("legacy", "DoesNotExist", 0)]);
+        let none = parse_cloud_config(path, &entry("  serviceLabelSelector: null\n")).unwrap();
+        assert!(none.slb_configurations()[0].service_label_selector.is_none() && !none.reads_namespaces());
+        let unknown = parse_cloud_config(path, &entry("  serviceLabelSelector: {matchLabel: {app: web}}\n"));
+        assert!(matches!(unknown, Err(InputError::Parse { line: 6, .. })), "{unknown:?}");
     }
 
     // Ports upstream TestConfigServiceGatewayResourceID and the network half of TestDiffTrackerConfig:

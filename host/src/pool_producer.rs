@@ -15,7 +15,7 @@ use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ResourceLock};
 use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    OperationKind, PoolOperation, ServicePlacement,
+    ExistingLoadBalancer, OperationKind, Placement, PlacementFacts, PoolOperation, ServicePlacement, SlbConfiguration,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -75,6 +75,8 @@ struct Produced {
 pub struct PoolProducer {
     /// Lower-cased `namespace/name` → what was enqueued for it last.
     known: BTreeMap<String, Produced>,
+    /// Lower-cased `namespace/name` → why it could not be placed, last time it was asked.
+    refused: BTreeMap<String, String>,
 }
 
 impl PoolProducer {
@@ -86,6 +88,49 @@ impl PoolProducer {
     /// is new to the producer, or placed on another pool than before.
     pub fn needs_pool_contents(&self, service: &str, placement: &ServicePlacement) -> bool {
         self.known.get(&service.to_ascii_lowercase()).is_none_or(|before| !same_placement(&before.placement, placement))
+    }
+
+    /// Where `service` goes (upstream's placement, in the guest): the load balancer it was placed
+    /// on last is the one it uses now; `namespace_labels` are its namespace's (`None`: not
+    /// known), `load_balancers` the resource group's. With the answer, whether a refusal is new:
+    /// not what was said of the Service last (one Warning Event per distinct reason, not one per
+    /// change); what the producer enqueued for a refused Service stays as it was.
+    pub fn place<A: AzureApi, L: ResourceLock, K: KubeApi>(
+        &mut self,
+        updater: &PoolUpdater<A, L, K>,
+        configurations: &[SlbConfiguration],
+        service: &wit::Service,
+        namespace_labels: Option<Vec<(String, String)>>,
+        load_balancers: &[ExistingLoadBalancer],
+    ) -> Result<(Placement, bool), PoolUpdaterError> {
+        let folded = format!("{}/{}", service.namespace, service.name).to_ascii_lowercase();
+        let facts = PlacementFacts {
+            namespace_labels,
+            current_load_balancer: self.known.get(&folded).map(|p| p.placement.load_balancer.clone()),
+            load_balancers: load_balancers.to_vec(),
+        };
+        Ok(match updater.place(configurations, service, &facts)? {
+            Placement::Refused(message) => {
+                let new = self.refused.get(&folded) != Some(&message);
+                self.refused.insert(folded, message.clone());
+                (Placement::Refused(message), new)
+            }
+            placed => {
+                self.refused.remove(&folded);
+                (placed, false)
+            }
+        })
+    }
+
+    /// Forgets what was said of the Services not in `present` (lower-cased keys): they are
+    /// gone, or placed since.
+    pub fn keep_refused(&mut self, present: &BTreeSet<String>) {
+        self.refused.retain(|key, _| present.contains(key));
+    }
+
+    /// Forgets what was said of one Service (any case): it is gone.
+    pub fn gone(&mut self, service: &str) {
+        self.refused.remove(&service.to_ascii_lowercase());
     }
 
     /// The lower-cased keys of the Services the producer knows.

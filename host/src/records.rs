@@ -13,6 +13,7 @@ pub fn service(svc: &Service) -> wit::Service {
     let spec = svc.spec.clone().unwrap_or_default();
     let mut annotations: Vec<(String, String)> = meta.annotations.clone().unwrap_or_default().into_iter().collect();
     annotations.sort();
+    let labels: Vec<(String, String)> = meta.labels.clone().unwrap_or_default().into_iter().collect();
     wit::Service {
         uid: meta.uid.clone().unwrap_or_default(),
         namespace: meta.namespace.clone().unwrap_or_else(|| "default".into()),
@@ -48,6 +49,7 @@ pub fn service(svc: &Service) -> wit::Service {
             .and_then(|lb| lb.ingress.as_ref())
             .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
             .unwrap_or_default(),
+        labels,
     }
 }
 

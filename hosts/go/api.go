@@ -70,13 +70,15 @@ func (c *Component) AdmitService(config, service map[string]any) (Variant, error
 	return v.(Variant), nil
 }
 
-// PlaceService is `place-service`: a service-placement record, or nil.
-func (c *Component) PlaceService(configurations []any, service map[string]any) (map[string]any, error) {
-	v, err := c.callPure("place-service", configurations, service)
-	if err != nil || v == nil {
-		return nil, err
+// PlaceService is `place-service` (upstream's placement): Variant{"not-local", nil},
+// Variant{"at", a service-placement record} or Variant{"refused", upstream's words}. facts is a
+// placement-facts record.
+func (c *Component) PlaceService(configurations []any, service, facts map[string]any) (Variant, error) {
+	v, err := c.callPure("place-service", configurations, service, facts)
+	if err != nil {
+		return Variant{}, err
 	}
-	return v.(map[string]any), nil
+	return v.(Variant), nil
 }
 
 // Encode is the canonical text (docs/traces.md) of value as the result of call.

@@ -35,7 +35,7 @@ func config() map[string]any {
 
 func TestATrackerAnswersItsFirstObservationWithAReadOfNRP(t *testing.T) {
 	c := component(t, "CLB_COMPONENT")
-	if c.Package != "clb:reconciler@0.9.0" {
+	if c.Package != "clb:reconciler@0.10.0" {
 		t.Errorf("package %q", c.Package)
 	}
 	mode, err := c.ValidateConfig(config())
@@ -213,7 +213,7 @@ func startedWithAServiceBeingCreated(t *testing.T, c *Component) *recording {
 		"external-traffic-policy": "Local", "session-affinity": nil, "load-balancer-ip": nil, "load-balancer-class": nil,
 		"ip-families": []any{}, "ports": []any{map[string]any{"name": "http", "protocol": "TCP", "port": 80,
 			"target-port": Variant{Tag: "number", Val: 8080}, "node-port": nil}},
-		"annotations": []any{}, "finalizers": []any{}, "deleting": false, "ingress-ips": []any{}}
+		"annotations": []any{}, "finalizers": []any{}, "deleting": false, "ingress-ips": []any{}, "labels": []any{}}
 	slice := map[string]any{"namespace": "shop", "name": "web-abc12", "owner-service-uid": uid, "address-type": "IPv4",
 		"endpoints": []any{map[string]any{"addresses": []any{"10.244.1.10"}, "node-name": "aks-node-1", "ready": true}},
 		"deleting":  false}

@@ -34,14 +34,16 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  * @typedef {{uid:string, namespace:string, name:string, 'service-type':string|null, 'external-traffic-policy':string|null,
  *   'session-affinity':string|null, 'load-balancer-ip':string|null, 'load-balancer-class':string|null, 'ip-families':string[],
  *   ports:{name:string|null, protocol:string|null, port:number, 'target-port':({tag:'number',val:number}|{tag:'name',val:string}|null), 'node-port':number|null}[],
- *   annotations:[string,string][], finalizers:string[], deleting:boolean, 'ingress-ips':string[]}} Service
+ *   annotations:[string,string][], finalizers:string[], deleting:boolean, 'ingress-ips':string[],
+ *   labels:[string,string][]}} Service
  * @typedef {{tag:'admitted'}|{tag:'nothing-to-provision'}|{tag:'cleanup'}|{tag:'ignored', val:string}|{tag:'rejected', val:{reason:string, message:string}}} Verdict
  * @typedef {{tag:string, val?:any}} Observation `service-upserted`, `service-deleted`, `slice-upserted`, `slice-deleted`, `node-upserted`, `node-deleted`, `pod-upserted`, `pod-deleted`, `lists-complete`
  * @typedef {{tag:'ok'}|{tag:'public-ip-address', val:string}|{tag:'nrp-snapshot', val:any}|{tag:'failed', val:{status:number, code:string|null, 'retry-after-ms':U64|null, message:string}}} Outcome
  * @typedef {{id: U64, command: {tag:string, val?:any}}} Issued
  * @typedef {{commands: Issued[], 'wake-at-ms': U64|null, idle: boolean}} Step
  * @typedef {{version: number, payload: string}} VersionedState payload as base64
- * @typedef {{name:string, 'allow-service-placement': boolean|null}} SlbConfiguration
+ * @typedef {{name:string, 'allow-service-placement': boolean|null, 'service-label-selector': object|null,
+ *   'service-namespace-selector': object|null}} SlbConfiguration
  * @typedef {{'load-balancer': string, pool: string}} ServicePlacement
  * @typedef {{service:string, 'load-balancer':string, pool:string, kind:'add'|'remove', 'node-ips':string[]}} PoolOperation
  * @typedef {{service:string, 'load-balancer':string}} ServiceAssignment
@@ -78,7 +80,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  */
 
 /**
- * Loads a component (any candidate of `clb:reconciler@0.9.0`): transpiles it with jco (cached by
+ * Loads a component (any candidate of `clb:reconciler@0.10.0`): transpiles it with jco (cached by
  * its sha256), checks it exports every function of the schema, and readies an instance for the
  * pure functions. Trackers and pool queues each get an instance of their own.
  * @param {string} path the component's `.wasm`
@@ -174,11 +176,14 @@ export class Component {
   }
 
   /**
-   * The load balancer a local Service belongs to in multi-SLB mode, or null.
-   * @param {SlbConfiguration[]} configurations @param {Service} service @returns {ServicePlacement|null}
+   * The load balancer a local Service belongs to in multi-SLB mode (upstream's placement).
+   * @param {SlbConfiguration[]} configurations @param {Service} service
+   * @param {{'namespace-labels': [string,string][]|null, 'current-load-balancer': string|null,
+   *   'load-balancers': {name: string, rules: string[]}[]}} facts
+   * @returns {{tag: 'not-local'}|{tag: 'at', val: ServicePlacement}|{tag: 'refused', val: string}} (upstream's words)
    */
-  placeService(configurations, service) {
-    return this._callPure('place-service', [configurations, service]);
+  placeService(configurations, service, facts) {
+    return this._callPure('place-service', [configurations, service, facts]);
   }
 
   _fn(call) {

@@ -31,7 +31,7 @@ def service(i: int) -> dict:
         "annotations": [],
         "finalizers": [],
         "deleting": False,
-        "ingress-ips": [],
+        "ingress-ips": [], "labels": [],
     }
 
 

@@ -470,7 +470,7 @@ impl Env {
         let scope = clb_host::simulator::simulate::scope();
         format!(
             "loadBalancerBackendPoolConfigurationType: nodeIP\nloadBalancerSku: standard\n\
-             multipleStandardLoadBalancerConfigurations:\n- name: {}\n\
+             multipleStandardLoadBalancerConfigurations:\n- name: {}\n  primaryVMSet: nodepool1\n\
              loadBalancerBackendPoolUpdateIntervalInSeconds: 1\n\
              subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
             self.load_balancer(),
@@ -489,7 +489,12 @@ impl Env {
 
     /// Starts `clb-host run` in multi-SLB local-service mode with [`Env::resource_lock`].
     fn start_multi_slb(&self) -> Controller {
-        self.start_with(self.controller_kubeconfig.clone(), &self.multi_slb_cloud_config(), Some(self.resource_lock()), None)
+        self.start_with(
+            self.controller_kubeconfig.clone(),
+            &self.multi_slb_cloud_config(),
+            Some(self.resource_lock()),
+            None,
+        )
     }
 
     /// The load balancer in the emulator with the local Service's own pool (`<namespace>-<name>`,
@@ -516,7 +521,8 @@ impl Env {
         let want: BTreeMap<String, String> = nodes.iter().map(|&n| (self.location(n), self.node_name(n))).collect();
         eventually(&format!("{}/{} holds {want:?}", pool.load_balancer, pool.pool), async || {
             let (content, _) = self.emulator.get_backend_pool(pool).await.expect("reads the pool");
-            let held: BTreeMap<String, String> = content.addresses.into_iter().map(|a| (a.ip_address, a.name)).collect();
+            let held: BTreeMap<String, String> =
+                content.addresses.into_iter().map(|a| (a.ip_address, a.name)).collect();
             if held == want { Ok(()) } else { Err(format!("{held:?}")) }
         })
         .await;
@@ -844,8 +850,7 @@ fn a_service_replaced_between_the_read_and_the_finalizer_patch_is_refused_and_it
 // and update": the replacement, which carries our finalizer too, keeps all of its finalizers. Upstream answers
 // nil there; this client answers 409 UIDMismatch, which the guest takes as done for the old Service.
 #[test]
-fn a_service_replaced_between_the_read_and_the_finalizer_removal_is_refused_and_its_replacement_keeps_its_finalizers()
-{
+fn a_service_replaced_between_the_read_and_the_finalizer_removal_is_refused_and_its_replacement_keeps_its_finalizers() {
     let interfere: Interference = Box::new(|services, n| {
         Box::pin(async move {
             if n == 0 {
@@ -1251,6 +1256,8 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("patch", "", "pods", "shop", true),
     ("create", "", "events", "shop", true),
     ("patch", "", "events", "shop", true),
+    // A Service's Namespace, read by name for multi-SLB placement by namespace selector.
+    ("get", "", "namespaces", "", true),
     ("get", "coordination.k8s.io", "leases", "kube-system", true),
     ("create", "coordination.k8s.io", "leases", "kube-system", true),
     ("update", "coordination.k8s.io", "leases", "kube-system", true),
@@ -1270,6 +1277,8 @@ const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[
     ("create", "", "pods", "shop", false),
     ("update", "", "pods", "shop", false),
     ("delete", "", "pods", "shop", false),
+    ("list", "", "namespaces", "", false),
+    ("update", "", "namespaces", "", false),
 ];
 
 /// Rights on named objects, as [`RIGHTS`] plus the object's name.
@@ -1465,6 +1474,82 @@ fn in_multi_slb_mode_a_local_services_endpoints_on_two_nodes_put_both_node_ips_i
         let after = pool_calls();
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one GET and one PUT for the move");
         env.pool_holds(&pool, &[1, 3]).await;
+        controller.stop().await;
+    });
+}
+
+// Placement by a namespace selector against the real API server (upstream's
+// getEligibleLoadBalancersForService reads the Service's Namespace): the controller, under the
+// example RBAC's `get namespaces`, puts the pool on the load balancer whose selector matches the
+// namespace's labels, never on the one without a selector listed first; a Service naming no
+// configured load balancer gets upstream's Warning and no pool.
+#[test]
+fn in_multi_slb_mode_a_service_goes_on_the_load_balancer_its_namespace_selector_matches_and_an_unplaceable_one_is_warned() {
+    e2e(16, async |env| {
+        apply(
+            &Api::<Namespace>::all(env.admin.clone()),
+            &env.namespace,
+            serde_json::json!({"metadata": {"labels": {"clb-e2e/team": "payments"}}}),
+        )
+        .await;
+        let plain = env.slb_pool("web").await;
+        let team = PoolRef { load_balancer: format!("{}-team", env.load_balancer()), pool: plain.pool.clone() };
+        let public_ip = format!("{}-frontend", team.load_balancer);
+        let spec = PublicIpSpec { name: public_ip.clone(), version: IpVersion::IPv4 };
+        env.emulator.put_public_ip(&spec).await.expect("creates the public IP");
+        let spec = LoadBalancerSpec {
+            name: team.load_balancer.clone(),
+            public_ip,
+            backend_pool: team.pool.clone(),
+            rules: vec![],
+        };
+        env.emulator.put_load_balancer(&spec).await.expect("creates the load balancer");
+        let config = env.multi_slb_cloud_config().replace(
+            "  primaryVMSet: nodepool1\n",
+            &format!(
+                "  primaryVMSet: nodepool1\n- name: {}\n  primaryVMSet: nodepool2\n  serviceNamespaceSelector: \
+                 {{matchLabels: {{clb-e2e/team: payments}}}}\n",
+                team.load_balancer
+            ),
+        );
+        let controller = env.start_with(env.controller_kubeconfig.clone(), &config, Some(env.resource_lock()), None);
+        let uid = env.service("web", "Local").await;
+        env.endpoints("web", &uid, &[(10, 1)]).await;
+        env.pool_holds(&team, &[1]).await;
+        assert!(env.pool_ips(&plain).await.is_empty(), "the load balancer without a selector is not used");
+
+        let api = apply(
+            &env.services(),
+            "api",
+            serde_json::json!({
+                "metadata": {"annotations": {"service.beta.kubernetes.io/azure-load-balancer-configurations": "nope"}},
+                "spec": {
+                    "type": "LoadBalancer",
+                    "externalTrafficPolicy": "Local",
+                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+                },
+            }),
+        )
+        .await;
+        let api_uid = api.metadata.uid.expect("the API server gives a UID");
+        env.endpoints("api", &api_uid, &[(11, 1)]).await;
+        let events = Api::<Event>::namespaced(env.admin.clone(), &env.namespace);
+        let warning = eventually("a Warning SyncLoadBalancerFailed regarding api", async || {
+            let listed = events.list(&ListParams::default()).await.map_err(|e| e.to_string())?;
+            listed
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("SyncLoadBalancerFailed")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.involved_object.name.as_deref() == Some("api")
+                })
+                .ok_or_else(|| "no such Event yet".to_owned())
+        })
+        .await;
+        let message = warning.message.unwrap_or_default();
+        assert!(message.contains("none of them is defined in cloud provider configuration"), "{message}");
+        env.pool_holds(&team, &[1]).await;
         controller.stop().await;
     });
 }

@@ -18,9 +18,9 @@ use clb_fuzz::input::Enc;
 use clb_fuzz::pools::{self, PoolOp};
 use clb_fuzz::program::{Answer, Program, Step, Time};
 use clb_guest::backend_pools::{Failure, GroupOutcome, OperationKind, PoolOperation, ServiceAssignment};
-use clb_host::simulator::cluster::Object;
 use clb_host::native::NativeReconciler;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_host::simulator::cluster::Object;
 use clb_host::simulator::simulate::{LogicError, Reconciler};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -246,7 +246,9 @@ fn pool_ops(trace: &str) -> Option<(u32, Vec<PoolOp>)> {
                         GroupOutcome::Failed(Failure {
                             status: json_u64(&f["status"]) as u16,
                             code: f["code"].as_str().map(str::to_owned),
-                            retry_after_ms: f["retry-after-ms"].as_u64().or_else(|| f["retry-after-ms"].as_str()?.parse().ok()),
+                            retry_after_ms: f["retry-after-ms"]
+                                .as_u64()
+                                .or_else(|| f["retry-after-ms"].as_str()?.parse().ok()),
                             message: json_str(&f["message"]),
                         })
                     }
@@ -274,16 +276,16 @@ fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
 /// a failure, time.
 fn part_b(seed: usize) -> Vec<u8> {
     let ops: &[&[u8]] = &[
-        &[0, 0, 0],          // Node 0
-        &[0, 1, 1],          // Node 1
-        &[2, 0, 1, 0],       // Service 0, local, port 80
+        &[0, 0, 0],                      // Node 0
+        &[0, 1, 1],                      // Node 1
+        &[2, 0, 1, 0],                   // Service 0, local, port 80
         &[4, 0, 0, 2, 0, 0, 1, 1, 1, 2], // Slice 0 of Service 0: pods 0, 1 on nodes 0, 1
-        &[10, 1, 1, 9, 1, 1], // Fail
-        &[12, 0x10, 0x27, 0, 0], // Advance 10 s
-        &[8, 0, 0, 0, 0],    // an egress pod
-        &[15],               // RoundTrip
-        &[14],               // Restart
-        &[3, 0],             // DeleteService 0
+        &[10, 1, 1, 9, 1, 1],            // Fail
+        &[12, 0x10, 0x27, 0, 0],         // Advance 10 s
+        &[8, 0, 0, 0, 0],                // an egress pod
+        &[15],                           // RoundTrip
+        &[14],                           // Restart
+        &[3, 0],                         // DeleteService 0
     ];
     let chosen: Vec<&[u8]> = ops.iter().copied().take(3 + seed % (ops.len() - 2)).collect();
     let mut bytes = vec![chosen.len() as u8];
@@ -316,6 +318,8 @@ fn main() {
                     Object::EndpointSlice(s) => (1, serde_json::to_vec(s)),
                     Object::Node(n) => (2, serde_json::to_vec(n)),
                     Object::Pod(p) => (3, serde_json::to_vec(p)),
+                    // Not a record the guest observes.
+                    Object::Namespace(_) => continue,
                 };
                 let mut bytes = vec![kind];
                 bytes.extend(json.unwrap());

@@ -363,6 +363,9 @@ pub struct ListedPublicIp {
 pub struct ListedLoadBalancer {
     pub name: String,
     pub shape: Option<LoadBalancerSpec>,
+    /// The names of its load-balancing rules, whatever its shape (multi-SLB placement counts
+    /// them and finds a Service's among them).
+    pub rules: Vec<String>,
 }
 
 /// An egress identity's NAT gateway (SKU StandardV2) to create or change: its public IPs by

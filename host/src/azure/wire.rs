@@ -550,7 +550,14 @@ pub fn listed_public_ip(value: serde_json::Value) -> Option<ListedPublicIp> {
 pub fn listed_load_balancer(scope: &Scope, value: serde_json::Value) -> Option<ListedLoadBalancer> {
     let name = value.get("name")?.as_str()?.to_owned();
     let shape = load_balancer_shape(scope, &name, &value);
-    Some(ListedLoadBalancer { name, shape })
+    let rules = value
+        .pointer("/properties/loadBalancingRules")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|rule| rule.get("name")?.as_str().map(str::to_owned))
+        .collect();
+    Some(ListedLoadBalancer { name, shape, rules })
 }
 
 fn load_balancer_shape(scope: &Scope, name: &str, value: &serde_json::Value) -> Option<LoadBalancerSpec> {

@@ -44,8 +44,8 @@ use crate::supervisor::{Snapshot, VersionSnapshot};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
@@ -877,9 +877,14 @@ fn encode_run(out: &mut DescriptorEncoder<'_>, run: &RunStats) -> std::fmt::Resu
     counters(
         out,
         "clb_pool_updater_failures",
-        "Backend-pool updater failures outside a group: the resource lock not taken or not released, an Event not recorded.",
-        [("lock", &p.lock_failures), ("unlock", &p.unlock_failures), ("event", &p.event_failures)]
-            .map(|(kind, c)| (label("kind", kind), n(c))),
+        "Backend-pool updater failures outside a group: the resource lock not taken or not released, an Event not recorded, a local Service that no load balancer may take (once per distinct reason).",
+        [
+            ("lock", &p.lock_failures),
+            ("unlock", &p.unlock_failures),
+            ("event", &p.event_failures),
+            ("placement", &p.placements_refused),
+        ]
+        .map(|(kind, c)| (label("kind", kind), n(c))),
     )?;
     if let Some(trace) = &run.trace {
         let t = trace.stats();

@@ -31,7 +31,9 @@ use crate::live::settings::{RunError, Settings};
 use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{ServicePlacement, SlbConfiguration};
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
+    ExistingLoadBalancer, Placement, ServicePlacement, SlbConfiguration,
+};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -144,6 +146,11 @@ impl Store {
 pub(crate) struct Pools {
     updater: PoolUpdater<Arc<ArmClient>, LeaseLock, KubeClient>,
     configurations: Vec<SlbConfiguration>,
+    /// Read for a `serviceNamespaceSelector`, as upstream reads them (a GET when placing).
+    kube: ::kube::Client,
+    /// The resource group's load balancers as last listed, and when: listed again at most once
+    /// an updater interval, when a Service is placed (an ARM read, not one per change).
+    load_balancers: RefCell<Option<(tokio::time::Instant, Vec<ExistingLoadBalancer>)>>,
     store: RefCell<Store>,
     producer: RefCell<PoolProducer>,
     /// Signalled when a batch marked a Service (a permit is kept while nobody waits).
@@ -202,6 +209,8 @@ impl Pools {
         Ok(Some(Self {
             updater,
             configurations: settings.slb_configurations.clone(),
+            kube: settings.kube.clone(),
+            load_balancers: RefCell::default(),
             store: RefCell::default(),
             producer: RefCell::default(),
             changed: tokio::sync::Notify::new(),
@@ -308,19 +317,50 @@ impl Pools {
         let service_lock = self.updater.service_lock().clone();
         let reconciling = service_lock.lock().await;
         let mut notes = Vec::new();
+        let mut namespaces: BTreeMap<String, Option<Vec<(String, String)>>> = BTreeMap::new();
         for key in changed {
             let name = format!("{}/{}", key.0, key.1);
             let found = self.store.borrow().service(&key);
-            let placement = match &found {
-                Some((record, _)) => self.updater.place(&self.configurations, record).map_err(RunError::Pools)?,
-                None => None,
-            };
-            let (Some(placement), Some((_, ips))) = (placement, found) else {
-                self.producer
-                    .borrow_mut()
-                    .forget(&self.updater, &reconciling, &name, &mut notes)
-                    .map_err(RunError::Pools)?;
+            let Some((record, ips)) = found else {
+                let mut producer = self.producer.borrow_mut();
+                producer.gone(&name);
+                producer.forget(&self.updater, &reconciling, &name, &mut notes).map_err(RunError::Pools)?;
                 continue;
+            };
+            let facts = match self.facts(&record.namespace, &mut namespaces).await {
+                Ok(facts) => facts,
+                Err(error) => {
+                    tracing::warn!(
+                        service = %name,
+                        error = %error,
+                        "cannot read what placing a local Service needs; retrying at the next tick"
+                    );
+                    self.store.borrow_mut().changed.insert(key);
+                    continue;
+                }
+            };
+            let (namespace, load_balancers) = facts;
+            let placed = self
+                .producer
+                .borrow_mut()
+                .place(&self.updater, &self.configurations, &record, namespace, &load_balancers)
+                .map_err(RunError::Pools)?;
+            let placement = match placed {
+                (Placement::At(placement), _) => placement,
+                (Placement::NotLocal, _) => {
+                    self.producer
+                        .borrow_mut()
+                        .forget(&self.updater, &reconciling, &name, &mut notes)
+                        .map_err(RunError::Pools)?;
+                    continue;
+                }
+                (Placement::Refused(message), new) => {
+                    // What was enqueued for it stays, as upstream leaves a failed reconcile's work.
+                    if new {
+                        self.updater.refuse_placement(&name, &message).await;
+                    }
+                    continue;
+                }
             };
             let contents = if self.producer.borrow().needs_pool_contents(&name, &placement) {
                 match self.pool_contents(&placement).await {
@@ -350,6 +390,46 @@ impl Pools {
             tracing::info!(%note, "backend-pool producer");
         }
         Ok(())
+    }
+
+    /// What placing a Service of `namespace` reads besides the Service: its namespace's labels
+    /// (only when a configuration has a namespace selector; `None` when there is no such
+    /// namespace; read once per pass into `namespaces`) and the resource group's load balancers.
+    async fn facts(
+        &self,
+        namespace: &str,
+        namespaces: &mut BTreeMap<String, Option<Vec<(String, String)>>>,
+    ) -> Result<(Option<Vec<(String, String)>>, Vec<ExistingLoadBalancer>), String> {
+        let labels = if !self.configurations.iter().any(|c| c.service_namespace_selector.is_some()) {
+            None
+        } else if let Some(known) = namespaces.get(namespace) {
+            known.clone()
+        } else {
+            let api = ::kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(self.kube.clone());
+            let found = api.get_opt(namespace).await.map_err(|e| format!("reading Namespace {namespace}: {e}"))?;
+            let labels = found.map(|ns| ns.metadata.labels.unwrap_or_default().into_iter().collect());
+            namespaces.insert(namespace.to_owned(), labels.clone());
+            labels
+        };
+        let fresh = self
+            .load_balancers
+            .borrow()
+            .as_ref()
+            .and_then(|(at, listed)| (at.elapsed() < self.updater_interval()).then(|| listed.clone()));
+        let load_balancers = match fresh {
+            Some(listed) => listed,
+            None => {
+                let listed = self.updater.azure().list_load_balancers().await;
+                let listed: Vec<ExistingLoadBalancer> = listed
+                    .map_err(|e| format!("listing the load balancers: {}", error_chain(&e)))?
+                    .into_iter()
+                    .map(|lb| ExistingLoadBalancer { name: lb.name, rules: lb.rules })
+                    .collect();
+                *self.load_balancers.borrow_mut() = Some((tokio::time::Instant::now(), listed.clone()));
+                listed
+            }
+        };
+        Ok((labels, load_balancers))
     }
 
     /// The canonical IPs the pool holds in Azure; none when it does not exist yet.

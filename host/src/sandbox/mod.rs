@@ -28,8 +28,8 @@ pub mod bindings {
 
 use bindings::clb::reconciler::types::{Config, ConfigError, Mode, Observation, Outcome, Step, VersionedState};
 use bindings::exports::clb::reconciler::backend_pools::{
-    GroupOutcome, GroupReport, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment, ServicePlacement,
-    SlbConfiguration,
+    GroupOutcome, GroupReport, PlacementFacts, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment,
+    Placement, SlbConfiguration,
 };
 use bindings::exports::clb::reconciler::validation::Verdict;
 use bindings::{Clb, ClbPre};
@@ -37,7 +37,7 @@ use bindings::{Clb, ClbPre};
 /// The WIT package this host speaks.
 pub const PACKAGE: &str = "clb:reconciler";
 /// Its version; a component is compatible when its package version is semver-compatible.
-pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 9, 0);
+pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 10, 0);
 /// Interfaces of [`PACKAGE`] a component may import. `types` has no functions: it is imported
 /// implicitly by interfaces that `use` it.
 pub const GRANTED_INTERFACES: &[&str] = &["diagnostics", "types"];
@@ -577,9 +577,10 @@ impl Session {
         &mut self,
         configurations: &[SlbConfiguration],
         service: &bindings::clb::reconciler::types::Service,
-    ) -> Result<Option<ServicePlacement>, GuestError> {
+        facts: &PlacementFacts,
+    ) -> Result<Placement, GuestError> {
         self.call("place-service", |b, s| {
-            b.clb_reconciler_backend_pools().call_place_service(s, configurations, service)
+            b.clb_reconciler_backend_pools().call_place_service(s, configurations, service, facts)
         })
     }
 

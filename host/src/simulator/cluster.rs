@@ -14,7 +14,9 @@
 use crate::executor::{KubeApi, KubeError};
 use crate::records;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Pod, Service, ServiceStatus};
+use k8s_openapi::api::core::v1::{
+    LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, Pod, Service, ServiceStatus,
+};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use std::collections::BTreeMap;
@@ -27,6 +29,9 @@ pub enum Object {
     EndpointSlice(Box<EndpointSlice>),
     Node(Box<Node>),
     Pod(Box<Pod>),
+    /// Read only by multi-SLB placement (a `serviceNamespaceSelector`); never watched by the
+    /// guest, so applying one delivers no watch event.
+    Namespace(Box<Namespace>),
 }
 
 /// The kinds of objects the cluster holds.
@@ -36,6 +41,7 @@ pub enum Kind {
     EndpointSlice,
     Node,
     Pod,
+    Namespace,
 }
 
 /// Why a change to the cluster was refused.
@@ -71,6 +77,8 @@ struct Inner {
     slices: BTreeMap<(String, String), EndpointSlice>,
     nodes: BTreeMap<String, Node>,
     pods: BTreeMap<(String, String), Pod>,
+    /// Name → labels.
+    namespaces: BTreeMap<String, Vec<(String, String)>>,
     /// Watch events not yet delivered.
     watch: Vec<wit::Observation>,
     events: Vec<RecordedEvent>,
@@ -187,8 +195,17 @@ impl Cluster {
                 }
                 inner.pods.insert(key, *pod);
             }
+            Object::Namespace(namespace) => {
+                let labels = namespace.metadata.labels.clone().unwrap_or_default().into_iter().collect();
+                inner.namespaces.insert(namespace.metadata.name.clone().unwrap_or_default(), labels);
+            }
         }
         Ok(())
+    }
+
+    /// The labels of a Namespace, or `None` when it was not applied.
+    pub fn namespace_labels(&self, name: &str) -> Option<Vec<(String, String)>> {
+        self.lock().namespaces.get(name).cloned()
     }
 
     /// Deletes an object. A Service with finalizers only gets a `deletionTimestamp`, unless
@@ -222,6 +239,9 @@ impl Cluster {
             Kind::Node => {
                 inner.nodes.remove(name).ok_or_else(|| ClusterError::NotFound { kind, key: name.to_owned() })?;
                 inner.watch.push(wit::Observation::NodeDeleted(name.to_owned()));
+            }
+            Kind::Namespace => {
+                inner.namespaces.remove(name).ok_or_else(|| ClusterError::NotFound { kind, key: name.to_owned() })?;
             }
             Kind::Pod => {
                 let pod = inner.pods.get_mut(&key).ok_or_else(not_found)?;
@@ -490,12 +510,8 @@ mod tests {
     fn a_pod_holding_a_finalizer_is_terminating_until_it_is_released_and_its_name_is_taken_until_then() {
         let cluster = Cluster::new();
         cluster.apply(pod(Some("egress-a"))).unwrap();
-        let target = wit::ObjectRef {
-            kind: "Pod".into(),
-            namespace: "shop".into(),
-            name: "p".into(),
-            uid: "u-1".into(),
-        };
+        let target =
+            wit::ObjectRef { kind: "Pod".into(), namespace: "shop".into(), name: "p".into(), uid: "u-1".into() };
         let finalizer = "servicegateway.azure.com/pod-cleanup";
         let stale = wit::ObjectRef { uid: "another".into(), ..target.clone() };
         let refused = cluster.set_pod_finalizer(&stale, finalizer, true).unwrap_err();

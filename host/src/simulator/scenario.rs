@@ -13,7 +13,7 @@ use crate::inputs::{self, CloudConfig, InputError};
 use crate::sandbox::bindings::clb::reconciler::types::Config;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use crate::simulator::cluster::{Kind, Object};
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::de::{self, Deserializer, Error as _};
 use serde::{Deserialize, Serialize};
@@ -60,6 +60,11 @@ pub struct AzureSetup {
     /// IP `<lb>-frontend` for its frontend.
     #[serde(default)]
     pub load_balancers: BTreeMap<String, Vec<String>>,
+    /// Load balancer (one of `loadBalancers`) → the names of its load-balancing rules (TCP, on
+    /// its first pool): what multi-SLB placement counts, and where it finds a Service's own
+    /// (`a<UID without dashes>-…`) when the controller starts.
+    #[serde(default)]
+    pub load_balancer_rules: BTreeMap<String, Vec<String>>,
     /// The backend-pool updater's tick interval (default 30s).
     #[serde(default)]
     pub backend_pool_update_interval: Option<VirtualDuration>,
@@ -224,11 +229,12 @@ fn object_summary(object: &Object) -> String {
         Object::EndpointSlice(s) => ("EndpointSlice", &s.metadata),
         Object::Node(n) => ("Node", &n.metadata),
         Object::Pod(p) => ("Pod", &p.metadata),
+        Object::Namespace(n) => ("Namespace", &n.metadata),
     };
     let name = meta.name.clone().unwrap_or_default();
     match &meta.namespace {
         Some(ns) => format!("{kind} {ns}/{name}"),
-        None if kind == "Node" => format!("{kind} {name}"),
+        None if kind == "Node" || kind == "Namespace" => format!("{kind} {name}"),
         None => format!("{kind} default/{name}"),
     }
 }
@@ -296,14 +302,15 @@ impl<'de> Deserialize<'de> for KubeObject {
             }
             "Node" => Object::Node(Box::new(serde_json::from_value::<Node>(value).map_err(typed)?)),
             "Pod" => Object::Pod(Box::new(serde_json::from_value::<Pod>(value).map_err(typed)?)),
+            "Namespace" => Object::Namespace(Box::new(serde_json::from_value::<Namespace>(value).map_err(typed)?)),
             "" => {
                 return Err(D::Error::custom(
-                    "an object without `kind` (expected Service, EndpointSlice, Node or Pod)",
+                    "an object without `kind` (expected Service, EndpointSlice, Node, Pod or Namespace)",
                 ));
             }
             other => {
                 return Err(D::Error::custom(format!(
-                    "kind {other:?} is not simulated (expected Service, EndpointSlice, Node or Pod)"
+                    "kind {other:?} is not simulated (expected Service, EndpointSlice, Node, Pod or Namespace)"
                 )));
             }
         };
@@ -312,11 +319,12 @@ impl<'de> Deserialize<'de> for KubeObject {
             Object::EndpointSlice(s) => &s.metadata,
             Object::Node(n) => &n.metadata,
             Object::Pod(p) => &p.metadata,
+            Object::Namespace(n) => &n.metadata,
         };
         if meta.name.as_deref().is_none_or(str::is_empty) {
             return Err(D::Error::custom(format!("{kind}: metadata.name is missing")));
         }
-        if kind != "Node" && meta.uid.as_deref().is_none_or(str::is_empty) {
+        if kind != "Node" && kind != "Namespace" && meta.uid.as_deref().is_none_or(str::is_empty) {
             let name = meta.name.as_deref().unwrap_or_default();
             return Err(D::Error::custom(format!("{kind} {name}: metadata.uid is missing (the guest keys on it)")));
         }
@@ -341,7 +349,7 @@ pub struct DeleteStep {
 impl DeleteStep {
     pub fn namespace(&self) -> &str {
         match (self.kind, self.namespace.is_empty()) {
-            (Kind::Node, _) => "",
+            (Kind::Node | Kind::Namespace, _) => "",
             (_, true) => "default",
             (_, false) => &self.namespace,
         }
@@ -809,6 +817,10 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     if let Some((lb, _)) = raw.azure.load_balancers.iter().find(|(_, pools)| pools.is_empty()) {
         return Err(invalid(&format!("azure.loadBalancers.{lb}: give at least one backend pool")));
     }
+    if let Some(lb) = raw.azure.load_balancer_rules.keys().find(|lb| !raw.azure.load_balancers.contains_key(*lb)) {
+        return Err(invalid(&format!("azure.loadBalancerRules.{lb}: not one of azure.loadBalancers")));
+    }
+    raw.config.check(path)?;
     if let Some(name) = raw.azure.outbound_services.iter().find(|n| n.trim().is_empty()) {
         return Err(invalid(&format!("azure.outboundServices: {name:?} is not a service name")));
     }

@@ -33,7 +33,7 @@ use crate::emulator::{Emulator, EmulatorConfig, Resources};
 use crate::executor::{Executor, command_name};
 use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{ExistingLoadBalancer, Placement, SlbConfiguration};
 use crate::sandbox::{GuestError, Logic, Runtime};
 use crate::simulator::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::simulator::scenario::{
@@ -624,7 +624,16 @@ impl Simulation<'_> {
             let public_ip = format!("{lb}-frontend");
             let spec = PublicIpSpec { name: public_ip.clone(), version: crate::azure::IpVersion::IPv4 };
             self.runtime.block_on(self.emulator.put_public_ip(&spec)).map_err(failed)?;
-            let rules: Vec<LbRule> = Vec::new();
+            let rules: Vec<LbRule> = (scenario.azure.load_balancer_rules.get(lb).into_iter().flatten().enumerate())
+                .map(|(i, name)| LbRule {
+                    name: name.clone(),
+                    protocol: crate::azure::Protocol::Tcp,
+                    frontend_port: u16::try_from(i % 65_000).unwrap_or(0) + 1,
+                    backend_port: u16::try_from(i % 65_000).unwrap_or(0) + 1,
+                    idle_timeout_minutes: 4,
+                    enable_tcp_reset: true,
+                })
+                .collect();
             let spec = LoadBalancerSpec { name: lb.clone(), public_ip, backend_pool: pools[0].clone(), rules };
             self.runtime.block_on(self.emulator.put_load_balancer(&spec)).map_err(failed)?;
             for pool in &pools[1..] {
@@ -720,13 +729,41 @@ impl Simulation<'_> {
         let slices: Vec<wit::EndpointSlice> =
             self.cluster.slices().iter().map(crate::records::endpoint_slice).collect();
         let resources = self.emulator.resources();
+        // Read as the reconcile's listing of the resource group would, without an Azure call.
+        let load_balancers: Vec<ExistingLoadBalancer> = resources
+            .load_balancers
+            .iter()
+            .map(|(name, lb)| ExistingLoadBalancer {
+                name: name.clone(),
+                rules: lb.rules.iter().map(|r| r.name.clone()).collect(),
+            })
+            .collect();
         let service_lock = pools.updater.service_lock().clone();
         let reconciling = self.runtime.block_on(service_lock.lock());
         let mut placed = BTreeSet::new();
         for service in self.cluster.services() {
             let record = crate::records::service(&service);
             let key = format!("{}/{}", record.namespace, record.name);
-            let Some(placement) = pools.updater.place(&pools.configurations, &record)? else { continue };
+            let namespace = self.cluster.namespace_labels(&record.namespace);
+            let placement = match pools.producer.place(
+                &pools.updater,
+                &pools.configurations,
+                &record,
+                namespace,
+                &load_balancers,
+            )? {
+                (Placement::NotLocal, _) => continue,
+                (Placement::Refused(message), new) => {
+                    // What was enqueued for it stays, as upstream leaves a failed reconcile's work.
+                    placed.insert(key.to_ascii_lowercase());
+                    if new {
+                        self.pool_lines.push(format!("{key} cannot be placed: {message}"));
+                        self.runtime.block_on(pools.updater.refuse_placement(&key, &message));
+                    }
+                    continue;
+                }
+                (Placement::At(placement), _) => placement,
+            };
             placed.insert(key.to_ascii_lowercase());
             let ips = ready_node_ips(&record.uid, &slices, &node_ips);
             let pool = crate::emulator::core::pool_key(&placement.load_balancer, &placement.pool);
@@ -745,6 +782,7 @@ impl Simulation<'_> {
         for folded in unplaced {
             pools.producer.forget(&pools.updater, &reconciling, &folded, &mut self.pool_lines)?;
         }
+        pools.producer.keep_refused(&placed);
         Ok(())
     }
 
@@ -919,7 +957,10 @@ impl Simulation<'_> {
                     None => {
                         let family = sample.split('{').next().unwrap_or(sample);
                         let near: Vec<&str> = exposition.lines().filter(|l| l.starts_with(family)).collect();
-                        Some(format!("no such sample; {family} has: {}", if near.is_empty() { "nothing".into() } else { near.join(", ") }))
+                        Some(format!(
+                            "no such sample; {family} has: {}",
+                            if near.is_empty() { "nothing".into() } else { near.join(", ") }
+                        ))
                     }
                 };
                 Check { what: format!("metric {sample} = {value}"), ok: detail.is_none(), detail }

@@ -89,7 +89,7 @@ test('swap and rollback through the API, recorded, replay identically', { skip: 
   tracker.complete(1, [[0, { tag: 'nrp-snapshot', val: { services: [], locations: [] } }]]);
   const swapped = await tracker.swap(candidate, { name: 'next-guest' });
   assert.equal(swapped.tag, 'ok');
-  const svc = { uid: 'u-1', namespace: 'shop', name: 'web', 'service-type': 'LoadBalancer', 'external-traffic-policy': 'Local', 'ip-families': ['IPv4'], ports: [{ port: 80 }], annotations: [['clb.test/legacy', 'true']], finalizers: [], deleting: false, 'ingress-ips': [] };
+  const svc = { uid: 'u-1', namespace: 'shop', name: 'web', 'service-type': 'LoadBalancer', 'external-traffic-policy': 'Local', 'ip-families': ['IPv4'], ports: [{ port: 80 }], annotations: [['clb.test/legacy', 'true']], finalizers: [], deleting: false, 'ingress-ips': [], labels: [] };
   swapped.val.observe(2, [{ tag: 'service-upserted', val: svc }]);
   assert.equal(swapped.val.stateVersion(), builtinVersion + 1);
   assert.throws(() => tracker.tick(2), /was swapped/);
@@ -104,7 +104,7 @@ test('swap and rollback through the API, recorded, replay identically', { skip: 
 });
 
 const uid = '6a1f0c8e-2b3d-4e5f-8a9b-0c1d2e3f4a01';
-const service = { uid, namespace: 'shop', name: 'web', 'service-type': 'LoadBalancer', 'external-traffic-policy': 'Local', 'ip-families': [], ports: [{ name: 'http', protocol: 'TCP', port: 80, 'target-port': { tag: 'number', val: 8080 } }], annotations: [], finalizers: [], deleting: false, 'ingress-ips': [] };
+const service = { uid, namespace: 'shop', name: 'web', 'service-type': 'LoadBalancer', 'external-traffic-policy': 'Local', 'ip-families': [], ports: [{ name: 'http', protocol: 'TCP', port: 80, 'target-port': { tag: 'number', val: 8080 } }], annotations: [], finalizers: [], deleting: false, 'ingress-ips': [], labels: [] };
 const slice = { namespace: 'shop', name: 'web-abc12', 'owner-service-uid': uid, 'address-type': 'IPv4', endpoints: [{ addresses: ['10.244.1.10'], 'node-name': 'aks-node-1', ready: true }], deleting: false };
 
 // Start-up (lists complete, NRP and ARM read) with one Service and its endpoints, up to the first

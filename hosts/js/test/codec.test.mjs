@@ -10,7 +10,7 @@ const ctx = { handleIn: (_r, n) => n, handleOut: (_r, n) => n };
 const roundTrip = (codec, json) => JSON.stringify(codec.encode(codec.decode(json, '', ctx), ctx, ''));
 
 test('the schema describes the world', () => {
-  assert.equal(schema.package, 'clb:reconciler@0.9.0');
+  assert.equal(schema.package, 'clb:reconciler@0.10.0');
   for (const call of ['validate-config', 'admit-service', 'tracker.create', 'tracker.observe', 'tracker.complete', 'tracker.tick', 'tracker.import-state', 'tracker.export-state', 'tracker.state-version', 'tracker.stats', 'place-service', 'pool-queue.create', 'pool-queue.enqueue', 'pool-queue.remove-operations', 'pool-queue.status', 'pool-queue.drain-and-group', 'pool-queue.report']) {
     assert.ok(fn(call), call);
   }
@@ -51,8 +51,9 @@ test('results of exported functions: ok/err', () => {
   assert.equal(JSON.stringify(res.encode({ tag: 'err', val: { field: 'f', reason: 'r', message: 'm' } })), '{"tag":"err","val":{"field":"f","reason":"r","message":"m"}}');
   const own = fn('tracker.create').result;
   assert.equal(JSON.stringify(own.encode({ tag: 'ok', val: {} }, { handleOut: () => 4 })), '{"tag":"ok","val":4}');
-  const opt = fn('place-service').result;
-  assert.equal(JSON.stringify(opt.encode(undefined)), 'null');
+  const placed = fn('place-service').result;
+  assert.equal(JSON.stringify(placed.encode({ tag: 'not-local' })), '{"tag":"not-local"}');
+  assert.equal(JSON.stringify(placed.encode({ tag: 'refused', val: 'why' })), '{"tag":"refused","val":"why"}');
 });
 
 test('decoding is strict', () => {

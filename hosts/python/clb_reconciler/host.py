@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.9.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.10.0``."""
         return self._loaded.package
 
     @property
@@ -174,10 +174,16 @@ class Component:
         ``{"tag": "rejected", "val": {"reason": …, "message": …}}``, …"""
         return self._call_pure("admit-service", [config, service])
 
-    def place_service(self, configurations: List[Dict[str, Any]], service: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """``place-service``: ``{"load-balancer": …, "pool": …}`` or ``None``. ``configurations``
-        are ``slb-configuration`` records (``{"name": …, "allow-service-placement": None|bool}``)."""
-        return self._call_pure("place-service", [configurations, service])
+    def place_service(
+        self, configurations: List[Dict[str, Any]], service: Dict[str, Any], facts: Dict[str, Any]
+    ) -> Dict[str, Any]:
+        """``place-service`` (upstream's placement): ``{"tag": "not-local"}``, ``{"tag": "at",
+        "val": {"load-balancer": …, "pool": …}}`` or ``{"tag": "refused", "val": why}``. ``configurations`` are
+        ``slb-configuration`` records (``{"name": …, "allow-service-placement": None|bool,
+        "service-label-selector": None|selector, "service-namespace-selector": None|selector}``),
+        ``facts`` a ``placement-facts`` record (``{"namespace-labels": None|[[k, v], …],
+        "current-load-balancer": None|name, "load-balancers": [{"name": …, "rules": […]}]}``)."""
+        return self._call_pure("place-service", [configurations, service, facts])
 
 
 def _own(value: Any) -> Any:

@@ -26,7 +26,7 @@ SERVICE = {
     "external-traffic-policy": "Local", "session-affinity": None, "load-balancer-ip": None,
     "load-balancer-class": None, "ip-families": [],
     "ports": [{"name": "http", "protocol": "TCP", "port": 80, "target-port": {"tag": "number", "val": 8080}, "node-port": None}],
-    "annotations": [], "finalizers": [], "deleting": False, "ingress-ips": [],
+    "annotations": [], "finalizers": [], "deleting": False, "ingress-ips": [], "labels": [],
 }
 SLICE = {
     "namespace": "shop", "name": "web-abc12", "owner-service-uid": UID, "address-type": "IPv4",

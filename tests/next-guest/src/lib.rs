@@ -42,10 +42,10 @@ pub mod difftracker;
 pub mod egress;
 #[path = "../../../guest/src/ip.rs"]
 pub mod ip;
-#[path = "../../../guest/src/model.rs"]
-pub mod model;
 #[path = "../../../guest/src/lifecycle.rs"]
 pub mod lifecycle;
+#[path = "../../../guest/src/model.rs"]
+pub mod model;
 #[path = "../../../guest/src/name.rs"]
 pub mod name;
 #[path = "../../../guest/src/outbound.rs"]
@@ -54,6 +54,8 @@ pub mod outbound;
 pub mod placement;
 #[path = "../../../guest/src/pod_finalizers.rs"]
 pub mod pod_finalizers;
+#[path = "../../../guest/src/selector.rs"]
+pub mod selector;
 /// The real tracker (its state version is `v1::STATE_VERSION`).
 #[path = "../../../guest/src/tracker/mod.rs"]
 pub mod v1;
@@ -63,8 +65,8 @@ pub mod tracker;
 #[cfg(target_arch = "wasm32")]
 #[path = "../../../guest/src/component.rs"]
 mod component;
-#[path = "../../../guest/src/wit_convert.rs"]
-mod wit_convert;
 #[cfg(target_arch = "wasm32")]
 #[path = "../../../guest/src/wasm_mem.rs"]
 mod wasm_mem;
+#[path = "../../../guest/src/wit_convert.rs"]
+mod wit_convert;

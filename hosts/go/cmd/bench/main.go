@@ -29,7 +29,7 @@ func service(i int) map[string]any {
 		"session-affinity": nil, "load-balancer-ip": nil, "load-balancer-class": nil, "ip-families": []any{},
 		"ports": []any{map[string]any{"name": nil, "protocol": "TCP", "port": 80,
 			"target-port": clb.Variant{Tag: "number", Val: 8080}, "node-port": nil}},
-		"annotations": []any{}, "finalizers": []any{}, "deleting": false, "ingress-ips": []any{},
+		"annotations": []any{}, "finalizers": []any{}, "deleting": false, "ingress-ips": []any{}, "labels": []any{},
 	}
 }
 
