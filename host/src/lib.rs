@@ -27,6 +27,7 @@ pub mod cli;
 pub mod compression;
 pub mod emulator;
 pub mod executor;
+pub mod figures;
 pub mod inputs;
 pub mod kube;
 #[cfg(feature = "live")]

@@ -37,7 +37,7 @@
 //!   the commands carried out by name. Text from outside (a trap's message, Azure's error) is
 //!   cut at [`MAX_TEXT`] bytes.
 
-use crate::live::figures::{counters, family_of as family};
+use crate::figures::{counters, family_of as family};
 use crate::live::swap::{SwapRecord, SwapResult};
 use crate::sandbox::bindings::clb::reconciler::types::TrackerStats;
 use crate::supervisor::{Snapshot, VersionSnapshot};
@@ -245,7 +245,7 @@ struct Published {
     /// Where every [`SwapRecord`] goes, once someone subscribed.
     records: Option<tokio::sync::mpsc::UnboundedSender<SwapRecord>>,
     /// The serving logic's own figures (`tracker.stats`).
-    figures: crate::live::figures::Figures,
+    figures: crate::figures::Figures,
     /// The serving version's sha256 and since when it serves (ms since the epoch).
     serving_since: Option<(String, u64)>,
     /// The bounded lists of the module documentation, the oldest first.

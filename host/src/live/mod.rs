@@ -3,7 +3,7 @@
 //!
 //! * [`lease`] — leader election and the Azure resource lock on Kubernetes Leases;
 //! * [`swap`] — the swap protocol's records;
-//! * [`figures`] — the logic's own figures (`tracker.stats`) under upstream's metric names;
+//! * [`crate::figures`] (outside this folder: `simulate` reads it too) — the logic's own figures;
 //! * [`metrics`] — the registry the supervisor publishes into, and its exposition;
 //! * [`page`] — the operator page (`GET /`): HTML rendered from what [`metrics`] holds;
 //! * [`control`] — swap requests carried into the loop, results reported as Events;
@@ -16,7 +16,6 @@
 
 pub mod control;
 pub mod endpoint;
-pub mod figures;
 pub mod lease;
 pub mod metrics;
 pub mod operations;

@@ -13,7 +13,7 @@
 //! * **Bounded.** It shows the bounded lists [`crate::live::metrics`] keeps (their caps are
 //!   documented there), so its size has a ceiling whatever happens.
 
-use crate::live::figures::{service_type, state};
+use crate::figures::{service_type, state};
 use crate::live::metrics::{Overview, Sample};
 use crate::live::swap::{SwapRecord, SwapResult};
 use std::collections::BTreeMap;
@@ -491,7 +491,7 @@ mod tests {
             commands_in_flight: 5,
             initialized_after_ms: Some(1200),
             budgets: vec![wit::BudgetLevel { bucket: "arm-writes".into(), tokens: -3, per_minute: 600 }],
-            ..crate::live::figures::zero_stats()
+            ..crate::figures::zero_stats()
         }
     }
 

@@ -605,7 +605,7 @@ struct Simulation<'l> {
     /// [`Simulation::release_checked`]).
     early_releases: Vec<String>,
     /// The logic's figures as `expect.metrics` last read them.
-    figures: crate::live::figures::Figures,
+    figures: crate::figures::Figures,
 }
 
 impl Simulation<'_> {
