@@ -186,12 +186,6 @@ impl CloudConfig {
             .collect()
     }
 
-    /// Whether a multi-SLB entry places Services by their namespace's labels (the host then
-    /// needs the Namespaces).
-    pub fn reads_namespaces(&self) -> bool {
-        self.multiple_standard_load_balancer_configurations.iter().any(|lb| lb.service_namespace_selector.is_some())
-    }
-
     /// Upstream's `checkEnableMultipleStandardLoadBalancers` on the entries, in its words: each
     /// has a `primaryVMSet`, and no two share one (compared case-insensitively, as upstream's set
     /// compares them). A name twice is the guest's `validate-config` refusal, in the same words.
@@ -468,7 +462,6 @@ mod tests {
              {matchExpressions: [{key: team, operator: In, values: [a, b]}, {key: legacy, operator: DoesNotExist}]}\n",
         );
         let config = parse_cloud_config(path, &text).unwrap();
-        assert!(config.reads_namespaces());
         let [lb] = &config.slb_configurations()[..] else { panic!("one entry") };
         let labels = lb.service_label_selector.as_ref().unwrap();
         let pairs = [("app".to_owned(), "web".to_owned()), ("tier".to_owned(), "front".to_owned())];
@@ -478,7 +471,8 @@ mod tests {
             namespace.match_expressions.iter().map(|r| (r.key.as_str(), r.operator.as_str(), r.values.len())).collect();
         assert_eq!(expressions, [("team", "In", 2), ("legacy", "DoesNotExist", 0)]);
         let none = parse_cloud_config(path, &entry("  serviceLabelSelector: null\n")).unwrap();
-        assert!(none.slb_configurations()[0].service_label_selector.is_none() && !none.reads_namespaces());
+        let [none] = &none.slb_configurations()[..] else { panic!("one entry") };
+        assert!(none.service_label_selector.is_none() && none.service_namespace_selector.is_none());
         let unknown = parse_cloud_config(path, &entry("  serviceLabelSelector: {matchLabel: {app: web}}\n"));
         assert!(matches!(unknown, Err(InputError::Parse { line: 6, .. })), "{unknown:?}");
     }

@@ -148,6 +148,8 @@ pub(crate) struct Pools {
     configurations: Vec<SlbConfiguration>,
     /// Read for a `serviceNamespaceSelector`, as upstream reads them (a GET when placing).
     kube: ::kube::Client,
+    /// Whether a configuration has a `serviceNamespaceSelector` (else no Namespace is read).
+    reads_namespaces: bool,
     /// The resource group's load balancers as last listed, and when: listed again at most once
     /// an updater interval, when a Service is placed (an ARM read, not one per change).
     load_balancers: RefCell<Option<(tokio::time::Instant, Vec<ExistingLoadBalancer>)>>,
@@ -210,6 +212,7 @@ impl Pools {
             updater,
             configurations: settings.slb_configurations.clone(),
             kube: settings.kube.clone(),
+            reads_namespaces: settings.slb_configurations.iter().any(|c| c.service_namespace_selector.is_some()),
             load_balancers: RefCell::default(),
             store: RefCell::default(),
             producer: RefCell::default(),
@@ -400,7 +403,7 @@ impl Pools {
         namespace: &str,
         namespaces: &mut BTreeMap<String, Option<Vec<(String, String)>>>,
     ) -> Result<(Option<Vec<(String, String)>>, Vec<ExistingLoadBalancer>), String> {
-        let labels = if !self.configurations.iter().any(|c| c.service_namespace_selector.is_some()) {
+        let labels = if !self.reads_namespaces {
             None
         } else if let Some(known) = namespaces.get(namespace) {
             known.clone()
