@@ -140,12 +140,14 @@ impl Bucket {
         }
     }
 
-    /// When the next token is there (`now` if it is).
-    pub fn ready_at(&self, budget: Budget, now: u64) -> u64 {
+    /// When the next token comes, if none is there at `now`. Whether one is there is what
+    /// [`Bucket::try_take`] finds, not whether that time is after `now`: at the end of time the
+    /// time saturates to `now` while no token ever comes.
+    pub fn due(&self, budget: Budget, now: u64) -> Option<u64> {
         let mut probe = *self;
         probe.refill(budget, now);
-        let missing = UNITS_PER_TOKEN.saturating_sub(probe.units);
-        now.saturating_add(missing.div_ceil(u64::from(probe.per_minute)))
+        let missing = UNITS_PER_TOKEN.checked_sub(probe.units).filter(|&m| m > 0)?;
+        Some(now.saturating_add(missing.div_ceil(u64::from(probe.per_minute))))
     }
 
     /// Azure throttled the operation: half the rate, nothing left in the bucket. Returns the
@@ -268,12 +270,12 @@ impl ArmPace {
         taken
     }
 
-    /// When the next write may go (`now` if it may).
-    pub fn ready_at(&self, now: u64) -> u64 {
+    /// When the next write may go, if none may at `now` (as [`Bucket::due`]).
+    pub fn due(&self, now: u64) -> Option<u64> {
         let mut probe = *self;
         probe.refill(now);
-        let missing = TOKEN.saturating_sub(probe.units).max(0) as u64;
-        now.saturating_add(missing.div_ceil(u64::from(probe.per_minute)))
+        let missing = u64::try_from(TOKEN.saturating_sub(probe.units)).ok().filter(|&m| m > 0)?;
+        Some(now.saturating_add(missing.div_ceil(u64::from(probe.per_minute))))
     }
 
     /// ARM throttled a write: half the refill rate, nothing left above the reserve.
@@ -349,11 +351,11 @@ impl Buckets {
         bucket.level(budget, now)
     }
 
-    /// When a write of `kind` may go (`now` if it may).
-    pub fn ready_at(&self, budgets: &WriteBudgets, kind: WriteKind, now: u64) -> u64 {
+    /// When a write of `kind` may go, if none may at `now` ([`Bucket::due`]).
+    pub fn due(&self, budgets: &WriteBudgets, kind: WriteKind, now: u64) -> Option<u64> {
         let mut probe = *self;
         let (bucket, budget) = probe.of(budgets, kind);
-        bucket.ready_at(budget, now)
+        bucket.due(budget, now)
     }
 }
 
@@ -368,7 +370,7 @@ mod tests {
         let mut bucket = Bucket::full(TEN_A_SECOND);
         assert!((0..3).all(|_| bucket.try_take(TEN_A_SECOND, 1_000)));
         assert!(!bucket.try_take(TEN_A_SECOND, 1_000));
-        assert_eq!(bucket.ready_at(TEN_A_SECOND, 1_000), 1_100);
+        assert_eq!(bucket.due(TEN_A_SECOND, 1_000), Some(1_100));
         assert!(!bucket.try_take(TEN_A_SECOND, 1_099));
         assert!(bucket.try_take(TEN_A_SECOND, 1_100));
         // An hour idle refills no more than the burst.
@@ -392,7 +394,7 @@ mod tests {
         let budget = Budget { per_minute: 320, burst: 10 };
         let mut bucket = Bucket::full(budget);
         assert_eq!(bucket.throttled(budget, 0), 160);
-        assert_eq!(bucket.ready_at(budget, 0), 375, "empty: the next token at the halved rate");
+        assert_eq!(bucket.due(budget, 0), Some(375), "empty: the next token at the halved rate");
         let rates: Vec<u32> = (0..8).map(|_| bucket.throttled(budget, 0)).collect();
         assert_eq!(rates, [80, 40, 20, 10, 10, 10, 10, 10], "floor: 320 / 32");
         for _ in 0..8 {
@@ -412,7 +414,7 @@ mod tests {
         assert!(bucket.try_take(small, 5_000));
         assert!(!bucket.try_take(small, 5_000), "no more than the smaller burst");
         assert_eq!(bucket.per_minute(), 60);
-        assert_eq!(bucket.ready_at(small, 5_000), 6_000);
+        assert_eq!(bucket.due(small, 5_000), Some(6_000));
     }
 
     // Regression: the property test after_any_event_sequence_with_failures_nrp_converges_… with
@@ -423,7 +425,7 @@ mod tests {
     fn an_empty_bucket_counted_up_to_a_clock_an_hour_ahead_refills_from_now_once_brought_in() {
         let budget = Budget { per_minute: 150, burst: 10 };
         let mut bucket = Bucket { units: 0, per_minute: 150, at_ms: 3_600_000 };
-        assert_eq!(bucket.ready_at(budget, 1_000), 1_400, "not an hour ahead");
+        assert_eq!(bucket.due(budget, 1_000), Some(1_400), "not an hour ahead");
         bucket.bring_in(1_000);
         assert!(!bucket.try_take(budget, 1_399));
         assert!(bucket.try_take(budget, 1_400));
@@ -434,7 +436,7 @@ mod tests {
         let mut pace = ArmPace::reported(None, 200, 40, 10, 1_000);
         assert!((0..150).all(|_| pace.try_take(1_000)), "200 - 40 reserved - 10 in flight");
         assert!(!pace.try_take(1_000));
-        assert_eq!(pace.ready_at(1_000), 1_100, "ARM refills 10 a second");
+        assert_eq!(pace.due(1_000), Some(1_100), "ARM refills 10 a second");
         assert!(pace.try_take(1_100));
         // A minute idle refills up to ARM's bucket less the reserve, no more.
         let mut idle = pace;
@@ -453,7 +455,7 @@ mod tests {
                     let what = format!("{remaining} left, {reserve} reserved, {in_flight} in flight");
                     assert_eq!(at_once as i64, room.max(0), "{what}");
                     // Then one write per 100 ms of ARM's refill, once any shortfall is made up.
-                    let next = pace.ready_at(0);
+                    let next = pace.due(0).expect("no write left at once");
                     assert_eq!(next, (100 * (1 - room.min(0))) as u64, "{what}");
                     assert!(!pace.try_take(next - 1) && pace.try_take(next), "{what}");
                 }
@@ -466,7 +468,7 @@ mod tests {
         // Another client spent ARM's bucket down to 30 of the 40 reserved: 11 writes of refill
         // before the next one.
         let pace = ArmPace::reported(None, 30, 40, 0, 0);
-        assert_eq!(pace.ready_at(0), 1_100);
+        assert_eq!(pace.due(0), Some(1_100));
         // A figure of a larger bucket than ARM documents raises the ceiling.
         let mut large = ArmPace::reported(Some(pace), 1_000, 40, 0, 0);
         assert!((0..960).all(|_| large.try_take(0)));
@@ -478,7 +480,7 @@ mod tests {
     fn a_429_halves_arms_pace_and_empties_it_and_accepted_writes_give_it_back() {
         let mut pace = ArmPace::reported(None, 100, 40, 0, 0);
         assert_eq!(pace.throttled(0), 300);
-        assert_eq!(pace.ready_at(0), 200, "one write at 5 a second");
+        assert_eq!(pace.due(0), Some(200), "one write at 5 a second");
         let rates: Vec<u32> = (0..6).map(|_| pace.throttled(0)).collect();
         assert_eq!(rates, [150, 75, 37, 18, 18, 18], "floor: 600 / 32");
         // A new figure keeps the shrunk rate.
@@ -496,18 +498,19 @@ mod tests {
         let mut ahead = ArmPace::reported(None, 40, 40, 0, 3_600_000);
         ahead.bring_in(1_000);
         assert!(ahead.fresh(1_000));
-        assert_eq!(ahead.ready_at(1_000), 1_100);
+        assert_eq!(ahead.due(1_000), Some(1_100));
     }
 
     #[test]
     fn the_largest_budget_at_the_end_of_time_saturates_instead_of_overflowing() {
         let largest = Budget { per_minute: MAX_PER_MINUTE, burst: MAX_BURST };
         let mut bucket = Bucket::full(largest);
-        assert!(bucket.try_take(largest, u64::MAX));
-        assert_eq!(bucket.ready_at(largest, u64::MAX), u64::MAX);
+        assert!((0..MAX_BURST).all(|_| bucket.try_take(largest, u64::MAX)));
+        assert_eq!(bucket.due(largest, u64::MAX), Some(u64::MAX), "never, and not `now`'s token either");
+        assert!(!bucket.try_take(largest, u64::MAX));
         let slowest = Budget { per_minute: 1, burst: 1 };
         let mut bucket = Bucket::full(slowest);
         assert!(bucket.try_take(slowest, u64::MAX - 1));
-        assert_eq!(bucket.ready_at(slowest, u64::MAX - 1), u64::MAX, "saturated, not wrapped");
+        assert_eq!(bucket.due(slowest, u64::MAX - 1), Some(u64::MAX), "saturated, not wrapped");
     }
 }

@@ -277,13 +277,16 @@ impl Tracker {
         taken
     }
 
-    /// When a write of `kind` may next go, if that is after `now`.
+    /// When a write of `kind` may next go, if none may at `now`.
     fn token_due(&self, kind: WriteKind, now: u64) -> Option<u64> {
+        // Not `at > now`: at the end of time a missing token's time saturates to `now`, and
+        // `take_token` would then find none.
         let fixed = self
             .uses_fixed_budget(kind, now)
-            .then(|| self.budget.ready_at(&self.config.write_budgets(), kind, now));
-        let pace = self.fresh_pace(now).map(|p| p.ready_at(now));
-        fixed.into_iter().chain(pace).max().filter(|&at| at > now)
+            .then(|| self.budget.due(&self.config.write_budgets(), kind, now))
+            .flatten();
+        let pace = self.fresh_pace(now).and_then(|p| p.due(now));
+        fixed.into_iter().chain(pace).max()
     }
 
     /// What Azure answered a write of `kind`: a 429 shrinks its budget (and says so), an

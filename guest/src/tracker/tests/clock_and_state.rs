@@ -137,6 +137,36 @@ fn at_the_end_of_time_a_throttled_write_waits_for_its_budget_and_an_import_with_
     assert!(put, "the imported tracker puts the public IP once its budget and backoff allow");
 }
 
+// Regression: fuzz target tracker (fuzz/regressions/tracker/an-address-batch-at-the-end-of-
+// time-*). At now = u64::MAX the time of a missing token saturated to `now`, so `token_due`,
+// which asked whether that time was after `now`, said a write could go, and `take_token` found
+// no token: an address-location batch went out past its write budget (or ARM's pace). Whether a
+// token is due is now whether one is there, at any time.
+#[test]
+fn a_token_is_due_exactly_when_one_can_be_taken_even_at_the_end_of_time() {
+    use crate::budget::{ArmPace, WriteKind};
+    for now in [NOW, u64::MAX - 1, u64::MAX] {
+        // No figure from ARM; one that leaves nothing above the reserve; one that leaves five.
+        for pace in [None, Some(ArmPace::reported(None, 40, 40, 0, now)), Some(ArmPace::reported(None, 45, 40, 0, now))] {
+            for kind in [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm] {
+                let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+                tracker.pace = pace;
+                let mut writes = 0;
+                loop {
+                    let due = tracker.token_due(kind, now);
+                    let taken = tracker.take_token(kind, now);
+                    assert_eq!(due.is_none(), taken, "{kind:?} at {now} after {writes} writes, pace {pace:?}");
+                    if !taken {
+                        break;
+                    }
+                    writes += 1;
+                    assert!(writes < 1_000, "{kind:?}: no budget is that large");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn import_refuses_a_newer_version_and_a_corrupt_payload() {
     assert_eq!(Tracker::import_state(clb(), 99, &[]), Err(StateError::UnsupportedVersion(99)));
