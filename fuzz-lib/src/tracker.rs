@@ -219,8 +219,9 @@ pub struct Hostile {
     collided: bool,
     /// The host's clock went back at some point (the tracker's clock then runs ahead of it).
     stepped_back: bool,
-    /// The host's clock was at `u64::MAX` since the tracker was last made from its state: the
-    /// tracker's clock is there for good (it never goes back), whatever the host's says now.
+    /// The host's clock was within [`NEAR_THE_END_MS`] of `u64::MAX` since the tracker was last
+    /// made from its state: the tracker's clock is there for good (it never goes back), whatever
+    /// the host's says now, and a wait longer than what is left of time never ends.
     ended: bool,
     now: u64,
     /// An answer claimed a 404 the world did not give, or a literal outcome answered a command.
@@ -485,7 +486,7 @@ impl Hostile {
                     Time::Set(ms) => ms,
                 };
                 self.stepped_back |= self.now < before;
-                self.ended |= self.now == u64::MAX;
+                self.ended |= near_the_end(self.now);
             }
             Step::RoundTrip => self.round_trip(),
             Step::Deliver => self.deliver_pending(),
@@ -500,7 +501,7 @@ impl Hostile {
     fn round_trip(&mut self) {
         self.tracker = assert_round_trip(&self.tracker, &self.config, self.now, !self.stepped_back);
         // An imported tracker's clock starts from the host's.
-        self.ended = self.now == u64::MAX;
+        self.ended = near_the_end(self.now);
     }
 
     /// Every command answered truthfully, time running, until the tracker is idle; false when it
@@ -538,14 +539,14 @@ impl Hostile {
             if self.in_flight.is_empty() {
                 let next = wake.filter(|w| *w > self.now).unwrap_or(self.now.saturating_add(1_000));
                 self.now = next.min(self.now.saturating_add(60_000));
-                self.ended |= self.now == u64::MAX;
+                self.ended |= near_the_end(self.now);
             }
         }
         // A refused location waits for the next read of NRP, and there is none at the end of
         // time (the tracker's clock is the host's, or ahead of it after a step back). And once
-        // the tracker's clock is at `u64::MAX` (the host's was, even if it went back since) no
-        // time passes at all, so a write budget that is empty (spent by a burst, or emptied by a
-        // 429) never refills. No host's clock gets there; the harness's does.
+        // the tracker's clock is near `u64::MAX` (the host's was, even if it went back since) too
+        // little time is left for a write budget that is empty (spent by a burst, or emptied by
+        // a 429) to refill. No host's clock gets there; the harness's does.
         let end_of_time = self.now > u64::MAX / 2 || self.stepped_back;
         if self.lied || (self.refused && end_of_time) || self.ended {
             return false;
@@ -643,4 +644,12 @@ pub fn run_hostile(program: &Program) {
             world.check();
         }
     }
+}
+
+/// How near the end of `u64` time the harness's clock may come before a wait can outlast time:
+/// a day, more than any write budget's refill or backoff the tracker waits for.
+const NEAR_THE_END_MS: u64 = 86_400_000;
+
+fn near_the_end(now: u64) -> bool {
+    now >= u64::MAX - NEAR_THE_END_MS
 }
