@@ -7,8 +7,10 @@
 //!   drained for its pool (`<lb>:<pool>`, case-insensitive): for each pool and each IP
 //!   (canonical text; a text that is no IP, trimmed), *the last operation naming it decides* —
 //!   an add puts it in `add`, a remove in `remove`, never both. Operations of a Service that is
-//!   not assigned to the operation's load balancer at the drain are dropped; a pool whose net
-//!   change is empty gives no group. Groups come out sorted by key, numbered in order, named
+//!   not assigned to the operation's load balancer at the drain are dropped, except a
+//!   `delete-pool`, which is kept whatever the assignment; a `delete-pool` forgets every IP named
+//!   before it in the group and marks the group `delete` (its `remove` then empty). A pool whose
+//!   net change is empty and that deletes nothing gives no group. Groups come out sorted by key, numbered in order, named
 //!   as the pool's first drained operation spells them, with their distinct Services in
 //!   arrival order.
 //! * **One group per pool in flight.** A pool with a group drained and not yet reported is not
@@ -17,8 +19,9 @@
 //!   arrival order, each retry counted) while the most-retried has retries left, parking the
 //!   pool until `Retry-After` (capped at five minutes; the latest park wins), else abandon it
 //!   (as every other failure); a requeue of a group whose Services were all removed drops it.
-//!   `remove-operations` cancels a Service's queued operations and keeps its drained ones from
-//!   being requeued; a parked pool with nothing queued is unparked.
+//!   `remove-operations` cancels a Service's queued adds and removes (never a `delete-pool`) and
+//!   keeps its drained ones from being requeued; a parked pool with nothing queued is unparked.
+//!   `created` tells every Service of the group, `deleted` and `unchanged` none.
 //!
 //! The model keeps its own queue; every answer of the real one (groups, dispositions,
 //! `not-before`, status) must equal the model's.
@@ -66,7 +69,12 @@ pub fn encode(max_retries: u32, ops: &[PoolOp]) -> Vec<u8> {
                     e.text(&o.service);
                     e.text(&o.load_balancer);
                     e.text(&o.pool);
-                    e.flag(o.kind == OperationKind::Remove);
+                    // The low bit as before (add 0, remove 1), so older inputs keep their meaning.
+                    e.byte(match o.kind {
+                        OperationKind::Add => 0,
+                        OperationKind::Remove => 1,
+                        OperationKind::DeletePool => 3,
+                    });
                     e.texts(&o.node_ips, 4);
                 }
             }
@@ -90,6 +98,8 @@ pub fn encode(max_retries: u32, ops: &[PoolOp]) -> Vec<u8> {
                 match outcome {
                     GroupOutcome::Updated => e.byte(0),
                     GroupOutcome::Unchanged => e.byte(1),
+                    GroupOutcome::Created => e.byte(4),
+                    GroupOutcome::Deleted => e.byte(5),
                     GroupOutcome::Failed(f) => {
                         e.byte(2);
                         e.failure(&wit_failure(f));
@@ -134,7 +144,11 @@ fn decode(d: &mut Dec<'_>) -> (u32, Vec<PoolOp>) {
                         service: d.text(SERVICES),
                         load_balancer: d.text(LBS),
                         pool: d.text(POOLS),
-                        kind: if d.flag() { OperationKind::Remove } else { OperationKind::Add },
+                        kind: match d.byte() % 4 {
+                            3 => OperationKind::DeletePool,
+                            1 => OperationKind::Remove,
+                            _ => OperationKind::Add,
+                        },
                         node_ips: d.texts(IPS, 4),
                     })
                     .collect(),
@@ -154,9 +168,11 @@ fn decode(d: &mut Dec<'_>) -> (u32, Vec<PoolOp>) {
             ),
             4 => PoolOp::Report(
                 d.byte(),
-                match d.byte() % 4 {
+                match d.byte() % 8 {
                     0 => GroupOutcome::Updated,
                     1 => GroupOutcome::Unchanged,
+                    4 => GroupOutcome::Created,
+                    5 => GroupOutcome::Deleted,
                     _ => {
                         let f = d.failure();
                         GroupOutcome::Failed(Failure {
@@ -201,6 +217,7 @@ pub fn backend_pools(data: &[u8]) {
                     let key = key(&g.load_balancer, &g.pool);
                     assert!(!in_flight.contains(key.as_str()), "pool {key} drained again with a group in flight");
                     assert!(g.add.iter().all(|a| !g.remove.contains(a)), "an IP both added and removed: {g:?}");
+                    assert!(!g.delete || g.remove.is_empty(), "a deleting group removes nothing: {g:?}");
                     assert!(g.add.windows(2).all(|w| w[0] < w[1]) && g.remove.windows(2).all(|w| w[0] < w[1]));
                 }
                 let expected = model.drain(now, assignment);
@@ -279,10 +296,11 @@ impl Model {
     }
 
     fn remove(&mut self, service: &str) -> usize {
+        let cancels = |q: &Queued| q.op.kind != OperationKind::DeletePool && q.op.service.eq_ignore_ascii_case(service);
         let before = self.queue.len();
-        self.queue.retain(|q| !q.op.service.eq_ignore_ascii_case(service));
+        self.queue.retain(|q| !cancels(q));
         for f in self.in_flight.values_mut() {
-            f.ops.retain(|q| !q.op.service.eq_ignore_ascii_case(service));
+            f.ops.retain(|q| !cancels(q));
         }
         let queued: BTreeSet<String> = self.queue.iter().map(|q| key(&q.op.load_balancer, &q.op.pool)).collect();
         self.parked.retain(|k, _| queued.contains(k));
@@ -307,7 +325,9 @@ impl Model {
                 kept.push_back(q);
                 continue;
             }
-            if assigned.get(&q.op.service.to_ascii_lowercase()) != Some(&q.op.load_balancer.to_ascii_lowercase()) {
+            if q.op.kind != OperationKind::DeletePool
+                && assigned.get(&q.op.service.to_ascii_lowercase()) != Some(&q.op.load_balancer.to_ascii_lowercase())
+            {
                 continue;
             }
             taken.entry(k).or_default().push(q);
@@ -317,12 +337,17 @@ impl Model {
         for (k, ops) in taken {
             // The last operation naming an IP decides.
             let mut last: BTreeMap<String, OperationKind> = BTreeMap::new();
+            let mut delete = false;
             for q in &ops {
-                for address in &q.op.node_ips {
+                if q.op.kind == OperationKind::DeletePool {
+                    last.clear();
+                    delete = true;
+                }
+                for address in q.op.node_ips.iter().filter(|_| q.op.kind != OperationKind::DeletePool) {
                     last.insert(canonical(address), q.op.kind);
                 }
             }
-            if last.is_empty() {
+            if last.is_empty() && !delete {
                 continue;
             }
             let mut services: Vec<String> = Vec::new();
@@ -339,8 +364,9 @@ impl Model {
                 load_balancer: ops[0].op.load_balancer.clone(),
                 pool: ops[0].op.pool.clone(),
                 add: pick(OperationKind::Add),
-                remove: pick(OperationKind::Remove),
+                remove: if delete { Vec::new() } else { pick(OperationKind::Remove) },
                 services: services.clone(),
+                delete,
             };
             self.in_flight.insert(
                 id,
@@ -358,8 +384,8 @@ impl Model {
         let _ = (&flight.lb, &flight.pool);
         let every = flight.services.len();
         Some(match outcome {
-            GroupOutcome::Updated => (Disposition::Done, None, every),
-            GroupOutcome::Unchanged => (Disposition::Done, None, 0),
+            GroupOutcome::Updated | GroupOutcome::Created => (Disposition::Done, None, every),
+            GroupOutcome::Unchanged | GroupOutcome::Deleted => (Disposition::Done, None, 0),
             GroupOutcome::Failed(f) => match f.status {
                 404 => (Disposition::Dropped, None, 0),
                 409 | 412 | 429 => {

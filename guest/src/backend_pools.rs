@@ -1,8 +1,10 @@
 //! The backend-pool updater's queue, grouping and retry policy (multi-SLB local-service mode;
 //! upstream §e, PR #10328, improved as design §5 and §i.3 say).
 //!
-//! Producers [`PoolQueue::enqueue`] node-IP changes for a Service's pool; a reconcile that moves
-//! a Service off a load balancer calls [`PoolQueue::remove_operations`]. The host's tick, after
+//! Producers [`PoolQueue::enqueue`] node-IP changes for a Service's pool, and the deletion of a
+//! pool its Service left (upstream's `cleanupLocalServiceBackendPool`, under the same locks as
+//! every other pool write); a reconcile that moves a Service off a load balancer calls
+//! [`PoolQueue::remove_operations`]. The host's tick, after
 //! taking the service reconcile lock and the Azure resource lease, calls
 //! [`PoolQueue::drain_and_group`] with the Service→LB assignment the last reconcile wrote, writes
 //! each group's pool, and hands every outcome back through [`PoolQueue::report`].
@@ -43,11 +45,14 @@ pub const DEFAULT_MAX_RETRIES: u32 = 3;
 /// `LoadBalancerBackendPoolUpdateRetrying` Event.
 pub const MAX_RETRY_AFTER_MS: u64 = 5 * 60_000;
 
-/// Whether an operation puts node IPs into a pool or takes them out of it.
+/// Whether an operation puts node IPs into a pool, takes them out of it, or deletes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OperationKind {
     Add,
     Remove,
+    /// The Service left the pool: it goes. Kept whatever the assignment says, and not
+    /// cancelled by [`PoolQueue::remove_operations`].
+    DeletePool,
 }
 
 /// One change a producer wants made to one Service's backend pool.
@@ -80,6 +85,9 @@ pub struct PoolGroup {
     pub remove: Vec<String>,
     /// Distinct Services, in arrival order, as first spelled.
     pub services: Vec<String>,
+    /// A [`OperationKind::DeletePool`] is in the group: with `add` empty the pool goes, else it
+    /// is made to hold exactly `add` (and `remove` is empty).
+    pub delete: bool,
 }
 
 /// How full the queue is.
@@ -104,6 +112,10 @@ pub struct Failure {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GroupOutcome {
     Updated,
+    /// The pool did not exist and was created.
+    Created,
+    /// The pool was deleted.
+    Deleted,
     Unchanged,
     Failed(Failure),
 }
@@ -248,13 +260,16 @@ impl PoolQueue {
         }));
     }
 
-    /// Cancels every queued operation of `service` and keeps drained ones of it from being
-    /// requeued; returns how many queued operations were removed.
+    /// Cancels every queued add and remove of `service` and keeps drained ones of it from being
+    /// requeued; returns how many queued operations were removed. Its pool deletions stay: the
+    /// pools it left still go (a move calls this and then queues the deletion of the old pool,
+    /// and a second move must not cancel the first one's).
     pub fn remove_operations(&mut self, service: &str) -> usize {
+        let cancelled = |q: &Queued| q.op.kind != OperationKind::DeletePool && q.op.service.eq_ignore_ascii_case(service);
         let before = self.queue.len();
-        self.queue.retain(|q| !q.op.service.eq_ignore_ascii_case(service));
+        self.queue.retain(|q| !cancelled(q));
         for group in self.in_flight.values_mut() {
-            group.ops.retain(|q| !q.op.service.eq_ignore_ascii_case(service));
+            group.ops.retain(|q| !cancelled(q));
         }
         // A parked pool with nothing left to wait for must not keep a wake-up alive.
         let keys = crate::name::set_of(self.queue.iter().map(|q| q.key.as_str()));
@@ -284,9 +299,9 @@ impl PoolQueue {
         }
     }
 
-    /// Takes every operation whose pool is neither parked nor has a group in flight, keeps
-    /// those whose Service is still assigned to the operation's load balancer, and returns one
-    /// group per pool, sorted by key.
+    /// Takes every operation whose pool is neither parked nor has a group in flight, keeps the
+    /// adds and removes whose Service is still assigned to the operation's load balancer (and
+    /// every pool deletion), and returns one group per pool, sorted by key.
     ///
     /// A pool with a group drained and not yet [reported](Self::report) keeps its operations
     /// queued: were they drained now, a requeue of the group in flight (409/412/429) would put
@@ -310,6 +325,7 @@ impl PoolQueue {
             net: BTreeMap<String, bool>,
             services: Vec<String>,
             seen: BTreeSet<String>,
+            delete: bool,
         }
         let mut groups: BTreeMap<String, Building> = BTreeMap::new();
         let mut kept = VecDeque::new();
@@ -319,9 +335,12 @@ impl PoolQueue {
                 continue;
             }
             // Upstream `groupOperations`: not a local Service any more, or moved to another
-            // load balancer ⇒ dropped; the reconcile that changed it re-derives its pools.
+            // load balancer ⇒ dropped; the reconcile that changed it re-derives its pools. A
+            // deletion is what that change asked for, so it stays.
             let service = queued.op.service.to_ascii_lowercase();
+            let deletes = queued.op.kind == OperationKind::DeletePool;
             match assigned.get(&service) {
+                _ if deletes => {}
                 Some(lb) if lb.eq_ignore_ascii_case(&queued.op.load_balancer) => {}
                 _ => continue,
             }
@@ -331,10 +350,17 @@ impl PoolQueue {
                 net: BTreeMap::new(),
                 services: Vec::new(),
                 seen: BTreeSet::new(),
+                delete: false,
             });
-            let present = queued.op.kind == OperationKind::Add;
-            for address in &queued.op.node_ips {
-                building.net.insert(canonical_ip(address), present);
+            if deletes {
+                // What came before no longer counts: the pool goes, or holds only what comes after.
+                building.net.clear();
+                building.delete = true;
+            } else {
+                let present = queued.op.kind == OperationKind::Add;
+                for address in &queued.op.node_ips {
+                    building.net.insert(canonical_ip(address), present);
+                }
             }
             if building.seen.insert(service) {
                 building.services.push(queued.op.service.clone());
@@ -345,10 +371,14 @@ impl PoolQueue {
 
         let mut out = Vec::with_capacity(groups.len());
         for (key, building) in groups {
-            if building.net.is_empty() {
+            if building.net.is_empty() && !building.delete {
                 continue;
             }
-            let (add, remove): (Vec<_>, Vec<_>) = building.net.into_iter().partition(|(_, present)| *present);
+            let (add, mut remove): (Vec<_>, Vec<_>) = building.net.into_iter().partition(|(_, present)| *present);
+            if building.delete {
+                // The pool goes or is replaced: nothing in it is left to take out.
+                remove.clear();
+            }
             let id = self.next_group;
             self.next_group += 1;
             let group = PoolGroup {
@@ -358,6 +388,7 @@ impl PoolQueue {
                 add: add.into_iter().map(|(ip, _)| ip).collect(),
                 remove: remove.into_iter().map(|(ip, _)| ip).collect(),
                 services: building.services.clone(),
+                delete: building.delete,
             };
             self.in_flight.insert(
                 id,
@@ -397,7 +428,13 @@ impl PoolQueue {
                 not_before_ms: None,
                 events: events(EventType::Normal, REASON_UPDATED, format!("backend pool {pool} updated")),
             },
-            GroupOutcome::Unchanged => {
+            GroupOutcome::Created => GroupReport {
+                disposition: Disposition::Done,
+                not_before_ms: None,
+                events: events(EventType::Normal, REASON_UPDATED, format!("backend pool {pool} created")),
+            },
+            // Its Services left it: nothing to tell them.
+            GroupOutcome::Deleted | GroupOutcome::Unchanged => {
                 GroupReport { disposition: Disposition::Done, not_before_ms: None, events: vec![] }
             }
             GroupOutcome::Failed(failure) => match classify(failure) {
@@ -908,6 +945,70 @@ mod tests {
         let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
         q.report(0, g.id, &failed(409, None)).unwrap();
         assert!(q.drain_and_group(0, &assign(&[("ns/a", "lb2")])).is_empty());
+        assert!(q.is_empty());
+    }
+
+    fn delete(service: &str, lb: &str, pool: &str) -> PoolOperation {
+        op(service, lb, pool, OperationKind::DeletePool, &[])
+    }
+
+    // Upstream cleanupLocalServiceBackendPool: the pool of a Service that went (or moved) is
+    // deleted, under the tick's locks like every other pool write.
+    #[test]
+    fn the_pool_of_a_service_that_left_is_deleted_whatever_the_assignment_says() {
+        let mut q = PoolQueue::default();
+        q.enqueue([add("ns/a", "lb1", "ns-a", &["10.0.0.1"]), delete("ns/a", "lb1", "ns-a")]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb2")]));
+        assert_eq!(keys(&groups), strings(&["lb1:ns-a"]));
+        let g = &groups[0];
+        assert!(g.delete && g.add.is_empty() && g.remove.is_empty(), "{g:?}");
+        assert_eq!(g.services, strings(&["ns/a"]));
+        let report = q.report(0, g.id, &GroupOutcome::Deleted).unwrap();
+        assert_eq!(report.disposition, Disposition::Done);
+        assert!(report.events.is_empty(), "the Service left the pool: nothing to tell it");
+    }
+
+    #[test]
+    fn a_service_back_on_a_pool_it_left_makes_the_pool_hold_exactly_what_came_after_the_deletion() {
+        let mut q = PoolQueue::default();
+        q.enqueue([
+            add("ns/a", "lb1", "ns-a", &["10.0.0.1"]),
+            delete("ns/a", "lb1", "ns-a"),
+            remove("ns/a", "lb1", "ns-a", &["10.0.0.9"]),
+            add("ns/a", "lb1", "ns-a", &["10.0.0.2"]),
+        ]);
+        let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
+        assert!(g.delete, "{g:?}");
+        assert_eq!((g.add.clone(), g.remove.clone()), (strings(&["10.0.0.2"]), vec![]));
+        let report = q.report(0, g.id, &GroupOutcome::Created).unwrap();
+        assert_eq!(report.events.len(), 1);
+        assert_eq!(report.events[0].reason, REASON_UPDATED);
+        assert!(report.events[0].message.contains("created"), "{:?}", report.events[0]);
+    }
+
+    #[test]
+    fn removing_a_services_operations_keeps_the_deletion_of_a_pool_it_left() {
+        let mut q = PoolQueue::default();
+        // Moved lb1 -> lb2, then lb2 -> lb3 before a tick: both old pools go.
+        q.enqueue([delete("ns/a", "lb1", "ns-a"), add("ns/a", "lb2", "ns-a", &["10.0.0.1"])]);
+        assert_eq!(q.remove_operations("ns/a"), 1, "the add only");
+        q.enqueue([delete("ns/a", "lb2", "ns-a"), add("ns/a", "lb3", "ns-a", &["10.0.0.1"])]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb3")]));
+        assert_eq!(keys(&groups), strings(&["lb1:ns-a", "lb2:ns-a", "lb3:ns-a"]));
+        assert_eq!(groups.iter().map(|g| g.delete).collect::<Vec<_>>(), [true, true, false]);
+    }
+
+    #[test]
+    fn a_throttled_deletion_is_retried_and_a_failed_one_warns_its_service() {
+        let mut q = PoolQueue::new(1);
+        q.enqueue([delete("ns/a", "lb1", "ns-a")]);
+        let g = q.drain_and_group(0, &[]).remove(0);
+        assert_eq!(q.report(0, g.id, &failed(429, None)).unwrap().disposition, Disposition::Requeued);
+        let g = q.drain_and_group(0, &[]).remove(0);
+        assert!(g.delete);
+        let report = q.report(0, g.id, &failed(500, None)).unwrap();
+        assert_eq!(report.disposition, Disposition::Abandoned);
+        assert_eq!(report.events.iter().map(|e| e.event_type).collect::<Vec<_>>(), [EventType::Warning]);
         assert!(q.is_empty());
     }
 }

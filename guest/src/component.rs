@@ -150,7 +150,10 @@ impl wit_pools::Guest for Component {
         };
         match placement::place_service(&configurations, &service.into(), &facts) {
             Ok(None) => wit_pools::Placement::NotLocal,
-            Ok(Some(p)) => wit_pools::Placement::At(wit_pools::ServicePlacement { load_balancer: p.load_balancer, pool: p.pool }),
+            Ok(Some(p)) => wit_pools::Placement::At(wit_pools::ServicePlacement {
+                load_balancer: p.load_balancer,
+                pools: p.pools.into_iter().map(|f| wit_pools::FamilyPool { ipv6: f.ipv6, name: f.name }).collect(),
+            }),
             Err(why) => wit_pools::Placement::Refused(why),
         }
     }
@@ -171,6 +174,7 @@ impl wit_pools::GuestPoolQueue for PoolQueueResource {
             kind: match o.kind {
                 wit_pools::OperationKind::Add => pools::OperationKind::Add,
                 wit_pools::OperationKind::Remove => pools::OperationKind::Remove,
+                wit_pools::OperationKind::DeletePool => pools::OperationKind::DeletePool,
             },
             node_ips: o.node_ips,
         }));
@@ -204,6 +208,7 @@ impl wit_pools::GuestPoolQueue for PoolQueueResource {
                 add: g.add,
                 remove: g.remove,
                 services: g.services,
+                delete: g.delete,
             })
             .collect()
     }
@@ -212,6 +217,8 @@ impl wit_pools::GuestPoolQueue for PoolQueueResource {
         install_panic_hook();
         let outcome = match outcome {
             wit_pools::GroupOutcome::Updated => pools::GroupOutcome::Updated,
+            wit_pools::GroupOutcome::Created => pools::GroupOutcome::Created,
+            wit_pools::GroupOutcome::Deleted => pools::GroupOutcome::Deleted,
             wit_pools::GroupOutcome::Unchanged => pools::GroupOutcome::Unchanged,
             wit_pools::GroupOutcome::Failed(f) => pools::GroupOutcome::Failed(pools::Failure {
                 status: f.status,

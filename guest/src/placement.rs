@@ -88,11 +88,19 @@ pub struct PlacementFacts {
     pub load_balancers: Vec<ExistingLoadBalancer>,
 }
 
-/// Where a local Service's backend pool lives.
+/// Where a local Service's backend pools live.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub load_balancer: String,
-    pub pool: String,
+    /// One per family the Service serves, IPv4 first ([`local_pools`]).
+    pub pools: Vec<FamilyPool>,
+}
+
+/// One of a local Service's own backend pools: the nodes' InternalIPs of one family go into it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyPool {
+    pub ipv6: bool,
+    pub name: String,
 }
 
 /// Whether the Service is a local Service this mode places.
@@ -103,9 +111,25 @@ pub fn is_local_service(service: &Service) -> bool {
     load_balancer && local && !service.deleting && !other_class
 }
 
-/// The backend pool of a local Service on its load balancer.
-pub fn local_pool_name(service: &Service) -> String {
-    format!("{}-{}", service.namespace, service.name)
+/// The backend pool of a local Service's family on its load balancer (upstream's
+/// `getLocalServiceBackendPoolName`: `<namespace>-<name>`, `-ipv6` for IPv6, lower-cased).
+pub fn local_pool_name(service: &Service, ipv6: bool) -> String {
+    let name = format!("{}-{}", service.namespace, service.name).to_ascii_lowercase();
+    if ipv6 { format!("{name}-ipv6") } else { name }
+}
+
+/// The pools of a local Service, one per family it serves, IPv4 first: upstream's
+/// `getServiceIPFamily` reads two families as dual-stack, a family `IPv6` as IPv6, anything
+/// else (no family included) as IPv4.
+pub fn local_pools(service: &Service) -> Vec<FamilyPool> {
+    let families: &[bool] = if service.ip_families.len() > 1 {
+        &[false, true]
+    } else if service.ip_families.iter().any(|f| f == "IPv6") {
+        &[true]
+    } else {
+        &[false]
+    };
+    families.iter().map(|&ipv6| FamilyPool { ipv6, name: local_pool_name(service, ipv6) }).collect()
 }
 
 /// The names the annotation lists, lower-cased and trimmed (upstream's
@@ -269,7 +293,7 @@ pub fn most_eligible<'e>(
     fewest.map(|(_, name)| name)
 }
 
-/// The load balancer (and pool) of a Service; `Ok(None)` when it is not a local Service; an
+/// The load balancer (and pools) of a Service; `Ok(None)` when it is not a local Service; an
 /// error (upstream's words) when it is one that cannot be placed.
 pub fn place_service(
     configurations: &[SlbConfiguration],
@@ -291,7 +315,7 @@ pub fn place_service(
             names.join(", ")
         ));
     };
-    Ok(Some(Placement { load_balancer: chosen.to_owned(), pool: local_pool_name(service) }))
+    Ok(Some(Placement { load_balancer: chosen.to_owned(), pools: local_pools(service) }))
 }
 
 #[cfg(test)]
@@ -590,7 +614,8 @@ mod tests {
     fn a_local_service_without_the_annotation_goes_on_the_first_configuration() {
         let facts = PlacementFacts::default();
         let placement = place_service(&[lb("kubernetes", None), lb("lb2", None)], &local(None), &facts).unwrap();
-        assert_eq!(placement, Some(Placement { load_balancer: "kubernetes".into(), pool: "shop-web".into() }));
+        let pools = vec![FamilyPool { ipv6: false, name: "shop-web".into() }];
+        assert_eq!(placement, Some(Placement { load_balancer: "kubernetes".into(), pools }));
     }
 
     #[test]
@@ -659,9 +684,25 @@ mod tests {
         assert_eq!(placed_on(&[lb("kubernetes", None)], &service).as_deref(), Some("kubernetes"));
     }
 
+    // Upstream TestGetBackendPoolNamesAndIDsForService (which only calls the functions) and
+    // getLocalServiceBackendPoolName with getServiceIPFamily: a local Service's pools are named
+    // after its namespace and name, lower-cased, `-ipv6` for the IPv6 one, one per family it
+    // serves.
     #[test]
-    fn the_pool_is_named_after_the_namespace_and_the_name() {
-        assert_eq!(local_pool_name(&local(None)), "shop-web");
+    fn a_local_service_has_a_pool_per_family_it_serves_named_after_its_namespace_and_name() {
+        let names = |families: &[&str]| {
+            let mut service = local(None);
+            service.name = "Web".into();
+            service.ip_families = families.iter().map(|f| f.to_string()).collect();
+            local_pools(&service).into_iter().map(|p| (p.ipv6, p.name)).collect::<Vec<_>>()
+        };
+        let v4 = (false, "shop-web".to_owned());
+        let v6 = (true, "shop-web-ipv6".to_owned());
+        assert_eq!(names(&[]), std::slice::from_ref(&v4), "no family: IPv4, as upstream's default");
+        assert_eq!(names(&["IPv4"]), std::slice::from_ref(&v4));
+        assert_eq!(names(&["IPv6"]), std::slice::from_ref(&v6));
+        assert_eq!(names(&["IPv6", "IPv4"]), [v4.clone(), v6.clone()], "dual-stack: both, IPv4 first");
+        assert_eq!(names(&["IPv4", "IPv6"]), [v4, v6]);
     }
 
     mod properties {

@@ -15,8 +15,12 @@
 //! The drain happens inside the guest call `drain-and-group`, after both outer locks: a lock
 //! failure drains nothing (nothing to requeue), and a `remove_operations` from a reconcile still
 //! cancels anything queued. An unlock failure is a warning and a counter: the pools were written.
+//!
+//! Pools are made and removed here too, under the same locks: a group whose pool does not exist
+//! creates it (upstream creates it with the load balancer's reconcile), and a group that deletes
+//! (its Service went or moved: upstream's `cleanupLocalServiceBackendPool`) deletes it.
 
-use crate::azure::{AzureApi, AzureError, BackendAddress, PoolRef};
+use crate::azure::{AzureApi, AzureError, BackendAddress, BackendPool, PoolRef};
 use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
@@ -158,6 +162,10 @@ pub struct PoolUpdaterStats {
     pub unlock_failures: AtomicU64,
     pub groups_written: AtomicU64,
     pub groups_unchanged: AtomicU64,
+    /// Pools that did not exist and were created (also counted in `groups_written`).
+    pub pools_created: AtomicU64,
+    /// Pools deleted because their Service went or moved (also counted in `groups_written`).
+    pub pools_deleted: AtomicU64,
     pub groups_failed: AtomicU64,
     pub event_failures: AtomicU64,
     /// Local Services placement refused, counted once per distinct reason.
@@ -180,6 +188,9 @@ pub enum Tick {
 pub struct TickSummary {
     pub groups: usize,
     pub written: usize,
+    /// Of `written`: pools that did not exist and were created, and pools deleted.
+    pub created: usize,
+    pub deleted: usize,
     pub unchanged: usize,
     pub requeued: usize,
     pub dropped: usize,
@@ -454,9 +465,20 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         for group in &groups {
             let outcome = self.apply(group).await;
             match &outcome {
-                GroupOutcome::Updated => {
+                GroupOutcome::Updated | GroupOutcome::Created | GroupOutcome::Deleted => {
                     summary.written += 1;
                     self.stats.groups_written.fetch_add(1, Ordering::Relaxed);
+                    let made = match outcome {
+                        GroupOutcome::Created => Some((&self.stats.pools_created, "created")),
+                        GroupOutcome::Deleted => Some((&self.stats.pools_deleted, "deleted")),
+                        _ => None,
+                    };
+                    summary.created += usize::from(matches!(outcome, GroupOutcome::Created));
+                    summary.deleted += usize::from(matches!(outcome, GroupOutcome::Deleted));
+                    if let Some((counter, what)) = made {
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(load_balancer = %group.load_balancer, pool = %group.pool, services = ?group.services, "backend pool {what}");
+                    }
                 }
                 GroupOutcome::Unchanged => {
                     summary.unchanged += 1;
@@ -489,16 +511,35 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         Ok(summary)
     }
 
-    /// GET the pool, apply the group's change, PUT with `If-Match` only when it changed.
+    /// GET the pool, apply the group's change, PUT with `If-Match` only when it changed; a pool
+    /// that is not there is created when the group adds to it (a PUT without `If-Match`), and a
+    /// group that deletes with nothing to add deletes it (ARM answers 204 for one already gone;
+    /// a 404, its load balancer gone, is unchanged too).
     async fn apply(&self, group: &PoolGroup) -> GroupOutcome {
         let pool_ref = PoolRef { load_balancer: group.load_balancer.clone(), pool: group.pool.clone() };
+        if group.delete && group.add.is_empty() {
+            return match self.azure.delete_backend_pool(&pool_ref).await {
+                Ok(()) => GroupOutcome::Deleted,
+                Err(err) if err.status == 404 => GroupOutcome::Unchanged,
+                Err(err) => GroupOutcome::Failed(failure_of(&err)),
+            };
+        }
         let (mut pool, etag) = match self.azure.get_backend_pool(&pool_ref).await {
-            Ok(read) => read,
+            Ok((pool, etag)) => (pool, Some(etag)),
+            // Not there, and the group has something for it: made now. Were its load balancer
+            // gone, the PUT answers 404 too, and the guest drops the group.
+            Err(err) if err.status == 404 && !group.add.is_empty() => (BackendPool::default(), None),
             Err(err) => return GroupOutcome::Failed(failure_of(&err)),
         };
-        let remove: BTreeSet<String> = group.remove.iter().map(|ip| address_key(ip)).collect();
         let before = pool.addresses.len();
-        pool.addresses.retain(|a| !remove.contains(&address_key(&a.ip_address)));
+        if group.delete {
+            // The Service left the pool and came back: it holds exactly what came since.
+            let keep: BTreeSet<String> = group.add.iter().map(|ip| address_key(ip)).collect();
+            pool.addresses.retain(|a| keep.contains(&address_key(&a.ip_address)));
+        } else {
+            let remove: BTreeSet<String> = group.remove.iter().map(|ip| address_key(ip)).collect();
+            pool.addresses.retain(|a| !remove.contains(&address_key(&a.ip_address)));
+        }
         let mut changed = pool.addresses.len() != before;
         let mut present: BTreeSet<String> = pool.addresses.iter().map(|a| address_key(&a.ip_address)).collect();
         {
@@ -515,7 +556,8 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         if !changed {
             return GroupOutcome::Unchanged;
         }
-        match self.azure.put_backend_pool(&pool_ref, &pool, Some(&etag)).await {
+        match self.azure.put_backend_pool(&pool_ref, &pool, etag.as_ref()).await {
+            Ok(()) if etag.is_none() => GroupOutcome::Created,
             Ok(()) => GroupOutcome::Updated,
             Err(err) => GroupOutcome::Failed(failure_of(&err)),
         }

@@ -382,11 +382,12 @@ mod tests {
     #[test]
     fn the_built_in_component_raw_is_no_larger_than_its_ceiling() {
         // A ratchet, lowered as the component shrinks, raised only for a new or widened export
-        // by its measured cost (twice: `tracker.stats`, +42,933 bytes; upstream's placement in
-        // `place-service` with `service.labels`, +21,059): the goal is 700,000 bytes (it fits a
+        // by its measured cost (`tracker.stats`, +42,933 bytes; upstream's placement in
+        // `place-service` with `service.labels`, +21,059; pools created and deleted by the
+        // queue and a pool per IP family, +1,799): the goal is 700,000 bytes (it fits a
         // ConfigMap raw with room to grow), not reached yet. Where the bytes go and how it was
         // measured: BENCHMARKS.md, "Where the component's bytes go".
-        const CEILING: usize = 1_127_000;
+        const CEILING: usize = 1_128_600;
         let raw = crate::BUILTIN_GUEST.len();
         assert!(
             raw <= CEILING,

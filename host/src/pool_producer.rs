@@ -1,10 +1,14 @@
 //! The producer of the backend-pool updater (multi-SLB local-service mode, upstream §e, design
 //! §5): for one local Service at a time, the node IPs of its ready endpoints against what was
 //! enqueued for it last, turned into [`PoolOperation`]s (upstream's
-//! `applyIPChangesAmongLocalServiceBackendPoolsByIPFamily`: a remove of the IPs no longer
-//! expected, an add of the whole expected list). A Service new to a load balancer (or moved to
+//! `applyIPChangesAmongLocalServiceBackendPoolsByIPFamily`: per pool, the IPs of its family, a
+//! remove of those no longer expected and an add of the whole expected list). A Service has a
+//! pool per family it serves (the guest's placement names them); one that stops serving a
+//! family has that family's pool deleted. A Service new to a load balancer (or moved to
 //! another) starts from what its pool holds in Azure, as a reconcile that read the load balancer
-//! would; its operations queued for the old pool are dropped.
+//! would; its operations queued for the old pool are dropped and the old pool is deleted, as it
+//! is when the Service goes (upstream's `cleanupLocalServiceBackendPool`). The queue does both
+//! writes in the updater's tick, under its locks.
 //!
 //! Shared by `simulate` (which recomputes every Service when the cluster changes) and `run`
 //! (`crate::live::pools`, which recomputes only the Services a change touched). Both call it under
@@ -15,7 +19,8 @@ use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ResourceLock};
 use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    ExistingLoadBalancer, OperationKind, Placement, PlacementFacts, PoolOperation, ServicePlacement, SlbConfiguration,
+    ExistingLoadBalancer, FamilyPool, OperationKind, Placement, PlacementFacts, PoolOperation, ServicePlacement,
+    SlbConfiguration,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -25,14 +30,15 @@ pub fn canonical_ip(text: &str) -> String {
     text.trim().parse::<IpAddr>().map(|ip| ip.to_string()).unwrap_or_else(|_| text.trim().to_owned())
 }
 
-/// A Node's IPv4 InternalIPs, canonical: the addresses local-service pools hold.
-pub fn node_ipv4s(node: &wit::Node) -> Vec<String> {
-    node.internal_ips
-        .iter()
-        .filter_map(|ip| ip.trim().parse::<IpAddr>().ok())
-        .filter(IpAddr::is_ipv4)
-        .map(|ip| ip.to_string())
-        .collect()
+/// A Node's InternalIPs of both families, canonical (what is not an IP left out): the
+/// addresses local-service pools hold, each in the pool of its family.
+pub fn node_ips(node: &wit::Node) -> Vec<String> {
+    node.internal_ips.iter().filter_map(|ip| ip.trim().parse::<IpAddr>().ok()).map(|ip| ip.to_string()).collect()
+}
+
+/// Whether a canonical IP belongs in the pool (IPv6 in the IPv6 pool, the rest in the IPv4 one).
+fn of_family(ip: &str, pool: &FamilyPool) -> bool {
+    ip.parse::<IpAddr>().is_ok_and(|ip| ip.is_ipv6()) == pool.ipv6
 }
 
 /// The node IPs of the ready endpoints of the Service with `uid` among `slices` (a slice being
@@ -53,12 +59,24 @@ pub fn ready_node_ips<'s>(
         .collect()
 }
 
-fn same_placement(a: &ServicePlacement, b: &ServicePlacement) -> bool {
-    a.load_balancer.eq_ignore_ascii_case(&b.load_balancer) && a.pool.eq_ignore_ascii_case(&b.pool)
+/// The pools of `placement` as `<lb>:<pool>` text, for notes.
+fn pools_text(placement: &ServicePlacement) -> String {
+    let names: Vec<&str> = placement.pools.iter().map(|p| p.name.as_str()).collect();
+    format!("{}:{}", placement.load_balancer, names.join("+"))
 }
 
 fn ip_list(ips: &[String]) -> String {
     format!("[{}]", ips.join(", "))
+}
+
+/// The note of one enqueued operation (`simulate`'s log, `run`'s debug lines).
+fn enqueued(op: &PoolOperation) -> String {
+    let (service, lb, pool) = (&op.service, &op.load_balancer, &op.pool);
+    match op.kind {
+        OperationKind::Add => format!("enqueue {service} add {lb}:{pool} {}", ip_list(&op.node_ips)),
+        OperationKind::Remove => format!("enqueue {service} remove {lb}:{pool} {}", ip_list(&op.node_ips)),
+        OperationKind::DeletePool => format!("enqueue {service} delete {lb}:{pool}"),
+    }
 }
 
 /// What the producer last enqueued for one local Service.
@@ -66,8 +84,8 @@ struct Produced {
     /// `namespace/name` as spelled.
     service: String,
     placement: ServicePlacement,
-    /// Canonical node IPs.
-    ips: BTreeSet<String>,
+    /// Lower-cased pool name → the canonical node IPs of its family enqueued for it last.
+    ips: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// The producer's memory: per local Service, what it enqueued last.
@@ -84,10 +102,15 @@ impl PoolProducer {
         Self::default()
     }
 
-    /// Whether [`update`](Self::update) needs the pool's addresses in Azure for this Service: it
-    /// is new to the producer, or placed on another pool than before.
-    pub fn needs_pool_contents(&self, service: &str, placement: &ServicePlacement) -> bool {
-        self.known.get(&service.to_ascii_lowercase()).is_none_or(|before| !same_placement(&before.placement, placement))
+    /// The pools of `placement` whose addresses in Azure [`update`](Self::update) needs: those
+    /// the Service is new to (it is new to the producer, moved to another load balancer, or
+    /// serves a new family).
+    pub fn pools_needing_contents<'p>(&self, service: &str, placement: &'p ServicePlacement) -> Vec<&'p str> {
+        let before = self.known.get(&service.to_ascii_lowercase());
+        let same_lb = |b: &&Produced| b.placement.load_balancer.eq_ignore_ascii_case(&placement.load_balancer);
+        let known = before.filter(same_lb).map(|b| &b.ips);
+        let new = |pool: &&FamilyPool| known.is_none_or(|ips| !ips.contains_key(&pool.name.to_ascii_lowercase()));
+        placement.pools.iter().filter(new).map(|p| p.name.as_str()).collect()
     }
 
     /// Where `service` goes (upstream's placement, in the guest): the load balancer it was placed
@@ -139,10 +162,11 @@ impl PoolProducer {
     }
 
     /// Records that `service` (`namespace/name`) is a local Service at `placement` whose ready
-    /// endpoints are on the nodes with `ips`, and enqueues the change against what was enqueued
-    /// for it last; `pool_contents` (canonical IPs) is called when
-    /// [`needs_pool_contents`](Self::needs_pool_contents) says so. One line per thing done goes
-    /// to `notes`.
+    /// endpoints are on the nodes with `ips` (both families), and enqueues the change of each of
+    /// its pools against what was enqueued for it last; `pool_contents` (a pool's canonical IPs
+    /// in Azure) is called for the pools [`pools_needing_contents`](Self::pools_needing_contents)
+    /// names. A pool the Service left (it moved, or serves a family no more) is deleted. One line
+    /// per thing done goes to `notes`.
     #[allow(clippy::too_many_arguments)] // each is one thing the caller has in hand
     pub fn update<A: AzureApi, L: ResourceLock, K: KubeApi>(
         &mut self,
@@ -151,48 +175,70 @@ impl PoolProducer {
         service: &str,
         placement: ServicePlacement,
         ips: BTreeSet<String>,
-        pool_contents: impl FnOnce() -> BTreeSet<String>,
+        mut pool_contents: impl FnMut(&str) -> BTreeSet<String>,
         notes: &mut Vec<String>,
     ) -> Result<(), PoolUpdaterError> {
         let folded = service.to_ascii_lowercase();
-        let baseline = match self.known.get(&folded) {
-            Some(before) if same_placement(&before.placement, &placement) => before.ips.clone(),
-            before => {
-                if let Some(before) = before {
-                    let dropped = updater.remove_operations(service)?;
-                    notes.push(format!(
-                        "{service} moved {}:{} → {}:{}: {dropped} queued operation(s) dropped",
-                        before.placement.load_balancer, before.placement.pool, placement.load_balancer, placement.pool
-                    ));
+        let mut operations = Vec::new();
+        let deletion = |lb: &str, pool: &str| PoolOperation {
+            service: service.to_owned(),
+            load_balancer: lb.to_owned(),
+            pool: pool.to_owned(),
+            kind: OperationKind::DeletePool,
+            node_ips: Vec::new(),
+        };
+        let mut before_ips = match self.known.get(&folded) {
+            Some(before) if before.placement.load_balancer.eq_ignore_ascii_case(&placement.load_balancer) => {
+                // The same load balancer: a family the Service serves no more loses its pool.
+                let wanted: BTreeSet<String> = placement.pools.iter().map(|p| p.name.to_ascii_lowercase()).collect();
+                for pool in before.placement.pools.iter().filter(|p| !wanted.contains(&p.name.to_ascii_lowercase())) {
+                    operations.push(deletion(&before.placement.load_balancer, &pool.name));
                 }
-                pool_contents()
+                before.ips.clone()
             }
+            Some(before) => {
+                let dropped = updater.remove_operations(service)?;
+                notes.push(format!(
+                    "{service} moved {} → {}: {dropped} queued operation(s) dropped",
+                    pools_text(&before.placement),
+                    pools_text(&placement)
+                ));
+                for pool in &before.placement.pools {
+                    operations.push(deletion(&before.placement.load_balancer, &pool.name));
+                }
+                BTreeMap::new()
+            }
+            None => BTreeMap::new(),
         };
         updater.assign(reconciling, service, Some(&placement.load_balancer));
-        let operation = |kind, node_ips| PoolOperation {
-            service: service.to_owned(),
-            load_balancer: placement.load_balancer.clone(),
-            pool: placement.pool.clone(),
-            kind,
-            node_ips,
-        };
-        let mut operations = Vec::new();
-        let gone: Vec<String> = baseline.difference(&ips).cloned().collect();
-        if !gone.is_empty() {
-            operations.push(operation(OperationKind::Remove, gone));
-        }
-        if ips != baseline && !ips.is_empty() {
-            operations.push(operation(OperationKind::Add, ips.iter().cloned().collect()));
+        let mut produced = BTreeMap::new();
+        for pool in &placement.pools {
+            let key = pool.name.to_ascii_lowercase();
+            let baseline = before_ips.remove(&key).unwrap_or_else(|| pool_contents(&pool.name));
+            let wanted: BTreeSet<String> = ips.iter().filter(|ip| of_family(ip, pool)).cloned().collect();
+            let operation = |kind, node_ips| PoolOperation {
+                service: service.to_owned(),
+                load_balancer: placement.load_balancer.clone(),
+                pool: pool.name.clone(),
+                kind,
+                node_ips,
+            };
+            let gone: Vec<String> = baseline.difference(&wanted).cloned().collect();
+            if !gone.is_empty() {
+                operations.push(operation(OperationKind::Remove, gone));
+            }
+            if wanted != baseline && !wanted.is_empty() {
+                operations.push(operation(OperationKind::Add, wanted.iter().cloned().collect()));
+            }
+            produced.insert(key, wanted);
         }
         if !operations.is_empty() {
             updater.enqueue(&operations)?;
             for op in &operations {
-                let sign = if op.kind == OperationKind::Add { "add" } else { "remove" };
-                let (lb, pool) = (&op.load_balancer, &op.pool);
-                notes.push(format!("enqueue {service} {sign} {lb}:{pool} {}", ip_list(&op.node_ips)));
+                notes.push(enqueued(op));
             }
         }
-        self.known.insert(folded, Produced { service: service.to_owned(), placement, ips });
+        self.known.insert(folded, Produced { service: service.to_owned(), placement, ips: produced });
         Ok(())
     }
 
@@ -210,6 +256,20 @@ impl PoolProducer {
         let dropped = updater.remove_operations(&before.service)?;
         updater.assign(reconciling, &before.service, None);
         notes.push(format!("{} is no longer a local Service: {dropped} queued operation(s) dropped", before.service));
+        let deletions: Vec<PoolOperation> = before
+            .placement
+            .pools
+            .iter()
+            .map(|pool| PoolOperation {
+                service: before.service.clone(),
+                load_balancer: before.placement.load_balancer.clone(),
+                pool: pool.name.clone(),
+                kind: OperationKind::DeletePool,
+                node_ips: Vec::new(),
+            })
+            .collect();
+        updater.enqueue(&deletions)?;
+        notes.extend(deletions.iter().map(enqueued));
         Ok(())
     }
 }

@@ -54,6 +54,7 @@ fn to_wit(op: &native::PoolOperation) -> wit::PoolOperation {
         kind: match op.kind {
             native::OperationKind::Add => wit::OperationKind::Add,
             native::OperationKind::Remove => wit::OperationKind::Remove,
+            native::OperationKind::DeletePool => wit::OperationKind::DeletePool,
         },
         node_ips: op.node_ips.clone(),
     }

@@ -145,6 +145,7 @@ async fn call(api: &impl AzureApi, op: Operation) -> Result<String, AzureError> 
         // Disassociating, as a teardown does before the delete.
         Operation::PutNatGateway => format!("{:?}", api.put_nat_gateway(&nat_gateway("egress-1", false)).await?),
         Operation::DeleteNatGateway => format!("{:?}", api.delete_nat_gateway("spare-natgw").await?),
+        Operation::DeleteBackendPool => format!("{:?}", api.delete_backend_pool(&svc1_pool()).await?),
         Operation::PutBackendPool => {
             // The read is not the faulted call; the write with its ETag is.
             let (mut pool, etag) = api.get_backend_pool(&svc1_pool()).await.expect("the pool reads");

@@ -92,6 +92,10 @@ impl AzureApi for Gated {
         self.gate.pass(Operation::PutBackendPool).await;
         self.emulator.put_backend_pool(pool, c, m).await
     }
+    async fn delete_backend_pool(&self, pool: &PoolRef) -> Result<(), AzureError> {
+        self.gate.pass(Operation::DeleteBackendPool).await;
+        self.emulator.delete_backend_pool(pool).await
+    }
     async fn list_nat_gateways(&self) -> Result<Vec<ListedNatGateway>, AzureError> {
         self.emulator.list_nat_gateways().await
     }
@@ -300,7 +304,7 @@ async fn a_change_already_in_the_pool_is_not_written() {
 async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and_nothing_when_it_does_not() {
     use clb_host::pool_producer::{PoolProducer, ready_node_ips};
     use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-    use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::ServicePlacement;
+    use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{FamilyPool, ServicePlacement};
     use std::collections::{BTreeMap, BTreeSet};
     let f = fixture().await;
     let node_ips: BTreeMap<String, Vec<String>> =
@@ -321,13 +325,14 @@ async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and
             .collect(),
         deleting: false,
     };
-    let placement = || ServicePlacement { load_balancer: "lb1".into(), pool: POOL.into() };
+    let placement =
+        || ServicePlacement { load_balancer: "lb1".into(), pools: vec![FamilyPool { ipv6: false, name: POOL.into() }] };
     let mut producer = PoolProducer::new();
     let mut update = |nodes: &[&str]| {
         let ips = ready_node_ips("uid-1", [&slice(nodes)], &node_ips);
         let mut notes = Vec::new();
         let held = f.updater.service_lock().try_lock().expect("the service lock is free");
-        producer.update(&f.updater, &held, "test/svc1", placement(), ips, BTreeSet::new, &mut notes).unwrap();
+        producer.update(&f.updater, &held, "test/svc1", placement(), ips, |_: &str| BTreeSet::new(), &mut notes).unwrap();
         notes
     };
     assert_eq!(update(&["node1"]), vec![format!("enqueue test/svc1 add lb1:{POOL} [10.0.0.1]")]);
@@ -345,6 +350,75 @@ async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and
     assert_eq!(f.updater.status().unwrap().queued, 3, "nothing more queued");
     assert_eq!(ran(f.updater.tick().await.unwrap()).written, 1);
     assert_eq!(pool_ips(&f.emulator, "lb1"), vec!["10.0.0.2"]);
+}
+
+// Upstream TestCheckAndApplyLocalServiceBackendPoolUpdates "should update backend pool as
+// expected": nodes with an IPv4 and an IPv6 InternalIP, a Service with a pool of each family on
+// lb1 holding node1's address of that family, its endpoints now on node2: the tick writes each
+// pool once (one GET and one PUT each) to hold node2's address of its family. Here the pools are
+// the Service's families' (a dual-stack Service); upstream keeps every pool the Service owns on
+// the load balancer in line, whatever its family. "should not report an error if failed to get
+// the endpointslice": with no endpoints here the pools are emptied, where upstream leaves them.
+#[tokio::test]
+async fn a_dual_stack_local_services_pools_each_hold_the_addresses_of_their_family_of_its_endpoints_nodes() {
+    use clb_host::pool_producer::{PoolProducer, ready_node_ips};
+    use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+    use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{FamilyPool, ServicePlacement};
+    use std::collections::{BTreeMap, BTreeSet};
+    let f = fixture().await;
+    let (v4, v6) = (PoolRef { load_balancer: "lb1".into(), pool: "default-svc1".into() }, PoolRef {
+        load_balancer: "lb1".into(),
+        pool: "default-svc1-ipv6".into(),
+    });
+    for (pool, ip) in [(&v4, "10.0.0.1"), (&v6, "fd00::1")] {
+        let content = BackendPool { addresses: vec![BackendAddress { name: "node1".into(), ip_address: ip.into() }], ..BackendPool::default() };
+        f.emulator.put_backend_pool(pool, &content, None).await.unwrap();
+    }
+    let node_ips: BTreeMap<String, Vec<String>> = [("node1", ["10.0.0.1", "fd00::1"]), ("node2", ["10.0.0.2", "fd00::2"])]
+        .map(|(n, ips)| (n.to_string(), ips.map(str::to_owned).to_vec()))
+        .into();
+    f.updater.set_nodes(&node_ips);
+    let slice = wit::EndpointSlice {
+        namespace: "default".into(),
+        name: "eps1".into(),
+        owner_service_uid: Some("uid-1".into()),
+        address_type: "IPv4".into(),
+        endpoints: vec![wit::Endpoint { addresses: vec!["10.244.0.5".into()], node_name: Some("node2".into()), ready: None }],
+        deleting: false,
+    };
+    let pools = [(false, &v4), (true, &v6)].map(|(ipv6, p)| FamilyPool { ipv6, name: p.pool.clone() }).to_vec();
+    let placement = ServicePlacement { load_balancer: "lb1".into(), pools };
+    assign(&f.updater, "default/svc1", Some("lb1")).await;
+    let before = (requests(&f.emulator, Operation::GetBackendPool), requests(&f.emulator, Operation::PutBackendPool));
+    let contents = |pool: &str| -> BTreeSet<String> {
+        let ip = if pool.ends_with("-ipv6") { "fd00::1" } else { "10.0.0.1" };
+        [ip.to_owned()].into()
+    };
+    let mut producer = PoolProducer::new();
+    let mut notes = Vec::new();
+    {
+        let held = f.updater.service_lock().lock().await;
+        let ips = ready_node_ips("uid-1", [&slice], &node_ips);
+        producer.update(&f.updater, &held, "default/svc1", placement.clone(), ips, contents, &mut notes).unwrap();
+    }
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.groups, summary.written), (2, 2), "{notes:?}");
+    let after = (requests(&f.emulator, Operation::GetBackendPool), requests(&f.emulator, Operation::PutBackendPool));
+    assert_eq!((after.0 - before.0, after.1 - before.1), (2, 2));
+    for (pool, want) in [(&v4, "10.0.0.2"), (&v6, "fd00::2")] {
+        let (content, _) = f.emulator.get_backend_pool(pool).await.unwrap();
+        let held: Vec<(&str, &str)> = content.addresses.iter().map(|a| (a.name.as_str(), a.ip_address.as_str())).collect();
+        assert_eq!(held, [("node2", want)], "{}", pool.pool);
+    }
+    // No endpoints: both pools are emptied.
+    {
+        let held = f.updater.service_lock().lock().await;
+        producer.update(&f.updater, &held, "default/svc1", placement, BTreeSet::new(), |_: &str| BTreeSet::new(), &mut notes).unwrap();
+    }
+    assert_eq!(ran(f.updater.tick().await.unwrap()).written, 2);
+    for pool in [&v4, &v6] {
+        assert!(f.emulator.get_backend_pool(pool).await.unwrap().0.addresses.is_empty(), "{}", pool.pool);
+    }
 }
 
 // Upstream TestLoadBalancerBackendPoolUpdaterSerializesWithServiceReconcileLock.
@@ -516,15 +590,59 @@ async fn a_terminal_failure_of_the_get_sends_no_put_and_leaves_the_pool_unchange
     assert!(!f.lock.is_held(), "released after the tick");
 }
 
-// Upstream TestLoadBalancerBackendPoolUpdaterFailed "Backend pool not found".
+// Upstream TestLoadBalancerBackendPoolUpdaterFailed "Backend pool not found": here a missing
+// pool is created (below), so only a pool whose load balancer is gone is not found for good:
+// the GET and the PUT that would create it both answer 404, and the group is dropped silently.
 #[tokio::test]
-async fn a_pool_that_does_not_exist_is_dropped_without_an_event() {
+async fn a_pool_whose_load_balancer_does_not_exist_is_dropped_without_an_event() {
     let f = fixture().await;
     f.emulator.delete_load_balancer("lb1").await.unwrap();
     f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
     let summary = ran(f.updater.tick().await.unwrap());
-    assert_eq!(summary.dropped, 1);
+    assert_eq!((summary.dropped, summary.created), (1, 0));
+    assert_eq!(
+        (requests(&f.emulator, Operation::GetBackendPool), requests(&f.emulator, Operation::PutBackendPool)),
+        (1, 1),
+        "the creation was tried"
+    );
     assert!(f.updater.kube().events().is_empty());
+    assert_eq!(f.updater.status().unwrap().queued, 0);
+}
+
+// Upstream creates a local Service's pool with its load balancer and deletes it when the Service
+// leaves (cleanupLocalServiceBackendPool); here the tick does both, under its locks: a pool its
+// load balancer lacks is created by a PUT without If-Match, the pool a Service left is deleted,
+// and deleting a pool already gone is no error.
+#[tokio::test]
+async fn a_missing_pool_is_created_by_the_tick_and_the_pool_a_service_left_is_deleted_by_the_next() {
+    let f = fixture().await;
+    let pool = PoolRef { load_balancer: "lb1".into(), pool: POOL.into() };
+    f.emulator.delete_backend_pool(&pool).await.unwrap();
+    assert_eq!(f.emulator.get_backend_pool(&pool).await.unwrap_err().status, 404);
+    f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.written, summary.created, summary.deleted), (1, 1, 0));
+    assert_eq!(pool_ips(&f.emulator, "lb1"), vec!["10.0.0.4"]);
+    assert_eq!(f.updater.stats().pools_created.load(Ordering::Relaxed), 1);
+    let events = f.updater.kube().events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].message.contains("created"), "{events:?}");
+
+    // The Service moved to lb2: its queued work for lb1 is cancelled, the deletion is not.
+    assign(&f.updater, "ns/a", Some("lb2")).await;
+    f.updater.enqueue(&[op("ns/a", "lb1", OperationKind::DeletePool, &[]), add("lb2", &["10.0.0.4"])]).unwrap();
+    assert_eq!(f.updater.remove_operations("ns/a").unwrap(), 1, "the add only");
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.written, summary.deleted), (1, 1));
+    assert_eq!(f.emulator.get_backend_pool(&pool).await.unwrap_err().status, 404);
+    assert_eq!(f.updater.stats().pools_deleted.load(Ordering::Relaxed), 1);
+    assert_eq!(f.updater.kube().events().len(), 1, "a deletion tells no one");
+
+    // ARM answers the DELETE of a pool already gone with 204: done, and no error.
+    f.updater.enqueue(&[op("ns/a", "lb1", OperationKind::DeletePool, &[])]).unwrap();
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.deleted, summary.abandoned, summary.dropped), (1, 0, 0), "already gone");
+    assert_eq!(requests(&f.emulator, Operation::DeleteBackendPool), 3, "the test's own, then one a tick");
     assert_eq!(f.updater.status().unwrap().queued, 0);
 }
 

@@ -35,7 +35,7 @@ const STATUSES: [(&str, &str); 6] = [
     ("P", "counterparts name the upstream test but assert only part of it; the note says what is missing and why"),
     ("E", "an equivalent exists (a scenario, a property, a unit test) but does not name the upstream test yet"),
     ("X", "the behaviour is implemented here, but nothing tests it yet"),
-    ("U", "the behaviour is not implemented (multi-SLB IPv6 pools; creating a Service's pool at reconcile)"),
+    ("U", "the behaviour is not implemented"),
     ("NA", "Go plumbing with no counterpart here, or a rule the design replaced on purpose"),
 ];
 

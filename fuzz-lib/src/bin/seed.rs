@@ -207,7 +207,11 @@ fn pool_ops(trace: &str) -> Option<(u32, Vec<PoolOp>)> {
                         service: rename("s", &json_str(&o["service"]), &["ns/a", "ns/b", "ns/c"]),
                         load_balancer: rename("l", &json_str(&o["load-balancer"]), &["lb1", "lb2"]),
                         pool: rename("p", &json_str(&o["pool"]), &["pool1", "pool2"]),
-                        kind: if o["kind"] == "remove" { OperationKind::Remove } else { OperationKind::Add },
+                        kind: match o["kind"].as_str() {
+                            Some("remove") => OperationKind::Remove,
+                            Some("delete-pool") => OperationKind::DeletePool,
+                            _ => OperationKind::Add,
+                        },
                         node_ips: o["node-ips"].as_array().map_or(vec![], |a| a.iter().map(json_str).collect()),
                     })
                     .collect::<Vec<_>>();
@@ -241,6 +245,8 @@ fn pool_ops(trace: &str) -> Option<(u32, Vec<PoolOp>)> {
                 let outcome = match outcome["tag"].as_str().unwrap_or_default() {
                     "updated" => GroupOutcome::Updated,
                     "unchanged" => GroupOutcome::Unchanged,
+                    "created" => GroupOutcome::Created,
+                    "deleted" => GroupOutcome::Deleted,
                     _ => {
                         let f = &outcome["val"];
                         GroupOutcome::Failed(Failure {

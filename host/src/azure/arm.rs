@@ -527,6 +527,12 @@ impl AzureApi for ArmClient {
         let body = encode(op, &wire::backend_pool(&self.config.scope, pool, content))?;
         self.call(op, Method::PUT, url, Some(body), if_match).await.map(drop)
     }
+
+    async fn delete_backend_pool(&self, pool: &PoolRef) -> Result<(), AzureError> {
+        let op = Operation::DeleteBackendPool;
+        let url = self.network_url(op, &["loadBalancers", &pool.load_balancer, "backendAddressPools", &pool.pool])?;
+        self.call(op, Method::DELETE, url, None, None).await.map(drop)
+    }
 }
 
 #[cfg(test)]

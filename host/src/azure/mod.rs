@@ -50,13 +50,14 @@ pub enum Operation {
     DeleteLoadBalancer,
     GetBackendPool,
     PutBackendPool,
+    DeleteBackendPool,
     ListNatGateways,
     PutNatGateway,
     DeleteNatGateway,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 15] = [
+    pub const ALL: [Operation; 16] = [
         Operation::UpdateServices,
         Operation::UpdateAddressLocations,
         Operation::ListServices,
@@ -69,6 +70,7 @@ impl Operation {
         Operation::DeleteLoadBalancer,
         Operation::GetBackendPool,
         Operation::PutBackendPool,
+        Operation::DeleteBackendPool,
         Operation::ListNatGateways,
         Operation::PutNatGateway,
         Operation::DeleteNatGateway,
@@ -112,6 +114,7 @@ impl Operation {
             Operation::DeleteLoadBalancer => "delete-load-balancer",
             Operation::GetBackendPool => "get-backend-pool",
             Operation::PutBackendPool => "put-backend-pool",
+            Operation::DeleteBackendPool => "delete-backend-pool",
             Operation::ListNatGateways => "list-nat-gateways",
             Operation::PutNatGateway => "put-nat-gateway",
             Operation::DeleteNatGateway => "delete-nat-gateway",
@@ -496,6 +499,9 @@ pub trait AzureApi {
         content: &BackendPool,
         if_match: Option<&ETag>,
     ) -> Result<(), AzureError>;
+    /// Deletes the pool; a pool already gone is no error (ARM answers 204), a load balancer
+    /// gone is a 404.
+    async fn delete_backend_pool(&self, pool: &PoolRef) -> Result<(), AzureError>;
 
     /// What ARM's `x-ms-ratelimit-remaining-subscription-writes` said on the latest answer that
     /// carried it since the last call of this; `None` when no answer carried it since.
@@ -565,6 +571,9 @@ impl<T: AzureApi> AzureApi for std::sync::Arc<T> {
         if_match: Option<&ETag>,
     ) -> Result<(), AzureError> {
         (**self).put_backend_pool(pool, content, if_match).await
+    }
+    async fn delete_backend_pool(&self, pool: &PoolRef) -> Result<(), AzureError> {
+        (**self).delete_backend_pool(pool).await
     }
     fn take_arm_remaining_writes(&self) -> Option<u32> {
         (**self).take_arm_remaining_writes()

@@ -969,6 +969,22 @@ impl State {
 
     // ---- backendAddressPools ----
 
+    /// ARM's DELETE of a child: a pool already gone is done (204), its load balancer gone is a
+    /// 404. A child's write is a write of its parent: the load balancer's ETag changes.
+    pub fn delete_backend_pool(&mut self, lb: &str, pool: &str) -> Result<(), Rejection> {
+        if !self.resources.load_balancers.contains_key(lb) {
+            return Err(not_found("load balancer", lb));
+        }
+        if self.resources.backend_pools.remove(&pool_key(lb, pool)).is_some() {
+            let lb_etag = self.etag();
+            if let Some(record) = self.resources.load_balancers.get_mut(lb) {
+                record.etag = lb_etag;
+                record.backend_pools.retain(|p| p != pool);
+            }
+        }
+        Ok(())
+    }
+
     pub fn get_backend_pool(&self, scope: &Scope, lb: &str, pool: &str) -> Result<wire::BackendAddressPool, Rejection> {
         if !self.resources.load_balancers.contains_key(lb) {
             return Err(not_found("load balancer", lb));

@@ -326,6 +326,11 @@ impl AzureApi for Emulator {
         })
         .map(drop)
     }
+
+    async fn delete_backend_pool(&self, pool: &azure::PoolRef) -> Result<(), AzureError> {
+        let names = vec![self::core::pool_key(&pool.load_balancer, &pool.pool)];
+        self.call(Operation::DeleteBackendPool, names, |s, _| s.delete_backend_pool(&pool.load_balancer, &pool.pool))
+    }
 }
 
 #[cfg(test)]

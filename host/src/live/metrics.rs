@@ -876,6 +876,12 @@ fn encode_run(out: &mut DescriptorEncoder<'_>, run: &RunStats) -> std::fmt::Resu
     )?;
     counters(
         out,
+        "clb_pool_updater_pools",
+        "Backend pools the updater made (a local Service's pool that did not exist) or removed (its Service went or moved), also counted as written groups.",
+        [("created", &p.pools_created), ("deleted", &p.pools_deleted)].map(|(action, c)| (label("action", action), n(c))),
+    )?;
+    counters(
+        out,
         "clb_pool_updater_failures",
         "Backend-pool updater failures outside a group: the resource lock not taken or not released, an Event not recorded, a local Service that no load balancer may take (once per distinct reason).",
         [

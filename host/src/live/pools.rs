@@ -28,11 +28,11 @@ use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
 use crate::kube::{KubeClient, error_chain};
 use crate::live::lease::{Leadership, LeaseLock};
 use crate::live::settings::{RunError, Settings};
-use crate::pool_producer::{PoolProducer, canonical_ip, node_ipv4s, ready_node_ips};
+use crate::pool_producer::{PoolProducer, canonical_ip, node_ips, ready_node_ips};
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    ExistingLoadBalancer, Placement, ServicePlacement, SlbConfiguration,
+    ExistingLoadBalancer, Placement, SlbConfiguration,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -107,7 +107,7 @@ impl Store {
                 self.mark_owner(before.as_ref());
             }
             wit::Observation::NodeUpserted(node) => {
-                let ips = node_ipv4s(node);
+                let ips = node_ips(node);
                 // Nodes change at every status heartbeat; only their IPs matter here.
                 if self.nodes.get(&node.name) != Some(&ips) {
                     self.nodes.insert(node.name.clone(), ips);
@@ -365,25 +365,35 @@ impl Pools {
                     continue;
                 }
             };
-            let contents = if self.producer.borrow().needs_pool_contents(&name, &placement) {
-                match self.pool_contents(&placement).await {
-                    Ok(contents) => Some(contents),
+            let needed: Vec<String> = {
+                let producer = self.producer.borrow();
+                producer.pools_needing_contents(&name, &placement).into_iter().map(str::to_owned).collect()
+            };
+            let mut contents = BTreeMap::new();
+            let mut unread = false;
+            for pool in needed {
+                match self.pool_contents(&placement.load_balancer, &pool).await {
+                    Ok(ips) => {
+                        contents.insert(pool, ips);
+                    }
                     Err(error) => {
                         tracing::warn!(
                             service = %name,
                             load_balancer = %placement.load_balancer,
-                            pool = %placement.pool,
+                            %pool,
                             error = %error_chain(&error),
                             "cannot read the backend pool a local Service starts from; retrying at the next tick"
                         );
-                        self.store.borrow_mut().changed.insert(key);
-                        continue;
+                        unread = true;
+                        break;
                     }
                 }
-            } else {
-                None
-            };
-            let contents = || contents.unwrap_or_default();
+            }
+            if unread {
+                self.store.borrow_mut().changed.insert(key);
+                continue;
+            }
+            let contents = |pool: &str| contents.get(pool).cloned().unwrap_or_default();
             let mut producer = self.producer.borrow_mut();
             producer
                 .update(&self.updater, &reconciling, &name, placement, ips, contents, &mut notes)
@@ -436,8 +446,8 @@ impl Pools {
     }
 
     /// The canonical IPs the pool holds in Azure; none when it does not exist yet.
-    async fn pool_contents(&self, placement: &ServicePlacement) -> Result<BTreeSet<String>, crate::azure::AzureError> {
-        let pool = PoolRef { load_balancer: placement.load_balancer.clone(), pool: placement.pool.clone() };
+    async fn pool_contents(&self, load_balancer: &str, pool: &str) -> Result<BTreeSet<String>, crate::azure::AzureError> {
+        let pool = PoolRef { load_balancer: load_balancer.to_owned(), pool: pool.to_owned() };
         match self.updater.azure().get_backend_pool(&pool).await {
             Ok((pool, _)) => Ok(pool.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
             Err(error) if error.status == 404 => Ok(BTreeSet::new()),

@@ -545,9 +545,10 @@ pub struct Expectation {
     pub events: Vec<EventExpectation>,
     #[serde(default)]
     pub resources: Option<ResourcesExpectation>,
-    /// `<lb>:<pool>` → the IPs the backend pool holds, exactly (in any spelling).
+    /// `<lb>:<pool>` → the IPs the backend pool holds, exactly (in any spelling), or `deleted`
+    /// (no such pool).
     #[serde(default)]
-    pub backend_pools: BTreeMap<PoolName, BTreeSet<CanonicalIp>>,
+    pub backend_pools: BTreeMap<PoolName, PoolExpectation>,
     /// Azure operation (`put-public-ip`, …) → how many calls of it the emulator answered since
     /// the run began, exactly (faulted calls count).
     #[serde(default)]
@@ -594,6 +595,49 @@ pub struct ShadowExpectation {
     pub promoted: Option<bool>,
 }
 
+/// What a backend pool must be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolExpectation {
+    /// It exists and holds exactly these IPs.
+    Holds(BTreeSet<CanonicalIp>),
+    /// There is no such pool (never created, or deleted).
+    Deleted,
+}
+
+impl fmt::Display for PoolExpectation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolExpectation::Holds(ips) => write!(f, "{:?}", ips.iter().map(|ip| ip.0.as_str()).collect::<Vec<_>>()),
+            PoolExpectation::Deleted => f.write_str("deleted"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PoolExpectation {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(list_or_deleted(deserializer, "backend pool", "IPs")?.map_or(PoolExpectation::Deleted, PoolExpectation::Holds))
+    }
+}
+
+/// A list, or the word `deleted` (`None`); anything else is an error naming `what`.
+fn list_or_deleted<'de, D: Deserializer<'de>, T: Deserialize<'de> + Ord>(
+    deserializer: D,
+    what: &str,
+    items: &str,
+) -> Result<Option<BTreeSet<T>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw<T: Ord> {
+        List(BTreeSet<T>),
+        Word(String),
+    }
+    match Raw::deserialize(deserializer)? {
+        Raw::List(list) => Ok(Some(list)),
+        Raw::Word(word) if word == "deleted" => Ok(None),
+        Raw::Word(other) => Err(D::Error::custom(format!("{what} {other:?}: expected a list of {items} or deleted"))),
+    }
+}
+
 /// What a Pod's finalizers must be.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PodFinalizersExpectation {
@@ -614,19 +658,8 @@ impl fmt::Display for PodFinalizersExpectation {
 
 impl<'de> Deserialize<'de> for PodFinalizersExpectation {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            List(BTreeSet<String>),
-            Word(String),
-        }
-        match Raw::deserialize(deserializer)? {
-            Raw::List(finalizers) => Ok(PodFinalizersExpectation::Exactly(finalizers)),
-            Raw::Word(word) if word == "deleted" => Ok(PodFinalizersExpectation::Deleted),
-            Raw::Word(other) => {
-                Err(D::Error::custom(format!("pod finalizers {other:?}: expected a list of finalizers or deleted")))
-            }
-        }
+        let expected = list_or_deleted(deserializer, "pod finalizers", "finalizers")?;
+        Ok(expected.map_or(PodFinalizersExpectation::Deleted, PodFinalizersExpectation::Exactly))
     }
 }
 

@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.10.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.11.0``."""
         return self._loaded.package
 
     @property
@@ -178,7 +178,7 @@ class Component:
         self, configurations: List[Dict[str, Any]], service: Dict[str, Any], facts: Dict[str, Any]
     ) -> Dict[str, Any]:
         """``place-service`` (upstream's placement): ``{"tag": "not-local"}``, ``{"tag": "at",
-        "val": {"load-balancer": …, "pool": …}}`` or ``{"tag": "refused", "val": why}``. ``configurations`` are
+        "val": {"load-balancer": …, "pools": [{"ipv6": …, "name": …}, …]}}`` or ``{"tag": "refused", "val": why}``. ``configurations`` are
         ``slb-configuration`` records (``{"name": …, "allow-service-placement": None|bool,
         "service-label-selector": None|selector, "service-namespace-selector": None|selector}``),
         ``facts`` a ``placement-facts`` record (``{"namespace-labels": None|[[k, v], …],
@@ -305,7 +305,7 @@ class PoolQueue(_Handle):
 
     def enqueue(self, operations: List[Dict[str, Any]]) -> None:
         """``pool-queue.enqueue``: ``pool-operation`` records
-        (``{"service", "load-balancer", "pool", "kind": "add"|"remove", "node-ips"}``)."""
+        (``{"service", "load-balancer", "pool", "kind": "add"|"remove"|"delete-pool", "node-ips"}``)."""
         self._call("pool-queue.enqueue", operations)
 
     def remove_operations(self, service: str) -> int:
