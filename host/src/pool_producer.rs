@@ -69,6 +69,17 @@ fn ip_list(ips: &[String]) -> String {
     format!("[{}]", ips.join(", "))
 }
 
+/// The deletion of a pool `service` left.
+fn deletion(service: &str, load_balancer: &str, pool: &str) -> PoolOperation {
+    PoolOperation {
+        service: service.to_owned(),
+        load_balancer: load_balancer.to_owned(),
+        pool: pool.to_owned(),
+        kind: OperationKind::DeletePool,
+        node_ips: Vec::new(),
+    }
+}
+
 /// The note of one enqueued operation (`simulate`'s log, `run`'s debug lines).
 fn enqueued(op: &PoolOperation) -> String {
     let (service, lb, pool) = (&op.service, &op.load_balancer, &op.pool);
@@ -180,19 +191,12 @@ impl PoolProducer {
     ) -> Result<(), PoolUpdaterError> {
         let folded = service.to_ascii_lowercase();
         let mut operations = Vec::new();
-        let deletion = |lb: &str, pool: &str| PoolOperation {
-            service: service.to_owned(),
-            load_balancer: lb.to_owned(),
-            pool: pool.to_owned(),
-            kind: OperationKind::DeletePool,
-            node_ips: Vec::new(),
-        };
         let mut before_ips = match self.known.get(&folded) {
             Some(before) if before.placement.load_balancer.eq_ignore_ascii_case(&placement.load_balancer) => {
                 // The same load balancer: a family the Service serves no more loses its pool.
                 let wanted: BTreeSet<String> = placement.pools.iter().map(|p| p.name.to_ascii_lowercase()).collect();
                 for pool in before.placement.pools.iter().filter(|p| !wanted.contains(&p.name.to_ascii_lowercase())) {
-                    operations.push(deletion(&before.placement.load_balancer, &pool.name));
+                    operations.push(deletion(service, &before.placement.load_balancer, &pool.name));
                 }
                 before.ips.clone()
             }
@@ -204,7 +208,7 @@ impl PoolProducer {
                     pools_text(&placement)
                 ));
                 for pool in &before.placement.pools {
-                    operations.push(deletion(&before.placement.load_balancer, &pool.name));
+                    operations.push(deletion(service, &before.placement.load_balancer, &pool.name));
                 }
                 BTreeMap::new()
             }
@@ -260,13 +264,7 @@ impl PoolProducer {
             .placement
             .pools
             .iter()
-            .map(|pool| PoolOperation {
-                service: before.service.clone(),
-                load_balancer: before.placement.load_balancer.clone(),
-                pool: pool.name.clone(),
-                kind: OperationKind::DeletePool,
-                node_ips: Vec::new(),
-            })
+            .map(|pool| deletion(&before.service, &before.placement.load_balancer, &pool.name))
             .collect();
         updater.enqueue(&deletions)?;
         notes.extend(deletions.iter().map(enqueued));

@@ -1478,6 +1478,39 @@ fn in_multi_slb_mode_a_local_services_endpoints_on_two_nodes_put_both_node_ips_i
     });
 }
 
+// Upstream makes a local Service's pool with its load balancer and deletes it once the Service
+// stops being local (cleanupLocalServiceBackendPool, "the service is changed from local to
+// cluster"): against the real API server, the controller's tick creates the pool the load
+// balancer lacks, holding the node of the Service's endpoint, and deletes it once the Service
+// turns `externalTrafficPolicy: Cluster`.
+#[test]
+fn in_multi_slb_mode_a_local_services_missing_pool_is_created_and_deleted_once_the_service_turns_cluster() {
+    e2e(17, async |env| {
+        let pool = env.slb_pool("web").await;
+        env.emulator.delete_backend_pool(&pool).await.expect("deletes the pool");
+        let deletes = || env.calls(Operation::DeleteBackendPool, "");
+        let before = deletes();
+        let controller = env.start_multi_slb();
+        let uid = env.service("web", "Local").await;
+        env.endpoints("web", &uid, &[(10, 1)]).await;
+        eventually("the pool is created", async || match env.emulator.get_backend_pool(&pool).await {
+            Ok(_) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        })
+        .await;
+        env.pool_holds(&pool, &[1]).await;
+        assert_eq!(deletes(), before, "nothing deleted while the Service is local");
+
+        env.service("web", "Cluster").await;
+        eventually("the pool is deleted", async || match env.emulator.get_backend_pool(&pool).await {
+            Err(error) if error.status == 404 => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+        controller.stop().await;
+    });
+}
+
 // Placement by a namespace selector against the real API server (upstream's
 // getEligibleLoadBalancersForService reads the Service's Namespace): the controller, under the
 // example RBAC's `get namespaces`, puts the pool on the load balancer whose selector matches the
