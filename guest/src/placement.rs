@@ -26,8 +26,8 @@
 //! (`a` + its UID without dashes, 32 characters at most, then `-`) is the one it uses, as
 //! upstream's start-up reconcile finds it.
 //!
-//! The pool is named after the Service as upstream's `getLocalServiceBackendPoolName` does for
-//! IPv4: `namespace/name` with the `/` made `-`.
+//! Its pools, one per IP family it serves, are named as upstream's
+//! `getLocalServiceBackendPoolName` names them ([`local_pools`]).
 
 use crate::admission::ANNOTATION_INTERNAL_LB;
 use crate::model::Service;
@@ -209,8 +209,7 @@ pub fn eligible<'c>(
             continue;
         }
         if let Some(selector) = &candidate.service_label_selector {
-            selector.check()?;
-            if !selector.matches(&facts.service_labels) {
+            if !selector.select(&facts.service_labels)? {
                 by_labels.push(candidate.name.as_str());
                 continue;
             }
@@ -221,7 +220,7 @@ pub fn eligible<'c>(
             let Some(labels) = &facts.namespace_labels else {
                 return Err(format!("namespaces {:?} not found", service.namespace));
             };
-            if !selector.matches(labels) {
+            if !selector.satisfied_by(labels) {
                 by_namespace.push(candidate.name.as_str());
                 continue;
             }
@@ -306,7 +305,9 @@ pub fn place_service(
     let current = current(service, facts);
     let eligible = eligible(configurations, service, facts, current.as_deref())?;
     let names: Vec<&str> = eligible.iter().map(|c| c.name.trim()).collect();
-    let internal = service.annotations.iter().any(|(k, v)| k == ANNOTATION_INTERNAL_LB && v == "true");
+    // Upstream's `requiresInternalLoadBalancer`: exactly `true` (admission, which refuses internal
+    // load balancers in CLB mode, reads it more leniently).
+    let internal = service.annotation(ANNOTATION_INTERNAL_LB) == Some("true");
     let Some(chosen) = most_eligible(current.as_deref(), &names, &facts.load_balancers, internal) else {
         return Err(format!(
             "every eligible load balancer of service \"{}/{}\" ({}) has {MAX_RULES} load-balancing rules or more",

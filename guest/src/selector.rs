@@ -65,9 +65,18 @@ impl LabelSelector {
     /// Whether `labels` satisfy every requirement. A selector that fails [`check`](Self::check)
     /// matches nothing.
     pub fn matches(&self, labels: &[(String, String)]) -> bool {
-        if self.check().is_err() {
-            return false;
-        }
+        self.select(labels).unwrap_or(false)
+    }
+
+    /// [`check`](Self::check), then [`matches`](Self::matches): one pass over the selector for
+    /// a caller that reports why a selector is refused.
+    pub fn select(&self, labels: &[(String, String)]) -> Result<bool, String> {
+        self.check()?;
+        Ok(self.satisfied_by(labels))
+    }
+
+    /// [`matches`](Self::matches) for a selector already [checked](Self::check).
+    pub(crate) fn satisfied_by(&self, labels: &[(String, String)]) -> bool {
         let get = |key: &str| labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
         let by_labels = self.match_labels.iter().all(|(key, value)| get(key) == Some(value.as_str()));
         by_labels

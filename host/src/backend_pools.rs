@@ -469,13 +469,12 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
                     summary.written += 1;
                     self.stats.groups_written.fetch_add(1, Ordering::Relaxed);
                     let made = match outcome {
-                        GroupOutcome::Created => Some((&self.stats.pools_created, "created")),
-                        GroupOutcome::Deleted => Some((&self.stats.pools_deleted, "deleted")),
+                        GroupOutcome::Created => Some((&mut summary.created, &self.stats.pools_created, "created")),
+                        GroupOutcome::Deleted => Some((&mut summary.deleted, &self.stats.pools_deleted, "deleted")),
                         _ => None,
                     };
-                    summary.created += usize::from(matches!(outcome, GroupOutcome::Created));
-                    summary.deleted += usize::from(matches!(outcome, GroupOutcome::Deleted));
-                    if let Some((counter, what)) = made {
+                    if let Some((count, counter, what)) = made {
+                        *count += 1;
                         counter.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(load_balancer = %group.load_balancer, pool = %group.pool, services = ?group.services, "backend pool {what}");
                     }

@@ -369,30 +369,20 @@ impl Pools {
                 let producer = self.producer.borrow();
                 producer.pools_needing_contents(&name, &placement).into_iter().map(str::to_owned).collect()
             };
-            let mut contents = BTreeMap::new();
-            let mut unread = false;
-            for pool in needed {
-                match self.pool_contents(&placement.load_balancer, &pool).await {
-                    Ok(ips) => {
-                        contents.insert(pool, ips);
-                    }
-                    Err(error) => {
-                        tracing::warn!(
-                            service = %name,
-                            load_balancer = %placement.load_balancer,
-                            %pool,
-                            error = %error_chain(&error),
-                            "cannot read the backend pool a local Service starts from; retrying at the next tick"
-                        );
-                        unread = true;
-                        break;
-                    }
+            let contents = match self.pool_contents(&placement.load_balancer, needed).await {
+                Ok(contents) => contents,
+                Err((pool, error)) => {
+                    tracing::warn!(
+                        service = %name,
+                        load_balancer = %placement.load_balancer,
+                        %pool,
+                        error = %error_chain(&error),
+                        "cannot read the backend pool a local Service starts from; retrying at the next tick"
+                    );
+                    self.store.borrow_mut().changed.insert(key);
+                    continue;
                 }
-            }
-            if unread {
-                self.store.borrow_mut().changed.insert(key);
-                continue;
-            }
+            };
             let contents = |pool: &str| contents.get(pool).cloned().unwrap_or_default();
             let mut producer = self.producer.borrow_mut();
             producer
@@ -445,14 +435,24 @@ impl Pools {
         Ok((labels, load_balancers))
     }
 
-    /// The canonical IPs the pool holds in Azure; none when it does not exist yet.
-    async fn pool_contents(&self, load_balancer: &str, pool: &str) -> Result<BTreeSet<String>, crate::azure::AzureError> {
-        let pool = PoolRef { load_balancer: load_balancer.to_owned(), pool: pool.to_owned() };
-        match self.updater.azure().get_backend_pool(&pool).await {
-            Ok((pool, _)) => Ok(pool.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
-            Err(error) if error.status == 404 => Ok(BTreeSet::new()),
-            Err(error) => Err(error),
+    /// The canonical IPs each of `pools` holds in Azure (none for one that does not exist yet);
+    /// the first pool that could not be read, and why.
+    async fn pool_contents(
+        &self,
+        load_balancer: &str,
+        pools: Vec<String>,
+    ) -> Result<BTreeMap<String, BTreeSet<String>>, (String, crate::azure::AzureError)> {
+        let mut contents = BTreeMap::new();
+        for pool in pools {
+            let at = PoolRef { load_balancer: load_balancer.to_owned(), pool: pool.clone() };
+            let ips = match self.updater.azure().get_backend_pool(&at).await {
+                Ok((read, _)) => read.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect(),
+                Err(error) if error.status == 404 => BTreeSet::new(),
+                Err(error) => return Err((pool, error)),
+            };
+            contents.insert(pool, ips);
         }
+        Ok(contents)
     }
 }
 
