@@ -3,7 +3,7 @@
 //! Field copies only; no rule lives here. A panic anywhere in the logic is reported through the
 //! `diagnostics` import before the instance traps, so the host can say why.
 
-use crate::{admission, backend_pools as pools, config, model, placement, selector, tracker};
+use crate::{admission, config, model, tracker};
 use std::cell::RefCell;
 
 wit_bindgen::generate!({
@@ -109,8 +109,10 @@ impl wit_reconciler::GuestTracker for TrackerResource {
     }
 }
 
+crate::pool_adapter!();
+
 /// The resource behind `pool-queue`.
-struct PoolQueueResource(RefCell<pools::PoolQueue>);
+struct PoolQueueResource(RefCell<WitPoolQueue>);
 
 impl wit_pools::Guest for Component {
     type PoolQueue = PoolQueueResource;
@@ -121,135 +123,39 @@ impl wit_pools::Guest for Component {
         facts: wit_pools::PlacementFacts,
     ) -> wit_pools::Placement {
         install_panic_hook();
-        let selector = |s: wit_pools::LabelSelector| selector::LabelSelector {
-            match_labels: s.match_labels,
-            match_expressions: s
-                .match_expressions
-                .into_iter()
-                .map(|r| selector::Requirement { key: r.key, operator: r.operator, values: r.values })
-                .collect(),
-        };
-        let configurations: Vec<placement::SlbConfiguration> = configurations
-            .into_iter()
-            .map(|c| placement::SlbConfiguration {
-                name: c.name,
-                allow_service_placement: c.allow_service_placement,
-                service_label_selector: c.service_label_selector.map(selector),
-                service_namespace_selector: c.service_namespace_selector.map(selector),
-            })
-            .collect();
-        let facts = placement::PlacementFacts {
-            service_labels: service.labels.clone(),
-            namespace_labels: facts.namespace_labels,
-            current_load_balancer: facts.current_load_balancer,
-            load_balancers: facts
-                .load_balancers
-                .into_iter()
-                .map(|lb| placement::ExistingLoadBalancer { name: lb.name, rules: lb.rules })
-                .collect(),
-        };
-        match placement::place_service(&configurations, &service.into(), &facts) {
-            Ok(None) => wit_pools::Placement::NotLocal,
-            Ok(Some(p)) => wit_pools::Placement::At(wit_pools::ServicePlacement {
-                load_balancer: p.load_balancer,
-                pools: p.pools.into_iter().map(|f| wit_pools::FamilyPool { ipv6: f.ipv6, name: f.name }).collect(),
-            }),
-            Err(why) => wit_pools::Placement::Refused(why),
-        }
+        place_service_wit(configurations, service, facts)
     }
 }
 
 impl wit_pools::GuestPoolQueue for PoolQueueResource {
     fn create(max_retries: u32) -> wit_pools::PoolQueue {
         install_panic_hook();
-        wit_pools::PoolQueue::new(PoolQueueResource(RefCell::new(pools::PoolQueue::new(max_retries))))
+        wit_pools::PoolQueue::new(PoolQueueResource(RefCell::new(WitPoolQueue::new(max_retries))))
     }
 
     fn enqueue(&self, operations: Vec<wit_pools::PoolOperation>) {
         install_panic_hook();
-        self.0.borrow_mut().enqueue(operations.into_iter().map(|o| pools::PoolOperation {
-            service: o.service,
-            load_balancer: o.load_balancer,
-            pool: o.pool,
-            kind: match o.kind {
-                wit_pools::OperationKind::Add => pools::OperationKind::Add,
-                wit_pools::OperationKind::Remove => pools::OperationKind::Remove,
-                wit_pools::OperationKind::DeletePool => pools::OperationKind::DeletePool,
-            },
-            node_ips: o.node_ips,
-        }));
+        self.0.borrow_mut().enqueue(operations);
     }
 
     fn remove_operations(&self, service: String) -> u32 {
         install_panic_hook();
-        u32::try_from(self.0.borrow_mut().remove_operations(&service)).unwrap_or(u32::MAX)
+        self.0.borrow_mut().remove_operations(&service)
     }
 
     fn status(&self, now_ms: u64) -> wit_pools::QueueStatus {
         install_panic_hook();
-        let s = self.0.borrow().status(now_ms);
-        wit_pools::QueueStatus { queued: s.queued, ready: s.ready, wake_at_ms: s.wake_at_ms }
+        self.0.borrow().status(now_ms)
     }
 
     fn drain_and_group(&self, now_ms: u64, assignment: Vec<wit_pools::ServiceAssignment>) -> Vec<wit_pools::PoolGroup> {
         install_panic_hook();
-        let assignment: Vec<pools::ServiceAssignment> = assignment
-            .into_iter()
-            .map(|a| pools::ServiceAssignment { service: a.service, load_balancer: a.load_balancer })
-            .collect();
-        self.0
-            .borrow_mut()
-            .drain_and_group(now_ms, &assignment)
-            .into_iter()
-            .map(|g| wit_pools::PoolGroup {
-                id: g.id,
-                load_balancer: g.load_balancer,
-                pool: g.pool,
-                add: g.add,
-                remove: g.remove,
-                services: g.services,
-                delete: g.delete,
-            })
-            .collect()
+        self.0.borrow_mut().drain_and_group(now_ms, assignment)
     }
 
     fn report(&self, now_ms: u64, group: u64, outcome: wit_pools::GroupOutcome) -> Option<wit_pools::GroupReport> {
         install_panic_hook();
-        let outcome = match outcome {
-            wit_pools::GroupOutcome::Updated => pools::GroupOutcome::Updated,
-            wit_pools::GroupOutcome::Created => pools::GroupOutcome::Created,
-            wit_pools::GroupOutcome::Deleted => pools::GroupOutcome::Deleted,
-            wit_pools::GroupOutcome::Unchanged => pools::GroupOutcome::Unchanged,
-            wit_pools::GroupOutcome::Failed(f) => pools::GroupOutcome::Failed(pools::Failure {
-                status: f.status,
-                code: f.code,
-                retry_after_ms: f.retry_after_ms,
-                message: f.message,
-            }),
-        };
-        let report = self.0.borrow_mut().report(now_ms, group, &outcome)?;
-        Some(wit_pools::GroupReport {
-            disposition: match report.disposition {
-                pools::Disposition::Done => wit_pools::Disposition::Done,
-                pools::Disposition::Dropped => wit_pools::Disposition::Dropped,
-                pools::Disposition::Requeued => wit_pools::Disposition::Requeued,
-                pools::Disposition::Abandoned => wit_pools::Disposition::Abandoned,
-            },
-            not_before_ms: report.not_before_ms,
-            events: report
-                .events
-                .into_iter()
-                .map(|e| wit_pools::ServiceEvent {
-                    service: e.service,
-                    event_type: match e.event_type {
-                        pools::EventType::Normal => wit::EventType::Normal,
-                        pools::EventType::Warning => wit::EventType::Warning,
-                    },
-                    reason: e.reason,
-                    message: e.message,
-                })
-                .collect(),
-        })
+        self.0.borrow_mut().report(now_ms, group, outcome)
     }
 }
 

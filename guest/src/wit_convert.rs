@@ -486,3 +486,167 @@ macro_rules! wit_conversions {
         };
     };
 }
+
+/// Expands to `WitPoolQueue` (the logic's [`PoolQueue`](crate::backend_pools::PoolQueue) with
+/// the `pool-queue` resource's methods over WIT records) and `place_service_wit` (the
+/// `place-service` function over WIT records): the one mapping of the `backend-pools` interface,
+/// for the guest's adapter and for the host's native pool logic, as [`wit_conversions`] is for
+/// the tracker. The caller has `wit` (`clb:reconciler/types`) and `wit_pools` (the generated
+/// module of the exported `clb:reconciler/backend-pools`) in scope. Field copies only.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! pool_adapter {
+    () => {
+        /// The logic's pool queue, spoken to in the `backend-pools` interface's records.
+        pub struct WitPoolQueue($crate::backend_pools::PoolQueue);
+
+        impl WitPoolQueue {
+            pub fn new(max_retries: u32) -> Self {
+                Self($crate::backend_pools::PoolQueue::new(max_retries))
+            }
+
+            pub fn enqueue(&mut self, operations: Vec<wit_pools::PoolOperation>) {
+                use $crate::backend_pools as pools;
+                self.0.enqueue(operations.into_iter().map(|o| pools::PoolOperation {
+                    service: o.service,
+                    load_balancer: o.load_balancer,
+                    pool: o.pool,
+                    kind: match o.kind {
+                        wit_pools::OperationKind::Add => pools::OperationKind::Add,
+                        wit_pools::OperationKind::Remove => pools::OperationKind::Remove,
+                        wit_pools::OperationKind::DeletePool => pools::OperationKind::DeletePool,
+                    },
+                    node_ips: o.node_ips,
+                }));
+            }
+
+            pub fn remove_operations(&mut self, service: &str) -> u32 {
+                u32::try_from(self.0.remove_operations(service)).unwrap_or(u32::MAX)
+            }
+
+            pub fn status(&self, now_ms: u64) -> wit_pools::QueueStatus {
+                let s = self.0.status(now_ms);
+                wit_pools::QueueStatus { queued: s.queued, ready: s.ready, wake_at_ms: s.wake_at_ms }
+            }
+
+            pub fn drain_and_group(
+                &mut self,
+                now_ms: u64,
+                assignment: Vec<wit_pools::ServiceAssignment>,
+            ) -> Vec<wit_pools::PoolGroup> {
+                let assignment: Vec<$crate::backend_pools::ServiceAssignment> = assignment
+                    .into_iter()
+                    .map(|a| $crate::backend_pools::ServiceAssignment {
+                        service: a.service,
+                        load_balancer: a.load_balancer,
+                    })
+                    .collect();
+                self.0
+                    .drain_and_group(now_ms, &assignment)
+                    .into_iter()
+                    .map(|g| wit_pools::PoolGroup {
+                        id: g.id,
+                        load_balancer: g.load_balancer,
+                        pool: g.pool,
+                        add: g.add,
+                        remove: g.remove,
+                        services: g.services,
+                        delete: g.delete,
+                    })
+                    .collect()
+            }
+
+            pub fn report(
+                &mut self,
+                now_ms: u64,
+                group: u64,
+                outcome: wit_pools::GroupOutcome,
+            ) -> Option<wit_pools::GroupReport> {
+                use $crate::backend_pools as pools;
+                let outcome = match outcome {
+                    wit_pools::GroupOutcome::Updated => pools::GroupOutcome::Updated,
+                    wit_pools::GroupOutcome::Created => pools::GroupOutcome::Created,
+                    wit_pools::GroupOutcome::Deleted => pools::GroupOutcome::Deleted,
+                    wit_pools::GroupOutcome::Unchanged => pools::GroupOutcome::Unchanged,
+                    wit_pools::GroupOutcome::Failed(f) => pools::GroupOutcome::Failed(pools::Failure {
+                        status: f.status,
+                        code: f.code,
+                        retry_after_ms: f.retry_after_ms,
+                        message: f.message,
+                    }),
+                };
+                let report = self.0.report(now_ms, group, &outcome)?;
+                Some(wit_pools::GroupReport {
+                    disposition: match report.disposition {
+                        pools::Disposition::Done => wit_pools::Disposition::Done,
+                        pools::Disposition::Dropped => wit_pools::Disposition::Dropped,
+                        pools::Disposition::Requeued => wit_pools::Disposition::Requeued,
+                        pools::Disposition::Abandoned => wit_pools::Disposition::Abandoned,
+                    },
+                    not_before_ms: report.not_before_ms,
+                    events: report
+                        .events
+                        .into_iter()
+                        .map(|e| wit_pools::ServiceEvent {
+                            service: e.service,
+                            event_type: match e.event_type {
+                                pools::EventType::Normal => wit::EventType::Normal,
+                                pools::EventType::Warning => wit::EventType::Warning,
+                            },
+                            reason: e.reason,
+                            message: e.message,
+                        })
+                        .collect(),
+                })
+            }
+        }
+
+        /// `place-service` over the interface's records.
+        pub fn place_service_wit(
+            configurations: Vec<wit_pools::SlbConfiguration>,
+            service: wit::Service,
+            facts: wit_pools::PlacementFacts,
+        ) -> wit_pools::Placement {
+            use $crate::{placement, selector};
+            let selector = |s: wit_pools::LabelSelector| selector::LabelSelector {
+                match_labels: s.match_labels,
+                match_expressions: s
+                    .match_expressions
+                    .into_iter()
+                    .map(|r| selector::Requirement { key: r.key, operator: r.operator, values: r.values })
+                    .collect(),
+            };
+            let configurations: Vec<placement::SlbConfiguration> = configurations
+                .into_iter()
+                .map(|c| placement::SlbConfiguration {
+                    name: c.name,
+                    allow_service_placement: c.allow_service_placement,
+                    service_label_selector: c.service_label_selector.map(selector),
+                    service_namespace_selector: c.service_namespace_selector.map(selector),
+                })
+                .collect();
+            let facts = placement::PlacementFacts {
+                service_labels: service.labels.clone(),
+                namespace_labels: facts.namespace_labels,
+                current_load_balancer: facts.current_load_balancer,
+                load_balancers: facts
+                    .load_balancers
+                    .into_iter()
+                    .map(|lb| placement::ExistingLoadBalancer { name: lb.name, rules: lb.rules })
+                    .collect(),
+            };
+            match placement::place_service(&configurations, &service.into(), &facts) {
+                Ok(None) => wit_pools::Placement::NotLocal,
+                Ok(Some(p)) => wit_pools::Placement::At(wit_pools::ServicePlacement {
+                    load_balancer: p.load_balancer,
+                    pools: p
+                        .pools
+                        .into_iter()
+                        .map(|f| wit_pools::FamilyPool { ipv6: f.ipv6, name: f.name })
+                        .collect(),
+                }),
+                Err(why) => wit_pools::Placement::Refused(why),
+            }
+        }
+    };
+}

@@ -24,8 +24,8 @@ use crate::azure::{AzureApi, AzureError, BackendAddress, BackendPool, PoolRef};
 use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    Disposition, GroupOutcome, PlacementFacts, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment, ServiceEvent,
-    Placement, SlbConfiguration,
+    Disposition, GroupOutcome, GroupReport, Placement, PlacementFacts, PoolGroup, PoolOperation, QueueStatus,
+    ServiceAssignment, ServiceEvent, SlbConfiguration,
 };
 use crate::sandbox::{GuestError, Logic, Session};
 use crate::trace::{Arg, Ended, Recorder, arg, lazy};
@@ -199,10 +199,68 @@ pub struct TickSummary {
     pub unlock_failed: bool,
 }
 
-/// The guest's queue: a session and the `pool-queue` resource in it.
-struct GuestQueue {
+/// The logic the updater drives: the `backend-pools` interface's `place-service` and one
+/// `pool-queue`. [`PoolUpdater::new`] runs it in a session of the component; the native library
+/// runs it too (`crate::native`, feature `native`), so the differential runs compare the two on
+/// the multi-SLB scenarios.
+pub trait PoolLogic: Send {
+    fn place(
+        &mut self,
+        configurations: &[SlbConfiguration],
+        service: &wit::Service,
+        facts: &PlacementFacts,
+    ) -> Result<Placement, GuestError>;
+    fn enqueue(&mut self, operations: &[PoolOperation]) -> Result<(), GuestError>;
+    fn remove_operations(&mut self, service: &str) -> Result<u32, GuestError>;
+    fn status(&mut self, now_ms: u64) -> Result<QueueStatus, GuestError>;
+    fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Result<Vec<PoolGroup>, GuestError>;
+    fn report(&mut self, now_ms: u64, group: u64, outcome: &GroupOutcome) -> Result<Option<GroupReport>, GuestError>;
+}
+
+/// The component's queue: a session and the `pool-queue` resource in it.
+pub struct GuestQueue {
     session: Session,
     queue: ResourceAny,
+}
+
+impl GuestQueue {
+    /// An empty queue in a new session of `logic`.
+    pub fn new(logic: &Logic, max_retries: u32) -> Result<Self, GuestError> {
+        let mut session = logic.session()?;
+        let queue = session.pool_queue_create(max_retries)?;
+        Ok(Self { session, queue })
+    }
+}
+
+impl PoolLogic for GuestQueue {
+    fn place(
+        &mut self,
+        configurations: &[SlbConfiguration],
+        service: &wit::Service,
+        facts: &PlacementFacts,
+    ) -> Result<Placement, GuestError> {
+        self.session.place_service(configurations, service, facts)
+    }
+
+    fn enqueue(&mut self, operations: &[PoolOperation]) -> Result<(), GuestError> {
+        self.session.pool_queue_enqueue(self.queue, operations)
+    }
+
+    fn remove_operations(&mut self, service: &str) -> Result<u32, GuestError> {
+        self.session.pool_queue_remove_operations(self.queue, service)
+    }
+
+    fn status(&mut self, now_ms: u64) -> Result<QueueStatus, GuestError> {
+        self.session.pool_queue_status(self.queue, now_ms)
+    }
+
+    fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Result<Vec<PoolGroup>, GuestError> {
+        self.session.pool_queue_drain_and_group(self.queue, now_ms, assignment)
+    }
+
+    fn report(&mut self, now_ms: u64, group: u64, outcome: &GroupOutcome) -> Result<Option<GroupReport>, GuestError> {
+        self.session.pool_queue_report(self.queue, now_ms, group, outcome)
+    }
 }
 
 /// The updater: producers call [`enqueue`](Self::enqueue) and
@@ -213,7 +271,7 @@ pub struct PoolUpdater<A, L, K> {
     kube: K,
     service_lock: ServiceLock,
     config: PoolUpdaterConfig,
-    guest: Mutex<GuestQueue>,
+    guest: Mutex<Box<dyn PoolLogic>>,
     /// Lower-cased `namespace/name` → load balancer, as the last reconcile wrote it.
     assignment: Mutex<BTreeMap<String, (String, String)>>,
     /// Canonical node IP → the node's name, as the producer last read the Nodes.
@@ -264,20 +322,31 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         service_lock: ServiceLock,
         config: PoolUpdaterConfig,
     ) -> Result<Self, PoolUpdaterError> {
-        let mut session = logic.session().map_err(PoolUpdaterError::Guest)?;
-        let queue = session.pool_queue_create(config.max_retries).map_err(PoolUpdaterError::Guest)?;
-        Ok(Self {
+        let queue = GuestQueue::new(logic, config.max_retries).map_err(PoolUpdaterError::Guest)?;
+        Ok(Self::over(Box::new(queue), azure, resource_lock, kube, service_lock, config))
+    }
+
+    /// An updater driving `logic`, whose queue was made with `config.max_retries`.
+    pub fn over(
+        logic: Box<dyn PoolLogic>,
+        azure: A,
+        resource_lock: L,
+        kube: K,
+        service_lock: ServiceLock,
+        config: PoolUpdaterConfig,
+    ) -> Self {
+        Self {
             azure,
             resource_lock,
             kube,
             service_lock,
             config,
-            guest: Mutex::new(GuestQueue { session, queue }),
+            guest: Mutex::new(logic),
             assignment: Mutex::new(BTreeMap::new()),
             node_names: Mutex::new(BTreeMap::new()),
             stats: Arc::default(),
             trace: None,
-        })
+        }
     }
 
     /// Records the queue's guest calls (`docs/traces.md`), from its creation on.
@@ -349,19 +418,14 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     }
 
     /// One short guest call under the queue lock; never held across an await.
-    fn with_guest<R>(
-        &self,
-        f: impl FnOnce(&mut Session, ResourceAny) -> Result<R, GuestError>,
-    ) -> Result<R, PoolUpdaterError> {
-        let mut guest = plain(&self.guest);
-        let queue = guest.queue;
-        f(&mut guest.session, queue).map_err(PoolUpdaterError::Guest)
+    fn with_guest<R>(&self, f: impl FnOnce(&mut dyn PoolLogic) -> Result<R, GuestError>) -> Result<R, PoolUpdaterError> {
+        f(plain(&self.guest).as_mut()).map_err(PoolUpdaterError::Guest)
     }
 
     /// Queues operations (EndpointSlice changes, the end of a reconcile). Waits for at most one
     /// short guest call, never for a tick's Azure calls.
     pub fn enqueue(&self, operations: &[PoolOperation]) -> Result<(), PoolUpdaterError> {
-        let result = self.with_guest(|s, q| s.pool_queue_enqueue(q, operations));
+        let result = self.with_guest(|q| q.enqueue(operations));
         if let Some((recorder, handle)) = &self.trace {
             let ended = match &result {
                 Ok(()) => Ended::Unit,
@@ -374,7 +438,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
 
     /// Cancels a Service's queued operations (a reconcile moved it off its load balancer).
     pub fn remove_operations(&self, service: &str) -> Result<u32, PoolUpdaterError> {
-        let result = self.with_guest(|s, q| s.pool_queue_remove_operations(q, service));
+        let result = self.with_guest(|q| q.remove_operations(service));
         self.traced("pool-queue.remove-operations", true, || vec![arg(service.to_owned())], result)
     }
 
@@ -386,7 +450,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// [`status`](Self::status) at a given instant of the caller's clock (virtual time in
     /// `simulate`, which must not read the real clock: its runs are deterministic).
     pub fn status_at(&self, now: u64) -> Result<QueueStatus, PoolUpdaterError> {
-        let result = self.with_guest(|s, q| s.pool_queue_status(q, now));
+        let result = self.with_guest(|q| q.status(now));
         self.traced("pool-queue.status", true, || vec![arg(now)], result)
     }
 
@@ -399,7 +463,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         service: &wit::Service,
         facts: &PlacementFacts,
     ) -> Result<Placement, PoolUpdaterError> {
-        let result = self.with_guest(|s, _| s.place_service(configurations, service, facts));
+        let result = self.with_guest(|q| q.place(configurations, service, facts));
         let args = || vec![arg(configurations.to_vec()), arg(service.clone()), arg(facts.clone())];
         self.traced("place-service", false, args, result)
     }
@@ -458,7 +522,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             .values()
             .map(|(service, lb)| ServiceAssignment { service: service.clone(), load_balancer: lb.clone() })
             .collect();
-        let groups = self.with_guest(|s, q| s.pool_queue_drain_and_group(q, now, &assignment));
+        let groups = self.with_guest(|q| q.drain_and_group(now, &assignment));
         let groups =
             self.traced("pool-queue.drain-and-group", true, || vec![arg(now), arg(assignment.clone())], groups)?;
         let mut summary = TickSummary { groups: groups.len(), ..TickSummary::default() };
@@ -489,7 +553,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
                 }
             }
             let now = clock();
-            let report = self.with_guest(|s, q| s.pool_queue_report(q, now, group.id, &outcome));
+            let report = self.with_guest(|q| q.report(now, group.id, &outcome));
             let id = group.id;
             let traced_outcome = outcome.clone();
             let report =

@@ -1,17 +1,73 @@
 //! The native library (`clb-guest`) seen through the host's WIT types (feature `native`): the
 //! conversions the guest's adapter (`guest/src/component.rs`) makes, from the same macro
 //! (`clb_guest::wit_conversions!`) expanded over the host's generated types, and
-//! [`NativeReconciler`], the library behind the simulator's [`Reconciler`] trait. Differential
+//! [`NativeReconciler`], the library behind the simulator's [`Reconciler`] trait, with
+//! [`NativePools`] behind the backend-pool updater's [`PoolLogic`]. Differential
 //! runs feed the same records to the library and to the component and compare what comes back: the integration tests (`clb-tests`) and the fuzz
 //! crate's `differential` target (`fuzz-lib/`).
 
+use crate::backend_pools::PoolLogic;
+use crate::sandbox::GuestError;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools as wit_pools;
 use crate::sandbox::bindings::exports::clb::reconciler::validation as wit_validation;
 use crate::simulator::simulate::{LogicError, Reconciler};
 use clb_guest::model;
 
-// The guest adapter's own conversions, expanded over the host's generated types.
+// The guest adapter's own conversions and pool adapter, expanded over the host's generated types.
 clb_guest::wit_conversions!();
+clb_guest::pool_adapter!();
+
+/// The native library's backend-pool logic behind the updater's [`PoolLogic`]: it cannot trap,
+/// so every call answers.
+pub struct NativePools(WitPoolQueue);
+
+impl NativePools {
+    pub fn new(max_retries: u32) -> Self {
+        Self(WitPoolQueue::new(max_retries))
+    }
+}
+
+impl PoolLogic for NativePools {
+    fn place(
+        &mut self,
+        configurations: &[wit_pools::SlbConfiguration],
+        service: &wit::Service,
+        facts: &wit_pools::PlacementFacts,
+    ) -> Result<wit_pools::Placement, GuestError> {
+        Ok(place_service_wit(configurations.to_vec(), service.clone(), facts.clone()))
+    }
+
+    fn enqueue(&mut self, operations: &[wit_pools::PoolOperation]) -> Result<(), GuestError> {
+        self.0.enqueue(operations.to_vec());
+        Ok(())
+    }
+
+    fn remove_operations(&mut self, service: &str) -> Result<u32, GuestError> {
+        Ok(self.0.remove_operations(service))
+    }
+
+    fn status(&mut self, now_ms: u64) -> Result<wit_pools::QueueStatus, GuestError> {
+        Ok(self.0.status(now_ms))
+    }
+
+    fn drain_and_group(
+        &mut self,
+        now_ms: u64,
+        assignment: &[wit_pools::ServiceAssignment],
+    ) -> Result<Vec<wit_pools::PoolGroup>, GuestError> {
+        Ok(self.0.drain_and_group(now_ms, assignment.to_vec()))
+    }
+
+    fn report(
+        &mut self,
+        now_ms: u64,
+        group: u64,
+        outcome: &wit_pools::GroupOutcome,
+    ) -> Result<Option<wit_pools::GroupReport>, GuestError> {
+        Ok(self.0.report(now_ms, group, outcome.clone()))
+    }
+}
 
 pub fn config_to_model(c: &wit::Config) -> clb_guest::Config {
     c.clone().into()
@@ -106,6 +162,14 @@ impl Reconciler for NativeReconciler {
 
     fn stats(&mut self, now_ms: u64) -> Result<Option<wit::TrackerStats>, LogicError> {
         Ok(Some(self.tracker()?.stats(now_ms).into()))
+    }
+
+    fn validate_config(&mut self, config: &wit::Config) -> Result<Result<wit::Mode, wit::ConfigError>, LogicError> {
+        Ok(clb_guest::config::validate_config(&config_to_model(config)).map(Into::into).map_err(Into::into))
+    }
+
+    fn pool_logic(&mut self, max_retries: u32) -> Result<Box<dyn PoolLogic>, LogicError> {
+        Ok(Box::new(NativePools::new(max_retries)))
     }
 }
 

@@ -27,7 +27,8 @@ use crate::azure::{
     AzureApi, BackendPool, DEFAULT_SERVICE_GATEWAY, LbRule, LoadBalancerSpec, Operation, PoolRef, PublicIpSpec, Scope,
 };
 use crate::backend_pools::{
-    DEFAULT_MAX_RETRIES, InMemoryLock, PoolUpdater, PoolUpdaterConfig, PoolUpdaterError, ServiceLock, Tick,
+    DEFAULT_MAX_RETRIES, GuestQueue, InMemoryLock, PoolLogic, PoolUpdater, PoolUpdaterConfig, PoolUpdaterError,
+    ServiceLock, Tick,
 };
 use crate::emulator::{Emulator, EmulatorConfig, Resources};
 use crate::executor::{Executor, command_name};
@@ -71,7 +72,7 @@ pub enum LogicError {
     #[error("this reconciler cannot run a candidate in shadow")]
     ShadowUnsupported,
     #[error(
-        "this reconciler cannot run the backend-pool updater (multi-SLB local-service scenarios need the component)"
+        "this reconciler has no backend-pool logic (multi-SLB local-service scenarios need it)"
     )]
     PoolsUnsupported,
     #[error(transparent)]
@@ -136,10 +137,15 @@ pub trait Reconciler {
     fn logic_status(&self) -> Option<LogicStatus> {
         None
     }
-    /// The logic the backend-pool updater of multi-SLB local-service mode runs in; `None`: this
-    /// reconciler cannot run that mode.
-    fn pool_logic(&self) -> Option<&Logic> {
-        None
+    /// The mode the logic reads `config` in (`validate-config`): whether the backend-pool
+    /// updater of multi-SLB local-service mode runs.
+    fn validate_config(&mut self, _config: &wit::Config) -> Result<Result<wit::Mode, wit::ConfigError>, LogicError> {
+        Err(LogicError::PoolsUnsupported)
+    }
+    /// A new backend-pool logic for that updater: `place-service` and an empty queue that
+    /// retries a group at most `max_retries` times.
+    fn pool_logic(&mut self, _max_retries: u32) -> Result<Box<dyn PoolLogic>, LogicError> {
+        Err(LogicError::PoolsUnsupported)
     }
     /// The trace being recorded of this run's calls into the logic, if any.
     fn recorder(&self) -> Option<Arc<Recorder>> {
@@ -275,8 +281,12 @@ impl Reconciler for ComponentReconciler<'_> {
             .collect()
     }
 
-    fn pool_logic(&self) -> Option<&Logic> {
-        Some(self.supervisor.logic())
+    fn validate_config(&mut self, config: &wit::Config) -> Result<Result<wit::Mode, wit::ConfigError>, LogicError> {
+        Ok(self.supervisor.logic().session()?.validate_config(config)?)
+    }
+
+    fn pool_logic(&mut self, max_retries: u32) -> Result<Box<dyn PoolLogic>, LogicError> {
+        Ok(Box::new(GuestQueue::new(self.supervisor.logic(), max_retries)?))
     }
 
     fn logic_status(&self) -> Option<LogicStatus> {
@@ -431,6 +441,13 @@ impl ScenarioReport {
     /// Every command of the run, in order: what the differential test compares.
     pub fn command_stream(&self) -> Vec<&str> {
         self.steps.iter().flat_map(|s| &s.commands).map(|c| c.detail.as_str()).collect()
+    }
+
+    /// What the backend-pool producer enqueued and what the updater's ticks did, in order: what
+    /// the differential test compares in multi-SLB local-service mode, where the tracker sends
+    /// no commands.
+    pub fn pool_stream(&self) -> Vec<&str> {
+        self.steps.iter().flat_map(|s| &s.backend_pools).map(String::as_str).collect()
     }
 }
 
@@ -673,8 +690,7 @@ impl Simulation<'_> {
         let step = self.logic.observe(self.now, &self.cluster.list())?;
         self.absorb(step);
         if !scenario.config.multiple_standard_load_balancers.is_empty() {
-            let logic = self.logic.pool_logic().ok_or(LogicError::PoolsUnsupported)?;
-            let mode = logic.session()?.validate_config(&scenario.config);
+            let mode = self.logic.validate_config(&scenario.config);
             let recorder = self.logic.recorder();
             if let Some(recorder) = &recorder {
                 let ended = match &mode {
@@ -688,14 +704,14 @@ impl Simulation<'_> {
                 let interval = scenario.azure.pool_update_interval_ms();
                 let config =
                     PoolUpdaterConfig { interval: Duration::from_millis(interval), max_retries: DEFAULT_MAX_RETRIES };
-                let mut updater = PoolUpdater::new(
-                    logic,
+                let mut updater = PoolUpdater::over(
+                    self.logic.pool_logic(config.max_retries)?,
                     self.emulator.clone(),
                     InMemoryLock::new(),
                     self.cluster.clone(),
                     ServiceLock::default(),
                     config,
-                )?;
+                );
                 if let Some(recorder) = recorder {
                     updater = updater.with_recorder(recorder);
                 }
