@@ -74,6 +74,7 @@ pub fn encode(max_retries: u32, ops: &[PoolOp]) -> Vec<u8> {
                         OperationKind::Add => 0,
                         OperationKind::Remove => 1,
                         OperationKind::DeletePool => 3,
+                        OperationKind::EnsurePool => 2,
                     });
                     e.texts(&o.node_ips, 4);
                 }
@@ -146,6 +147,7 @@ fn decode(d: &mut Dec<'_>) -> (u32, Vec<PoolOp>) {
                         pool: d.text(POOLS),
                         kind: match d.byte() % 4 {
                             3 => OperationKind::DeletePool,
+                            2 => OperationKind::EnsurePool,
                             1 => OperationKind::Remove,
                             _ => OperationKind::Add,
                         },
@@ -337,17 +339,22 @@ impl Model {
         for (k, ops) in taken {
             // The last operation naming an IP decides.
             let mut last: BTreeMap<String, OperationKind> = BTreeMap::new();
-            let mut delete = false;
+            let (mut delete, mut ensure) = (false, false);
             for q in &ops {
-                if q.op.kind == OperationKind::DeletePool {
-                    last.clear();
-                    delete = true;
-                }
-                for address in q.op.node_ips.iter().filter(|_| q.op.kind != OperationKind::DeletePool) {
-                    last.insert(canonical(address), q.op.kind);
+                match q.op.kind {
+                    OperationKind::DeletePool => {
+                        last.clear();
+                        (delete, ensure) = (true, false);
+                    }
+                    OperationKind::EnsurePool => ensure = true,
+                    OperationKind::Add | OperationKind::Remove => {
+                        for address in &q.op.node_ips {
+                            last.insert(canonical(address), q.op.kind);
+                        }
+                    }
                 }
             }
-            if last.is_empty() && !delete {
+            if last.is_empty() && !delete && !ensure {
                 continue;
             }
             let mut services: Vec<String> = Vec::new();
@@ -367,6 +374,7 @@ impl Model {
                 remove: if delete { Vec::new() } else { pick(OperationKind::Remove) },
                 services: services.clone(),
                 delete,
+                ensure,
             };
             self.in_flight.insert(
                 id,

@@ -53,6 +53,10 @@ pub enum OperationKind {
     /// The Service left the pool: it goes. Kept whatever the assignment says, and not
     /// cancelled by [`PoolQueue::remove_operations`].
     DeletePool,
+    /// The Service is on the load balancer: its pool exists afterwards, created empty when Azure
+    /// lacks it (upstream's reconcile makes a local Service's pool before it has a node). Like
+    /// an add, dropped when the assignment says otherwise and cancelled by `remove_operations`.
+    EnsurePool,
 }
 
 /// One change a producer wants made to one Service's backend pool.
@@ -85,9 +89,12 @@ pub struct PoolGroup {
     pub remove: Vec<String>,
     /// Distinct Services, in arrival order, as first spelled.
     pub services: Vec<String>,
-    /// A [`OperationKind::DeletePool`] is in the group: with `add` empty the pool goes, else it
-    /// is made to hold exactly `add` (and `remove` is empty).
+    /// A [`OperationKind::DeletePool`] is in the group: with `add` empty (and no `ensure`) the
+    /// pool goes, else it is made to hold exactly `add` (and `remove` is empty).
     pub delete: bool,
+    /// An [`OperationKind::EnsurePool`] came after the group's last deletion: the pool exists
+    /// afterwards, created (holding `add`) when missing.
+    pub ensure: bool,
 }
 
 /// How full the queue is.
@@ -326,6 +333,7 @@ impl PoolQueue {
             services: Vec<String>,
             seen: BTreeSet<String>,
             delete: bool,
+            ensure: bool,
         }
         let mut groups: BTreeMap<String, Building> = BTreeMap::new();
         let mut kept = VecDeque::new();
@@ -351,11 +359,15 @@ impl PoolQueue {
                 services: Vec::new(),
                 seen: BTreeSet::new(),
                 delete: false,
+                ensure: false,
             });
             if deletes {
                 // What came before no longer counts: the pool goes, or holds only what comes after.
                 building.net.clear();
                 building.delete = true;
+                building.ensure = false;
+            } else if queued.op.kind == OperationKind::EnsurePool {
+                building.ensure = true;
             } else {
                 let present = queued.op.kind == OperationKind::Add;
                 for address in &queued.op.node_ips {
@@ -371,7 +383,7 @@ impl PoolQueue {
 
         let mut out = Vec::with_capacity(groups.len());
         for (key, building) in groups {
-            if building.net.is_empty() && !building.delete {
+            if building.net.is_empty() && !building.delete && !building.ensure {
                 continue;
             }
             let (add, mut remove): (Vec<_>, Vec<_>) = building.net.into_iter().partition(|(_, present)| *present);
@@ -389,6 +401,7 @@ impl PoolQueue {
                 remove: remove.into_iter().map(|(ip, _)| ip).collect(),
                 services: building.services.clone(),
                 delete: building.delete,
+                ensure: building.ensure,
             };
             self.in_flight.insert(
                 id,
@@ -1010,5 +1023,40 @@ mod tests {
         assert_eq!(report.disposition, Disposition::Abandoned);
         assert_eq!(report.events.iter().map(|e| e.event_type).collect::<Vec<_>>(), [EventType::Warning]);
         assert!(q.is_empty());
+    }
+
+    fn ensure(service: &str, lb: &str, pool: &str) -> PoolOperation {
+        op(service, lb, pool, OperationKind::EnsurePool, &["10.0.0.9"])
+    }
+
+    // Upstream's reconcile makes a local Service's pool with its load balancer, before a node
+    // holds one of its endpoints: an ensure alone gives a group with nothing to add, which the
+    // host creates empty when Azure lacks the pool; its node IPs are ignored.
+    #[test]
+    fn an_ensured_pool_gives_a_group_with_nothing_to_add_and_is_dropped_when_its_service_moved() {
+        let mut q = PoolQueue::default();
+        q.enqueue([ensure("ns/a", "lb1", "ns-a"), ensure("ns/b", "lb1", "ns-b")]);
+        let groups = q.drain_and_group(0, &assign(&[("ns/a", "lb1"), ("ns/b", "lb2")]));
+        assert_eq!(keys(&groups), strings(&["lb1:ns-a"]), "ns/b is on lb2 now");
+        let g = &groups[0];
+        assert!(g.ensure && !g.delete && g.add.is_empty() && g.remove.is_empty(), "{g:?}");
+        let report = q.report(0, g.id, &GroupOutcome::Created).unwrap();
+        assert_eq!(report.events.len(), 1);
+        assert!(report.events[0].message.contains("created"), "{:?}", report.events[0]);
+        q.enqueue([ensure("ns/a", "lb1", "ns-a")]);
+        assert_eq!(q.remove_operations("ns/a"), 1, "an ensure is cancelled as an add is");
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_deletion_after_an_ensure_deletes_and_an_ensure_after_a_deletion_keeps_the_pool_empty() {
+        let mut q = PoolQueue::default();
+        q.enqueue([ensure("ns/a", "lb1", "ns-a"), delete("ns/a", "lb1", "ns-a")]);
+        let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
+        assert!(g.delete && !g.ensure && g.add.is_empty(), "the pool goes: {g:?}");
+        q.report(0, g.id, &GroupOutcome::Deleted).unwrap();
+        q.enqueue([add("ns/a", "lb1", "ns-a", &["10.0.0.1"]), delete("ns/a", "lb1", "ns-a"), ensure("ns/a", "lb1", "ns-a")]);
+        let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
+        assert!(g.delete && g.ensure && g.add.is_empty() && g.remove.is_empty(), "kept, emptied: {g:?}");
     }
 }

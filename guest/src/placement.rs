@@ -26,8 +26,12 @@
 //! (`a` + its UID without dashes, 32 characters at most, then `-`) is the one it uses, as
 //! upstream's start-up reconcile finds it.
 //!
-//! Its pools, one per IP family it serves, are named as upstream's
-//! `getLocalServiceBackendPoolName` names them ([`local_pools`]).
+//! The load balancer is named as Azure names it: the configuration's name, with `-internal` for
+//! an internal Service (upstream's `getAzureLoadBalancerName`). Its pools, one per IP family it
+//! serves, are named as upstream's `getLocalServiceBackendPoolName` names them
+//! ([`local_pools`]). Pools named as a Service's that a configured load balancer holds where the
+//! Service is not ([`pools_left`]; all of them for a Service that is not local) are the pools it
+//! left, which go.
 
 use crate::admission::ANNOTATION_INTERNAL_LB;
 use crate::model::Service;
@@ -72,6 +76,8 @@ pub struct ExistingLoadBalancer {
     pub name: String,
     /// The names of its load-balancing rules.
     pub rules: Vec<String>,
+    /// The names of its backend pools.
+    pub pools: Vec<String>,
 }
 
 /// What placement reads besides the configurations and the Service.
@@ -91,9 +97,20 @@ pub struct PlacementFacts {
 /// Where a local Service's backend pools live.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
+    /// As Azure names it: the chosen configuration's name, with [`INTERNAL_SUFFIX`] for an
+    /// internal Service (upstream's `getAzureLoadBalancerName`).
     pub load_balancer: String,
     /// One per family the Service serves, IPv4 first ([`local_pools`]).
     pub pools: Vec<FamilyPool>,
+    /// Pools named as the Service's elsewhere ([`pools_left`]): they go.
+    pub left: Vec<LeftPool>,
+}
+
+/// A backend pool a Service left, on one of the existing load balancers, as Azure spells both.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftPool {
+    pub load_balancer: String,
+    pub pool: String,
 }
 
 /// One of a local Service's own backend pools: the nodes' InternalIPs of one family go into it.
@@ -159,11 +176,11 @@ fn trim_internal(name: &str) -> (&str, bool) {
     }
 }
 
-/// The load balancer the Service uses now: the host's record, else the one holding a rule
-/// named after it.
+/// The configuration the Service uses now: the host's record (placement's answer, so an
+/// internal one's `-internal` is cut), else the one holding a rule named after it.
 fn current(service: &Service, facts: &PlacementFacts) -> Option<String> {
     if let Some(current) = &facts.current_load_balancer {
-        return Some(current.clone());
+        return Some(trim_internal(current).0.to_owned());
     }
     let prefix = rule_prefix(service);
     let named_after = |rule: &String| rule.split('-').next().is_some_and(|p| p.eq_ignore_ascii_case(&prefix));
@@ -316,7 +333,40 @@ pub fn place_service(
             names.join(", ")
         ));
     };
-    Ok(Some(Placement { load_balancer: chosen.to_owned(), pools: local_pools(service) }))
+    let load_balancer = if internal { format!("{chosen}{INTERNAL_SUFFIX}") } else { chosen.to_owned() };
+    let pools = local_pools(service);
+    let left = pools_left(configurations, service, facts, Some((&load_balancer, &pools)));
+    Ok(Some(Placement { load_balancer, pools, left }))
+}
+
+/// The pools named as the Service's, either family (upstream's `localServiceOwnsBackendPool`),
+/// that a configuration's existing load balancer holds, except those of `kept` (its load
+/// balancer and pools, when it is placed): the pools it left, which go, as upstream's
+/// `cleanupLocalServiceBackendPool` deletes them. What a host that ran all along would have
+/// deleted already; one that starts finds them here.
+pub fn pools_left(
+    configurations: &[SlbConfiguration],
+    service: &Service,
+    facts: &PlacementFacts,
+    kept: Option<(&str, &[FamilyPool])>,
+) -> Vec<LeftPool> {
+    let owned = [local_pool_name(service, false), local_pool_name(service, true)];
+    let configured = |lb: &str| {
+        let name = trim_internal(lb).0;
+        configurations.iter().any(|c| c.name.trim().eq_ignore_ascii_case(name))
+    };
+    let is_kept = |lb: &str, pool: &str| {
+        kept.is_some_and(|(on, pools)| on.eq_ignore_ascii_case(lb) && pools.iter().any(|p| p.name.eq_ignore_ascii_case(pool)))
+    };
+    let mut left = Vec::new();
+    for lb in facts.load_balancers.iter().filter(|lb| configured(&lb.name)) {
+        for pool in &lb.pools {
+            if owned.iter().any(|o| o.eq_ignore_ascii_case(pool)) && !is_kept(&lb.name, pool) {
+                left.push(LeftPool { load_balancer: lb.name.clone(), pool: pool.clone() });
+            }
+        }
+    }
+    left
 }
 
 #[cfg(test)]
@@ -371,7 +421,61 @@ mod tests {
     }
 
     fn existing(name: &str, rules: usize) -> ExistingLoadBalancer {
-        ExistingLoadBalancer { name: name.into(), rules: (0..rules).map(|i| format!("rule-{i}")).collect() }
+        ExistingLoadBalancer {
+            name: name.into(),
+            rules: (0..rules).map(|i| format!("rule-{i}")).collect(),
+            pools: Vec::new(),
+        }
+    }
+
+    fn holding(name: &str, pools: &[&str]) -> ExistingLoadBalancer {
+        ExistingLoadBalancer { pools: pools.iter().map(|p| p.to_string()).collect(), ..existing(name, 0) }
+    }
+
+    fn left(pairs: &[(&str, &str)]) -> Vec<LeftPool> {
+        pairs.iter().map(|(lb, pool)| LeftPool { load_balancer: lb.to_string(), pool: pool.to_string() }).collect()
+    }
+
+    // Upstream getAzureLoadBalancerName: an internal Service's load balancer is its
+    // configuration's name with `-internal`; the host hands that back as the one in use.
+    #[test]
+    fn an_internal_service_goes_on_its_configurations_internal_load_balancer_and_stays_there() {
+        let mut service = local(None);
+        service.annotations.push((ANNOTATION_INTERNAL_LB.into(), "true".into()));
+        let configs = [lb("lb1", None), lb("lb2", None)];
+        let facts = PlacementFacts { load_balancers: vec![existing("lb1-internal", 2)], ..PlacementFacts::default() };
+        let placed = place_service(&configs, &service, &facts).unwrap().unwrap();
+        assert_eq!(placed.load_balancer, "lb2-internal", "lb1-internal has rules, lb2's does not exist");
+        let again = PlacementFacts { current_load_balancer: Some(placed.load_balancer.clone()), ..facts };
+        assert_eq!(place_service(&configs, &service, &again).unwrap().unwrap().load_balancer, "lb2-internal");
+    }
+
+    // Upstream cleanupLocalServiceBackendPool: the pools a Service owns by name (either family,
+    // localServiceOwnsBackendPool) on the cluster's load balancers, except where it is now.
+    #[test]
+    fn the_pools_a_service_left_are_those_named_as_its_own_on_a_configured_load_balancer_it_is_not_on() {
+        let configs = [lb("lb1", None), lb("lb2", None)];
+        let facts = PlacementFacts {
+            current_load_balancer: Some("lb2".into()),
+            load_balancers: vec![
+                holding("lb1", &["Shop-Web", "shop-web-ipv6", "kubernetes"]),
+                holding("lb2", &["shop-web", "shop-web-IPv6", "shop-webx"]),
+                holding("lb1-internal", &["shop-web"]),
+                holding("elsewhere", &["shop-web"]),
+            ],
+            ..PlacementFacts::default()
+        };
+        let placed = place_service(&configs, &local(None), &facts).unwrap().unwrap();
+        assert_eq!(placed.load_balancer, "lb2");
+        assert_eq!(
+            placed.left,
+            left(&[("lb1", "Shop-Web"), ("lb1", "shop-web-ipv6"), ("lb2", "shop-web-IPv6"), ("lb1-internal", "shop-web")]),
+            "its IPv6 pool on lb2 too: it serves IPv4 only"
+        );
+        let mut cluster = local(None);
+        cluster.external_traffic_policy = Some("Cluster".into());
+        assert_eq!(place_service(&configs, &cluster, &facts), Ok(None));
+        assert_eq!(pools_left(&configs, &cluster, &facts, None).len(), 5, "every pool it owns by name on the configured ones goes");
     }
 
     /// Upstream's `getEligibleLoadBalancersForService` on one case: the names, or the error.
@@ -602,11 +706,13 @@ mod tests {
     #[test]
     fn without_the_hosts_record_a_load_balancer_holding_a_rule_named_after_the_service_is_the_one_it_uses() {
         let configs = [lb("lb1", None), lb("lb2", Some(false))];
-        let rule =
-            ExistingLoadBalancer { name: "LB2".into(), rules: vec!["a8e3b2c104d5e4f6a8b7c9d0e1f2a3b0-TCP-80".into()] };
+        let rule = ExistingLoadBalancer {
+            rules: vec!["a8e3b2c104d5e4f6a8b7c9d0e1f2a3b0-TCP-80".into()],
+            ..existing("LB2", 0)
+        };
         let facts = PlacementFacts { load_balancers: vec![existing("lb1", 0), rule], ..PlacementFacts::default() };
         assert_eq!(place_service(&configs, &local(None), &facts).unwrap().unwrap().load_balancer, "lb2");
-        let other = ExistingLoadBalancer { name: "lb2".into(), rules: vec!["a0000-TCP-80".into()] };
+        let other = ExistingLoadBalancer { rules: vec!["a0000-TCP-80".into()], ..existing("lb2", 0) };
         let facts = PlacementFacts { load_balancers: vec![existing("lb1", 0), other], ..PlacementFacts::default() };
         assert_eq!(place_service(&configs, &local(None), &facts).unwrap().unwrap().load_balancer, "lb1");
     }
@@ -616,7 +722,7 @@ mod tests {
         let facts = PlacementFacts::default();
         let placement = place_service(&[lb("kubernetes", None), lb("lb2", None)], &local(None), &facts).unwrap();
         let pools = vec![FamilyPool { ipv6: false, name: "shop-web".into() }];
-        assert_eq!(placement, Some(Placement { load_balancer: "kubernetes".into(), pools }));
+        assert_eq!(placement, Some(Placement { load_balancer: "kubernetes".into(), pools, left: Vec::new() }));
     }
 
     #[test]
@@ -750,10 +856,14 @@ mod tests {
         }
 
         fn facts() -> impl Strategy<Value = PlacementFacts> {
-            let lb = (0..4usize, any::<bool>(), 0..3usize).prop_map(|(i, internal, rules)| ExistingLoadBalancer {
-                name: format!("{}{}", NAMES[i].to_ascii_lowercase(), if internal { "-internal" } else { "" }),
-                rules: (0..rules).map(|r| format!("rule-{r}")).collect(),
-            });
+            let pool = prop::sample::select(vec!["shop-web", "SHOP-WEB-ipv6", "kubernetes", "shop-webby"]);
+            let lb = (0..4usize, any::<bool>(), 0..3usize, prop::collection::vec(pool, 0..3)).prop_map(
+                |(i, internal, rules, pools)| ExistingLoadBalancer {
+                    name: format!("{}{}", NAMES[i].to_ascii_lowercase(), if internal { "-internal" } else { "" }),
+                    rules: (0..rules).map(|r| format!("rule-{r}")).collect(),
+                    pools: pools.into_iter().map(str::to_owned).collect(),
+                },
+            );
             (pairs(), prop::option::of(pairs()), prop::option::of(0..4usize), prop::collection::vec(lb, 0..4)).prop_map(
                 |(service_labels, namespace_labels, current, load_balancers)| PlacementFacts {
                     service_labels,
@@ -785,6 +895,13 @@ mod tests {
                 let current = current(&service, &facts);
                 let eligible = eligible(&configurations, &service, &facts, current.as_deref()).unwrap();
                 prop_assert!(eligible.iter().any(|c| c.name == placed.load_balancer), "{placed:?} not in {eligible:?}");
+                // What it left is named as its own, and is not where it is now.
+                for gone in &placed.left {
+                    prop_assert!(gone.pool.eq_ignore_ascii_case("shop-web") || gone.pool.eq_ignore_ascii_case("shop-web-ipv6"));
+                    let kept = gone.load_balancer.eq_ignore_ascii_case(&placed.load_balancer)
+                        && placed.pools.iter().any(|p| p.name.eq_ignore_ascii_case(&gone.pool));
+                    prop_assert!(!kept, "{gone:?} is in use");
+                }
                 let again = PlacementFacts { current_load_balancer: Some(placed.load_balancer.clone()), ..facts };
                 prop_assert_eq!(place_service(&configurations, &service, &again), Ok(Some(placed)));
             }

@@ -515,6 +515,7 @@ macro_rules! pool_adapter {
                         wit_pools::OperationKind::Add => pools::OperationKind::Add,
                         wit_pools::OperationKind::Remove => pools::OperationKind::Remove,
                         wit_pools::OperationKind::DeletePool => pools::OperationKind::DeletePool,
+                        wit_pools::OperationKind::EnsurePool => pools::OperationKind::EnsurePool,
                     },
                     node_ips: o.node_ips,
                 }));
@@ -552,6 +553,7 @@ macro_rules! pool_adapter {
                         remove: g.remove,
                         services: g.services,
                         delete: g.delete,
+                        ensure: g.ensure,
                     })
                     .collect()
             }
@@ -632,11 +634,23 @@ macro_rules! pool_adapter {
                 load_balancers: facts
                     .load_balancers
                     .into_iter()
-                    .map(|lb| placement::ExistingLoadBalancer { name: lb.name, rules: lb.rules })
+                    .map(|lb| placement::ExistingLoadBalancer { name: lb.name, rules: lb.rules, pools: lb.pools })
                     .collect(),
             };
-            match placement::place_service(&configurations, &service.into(), &facts) {
-                Ok(None) => wit_pools::Placement::NotLocal,
+            let left = |pools: Vec<placement::LeftPool>| -> Vec<wit_pools::LeftPool> {
+                pools
+                    .into_iter()
+                    .map(|p| wit_pools::LeftPool { load_balancer: p.load_balancer, pool: p.pool })
+                    .collect()
+            };
+            let service = service.into();
+            match placement::place_service(&configurations, &service, &facts) {
+                Ok(None) => wit_pools::Placement::NotLocal(left(placement::pools_left(
+                    &configurations,
+                    &service,
+                    &facts,
+                    None,
+                ))),
                 Ok(Some(p)) => wit_pools::Placement::At(wit_pools::ServicePlacement {
                     load_balancer: p.load_balancer,
                     pools: p
@@ -644,6 +658,7 @@ macro_rules! pool_adapter {
                         .into_iter()
                         .map(|f| wit_pools::FamilyPool { ipv6: f.ipv6, name: f.name })
                         .collect(),
+                    left: left(p.left),
                 }),
                 Err(why) => wit_pools::Placement::Refused(why),
             }

@@ -575,12 +575,13 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     }
 
     /// GET the pool, apply the group's change, PUT with `If-Match` only when it changed; a pool
-    /// that is not there is created when the group adds to it (a PUT without `If-Match`), and a
-    /// group that deletes with nothing to add deletes it (ARM answers 204 for one already gone;
-    /// a 404, its load balancer gone, is unchanged too).
+    /// that is not there is created when the group adds to it or ensures it (a PUT without
+    /// `If-Match`, empty included), and a group that deletes with nothing to add and nothing to
+    /// ensure deletes it (ARM answers 204 for one already gone; a 404, its load balancer gone, is
+    /// unchanged too).
     async fn apply(&self, group: &PoolGroup) -> GroupOutcome {
         let pool_ref = PoolRef { load_balancer: group.load_balancer.clone(), pool: group.pool.clone() };
-        if group.delete && group.add.is_empty() {
+        if group.delete && group.add.is_empty() && !group.ensure {
             return match self.azure.delete_backend_pool(&pool_ref).await {
                 Ok(()) => GroupOutcome::Deleted,
                 Err(err) if err.status == 404 => GroupOutcome::Unchanged,
@@ -589,9 +590,9 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         }
         let (mut pool, etag) = match self.azure.get_backend_pool(&pool_ref).await {
             Ok((pool, etag)) => (pool, Some(etag)),
-            // Not there, and the group has something for it: made now. Were its load balancer
-            // gone, the PUT answers 404 too, and the guest drops the group.
-            Err(err) if err.status == 404 && !group.add.is_empty() => (BackendPool::default(), None),
+            // Not there, and the group has something for it or ensures it: made now. Were its
+            // load balancer gone, the PUT answers 404 too, and the guest drops the group.
+            Err(err) if err.status == 404 && (!group.add.is_empty() || group.ensure) => (BackendPool::default(), None),
             Err(err) => return GroupOutcome::Failed(failure_of(&err)),
         };
         let before = pool.addresses.len();
@@ -603,7 +604,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             let remove: BTreeSet<String> = group.remove.iter().map(|ip| address_key(ip)).collect();
             pool.addresses.retain(|a| !remove.contains(&address_key(&a.ip_address)));
         }
-        let mut changed = pool.addresses.len() != before;
+        let mut changed = etag.is_none() || pool.addresses.len() != before;
         let mut present: BTreeSet<String> = pool.addresses.iter().map(|a| address_key(&a.ip_address)).collect();
         {
             let node_names = plain(&self.node_names);

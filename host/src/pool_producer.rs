@@ -7,8 +7,10 @@
 //! family has that family's pool deleted. A Service new to a load balancer (or moved to
 //! another) starts from what its pool holds in Azure, as a reconcile that read the load balancer
 //! would; its operations queued for the old pool are dropped and the old pool is deleted, as it
-//! is when the Service goes (upstream's `cleanupLocalServiceBackendPool`). The queue does both
-//! writes in the updater's tick, under its locks.
+//! is when the Service goes (upstream's `cleanupLocalServiceBackendPool`). A pool Azure lacks is
+//! ensured (made empty if nothing is to go in yet), and the first time a Service is placed the
+//! pools the guest says it left (named after it where it is not: what it left while no producer
+//! ran) are deleted. The queue does these writes in the updater's tick, under its locks.
 //!
 //! Shared by `simulate` (which recomputes every Service when the cluster changes) and `run`
 //! (`crate::live::pools`, which recomputes only the Services a change touched). Both call it under
@@ -19,8 +21,8 @@ use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ResourceLock};
 use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    ExistingLoadBalancer, FamilyPool, OperationKind, Placement, PlacementFacts, PoolOperation, ServicePlacement,
-    SlbConfiguration,
+    ExistingLoadBalancer, FamilyPool, LeftPool, OperationKind, Placement, PlacementFacts, PoolOperation,
+    ServicePlacement, SlbConfiguration,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -87,6 +89,7 @@ fn enqueued(op: &PoolOperation) -> String {
         OperationKind::Add => format!("enqueue {service} add {lb}:{pool} {}", ip_list(&op.node_ips)),
         OperationKind::Remove => format!("enqueue {service} remove {lb}:{pool} {}", ip_list(&op.node_ips)),
         OperationKind::DeletePool => format!("enqueue {service} delete {lb}:{pool}"),
+        OperationKind::EnsurePool => format!("enqueue {service} ensure {lb}:{pool}"),
     }
 }
 
@@ -106,6 +109,10 @@ pub struct PoolProducer {
     known: BTreeMap<String, Produced>,
     /// Lower-cased `namespace/name` → why it could not be placed, last time it was asked.
     refused: BTreeMap<String, String>,
+    /// Lower-cased `namespace/name` of the Services whose left pools were looked for: once per
+    /// Service, at its first placement. From then on the producer's own memory follows where
+    /// it goes, and the listing of load balancers may lag behind the deletions it queued.
+    swept: BTreeSet<String>,
 }
 
 impl PoolProducer {
@@ -129,6 +136,11 @@ impl PoolProducer {
     /// known), `load_balancers` the resource group's. With the answer, whether a refusal is new:
     /// not what was said of the Service last (one Warning Event per distinct reason, not one per
     /// change); what the producer enqueued for a refused Service stays as it was.
+    ///
+    /// The first time a Service is placed (or found not local), the pools the guest says it left
+    /// are deleted: what it left while no producer ran (it moved, turned `Cluster`, or is being
+    /// deleted), as upstream's reconcile deletes them. One line per deletion goes to `notes`.
+    #[allow(clippy::too_many_arguments)] // each is one thing the caller has in hand
     pub fn place<A: AzureApi, L: ResourceLock, K: KubeApi>(
         &mut self,
         updater: &PoolUpdater<A, L, K>,
@@ -136,6 +148,7 @@ impl PoolProducer {
         service: &wit::Service,
         namespace_labels: Option<Vec<(String, String)>>,
         load_balancers: &[ExistingLoadBalancer],
+        notes: &mut Vec<String>,
     ) -> Result<(Placement, bool), PoolUpdaterError> {
         let folded = format!("{}/{}", service.namespace, service.name).to_ascii_lowercase();
         let facts = PlacementFacts {
@@ -143,7 +156,21 @@ impl PoolProducer {
             current_load_balancer: self.known.get(&folded).map(|p| p.placement.load_balancer.clone()),
             load_balancers: load_balancers.to_vec(),
         };
-        Ok(match updater.place(configurations, service, &facts)? {
+        let placed = updater.place(configurations, service, &facts)?;
+        let left: &[LeftPool] = match &placed {
+            Placement::NotLocal(left) => left,
+            Placement::At(placement) => &placement.left,
+            Placement::Refused(_) => &[],
+        };
+        if !matches!(placed, Placement::Refused(_)) && self.swept.insert(folded.clone()) && !left.is_empty() {
+            let name = format!("{}/{}", service.namespace, service.name);
+            let deletions: Vec<PoolOperation> =
+                left.iter().map(|pool| deletion(&name, &pool.load_balancer, &pool.pool)).collect();
+            updater.enqueue(&deletions)?;
+            notes.push(format!("{name} left {} pool(s) named after it where it is not", deletions.len()));
+            notes.extend(deletions.iter().map(enqueued));
+        }
+        Ok(match placed {
             Placement::Refused(message) => {
                 let new = self.refused.get(&folded) != Some(&message);
                 self.refused.insert(folded, message.clone());
@@ -165,6 +192,12 @@ impl PoolProducer {
     /// Forgets what was said of one Service (any case): it is gone.
     pub fn gone(&mut self, service: &str) {
         self.refused.remove(&service.to_ascii_lowercase());
+        self.swept.remove(&service.to_ascii_lowercase());
+    }
+
+    /// Forgets the Services not in `present` (lower-cased keys): they are gone.
+    pub fn keep_present(&mut self, present: &BTreeSet<String>) {
+        self.swept.retain(|key| present.contains(key));
     }
 
     /// The lower-cased keys of the Services the producer knows.
@@ -175,9 +208,11 @@ impl PoolProducer {
     /// Records that `service` (`namespace/name`) is a local Service at `placement` whose ready
     /// endpoints are on the nodes with `ips` (both families), and enqueues the change of each of
     /// its pools against what was enqueued for it last; `pool_contents` (a pool's canonical IPs
-    /// in Azure) is called for the pools [`pools_needing_contents`](Self::pools_needing_contents)
-    /// names. A pool the Service left (it moved, or serves a family no more) is deleted. One line
-    /// per thing done goes to `notes`.
+    /// in Azure, `None` when Azure has no such pool) is called for the pools
+    /// [`pools_needing_contents`](Self::pools_needing_contents) names. A pool Azure lacks is
+    /// ensured, so it is made even before a node holds one of the Service's endpoints, as
+    /// upstream's reconcile makes it. A pool the Service left (it moved, or serves a family no
+    /// more) is deleted. One line per thing done goes to `notes`.
     #[allow(clippy::too_many_arguments)] // each is one thing the caller has in hand
     pub fn update<A: AzureApi, L: ResourceLock, K: KubeApi>(
         &mut self,
@@ -186,7 +221,7 @@ impl PoolProducer {
         service: &str,
         placement: ServicePlacement,
         ips: BTreeSet<String>,
-        mut pool_contents: impl FnMut(&str) -> BTreeSet<String>,
+        mut pool_contents: impl FnMut(&str) -> Option<BTreeSet<String>>,
         notes: &mut Vec<String>,
     ) -> Result<(), PoolUpdaterError> {
         let folded = service.to_ascii_lowercase();
@@ -218,8 +253,6 @@ impl PoolProducer {
         let mut produced = BTreeMap::new();
         for pool in &placement.pools {
             let key = pool.name.to_ascii_lowercase();
-            let baseline = before_ips.remove(&key).unwrap_or_else(|| pool_contents(&pool.name));
-            let wanted: BTreeSet<String> = ips.iter().filter(|ip| of_family(ip, pool)).cloned().collect();
             let operation = |kind, node_ips| PoolOperation {
                 service: service.to_owned(),
                 load_balancer: placement.load_balancer.clone(),
@@ -227,6 +260,14 @@ impl PoolProducer {
                 kind,
                 node_ips,
             };
+            let baseline = match before_ips.remove(&key) {
+                Some(enqueued) => enqueued,
+                None => pool_contents(&pool.name).unwrap_or_else(|| {
+                    operations.push(operation(OperationKind::EnsurePool, Vec::new()));
+                    BTreeSet::new()
+                }),
+            };
+            let wanted: BTreeSet<String> = ips.iter().filter(|ip| of_family(ip, pool)).cloned().collect();
             let gone: Vec<String> = baseline.difference(&wanted).cloned().collect();
             if !gone.is_empty() {
                 operations.push(operation(OperationKind::Remove, gone));

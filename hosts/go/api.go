@@ -262,7 +262,7 @@ func CreatePoolQueue(c *Component, maxRetries uint32) (*PoolQueue, error) {
 }
 
 // Enqueue is `pool-queue.enqueue`: pool-operation records
-// ({"service", "load-balancer", "pool", "kind": "add"|"remove"|"delete-pool", "node-ips"}).
+// ({"service", "load-balancer", "pool", "kind": "add"|"remove"|"delete-pool"|"ensure-pool", "node-ips"}).
 func (q *PoolQueue) Enqueue(operations []any) error {
 	_, err := q.call("pool-queue.enqueue", operations)
 	return err

@@ -45,9 +45,9 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  * @typedef {{name:string, 'allow-service-placement': boolean|null, 'service-label-selector': object|null,
  *   'service-namespace-selector': object|null}} SlbConfiguration
  * @typedef {{'load-balancer': string, pools: {ipv6: boolean, name: string}[]}} ServicePlacement
- * @typedef {{service:string, 'load-balancer':string, pool:string, kind:'add'|'remove'|'delete-pool', 'node-ips':string[]}} PoolOperation
+ * @typedef {{service:string, 'load-balancer':string, pool:string, kind:'add'|'remove'|'delete-pool'|'ensure-pool', 'node-ips':string[]}} PoolOperation
  * @typedef {{service:string, 'load-balancer':string}} ServiceAssignment
- * @typedef {{id:U64, 'load-balancer':string, pool:string, add:string[], remove:string[], services:string[], delete:boolean}} PoolGroup
+ * @typedef {{id:U64, 'load-balancer':string, pool:string, add:string[], remove:string[], services:string[], delete:boolean, ensure:boolean}} PoolGroup
  * @typedef {{queued:number, ready:boolean, 'wake-at-ms':U64|null}} QueueStatus
  * @typedef {{tag:'updated'}|{tag:'created'}|{tag:'deleted'}|{tag:'unchanged'}|{tag:'failed', val:any}} GroupOutcome
  * @typedef {{disposition:'done'|'dropped'|'requeued'|'abandoned', 'not-before-ms':U64|null, events:{service:string, 'event-type':'normal'|'warning', reason:string, message:string}[]}} GroupReport
@@ -80,7 +80,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  */
 
 /**
- * Loads a component (any candidate of `clb:reconciler@0.11.0`): transpiles it with jco (cached by
+ * Loads a component (any candidate of `clb:reconciler@0.12.0`): transpiles it with jco (cached by
  * its sha256), checks it exports every function of the schema, and readies an instance for the
  * pure functions. Trackers and pool queues each get an instance of their own.
  * @param {string} path the component's `.wasm`

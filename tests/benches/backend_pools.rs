@@ -55,6 +55,7 @@ fn to_wit(op: &native::PoolOperation) -> wit::PoolOperation {
             native::OperationKind::Add => wit::OperationKind::Add,
             native::OperationKind::Remove => wit::OperationKind::Remove,
             native::OperationKind::DeletePool => wit::OperationKind::DeletePool,
+            native::OperationKind::EnsurePool => wit::OperationKind::EnsurePool,
         },
         node_ips: op.node_ips.clone(),
     }

@@ -326,13 +326,13 @@ async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and
         deleting: false,
     };
     let placement =
-        || ServicePlacement { load_balancer: "lb1".into(), pools: vec![FamilyPool { ipv6: false, name: POOL.into() }] };
+        || ServicePlacement { load_balancer: "lb1".into(), pools: vec![FamilyPool { ipv6: false, name: POOL.into() }], left: vec![] };
     let mut producer = PoolProducer::new();
     let mut update = |nodes: &[&str]| {
         let ips = ready_node_ips("uid-1", [&slice(nodes)], &node_ips);
         let mut notes = Vec::new();
         let held = f.updater.service_lock().try_lock().expect("the service lock is free");
-        producer.update(&f.updater, &held, "test/svc1", placement(), ips, |_: &str| BTreeSet::new(), &mut notes).unwrap();
+        producer.update(&f.updater, &held, "test/svc1", placement(), ips, |_: &str| Some(BTreeSet::new()), &mut notes).unwrap();
         notes
     };
     assert_eq!(update(&["node1"]), vec![format!("enqueue test/svc1 add lb1:{POOL} [10.0.0.1]")]);
@@ -387,12 +387,12 @@ async fn a_dual_stack_local_services_pools_each_hold_the_addresses_of_their_fami
         deleting: false,
     };
     let pools = [(false, &v4), (true, &v6)].map(|(ipv6, p)| FamilyPool { ipv6, name: p.pool.clone() }).to_vec();
-    let placement = ServicePlacement { load_balancer: "lb1".into(), pools };
+    let placement = ServicePlacement { load_balancer: "lb1".into(), pools, left: vec![] };
     assign(&f.updater, "default/svc1", Some("lb1")).await;
     let before = (requests(&f.emulator, Operation::GetBackendPool), requests(&f.emulator, Operation::PutBackendPool));
-    let contents = |pool: &str| -> BTreeSet<String> {
+    let contents = |pool: &str| -> Option<BTreeSet<String>> {
         let ip = if pool.ends_with("-ipv6") { "fd00::1" } else { "10.0.0.1" };
-        [ip.to_owned()].into()
+        Some([ip.to_owned()].into())
     };
     let mut producer = PoolProducer::new();
     let mut notes = Vec::new();
@@ -413,7 +413,7 @@ async fn a_dual_stack_local_services_pools_each_hold_the_addresses_of_their_fami
     // No endpoints: both pools are emptied.
     {
         let held = f.updater.service_lock().lock().await;
-        producer.update(&f.updater, &held, "default/svc1", placement, BTreeSet::new(), |_: &str| BTreeSet::new(), &mut notes).unwrap();
+        producer.update(&f.updater, &held, "default/svc1", placement, BTreeSet::new(), |_: &str| Some(BTreeSet::new()), &mut notes).unwrap();
     }
     assert_eq!(ran(f.updater.tick().await.unwrap()).written, 2);
     for pool in [&v4, &v6] {

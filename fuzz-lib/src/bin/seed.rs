@@ -210,6 +210,7 @@ fn pool_ops(trace: &str) -> Option<(u32, Vec<PoolOp>)> {
                         kind: match o["kind"].as_str() {
                             Some("remove") => OperationKind::Remove,
                             Some("delete-pool") => OperationKind::DeletePool,
+                            Some("ensure-pool") => OperationKind::EnsurePool,
                             _ => OperationKind::Add,
                         },
                         node_ips: o["node-ips"].as_array().map_or(vec![], |a| a.iter().map(json_str).collect()),

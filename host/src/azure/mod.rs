@@ -369,6 +369,9 @@ pub struct ListedLoadBalancer {
     /// The names of its load-balancing rules, whatever its shape (multi-SLB placement counts
     /// them and finds a Service's among them).
     pub rules: Vec<String>,
+    /// The names of its backend pools, whatever its shape (multi-SLB placement finds the pools
+    /// a Service left among them).
+    pub pools: Vec<String>,
 }
 
 /// An egress identity's NAT gateway (SKU StandardV2) to create or change: its public IPs by

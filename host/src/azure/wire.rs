@@ -550,14 +550,18 @@ pub fn listed_public_ip(value: serde_json::Value) -> Option<ListedPublicIp> {
 pub fn listed_load_balancer(scope: &Scope, value: serde_json::Value) -> Option<ListedLoadBalancer> {
     let name = value.get("name")?.as_str()?.to_owned();
     let shape = load_balancer_shape(scope, &name, &value);
-    let rules = value
-        .pointer("/properties/loadBalancingRules")
-        .and_then(serde_json::Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|rule| rule.get("name")?.as_str().map(str::to_owned))
-        .collect();
-    Some(ListedLoadBalancer { name, shape, rules })
+    let names = |pointer: &str| -> Vec<String> {
+        value
+            .pointer(pointer)
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|child| child.get("name")?.as_str().map(str::to_owned))
+            .collect()
+    };
+    let rules = names("/properties/loadBalancingRules");
+    let pools = names("/properties/backendAddressPools");
+    Some(ListedLoadBalancer { name, shape, rules, pools })
 }
 
 fn load_balancer_shape(scope: &Scope, name: &str, value: &serde_json::Value) -> Option<LoadBalancerSpec> {

@@ -346,11 +346,11 @@ impl Pools {
             let placed = self
                 .producer
                 .borrow_mut()
-                .place(&self.updater, &self.configurations, &record, namespace, &load_balancers)
+                .place(&self.updater, &self.configurations, &record, namespace, &load_balancers, &mut notes)
                 .map_err(RunError::Pools)?;
             let placement = match placed {
                 (Placement::At(placement), _) => placement,
-                (Placement::NotLocal, _) => {
+                (Placement::NotLocal(_), _) => {
                     self.producer
                         .borrow_mut()
                         .forget(&self.updater, &reconciling, &name, &mut notes)
@@ -383,7 +383,7 @@ impl Pools {
                     continue;
                 }
             };
-            let contents = |pool: &str| contents.get(pool).cloned().unwrap_or_default();
+            let contents = |pool: &str| contents.get(pool).cloned().flatten();
             let mut producer = self.producer.borrow_mut();
             producer
                 .update(&self.updater, &reconciling, &name, placement, ips, contents, &mut notes)
@@ -426,7 +426,7 @@ impl Pools {
                 let listed: Vec<ExistingLoadBalancer> = listed
                     .map_err(|e| format!("listing the load balancers: {}", error_chain(&e)))?
                     .into_iter()
-                    .map(|lb| ExistingLoadBalancer { name: lb.name, rules: lb.rules })
+                    .map(|lb| ExistingLoadBalancer { name: lb.name, rules: lb.rules, pools: lb.pools })
                     .collect();
                 *self.load_balancers.borrow_mut() = Some((tokio::time::Instant::now(), listed.clone()));
                 listed
@@ -435,19 +435,19 @@ impl Pools {
         Ok((labels, load_balancers))
     }
 
-    /// The canonical IPs each of `pools` holds in Azure (none for one that does not exist yet);
-    /// the first pool that could not be read, and why.
+    /// The canonical IPs each of `pools` holds in Azure (`None` for one that does not exist
+    /// yet); the first pool that could not be read, and why.
     async fn pool_contents(
         &self,
         load_balancer: &str,
         pools: Vec<String>,
-    ) -> Result<BTreeMap<String, BTreeSet<String>>, (String, crate::azure::AzureError)> {
+    ) -> Result<BTreeMap<String, Option<BTreeSet<String>>>, (String, crate::azure::AzureError)> {
         let mut contents = BTreeMap::new();
         for pool in pools {
             let at = PoolRef { load_balancer: load_balancer.to_owned(), pool: pool.clone() };
             let ips = match self.updater.azure().get_backend_pool(&at).await {
-                Ok((read, _)) => read.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect(),
-                Err(error) if error.status == 404 => BTreeSet::new(),
+                Ok((read, _)) => Some(read.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
+                Err(error) if error.status == 404 => None,
                 Err(error) => return Err((pool, error)),
             };
             contents.insert(pool, ips);

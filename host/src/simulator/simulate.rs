@@ -753,14 +753,16 @@ impl Simulation<'_> {
             .map(|(name, lb)| ExistingLoadBalancer {
                 name: name.clone(),
                 rules: lb.rules.iter().map(|r| r.name.clone()).collect(),
+                pools: lb.backend_pools.clone(),
             })
             .collect();
         let service_lock = pools.updater.service_lock().clone();
         let reconciling = self.runtime.block_on(service_lock.lock());
-        let mut placed = BTreeSet::new();
+        let (mut placed, mut present) = (BTreeSet::new(), BTreeSet::new());
         for service in self.cluster.services() {
             let record = crate::records::service(&service);
             let key = format!("{}/{}", record.namespace, record.name);
+            present.insert(key.to_ascii_lowercase());
             let namespace = self.cluster.namespace_labels(&record.namespace);
             let placement = match pools.producer.place(
                 &pools.updater,
@@ -768,8 +770,9 @@ impl Simulation<'_> {
                 &record,
                 namespace,
                 &load_balancers,
+                &mut self.pool_lines,
             )? {
-                (Placement::NotLocal, _) => continue,
+                (Placement::NotLocal(_), _) => continue,
                 (Placement::Refused(message), new) => {
                     // What was enqueued for it stays, as upstream leaves a failed reconcile's work.
                     placed.insert(key.to_ascii_lowercase());
@@ -789,7 +792,6 @@ impl Simulation<'_> {
                     .backend_pools
                     .get(&crate::emulator::core::pool_key(&load_balancer, pool))
                     .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect())
-                    .unwrap_or_default()
             };
             let notes = &mut self.pool_lines;
             pools.producer.update(&pools.updater, &reconciling, &key, placement, ips, pool_contents, notes)?;
@@ -800,6 +802,7 @@ impl Simulation<'_> {
             pools.producer.forget(&pools.updater, &reconciling, &folded, &mut self.pool_lines)?;
         }
         pools.producer.keep_refused(&placed);
+        pools.producer.keep_present(&present);
         Ok(())
     }
 

@@ -10,7 +10,7 @@ const ctx = { handleIn: (_r, n) => n, handleOut: (_r, n) => n };
 const roundTrip = (codec, json) => JSON.stringify(codec.encode(codec.decode(json, '', ctx), ctx, ''));
 
 test('the schema describes the world', () => {
-  assert.equal(schema.package, 'clb:reconciler@0.11.0');
+  assert.equal(schema.package, 'clb:reconciler@0.12.0');
   for (const call of ['validate-config', 'admit-service', 'tracker.create', 'tracker.observe', 'tracker.complete', 'tracker.tick', 'tracker.import-state', 'tracker.export-state', 'tracker.state-version', 'tracker.stats', 'place-service', 'pool-queue.create', 'pool-queue.enqueue', 'pool-queue.remove-operations', 'pool-queue.status', 'pool-queue.drain-and-group', 'pool-queue.report']) {
     assert.ok(fn(call), call);
   }
@@ -52,7 +52,9 @@ test('results of exported functions: ok/err', () => {
   const own = fn('tracker.create').result;
   assert.equal(JSON.stringify(own.encode({ tag: 'ok', val: {} }, { handleOut: () => 4 })), '{"tag":"ok","val":4}');
   const placed = fn('place-service').result;
-  assert.equal(JSON.stringify(placed.encode({ tag: 'not-local' })), '{"tag":"not-local"}');
+  assert.equal(JSON.stringify(placed.encode({ tag: 'not-local', val: [] })), '{"tag":"not-local","val":[]}');
+  const left = { tag: 'not-local', val: [{ loadBalancer: 'lb1', pool: 'shop-web' }] };
+  assert.equal(JSON.stringify(placed.encode(left)), '{"tag":"not-local","val":[{"load-balancer":"lb1","pool":"shop-web"}]}');
   assert.equal(JSON.stringify(placed.encode({ tag: 'refused', val: 'why' })), '{"tag":"refused","val":"why"}');
 });
 

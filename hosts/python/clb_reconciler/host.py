@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.11.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.12.0``."""
         return self._loaded.package
 
     @property
@@ -305,7 +305,7 @@ class PoolQueue(_Handle):
 
     def enqueue(self, operations: List[Dict[str, Any]]) -> None:
         """``pool-queue.enqueue``: ``pool-operation`` records
-        (``{"service", "load-balancer", "pool", "kind": "add"|"remove"|"delete-pool", "node-ips"}``)."""
+        (``{"service", "load-balancer", "pool", "kind": "add"|"remove"|"delete-pool"|"ensure-pool", "node-ips"}``)."""
         self._call("pool-queue.enqueue", operations)
 
     def remove_operations(self, service: str) -> int:

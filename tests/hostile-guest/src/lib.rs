@@ -121,7 +121,7 @@ impl PoolsGuest for Hostile {
         _service: Service,
         _facts: PlacementFacts,
     ) -> Placement {
-        Placement::NotLocal
+        Placement::NotLocal(Vec::new())
     }
 }
 
