@@ -148,7 +148,8 @@ func run(dir, kubeconfig string, verbosity int, startTimeout time.Duration, watc
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + filepath.Join(dir, "sa.key"),
 		"--service-account-signing-key-file=" + filepath.Join(dir, "sa.key"),
-		"--service-cluster-ip-range=10.96.0.0/16",
+		// Dual-stack, so that a test can hold a Service with both IP families.
+		"--service-cluster-ip-range=10.96.0.0/16,fd00:10:96::/112",
 		// No kubelet, controller-manager or other apiserver: the loopback advertise address
 		// must not be written into the kubernetes Service's endpoints.
 		"--endpoint-reconciler-type=none",

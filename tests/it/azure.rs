@@ -1166,3 +1166,28 @@ async fn a_network_resource_subscription_holds_every_id_and_url_of_the_network_r
     let refused = wrong.put_public_ip(&pip("x-pip")).await.unwrap_err();
     assert_eq!(refused.status, 404, "{refused:?}");
 }
+
+// Multi-SLB placement finds the pools a Service left in the listing of load balancers: ARM's list
+// names every backend pool of each (a pool made and one deleted since included), over HTTP with
+// pages to follow as in process.
+#[tokio::test]
+async fn the_listing_of_load_balancers_names_the_backend_pools_of_each_over_http_and_in_process() {
+    let emulator = emulator();
+    let server = serve(emulator.clone()).await;
+    let http = client(&server.url(), Duration::from_secs(10), Credential::None);
+    seed(emulator.as_ref()).await;
+    let made = PoolRef { load_balancer: "svc-1".into(), pool: "shop-web".into() };
+    emulator.put_backend_pool(&made, &BackendPool::default(), None).await.unwrap();
+    let gone = PoolRef { load_balancer: "spare-lb".into(), pool: "shop-api".into() };
+    emulator.put_backend_pool(&gone, &BackendPool::default(), None).await.unwrap();
+    emulator.delete_backend_pool(&gone).await.unwrap();
+    let pools = |listed: Vec<ListedLoadBalancer>| -> Vec<(String, Vec<String>)> {
+        listed.into_iter().map(|lb| (lb.name, lb.pools)).collect()
+    };
+    let want = vec![
+        ("spare-lb".to_owned(), vec!["spare-lb".to_owned()]),
+        ("svc-1".to_owned(), vec!["svc-1".to_owned(), "shop-web".to_owned()]),
+    ];
+    assert_eq!(pools(emulator.list_load_balancers().await.unwrap()), want, "in process");
+    assert_eq!(pools(http.list_load_balancers().await.unwrap()), want, "over HTTP");
+}

@@ -646,6 +646,40 @@ async fn a_missing_pool_is_created_by_the_tick_and_the_pool_a_service_left_is_de
     assert_eq!(f.updater.status().unwrap().queued, 0);
 }
 
+// Upstream's load-balancer reconcile makes a local Service's pool before any node holds one of
+// its endpoints: an ensured pool Azure lacks is created empty (a GET 404, a PUT without
+// If-Match), and one it has costs a GET and no write; a deletion queued after the ensure wins,
+// an ensure queued after a deletion keeps the pool, emptied.
+#[tokio::test]
+async fn an_ensured_pool_is_created_empty_when_missing_and_left_alone_when_there() {
+    let f = fixture().await;
+    let pool = PoolRef { load_balancer: "lb1".into(), pool: POOL.into() };
+    f.emulator.delete_backend_pool(&pool).await.unwrap();
+    let ensure = || op("ns/a", "lb1", OperationKind::EnsurePool, &["10.0.0.9"]);
+    f.updater.enqueue(&[ensure()]).unwrap();
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.written, summary.created), (1, 1));
+    assert!(pool_ips(&f.emulator, "lb1").is_empty(), "created empty: an ensure's node IPs are ignored");
+    let puts = || requests(&f.emulator, Operation::PutBackendPool);
+    assert_eq!(puts(), 1);
+
+    f.updater.enqueue(&[ensure()]).unwrap();
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.written, summary.unchanged), (0, 1));
+    assert_eq!(puts(), 1, "there already: no write");
+
+    f.updater.enqueue(&[add("lb1", &["10.0.0.4"])]).unwrap();
+    ran(f.updater.tick().await.unwrap());
+    f.updater.enqueue(&[op("ns/a", "lb1", OperationKind::DeletePool, &[]), ensure()]).unwrap();
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!((summary.written, summary.deleted), (1, 0), "kept, emptied");
+    assert!(pool_ips(&f.emulator, "lb1").is_empty());
+    f.updater.enqueue(&[ensure(), op("ns/a", "lb1", OperationKind::DeletePool, &[])]).unwrap();
+    let summary = ran(f.updater.tick().await.unwrap());
+    assert_eq!(summary.deleted, 1);
+    assert_eq!(f.emulator.get_backend_pool(&pool).await.unwrap_err().status, 404);
+}
+
 /// A small deterministic generator, so that a failing interleaving can be replayed by seed.
 struct Lcg(u64);
 

@@ -1511,6 +1511,57 @@ fn in_multi_slb_mode_a_local_services_missing_pool_is_created_and_deleted_once_t
     });
 }
 
+// Upstream's getServiceIPFamily and getLocalServiceBackendPoolName against the real API server,
+// whose service range is dual-stack: a Service with `ipFamilies: [IPv4, IPv6]` gets its IPv4 pool
+// and its IPv6 pool (`-ipv6`), each holding its family's InternalIP of the node of its endpoint,
+// named after the node; turned single-stack, it loses the IPv6 pool and keeps the IPv4 one.
+#[test]
+fn in_multi_slb_mode_a_dual_stack_local_service_gets_a_pool_per_family_and_loses_the_ipv6_one_when_single_stack() {
+    e2e(18, async |env| {
+        let ipv6 = format!("fd00:224:{}::1", env.index);
+        // Two InternalIPs: a merge patch, since server-side apply keys the addresses by type.
+        let status = serde_json::json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": env.location(1)},
+            {"type": "InternalIP", "address": ipv6},
+        ]}});
+        Api::<Node>::all(env.admin.clone())
+            .patch_status(&env.node_name(1), &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .expect("writes the Node's addresses");
+        let v4 = env.slb_pool("web").await;
+        let v6 = PoolRef { load_balancer: v4.load_balancer.clone(), pool: format!("{}-ipv6", v4.pool) };
+        let controller = env.start_multi_slb();
+        let service = |policy: &str, families: &[&str]| {
+            serde_json::json!({"spec": {
+                "type": "LoadBalancer", "externalTrafficPolicy": "Local", "selector": {"app": "web"},
+                "ipFamilyPolicy": policy, "ipFamilies": families,
+                "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+            }})
+        };
+        let web = apply(&env.services(), "web", service("RequireDualStack", &["IPv4", "IPv6"])).await;
+        let families = web.spec.as_ref().and_then(|s| s.ip_families.clone());
+        assert_eq!(families.as_deref(), Some(&["IPv4".to_owned(), "IPv6".to_owned()][..]), "both families given");
+        env.endpoints("web", &web.metadata.uid.expect("the API server gives a UID"), &[(10, 1)]).await;
+        env.pool_holds(&v4, &[1]).await;
+        let node = env.node_name(1);
+        eventually("the IPv6 pool holds the node's IPv6 InternalIP", async || {
+            let (content, _) = env.emulator.get_backend_pool(&v6).await.map_err(|e| e.to_string())?;
+            let held: Vec<(String, String)> = content.addresses.into_iter().map(|a| (a.ip_address, a.name)).collect();
+            if held == [(ipv6.clone(), node.clone())] { Ok(()) } else { Err(format!("{held:?}")) }
+        })
+        .await;
+
+        apply(&env.services(), "web", service("SingleStack", &["IPv4"])).await;
+        eventually("the IPv6 pool is deleted", async || match env.emulator.get_backend_pool(&v6).await {
+            Err(error) if error.status == 404 => Ok(()),
+            other => Err(format!("{other:?}")),
+        })
+        .await;
+        env.pool_holds(&v4, &[1]).await;
+        controller.stop().await;
+    });
+}
+
 // Placement by a namespace selector against the real API server (upstream's
 // getEligibleLoadBalancersForService reads the Service's Namespace): the controller, under the
 // example RBAC's `get namespaces`, puts the pool on the load balancer whose selector matches the
