@@ -267,9 +267,9 @@ impl PoolQueue {
         }));
     }
 
-    /// Cancels every queued add and remove of `service` and keeps drained ones of it from being
-    /// requeued; returns how many queued operations were removed. Its pool deletions stay: the
-    /// pools it left still go (a move calls this and then queues the deletion of the old pool,
+    /// Cancels every queued add, remove and ensure of `service` and keeps drained ones of it from
+    /// being requeued; returns how many queued operations were removed. Its pool deletions stay:
+    /// the pools it left still go (a move calls this and then queues the deletion of the old pool,
     /// and a second move must not cancel the first one's).
     pub fn remove_operations(&mut self, service: &str) -> usize {
         let cancelled = |q: &Queued| q.op.kind != OperationKind::DeletePool && q.op.service.eq_ignore_ascii_case(service);
@@ -307,8 +307,8 @@ impl PoolQueue {
     }
 
     /// Takes every operation whose pool is neither parked nor has a group in flight, keeps the
-    /// adds and removes whose Service is still assigned to the operation's load balancer (and
-    /// every pool deletion), and returns one group per pool, sorted by key.
+    /// adds, removes and ensures whose Service is still assigned to the operation's load balancer
+    /// (and every pool deletion), and returns one group per pool, sorted by key.
     ///
     /// A pool with a group drained and not yet [reported](Self::report) keeps its operations
     /// queued: were they drained now, a requeue of the group in flight (409/412/429) would put

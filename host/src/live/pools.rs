@@ -3,14 +3,17 @@
 //! real time under the Azure resource lock ([`LeaseLock`]).
 //!
 //! * **Producing.** [`Pools::observe`] takes every batch of observations the guest is given and
-//!   keeps the records the producer needs: Services, EndpointSlices and the IPv4 InternalIPs of
-//!   Nodes. It marks as changed only the Services a batch touched — the Service itself, the owner
-//!   of a changed slice, the owners of slices with endpoints on a Node whose IPs changed — and
-//!   the producer ([`PoolProducer`]) recomputes just those: placement through the guest's
-//!   `place-service`, then the node IPs of the ready endpoints against what it enqueued last.
+//!   keeps the records the producer needs: Services, EndpointSlices and the InternalIPs of
+//!   Nodes (both families). It marks as changed only the Services a batch touched — the Service
+//!   itself, the owner of a changed slice, the owners of slices with endpoints on a Node whose
+//!   IPs changed — and the producer ([`PoolProducer`]) recomputes just those: placement through
+//!   the guest's `place-service`, then the node IPs of the ready endpoints against what it
+//!   enqueued last.
 //!   Nothing is produced before the initial lists are complete (a pool must not lose the IPs of
-//!   Nodes not listed yet). A Service new to a pool starts from what the pool holds in Azure;
-//!   when that read fails the Service stays marked and is retried at the next tick.
+//!   Nodes not listed yet). A Service new to a pool starts from what the pool holds in Azure
+//!   (a pool Azure lacks is ensured); when that read fails the Service stays marked and is
+//!   retried at the next tick. A Service's first placement deletes the pools it left (named
+//!   after it on a load balancer it is not on), from the listing of load balancers.
 //! * **Ticking.** Every `loadBalancerBackendPoolUpdateIntervalInSeconds` (first one interval
 //!   after the term starts) the updater ticks: service lock → resource lock → drain → GET/PUT
 //!   per pool → Events (see [`crate::backend_pools`]). A tick is started only after checking
@@ -51,7 +54,7 @@ struct Store {
     /// Lower-cased UID → Service, to find the owner of a slice.
     by_uid: BTreeMap<String, Key>,
     slices: BTreeMap<Key, wit::EndpointSlice>,
-    /// Node name → IPv4 InternalIPs.
+    /// Node name → its InternalIPs, both families, canonical.
     nodes: BTreeMap<String, Vec<String>>,
     /// The IPs of [`nodes`](Self::nodes) changed since the updater last read them.
     nodes_changed: bool,
