@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod model;
 pub mod name;
 pub mod outbound;
+pub mod pinning;
 pub mod placement;
 pub mod pod_finalizers;
 #[cfg(test)]

@@ -21,10 +21,15 @@
 //!    load-balancing rules; else the first that does not exist; else the one with the fewest
 //!    rules (fewer than 301).
 //!
-//! "Uses now" is what the host placed the Service on last (upstream's `ActiveServices`); when
-//! the host has no record (a new leader), a load balancer holding a rule named after the Service
-//! (`a` + its UID without dashes, 32 characters at most, then `-`) is the one it uses, as
-//! upstream's start-up reconcile finds it.
+//! "Uses now", for the placement flag, is what the host placed the Service on last (upstream's
+//! `ActiveServices`); when the host has no record (a new leader), a load balancer holding a rule
+//! named after the Service (`a` + its UID without dashes, 32 characters at most, then `-`) is the
+//! one it uses, as upstream's start-up reconcile finds it. For step 2, as upstream's
+//! `getAzureLoadBalancerName` has it, a Service that pins an IP uses the load balancer that IP
+//! lives on (none when it lives on none), and one that pins nothing and names no configuration
+//! uses the load balancer of its kind holding its primary frontend, if any ([`crate::pinning`]).
+//! Pinning an IP and naming configurations is an error, as is an IP on a load balancer that is
+//! not eligible.
 //!
 //! The load balancer is named as Azure names it: the configuration's name, with `-internal` for
 //! an internal Service (upstream's `getAzureLoadBalancerName`). Its pools, one per IP family it
@@ -35,14 +40,14 @@
 
 use crate::admission::ANNOTATION_INTERNAL_LB;
 use crate::model::Service;
+use crate::pinning::{self, INTERNAL_SUFFIX, trim_internal};
 use crate::selector::LabelSelector;
 use serde::{Deserialize, Serialize};
 
+pub use crate::pinning::{ExistingLoadBalancer, ExistingPublicIp, Frontend, PlacementFacts};
+
 /// The upstream annotation naming the load-balancer configuration(s) a Service may go on.
 pub const ANNOTATION_LB_CONFIGURATIONS: &str = "service.beta.kubernetes.io/azure-load-balancer-configurations";
-
-/// Upstream's suffix of an internal load balancer's name.
-const INTERNAL_SUFFIX: &str = "-internal";
 
 /// Upstream's bound in `getMostEligibleLBForService`: a load balancer with this many rules or
 /// more is never the one with the fewest.
@@ -67,31 +72,6 @@ impl SlbConfiguration {
     fn has_selector(&self) -> bool {
         self.service_label_selector.is_some() || self.service_namespace_selector.is_some()
     }
-}
-
-/// A load balancer of the resource group as Azure holds it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ExistingLoadBalancer {
-    /// As Azure names it: a configuration's name, with `-internal` for an internal one.
-    pub name: String,
-    /// The names of its load-balancing rules.
-    pub rules: Vec<String>,
-    /// The names of its backend pools.
-    pub pools: Vec<String>,
-}
-
-/// What placement reads besides the configurations and the Service.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PlacementFacts {
-    /// The Service's `metadata.labels` (the WIT `service` carries them; the model's does not,
-    /// since the tracker keeps none).
-    pub service_labels: Vec<(String, String)>,
-    /// The labels of the Service's namespace; `None` when the host does not know it.
-    pub namespace_labels: Option<Vec<(String, String)>>,
-    /// The configuration the host placed the Service on last.
-    pub current_load_balancer: Option<String>,
-    /// The resource group's load balancers.
-    pub load_balancers: Vec<ExistingLoadBalancer>,
 }
 
 /// Where a local Service's backend pools live.
@@ -166,14 +146,6 @@ fn annotated_names(service: &Service) -> Vec<String> {
 /// 32 characters at most.
 fn rule_prefix(service: &Service) -> String {
     std::iter::once('a').chain(service.uid.chars().filter(|c| *c != '-')).take(32).collect()
-}
-
-fn trim_internal(name: &str) -> (&str, bool) {
-    let cut = name.len().checked_sub(INTERNAL_SUFFIX.len()).filter(|at| name.is_char_boundary(*at));
-    match cut {
-        Some(at) if name[at..].eq_ignore_ascii_case(INTERNAL_SUFFIX) => (&name[..at], true),
-        _ => (name, false),
-    }
 }
 
 /// The configuration the Service uses now: the host's record (placement's answer, so an
@@ -319,13 +291,45 @@ pub fn place_service(
     if !is_local_service(service) {
         return Ok(None);
     }
-    let current = current(service, facts);
-    let eligible = eligible(configurations, service, facts, current.as_deref())?;
+    let pins = pinning::pins_ip(service);
+    let annotated = !annotated_names(service).is_empty();
+    if pins && annotated {
+        return Err(format!(
+            "service {:?} has conflicting load balancer configuration: both a load balancer name \
+             ({ANNOTATION_LB_CONFIGURATIONS}) and an IP address are specified. When an IP address is specified (via \
+             spec.loadBalancerIP, azure-load-balancer-ipv4/ipv6, or azure-pip-name), the service must use the load \
+             balancer where that IP resides. To fix, either (1) remove the {ANNOTATION_LB_CONFIGURATIONS} annotation \
+             to stay on the load balancer where the IP resides, or (2) remove the IP annotation to move to the \
+             specified load balancer (external services only)",
+            service.name
+        ));
+    }
+    let recorded = current(service, facts);
+    let eligible = eligible(configurations, service, facts, recorded.as_deref())?;
     let names: Vec<&str> = eligible.iter().map(|c| c.name.trim()).collect();
     // Upstream's `requiresInternalLoadBalancer`: exactly `true` (admission, which refuses internal
     // load balancers in CLB mode, reads it more leniently).
     let internal = service.annotation(ANNOTATION_INTERNAL_LB) == Some("true");
-    let Some(chosen) = most_eligible(current.as_deref(), &names, &facts.load_balancers, internal) else {
+    let in_use = if pins {
+        let found = if internal { pinning::by_private_ip(service, facts) } else { pinning::by_public_ip(service, facts)? };
+        if let Some(found) = &found
+            && !names.iter().any(|n| n.eq_ignore_ascii_case(found))
+        {
+            return Err(format!(
+                "service {:?} specifies an IP that resides on load balancer {found:?}, which is not in the eligible set \
+                 [{}]; check or adjust the load balancer eligibility configuration (ServiceLabelSelector, \
+                 ServiceNamespaceSelector, or AllowServicePlacement)",
+                service.name,
+                names.join(" ")
+            ));
+        }
+        found
+    } else if annotated {
+        recorded
+    } else {
+        pinning::by_frontend_name(facts, &rule_prefix(service), internal).or(recorded)
+    };
+    let Some(chosen) = most_eligible(in_use.as_deref(), &names, &facts.load_balancers, internal) else {
         return Err(format!(
             "every eligible load balancer of service \"{}/{}\" ({}) has {MAX_RULES} load-balancing rules or more",
             service.namespace,
@@ -424,7 +428,7 @@ mod tests {
         ExistingLoadBalancer {
             name: name.into(),
             rules: (0..rules).map(|i| format!("rule-{i}")).collect(),
-            pools: Vec::new(),
+            ..ExistingLoadBalancer::default()
         }
     }
 
@@ -862,6 +866,7 @@ mod tests {
                     name: format!("{}{}", NAMES[i].to_ascii_lowercase(), if internal { "-internal" } else { "" }),
                     rules: (0..rules).map(|r| format!("rule-{r}")).collect(),
                     pools: pools.into_iter().map(str::to_owned).collect(),
+                    ..ExistingLoadBalancer::default()
                 },
             );
             (pairs(), prop::option::of(pairs()), prop::option::of(0..4usize), prop::collection::vec(lb, 0..4)).prop_map(
@@ -870,6 +875,7 @@ mod tests {
                     namespace_labels,
                     current_load_balancer: current.map(|i| NAMES[i].to_owned()),
                     load_balancers,
+                    ..PlacementFacts::default()
                 },
             )
         }

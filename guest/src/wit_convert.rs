@@ -634,8 +634,29 @@ macro_rules! pool_adapter {
                 load_balancers: facts
                     .load_balancers
                     .into_iter()
-                    .map(|lb| placement::ExistingLoadBalancer { name: lb.name, rules: lb.rules, pools: lb.pools })
+                    .map(|lb| placement::ExistingLoadBalancer {
+                        name: lb.name,
+                        rules: lb.rules,
+                        pools: lb.pools,
+                        frontends: lb
+                            .frontends
+                            .into_iter()
+                            .map(|f| placement::Frontend { name: f.name, private_ip: f.private_ip })
+                            .collect(),
+                    })
                     .collect(),
+                public_ips: facts
+                    .public_ips
+                    .into_iter()
+                    .map(|ip| placement::ExistingPublicIp {
+                        name: ip.name,
+                        address: ip.address,
+                        ip_configuration: ip.ip_configuration,
+                        tags: ip.tags,
+                    })
+                    .collect(),
+                resource_group: facts.resource_group,
+                cluster_name: facts.cluster_name,
             };
             let left = |pools: Vec<placement::LeftPool>| -> Vec<wit_pools::LeftPool> {
                 pools

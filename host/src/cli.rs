@@ -203,6 +203,11 @@ struct RunArgs {
     /// The ServiceGateway's name.
     #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
     service_gateway: String,
+    /// The cluster's name, as the cloud controller manager's `--cluster-name`: in multi-SLB
+    /// local-service mode a public IP tagged with another cluster's name places no Service. The
+    /// cloud config's `loadBalancerName` overrides it, as upstream's.
+    #[arg(long, default_value = crate::inputs::DEFAULT_CLUSTER_NAME)]
+    cluster_name: String,
     /// On SIGTERM/SIGINT, how long running commands may finish before they are abandoned.
     #[arg(long, default_value_t = crate::live::settings::SHUTDOWN_GRACE.as_secs())]
     shutdown_grace_secs: u64,
@@ -997,6 +1002,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
     };
     let (cloud_config, scope) = config;
     let (slb_configurations, pool_updater) = (cloud_config.slb_configurations(), cloud_config.pool_updater_config());
+    let cluster_name = cloud_config.cluster_name(&args.cluster_name);
     let mut config: crate::sandbox::bindings::clb::reconciler::types::Config = cloud_config.into();
     match args.budgets.write_budgets() {
         Ok(budgets) => config.write_budgets = budgets,
@@ -1119,6 +1125,7 @@ fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> an
             leader_election,
             resource_lock,
             slb_configurations,
+            cluster_name,
             pool_updater,
             ..crate::live::settings::Settings::new(kube, arm, config, instance)
         };

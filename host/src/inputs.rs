@@ -113,7 +113,14 @@ pub struct CloudConfig {
     /// interval in multi-SLB local-service mode; absent or 0 means upstream's 30 s.
     #[serde(default)]
     load_balancer_backend_pool_update_interval_in_seconds: Option<u64>,
+    /// `loadBalancerName`: in multi-SLB local-service mode, the cluster's name when it is set
+    /// ([`CloudConfig::cluster_name`]).
+    #[serde(default)]
+    load_balancer_name: String,
 }
+
+/// The cluster's name when nothing says another: upstream's `--cluster-name` default.
+pub const DEFAULT_CLUSTER_NAME: &str = "kubernetes";
 
 /// One entry of `multipleStandardLoadBalancerConfigurations`: every key upstream's entry has is
 /// read. `primaryVMSet` (required, unique, as upstream's `checkEnableMultipleStandardLoadBalancers`
@@ -205,6 +212,14 @@ impl CloudConfig {
             return Err(InputError::Invalid { path: path.to_owned(), reason });
         }
         Ok(())
+    }
+
+    /// The cluster's name as upstream's `getAzureLoadBalancerName` reads it: `loadBalancerName`
+    /// when set, else `flag` (the controller's `--cluster-name`). Multi-SLB placement ignores a
+    /// public IP tagged with another cluster's name.
+    pub fn cluster_name(&self, flag: &str) -> String {
+        let name = &self.load_balancer_name;
+        if name.is_empty() { flag.to_owned() } else { name.clone() }
     }
 
     /// The backend-pool updater's knobs: the tick interval from

@@ -21,11 +21,60 @@ use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ResourceLock};
 use crate::executor::KubeApi;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    ExistingLoadBalancer, FamilyPool, LeftPool, OperationKind, Placement, PlacementFacts, PoolOperation,
-    ServicePlacement, SlbConfiguration,
+    ExistingLoadBalancer, ExistingPublicIp, FamilyPool, Frontend, LeftPool, OperationKind, Placement, PlacementFacts,
+    PoolOperation, ServicePlacement, SlbConfiguration,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+
+/// What placement reads of Azure (the resource group's load balancers and public IPs, as last
+/// listed) and of where it runs (the resource group, the cluster's name).
+#[derive(Clone, Debug, Default)]
+pub struct AzureFacts {
+    pub load_balancers: Vec<ExistingLoadBalancer>,
+    pub public_ips: Vec<ExistingPublicIp>,
+    /// The resource group `public_ips` are of.
+    pub resource_group: String,
+    /// The cluster's name ([`cluster_name`](crate::inputs::CloudConfig::cluster_name)).
+    pub cluster_name: String,
+}
+
+impl AzureFacts {
+    /// The facts of the listings of the resource group's load balancers and public IPs.
+    pub fn listed(
+        load_balancers: Vec<crate::azure::ListedLoadBalancer>,
+        public_ips: Vec<crate::azure::ListedPublicIp>,
+        resource_group: &str,
+        cluster_name: &str,
+    ) -> Self {
+        Self {
+            load_balancers: load_balancers
+                .into_iter()
+                .map(|lb| ExistingLoadBalancer {
+                    name: lb.name,
+                    rules: lb.rules,
+                    pools: lb.pools,
+                    frontends: lb
+                        .frontends
+                        .into_iter()
+                        .map(|f| Frontend { name: f.name, private_ip: f.private_ip })
+                        .collect(),
+                })
+                .collect(),
+            public_ips: public_ips
+                .into_iter()
+                .map(|ip| ExistingPublicIp {
+                    name: ip.name,
+                    address: ip.address,
+                    ip_configuration: ip.ip_configuration,
+                    tags: ip.tags,
+                })
+                .collect(),
+            resource_group: resource_group.to_owned(),
+            cluster_name: cluster_name.to_owned(),
+        }
+    }
+}
 
 /// The canonical text of an IP, or the trimmed text when it is none.
 pub fn canonical_ip(text: &str) -> String {
@@ -133,7 +182,7 @@ impl PoolProducer {
 
     /// Where `service` goes (upstream's placement, in the guest): the load balancer it was placed
     /// on last is the one it uses now; `namespace_labels` are its namespace's (`None`: not
-    /// known), `load_balancers` the resource group's. With the answer, whether a refusal is new:
+    /// known), `azure` what Azure holds. With the answer, whether a refusal is new:
     /// not what was said of the Service last (one Warning Event per distinct reason, not one per
     /// change); what the producer enqueued for a refused Service stays as it was.
     ///
@@ -147,14 +196,17 @@ impl PoolProducer {
         configurations: &[SlbConfiguration],
         service: &wit::Service,
         namespace_labels: Option<Vec<(String, String)>>,
-        load_balancers: &[ExistingLoadBalancer],
+        azure: &AzureFacts,
         notes: &mut Vec<String>,
     ) -> Result<(Placement, bool), PoolUpdaterError> {
         let folded = format!("{}/{}", service.namespace, service.name).to_ascii_lowercase();
         let facts = PlacementFacts {
             namespace_labels,
             current_load_balancer: self.known.get(&folded).map(|p| p.placement.load_balancer.clone()),
-            load_balancers: load_balancers.to_vec(),
+            load_balancers: azure.load_balancers.clone(),
+            public_ips: azure.public_ips.clone(),
+            resource_group: azure.resource_group.clone(),
+            cluster_name: azure.cluster_name.clone(),
         };
         let placed = updater.place(configurations, service, &facts)?;
         let left: &[LeftPool] = match &placed {

@@ -80,7 +80,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  */
 
 /**
- * Loads a component (any candidate of `clb:reconciler@0.12.0`): transpiles it with jco (cached by
+ * Loads a component (any candidate of `clb:reconciler@0.13.0`): transpiles it with jco (cached by
  * its sha256), checks it exports every function of the schema, and readies an instance for the
  * pure functions. Trackers and pool queues each get an instance of their own.
  * @param {string} path the component's `.wasm`
@@ -179,8 +179,11 @@ export class Component {
    * The load balancer a local Service belongs to in multi-SLB mode (upstream's placement).
    * @param {SlbConfiguration[]} configurations @param {Service} service
    * @param {{'namespace-labels': [string,string][]|null, 'current-load-balancer': string|null,
-   *   'load-balancers': {name: string, rules: string[]}[]}} facts
-   * @returns {{tag: 'not-local'}|{tag: 'at', val: ServicePlacement}|{tag: 'refused', val: string}} (upstream's words)
+   *   'load-balancers': {name: string, rules: string[], pools: string[],
+   *     frontends: {name: string, 'private-ip': string|null}[]}[],
+   *   'public-ips': {name: string, address: string|null, 'ip-configuration': string|null, tags: [string,string][]}[],
+   *   'resource-group': string, 'cluster-name': string}} facts
+   * @returns {{tag: 'not-local', val: {'load-balancer': string, pool: string}[]}|{tag: 'at', val: ServicePlacement}|{tag: 'refused', val: string}} (upstream's words)
    */
   placeService(configurations, service, facts) {
     return this._callPure('place-service', [configurations, service, facts]);

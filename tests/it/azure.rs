@@ -1191,3 +1191,44 @@ async fn the_listing_of_load_balancers_names_the_backend_pools_of_each_over_http
     assert_eq!(pools(emulator.list_load_balancers().await.unwrap()), want, "in process");
     assert_eq!(pools(http.list_load_balancers().await.unwrap()), want, "over HTTP");
 }
+
+#[tokio::test]
+async fn the_listings_name_each_load_balancers_frontends_and_what_each_public_ip_is_attached_to_over_http_and_in_process()
+{
+    let emulator = emulator();
+    let server = serve(emulator.clone()).await;
+    let http = client(&server.url(), Duration::from_secs(10), Credential::None);
+    let scope = test_scope();
+    let mut tagged = wire::public_ip(&scope, &pip("lb1-pip"));
+    tagged.tags = Some([("k8s-azure-cluster-name".to_owned(), "azure".to_owned())].into());
+    emulator.put_public_ip_body("lb1-pip", &tagged).unwrap();
+    http.put_public_ip(&pip("free-pip")).await.unwrap();
+    let mut body = wire::load_balancer(&scope, &lb("lb1", "lb1-pip", vec![]));
+    body.properties.frontend_ip_configurations.push(wire::FrontendIpConfiguration {
+        name: "ilb".into(),
+        properties: wire::FrontendIpProperties { public_ip_address: None, private_ip_address: Some("10.240.0.50".into()) },
+    });
+    emulator.put_load_balancer_body("lb1", &body).unwrap();
+    let frontend = |name: &str, private_ip: Option<&str>| ListedFrontend {
+        name: name.into(),
+        private_ip: private_ip.map(str::to_owned),
+    };
+    let attached = format!("{}/frontendIPConfigurations/{FRONTEND_NAME}", scope.load_balancer_id("lb1"));
+    for (how, load_balancers, public_ips) in [
+        ("in process", emulator.list_load_balancers().await.unwrap(), emulator.list_public_ips().await.unwrap()),
+        ("over HTTP", http.list_load_balancers().await.unwrap(), http.list_public_ips().await.unwrap()),
+    ] {
+        let [lb1] = load_balancers.as_slice() else { panic!("{how}: {load_balancers:?}") };
+        assert_eq!(lb1.frontends, [frontend(FRONTEND_NAME, None), frontend("ilb", Some("10.240.0.50"))], "{how}");
+        // Two frontends are more than a Service's load balancer has: not one of this controller's.
+        assert_eq!(lb1.shape, None, "{how}");
+        let by_name = |name: &str| public_ips.iter().find(|ip| ip.name == name).unwrap_or_else(|| panic!("{how}: {name}"));
+        assert_eq!(by_name("lb1-pip").ip_configuration.as_deref(), Some(attached.as_str()), "{how}");
+        assert_eq!(by_name("lb1-pip").tags, [("k8s-azure-cluster-name".to_owned(), "azure".to_owned())], "{how}");
+        assert_eq!((by_name("free-pip").ip_configuration.clone(), by_name("free-pip").tags.clone()), (None, vec![]), "{how}");
+    }
+    // A frontend with neither a public IP nor a private address is refused, as ARM refuses it.
+    body.properties.frontend_ip_configurations[1].properties.private_ip_address = None;
+    let refused = emulator.put_load_balancer_body("lb1", &body).unwrap_err();
+    assert!(refused.to_string().contains("neither a public IP nor a private address"), "{refused}");
+}

@@ -23,8 +23,8 @@ fn inspect_shows_the_digest_exports_and_that_the_built_in_guest_imports_only_gra
     let (code, out, _) = clb_host(&["inspect", path.to_str().unwrap()]);
     assert_eq!(code, EXIT_OK, "{out}");
     assert!(out.contains(&format!("sha256:   {}", builtin().info().sha256)), "{out}");
-    assert!(out.contains("package:  clb:reconciler@0.12.0"), "{out}");
-    assert!(out.contains("clb:reconciler/validation@0.12.0"), "{out}");
+    assert!(out.contains("package:  clb:reconciler@0.13.0"), "{out}");
+    assert!(out.contains("clb:reconciler/validation@0.13.0"), "{out}");
     assert!(!out.contains("NOT GRANTED"), "{out}");
     assert!(out.contains("verdict:  this host loads it"), "{out}");
 }

@@ -520,7 +520,7 @@ impl Env {
     async fn pool_holds(&self, pool: &PoolRef, nodes: &[u8]) {
         let want: BTreeMap<String, String> = nodes.iter().map(|&n| (self.location(n), self.node_name(n))).collect();
         eventually(&format!("{}/{} holds {want:?}", pool.load_balancer, pool.pool), async || {
-            let (content, _) = self.emulator.get_backend_pool(pool).await.expect("reads the pool");
+            let (content, _) = self.emulator.get_backend_pool(pool).await.map_err(|e| e.to_string())?;
             let held: BTreeMap<String, String> =
                 content.addresses.into_iter().map(|a| (a.ip_address, a.name)).collect();
             if held == want { Ok(()) } else { Err(format!("{held:?}")) }
@@ -1644,6 +1644,59 @@ fn in_multi_slb_mode_a_service_goes_on_the_load_balancer_its_namespace_selector_
         let message = warning.message.unwrap_or_default();
         assert!(message.contains("none of them is defined in cloud provider configuration"), "{message}");
         env.pool_holds(&team, &[1]).await;
+        controller.stop().await;
+    });
+}
+
+#[test]
+fn in_multi_slb_mode_a_service_pinning_a_public_ip_goes_on_the_load_balancer_the_ip_is_attached_to_not_the_first() {
+    e2e(19, async |env| {
+        // Two configured load balancers with no rules: placement alone would take the first.
+        let first = env.slb_pool("web").await;
+        let pinned = PoolRef { load_balancer: format!("{}-pinned", env.load_balancer()), pool: first.pool.clone() };
+        let public_ip = format!("{}-frontend", pinned.load_balancer);
+        let spec = PublicIpSpec { name: public_ip.clone(), version: IpVersion::IPv4 };
+        env.emulator.put_public_ip(&spec).await.expect("creates the public IP");
+        let spec = LoadBalancerSpec {
+            name: pinned.load_balancer.clone(),
+            public_ip: public_ip.clone(),
+            backend_pool: pinned.load_balancer.clone(),
+            rules: vec![],
+        };
+        env.emulator.put_load_balancer(&spec).await.expect("creates the load balancer");
+        let config = env.multi_slb_cloud_config().replace(
+            "  primaryVMSet: nodepool1\n",
+            &format!("  primaryVMSet: nodepool1\n- name: {}\n  primaryVMSet: nodepool2\n", pinned.load_balancer),
+        );
+        let controller = env.start_with(env.controller_kubeconfig.clone(), &config, Some(env.resource_lock()), None);
+        let web = apply(
+            &env.services(),
+            "web",
+            serde_json::json!({
+                "metadata": {"annotations": {"service.beta.kubernetes.io/azure-pip-name": public_ip}},
+                "spec": {
+                    "type": "LoadBalancer",
+                    "externalTrafficPolicy": "Local",
+                    "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+                },
+            }),
+        )
+        .await;
+        let uid = web.metadata.uid.expect("the API server gives a UID");
+        env.endpoints("web", &uid, &[(10, 1)]).await;
+        // The producer read ARM's listing of public IPs: the one the Service names is attached to
+        // the second load balancer's frontend, so its pool is made there, and the pool named
+        // after it on the first is one it left.
+        env.pool_holds(&pinned, &[1]).await;
+        eventually("web's pool on the first load balancer deleted", async || {
+            match env.emulator.get_backend_pool(&first).await {
+                Err(error) if error.status == 404 => Ok(()),
+                Ok((pool, _)) => Err(format!("still there, holding {:?}", pool.addresses)),
+                Err(error) => Err(error.to_string()),
+            }
+        })
+        .await;
+        assert!(env.calls(Operation::ListPublicIps, "200") > 0, "the public IPs were listed");
         controller.stop().await;
     });
 }

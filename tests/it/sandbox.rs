@@ -87,7 +87,7 @@ fn a_component_of_another_package_version_or_none_is_refused() {
     let empty = wat::parse_str("(component)").unwrap();
     let err = runtime().load(&empty, Limits::default()).err().expect("refused");
     assert!(matches!(err, LoadError::MissingExport { .. }), "{err}");
-    let newer = wat::parse_str(r#"(component (import "clb:reconciler/diagnostics@0.13.0" (instance)))"#).unwrap();
+    let newer = wat::parse_str(r#"(component (import "clb:reconciler/diagnostics@0.14.0" (instance)))"#).unwrap();
     let err = runtime().load(&newer, Limits::default()).err().expect("refused");
     assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{err}");
 }
@@ -103,7 +103,7 @@ fn the_built_in_guest_imports_only_what_the_host_grants() {
     let info = builtin().info();
     assert!(info.imports.iter().all(|(_, granted)| *granted), "{:?}", info.imports);
     assert!(info.imports.iter().all(|(name, _)| name.starts_with("clb:reconciler/")), "{:?}", info.imports);
-    assert_eq!(info.package_version().map(|v| v.to_string()).as_deref(), Some("0.12.0"));
+    assert_eq!(info.package_version().map(|v| v.to_string()).as_deref(), Some("0.13.0"));
 }
 
 #[test]

@@ -358,6 +358,11 @@ pub struct ListedPublicIp {
     /// SKU StandardV2, static, provisioning succeeded (or not reported): what
     /// [`AzureApi::put_public_ip`] makes.
     pub as_put: bool,
+    /// `properties.ipConfiguration.id`: what it is attached to (multi-SLB placement finds the
+    /// load balancer a Service's pinned public IP is on by it).
+    pub ip_configuration: Option<String>,
+    /// Its tags (placement reads the cluster's name in them).
+    pub tags: Vec<(String, String)>,
 }
 
 /// A load balancer of the resource group as ARM lists it: `shape` is the [`LoadBalancerSpec`]
@@ -372,6 +377,17 @@ pub struct ListedLoadBalancer {
     /// The names of its backend pools, whatever its shape (multi-SLB placement finds the pools
     /// a Service left among them).
     pub pools: Vec<String>,
+    /// Its frontends, whatever its shape (multi-SLB placement finds a Service's pinned private
+    /// IP and its primary frontend among them).
+    pub frontends: Vec<ListedFrontend>,
+}
+
+/// A frontend IP configuration of a listed load balancer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedFrontend {
+    pub name: String,
+    /// `properties.privateIPAddress`: an internal frontend's.
+    pub private_ip: Option<String>,
 }
 
 /// An egress identity's NAT gateway (SKU StandardV2) to create or change: its public IPs by

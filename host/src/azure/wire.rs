@@ -6,7 +6,7 @@
 //! empty" (`addresses`, `services`, `loadBalancerBackendPools`) are always sent, `[]` when empty.
 
 use super::{
-    BackendAddress, BackendPool, FRONTEND_NAME, IpVersion, LbRule, ListedLoadBalancer, ListedLocation,
+    BackendAddress, BackendPool, FRONTEND_NAME, IpVersion, LbRule, ListedFrontend, ListedLoadBalancer, ListedLocation,
     ListedNatGateway, ListedPublicIp, ListedService, LoadBalancerSpec, LocationUpdate, NatGatewayLink, NatGatewaySpec,
     PoolRef, Protocol, PublicIpSpec, Scope, ServiceRequest, UpdateAction,
 };
@@ -186,6 +186,8 @@ pub struct PublicIpAddress {
     #[serde(default)]
     pub sku: Sku,
     pub properties: PublicIpProperties,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +201,10 @@ pub struct PublicIpProperties {
     pub ip_address: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioning_state: Option<String>,
+    /// What it is attached to (a load balancer's frontend, a NIC's IP configuration); only
+    /// Azure sets it.
+    #[serde(rename = "ipConfiguration", default, skip_serializing_if = "Option::is_none")]
+    pub ip_configuration: Option<IdRef>,
 }
 
 // ---- loadBalancers ----
@@ -240,8 +246,12 @@ pub struct FrontendIpConfiguration {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FrontendIpProperties {
-    #[serde(rename = "publicIPAddress")]
-    pub public_ip_address: IdRef,
+    /// A public frontend's public IP.
+    #[serde(rename = "publicIPAddress", default, skip_serializing_if = "Option::is_none")]
+    pub public_ip_address: Option<IdRef>,
+    /// An internal frontend's address.
+    #[serde(rename = "privateIPAddress", default, skip_serializing_if = "Option::is_none")]
+    pub private_ip_address: Option<String>,
 }
 
 /// A child resource that is only named here (a pool "with empty properties", §h.2).
@@ -407,7 +417,9 @@ pub fn public_ip(scope: &Scope, spec: &PublicIpSpec) -> PublicIpAddress {
             public_ip_address_version: spec.version,
             ip_address: None,
             provisioning_state: None,
+            ip_configuration: None,
         },
+        tags: None,
     }
 }
 
@@ -437,7 +449,8 @@ pub fn load_balancer(scope: &Scope, spec: &LoadBalancerSpec) -> LoadBalancer {
             frontend_ip_configurations: vec![FrontendIpConfiguration {
                 name: FRONTEND_NAME.into(),
                 properties: FrontendIpProperties {
-                    public_ip_address: IdRef { id: scope.public_ip_id(&spec.public_ip) },
+                    public_ip_address: Some(IdRef { id: scope.public_ip_id(&spec.public_ip) }),
+                    private_ip_address: None,
                 },
             }],
             backend_address_pools: vec![NamedEmpty { name: spec.backend_pool.clone(), properties: Default::default() }],
@@ -539,7 +552,19 @@ pub fn listed_public_ip(value: serde_json::Value) -> Option<ListedPublicIp> {
         && text("publicIPAddressVersion").is_some()
         && succeeded(text("provisioningState"));
     let address = text("ipAddress").filter(|a| !a.is_empty()).map(str::to_owned);
-    Some(ListedPublicIp { name, version, address, as_put })
+    let ip_configuration = properties
+        .and_then(|p| p.pointer("/ipConfiguration/id"))
+        .and_then(|id| id.as_str())
+        .filter(|id| !id.is_empty())
+        .map(str::to_owned);
+    let tags = value
+        .get("tags")
+        .and_then(|t| t.as_object())
+        .into_iter()
+        .flatten()
+        .filter_map(|(key, value)| Some((key.clone(), value.as_str()?.to_owned())))
+        .collect();
+    Some(ListedPublicIp { name, version, address, as_put, ip_configuration, tags })
 }
 
 /// A listed load balancer, or `None` for an item without a name. Its `shape` is the spec
@@ -561,7 +586,18 @@ pub fn listed_load_balancer(scope: &Scope, value: serde_json::Value) -> Option<L
     };
     let rules = names("/properties/loadBalancingRules");
     let pools = names("/properties/backendAddressPools");
-    Some(ListedLoadBalancer { name, shape, rules, pools })
+    let frontends = value
+        .pointer("/properties/frontendIPConfigurations")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|frontend| {
+            let name = frontend.get("name")?.as_str()?.to_owned();
+            let private_ip = frontend.pointer("/properties/privateIPAddress").and_then(|ip| ip.as_str());
+            Some(ListedFrontend { name, private_ip: private_ip.filter(|ip| !ip.is_empty()).map(str::to_owned) })
+        })
+        .collect();
+    Some(ListedLoadBalancer { name, shape, rules, pools, frontends })
 }
 
 fn load_balancer_shape(scope: &Scope, name: &str, value: &serde_json::Value) -> Option<LoadBalancerSpec> {
@@ -579,7 +615,7 @@ fn load_balancer_shape(scope: &Scope, name: &str, value: &serde_json::Value) -> 
         return None;
     };
     let pip_prefix = scope.public_ip_id("");
-    let pip_id = &frontend.properties.public_ip_address.id;
+    let pip_id = &frontend.properties.public_ip_address.as_ref()?.id;
     let public_ip = pip_id.get(..pip_prefix.len()).filter(|p| p.eq_ignore_ascii_case(&pip_prefix))?;
     let public_ip = pip_id[public_ip.len()..].to_owned();
     if public_ip.is_empty() || public_ip.contains('/') || frontend.name != FRONTEND_NAME {

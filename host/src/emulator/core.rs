@@ -45,6 +45,9 @@ pub struct ServiceRecord {
 pub struct PublicIpRecord {
     pub version: IpVersion,
     pub ip_address: String,
+    /// As the last PUT gave them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,10 +55,21 @@ pub struct PublicIpRecord {
 pub struct LoadBalancerRecord {
     pub etag: String,
     pub sku: String,
-    /// The names of the public IPs its frontends use.
-    pub public_ips: Vec<String>,
+    pub frontends: Vec<FrontendRecord>,
     pub backend_pools: Vec<String>,
     pub rules: Vec<wire::LoadBalancingRule>,
+}
+
+/// A load balancer's frontend: on a public IP of this resource group, or (internal) on a
+/// private address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontendRecord {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_ip: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -420,10 +434,17 @@ impl State {
             .map(|(n, _)| n.as_str())
     }
 
+    /// The load balancer and its frontend on the public IP `name`.
+    fn frontend_on(&self, name: &str) -> Option<(&str, &str)> {
+        self.resources.load_balancers.iter().find_map(|(lb, record)| {
+            let frontend = record.frontends.iter().find(|f| f.public_ip.as_deref() == Some(name))?;
+            Some((lb.as_str(), frontend.name.as_str()))
+        })
+    }
+
     /// What else uses the public IP `name`: a load balancer or a NAT gateway other than `except`.
     fn public_ip_user(&self, name: &str, except_nat_gateway: Option<&str>) -> Option<String> {
-        let lb = self.resources.load_balancers.iter().find(|(_, lb)| lb.public_ips.iter().any(|p| p == name));
-        if let Some((lb, _)) = lb {
+        if let Some((lb, _)) = self.frontend_on(name) {
             return Some(format!("load balancer {lb}"));
         }
         self.nat_gateway_using(name, except_nat_gateway).map(|n| format!("NAT gateway {n}"))
@@ -649,7 +670,11 @@ impl State {
                         .to_string()
                 }
             };
-            self.resources.public_ips.insert(name.to_owned(), PublicIpRecord { version, ip_address });
+            let tags = BTreeMap::new();
+            self.resources.public_ips.insert(name.to_owned(), PublicIpRecord { version, ip_address, tags });
+        }
+        if let Some(record) = self.resources.public_ips.get_mut(name) {
+            record.tags = body.tags.clone().unwrap_or_default();
         }
         self.get_public_ip(scope, name, body)
     }
@@ -667,6 +692,10 @@ impl State {
         answer.properties.public_ip_address_version = record.version;
         answer.properties.ip_address = Some(record.ip_address.clone());
         answer.properties.provisioning_state = Some("Succeeded".into());
+        answer.properties.ip_configuration = self
+            .frontend_on(name)
+            .map(|(lb, frontend)| wire::IdRef { id: format!("{}/frontendIPConfigurations/{frontend}", scope.load_balancer_id(lb)) });
+        answer.tags = Some(record.tags.clone()).filter(|tags| !tags.is_empty());
         Ok(answer)
     }
 
@@ -683,7 +712,9 @@ impl State {
                 public_ip_address_version: record.version,
                 ip_address: None,
                 provisioning_state: None,
+                ip_configuration: None,
             },
+            tags: None,
         };
         self.get_public_ip(scope, name, &body)
     }
@@ -718,9 +749,19 @@ impl State {
     ) -> Result<wire::LoadBalancer, Rejection> {
         let invalid_reference =
             |what: String| reject(400, "InvalidResourceReference", format!("load balancer {name}: {what}"));
-        let mut public_ips = Vec::new();
+        let mut frontends = Vec::new();
         for frontend in &body.properties.frontend_ip_configurations {
-            let id = &frontend.properties.public_ip_address.id;
+            let private_ip = frontend.properties.private_ip_address.clone();
+            let Some(id) = frontend.properties.public_ip_address.as_ref().map(|p| &p.id) else {
+                if private_ip.is_none() {
+                    return Err(invalid_reference(format!(
+                        "frontend {} has neither a public IP nor a private address",
+                        frontend.name
+                    )));
+                }
+                frontends.push(FrontendRecord { name: frontend.name.clone(), public_ip: None, private_ip });
+                continue;
+            };
             let pip = child_name(id, "publicIPAddresses").filter(|pip| {
                 id.eq_ignore_ascii_case(&scope.public_ip_id(pip)) && self.resources.public_ips.contains_key(*pip)
             });
@@ -735,7 +776,11 @@ impl State {
                 ));
             }
             match pip {
-                Some(pip) => public_ips.push(pip.to_owned()),
+                Some(pip) => frontends.push(FrontendRecord {
+                    name: frontend.name.clone(),
+                    public_ip: Some(pip.to_owned()),
+                    private_ip,
+                }),
                 None => {
                     return Err(invalid_reference(format!(
                         "frontend {} references {id}, which does not exist",
@@ -803,7 +848,7 @@ impl State {
             LoadBalancerRecord {
                 etag,
                 sku: body.sku.name.clone(),
-                public_ips,
+                frontends,
                 backend_pools: pools,
                 rules: body.properties.load_balancing_rules.clone(),
             },
@@ -822,12 +867,13 @@ impl State {
             properties: wire::LoadBalancerProperties {
                 scope: Some("Public".into()),
                 frontend_ip_configurations: lb
-                    .public_ips
+                    .frontends
                     .iter()
-                    .map(|pip| wire::FrontendIpConfiguration {
-                        name: crate::azure::FRONTEND_NAME.into(),
+                    .map(|f| wire::FrontendIpConfiguration {
+                        name: f.name.clone(),
                         properties: wire::FrontendIpProperties {
-                            public_ip_address: wire::IdRef { id: scope.public_ip_id(pip) },
+                            public_ip_address: f.public_ip.as_ref().map(|pip| wire::IdRef { id: scope.public_ip_id(pip) }),
+                            private_ip_address: f.private_ip.clone(),
                         },
                     })
                     .collect(),

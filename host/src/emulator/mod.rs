@@ -147,6 +147,37 @@ impl Emulator {
         self.lock().snapshot()
     }
 
+    /// The resource group's load balancers and public IPs as their list calls give them, without
+    /// a request (nothing counted, no fault applied).
+    pub fn listing(&self) -> (Vec<azure::ListedLoadBalancer>, Vec<azure::ListedPublicIp>) {
+        let state = self.lock();
+        let scope = &self.scope;
+        let load_balancers = state
+            .list_load_balancers(scope)
+            .into_iter()
+            .filter_map(|lb| wire::listed_load_balancer(scope, serde_json::to_value(lb).ok()?))
+            .collect();
+        let public_ips = state
+            .list_public_ips(scope)
+            .into_iter()
+            .filter_map(|ip| wire::listed_public_ip(serde_json::to_value(ip).ok()?))
+            .collect();
+        (load_balancers, public_ips)
+    }
+
+    /// Puts a load balancer as the body says (frontends of any kind included), as the ARM API
+    /// does: what `simulate` sets up that [`LoadBalancerSpec`](azure::LoadBalancerSpec) cannot
+    /// say.
+    pub fn put_load_balancer_body(&self, name: &str, body: &wire::LoadBalancer) -> Result<(), AzureError> {
+        self.call(Operation::PutLoadBalancer, vec![name.to_owned()], |s, scope| s.put_load_balancer(scope, name, body))
+            .map(drop)
+    }
+
+    /// Puts a public IP as the body says (its tags included), as the ARM API does.
+    pub fn put_public_ip_body(&self, name: &str, body: &wire::PublicIpAddress) -> Result<(), AzureError> {
+        self.call(Operation::PutPublicIp, vec![name.to_owned()], |s, scope| s.put_public_ip(scope, name, body)).map(drop)
+    }
+
     /// Only the Azure resources.
     pub fn resources(&self) -> Resources {
         self.lock().resources.clone()

@@ -31,11 +31,11 @@ use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
 use crate::kube::{KubeClient, error_chain};
 use crate::live::lease::{Leadership, LeaseLock};
 use crate::live::settings::{RunError, Settings};
-use crate::pool_producer::{PoolProducer, canonical_ip, node_ips, ready_node_ips};
+use crate::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    ExistingLoadBalancer, Placement, SlbConfiguration,
+    Placement, SlbConfiguration,
 };
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
@@ -153,9 +153,14 @@ pub(crate) struct Pools {
     kube: ::kube::Client,
     /// Whether a configuration has a `serviceNamespaceSelector` (else no Namespace is read).
     reads_namespaces: bool,
-    /// The resource group's load balancers as last listed, and when: listed again at most once
-    /// an updater interval, when a Service is placed (an ARM read, not one per change).
-    load_balancers: RefCell<Option<(tokio::time::Instant, Vec<ExistingLoadBalancer>)>>,
+    /// The resource group's load balancers and public IPs as last listed, and when: listed again
+    /// at most once an updater interval, when a Service is placed (two ARM reads, not two per
+    /// change).
+    azure: RefCell<Option<(tokio::time::Instant, AzureFacts)>>,
+    /// The resource group whose public IPs placement reads.
+    resource_group: String,
+    /// The cluster's name, as placement reads it.
+    cluster_name: String,
     store: RefCell<Store>,
     producer: RefCell<PoolProducer>,
     /// Signalled when a batch marked a Service (a permit is kept while nobody waits).
@@ -216,7 +221,9 @@ impl Pools {
             configurations: settings.slb_configurations.clone(),
             kube: settings.kube.clone(),
             reads_namespaces: settings.slb_configurations.iter().any(|c| c.service_namespace_selector.is_some()),
-            load_balancers: RefCell::default(),
+            azure: RefCell::default(),
+            resource_group: settings.arm.config().scope.resource_group.clone(),
+            cluster_name: settings.cluster_name.clone(),
             store: RefCell::default(),
             producer: RefCell::default(),
             changed: tokio::sync::Notify::new(),
@@ -345,11 +352,11 @@ impl Pools {
                     continue;
                 }
             };
-            let (namespace, load_balancers) = facts;
+            let (namespace, azure) = facts;
             let placed = self
                 .producer
                 .borrow_mut()
-                .place(&self.updater, &self.configurations, &record, namespace, &load_balancers, &mut notes)
+                .place(&self.updater, &self.configurations, &record, namespace, &azure, &mut notes)
                 .map_err(RunError::Pools)?;
             let placement = match placed {
                 (Placement::At(placement), _) => placement,
@@ -400,12 +407,13 @@ impl Pools {
 
     /// What placing a Service of `namespace` reads besides the Service: its namespace's labels
     /// (only when a configuration has a namespace selector; `None` when there is no such
-    /// namespace; read once per pass into `namespaces`) and the resource group's load balancers.
+    /// namespace; read once per pass into `namespaces`) and the resource group's load balancers
+    /// and public IPs.
     async fn facts(
         &self,
         namespace: &str,
         namespaces: &mut BTreeMap<String, Option<Vec<(String, String)>>>,
-    ) -> Result<(Option<Vec<(String, String)>>, Vec<ExistingLoadBalancer>), String> {
+    ) -> Result<(Option<Vec<(String, String)>>, AzureFacts), String> {
         let labels = if !self.reads_namespaces {
             None
         } else if let Some(known) = namespaces.get(namespace) {
@@ -418,24 +426,24 @@ impl Pools {
             labels
         };
         let fresh = self
-            .load_balancers
+            .azure
             .borrow()
             .as_ref()
             .and_then(|(at, listed)| (at.elapsed() < self.updater_interval()).then(|| listed.clone()));
-        let load_balancers = match fresh {
+        let azure = match fresh {
             Some(listed) => listed,
             None => {
-                let listed = self.updater.azure().list_load_balancers().await;
-                let listed: Vec<ExistingLoadBalancer> = listed
-                    .map_err(|e| format!("listing the load balancers: {}", error_chain(&e)))?
-                    .into_iter()
-                    .map(|lb| ExistingLoadBalancer { name: lb.name, rules: lb.rules, pools: lb.pools })
-                    .collect();
-                *self.load_balancers.borrow_mut() = Some((tokio::time::Instant::now(), listed.clone()));
+                let load_balancers = self.updater.azure().list_load_balancers().await;
+                let load_balancers =
+                    load_balancers.map_err(|e| format!("listing the load balancers: {}", error_chain(&e)))?;
+                let public_ips = self.updater.azure().list_public_ips().await;
+                let public_ips = public_ips.map_err(|e| format!("listing the public IPs: {}", error_chain(&e)))?;
+                let listed = AzureFacts::listed(load_balancers, public_ips, &self.resource_group, &self.cluster_name);
+                *self.azure.borrow_mut() = Some((tokio::time::Instant::now(), listed.clone()));
                 listed
             }
         };
-        Ok((labels, load_balancers))
+        Ok((labels, azure))
     }
 
     /// The canonical IPs each of `pools` holds in Azure (`None` for one that does not exist

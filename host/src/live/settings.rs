@@ -115,6 +115,9 @@ pub struct Settings {
     /// `multipleStandardLoadBalancerConfigurations`, as Service placement reads them
     /// ([`CloudConfig::slb_configurations`](crate::inputs::CloudConfig::slb_configurations)).
     pub slb_configurations: Vec<SlbConfiguration>,
+    /// The cluster's name, as multi-SLB placement reads it
+    /// ([`CloudConfig::cluster_name`](crate::inputs::CloudConfig::cluster_name)).
+    pub cluster_name: String,
     /// The backend-pool updater's tick interval and retries
     /// ([`CloudConfig::pool_updater_config`](crate::inputs::CloudConfig::pool_updater_config)).
     pub pool_updater: PoolUpdaterConfig,
@@ -137,6 +140,7 @@ impl Settings {
             leader_election: None,
             resource_lock: LeaseLockConfig::default(),
             slb_configurations: Vec::new(),
+            cluster_name: crate::inputs::DEFAULT_CLUSTER_NAME.to_owned(),
             pool_updater: PoolUpdaterConfig::default(),
             stats: RunStats::default(),
         }

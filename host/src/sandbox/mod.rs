@@ -37,7 +37,7 @@ use bindings::{Clb, ClbPre};
 /// The WIT package this host speaks.
 pub const PACKAGE: &str = "clb:reconciler";
 /// Its version; a component is compatible when its package version is semver-compatible.
-pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 12, 0);
+pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 13, 0);
 /// Interfaces of [`PACKAGE`] a component may import. `types` has no functions: it is imported
 /// implicitly by interfaces that `use` it.
 pub const GRANTED_INTERFACES: &[&str] = &["diagnostics", "types"];

@@ -47,6 +47,9 @@ pub struct Scenario {
     /// The entries of `multipleStandardLoadBalancerConfigurations`, as Service placement reads
     /// them.
     pub slb_configurations: Vec<SlbConfiguration>,
+    /// The cluster's name as multi-SLB placement reads it: `config.loadBalancerName`, else
+    /// `kubernetes`.
+    pub cluster_name: String,
     /// What Azure holds before the first step.
     pub azure: AzureSetup,
     pub steps: Vec<Step>,
@@ -65,6 +68,16 @@ pub struct AzureSetup {
     /// (`a<UID without dashes>-…`) when the controller starts.
     #[serde(default)]
     pub load_balancer_rules: BTreeMap<String, Vec<String>>,
+    /// Load balancer (one of `loadBalancers`) → its frontends besides `frontend`: one with a
+    /// `privateIp` is internal, on that address; one without is on a public IP
+    /// `<lb>-<frontend>`. Multi-SLB placement finds a Service's pinned private IP, and its
+    /// primary frontend (named `a<UID without dashes>…`), among them.
+    #[serde(default)]
+    pub frontends: BTreeMap<String, Vec<FrontendSetup>>,
+    /// Public IP (one the load balancers' frontends are on) → its tags, e.g.
+    /// `k8s-azure-cluster-name`.
+    #[serde(default)]
+    pub public_ip_tags: BTreeMap<String, BTreeMap<String, String>>,
     /// The backend-pool updater's tick interval (default 30s).
     #[serde(default)]
     pub backend_pool_update_interval: Option<VirtualDuration>,
@@ -75,6 +88,15 @@ pub struct AzureSetup {
     /// ARM's subscription throttling in the emulator (default: ARM's published sizes).
     #[serde(default)]
     pub arm_limits: ArmLimitsSetting,
+}
+
+/// One of `frontends:`'s entries.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FrontendSetup {
+    pub name: String,
+    #[serde(default)]
+    pub private_ip: Option<String>,
 }
 
 /// `armLimits:` — `unlimited`, or `{writes: {burst, perSecond}, reads: {burst, perSecond},
@@ -853,6 +875,27 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
     if let Some(lb) = raw.azure.load_balancer_rules.keys().find(|lb| !raw.azure.load_balancers.contains_key(*lb)) {
         return Err(invalid(&format!("azure.loadBalancerRules.{lb}: not one of azure.loadBalancers")));
     }
+    if let Some(lb) = raw.azure.frontends.keys().find(|lb| !raw.azure.load_balancers.contains_key(*lb)) {
+        return Err(invalid(&format!("azure.frontends.{lb}: not one of azure.loadBalancers")));
+    }
+    for (lb, frontends) in &raw.azure.frontends {
+        let mut names = BTreeSet::from([crate::azure::FRONTEND_NAME.to_owned()]);
+        if let Some(frontend) = frontends.iter().find(|f| f.name.trim().is_empty() || !names.insert(f.name.clone())) {
+            return Err(invalid(&format!("azure.frontends.{lb}: {:?} is empty or named twice", frontend.name)));
+        }
+    }
+    let frontend_ips: BTreeSet<String> = raw
+        .azure
+        .load_balancers
+        .keys()
+        .map(|lb| format!("{lb}-{}", crate::azure::FRONTEND_NAME))
+        .chain(raw.azure.frontends.iter().flat_map(|(lb, fs)| {
+            fs.iter().filter(|f| f.private_ip.is_none()).map(move |f| format!("{lb}-{}", f.name))
+        }))
+        .collect();
+    if let Some(ip) = raw.azure.public_ip_tags.keys().find(|ip| !frontend_ips.contains(*ip)) {
+        return Err(invalid(&format!("azure.publicIpTags.{ip}: not the public IP of a load balancer's frontend")));
+    }
     raw.config.check(path)?;
     if let Some(name) = raw.azure.outbound_services.iter().find(|n| n.trim().is_empty()) {
         return Err(invalid(&format!("azure.outboundServices: {name:?} is not a service name")));
@@ -879,6 +922,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
         name: raw.name,
         description: raw.description,
         slb_configurations: raw.config.slb_configurations(),
+        cluster_name: raw.config.cluster_name(crate::inputs::DEFAULT_CLUSTER_NAME),
         config: raw.config.into(),
         azure: raw.azure,
         steps,

@@ -32,9 +32,9 @@ use crate::backend_pools::{
 };
 use crate::emulator::{Emulator, EmulatorConfig, Resources};
 use crate::executor::{Executor, command_name};
-use crate::pool_producer::{PoolProducer, canonical_ip, node_ips, ready_node_ips};
+use crate::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{ExistingLoadBalancer, Placement, SlbConfiguration};
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{Placement, SlbConfiguration};
 use crate::sandbox::{GuestError, Logic, Runtime};
 use crate::simulator::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::simulator::scenario::{
@@ -598,6 +598,8 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
 struct PoolSim {
     updater: PoolUpdater<Arc<Emulator>, InMemoryLock, Arc<Cluster>>,
     configurations: Vec<SlbConfiguration>,
+    /// The cluster's name, as placement reads it.
+    cluster_name: String,
     interval: u64,
     next_tick: u64,
     producer: PoolProducer,
@@ -633,15 +635,24 @@ impl Simulation<'_> {
         self.idle = step.idle;
     }
 
-    /// The scenario's `azure:` section: each load balancer with a public IP `<lb>-frontend`
-    /// and its pools, and the Outbound services, written through the emulator's API before the
-    /// first step.
+    /// The scenario's `azure:` section: each load balancer with a public IP `<lb>-frontend`,
+    /// its other frontends (on a public IP `<lb>-<frontend>` each, or on a private address) and
+    /// its pools, the public IPs' tags, and the Outbound services, written through the emulator's
+    /// API before the first step.
     fn set_up_azure(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
+        use crate::azure::{FRONTEND_NAME, IpVersion, wire};
         let failed = |e: crate::azure::AzureError| LogicError::AzureSetup(e.to_string());
+        let scope = self.emulator.scope().clone();
         for (lb, pools) in &scenario.azure.load_balancers {
-            let public_ip = format!("{lb}-frontend");
-            let spec = PublicIpSpec { name: public_ip.clone(), version: crate::azure::IpVersion::IPv4 };
-            self.runtime.block_on(self.emulator.put_public_ip(&spec)).map_err(failed)?;
+            let extra = scenario.azure.frontends.get(lb).map(Vec::as_slice).unwrap_or_default();
+            let public = std::iter::once(FRONTEND_NAME).chain(extra.iter().filter(|f| f.private_ip.is_none()).map(|f| f.name.as_str()));
+            for frontend in public {
+                let name = format!("{lb}-{frontend}");
+                let mut body = wire::public_ip(&scope, &PublicIpSpec { name: name.clone(), version: IpVersion::IPv4 });
+                body.tags = scenario.azure.public_ip_tags.get(&name).cloned();
+                self.emulator.put_public_ip_body(&name, &body).map_err(failed)?;
+            }
+            let public_ip = format!("{lb}-{FRONTEND_NAME}");
             let rules: Vec<LbRule> = (scenario.azure.load_balancer_rules.get(lb).into_iter().flatten().enumerate())
                 .map(|(i, name)| LbRule {
                     name: name.clone(),
@@ -653,7 +664,18 @@ impl Simulation<'_> {
                 })
                 .collect();
             let spec = LoadBalancerSpec { name: lb.clone(), public_ip, backend_pool: pools[0].clone(), rules };
-            self.runtime.block_on(self.emulator.put_load_balancer(&spec)).map_err(failed)?;
+            let mut body = wire::load_balancer(&scope, &spec);
+            body.properties.frontend_ip_configurations.extend(extra.iter().map(|f| wire::FrontendIpConfiguration {
+                name: f.name.clone(),
+                properties: wire::FrontendIpProperties {
+                    public_ip_address: match f.private_ip {
+                        Some(_) => None,
+                        None => Some(wire::IdRef { id: scope.public_ip_id(&format!("{lb}-{}", f.name)) }),
+                    },
+                    private_ip_address: f.private_ip.clone(),
+                },
+            }));
+            self.emulator.put_load_balancer_body(lb, &body).map_err(failed)?;
             for pool in &pools[1..] {
                 let pool_ref = PoolRef { load_balancer: lb.clone(), pool: pool.clone() };
                 let content = BackendPool { addresses: Vec::new(), other_properties: Default::default() };
@@ -718,6 +740,7 @@ impl Simulation<'_> {
                 self.pools = Some(PoolSim {
                     updater,
                     configurations: scenario.slb_configurations.clone(),
+                    cluster_name: scenario.cluster_name.clone(),
                     interval,
                     next_tick: self.now.saturating_add(interval),
                     producer: PoolProducer::new(),
@@ -747,15 +770,9 @@ impl Simulation<'_> {
             self.cluster.slices().iter().map(crate::records::endpoint_slice).collect();
         let resources = self.emulator.resources();
         // Read as the reconcile's listing of the resource group would, without an Azure call.
-        let load_balancers: Vec<ExistingLoadBalancer> = resources
-            .load_balancers
-            .iter()
-            .map(|(name, lb)| ExistingLoadBalancer {
-                name: name.clone(),
-                rules: lb.rules.iter().map(|r| r.name.clone()).collect(),
-                pools: lb.backend_pools.clone(),
-            })
-            .collect();
+        let (load_balancers, public_ips) = self.emulator.listing();
+        let resource_group = &self.emulator.scope().resource_group;
+        let azure = AzureFacts::listed(load_balancers, public_ips, resource_group, &pools.cluster_name);
         let service_lock = pools.updater.service_lock().clone();
         let reconciling = self.runtime.block_on(service_lock.lock());
         let (mut placed, mut present) = (BTreeSet::new(), BTreeSet::new());
@@ -769,7 +786,7 @@ impl Simulation<'_> {
                 &pools.configurations,
                 &record,
                 namespace,
-                &load_balancers,
+                &azure,
                 &mut self.pool_lines,
             )? {
                 (Placement::NotLocal(_), _) => continue,

@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.12.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.13.0``."""
         return self._loaded.package
 
     @property
@@ -177,12 +177,12 @@ class Component:
     def place_service(
         self, configurations: List[Dict[str, Any]], service: Dict[str, Any], facts: Dict[str, Any]
     ) -> Dict[str, Any]:
-        """``place-service`` (upstream's placement): ``{"tag": "not-local"}``, ``{"tag": "at",
-        "val": {"load-balancer": …, "pools": [{"ipv6": …, "name": …}, …]}}`` or ``{"tag": "refused", "val": why}``. ``configurations`` are
-        ``slb-configuration`` records (``{"name": …, "allow-service-placement": None|bool,
-        "service-label-selector": None|selector, "service-namespace-selector": None|selector}``),
-        ``facts`` a ``placement-facts`` record (``{"namespace-labels": None|[[k, v], …],
-        "current-load-balancer": None|name, "load-balancers": [{"name": …, "rules": […]}]}``)."""
+        """``place-service`` (upstream's placement): ``{"tag": "not-local", "val": [left-pool, …]}``,
+        ``{"tag": "at", "val": service-placement}`` or ``{"tag": "refused", "val": why}``.
+        ``configurations`` are ``slb-configuration`` records, ``facts`` a ``placement-facts``
+        record (``namespace-labels``, ``current-load-balancer``, ``load-balancers`` with their
+        rules, pools and frontends, ``public-ips``, ``resource-group``, ``cluster-name``), as
+        ``wit/clb.wit`` defines them."""
         return self._call_pure("place-service", [configurations, service, facts])
 
 

@@ -50,6 +50,8 @@ pub mod model;
 pub mod name;
 #[path = "../../../guest/src/outbound.rs"]
 pub mod outbound;
+#[path = "../../../guest/src/pinning.rs"]
+pub mod pinning;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
 #[path = "../../../guest/src/pod_finalizers.rs"]
