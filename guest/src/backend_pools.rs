@@ -25,10 +25,11 @@
 //! Service names, load balancer names and pool names compare case-insensitively, as Kubernetes
 //! keys in upstream's map and ARM names do; IPs compare in canonical text.
 
+use crate::keyed::{Map, Set};
 use crate::ip;
 use crate::model::Clock;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 /// Event reason when a group's pool was written.
 pub const REASON_UPDATED: &str = "LoadBalancerBackendPoolUpdated";
@@ -207,8 +208,8 @@ pub struct PoolQueue {
     max_retries: u32,
     queue: VecDeque<Queued>,
     /// Pools whose operations stay queued until the time given (from `Retry-After`).
-    parked: BTreeMap<String, u64>,
-    in_flight: BTreeMap<u64, InFlight>,
+    parked: Map<String, u64>,
+    in_flight: Map<u64, InFlight>,
     next_group: u64,
     /// The queue's time: the host's `now-ms`, monotonic ([`Clock`]); `parked` is in it, so a
     /// step back of the host's clock does not stretch a park.
@@ -237,8 +238,8 @@ impl PoolQueue {
         Self {
             max_retries,
             queue: VecDeque::new(),
-            parked: BTreeMap::new(),
-            in_flight: BTreeMap::new(),
+            parked: Map::new(),
+            in_flight: Map::new(),
             next_group: 1,
             clock: Clock::default(),
         }
@@ -329,13 +330,13 @@ impl PoolQueue {
             first: Queued,
             ops: Vec<Queued>,
             // canonical IP → present afterwards; the last operation naming it wins.
-            net: BTreeMap<String, bool>,
+            net: Map<String, bool>,
             services: Vec<String>,
-            seen: BTreeSet<String>,
+            seen: Set<String>,
             delete: bool,
             ensure: bool,
         }
-        let mut groups: BTreeMap<String, Building> = BTreeMap::new();
+        let mut groups: Map<String, Building> = Map::new();
         let mut kept = VecDeque::new();
         for queued in std::mem::take(&mut self.queue) {
             if self.parked.contains_key(&queued.key) || in_flight.contains(&queued.key) {
@@ -355,9 +356,9 @@ impl PoolQueue {
             let building = groups.entry(queued.key.clone()).or_insert_with(|| Building {
                 first: queued.clone(),
                 ops: Vec::new(),
-                net: BTreeMap::new(),
+                net: Map::new(),
                 services: Vec::new(),
-                seen: BTreeSet::new(),
+                seen: Set::new(),
                 delete: false,
                 ensure: false,
             });

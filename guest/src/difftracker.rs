@@ -5,6 +5,7 @@
 //! a sync looks only at dirty locations. The NRP mirror changes only when NRP accepted a batch
 //! (or a fresh read of NRP replaces it).
 
+use crate::keyed::{Map, Set};
 use crate::model::{NrpAddress, NrpListedLocation, NrpLocation, UpdateAction};
 use crate::name::{Name, VecMap, VecSet};
 use serde::{Deserialize, Serialize};
@@ -30,41 +31,34 @@ pub type View = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 pub struct DiffTracker {
     /// Kubernetes: location → address → identity → how many EndpointSlices contribute it.
     /// Counting makes an address that two slices list survive the removal from one of them.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    k8s: BTreeMap<Name, VecMap<Name, VecMap<Name, u32>>>,
+    k8s: Map<Name, VecMap<Name, VecMap<Name, u32>>>,
     /// identity → location → number of its addresses there, in `k8s`.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    k8s_by_identity: BTreeMap<Name, VecMap<Name, u32>>,
+    k8s_by_identity: Map<Name, VecMap<Name, u32>>,
     /// NRP: registered inbound services.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    registered: BTreeSet<Name>,
+    registered: Set<Name>,
     /// NRP: location → address → services.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    nrp: BTreeMap<Name, VecMap<Name, Services>>,
+    nrp: Map<Name, VecMap<Name, Services>>,
     /// identity → location → number of NRP addresses there that reference it.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    nrp_by_identity: BTreeMap<Name, VecMap<Name, u32>>,
+    nrp_by_identity: Map<Name, VecMap<Name, u32>>,
     /// Locations whose two views may differ: `None` the whole location, `Some` only those
     /// addresses (so one changed pod costs one address, not the whole node).
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    dirty: BTreeMap<Name, Option<BTreeSet<Name>>>,
+    dirty: Map<Name, Option<Set<Name>>>,
     /// Locations a failed batch may or may not have changed, with the identities it named (NRP
     /// may reference them there): the next update states such a location whole, so it is right
     /// whatever NRP did.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    uncertain: BTreeMap<Name, BTreeSet<Name>>,
+    uncertain: Map<Name, Set<Name>>,
 }
 
 /// The value at `key`, inserted as the default if missing. Unlike `entry(key.to_owned())` it
 /// allocates the key only when it inserts: this runs once per endpoint, on the hot path.
-fn slot<'m, V: Default>(map: &'m mut BTreeMap<Name, V>, key: &str) -> &'m mut V {
+fn slot<'m, V: Default>(map: &'m mut Map<Name, V>, key: &str) -> &'m mut V {
     if !map.contains_key(key) {
         map.insert(Name::new(key), V::default());
     }
     map.get_mut(key).expect("inserted above")
 }
 
-fn bump(index: &mut BTreeMap<Name, VecMap<Name, u32>>, identity: &str, location: &str, up: bool) {
+fn bump(index: &mut Map<Name, VecMap<Name, u32>>, identity: &str, location: &str, up: bool) {
     if up {
         *slot(index, identity).slot(location, Name::new) += 1;
         return;
@@ -98,7 +92,7 @@ impl Placements for VecMap<Name, Name> {
     }
 }
 
-impl Placements for BTreeMap<String, String> {
+impl Placements for Map<String, String> {
     fn placements(&self) -> impl Iterator<Item = (&str, &str)> {
         self.iter().map(|(a, l)| (a.as_str(), l.as_str()))
     }
@@ -175,7 +169,7 @@ impl DiffTracker {
                 }
             }
             None => {
-                self.dirty.insert(Name::new(location), Some(BTreeSet::from([Name::new(address)])));
+                self.dirty.insert(Name::new(location), Some(Set::from([Name::new(address)])));
             }
         }
     }
@@ -193,7 +187,7 @@ impl DiffTracker {
         self.registered.contains(identity)
     }
 
-    pub fn registered(&self) -> &BTreeSet<Name> {
+    pub fn registered(&self) -> &Set<Name> {
         &self.registered
     }
 
@@ -357,7 +351,7 @@ impl DiffTracker {
         if addresses.is_empty() {
             return None;
         }
-        addresses.sort_by(|a, b| a.address.cmp(&b.address));
+        crate::keyed::sort_by(&mut addresses, |a, b| a.address.cmp(&b.address));
         Some(NrpLocation { location: location.to_owned(), action: UpdateAction::PartialUpdate, addresses })
     }
 
@@ -367,7 +361,7 @@ impl DiffTracker {
     pub fn sync_addresses(
         &self,
         location: &str,
-        addresses: &BTreeSet<Name>,
+        addresses: &Set<Name>,
         class: &impl Fn(&str) -> Class,
     ) -> Option<NrpLocation> {
         let (Some(actual), Some(wanted)) = (self.nrp.get(location), self.k8s.get(location)) else {
@@ -446,7 +440,7 @@ impl DiffTracker {
 
     /// Replaces the NRP mirror with what NRP listed, canonicalising every IP. Returns the
     /// entries that were not IP addresses, which are skipped.
-    pub fn replace_nrp(&mut self, registered: BTreeSet<String>, locations: &[NrpListedLocation]) -> Vec<String> {
+    pub fn replace_nrp(&mut self, registered: Set<String>, locations: &[NrpListedLocation]) -> Vec<String> {
         self.registered = registered.into_iter().map(Name::from).collect();
         self.uncertain.clear();
         self.nrp.clear();
@@ -650,7 +644,7 @@ mod tests {
                 addresses: vec![NrpAddress { address: "10.1.0.9".into(), services: vec!["other".into()] }],
             },
         ];
-        t.replace_nrp(BTreeSet::from(["svc-a".to_string()]), &listed);
+        t.replace_nrp(Set::from(["svc-a".to_string()]), &listed);
         assert!(t.nrp_references("svc-a") && t.nrp_references("egress-x"));
         t.add_endpoint("svc-a", "10.1.0.5", "10.0.0.4");
         let foreign = ["egress-x", "other"];
@@ -760,7 +754,7 @@ mod tests {
             location: "FD00:0::4".into(),
             addresses: vec![NrpAddress { address: "FD00:1::0005".into(), services: vec!["SVC-A".into()] }],
         }];
-        t.replace_nrp(BTreeSet::from(["svc-a".to_string()]), &listed);
+        t.replace_nrp(Set::from(["svc-a".to_string()]), &listed);
         t.add_endpoint("svc-a", "fd00:1::5", "fd00::4");
         assert!(t.take_sync(10, |_| false, ready_all).is_empty(), "{:?}", t.nrp_view());
     }

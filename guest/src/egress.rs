@@ -42,11 +42,11 @@
 //! Not here: the NAT gateway lifecycle (`crate::outbound`) and the pod finalizer
 //! `servicegateway.azure.com/pod-cleanup` (`crate::pod_finalizers`).
 
+use crate::keyed::{Map, Set};
 use crate::difftracker::{Class, DiffTracker};
 use crate::ip;
 use crate::model::{NrpService, ObjectKey, ObjectRef, Pod};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
 
 /// The pod label that names a pod's egress identity.
 pub const LABEL: &str = "kubernetes.azure.com/service-egress-gateway";
@@ -90,7 +90,7 @@ pub struct Reading {
     /// The identity the pod carries, if it carries one.
     pub identity: Option<String>,
     /// Canonical pod IP → the canonical host IP of its family (only when `identity` is set).
-    pub addresses: BTreeMap<String, String>,
+    pub addresses: Map<String, String>,
     pub warnings: Vec<Warning>,
 }
 
@@ -102,13 +102,13 @@ fn live_phase(phase: Option<&str>) -> bool {
 /// The egress addresses of a pod: every parseable IP of `status.podIPs` (else `status.podIP`)
 /// under the host IP of its family (`status.hostIPs`, else `status.hostIP`; the smallest when
 /// several), with the IPs that could not be placed.
-pub fn pod_addresses(pod: &Pod) -> (BTreeMap<String, String>, Vec<String>, Vec<String>) {
+pub fn pod_addresses(pod: &Pod) -> (Map<String, String>, Vec<String>, Vec<String>) {
     let or_single = |list: &[String], single: &Option<String>| -> Vec<String> {
         if list.is_empty() { single.iter().cloned().collect() } else { list.to_vec() }
     };
     let host_ips = or_single(&pod.host_ips, &pod.host_ip);
     let locations = [ip::Family::V4, ip::Family::V6].map(|f| ip::same_family_location(&host_ips, f));
-    let (mut addresses, mut malformed, mut unplaced) = (BTreeMap::new(), Vec::new(), Vec::new());
+    let (mut addresses, mut malformed, mut unplaced) = (Map::new(), Vec::new(), Vec::new());
     for text in or_single(&pod.pod_ips, &pod.pod_ip) {
         let Some((address, family)) = ip::canonical(&text) else {
             malformed.push(text);
@@ -180,8 +180,7 @@ fn collision_message(label: &str) -> String {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct PodRecord {
     identity: Option<String>,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    addresses: BTreeMap<String, String>,
+    addresses: Map<String, String>,
     /// The reasons of the Warnings last sent, so an unchanged pod is not warned again.
     warned: Vec<String>,
 }
@@ -190,17 +189,13 @@ struct PodRecord {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Egress {
     /// Egress-labelled pods by namespace/name (only those that carry something or were warned).
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pods: BTreeMap<ObjectKey, PodRecord>,
+    pods: Map<ObjectKey, PodRecord>,
     /// Identity → how many pods carry it; no entry is zero.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    refs: BTreeMap<String, u32>,
+    refs: Map<String, u32>,
     /// Identities a pod has carried while this state lived: ours, so drained when their pods go.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    known: BTreeSet<String>,
+    known: Set<String>,
     /// Outbound services NRP listed as registered at the last read (not the RP's default).
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    registered: BTreeSet<String>,
+    registered: Set<String>,
 }
 
 impl Egress {
@@ -234,7 +229,7 @@ impl Egress {
         &mut self,
         identity: &str,
         diff: &mut DiffTracker,
-    ) -> Vec<(ObjectRef, Warning, BTreeMap<String, String>)> {
+    ) -> Vec<(ObjectRef, Warning, Map<String, String>)> {
         if !self.refs.contains_key(identity) {
             return Vec::new();
         }
@@ -244,7 +239,7 @@ impl Egress {
         let mut warnings = Vec::new();
         for key in carrying {
             let old = self.pods.remove(&key).expect("listed above");
-            let new = PodRecord { identity: None, addresses: BTreeMap::new(), warned: vec![reason.to_owned()] };
+            let new = PodRecord { identity: None, addresses: Map::new(), warned: vec![reason.to_owned()] };
             self.change(&old, &new, diff);
             self.pods.insert(key.clone(), new);
             let regarding = ObjectRef { kind: "Pod".into(), namespace: key.namespace, name: key.name, uid: "".into() };
@@ -310,7 +305,7 @@ impl Egress {
     /// the registered Outbound services, and identities no pod carries that NRP no longer
     /// references are forgotten.
     pub fn nrp_read(&mut self, services: &[NrpService], diff: &DiffTracker) {
-        self.registered = crate::name::set_of(
+        self.registered = Set::from_iter(
             services
                 .iter()
                 .filter(|s| s.service_type.eq_ignore_ascii_case("Outbound") && !s.is_default)
@@ -358,12 +353,12 @@ impl Egress {
     }
 
     /// Identity → how many pods carry it (P4).
-    pub fn ref_counts(&self) -> &BTreeMap<String, u32> {
+    pub fn ref_counts(&self) -> &Map<String, u32> {
         &self.refs
     }
 
     /// What a pod carries now: its identity and its addresses (address → location).
-    pub fn carried_by(&self, key: &ObjectKey) -> Option<(String, BTreeMap<String, String>)> {
+    pub fn carried_by(&self, key: &ObjectKey) -> Option<(String, Map<String, String>)> {
         let pod = self.pods.get(key)?;
         Some((pod.identity.clone()?, pod.addresses.clone()))
     }
@@ -374,8 +369,8 @@ impl Egress {
     }
 
     /// The reference counts recomputed from the pods: equal to [`Self::ref_counts`] always.
-    pub fn recount(&self) -> BTreeMap<String, u32> {
-        let mut counts = BTreeMap::new();
+    pub fn recount(&self) -> Map<String, u32> {
+        let mut counts = Map::new();
         for identity in self.pods.values().filter_map(|p| p.identity.as_ref()) {
             *counts.entry(identity.clone()).or_insert(0) += 1;
         }
@@ -399,6 +394,7 @@ impl Egress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
     use crate::config::Config;
     use crate::difftracker::View;
     use crate::model::*;
@@ -690,7 +686,7 @@ mod tests {
     #[test]
     fn malformed_pod_ips_are_skipped_with_a_warning_and_the_others_kept() {
         let reading = read_pod(&pod("p", Some("egress-a"), &["10.244.0.500", "10.244.0.5"]), no_inbound);
-        assert_eq!(reading.addresses, BTreeMap::from([("10.244.0.5".into(), NODE.into())]));
+        assert_eq!(reading.addresses, Map::from([("10.244.0.5".into(), NODE.into())]));
         assert_eq!(reading.warnings.iter().map(|w| w.reason).collect::<Vec<_>>(), vec![reason::INVALID_POD_IP]);
     }
 
@@ -729,7 +725,7 @@ mod tests {
         let reading = read_pod(&p, no_inbound);
         assert_eq!(
             reading.addresses,
-            BTreeMap::from([("10.244.0.5".into(), NODE.into()), ("fd01::5".into(), "fd00::4".into())])
+            Map::from([("10.244.0.5".into(), NODE.into()), ("fd01::5".into(), "fd00::4".into())])
         );
         assert!(reading.warnings.is_empty());
     }
@@ -747,9 +743,9 @@ mod tests {
             host_ip: Some("10.224.0.7".into()),
             ..pod("p", Some("egress-a"), &[])
         };
-        assert_eq!(pod_addresses(&p).0, BTreeMap::from([("10.244.0.5".into(), "10.224.0.7".into())]));
+        assert_eq!(pod_addresses(&p).0, Map::from([("10.244.0.5".into(), "10.224.0.7".into())]));
         let both = Pod { pod_ips: vec!["10.244.0.6".into()], host_ips: vec!["10.224.0.8".into()], ..p };
-        assert_eq!(pod_addresses(&both).0, BTreeMap::from([("10.244.0.6".into(), "10.224.0.8".into())]), "lists win");
+        assert_eq!(pod_addresses(&both).0, Map::from([("10.244.0.6".into(), "10.224.0.8".into())]), "lists win");
         let unscheduled = Pod { pod_ips: vec![], host_ips: vec![], ..pod("p", Some("egress-a"), &[]) };
         let reading = read_pod(&unscheduled, no_inbound);
         assert_eq!(
@@ -774,7 +770,7 @@ mod tests {
     #[test]
     fn host_and_pod_ips_in_any_spelling_become_canonical_keys() {
         let p = Pod { host_ips: vec!["FD00:0::0004".into()], ..pod("p", Some("egress-a"), &["FD01:0:0::5"]) };
-        assert_eq!(pod_addresses(&p).0, BTreeMap::from([("fd01::5".into(), "fd00::4".into())]));
+        assert_eq!(pod_addresses(&p).0, Map::from([("fd01::5".into(), "fd00::4".into())]));
     }
 
     // Mirrors upstream TestColdStart_EgressPodNoSameFamilyLocation_NotDesired.

@@ -21,6 +21,7 @@ pub mod egress;
 #[cfg(any(test, feature = "invariants"))]
 pub mod invariants;
 pub mod ip;
+pub mod keyed;
 pub mod lifecycle;
 pub mod model;
 pub mod name;

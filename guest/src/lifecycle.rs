@@ -4,10 +4,11 @@
 //! a lifecycle and its steps ([`Life`], [`Op`]). Inbound Services and outbound egress identities
 //! run on the driver (`crate::tracker`, `Kind`); the pod finalizers share `Attempt` and `WorkSets`.
 
+use crate::keyed::{Map, Set};
 use crate::budget::WriteKind;
 use crate::model::{Failure, LogLevel, LogLine, Phase, Step};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 
 /// Retry and resync timing (milliseconds).
 pub mod timing {
@@ -138,17 +139,15 @@ impl<S: Copy> Attempt<S> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(bound(deserialize = "K: Deserialize<'de> + Ord"))]
 pub struct WorkSets<K: Ord> {
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    pub(crate) runnable: BTreeSet<K>,
+    pub(crate) runnable: Set<K>,
     #[serde(deserialize_with = "crate::name::btree_set")]
     pub(crate) timers: BTreeSet<(u64, K)>,
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    pub(crate) draining: BTreeSet<K>,
+    pub(crate) draining: Set<K>,
 }
 
 impl<K: Ord> Default for WorkSets<K> {
     fn default() -> Self {
-        Self { runnable: BTreeSet::new(), timers: BTreeSet::new(), draining: BTreeSet::new() }
+        Self { runnable: Set::new(), timers: BTreeSet::new(), draining: Set::new() }
     }
 }
 
@@ -186,7 +185,7 @@ impl<K: Ord + Clone> WorkSets<K> {
 
 impl WorkSets<String> {
     /// For a state import: each lifecycle is where its phase needs it ([`Phase::misplaced`]).
-    pub(crate) fn check<L: Life>(&self, lifecycles: &BTreeMap<String, L>, what: &str) -> Result<(), String> {
+    pub(crate) fn check<L: Life>(&self, lifecycles: &Map<String, L>, what: &str) -> Result<(), String> {
         let on_timers = crate::name::set_of(self.timers.iter().map(|(_, identity)| identity.as_str()));
         for (identity, l) in lifecycles {
             let scheduled = l.attempt().in_flight.is_some()

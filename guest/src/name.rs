@@ -12,15 +12,15 @@
 //! price is an insertion that moves the entries after it, which stays small because these
 //! collections are the inner levels (a location's addresses, not the cluster's).
 //!
-//! The state's own `BTreeMap`s and `BTreeSet`s are read through [`btree_map`] and [`btree_set`],
-//! which insert the entries of a map last first: a few key comparisons each instead of ~30.
+//! The state's outer maps and sets are [`crate::keyed`]'s; everything here is read with its visitors.
 //!
 //! Invariant: each type here orders, compares and serializes exactly like the collection it
 //! replaces (`String`, `BTreeMap<K, V>`, `BTreeSet<T>`), so the order of everything the tracker
 //! emits and the postcard state format are unchanged: state version 1 reads and writes the same
 //! bytes as before.
 
-use serde::de::{MapAccess, SeqAccess, Visitor};
+use crate::keyed::{Entries, Members};
+use serde::de::Visitor;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smallvec::SmallVec;
 use std::borrow::Borrow;
@@ -207,12 +207,6 @@ fn ascii(bytes: &[u8]) -> Option<&str> {
     (high == 0 && rest.is_ascii()).then(|| unsafe { std::str::from_utf8_unchecked(bytes) })
 }
 
-/// Room to make for a collection the state says has `len` members: all of it (growing by
-/// doubling costs a copy per step), up to a bound, since a corrupt state can claim any length.
-fn preallocation(len: Option<usize>) -> usize {
-    len.unwrap_or(0).min(4_096)
-}
-
 /// A set kept as a sorted vector, in place while it holds one member. Serializes as a sequence
 /// in order, like `BTreeSet`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -290,7 +284,7 @@ impl<T: Ord> VecSet<T> {
     /// The set of `members` in any order (sorted only when they are not already).
     fn of_members(mut members: SmallVec<[T; 1]>) -> Self {
         if !members.windows(2).all(|w| w[0] < w[1]) {
-            members.sort();
+            crate::keyed::sort(&mut members);
             members.dedup();
         }
         Self(members)
@@ -437,7 +431,7 @@ impl<K: Ord, V> VecMap<K, V> {
     fn of_entries(mut entries: SmallVec<[(K, V); 1]>) -> Self {
         if !entries.windows(2).all(|w| w[0].0 < w[1].0) {
             entries.reverse();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            crate::keyed::sort_by(&mut entries, |a, b| a.0.cmp(&b.0));
             entries.dedup_by(|later, kept| later.0 == kept.0);
         }
         Self(entries)
@@ -488,72 +482,6 @@ impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for V
     }
 }
 
-/// Reads a sequence's members in the order they were written, then makes the set of them.
-struct Members<T, C> {
-    make: Make<T, C>,
-}
-
-impl<'de, T: Deserialize<'de>, C> Visitor<'de> for Members<T, C> {
-    type Value = C;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a set")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<C, A::Error> {
-        let mut members = SmallVec::with_capacity(preallocation(seq.size_hint()));
-        while let Some(member) = seq.next_element()? {
-            members.push(member);
-        }
-        Ok((self.make)(members))
-    }
-}
-
-/// Reads a map's entries in the order they were written, then makes the map of them.
-struct Entries<K, V, C> {
-    make: Make<(K, V), C>,
-}
-
-impl<'de, K: Deserialize<'de>, V: Deserialize<'de>, C> Visitor<'de> for Entries<K, V, C> {
-    type Value = C;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a map")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<C, A::Error> {
-        let mut entries = SmallVec::with_capacity(preallocation(map.size_hint()));
-        while let Some(entry) = map.next_entry()? {
-            entries.push(entry);
-        }
-        Ok((self.make)(entries))
-    }
-}
-
-/// The function that makes a collection of what a visitor read, in the order it was written.
-type Make<T, C> = fn(SmallVec<[T; 1]>) -> C;
-
-/// `#[serde(deserialize_with)]` for the state's `BTreeMap`s: the entries are inserted last
-/// first. A state lists them in key order, and a B-tree node is searched from its smallest key,
-/// so an entry smaller than all before it is placed with one key comparison per level, where
-/// in written order it is compared with every key on its path (~30 comparisons an entry for the
-/// thousand-entry maps of a large cluster). Of a repeated key the value written last is kept,
-/// as insertions in written order would. (`FromIterator`'s bulk build would be cheaper still,
-/// but its sort costs ~10 KB of code per map type, ~200 KB in all.)
-pub fn btree_map<'de, D, K, V>(deserializer: D) -> Result<BTreeMap<K, V>, D::Error>
-where
-    D: Deserializer<'de>,
-    K: Deserialize<'de> + Ord,
-    V: Deserialize<'de>,
-{
-    deserializer.deserialize_map(Entries {
-        make: |entries| {
-            let mut map = BTreeMap::new();
-            for (key, value) in entries.into_iter().rev() {
-                map.entry(key).or_insert(value);
-            }
-            map
-        },
-    })
-}
-
-/// [`btree_map`] for the state's `BTreeSet`s.
 /// A set built by insertion. `collect` into a B-tree sorts a vector first, and each element type
 /// sorted so costs the component about 10 KB of sort code (BENCHMARKS.md, "Where the component's
 /// bytes go"); insertion reuses the B-tree code the type has anyway.
@@ -575,6 +503,8 @@ pub fn map_of<K: Ord, V>(entries: impl IntoIterator<Item = (K, V)>) -> BTreeMap<
     map
 }
 
+/// `#[serde(deserialize_with)]` for the state's remaining `BTreeSet`s (of tuples), read as
+/// [`crate::keyed::Set`] is: last first (see [`crate::keyed::Map`]'s reader for why).
 pub fn btree_set<'de, D, T>(deserializer: D) -> Result<BTreeSet<T>, D::Error>
 where
     D: Deserializer<'de>,
@@ -664,10 +594,10 @@ mod tests {
     fn state_maps_and_sets_built_at_once_read_any_input_as_insertions_would() {
         #[derive(Deserialize)]
         struct Bulk {
-            #[serde(deserialize_with = "btree_map")]
-            map: BTreeMap<String, u32>,
+            map: crate::keyed::Map<String, u32>,
             #[serde(deserialize_with = "btree_set")]
             set: BTreeSet<String>,
+            keyed_set: crate::keyed::Set<String>,
         }
         #[derive(Deserialize, PartialEq, Debug)]
         struct Inserted {
@@ -682,10 +612,12 @@ mod tests {
             (Vec::new(), Vec::<&str>::new()),
         ];
         for (entries, members) in inputs {
-            let bytes = postcard::to_allocvec(&(&entries, &members)).unwrap();
+            let bytes = postcard::to_allocvec(&(&entries, &members, &members)).unwrap();
             let bulk: Bulk = postcard::from_bytes(&bytes).unwrap();
             let inserted: Inserted = postcard::from_bytes(&bytes).unwrap();
-            assert_eq!(Inserted { map: bulk.map, set: bulk.set }, inserted, "{entries:?}");
+            assert!(bulk.keyed_set == inserted.set, "{members:?}");
+            let map = bulk.map.into_iter().collect();
+            assert_eq!(Inserted { map, set: bulk.set }, inserted, "{entries:?}");
         }
     }
 

@@ -21,12 +21,13 @@
 //! a state this tracker does not have) and gets no lifecycle: its pods are programmed, and it is
 //! never torn down. The RP's `default-natgw` is never an identity (`crate::egress`).
 
+use crate::keyed::Map;
 use crate::model::{
     Command, IpVersion, NatGateway, NrpServiceRequest, NrpServiceType, Phase, PublicIp, ResourceKind, ResourceRef,
 };
 use crate::name::Name;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use crate::budget::WriteKind;
 use crate::lifecycle::{Attempt, Life, Op, WorkSets, life_fields};
 
@@ -231,8 +232,7 @@ impl OutboundLifecycle {
 /// either from ever running the other's).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Outbound {
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub lifecycles: BTreeMap<String, OutboundLifecycle>,
+    pub lifecycles: Map<String, OutboundLifecycle>,
     /// `draining`: identities waiting for their addresses to leave NRP before their teardown.
     pub(crate) work: WorkSets<String>,
 }

@@ -35,11 +35,12 @@
 //! included when it had no IP. The pods this module knows are those that carry an identity or
 //! hold the finalizer: the rest cost nothing.
 
+use crate::keyed::{Map, Set};
 use crate::egress;
 use crate::model::{Failure, ObjectKey, ObjectRef, Pod};
 use crate::name::Name;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use crate::lifecycle::{Attempt, WorkSets};
 
 /// The finalizer that holds an egress pod until its addresses have left NRP.
@@ -52,7 +53,7 @@ pub mod reason {
 }
 
 /// What a pod carries: its identity and its addresses (address → location).
-pub type Carried = Option<(String, BTreeMap<String, String>)>;
+pub type Carried = Option<(String, Map<String, String>)>;
 
 /// One pod this module holds or is to hold.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,8 +69,7 @@ pub struct Held {
     #[serde(deserialize_with = "crate::name::btree_set")]
     pub left: BTreeSet<(String, String, String)>,
     /// Identities it carried: where it was the last pod, the release waits for the teardown.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    pub identities: BTreeSet<String>,
+    pub identities: Set<String>,
     /// The command in flight (whether it adds) and the backoff.
     pub attempt: Attempt<bool>,
     /// A Warning was sent for the current run of failures.
@@ -84,14 +84,14 @@ impl Held {
             live: false,
             deleting: false,
             left: BTreeSet::new(),
-            identities: BTreeSet::new(),
+            identities: Set::new(),
             attempt: Attempt::new(),
             failing: false,
         }
     }
 
     /// Records what the pod carried as what must leave before the release.
-    fn leave(&mut self, identity: &str, addresses: &BTreeMap<String, String>) {
+    fn leave(&mut self, identity: &str, addresses: &Map<String, String>) {
         self.identities.insert(identity.to_owned());
         for (address, location) in addresses {
             self.left.insert((identity.to_owned(), location.clone(), address.clone()));
@@ -122,8 +122,7 @@ pub enum Want {
 /// The pod finalizers: the pods held and their work sets (as the lifecycles' in the tracker).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodFinalizers {
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pods: BTreeMap<ObjectKey, Held>,
+    pods: Map<ObjectKey, Held>,
     /// `runnable`: pods whose finalizer is to be decided now; `timers`: pods backing off after a
     /// failed write; `draining`: pods whose release waits for what they carried to leave NRP.
     work: WorkSets<ObjectKey>,
@@ -163,7 +162,7 @@ impl PodFinalizers {
                 after.as_ref().is_none_or(|(i, a)| i != identity || a.get(address) != Some(location))
             };
             let gone =
-                crate::name::map_of(addresses.iter().filter(|&p| moved(p)).map(|(a, l)| (a.clone(), l.clone())));
+                Map::from_iter(addresses.iter().filter(|&p| moved(p)).map(|(a, l)| (a.clone(), l.clone())));
             if !gone.is_empty() || after.as_ref().is_none_or(|(i, _)| i != identity) {
                 held.leave(identity, &gone);
             }
@@ -263,7 +262,7 @@ impl PodFinalizers {
 
     /// Moves the pods whose backoff is over, and (after a recheck) the releasing ones, to the
     /// work set; takes the work set.
-    pub fn take_runnable(&mut self, now: u64) -> BTreeSet<ObjectKey> {
+    pub fn take_runnable(&mut self, now: u64) -> Set<ObjectKey> {
         self.work.fire(now);
         if std::mem::take(&mut self.recheck) {
             self.work.runnable.extend(self.work.draining.iter().cloned());
@@ -385,7 +384,7 @@ impl PodFinalizers {
     /// For a state import: every pod that needs a write is scheduled; `in_flight` says which
     /// command ids the tracker has in flight for which pod. (A command in flight for a pod no
     /// longer held, or held under another UID, is a stale one whose answer is ignored.)
-    pub fn check(&self, in_flight: &BTreeMap<u64, &ObjectKey>) -> Result<(), String> {
+    pub fn check(&self, in_flight: &Map<u64, &ObjectKey>) -> Result<(), String> {
         let on_timers = crate::name::set_of(self.work.timers.iter().map(|(_, k)| k));
         for (key, held) in &self.pods {
             let what = || format!("pod {}/{}", key.namespace, key.name);

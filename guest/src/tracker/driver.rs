@@ -2,9 +2,9 @@
 //! one command at a time, answered, retried with backoff, drained and torn down here; a kind of
 //! lifecycle ([`Kind`]) says only what is particular to it.
 
+use crate::keyed::Map;
 use crate::lifecycle::{Life, Op, WorkSets, timing};
 use crate::model::*;
-use std::collections::BTreeMap;
 use super::state::*;
 use super::figures::ServiceType;
 
@@ -18,12 +18,12 @@ pub(super) trait Kind {
     const UNREGISTER: <Self::Life as Life>::Op;
     /// Its side, for the figures.
     const TYPE: ServiceType;
-    fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, Self::Life>;
+    fn lifecycles(tracker: &Tracker) -> &Map<String, Self::Life>;
     /// It has no Kubernetes object: an orphan found in NRP or ARM.
     fn orphan(_tracker: &Tracker, _identity: &str) -> bool {
         false
     }
-    fn parts(tracker: &mut Tracker) -> (&mut BTreeMap<String, Self::Life>, &mut WorkSets<String>);
+    fn parts(tracker: &mut Tracker) -> (&mut Map<String, Self::Life>, &mut WorkSets<String>);
     /// NRP lists the identity as registered (as the mirror has it).
     fn registered(tracker: &Tracker, identity: &str) -> bool;
     /// Waits for another lifecycle of the same name to end first.

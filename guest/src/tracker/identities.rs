@@ -2,11 +2,11 @@
 //! start or stop carrying an identity, its reconciliation after a read of NRP, the end of an
 //! operation and the answers to its commands; and `OutboundIdentity`, its kind for the driver.
 
+use crate::keyed::Map;
 use crate::config::Mode;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
-use std::collections::BTreeMap;
 use super::state::*;
 use super::figures::ServiceType;
 use super::driver::*;
@@ -188,10 +188,10 @@ impl Kind for OutboundIdentity {
     const DELETE: &'static [OutStep] = &outbound::DELETE;
     const UNREGISTER: OutStep = OutStep::Unregister;
     const TYPE: ServiceType = ServiceType::Outbound;
-    fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, OutboundLifecycle> {
+    fn lifecycles(tracker: &Tracker) -> &Map<String, OutboundLifecycle> {
         &tracker.outbound.lifecycles
     }
-    fn parts(tracker: &mut Tracker) -> (&mut BTreeMap<String, OutboundLifecycle>, &mut WorkSets<String>) {
+    fn parts(tracker: &mut Tracker) -> (&mut Map<String, OutboundLifecycle>, &mut WorkSets<String>) {
         (&mut tracker.outbound.lifecycles, &mut tracker.outbound.work)
     }
     fn registered(tracker: &Tracker, identity: &str) -> bool {

@@ -2,10 +2,10 @@
 //! wants, deletion, the commands of its steps and what their answers do; and `Inbound`, its kind
 //! for the driver.
 
+use crate::keyed::Map;
 use crate::admission::{Verdict, admit_service};
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
-use std::collections::BTreeMap;
 use super::state::*;
 use super::figures::ServiceType;
 use super::service::*;
@@ -343,13 +343,13 @@ impl Kind for Inbound {
     const DELETE: &'static [OpStep] = &OpStep::DELETE;
     const UNREGISTER: OpStep = OpStep::Unregister;
     const TYPE: ServiceType = ServiceType::Inbound;
-    fn lifecycles(tracker: &Tracker) -> &BTreeMap<String, Lifecycle> {
+    fn lifecycles(tracker: &Tracker) -> &Map<String, Lifecycle> {
         &tracker.state.lifecycles
     }
     fn orphan(tracker: &Tracker, identity: &str) -> bool {
         tracker.state.lifecycles.get(identity).is_some_and(|l| l.service.namespace.is_empty())
     }
-    fn parts(tracker: &mut Tracker) -> (&mut BTreeMap<String, Lifecycle>, &mut WorkSets<String>) {
+    fn parts(tracker: &mut Tracker) -> (&mut Map<String, Lifecycle>, &mut WorkSets<String>) {
         (&mut tracker.state.lifecycles, &mut tracker.state.work)
     }
     fn registered(tracker: &Tracker, identity: &str) -> bool {

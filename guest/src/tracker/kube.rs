@@ -1,10 +1,11 @@
 //! Changes to the Kubernetes cache (`cache`): each folds only its difference into the
 //! DiffTracker's Kubernetes side.
 
+use crate::keyed::Map;
 use crate::ip;
 use crate::model::*;
 use crate::name::{Name, VecMap, VecSet};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use super::state::*;
 use super::cache::*;
 
@@ -142,7 +143,7 @@ impl Tracker {
             let names = record.into_iter().flat_map(|r| r.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()));
             crate::name::set_of(names)
         }
-        fn unlink(index: &mut BTreeMap<Name, VecSet<ObjectKey>>, at: &str, key: &ObjectKey) {
+        fn unlink(index: &mut Map<Name, VecSet<ObjectKey>>, at: &str, key: &ObjectKey) {
             if let Some(keys) = index.get_mut(at) {
                 keys.remove(key);
                 if keys.is_empty() {

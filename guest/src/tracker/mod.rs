@@ -28,6 +28,7 @@
 //! * Time is the host's `now`, made monotonic ([`Clock`]); every deadline saturates, and none is
 //!   further ahead than [`timing::MAX_DELAY_MS`].
 
+use crate::keyed::Set;
 use crate::admission::Verdict;
 use crate::budget::{ArmPace, Buckets, WriteKind};
 use crate::config::{Config, ConfigError, Mode, validate_config};
@@ -38,7 +39,6 @@ use crate::model::*;
 use crate::name::Name;
 use crate::outbound::Outbound;
 use crate::pod_finalizers::PodFinalizers;
-use std::collections::BTreeSet;
 
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
 // driver, then what the tracker does with each part; this file, the coordination, is on top.
@@ -113,7 +113,7 @@ impl Tracker {
     }
 
     /// Registered inbound services in the NRP mirror.
-    pub fn registered(&self) -> &BTreeSet<Name> {
+    pub fn registered(&self) -> &Set<Name> {
         self.state.diff.registered()
     }
 

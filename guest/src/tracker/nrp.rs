@@ -2,13 +2,13 @@
 //! one is slow, per-location backoff, halving around a refused location, throttling), the
 //! periodic read of NRP and the reconciliation after each read (upstream §c.2.4).
 
+use crate::keyed::Set;
 use crate::admission::Verdict;
 use crate::budget::WriteKind;
 use crate::difftracker::Class;
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
 use crate::name::Name;
-use std::collections::BTreeSet;
 use super::state::*;
 use super::service::*;
 use super::inbound::*;
@@ -50,7 +50,7 @@ impl Tracker {
             return;
         }
         let State { diff, lifecycles, nrp, in_flight, .. } = &mut self.state;
-        let busy: BTreeSet<&str> =
+        let busy: Set<&str> =
             location_batches(&nrp.batches_in_flight, in_flight).flatten().map(|l| l.location.as_str()).collect();
         // A backoff is kept while its location may fail again: until it is next accepted, or
         // once over, if the location is neither dirty nor in flight (it came back in sync).
@@ -162,8 +162,8 @@ impl Tracker {
                 return;
             }
         };
-        let mut inbound = BTreeSet::new();
-        let mut foreign = BTreeSet::new();
+        let mut inbound = Set::new();
+        let mut foreign = Set::new();
         for service in &snapshot.services {
             let name = service.name.to_ascii_lowercase();
             if service.service_type.eq_ignore_ascii_case("Inbound") && !service.is_default {

@@ -75,7 +75,7 @@ impl Tracker {
             let mut in_flight: Vec<&NrpLocation> = Vec::new();
             if due.iter().any(|(_, want)| *want == Want::Release) {
                 in_flight.extend(self.batches_in_flight().flatten());
-                in_flight.sort_unstable_by(|a, b| a.location.cmp(&b.location));
+                crate::keyed::sort_by(&mut in_flight, |a, b| a.location.cmp(&b.location));
             }
             due.into_iter()
                 .filter_map(|(key, want)| match want {

@@ -2,10 +2,11 @@
 //! what a Service or an egress identity wants, and sweeping what Services and egress identities
 //! deleted while no controller ran left behind.
 
+use crate::keyed::Map;
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
 use crate::outbound::{self, OutStep, OutboundLifecycle};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use super::state::*;
 use super::service::*;
 
@@ -64,7 +65,7 @@ impl Tracker {
         // Names sorted with their index, not maps: each map or sort of another type costs the
         // component kilobytes of code, and both lists share this one.
         fn by_name(mut names: Vec<(&str, usize)>) -> Vec<(&str, usize)> {
-            names.sort_unstable();
+            crate::keyed::sort(&mut names);
             names
         }
         let public_ips = by_name(inventory.public_ips.iter().enumerate().map(|(i, p)| (p.name.as_str(), i)).collect());
@@ -210,7 +211,7 @@ impl Tracker {
             inventory.nat_gateways.iter().any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|p| p.eq_ignore_ascii_case(name)))
                 || inventory.load_balancers.iter().any(|l| l.shape.as_ref().is_some_and(|s| s.public_ip.eq_ignore_ascii_case(name)))
         };
-        let mut found: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+        let mut found: Map<String, (bool, bool)> = Map::new();
         for ip in inventory.public_ips.iter().filter(|p| p.as_put) {
             let name = ip.name.to_ascii_lowercase();
             let (id, v6) = match (name.strip_suffix("-pip-v6"), name.strip_suffix("-pip")) {

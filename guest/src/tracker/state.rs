@@ -4,6 +4,7 @@
 //! ([`State::check`]). How an identity takes part in an address-location sync ([`classify`]) is
 //! here too: the state's own view of which identities are ready.
 
+use crate::keyed::{Map, Set};
 use crate::budget::{ArmPace, Buckets};
 use crate::config::{Config, ConfigError, Mode};
 use crate::difftracker::{Class, DiffTracker};
@@ -14,7 +15,7 @@ use crate::name::{Name, VecSet};
 use crate::outbound::{OutStep, Outbound};
 use crate::pod_finalizers::PodFinalizers;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use super::service::*;
 use super::figures::Figures;
 use super::cache::*;
@@ -142,11 +143,9 @@ pub(super) struct NrpSyncV2 {
     pub(super) batch_retries: u32,
     pub(super) batch_not_before_ms: u64,
     pub(super) batch_limit: usize,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) quarantined: BTreeMap<String, NrpLocation>,
+    pub(super) quarantined: Map<String, NrpLocation>,
     pub(super) service_writes_in_flight: u32,
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    pub(super) foreign: BTreeSet<String>,
+    pub(super) foreign: Set<String>,
 }
 
 impl NrpSyncV2 {
@@ -163,7 +162,7 @@ impl NrpSyncV2 {
             batch_not_before_ms: self.batch_not_before_ms,
             batch_limit: self.batch_limit,
             quarantined: self.quarantined,
-            location_backoff: BTreeMap::new(),
+            location_backoff: Map::new(),
             service_writes_in_flight: self.service_writes_in_flight,
             foreign: self.foreign,
         }
@@ -174,24 +173,16 @@ impl NrpSyncV2 {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct State<N = NrpSync> {
     pub(super) next_command_id: u64,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) services: BTreeMap<ObjectKey, ServiceRecord>,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) service_by_identity: BTreeMap<String, ObjectKey>,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) slices: BTreeMap<ObjectKey, SliceRecord>,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) slices_by_owner: BTreeMap<Name, VecSet<ObjectKey>>,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) slices_by_node: BTreeMap<Name, VecSet<ObjectKey>>,
+    pub(super) services: Map<ObjectKey, ServiceRecord>,
+    pub(super) service_by_identity: Map<String, ObjectKey>,
+    pub(super) slices: Map<ObjectKey, SliceRecord>,
+    pub(super) slices_by_owner: Map<Name, VecSet<ObjectKey>>,
+    pub(super) slices_by_node: Map<Name, VecSet<ObjectKey>>,
     /// Node name → its locations per family (computed once per Node change, not per endpoint).
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) nodes: BTreeMap<String, NodeLocations>,
+    pub(super) nodes: Map<String, NodeLocations>,
     pub(super) diff: DiffTracker,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) lifecycles: BTreeMap<String, Lifecycle>,
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) in_flight: BTreeMap<u64, InFlight>,
+    pub(super) lifecycles: Map<String, Lifecycle>,
+    pub(super) in_flight: Map<u64, InFlight>,
     pub(super) service_commands_in_flight: usize,
     pub(super) work: WorkSets<String>,
     pub(super) nrp: N,
@@ -262,7 +253,7 @@ impl State {
         }
         let (mut service_commands, mut nrp_writes, mut reads, mut arm_reads, mut batches) =
             (0usize, 0u32, 0usize, 0usize, Vec::new());
-        let mut pod_commands = BTreeMap::new();
+        let mut pod_commands = Map::new();
         for (&id, what) in &self.in_flight {
             if id >= self.next_command_id {
                 return Err(format!("command {id} is in flight, but the next command id is {}", self.next_command_id));
@@ -350,24 +341,20 @@ pub(super) struct NrpSync {
     pub(super) read_retries: u32,
     pub(super) next_read_ms: u64,
     /// Address-location batches in flight: command id → when it was issued.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) batches_in_flight: BTreeMap<u64, u64>,
+    pub(super) batches_in_flight: Map<u64, u64>,
     /// Throttled batches in a row (429), and until when every batch waits.
     pub(super) batch_retries: u32,
     pub(super) batch_not_before_ms: u64,
     /// Halved after a 400 to isolate the location NRP refuses.
     pub(super) batch_limit: usize,
     /// Locations NRP refused on their own, with the update refused; skipped until it changes.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) quarantined: BTreeMap<String, NrpLocation>,
+    pub(super) quarantined: Map<String, NrpLocation>,
     /// Locations whose batch failed (not refused, not throttled): failures in a row and until
     /// when they wait; the others' batches go on. Forgotten when the location is next accepted.
-    #[serde(deserialize_with = "crate::name::btree_map")]
-    pub(super) location_backoff: BTreeMap<String, Backoff>,
+    pub(super) location_backoff: Map<String, Backoff>,
     pub(super) service_writes_in_flight: u32,
     /// Non-inbound services of the last read: other controllers' identities, left alone.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    pub(super) foreign: BTreeSet<String>,
+    pub(super) foreign: Set<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -387,8 +374,8 @@ pub(super) fn looks_like_uid(name: &str) -> bool {
 /// How an identity found in either view takes part in an address-location sync: ours when
 /// registered and live, drained when ours but not, left alone when another controller's.
 pub(super) fn classify(
-    lifecycles: &BTreeMap<String, Lifecycle>,
-    foreign: &BTreeSet<String>,
+    lifecycles: &Map<String, Lifecycle>,
+    foreign: &Set<String>,
     egress: &Egress,
     outbound: &Outbound,
     diff: &DiffTracker,
@@ -406,7 +393,7 @@ pub(super) fn classify(
 /// one a pod carries, else somebody else's (a known foreign service, or a name that is not a UID
 /// we could have registered).
 pub(super) fn classify_not_inbound(
-    foreign: &BTreeSet<String>,
+    foreign: &Set<String>,
     egress: &Egress,
     outbound: &Outbound,
     diff: &DiffTracker,
@@ -428,8 +415,8 @@ pub(super) fn classify_not_inbound(
 /// The address-location batches of `ids` (`NrpSync::batches_in_flight`), as `in_flight` holds them (a free
 /// function, so that callers holding other fields of the state mutably can use it).
 pub(super) fn location_batches<'a>(
-    ids: &'a BTreeMap<u64, u64>,
-    in_flight: &'a BTreeMap<u64, InFlight>,
+    ids: &'a Map<u64, u64>,
+    in_flight: &'a Map<u64, InFlight>,
 ) -> impl Iterator<Item = &'a [NrpLocation]> {
     ids.keys().filter_map(|id| match in_flight.get(id) {
         Some(InFlight::Locations(batch)) => Some(batch.as_slice()),

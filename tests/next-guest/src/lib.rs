@@ -42,6 +42,8 @@ pub mod difftracker;
 pub mod egress;
 #[path = "../../../guest/src/ip.rs"]
 pub mod ip;
+#[path = "../../../guest/src/keyed.rs"]
+pub mod keyed;
 #[path = "../../../guest/src/lifecycle.rs"]
 pub mod lifecycle;
 #[path = "../../../guest/src/model.rs"]

@@ -2,6 +2,7 @@
 //! payloads, and what an import refuses.
 
 use super::*;
+use std::collections::BTreeSet;
 
 // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
 // deletion after its finalizer was removed, an upsert that re-added the finalizer in that

@@ -3,6 +3,7 @@
 //! ports in the comment directly above it (`docs/conformance.md` is generated from those).
 
 use super::*;
+use std::collections::BTreeSet;
 
 fn n1() -> Observation {
     Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] })

@@ -4,6 +4,7 @@
 //! (`docs/conformance.md` is generated from those).
 
 use super::*;
+use std::collections::BTreeSet;
 
 pub(super) const IDENTITY: &str = "egress-c";
 pub(super) const HOST: &str = "10.224.0.6";

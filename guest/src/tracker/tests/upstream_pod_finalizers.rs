@@ -9,6 +9,7 @@ use super::upstream_outbound::{
     position, provisioned, started,
 };
 use super::*;
+use std::collections::BTreeSet;
 use crate::pod_finalizers::Want;
 use crate::pod_finalizers::{FINALIZER, reason::POD_FINALIZER_FAILED};
 
