@@ -28,7 +28,6 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as Slot;
 use std::fmt;
-use std::ops::RangeBounds;
 
 /// An ordered map whose order lives in the B-tree its key type shares (see the module's doc).
 pub struct Map<K, V> {
@@ -117,16 +116,11 @@ impl<K, V> Map<K, V> {
     pub fn values_mut(&mut self) -> impl DoubleEndedIterator<Item = &mut V> + ExactSizeIterator {
         self.iter_mut().map(|(_, value)| value)
     }
-
 }
 
 impl<K: Ord, V> Map<K, V> {
     pub fn first_key_value(&self) -> Option<(&K, &V)> {
         self.index.first_key_value().map(|(key, &at)| (key, self.value(at)))
-    }
-
-    pub fn last_key_value(&self) -> Option<(&K, &V)> {
-        self.index.last_key_value().map(|(key, &at)| (key, self.value(at)))
     }
 
     pub fn get<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&V>
@@ -173,14 +167,6 @@ impl<K: Ord, V> Map<K, V> {
         Some(self.release(at))
     }
 
-    pub fn remove_entry<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<(K, V)>
-    where
-        K: Borrow<Q>,
-    {
-        let (key, at) = self.index.remove_entry(key)?;
-        Some((key, self.release(at)))
-    }
-
     pub fn pop_first(&mut self) -> Option<(K, V)> {
         let (key, at) = self.index.pop_first()?;
         Some((key, self.release(at)))
@@ -209,13 +195,6 @@ impl<K: Ord, V> Map<K, V> {
             }
             kept
         });
-    }
-
-    pub fn range<Q: Ord + ?Sized>(&self, range: impl RangeBounds<Q>) -> impl DoubleEndedIterator<Item = (&K, &V)>
-    where
-        K: Borrow<Q>,
-    {
-        self.index.range(range).map(|(key, &at)| (key, self.value(at)))
     }
 }
 
@@ -489,20 +468,9 @@ impl<K: Ord> Set<K> {
         self.0.retain(|key, _| keep(key));
     }
 
-    pub fn range<Q: Ord + ?Sized>(&self, range: impl RangeBounds<Q>) -> impl DoubleEndedIterator<Item = &K>
-    where
-        K: Borrow<Q>,
-    {
-        self.0.range(range).map(|(key, _)| key)
-    }
-
     /// The members of `self` not in `other`, in order.
     pub fn difference<'a>(&'a self, other: &'a Self) -> impl Iterator<Item = &'a K> + 'a {
         self.iter().filter(move |member| !other.contains(*member))
-    }
-
-    pub fn is_subset(&self, other: &Self) -> bool {
-        self.len() <= other.len() && self.iter().all(|member| other.contains(member))
     }
 }
 
