@@ -6,7 +6,7 @@
 use crate::config::{Config, Mode, validate_config};
 use crate::model::{Service, TargetPort};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use crate::name::VecSet;
 
 pub const ANNOTATION_INTERNAL_LB: &str = "service.beta.kubernetes.io/azure-load-balancer-internal";
 pub const ANNOTATION_IDLE_TIMEOUT: &str = "service.beta.kubernetes.io/azure-load-balancer-tcp-idle-timeout";
@@ -178,7 +178,7 @@ fn check_service(svc: &Service) -> Option<Verdict> {
             ));
         }
     }
-    let mut backends = BTreeSet::new();
+    let mut backends = VecSet::new();
     for port in &svc.ports {
         let backend = port.backend_port().unwrap_or(port.port);
         if !backends.insert((port.protocol(), backend)) {

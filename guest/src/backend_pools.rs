@@ -29,7 +29,7 @@ use crate::keyed::{Map, Set};
 use crate::ip;
 use crate::model::Clock;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
 /// Event reason when a group's pool was written.
 pub const REASON_UPDATED: &str = "LoadBalancerBackendPoolUpdated";
@@ -280,7 +280,7 @@ impl PoolQueue {
             group.ops.retain(|q| !cancelled(q));
         }
         // A parked pool with nothing left to wait for must not keep a wake-up alive.
-        let keys = crate::name::set_of(self.queue.iter().map(|q| q.key.as_str()));
+        let keys: Set<&str> = self.queue.iter().map(|q| q.key.as_str()).collect();
         self.parked.retain(|k, _| keys.contains(k.as_str()));
         before - self.queue.len()
     }
@@ -290,8 +290,8 @@ impl PoolQueue {
     }
 
     /// The pools with a group drained and not yet reported (a handful: the groups of one tick).
-    fn pools_in_flight(&self) -> BTreeSet<&str> {
-        crate::name::set_of(self.in_flight.values().map(|f| f.key.as_str()))
+    fn pools_in_flight(&self) -> Set<&str> {
+        self.in_flight.values().map(|f| f.key.as_str()).collect()
     }
 
     /// How full the queue is at `now_ms`; stops at the first drainable operation. An operation
@@ -321,8 +321,8 @@ impl PoolQueue {
     pub fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Vec<PoolGroup> {
         let now = self.clock.read(now_ms);
         self.parked.retain(|_, until| *until > now);
-        let in_flight = crate::name::set_of(self.pools_in_flight().into_iter().map(str::to_owned));
-        let assigned = crate::name::map_of(
+        let in_flight: Set<String> = self.pools_in_flight().iter().map(|&key| key.to_owned()).collect();
+        let assigned: Map<String, String> = Map::from_iter(
             assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())),
         );
 
@@ -517,6 +517,7 @@ fn spent(ops: &[Queued]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     fn op(service: &str, lb: &str, pool: &str, kind: OperationKind, ips: &[&str]) -> PoolOperation {
         PoolOperation {

@@ -101,7 +101,7 @@ fn parse_sku(raw: &str) -> Result<Sku, ConfigError> {
 }
 
 fn check_multi_slb_names(names: &[String]) -> Result<(), ConfigError> {
-    let mut seen = std::collections::BTreeSet::new();
+    let mut seen = crate::keyed::Set::new();
     for name in names {
         let folded = name.trim().to_ascii_lowercase();
         if folded.is_empty() {

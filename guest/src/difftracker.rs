@@ -301,9 +301,9 @@ impl DiffTracker {
         let empty = VecMap::default();
         let actual = self.nrp.get(location);
         let wanted = self.k8s.get(location).unwrap_or(&empty);
-        let mut desired: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        let mut desired: Map<&str, Set<&str>> = Map::new();
         for (address, identities) in wanted {
-            let set = crate::name::set_of(identities.keys().map(Name::as_str).filter(|id| class(id) == Class::Ready));
+            let set: Set<&str> = identities.keys().map(Name::as_str).filter(|id| class(id) == Class::Ready).collect();
             if !set.is_empty() {
                 desired.insert(address, set);
             }
@@ -314,7 +314,7 @@ impl DiffTracker {
                 desired.entry(address).or_default().insert(service);
             }
         }
-        let to_wire = |address: &str, services: &BTreeSet<&str>| NrpAddress {
+        let to_wire = |address: &str, services: &Set<&str>| NrpAddress {
             address: address.to_owned(),
             services: services.iter().map(|s| (*s).to_owned()).collect(),
         };
@@ -336,8 +336,8 @@ impl DiffTracker {
                 addresses: Vec::new(),
             });
         }
-        let same = |have: &Services, want: &BTreeSet<&str>| {
-            have.len() == want.len() && have.iter().zip(want).all(|(h, w)| h == w)
+        let same = |have: &Services, want: &Set<&str>| {
+            have.len() == want.len() && have.iter().zip(want.iter()).all(|(h, w)| h == w)
         };
         let mut addresses = Vec::new();
         for (address, services) in &desired {

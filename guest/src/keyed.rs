@@ -6,7 +6,8 @@
 //! by text or by object key), a third of the component's code. A [`Map`] keeps its values in a
 //! slab (`Vec`) and its order in a `BTreeMap<K, u32>` from key to slot, so every map and every
 //! [`Set`] of one key type shares that one B-tree; what a value type adds is the slab's few
-//! small functions.
+//! small functions. The sets and maps a call builds and drops use them too, keyed by a type
+//! the state's maps already have a B-tree for (`&str`, `String`), or are a `VecSet`.
 //!
 //! Invariant: a [`Map`] orders, compares and serializes exactly like the `BTreeMap` it
 //! replaces, and a [`Set`] like the `BTreeSet`: the order of everything the tracker emits and

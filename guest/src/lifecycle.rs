@@ -186,7 +186,7 @@ impl<K: Ord + Clone> WorkSets<K> {
 impl WorkSets<String> {
     /// For a state import: each lifecycle is where its phase needs it ([`Phase::misplaced`]).
     pub(crate) fn check<L: Life>(&self, lifecycles: &Map<String, L>, what: &str) -> Result<(), String> {
-        let on_timers = crate::name::set_of(self.timers.iter().map(|(_, identity)| identity.as_str()));
+        let on_timers: Set<&str> = self.timers.iter().map(|(_, identity)| identity.as_str()).collect();
         for (identity, l) in lifecycles {
             let scheduled = l.attempt().in_flight.is_some()
                 || self.runnable.contains(identity)

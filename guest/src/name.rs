@@ -25,7 +25,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smallvec::SmallVec;
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::Deref;
 
@@ -482,27 +482,6 @@ impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for V
     }
 }
 
-/// A set built by insertion. `collect` into a B-tree sorts a vector first, and each element type
-/// sorted so costs the component about 10 KB of sort code (BENCHMARKS.md, "Where the component's
-/// bytes go"); insertion reuses the B-tree code the type has anyway.
-pub fn set_of<T: Ord>(items: impl IntoIterator<Item = T>) -> BTreeSet<T> {
-    let mut set = BTreeSet::new();
-    for item in items {
-        set.insert(item);
-    }
-    set
-}
-
-/// A map built by insertion, for the reason [`set_of`] gives; a later entry with an equal key
-/// wins, as with `collect`.
-pub fn map_of<K: Ord, V>(entries: impl IntoIterator<Item = (K, V)>) -> BTreeMap<K, V> {
-    let mut map = BTreeMap::new();
-    for (key, value) in entries {
-        map.insert(key, value);
-    }
-    map
-}
-
 /// `#[serde(deserialize_with)]` for the state's remaining `BTreeSet`s (of tuples), read as
 /// [`crate::keyed::Set`] is: last first (see [`crate::keyed::Map`]'s reader for why).
 pub fn btree_set<'de, D, T>(deserializer: D) -> Result<BTreeSet<T>, D::Error>
@@ -524,6 +503,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn a_name_is_forty_bytes_and_keeps_uids_and_ipv4_text_in_place() {

@@ -38,7 +38,7 @@
 use crate::keyed::{Map, Set};
 use crate::egress;
 use crate::model::{Failure, ObjectKey, ObjectRef, Pod};
-use crate::name::Name;
+use crate::name::{Name, VecSet};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 use crate::lifecycle::{Attempt, WorkSets};
@@ -385,7 +385,7 @@ impl PodFinalizers {
     /// command ids the tracker has in flight for which pod. (A command in flight for a pod no
     /// longer held, or held under another UID, is a stale one whose answer is ignored.)
     pub fn check(&self, in_flight: &Map<u64, &ObjectKey>) -> Result<(), String> {
-        let on_timers = crate::name::set_of(self.work.timers.iter().map(|(_, k)| k));
+        let on_timers: VecSet<&ObjectKey> = self.work.timers.iter().map(|(_, k)| k).collect();
         for (key, held) in &self.pods {
             let what = || format!("pod {}/{}", key.namespace, key.name);
             if let Some((id, _)) = held.attempt.in_flight {

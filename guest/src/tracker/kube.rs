@@ -1,11 +1,10 @@
 //! Changes to the Kubernetes cache (`cache`): each folds only its difference into the
 //! DiffTracker's Kubernetes side.
 
-use crate::keyed::Map;
+use crate::keyed::{Map, Set};
 use crate::ip;
 use crate::model::*;
 use crate::name::{Name, VecMap, VecSet};
-use std::collections::BTreeSet;
 use super::state::*;
 use super::cache::*;
 
@@ -139,9 +138,9 @@ impl Tracker {
     /// Keeps the owner and node indexes of a slice, touching only what changed between the
     /// old and the new record (an ordinary update changes neither).
     pub(super) fn reindex_slice(&mut self, key: &ObjectKey, old: Option<&SliceRecord>, new: Option<&SliceRecord>) {
-        fn nodes(record: Option<&SliceRecord>) -> BTreeSet<&Name> {
+        fn nodes(record: Option<&SliceRecord>) -> Set<&str> {
             let names = record.into_iter().flat_map(|r| r.slice.endpoints.iter().filter_map(|e| e.node_name.as_ref()));
-            crate::name::set_of(names)
+            names.map(Name::as_str).collect()
         }
         fn unlink(index: &mut Map<Name, VecSet<ObjectKey>>, at: &str, key: &ObjectKey) {
             if let Some(keys) = index.get_mut(at) {
@@ -165,7 +164,7 @@ impl Tracker {
             unlink(&mut self.state.slices_by_node, gone, key);
         }
         for added in new_nodes.difference(&old_nodes) {
-            self.state.slices_by_node.entry((*added).clone()).or_default().insert(key.clone());
+            self.state.slices_by_node.entry(Name::new(added)).or_default().insert(key.clone());
         }
     }
 

@@ -15,7 +15,6 @@ use crate::name::{Name, VecSet};
 use crate::outbound::{OutStep, Outbound};
 use crate::pod_finalizers::PodFinalizers;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
 use super::service::*;
 use super::figures::Figures;
 use super::cache::*;
@@ -318,7 +317,7 @@ impl State {
             return Err(format!("{} address-location batches in flight, over {MAX_BATCHES_IN_FLIGHT}", batches.len()));
         }
         // No location in two batches in flight: their answers could arrive in either order.
-        let mut locations = BTreeSet::new();
+        let mut locations = Set::new();
         if let Some(twice) = location_batches(&self.nrp.batches_in_flight, &self.in_flight)
             .flatten()
             .find(|l| !locations.insert(l.location.as_str()))
