@@ -321,7 +321,8 @@ impl PoolQueue {
     pub fn drain_and_group(&mut self, now_ms: u64, assignment: &[ServiceAssignment]) -> Vec<PoolGroup> {
         let now = self.clock.read(now_ms);
         self.parked.retain(|_, until| *until > now);
-        let in_flight: Set<String> = self.pools_in_flight().iter().map(|&key| key.to_owned()).collect();
+        // Owned: the groups drained below go in flight while this set is read.
+        let in_flight: Set<String> = self.in_flight.values().map(|f| f.key.clone()).collect();
         let assigned: Map<String, String> = Map::from_iter(
             assignment.iter().map(|a| (a.service.to_ascii_lowercase(), a.load_balancer.to_ascii_lowercase())),
         );
