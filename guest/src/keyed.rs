@@ -43,6 +43,21 @@ impl<K, V> Default for Map<K, V> {
     }
 }
 
+/// The value in a slot the index names: such a slot is never empty.
+fn full<V>(slot: &Option<V>) -> &V {
+    slot.as_ref().expect("the index names only full slots")
+}
+
+/// [`full`], to change.
+fn full_mut<V>(slot: &mut Option<V>) -> &mut V {
+    slot.as_mut().expect("the index names only full slots")
+}
+
+/// Empties a slot the index names, giving its value.
+fn vacate<V>(slot: &mut Option<V>) -> V {
+    slot.take().expect("the index names only full slots")
+}
+
 /// Puts `value` in a free slot, else a new one. A free function, so that it borrows the slab
 /// and not the index (which an entry holds meanwhile).
 fn park<V>(slots: &mut Vec<Option<V>>, free: &mut Vec<u32>, value: V) -> u32 {
@@ -79,16 +94,16 @@ impl<K, V> Map<K, V> {
     }
 
     fn value(&self, at: u32) -> &V {
-        self.slots[at as usize].as_ref().expect("the index names only full slots")
+        full(&self.slots[at as usize])
     }
 
     fn value_mut(&mut self, at: u32) -> &mut V {
-        self.slots[at as usize].as_mut().expect("the index names only full slots")
+        full_mut(&mut self.slots[at as usize])
     }
 
     fn release(&mut self, at: u32) -> V {
         self.free.push(at);
-        self.slots[at as usize].take().expect("the index names only full slots")
+        vacate(&mut self.slots[at as usize])
     }
 
     pub fn iter(&self) -> Iter<'_, K, V> {
@@ -109,8 +124,7 @@ impl<K, V> Map<K, V> {
             // SAFETY: the index names each slot at most once, so the references handed out are
             // to distinct elements; they borrow `self` mutably for as long as the iterator
             // lives, so the slab is neither read nor moved meanwhile.
-            let value = unsafe { &mut *slots.add(at as usize) };
-            (key, value.as_mut().expect("the index names only full slots"))
+            (key, full_mut(unsafe { &mut *slots.add(at as usize) }))
         })
     }
 
@@ -188,8 +202,7 @@ impl<K: Ord, V> Map<K, V> {
         let slots = &mut self.slots;
         let free = &mut self.free;
         self.index.retain(|key, &mut at| {
-            let value = slots[at as usize].as_mut().expect("the index names only full slots");
-            let kept = keep(key, value);
+            let kept = keep(key, full_mut(&mut slots[at as usize]));
             if !kept {
                 slots[at as usize] = None;
                 free.push(at);
@@ -219,7 +232,7 @@ impl<'a, K: Ord, V> Entry<'a, K, V> {
             Slot::Occupied(slot) => *slot.get(),
             Slot::Vacant(slot) => *slot.insert(park(slots, free, make())),
         };
-        slots[at as usize].as_mut().expect("the index names only full slots")
+        full_mut(&mut slots[at as usize])
     }
 
     pub fn or_insert(self, value: V) -> &'a mut V {
@@ -301,7 +314,7 @@ impl<K, V> Iterator for IntoIter<K, V> {
     type Item = (K, V);
     fn next(&mut self) -> Option<(K, V)> {
         let (key, at) = self.index.next()?;
-        Some((key, self.slots[at as usize].take().expect("the index names only full slots")))
+        Some((key, vacate(&mut self.slots[at as usize])))
     }
     fn size_hint(&self) -> (usize, Option<usize>) {
         self.index.size_hint()
@@ -330,7 +343,7 @@ impl<K, V> Clone for Iter<'_, K, V> {
 
 impl<'a, K, V> Iter<'a, K, V> {
     fn value(&self, at: u32) -> &'a V {
-        self.slots[at as usize].as_ref().expect("the index names only full slots")
+        full(&self.slots[at as usize])
     }
 }
 
