@@ -46,6 +46,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
+    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     fn new(field: &str, reason: &str, message: String) -> Self {
         Self { field: field.to_owned(), reason: reason.to_owned(), message }
     }

@@ -201,6 +201,7 @@ impl DiffTracker {
     }
 
     /// Whether any NRP address still references the identity, or may after a failed batch.
+    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     pub fn nrp_references(&self, identity: &str) -> bool {
         self.nrp_by_identity.contains_key(identity) || self.uncertain.values().any(|ids| ids.contains(identity))
     }

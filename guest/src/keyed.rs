@@ -58,8 +58,41 @@ fn vacate<V>(slot: &mut Option<V>) -> V {
     slot.take().expect("the index names only full slots")
 }
 
-/// Puts `value` in a free slot, else a new one. A free function, so that it borrows the slab
-/// and not the index (which an entry holds meanwhile).
+/// The slot `key` names, if any. This, [`index_of`] and [`unindex`] are the index's search,
+/// insertion and removal: generic over the key type alone and never inlined, so that every map
+/// and set of one key type calls one copy of each (inlined into the maps' methods, they were a
+/// copy per value type and per call site; BENCHMARKS.md, "Where the component's bytes go").
+#[inline(never)]
+fn slot_of<K: Borrow<Q> + Ord, Q: Ord + ?Sized>(index: &BTreeMap<K, u32>, key: &Q) -> Option<u32> {
+    index.get(key).copied()
+}
+
+/// The slot `key` names, and whether the key is new: a new one names `vacant`, an old one keeps
+/// its slot (and the index the key it had).
+#[inline(never)]
+fn index_of<K: Ord>(index: &mut BTreeMap<K, u32>, key: K, vacant: u32) -> (u32, bool) {
+    match index.entry(key) {
+        Slot::Occupied(slot) => (*slot.get(), false),
+        Slot::Vacant(slot) => (*slot.insert(vacant), true),
+    }
+}
+
+/// Takes `key` out of the index, giving the slot it named.
+#[inline(never)]
+fn unindex<K: Borrow<Q> + Ord, Q: Ord + ?Sized>(index: &mut BTreeMap<K, u32>, key: &Q) -> Option<u32> {
+    index.remove(key)
+}
+
+/// The slot [`park`] fills next.
+fn next_slot(len: usize, free: &[u32]) -> u32 {
+    match free.last() {
+        Some(&at) => at,
+        None => u32::try_from(len).expect("a map holds fewer than 2^32 entries"),
+    }
+}
+
+/// Puts `value` in a free slot, else a new one: the one [`next_slot`] named. A free function,
+/// so that it borrows the slab alone (an [`Entry`] holds the map's fields apart).
 fn park<V>(slots: &mut Vec<Option<V>>, free: &mut Vec<u32>, value: V) -> u32 {
     match free.pop() {
         Some(at) => {
@@ -67,7 +100,7 @@ fn park<V>(slots: &mut Vec<Option<V>>, free: &mut Vec<u32>, value: V) -> u32 {
             at
         }
         None => {
-            let at = u32::try_from(slots.len()).expect("a map holds fewer than 2^32 entries");
+            let at = next_slot(slots.len(), &[]);
             slots.push(Some(value));
             at
         }
@@ -142,14 +175,14 @@ impl<K: Ord, V> Map<K, V> {
     where
         K: Borrow<Q>,
     {
-        self.index.get(key).map(|&at| self.value(at))
+        slot_of(&self.index, key).map(|at| self.value(at))
     }
 
     pub fn get_mut<Q: Ord + ?Sized>(&mut self, key: &Q) -> Option<&mut V>
     where
         K: Borrow<Q>,
     {
-        let at = *self.index.get(key)?;
+        let at = slot_of(&self.index, key)?;
         Some(self.value_mut(at))
     }
 
@@ -157,20 +190,17 @@ impl<K: Ord, V> Map<K, V> {
     where
         K: Borrow<Q>,
     {
-        self.index.contains_key(key)
+        slot_of(&self.index, key).is_some()
     }
 
     /// Puts `value` at `key`; returns the value it replaced.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
-        match self.index.entry(key) {
-            Slot::Occupied(slot) => {
-                let at = *slot.get();
-                Some(std::mem::replace(self.value_mut(at), value))
-            }
-            Slot::Vacant(slot) => {
-                slot.insert(park(&mut self.slots, &mut self.free, value));
-                None
-            }
+        let (at, new) = index_of(&mut self.index, key, next_slot(self.slots.len(), &self.free));
+        if new {
+            park(&mut self.slots, &mut self.free, value);
+            None
+        } else {
+            Some(std::mem::replace(self.value_mut(at), value))
         }
     }
 
@@ -178,7 +208,7 @@ impl<K: Ord, V> Map<K, V> {
     where
         K: Borrow<Q>,
     {
-        let at = self.index.remove(key)?;
+        let at = unindex(&mut self.index, key)?;
         Some(self.release(at))
     }
 
@@ -228,10 +258,10 @@ pub struct Entry<'a, K, V> {
 impl<'a, K: Ord, V> Entry<'a, K, V> {
     pub fn or_insert_with(self, make: impl FnOnce() -> V) -> &'a mut V {
         let Map { index, slots, free } = self.map;
-        let at = match index.entry(self.key) {
-            Slot::Occupied(slot) => *slot.get(),
-            Slot::Vacant(slot) => *slot.insert(park(slots, free, make())),
-        };
+        let (at, new) = index_of(index, self.key, next_slot(slots.len(), free));
+        if new {
+            park(slots, free, make());
+        }
         full_mut(&mut slots[at as usize])
     }
 
@@ -390,8 +420,8 @@ impl<K: Ord, V> Map<K, V> {
     fn of_entries(entries: SmallVec<[(K, V); 1]>) -> Self {
         let mut map = Map { index: BTreeMap::new(), slots: Vec::with_capacity(entries.len()), free: Vec::new() };
         for (key, value) in entries.into_iter().rev() {
-            if let Slot::Vacant(slot) = map.index.entry(key) {
-                slot.insert(park(&mut map.slots, &mut map.free, value));
+            if index_of(&mut map.index, key, next_slot(map.slots.len(), &map.free)).1 {
+                park(&mut map.slots, &mut map.free, value);
             }
         }
         map
@@ -442,27 +472,22 @@ impl<K: Ord> Set<K> {
     where
         K: Borrow<Q>,
     {
-        self.0.contains_key(member)
+        slot_of(&self.0, member).is_some()
     }
 
     /// Adds `member`; false if it was there (and then the set keeps the one it had).
     pub fn insert(&mut self, member: K) -> bool {
-        match self.0.entry(member) {
-            Slot::Occupied(_) => false,
-            Slot::Vacant(slot) => {
-                slot.insert(0);
-                true
-            }
-        }
+        index_of(&mut self.0, member, 0).1
     }
 
     pub fn remove<Q: Ord + ?Sized>(&mut self, member: &Q) -> bool
     where
         K: Borrow<Q>,
     {
-        self.0.remove(member).is_some()
+        unindex(&mut self.0, member).is_some()
     }
 
+    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     pub fn take<Q: Ord + ?Sized>(&mut self, member: &Q) -> Option<K>
     where
         K: Borrow<Q>,

@@ -4,11 +4,15 @@
 //! a lifecycle and its steps ([`Life`], [`Op`]). Inbound Services and outbound egress identities
 //! run on the driver (`crate::tracker`, `Kind`); the pod finalizers share `Attempt` and `WorkSets`.
 
-use crate::keyed::{Map, Set};
+use crate::keyed::{Map, Members, Set};
 use crate::budget::WriteKind;
-use crate::model::{Failure, LogLevel, LogLine, Phase, Step};
-use serde::{Deserialize, Serialize};
+use crate::model::{Failure, LogLevel, LogLine, ObjectKey, Phase, Step};
+use crate::name::Name;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use smallvec::SmallVec;
+use std::borrow::Borrow;
 use std::collections::{BTreeSet, VecDeque};
+use std::marker::PhantomData;
 
 /// Retry and resync timing (milliseconds).
 pub mod timing {
@@ -137,44 +141,40 @@ impl<S: Copy> Attempt<S> {
 /// in flight, runnable, on a timer or (a pending deletion, or a pod whose finalizer waits for
 /// NRP) draining. Serialized as the three sets it stands for did before it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(bound(deserialize = "K: Deserialize<'de> + Ord"))]
-pub struct WorkSets<K: Ord> {
+#[serde(bound(serialize = "K: Serialize", deserialize = "K: Deserialize<'de>"))]
+pub struct WorkSets<K: TimerKey> {
     pub(crate) runnable: Set<K>,
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    pub(crate) timers: BTreeSet<(u64, K)>,
+    pub(crate) timers: Timers<K>,
     pub(crate) draining: Set<K>,
 }
 
-impl<K: Ord> Default for WorkSets<K> {
+impl<K: TimerKey> Default for WorkSets<K> {
     fn default() -> Self {
-        Self { runnable: Set::new(), timers: BTreeSet::new(), draining: Set::new() }
+        Self { runnable: Set::new(), timers: Timers::default(), draining: Set::new() }
     }
 }
 
-impl<K: Ord + Clone> WorkSets<K> {
+impl<K: TimerKey> WorkSets<K> {
     /// The timers due at `now` make their keys runnable.
     pub(crate) fn fire(&mut self, now: u64) {
-        while let Some((at, key)) = self.timers.first().cloned() {
-            if at > now {
-                break;
-            }
-            self.timers.pop_first();
-            self.runnable.insert(key);
+        while self.timers.set.first().is_some_and(|(at, _)| *at <= now) {
+            let (_, key) = self.timers.set.pop_first().expect("a first timer");
+            self.runnable.insert(K::of_timer(key));
         }
     }
 
     /// No timer later than `latest`: each one moved in, its own deadline (`bring_in`) too.
-    pub(crate) fn bring_in(&mut self, latest: u64, mut bring_in: impl FnMut(&K)) {
-        while let Some((_, key)) = self.timers.last().filter(|(at, _)| *at > latest).cloned() {
-            self.timers.pop_last();
-            bring_in(&key);
-            self.timers.insert((latest, key));
+    pub(crate) fn bring_in(&mut self, latest: u64, mut bring_in: impl FnMut(&K::Ref)) {
+        while self.timers.set.last().is_some_and(|(at, _)| *at > latest) {
+            let (_, key) = self.timers.set.pop_last().expect("a last timer");
+            bring_in(K::of_timer_ref(&key));
+            self.timers.set.insert((latest, key));
         }
     }
 
     /// The earliest timer.
     pub(crate) fn next_timer(&self) -> Option<u64> {
-        self.timers.first().map(|(at, _)| *at)
+        self.timers.set.first().map(|(at, _)| *at)
     }
 
     /// Nothing runnable, on a timer or draining.
@@ -186,7 +186,7 @@ impl<K: Ord + Clone> WorkSets<K> {
 impl WorkSets<String> {
     /// For a state import: each lifecycle is where its phase needs it ([`Phase::misplaced`]).
     pub(crate) fn check<L: Life>(&self, lifecycles: &Map<String, L>, what: &str) -> Result<(), String> {
-        let on_timers: Set<&str> = self.timers.iter().map(|(_, identity)| identity.as_str()).collect();
+        let on_timers: Set<&str> = self.timers.iter().map(|(_, identity)| identity).collect();
         for (identity, l) in lifecycles {
             let scheduled = l.attempt().in_flight.is_some()
                 || self.runnable.contains(identity)
@@ -196,6 +196,107 @@ impl WorkSets<String> {
             }
         }
         Ok(())
+    }
+}
+
+/// The key of a work set's timers. Every kind's timers are held on one B-tree of
+/// `(due, ObjectKey)` pairs, so that the component carries one copy of its code, not one per key
+/// type: an identity's timer is an object key with no namespace, which orders as the identity
+/// does, so the order of the timers (and of what fires together) is the one a set of
+/// `(due, identity)` pairs has.
+pub trait TimerKey: Ord + Clone + Borrow<Self::Ref> {
+    /// What a timer's key is looked up and written as: `str` for an identity.
+    type Ref: ?Sized + Serialize;
+    fn timer(key: &Self::Ref) -> ObjectKey;
+    fn of_timer(timer: ObjectKey) -> Self;
+    fn of_timer_ref(timer: &ObjectKey) -> &Self::Ref;
+}
+
+impl TimerKey for String {
+    type Ref = str;
+    fn timer(key: &str) -> ObjectKey {
+        ObjectKey { namespace: Name::new(""), name: Name::new(key) }
+    }
+    fn of_timer(timer: ObjectKey) -> Self {
+        timer.name.into()
+    }
+    fn of_timer_ref(timer: &ObjectKey) -> &str {
+        &timer.name
+    }
+}
+
+impl TimerKey for ObjectKey {
+    type Ref = ObjectKey;
+    fn timer(key: &ObjectKey) -> ObjectKey {
+        key.clone()
+    }
+    fn of_timer(timer: ObjectKey) -> Self {
+        timer
+    }
+    fn of_timer_ref(timer: &ObjectKey) -> &ObjectKey {
+        timer
+    }
+}
+
+/// A work set's timers: `(due, key)` pairs in that order (see [`TimerKey`]). Serialized as the
+/// set of `(due, key)` pairs it stands for was, and read as it was (last first, as
+/// [`crate::keyed::Set`] is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timers<K> {
+    set: BTreeSet<(u64, ObjectKey)>,
+    key: PhantomData<K>,
+}
+
+impl<K> Default for Timers<K> {
+    fn default() -> Self {
+        Self { set: BTreeSet::new(), key: PhantomData }
+    }
+}
+
+impl<K: TimerKey> Timers<K> {
+    /// Adds the timer of `key` due at `at`; false if it was there.
+    pub(crate) fn insert(&mut self, at: u64, key: &K::Ref) -> bool {
+        self.set.insert((at, K::timer(key)))
+    }
+
+    /// Removes the timer of `key` due at `at`; false if there was none.
+    pub(crate) fn remove(&mut self, at: u64, key: &K::Ref) -> bool {
+        self.set.remove(&(at, K::timer(key)))
+    }
+
+    /// Keeps the timers for which `keep` says so.
+    #[cfg(test)]
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u64, &K::Ref) -> bool) {
+        self.set.retain(|(at, key)| keep(*at, K::of_timer_ref(key)));
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// The timers in order: due time, then key.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &K::Ref)> {
+        self.set.iter().map(|(at, key)| (*at, K::of_timer_ref(key)))
+    }
+}
+
+impl<K: TimerKey> Serialize for Timers<K> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
+impl<'de, K: TimerKey + Deserialize<'de>> Deserialize<'de> for Timers<K> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(Members {
+            make: |members: SmallVec<[(u64, K); 1]>| {
+                let mut timers = Timers::default();
+                for (at, key) in members.into_iter().rev() {
+                    timers.insert(at, key.borrow());
+                }
+                timers
+            },
+        })
     }
 }
 
@@ -245,3 +346,108 @@ macro_rules! life_fields {
     };
 }
 pub(crate) use life_fields;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Texts of both of `Name`'s forms (in place and on the heap), the empty one included.
+    fn text() -> impl Strategy<Value = String> + Clone {
+        prop_oneof![Just(String::new()), "[ab]{1,3}", "[ab]{39,41}"]
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op<K> {
+        Insert(u64, K),
+        Remove(u64, K),
+        Fire(u64),
+        BringIn(u64),
+    }
+
+    fn ops<K: Clone + std::fmt::Debug>(key: impl Strategy<Value = K> + Clone) -> impl Strategy<Value = Vec<Op<K>>> {
+        let at = 0..8u64;
+        let op = prop_oneof![
+            (at.clone(), key.clone()).prop_map(|(at, k)| Op::Insert(at, k)),
+            (at.clone(), key).prop_map(|(at, k)| Op::Remove(at, k)),
+            at.clone().prop_map(Op::Fire),
+            at.prop_map(Op::BringIn),
+        ];
+        proptest::collection::vec(op, 0..60)
+    }
+
+    /// Runs `ops` on work sets and on the set of `(due, key)` pairs they replace: the same
+    /// answers, the same timers in the same order, the same keys made runnable in the same
+    /// order, the same postcard bytes; and the bytes read back are equal.
+    fn timers_behave_as_the_pairs_they_replace<K>(ops: Vec<Op<K>>) -> Result<(), TestCaseError>
+    where
+        K: TimerKey + std::fmt::Debug + Serialize + serde::de::DeserializeOwned,
+        K::Ref: PartialEq + std::fmt::Debug,
+    {
+        let mut ours = WorkSets::<K>::default();
+        let mut pairs: BTreeSet<(u64, K)> = BTreeSet::new();
+        let mut runnable: Vec<K> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Insert(at, key) => prop_assert_eq!(ours.timers.insert(at, key.borrow()), pairs.insert((at, key))),
+                Op::Remove(at, key) => {
+                    prop_assert_eq!(ours.timers.remove(at, key.borrow()), pairs.remove(&(at, key)))
+                }
+                Op::Fire(now) => {
+                    ours.runnable = Set::new();
+                    ours.fire(now);
+                    runnable.clear();
+                    while pairs.first().is_some_and(|(at, _)| *at <= now) {
+                        runnable.push(pairs.pop_first().unwrap().1);
+                    }
+                    runnable.sort();
+                    runnable.dedup();
+                    prop_assert!(ours.runnable.iter().eq(runnable.iter()));
+                }
+                Op::BringIn(latest) => {
+                    let mut brought: Vec<K> = Vec::new();
+                    ours.bring_in(latest, |key| brought.push(K::of_timer(K::timer(key))));
+                    let mut expected = Vec::new();
+                    while let Some((_, key)) = pairs.last().filter(|(at, _)| *at > latest).cloned() {
+                        pairs.pop_last();
+                        expected.push(key.clone());
+                        pairs.insert((latest, key));
+                    }
+                    prop_assert_eq!(brought, expected);
+                }
+            }
+            prop_assert!(ours.timers.iter().eq(pairs.iter().map(|(at, key)| (*at, key.borrow()))));
+            prop_assert_eq!(ours.next_timer(), pairs.first().map(|(at, _)| *at));
+            let bytes = postcard::to_allocvec(&ours.timers).unwrap();
+            prop_assert_eq!(&bytes, &postcard::to_allocvec(&pairs).unwrap());
+            prop_assert_eq!(&postcard::from_bytes::<Timers<K>>(&bytes).unwrap(), &ours.timers);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn identity_timers_order_fire_and_serialize_as_a_set_of_due_identity_pairs(ops in ops(text())) {
+            timers_behave_as_the_pairs_they_replace::<String>(ops)?;
+        }
+
+        #[test]
+        fn pod_timers_order_fire_and_serialize_as_a_set_of_due_object_key_pairs(
+            ops in ops((text(), text()).prop_map(|(ns, name)| ObjectKey::new(&ns, &name)))
+        ) {
+            timers_behave_as_the_pairs_they_replace::<ObjectKey>(ops)?;
+        }
+
+        /// A state written by hand or corrupt may list timers out of order or twice: they read
+        /// as the set of pairs reads them.
+        #[test]
+        fn timers_read_any_list_of_pairs_as_the_set_of_pairs_does(
+            listed in proptest::collection::vec((0..4u64, text()), 0..30)
+        ) {
+            let bytes = postcard::to_allocvec(&listed).unwrap();
+            let ours: Timers<String> = postcard::from_bytes(&bytes).unwrap();
+            let pairs: BTreeSet<(u64, String)> = postcard::from_bytes(&bytes).unwrap();
+            prop_assert!(ours.iter().eq(pairs.iter().map(|(at, key)| (*at, key.as_str()))));
+        }
+    }
+}

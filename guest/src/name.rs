@@ -25,7 +25,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use smallvec::SmallVec;
 use std::borrow::Borrow;
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
 use std::fmt;
 use std::ops::Deref;
 
@@ -44,6 +43,7 @@ impl Name {
     /// less unless none of its eight groups is zero), with the length this makes `Name` 40 bytes.
     pub const INLINE: usize = 38;
 
+    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     pub fn new(text: &str) -> Self {
         if text.len() <= Self::INLINE {
             let mut bytes = [0; Self::INLINE];
@@ -140,12 +140,14 @@ impl From<&String> for Name {
 }
 
 impl From<String> for Name {
+    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     fn from(text: String) -> Self {
         if text.len() <= Self::INLINE { Self::new(&text) } else { Self(Repr::Heap(text.into_boxed_str())) }
     }
 }
 
 impl From<Name> for String {
+    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     fn from(name: Name) -> Self {
         match name.0 {
             Repr::Heap(text) => text.into_string(),
@@ -233,6 +235,10 @@ impl<T: Ord> VecSet<T> {
 
     pub fn iter(&self) -> std::slice::Iter<'_, T> {
         self.0.iter()
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
     }
 
     fn position<Q: Ord + ?Sized>(&self, member: &Q) -> Result<usize, usize>
@@ -482,28 +488,10 @@ impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for V
     }
 }
 
-/// `#[serde(deserialize_with)]` for the state's remaining `BTreeSet`s (of tuples), read as
-/// [`crate::keyed::Set`] is: last first (see [`crate::keyed::Map`]'s reader for why).
-pub fn btree_set<'de, D, T>(deserializer: D) -> Result<BTreeSet<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de> + Ord,
-{
-    deserializer.deserialize_seq(Members {
-        make: |members| {
-            let mut set = BTreeSet::new();
-            for member in members.into_iter().rev() {
-                set.insert(member);
-            }
-            set
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
 
     #[test]
     fn a_name_is_forty_bytes_and_keeps_uids_and_ipv4_text_in_place() {
@@ -575,8 +563,7 @@ mod tests {
         #[derive(Deserialize)]
         struct Bulk {
             map: crate::keyed::Map<String, u32>,
-            #[serde(deserialize_with = "btree_set")]
-            set: BTreeSet<String>,
+            set: VecSet<String>,
             keyed_set: crate::keyed::Set<String>,
         }
         #[derive(Deserialize, PartialEq, Debug)]
@@ -597,7 +584,7 @@ mod tests {
             let inserted: Inserted = postcard::from_bytes(&bytes).unwrap();
             assert!(bulk.keyed_set == inserted.set, "{members:?}");
             let map = bulk.map.into_iter().collect();
-            assert_eq!(Inserted { map, set: bulk.set }, inserted, "{entries:?}");
+            assert_eq!(Inserted { map, set: bulk.set.into_iter().collect() }, inserted, "{entries:?}");
         }
     }
 

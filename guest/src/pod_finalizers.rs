@@ -40,7 +40,6 @@ use crate::egress;
 use crate::model::{Failure, ObjectKey, ObjectRef, Pod};
 use crate::name::{Name, VecSet};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
 use crate::lifecycle::{Attempt, WorkSets};
 
 /// The finalizer that holds an egress pod until its addresses have left NRP.
@@ -66,8 +65,7 @@ pub struct Held {
     /// `metadata.deletionTimestamp` is set: the API server takes no new finalizer.
     pub deleting: bool,
     /// (identity, location, address) it carried, which must leave NRP before the release.
-    #[serde(deserialize_with = "crate::name::btree_set")]
-    pub left: BTreeSet<(String, String, String)>,
+    pub left: VecSet<(String, String, String)>,
     /// Identities it carried: where it was the last pod, the release waits for the teardown.
     pub identities: Set<String>,
     /// The command in flight (whether it adds) and the backoff.
@@ -83,7 +81,7 @@ impl Held {
             has: false,
             live: false,
             deleting: false,
-            left: BTreeSet::new(),
+            left: VecSet::new(),
             identities: Set::new(),
             attempt: Attempt::new(),
             failing: false,
@@ -226,7 +224,7 @@ impl PodFinalizers {
                     self.work.draining.remove(key);
                 }
                 if held.attempt.retries > 0 {
-                    self.work.timers.insert((held.attempt.not_before_ms, key.clone()));
+                    self.work.timers.insert(held.attempt.not_before_ms, key);
                 } else {
                     self.work.runnable.insert(key.clone());
                 }
@@ -235,7 +233,7 @@ impl PodFinalizers {
                 // Held and carrying: nothing to do until it stops carrying.
                 self.work.draining.remove(key);
                 self.work.runnable.remove(key);
-                self.work.timers.remove(&(held.attempt.not_before_ms, key.clone()));
+                self.work.timers.remove(held.attempt.not_before_ms, key);
                 held.attempt.reset();
                 held.failing = false;
             }
@@ -247,7 +245,7 @@ impl PodFinalizers {
         if let Some(held) = self.pods.remove(key)
             && held.attempt.not_before_ms > 0
         {
-            self.work.timers.remove(&(held.attempt.not_before_ms, key.clone()));
+            self.work.timers.remove(held.attempt.not_before_ms, key);
         }
         self.work.runnable.remove(key);
         self.work.draining.remove(key);
@@ -282,7 +280,7 @@ impl PodFinalizers {
             return None;
         }
         if held.attempt.not_before_ms > now {
-            self.work.timers.insert((held.attempt.not_before_ms, key.clone()));
+            self.work.timers.insert(held.attempt.not_before_ms, key);
             return None;
         }
         Some(held.want())
@@ -373,7 +371,7 @@ impl PodFinalizers {
     pub(crate) fn unschedule(&mut self, key: &ObjectKey) {
         self.work.runnable.remove(key);
         self.work.draining.remove(key);
-        self.work.timers.retain(|(_, k)| k != key);
+        self.work.timers.retain(|_, k| k != key);
     }
 
     /// The pods held, for reports and the invariant checkers.

@@ -75,7 +75,7 @@ impl Tracker {
             if attempt.not_before_ms > now {
                 // As `bring_in_deadlines`: never further ahead than the longest delay.
                 attempt.not_before_ms = attempt.not_before_ms.min(now.saturating_add(timing::MAX_DELAY_MS));
-                work.timers.insert((attempt.not_before_ms, identity.to_owned()));
+                work.timers.insert(attempt.not_before_ms, identity);
                 return true;
             }
             let Some(&next) = lifecycle.steps().front() else {
@@ -148,7 +148,7 @@ impl Tracker {
         let (lifecycles, work) = K::parts(self);
         let lifecycle = lifecycles.get_mut(identity).expect("caller checked");
         let at = lifecycle.attempt_mut().failed(identity, failure, what, now, step);
-        work.timers.insert((at, identity.to_owned()));
+        work.timers.insert(at, identity);
         !std::mem::replace(lifecycle.failing(), true)
     }
 

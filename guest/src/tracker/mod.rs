@@ -231,6 +231,7 @@ impl Tracker {
 
     // ---- Commands ----
 
+    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     fn issue(&mut self, command: Command, what: InFlight, step: &mut Step) -> u64 {
         let id = self.state.next_command_id;
         self.state.next_command_id += 1;

@@ -51,8 +51,8 @@ impl Tracker {
         let mut candidates: Vec<(ServiceType, &str)> = Vec::new();
         if figures.seen_all {
             for (side, work) in [(ServiceType::Inbound, &self.state.work), (ServiceType::Outbound, &self.outbound.work)] {
-                let sets = work.runnable.iter().chain(&work.draining).chain(work.timers.iter().map(|(_, id)| id));
-                candidates.extend(sets.map(|id| (side, id.as_str())));
+                let sets = work.runnable.iter().chain(&work.draining).map(String::as_str);
+                candidates.extend(sets.chain(work.timers.iter().map(|(_, id)| id)).map(|id| (side, id)));
             }
             candidates.extend(self.state.in_flight.values().filter_map(|what| match what {
                 InFlight::Service { identity, .. } => Some((ServiceType::Inbound, identity.as_str())),

@@ -2,7 +2,6 @@
 //! payloads, and what an import refuses.
 
 use super::*;
-use std::collections::BTreeSet;
 
 // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
 // deletion after its finalizer was removed, an upsert that re-added the finalizer in that
@@ -70,7 +69,8 @@ fn an_imported_deadline_further_ahead_than_the_longest_delay_is_brought_in_to_it
     let lifecycle = tracker.state.lifecycles.get_mut(UID).unwrap();
     assert!(lifecycle.attempt.not_before_ms > NOW);
     lifecycle.attempt.not_before_ms = far;
-    tracker.state.work.timers = BTreeSet::from([(far, UID.to_owned())]);
+    tracker.state.work.timers = Default::default();
+    tracker.state.work.timers.insert(far, UID);
     tracker.state.nrp.next_read_ms = far;
     let (version, payload) = tracker.export_state();
     let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
@@ -284,7 +284,7 @@ fn a_state_with_a_lifecycle_outside_the_work_set_its_phase_needs_is_refused_as_c
         assert!(why.contains(&format!("the lifecycle of {identity:?} {expected}")), "{expected:?} not in {why:?}");
     }
     let accounted: [Tamper; 3] = [
-        |s, id| _ = s.work.timers.insert((5_000, id.to_owned())),
+        |s, id| _ = s.work.timers.insert(5_000, id),
         |s, id| s.lifecycles.get_mut(id).unwrap().parked = true,
         |s, id| {
             s.lifecycles.get_mut(id).unwrap().phase = Phase::DeletionPending;
