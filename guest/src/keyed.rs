@@ -29,6 +29,7 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as Slot;
 use std::fmt;
+use std::marker::PhantomData;
 
 /// An ordered map whose order lives in the B-tree its key type shares (see the module's doc).
 pub struct Map<K, V> {
@@ -405,7 +406,7 @@ impl<K: Serialize, V: Serialize> Serialize for Map<K, V> {
 
 impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for Map<K, V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(Entries { make: Map::of_entries })
+        deserializer.deserialize_map(Entries { make: Map::of_entries, entry: PhantomData })
     }
 }
 
@@ -417,7 +418,7 @@ impl<K: Ord, V> Map<K, V> {
     /// large cluster). Of a repeated key the value written last is kept, as insertions in
     /// written order would. (`BTreeMap`'s bulk build from a sorted vector would be cheaper
     /// still, but its sort is code per type.)
-    fn of_entries(entries: SmallVec<[(K, V); 1]>) -> Self {
+    fn of_entries(entries: Vec<(K, V)>) -> Self {
         let mut map = Map { index: BTreeMap::new(), slots: Vec::with_capacity(entries.len()), free: Vec::new() };
         for (key, value) in entries.into_iter().rev() {
             if index_of(&mut map.index, key, next_slot(map.slots.len(), &map.free)).1 {
@@ -586,7 +587,7 @@ impl<K: Serialize> Serialize for Set<K> {
 impl<'de, K: Deserialize<'de> + Ord> Deserialize<'de> for Set<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         // Last first, as `Map::of_entries` and for its reason.
-        deserializer.deserialize_seq(Members { make: |members| members.into_iter().rev().collect() })
+        deserializer.deserialize_seq(Members { make: |members: Vec<K>| members.into_iter().rev().collect() })
     }
 }
 
@@ -597,17 +598,20 @@ pub(crate) fn preallocation(len: Option<usize>) -> usize {
 }
 
 /// Reads a sequence's members in the order they were written, then makes the set of them.
-pub(crate) struct Members<T, C> {
-    pub(crate) make: Make<T, C>,
+pub(crate) struct Members<B, C> {
+    pub(crate) make: fn(B) -> C,
 }
 
-impl<'de, T: Deserialize<'de>, C> Visitor<'de> for Members<T, C> {
+impl<'de, B: Buffer, C> Visitor<'de> for Members<B, C>
+where
+    B::Item: Deserialize<'de>,
+{
     type Value = C;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a set")
     }
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<C, A::Error> {
-        let mut members = SmallVec::with_capacity(preallocation(seq.size_hint()));
+        let mut members = B::with_capacity(preallocation(seq.size_hint()));
         while let Some(member) = seq.next_element()? {
             members.push(member);
         }
@@ -616,17 +620,18 @@ impl<'de, T: Deserialize<'de>, C> Visitor<'de> for Members<T, C> {
 }
 
 /// Reads a map's entries in the order they were written, then makes the map of them.
-pub(crate) struct Entries<K, V, C> {
-    pub(crate) make: Make<(K, V), C>,
+pub(crate) struct Entries<K, V, B, C> {
+    pub(crate) make: fn(B) -> C,
+    pub(crate) entry: PhantomData<(K, V)>,
 }
 
-impl<'de, K: Deserialize<'de>, V: Deserialize<'de>, C> Visitor<'de> for Entries<K, V, C> {
+impl<'de, K: Deserialize<'de>, V: Deserialize<'de>, B: Buffer<Item = (K, V)>, C> Visitor<'de> for Entries<K, V, B, C> {
     type Value = C;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a map")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<C, A::Error> {
-        let mut entries = SmallVec::with_capacity(preallocation(map.size_hint()));
+        let mut entries = B::with_capacity(preallocation(map.size_hint()));
         while let Some(entry) = map.next_entry()? {
             entries.push(entry);
         }
@@ -634,8 +639,34 @@ impl<'de, K: Deserialize<'de>, V: Deserialize<'de>, C> Visitor<'de> for Entries<
     }
 }
 
-/// The function that makes a collection of what a visitor read, in the order it was written.
-pub(crate) type Make<T, C> = fn(SmallVec<[T; 1]>) -> C;
+/// Where [`Members`] and [`Entries`] put what they read, in the order it was written: a `Vec`
+/// for the keyed collections (a `Vec`'s growth is one copy of code for every item type, a
+/// `SmallVec`'s one per type), a `SmallVec` for `VecSet` and `VecMap`, which keep it.
+pub(crate) trait Buffer {
+    type Item;
+    fn with_capacity(capacity: usize) -> Self;
+    fn push(&mut self, item: Self::Item);
+}
+
+impl<T> Buffer for Vec<T> {
+    type Item = T;
+    fn with_capacity(capacity: usize) -> Self {
+        Vec::with_capacity(capacity)
+    }
+    fn push(&mut self, item: T) {
+        Vec::push(self, item);
+    }
+}
+
+impl<T> Buffer for SmallVec<[T; 1]> {
+    type Item = T;
+    fn with_capacity(capacity: usize) -> Self {
+        SmallVec::with_capacity(capacity)
+    }
+    fn push(&mut self, item: T) {
+        SmallVec::push(self, item);
+    }
+}
 
 /// Sorts `items` by `order`, stably, as `slice::sort_by` does (see the module's doc for why).
 pub fn sort_by<T>(items: &mut [T], mut order: impl FnMut(&T, &T) -> Ordering) {

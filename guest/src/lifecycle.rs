@@ -9,7 +9,6 @@ use crate::budget::WriteKind;
 use crate::model::{Failure, LogLevel, LogLine, ObjectKey, Phase, Step};
 use crate::name::Name;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use smallvec::SmallVec;
 use std::borrow::Borrow;
 use std::collections::{BTreeSet, VecDeque};
 use std::marker::PhantomData;
@@ -289,7 +288,7 @@ impl<K: TimerKey> Serialize for Timers<K> {
 impl<'de, K: TimerKey + Deserialize<'de>> Deserialize<'de> for Timers<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_seq(Members {
-            make: |members: SmallVec<[(u64, K); 1]>| {
+            make: |members: Vec<(u64, K)>| {
                 let mut timers = Timers::default();
                 for (at, key) in members.into_iter().rev() {
                     timers.insert(at, key.borrow());
