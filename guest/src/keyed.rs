@@ -29,7 +29,6 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as Slot;
 use std::fmt;
-use std::marker::PhantomData;
 
 /// An ordered map whose order lives in the B-tree its key type shares (see the module's doc).
 pub struct Map<K, V> {
@@ -406,7 +405,7 @@ impl<K: Serialize, V: Serialize> Serialize for Map<K, V> {
 
 impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for Map<K, V> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(Entries { make: Map::of_entries, entry: PhantomData })
+        deserializer.deserialize_map(Entries { make: Map::of_entries })
     }
 }
 
@@ -620,12 +619,11 @@ where
 }
 
 /// Reads a map's entries in the order they were written, then makes the map of them.
-pub(crate) struct Entries<K, V, B, C> {
+pub(crate) struct Entries<B, C> {
     pub(crate) make: fn(B) -> C,
-    pub(crate) entry: PhantomData<(K, V)>,
 }
 
-impl<'de, K: Deserialize<'de>, V: Deserialize<'de>, B: Buffer<Item = (K, V)>, C> Visitor<'de> for Entries<K, V, B, C> {
+impl<'de, K: Deserialize<'de>, V: Deserialize<'de>, B: Buffer<Item = (K, V)>, C> Visitor<'de> for Entries<B, C> {
     type Value = C;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a map")

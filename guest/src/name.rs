@@ -26,7 +26,6 @@ use smallvec::SmallVec;
 use std::borrow::Borrow;
 use std::cmp::Ordering;
 use std::fmt;
-use std::marker::PhantomData;
 use std::ops::Deref;
 
 /// Immutable text, in place when short. Orders like `str`.
@@ -485,7 +484,7 @@ impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for V
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         // Written in order; a state that is not (hand-made or corrupt) is read as a `BTreeMap`
         // would read it.
-        deserializer.deserialize_map(Entries { make: VecMap::of_entries, entry: PhantomData })
+        deserializer.deserialize_map(Entries { make: VecMap::of_entries })
     }
 }
 
