@@ -5,7 +5,7 @@
 #
 #   fuzz/run.sh MINUTES [TARGET...]
 #
-# * Installs what it needs: the nightly toolchain (rustup) and cargo-fuzz (cargo install --locked).
+# * Installs what it needs: the nightly toolchain (rustup) and cargo-fuzz 0.13.2 (cargo install --locked --debug).
 # * libFuzzer's working corpus is fuzz/work/<target>/ (seeded from fuzz/corpus/<target>/, which
 #   it only reads); crashes are saved in fuzz/artifacts/<target>/ (crash-*, timeout-*, oom-*).
 #   libFuzzer stops at a crash: the run goes on with the time left, up to 20 crashes a target.
@@ -31,8 +31,10 @@ SANITIZER=${SANITIZER:-none}
 if ! rustup toolchain list | grep -q '^nightly'; then
   rustup toolchain install nightly --profile minimal
 fi
+# cargo-fuzz pinned, and built without optimisation: it only starts cargo and the target, and
+# an unoptimised build takes half the time of a release one (docs/fuzzing.md).
 if ! cargo +nightly fuzz --version > /dev/null 2>&1; then
-  cargo install cargo-fuzz --locked
+  cargo install cargo-fuzz --version 0.13.2 --locked --debug
 fi
 # The guest component clb-host embeds is built with the pinned toolchain, not nightly.
 CLB_GUEST_TOOLCHAIN=$(sed -n 's/^channel = "\(.*\)"/\1/p' ../rust-toolchain.toml)
