@@ -16,7 +16,9 @@ pub const WASM_TARGET: &str = "wasm32-unknown-unknown";
 pub fn ensure_wasm_target() {
     let sysroot = match guest_toolchain() {
         Some(toolchain) => Command::new("rustup").args(["run", &toolchain, "rustc", "--print", "sysroot"]).output(),
-        None => Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into())).args(["--print", "sysroot"]).output(),
+        None => Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+            .args(["--print", "sysroot"])
+            .output(),
     };
     let sysroot = sysroot.ok().filter(|o| o.status.success());
     let sysroot = sysroot.map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));

@@ -62,7 +62,10 @@ fn main() {
                     println!("{name}: input {i} crashed: {}", message.lock().unwrap());
                     println!("  saved as {}", file.display());
                     println!("  reproduce: cargo run --release -p clb-fuzz --example smoke -- {name} {} {seed}", i + 1);
-                    println!("  show it:   CLB_FUZZ_SHOW=1 cargo run --release -p clb-fuzz --example run -- {name} {}", file.display());
+                    println!(
+                        "  show it:   CLB_FUZZ_SHOW=1 cargo run --release -p clb-fuzz --example run -- {name} {}",
+                        file.display()
+                    );
                 }
                 failed = true;
             }

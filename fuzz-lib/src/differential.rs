@@ -144,7 +144,9 @@ impl Sides {
                     let outcome = match answer {
                         Answer::Truth => match issued.command {
                             wit::Command::PutPublicIp(_) => wit::Outcome::PublicIpAddress("20.0.0.7".into()),
-                            wit::Command::ReadNrp => wit::Outcome::NrpSnapshot(wit::NrpState { services: vec![], locations: vec![] }),
+                            wit::Command::ReadNrp => {
+                                wit::Outcome::NrpSnapshot(wit::NrpState { services: vec![], locations: vec![] })
+                            }
                             wit::Command::ReadArm => wit::Outcome::ArmInventory(wit::ArmInventory {
                                 public_ips: vec![],
                                 load_balancers: vec![],
@@ -212,15 +214,8 @@ pub fn run(program: &Program) {
         }
         (n, c) => panic!("tracker.create: native {:?}, component {:?}", n.map(|_| ()), c.map(|_| ())),
     };
-    let mut sides = Sides {
-        native,
-        session,
-        component,
-        config,
-        now: 1_700_000_000_000,
-        in_flight: Vec::new(),
-        seen: Vec::new(),
-    };
+    let mut sides =
+        Sides { native, session, component, config, now: 1_700_000_000_000, in_flight: Vec::new(), seen: Vec::new() };
     for step in &program.steps {
         sides.step(step);
     }

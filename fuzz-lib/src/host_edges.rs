@@ -2,12 +2,12 @@
 //! (`scenario`), and from the guest (`commands`).
 
 use crate::input::Dec;
-use clb_host::simulator::cluster::{Cluster, Object};
 use clb_host::emulator::Emulator;
 use clb_host::executor::{self, Executor};
 use clb_host::native::observation_to_model;
 use clb_host::records;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_host::simulator::cluster::{Cluster, Object};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -98,7 +98,8 @@ pub fn commands(data: &[u8]) {
         let checked = executor::check(&command);
         let before = (emulator.state().requests, cluster.events().len(), cluster.services());
         let outcome = futures::executor::block_on(executor.execute(&command));
-        let refused = matches!(&outcome, wit::Outcome::Failed(f) if f.code.as_deref() == Some(executor::INVALID_COMMAND));
+        let refused =
+            matches!(&outcome, wit::Outcome::Failed(f) if f.code.as_deref() == Some(executor::INVALID_COMMAND));
         match checked {
             Err(why) => {
                 assert!(refused, "{command:?} failed the checks ({why}) but was answered {outcome:?}");

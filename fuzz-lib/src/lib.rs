@@ -9,8 +9,8 @@
 
 pub mod admission;
 pub mod differential;
-pub mod input;
 pub mod host_edges;
+pub mod input;
 pub mod pools;
 pub mod program;
 pub mod smoke;

@@ -213,7 +213,8 @@ mod tests {
     #[test]
     fn a_program_encoded_reads_back_as_itself() {
         for seed in 0..64u8 {
-            let data: Vec<u8> = (0..3000u32).map(|i| (i as u8).wrapping_mul(seed | 1).wrapping_add(seed ^ 0x5a)).collect();
+            let data: Vec<u8> =
+                (0..3000u32).map(|i| (i as u8).wrapping_mul(seed | 1).wrapping_add(seed ^ 0x5a)).collect();
             let program = Dec::new(&data).program();
             // Big slices are not encoded (a seed is a scenario's run).
             let program = Program {

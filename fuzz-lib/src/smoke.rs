@@ -83,4 +83,3 @@ fn mutate(rng: &mut Rng, corpus: &[Vec<u8>], mut data: Vec<u8>) -> Vec<u8> {
     }
     data
 }
-

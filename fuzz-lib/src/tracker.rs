@@ -236,10 +236,8 @@ pub struct Hostile {
 impl Hostile {
     fn absorb(&mut self, step: model::Step) {
         let collision = clb_guest::egress::reason::EGRESS_LABEL_COLLISION;
-        self.collided |= step
-            .commands
-            .iter()
-            .any(|c| matches!(&c.command, Command::EmitEvent(e) if e.reason == collision));
+        self.collided |=
+            step.commands.iter().any(|c| matches!(&c.command, Command::EmitEvent(e) if e.reason == collision));
         self.in_flight.extend(step.commands);
     }
 
@@ -321,38 +319,37 @@ impl Hostile {
         {
             return self.pod_finalizer(service, finalizer, *present);
         }
-        let (target, change): (&model::ObjectRef, ServiceWrite) =
-            match command {
-                Command::PatchServiceStatus { service, ingress_ips } => {
-                    let ips = ingress_ips.clone();
-                    (
-                        service,
-                        Box::new(move |s: &mut model::Service| {
-                            s.ingress_ips = ips.clone();
-                            Ok(())
-                        }),
-                    )
-                }
-                Command::SetFinalizer { service, finalizer, present } => {
-                    let (finalizer, present) = (finalizer.clone(), *present);
-                    (
-                        service,
-                        Box::new(move |s: &mut model::Service| {
-                            let had = s.finalizers.contains(&finalizer);
-                            if present && !had {
-                                if s.deleting {
-                                    return Err(failed(422, "Invalid"));
-                                }
-                                s.finalizers.push(finalizer.clone());
-                            } else if !present {
-                                s.finalizers.retain(|f| *f != finalizer);
+        let (target, change): (&model::ObjectRef, ServiceWrite) = match command {
+            Command::PatchServiceStatus { service, ingress_ips } => {
+                let ips = ingress_ips.clone();
+                (
+                    service,
+                    Box::new(move |s: &mut model::Service| {
+                        s.ingress_ips = ips.clone();
+                        Ok(())
+                    }),
+                )
+            }
+            Command::SetFinalizer { service, finalizer, present } => {
+                let (finalizer, present) = (finalizer.clone(), *present);
+                (
+                    service,
+                    Box::new(move |s: &mut model::Service| {
+                        let had = s.finalizers.contains(&finalizer);
+                        if present && !had {
+                            if s.deleting {
+                                return Err(failed(422, "Invalid"));
                             }
-                            Ok(())
-                        }),
-                    )
-                }
-                _ => return Outcome::Ok, // an Event
-            };
+                            s.finalizers.push(finalizer.clone());
+                        } else if !present {
+                            s.finalizers.retain(|f| *f != finalizer);
+                        }
+                        Ok(())
+                    }),
+                )
+            }
+            _ => return Outcome::Ok, // an Event
+        };
         let key = (target.namespace.to_string(), target.name.to_string());
         let Some(service) = self.objects.services.get_mut(&key) else { return failed(404, "NotFound") };
         if service.uid != target.uid.as_str() {
@@ -440,7 +437,9 @@ impl Hostile {
     fn step(&mut self, step: &Step) {
         match step {
             Step::Observe(batch) => self.observe(batch.iter().map(observation_to_model).collect()),
-            Step::Big(slice) => self.observe(vec![observation_to_model(&wit::Observation::SliceUpserted(slice.clone()))]),
+            Step::Big(slice) => {
+                self.observe(vec![observation_to_model(&wit::Observation::SliceUpserted(slice.clone()))])
+            }
             Step::Answer(answers) => {
                 let (mut results, mut writes) = (Vec::new(), 0);
                 for (index, answer) in answers {

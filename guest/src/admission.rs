@@ -5,8 +5,8 @@
 
 use crate::config::{Config, Mode, validate_config};
 use crate::model::{Service, TargetPort};
-use serde::{Deserialize, Serialize};
 use crate::name::VecSet;
+use serde::{Deserialize, Serialize};
 
 pub const ANNOTATION_INTERNAL_LB: &str = "service.beta.kubernetes.io/azure-load-balancer-internal";
 pub const ANNOTATION_IDLE_TIMEOUT: &str = "service.beta.kubernetes.io/azure-load-balancer-tcp-idle-timeout";

@@ -25,8 +25,8 @@
 //! Service names, load balancer names and pool names compare case-insensitively, as Kubernetes
 //! keys in upstream's map and ARM names do; IPs compare in canonical text.
 
-use crate::keyed::{Map, Set};
 use crate::ip;
+use crate::keyed::{Map, Set};
 use crate::model::Clock;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -273,7 +273,8 @@ impl PoolQueue {
     /// the pools it left still go (a move calls this and then queues the deletion of the old pool,
     /// and a second move must not cancel the first one's).
     pub fn remove_operations(&mut self, service: &str) -> usize {
-        let cancelled = |q: &Queued| q.op.kind != OperationKind::DeletePool && q.op.service.eq_ignore_ascii_case(service);
+        let cancelled =
+            |q: &Queued| q.op.kind != OperationKind::DeletePool && q.op.service.eq_ignore_ascii_case(service);
         let before = self.queue.len();
         self.queue.retain(|q| !cancelled(q));
         for group in self.in_flight.values_mut() {
@@ -1058,7 +1059,11 @@ mod tests {
         let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
         assert!(g.delete && !g.ensure && g.add.is_empty(), "the pool goes: {g:?}");
         q.report(0, g.id, &GroupOutcome::Deleted).unwrap();
-        q.enqueue([add("ns/a", "lb1", "ns-a", &["10.0.0.1"]), delete("ns/a", "lb1", "ns-a"), ensure("ns/a", "lb1", "ns-a")]);
+        q.enqueue([
+            add("ns/a", "lb1", "ns-a", &["10.0.0.1"]),
+            delete("ns/a", "lb1", "ns-a"),
+            ensure("ns/a", "lb1", "ns-a"),
+        ]);
         let g = q.drain_and_group(0, &assign(&[("ns/a", "lb1")])).remove(0);
         assert!(g.delete && g.ensure && g.add.is_empty() && g.remove.is_empty(), "kept, emptied: {g:?}");
     }

@@ -42,9 +42,9 @@
 //! Not here: the NAT gateway lifecycle (`crate::outbound`) and the pod finalizer
 //! `servicegateway.azure.com/pod-cleanup` (`crate::pod_finalizers`).
 
-use crate::keyed::{Map, Set};
 use crate::difftracker::{Class, DiffTracker};
 use crate::ip;
+use crate::keyed::{Map, Set};
 use crate::model::{NrpService, ObjectKey, ObjectRef, Pod};
 use serde::{Deserialize, Serialize};
 
@@ -394,11 +394,11 @@ impl Egress {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::{BTreeMap, BTreeSet};
     use crate::config::Config;
     use crate::difftracker::View;
     use crate::model::*;
     use crate::tracker::Tracker;
+    use std::collections::{BTreeMap, BTreeSet};
 
     const NODE: &str = "10.224.0.4";
 
@@ -441,7 +441,8 @@ mod tests {
     #[test]
     fn valid_identities_follow_the_azure_name_rule_and_default_natgw_is_reserved() {
         let longest = "a".repeat(MAX_IDENTITY_LEN);
-        let usable = ["a", "egress-a", "e.g_1", "x_", "0", "e0", "egress-gateway-a", "tenant-a-egress", "my_egress.gw-1"];
+        let usable =
+            ["a", "egress-a", "e.g_1", "x_", "0", "e0", "egress-gateway-a", "tenant-a-egress", "my_egress.gw-1"];
         // Names that merely resemble the reserved one stay usable.
         let resembling = ["team-egress", "default-natgw2", "my-default-natgw", "default-natgateway"];
         for ok in usable.into_iter().chain(resembling).chain([longest.as_str()]) {

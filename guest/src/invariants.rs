@@ -416,9 +416,8 @@ impl World {
     /// map an identity it carried, and an identity no pod carries any more must have no NAT
     /// gateway left (the last pod waits for the teardown).
     fn set_pod_finalizer(&mut self, pod: &ObjectRef, present: bool) -> Outcome {
-        let index = (0..u8::MAX).find(|i| {
-            pod.name.as_str() == format!("egress-{i}") && pod.uid.as_str() == format!("pod-uid-{i}")
-        });
+        let index = (0..u8::MAX)
+            .find(|i| pod.name.as_str() == format!("egress-{i}") && pod.uid.as_str() == format!("pod-uid-{i}"));
         let Some(index) = index.filter(|i| self.pods.contains_key(i)) else { return Self::failed(404, "NotFound") };
         if present {
             let object = self.pods.get_mut(&index).expect("found");
@@ -439,7 +438,8 @@ impl World {
                 self.violations.push(format!("egress-{index} released while NRP maps {address} to {identity}"));
             }
             if !carried_now.contains_key(identity) && self.nat_gateways.contains_key(identity) {
-                self.violations.push(format!("egress-{index}, the last pod of {identity}, released before its teardown"));
+                self.violations
+                    .push(format!("egress-{index}, the last pod of {identity}, released before its teardown"));
             }
         }
         let object = self.pods.get_mut(&index).expect("found");
@@ -645,8 +645,12 @@ impl World {
                             self.violations.push(format!("deleted public IP {} still used by its LB", resource.name));
                         }
                         let users = self.nat_gateways.values();
-                        if users.clone().any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|ip| *ip == resource.name)) {
-                            self.violations.push(format!("deleted public IP {} still used by a NAT gateway", resource.name));
+                        if users
+                            .clone()
+                            .any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|ip| *ip == resource.name))
+                        {
+                            self.violations
+                                .push(format!("deleted public IP {} still used by a NAT gateway", resource.name));
                             return Self::failed(400, "PublicIPAddressInUse");
                         }
                         self.public_ips.remove(&resource.name).is_some()
@@ -806,7 +810,8 @@ impl Harness {
             Config { backend_pool_type: "podIP".into(), load_balancer_sku: "standardV2".into(), ..Config::default() };
         // A wall clock's time, so that the clock can step back.
         let world = World { now: 1_700_000_000_000, ..World::default() };
-        let mut harness = Self { world, tracker: Tracker::create(config.clone()).unwrap(), config, clock_is_hosts: true };
+        let mut harness =
+            Self { world, tracker: Tracker::create(config.clone()).unwrap(), config, clock_is_hosts: true };
         harness.deliver(vec![Observation::ListsComplete]);
         harness
     }
@@ -853,7 +858,8 @@ impl Harness {
                 }
                 let nat_gateways = &world.nat_gateways;
                 let leftover = world.public_ips.keys().filter(|name| {
-                    name.starts_with("egress-") && !nat_gateways.contains_key(name.trim_end_matches("-v6").trim_end_matches("-pip"))
+                    name.starts_with("egress-")
+                        && !nat_gateways.contains_key(name.trim_end_matches("-v6").trim_end_matches("-pip"))
                 });
                 world.leftover_public_ips.extend(leftover.cloned().collect::<Vec<_>>());
                 // A new process knows what a held pod carried only from its label as it is now.
@@ -935,18 +941,26 @@ impl Harness {
         );
         assert_eq!(self.tracker.nrp_view(), self.world.nrp, "the mirror equals NRP");
         let ours = self.world.expected_outbound();
-        assert_eq!(self.world.outbound_registered, ours, "the egress identities pods carry are registered, and only those");
+        assert_eq!(
+            self.world.outbound_registered, ours,
+            "the egress identities pods carry are registered, and only those"
+        );
         assert_eq!(self.world.outbound_linked, ours, "each with its NAT gateway");
         let nat_gateways: BTreeSet<String> = self.world.nat_gateways.keys().cloned().collect();
         assert_eq!(nat_gateways, ours, "a NAT gateway exactly for each egress identity a pod carries");
         let egress_ips: BTreeSet<&String> = self.world.public_ips.keys().filter(|n| n.starts_with("egress-")).collect();
         let wanted: BTreeSet<String> = ours.iter().map(|id| format!("{id}-pip")).collect();
         let leftover = &self.world.leftover_public_ips;
-        let stray: Vec<&&String> = egress_ips.iter().filter(|n| !wanted.contains(**n) && !leftover.contains(**n)).collect();
+        let stray: Vec<&&String> =
+            egress_ips.iter().filter(|n| !wanted.contains(**n) && !leftover.contains(**n)).collect();
         assert!(stray.is_empty(), "egress public IPs of no carried identity: {stray:?}");
         assert!(wanted.iter().all(|n| egress_ips.contains(n)), "a public IP for each of them");
         let lbs: BTreeSet<String> = expected.iter().cloned().collect();
-        assert_eq!(self.world.load_balancers.keys().cloned().collect::<BTreeSet<_>>(), lbs, "one load balancer per provisioned Service");
+        assert_eq!(
+            self.world.load_balancers.keys().cloned().collect::<BTreeSet<_>>(),
+            lbs,
+            "one load balancer per provisioned Service"
+        );
         for (index, object) in &self.world.services {
             if expected.contains(&object.uid) && object.local {
                 assert!(object.finalizers.contains(FINALIZER), "svc-{index} holds the finalizer");
@@ -972,4 +986,3 @@ impl Harness {
         assert!(writes.is_empty(), "P3: {writes:?}");
     }
 }
-

@@ -4,8 +4,8 @@
 //! a lifecycle and its steps ([`Life`], [`Op`]). Inbound Services and outbound egress identities
 //! run on the driver (`crate::tracker`, `Kind`); the pod finalizers share `Attempt` and `WorkSets`.
 
-use crate::keyed::{Map, Members, Set};
 use crate::budget::WriteKind;
+use crate::keyed::{Map, Members, Set};
 use crate::model::{Failure, LogLevel, LogLine, ObjectKey, Phase, Step};
 use crate::name::Name;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -61,7 +61,13 @@ pub fn backoff_ms(key: &str, attempt: u32, retry_after_ms: Option<u64>) -> u64 {
 
 /// [`backoff_ms`] after a failure, logging a `Retry-After` longer than the cap: what it was
 /// asked for (`what`) and what is honoured instead.
-pub(crate) fn retry_delay(key: &str, attempt: u32, failure: &Failure, what: impl std::fmt::Display, step: &mut Step) -> u64 {
+pub(crate) fn retry_delay(
+    key: &str,
+    attempt: u32,
+    failure: &Failure,
+    what: impl std::fmt::Display,
+    step: &mut Step,
+) -> u64 {
     let delay = backoff_ms(key, attempt, failure.retry_after_ms);
     if let Some(asked) = failure.retry_after_ms.filter(|&ms| ms > timing::RETRY_AFTER_CAP_MS) {
         let message = format!(

@@ -21,15 +21,15 @@
 //! a state this tracker does not have) and gets no lifecycle: its pods are programmed, and it is
 //! never torn down. The RP's `default-natgw` is never an identity (`crate::egress`).
 
+use crate::budget::WriteKind;
 use crate::keyed::Map;
+use crate::lifecycle::{Attempt, Life, Op, WorkSets, life_fields};
 use crate::model::{
     Command, IpVersion, NatGateway, NrpServiceRequest, NrpServiceType, Phase, PublicIp, ResourceKind, ResourceRef,
 };
 use crate::name::Name;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use crate::budget::WriteKind;
-use crate::lifecycle::{Attempt, Life, Op, WorkSets, life_fields};
 
 /// One command of an identity's outbound operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,7 +78,6 @@ impl Op for OutStep {
 }
 
 impl OutStep {
-
     /// A failure of the disassociation is logged and the teardown goes on, as upstream: the
     /// unregister and the delete that follow are what must succeed, and they say so.
     pub fn failure_is_ignored(self) -> bool {

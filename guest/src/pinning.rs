@@ -107,7 +107,8 @@ fn annotation<'s>(service: &'s Service, key: &str) -> Option<&'s str> {
 /// The addresses a Service pins (upstream's `getServiceLoadBalancerIPs`): its per-family
 /// annotations, else `spec.loadBalancerIP`.
 pub fn pinned_ips(service: &Service) -> Vec<&str> {
-    let annotated: Vec<&str> = [ANNOTATION_IPV4, ANNOTATION_IPV6].iter().filter_map(|k| annotation(service, k)).collect();
+    let annotated: Vec<&str> =
+        [ANNOTATION_IPV4, ANNOTATION_IPV6].iter().filter_map(|k| annotation(service, k)).collect();
     if !annotated.is_empty() {
         return annotated;
     }
@@ -125,7 +126,11 @@ pub fn pinned_pip_names(service: &Service) -> Vec<&str> {
         if service.ip_families.len() == 2 {
             return annotation(service, if ipv6 { ANNOTATION_PIP_NAME_IPV6 } else { ANNOTATION_PIP_NAME });
         }
-        if ipv6 && v6 && !v4 && let Some(name) = annotation(service, ANNOTATION_PIP_NAME_IPV6) {
+        if ipv6
+            && v6
+            && !v4
+            && let Some(name) = annotation(service, ANNOTATION_PIP_NAME_IPV6)
+        {
             return Some(name);
         }
         if ipv6 && !v6 {
@@ -146,7 +151,9 @@ pub fn pins_ip(service: &Service) -> bool {
 pub fn by_private_ip(service: &Service, facts: &PlacementFacts) -> Option<String> {
     let ips = pinned_ips(service);
     facts.load_balancers.iter().filter(|lb| trim_internal(&lb.name).1).find_map(|lb| {
-        let holds = |ip: &&str| lb.frontends.iter().any(|f| f.private_ip.as_deref().is_some_and(|p| p.eq_ignore_ascii_case(ip)));
+        let holds = |ip: &&str| {
+            lb.frontends.iter().any(|f| f.private_ip.as_deref().is_some_and(|p| p.eq_ignore_ascii_case(ip)))
+        };
         ips.iter().any(holds).then(|| trim_internal(&lb.name).0.to_ascii_lowercase())
     })
 }
@@ -157,7 +164,12 @@ pub fn by_private_ip(service: &Service, facts: &PlacementFacts) -> Option<String
 pub fn by_frontend_name(facts: &PlacementFacts, prefix: &str, internal: bool) -> Option<String> {
     let named_after = |lb: &&ExistingLoadBalancer| lb.frontends.iter().any(|f| f.name.starts_with(prefix));
     let of_kind = |lb: &&ExistingLoadBalancer| trim_internal(&lb.name).1 == internal;
-    facts.load_balancers.iter().filter(of_kind).find(named_after).map(|lb| trim_internal(&lb.name).0.to_ascii_lowercase())
+    facts
+        .load_balancers
+        .iter()
+        .filter(of_kind)
+        .find(named_after)
+        .map(|lb| trim_internal(&lb.name).0.to_ascii_lowercase())
 }
 
 /// The load balancer the public IP the Service pins is attached to (upstream's
@@ -165,7 +177,8 @@ pub fn by_frontend_name(facts: &PlacementFacts, prefix: &str, internal: bool) ->
 /// none is attached to a load balancer of this cluster. An address that is not a public one, or
 /// a public IP not found, is an error in upstream's words.
 pub fn by_public_ip(service: &Service, facts: &PlacementFacts) -> Result<Option<String>, String> {
-    let failed = |reason: String| format!("look up load balancer by public IP for service {:?}: {reason}", service.name);
+    let failed =
+        |reason: String| format!("look up load balancer by public IP for service {:?}: {reason}", service.name);
     let group = match annotation(service, ANNOTATION_RESOURCE_GROUP).map(str::trim).filter(|g| !g.is_empty()) {
         Some(group) if !group.eq_ignore_ascii_case(&facts.resource_group) => {
             return Err(failed(format!(
@@ -267,8 +280,8 @@ mod tests {
     use crate::admission::ANNOTATION_INTERNAL_LB;
     use crate::model::Service;
     use crate::placement::{
-        ANNOTATION_LB_CONFIGURATIONS, ExistingLoadBalancer, ExistingPublicIp, Frontend, PlacementFacts, SlbConfiguration,
-        place_service,
+        ANNOTATION_LB_CONFIGURATIONS, ExistingLoadBalancer, ExistingPublicIp, Frontend, PlacementFacts,
+        SlbConfiguration, place_service,
     };
     use crate::selector::{LabelSelector, Requirement};
 
@@ -716,7 +729,16 @@ mod tests {
         assert_eq!(pinned_ips(&service(&[], &[(ANNOTATION_IPV6, "2001:db8::1")])), ["2001:db8::1"]);
         assert_eq!(pinned_ips(&service(&[], &[(ANNOTATION_IPV4, "")])), ["1.2.3.4"]);
         let external = Service { namespace: "default".into(), name: "test".into(), ..Service::default() };
-        for ip in ["100.64.0.1", "168.63.129.16", "::ffff:10.1.2.3", "fd00::1", "fe80::1", "127.0.0.1", "0.0.0.0", "224.0.0.1"] {
+        for ip in [
+            "100.64.0.1",
+            "168.63.129.16",
+            "::ffff:10.1.2.3",
+            "fd00::1",
+            "fe80::1",
+            "127.0.0.1",
+            "0.0.0.0",
+            "224.0.0.1",
+        ] {
             assert!(public_candidate(&external, ip).unwrap_err().contains("cannot use non-public"), "{ip}");
         }
         assert!(public_candidate(&external, "1.2.3").unwrap_err().contains("has invalid LoadBalancer IP \"1.2.3\""));

@@ -311,7 +311,8 @@ pub fn place_service(
     // load balancers in CLB mode, reads it more leniently).
     let internal = service.annotation(ANNOTATION_INTERNAL_LB) == Some("true");
     let in_use = if pins {
-        let found = if internal { pinning::by_private_ip(service, facts) } else { pinning::by_public_ip(service, facts)? };
+        let found =
+            if internal { pinning::by_private_ip(service, facts) } else { pinning::by_public_ip(service, facts)? };
         if let Some(found) = &found
             && !names.iter().any(|n| n.eq_ignore_ascii_case(found))
         {
@@ -360,7 +361,9 @@ pub fn pools_left(
         configurations.iter().any(|c| c.name.trim().eq_ignore_ascii_case(name))
     };
     let is_kept = |lb: &str, pool: &str| {
-        kept.is_some_and(|(on, pools)| on.eq_ignore_ascii_case(lb) && pools.iter().any(|p| p.name.eq_ignore_ascii_case(pool)))
+        kept.is_some_and(|(on, pools)| {
+            on.eq_ignore_ascii_case(lb) && pools.iter().any(|p| p.name.eq_ignore_ascii_case(pool))
+        })
     };
     let mut left = Vec::new();
     for lb in facts.load_balancers.iter().filter(|lb| configured(&lb.name)) {
@@ -473,13 +476,22 @@ mod tests {
         assert_eq!(placed.load_balancer, "lb2");
         assert_eq!(
             placed.left,
-            left(&[("lb1", "Shop-Web"), ("lb1", "shop-web-ipv6"), ("lb2", "shop-web-IPv6"), ("lb1-internal", "shop-web")]),
+            left(&[
+                ("lb1", "Shop-Web"),
+                ("lb1", "shop-web-ipv6"),
+                ("lb2", "shop-web-IPv6"),
+                ("lb1-internal", "shop-web")
+            ]),
             "its IPv6 pool on lb2 too: it serves IPv4 only"
         );
         let mut cluster = local(None);
         cluster.external_traffic_policy = Some("Cluster".into());
         assert_eq!(place_service(&configs, &cluster, &facts), Ok(None));
-        assert_eq!(pools_left(&configs, &cluster, &facts, None).len(), 5, "every pool it owns by name on the configured ones goes");
+        assert_eq!(
+            pools_left(&configs, &cluster, &facts, None).len(),
+            5,
+            "every pool it owns by name on the configured ones goes"
+        );
     }
 
     /// Upstream's `getEligibleLoadBalancersForService` on one case: the names, or the error.
@@ -831,13 +843,12 @@ mod tests {
 
         fn selector() -> impl Strategy<Value = Option<LabelSelector>> {
             let operators = prop::sample::select(vec!["In", "NotIn", "Exists", "DoesNotExist", "in"]);
-            let requirement = (0..2usize, operators, prop::collection::vec(0..2usize, 0..2)).prop_map(|(k, op, vs)| {
-                Requirement {
+            let requirement =
+                (0..2usize, operators, prop::collection::vec(0..2usize, 0..2)).prop_map(|(k, op, vs)| Requirement {
                     key: KEYS[k].to_owned(),
                     operator: op.to_owned(),
                     values: vs.into_iter().map(|v| VALUES[v].to_owned()).collect(),
-                }
-            });
+                });
             prop::option::weighted(
                 0.4,
                 (pairs(), prop::collection::vec(requirement, 0..2))

@@ -35,12 +35,12 @@
 //! included when it had no IP. The pods this module knows are those that carry an identity or
 //! hold the finalizer: the rest cost nothing.
 
-use crate::keyed::{Map, Set};
 use crate::egress;
+use crate::keyed::{Map, Set};
+use crate::lifecycle::{Attempt, WorkSets};
 use crate::model::{Failure, ObjectKey, ObjectRef, Pod};
 use crate::name::{Name, VecSet};
 use serde::{Deserialize, Serialize};
-use crate::lifecycle::{Attempt, WorkSets};
 
 /// The finalizer that holds an egress pod until its addresses have left NRP.
 pub const FINALIZER: &str = "servicegateway.azure.com/pod-cleanup";
@@ -159,8 +159,7 @@ impl PodFinalizers {
             let moved = |(address, location): (&String, &String)| {
                 after.as_ref().is_none_or(|(i, a)| i != identity || a.get(address) != Some(location))
             };
-            let gone =
-                Map::from_iter(addresses.iter().filter(|&p| moved(p)).map(|(a, l)| (a.clone(), l.clone())));
+            let gone = Map::from_iter(addresses.iter().filter(|&p| moved(p)).map(|(a, l)| (a.clone(), l.clone())));
             if !gone.is_empty() || after.as_ref().is_none_or(|(i, _)| i != identity) {
                 held.leave(identity, &gone);
             }

@@ -666,19 +666,12 @@ macro_rules! pool_adapter {
             };
             let service = service.into();
             match placement::place_service(&configurations, &service, &facts) {
-                Ok(None) => wit_pools::Placement::NotLocal(left(placement::pools_left(
-                    &configurations,
-                    &service,
-                    &facts,
-                    None,
-                ))),
+                Ok(None) => {
+                    wit_pools::Placement::NotLocal(left(placement::pools_left(&configurations, &service, &facts, None)))
+                }
                 Ok(Some(p)) => wit_pools::Placement::At(wit_pools::ServicePlacement {
                     load_balancer: p.load_balancer,
-                    pools: p
-                        .pools
-                        .into_iter()
-                        .map(|f| wit_pools::FamilyPool { ipv6: f.ipv6, name: f.name })
-                        .collect(),
+                    pools: p.pools.into_iter().map(|f| wit_pools::FamilyPool { ipv6: f.ipv6, name: f.name }).collect(),
                     left: left(p.left),
                 }),
                 Err(why) => wit_pools::Placement::Refused(why),

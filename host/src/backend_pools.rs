@@ -418,7 +418,10 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     }
 
     /// One short guest call under the queue lock; never held across an await.
-    fn with_guest<R>(&self, f: impl FnOnce(&mut dyn PoolLogic) -> Result<R, GuestError>) -> Result<R, PoolUpdaterError> {
+    fn with_guest<R>(
+        &self,
+        f: impl FnOnce(&mut dyn PoolLogic) -> Result<R, GuestError>,
+    ) -> Result<R, PoolUpdaterError> {
         f(plain(&self.guest).as_mut()).map_err(PoolUpdaterError::Guest)
     }
 

@@ -39,14 +39,46 @@ type ZeroFamily = (&'static str, &'static str, &'static [(&'static str, &'static
 /// Counter families of upstream that no event of this controller feeds, with their labels: the
 /// tracker retries a write until it succeeds or its object is gone, so nothing is given up on.
 const ALWAYS_ZERO: &[ZeroFamily] = &[
-    ("finalizers_recovered", "Stuck pod/service finalizers actually removed (none: finalizers are released by the lifecycle, never recovered).", &[]),
-    ("finalizers_recovery_scheduled", "Stuck finalizers scheduled for cleanup by another path at start-up (none here).", &[]),
-    ("service_finalizer_remove_failed", "Services left Terminating because finalizer removal failed (none: the tracker retries it).", &[]),
-    ("pod_finalizer_add_failed", "Egress pods registered without the cleanup finalizer (none: the tracker retries the add).", &[]),
-    ("pod_finalizer_remove_failed", "Egress pods left Terminating because finalizer removal failed (none: the tracker retries it).", &[]),
-    ("outbound_service_updates_skipped", "Outbound service updates dropped (none: an egress identity has nothing to update).", &[]),
-    ("service_external_ip_recovery_failed", "Services whose External IP could not be recovered at start-up (none: the tracker retries the status write).", &[]),
-    ("location_sync_abandoned", "NRP location syncs given up on after their retries (none: the tracker retries without a ceiling).", &[("reason", "init_attempts_exhausted")]),
+    (
+        "finalizers_recovered",
+        "Stuck pod/service finalizers actually removed (none: finalizers are released by the lifecycle, never recovered).",
+        &[],
+    ),
+    (
+        "finalizers_recovery_scheduled",
+        "Stuck finalizers scheduled for cleanup by another path at start-up (none here).",
+        &[],
+    ),
+    (
+        "service_finalizer_remove_failed",
+        "Services left Terminating because finalizer removal failed (none: the tracker retries it).",
+        &[],
+    ),
+    (
+        "pod_finalizer_add_failed",
+        "Egress pods registered without the cleanup finalizer (none: the tracker retries the add).",
+        &[],
+    ),
+    (
+        "pod_finalizer_remove_failed",
+        "Egress pods left Terminating because finalizer removal failed (none: the tracker retries it).",
+        &[],
+    ),
+    (
+        "outbound_service_updates_skipped",
+        "Outbound service updates dropped (none: an egress identity has nothing to update).",
+        &[],
+    ),
+    (
+        "service_external_ip_recovery_failed",
+        "Services whose External IP could not be recovered at start-up (none: the tracker retries the status write).",
+        &[],
+    ),
+    (
+        "location_sync_abandoned",
+        "NRP location syncs given up on after their retries (none: the tracker retries without a ceiling).",
+        &[("reason", "init_attempts_exhausted")],
+    ),
     ("location_sync_abandoned", "", &[("reason", "drain_attempts_exhausted")]),
 ];
 
@@ -106,7 +138,9 @@ fn counts(stats: &wit::TrackerStats) -> Series {
         labels.push(("is_orphan", a.orphan.to_string()));
         *series.entry(("service_operations", labels)).or_insert_with(|| vec![0]).first_mut().expect("one") += a.count;
     }
-    for (family, histograms) in [("service_operation_duration_seconds", &stats.durations), ("service_operation_retries", &stats.retries)] {
+    for (family, histograms) in
+        [("service_operation_duration_seconds", &stats.durations), ("service_operation_retries", &stats.retries)]
+    {
         for h in histograms.iter() {
             let mut counts = h.counts.clone();
             counts.extend([h.count, h.sum]);
@@ -122,8 +156,12 @@ fn counts(stats: &wit::TrackerStats) -> Series {
         }
     }
     // Upstream's reason and step that this controller never reaches, shown at zero.
-    series.entry(("service_operations_parked", vec![("reason", "retries_exceeded".to_owned())])).or_insert_with(|| vec![0]);
-    series.entry(("delete_substep_failures", vec![("step", "remove_backend_pool".to_owned())])).or_insert_with(|| vec![0]);
+    series
+        .entry(("service_operations_parked", vec![("reason", "retries_exceeded".to_owned())]))
+        .or_insert_with(|| vec![0]);
+    series
+        .entry(("delete_substep_failures", vec![("step", "remove_backend_pool".to_owned())]))
+        .or_insert_with(|| vec![0]);
     series.insert(("orphaned_resources_cleaned", Labels::new()), vec![stats.orphans_cleaned]);
     series.insert(("location_sync_terminal_errors", Labels::new()), vec![stats.location_sync_terminal_errors]);
     series
@@ -195,11 +233,27 @@ impl Figures {
             }),
         )?;
         let plain = [
-            ("pending_deletions", "Services pending deletion, waiting for their locations to be cleaned up.", f64::from(stats.pending_deletions)),
-            ("services_blocked_by_locations", "Services whose deletion waits for NRP to drop their addresses.", f64::from(stats.blocked_by_locations)),
-            ("locations_total", "Locations (nodes) NRP holds, as the tracker's mirror has them.", f64::from(stats.nrp_locations)),
+            (
+                "pending_deletions",
+                "Services pending deletion, waiting for their locations to be cleaned up.",
+                f64::from(stats.pending_deletions),
+            ),
+            (
+                "services_blocked_by_locations",
+                "Services whose deletion waits for NRP to drop their addresses.",
+                f64::from(stats.blocked_by_locations),
+            ),
+            (
+                "locations_total",
+                "Locations (nodes) NRP holds, as the tracker's mirror has them.",
+                f64::from(stats.nrp_locations),
+            ),
             ("addresses_total", "Pod addresses NRP holds across all locations.", f64::from(stats.nrp_addresses)),
-            ("servicegateway_enabled", "Whether the configuration is the Container Load Balancer's (1) or not (0).", f64::from(u8::from(stats.service_gateway_enabled))),
+            (
+                "servicegateway_enabled",
+                "Whether the configuration is the Container Load Balancer's (1) or not (0).",
+                f64::from(u8::from(stats.service_gateway_enabled)),
+            ),
             (
                 "initialization_duration_seconds",
                 "How long start-up took (0 until it has ended).",
@@ -224,11 +278,17 @@ impl Figures {
         let totals = self.totals();
         let family = |f: &'static str| totals.iter().filter(move |((name, _), _)| *name == f).map(|((_, l), v)| (l, v));
         let counter_families = [
-            ("service_operations", "Service operation attempts by result, error code and orphan status; a retried operation records one attempt per try."),
+            (
+                "service_operations",
+                "Service operation attempts by result, error code and orphan status; a retried operation records one attempt per try.",
+            ),
             ("service_operations_parked", "Service operations parked without completing, by reason."),
             ("delete_substep_failures", "Delete sub-steps that failed and were gone past, by step."),
             ("orphaned_resources_cleaned", "Orphaned Azure resources (no Service) whose teardown finished."),
-            ("location_sync_terminal_errors", "NRP location syncs set aside because NRP refused them with a code no retry fixes."),
+            (
+                "location_sync_terminal_errors",
+                "NRP location syncs set aside because NRP refused them with a code no retry fixes.",
+            ),
         ];
         for (f, help) in counter_families {
             counters(out, &name(f), help, family(f).map(|(l, v)| (l.clone(), v[0])))?;
@@ -242,8 +302,18 @@ impl Figures {
             counters(out, &name(f), help, labels.into_iter().map(|l| (l, 0)))?;
         }
         for (f, help, bounds, scale) in [
-            ("service_operation_duration_seconds", "Duration of one service operation attempt in seconds.", &DURATION_BOUNDS_S[..], 1000.0),
-            ("service_operation_retries", "Retries before a service operation succeeded or parked.", &RETRY_BOUNDS[..], 1.0),
+            (
+                "service_operation_duration_seconds",
+                "Duration of one service operation attempt in seconds.",
+                &DURATION_BOUNDS_S[..],
+                1000.0,
+            ),
+            (
+                "service_operation_retries",
+                "Retries before a service operation succeeded or parked.",
+                &RETRY_BOUNDS[..],
+                1.0,
+            ),
         ] {
             let samples = family(f).filter(|(_, v)| v.len() == bounds.len() + 2).map(|(l, v)| {
                 let (count, sum) = (v[bounds.len()], v[bounds.len() + 1]);
@@ -256,7 +326,9 @@ impl Figures {
         }
 
         let mut versions = vec![(stats, version.to_owned(), self.sha256.clone())];
-        versions.extend(others.iter().map(|(stats, sha256)| (*stats, sha256.chars().take(12).collect(), (*sha256).to_owned())));
+        versions.extend(
+            others.iter().map(|(stats, sha256)| (*stats, sha256.chars().take(12).collect(), (*sha256).to_owned())),
+        );
         encode_ours(out, &versions)
     }
 }
@@ -428,7 +500,8 @@ mod tests {
     }
 
     #[test]
-    fn the_upstream_counters_never_go_back_when_a_new_tracker_starts_counting_from_zero_and_a_swap_adds_nothing_twice() {
+    fn the_upstream_counters_never_go_back_when_a_new_tracker_starts_counting_from_zero_and_a_swap_adds_nothing_twice()
+    {
         let mut figures = Figures::default();
         figures.update("a", stats(5), 0);
         figures.update("a", stats(7), 1);

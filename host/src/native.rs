@@ -172,4 +172,3 @@ impl Reconciler for NativeReconciler {
         Ok(Box::new(NativePools::new(max_retries)))
     }
 }
-

@@ -84,7 +84,8 @@ fn main() {
     println!("| another client's writes | paced by | provisioned after (virtual) | ARM-routed writes | 429s |");
     println!("|---:|---|---:|---:|---:|");
     for other in [0, 5] {
-        for (name, figures) in [("ARM's remaining-writes figures (default)", true), ("the fixed budgets alone", false)] {
+        for (name, figures) in [("ARM's remaining-writes figures (default)", true), ("the fixed budgets alone", false)]
+        {
             let run = run(count, figures, other);
             assert!(run.settled, "{name}: not provisioned within the hour");
             if figures {

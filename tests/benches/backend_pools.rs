@@ -109,7 +109,10 @@ fn main() {
     let (ne, ng, ce, cg) =
         (median(native_enqueue), median(native_group), median(component_enqueue), median(component_group));
     let ratio = |c: Duration, n: Duration| c.as_secs_f64() / n.as_secs_f64();
-    println!("{} operations over {POOLS} pools; {groups} groups written (one Service in ten moved away).", scaled(OPERATIONS));
+    println!(
+        "{} operations over {POOLS} pools; {groups} groups written (one Service in ten moved away).",
+        scaled(OPERATIONS)
+    );
     println!();
     println!("| measure (median of 5) | native | component | component / native |");
     println!("|---|---|---|---|");

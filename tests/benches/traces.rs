@@ -62,7 +62,10 @@ fn main() {
     println!("| one endpoint change, not recorded: reconcile thread CPU (mean) | {:.1} µs |", micros(plain.1));
     println!("| one endpoint change, `run --record`: reconcile thread CPU (mean) | {:.1} µs |", micros(recorded.1));
     println!("| recording overhead, wall | {:.1}% |", (micros(recorded.0) / micros(plain.0) - 1.0) * 100.0);
-    println!("| recording overhead, reconcile thread CPU | {:.1}% |", (micros(recorded.1) / micros(plain.1) - 1.0) * 100.0);
+    println!(
+        "| recording overhead, reconcile thread CPU | {:.1}% |",
+        (micros(recorded.1) / micros(plain.1) - 1.0) * 100.0
+    );
 
     let largest = largest_golden_trace();
     println!("\n| replay of {} | time |", largest.file_name().unwrap().to_string_lossy());

@@ -1135,7 +1135,8 @@ async fn a_network_resource_subscription_holds_every_id_and_url_of_the_network_r
     let nat_id = &services["serviceRequests"][1]["service"]["properties"]["publicNatGatewayId"];
     assert_eq!(nat_id, &serde_json::json!(format!("{net}/natGateways/egress-1")));
 
-    let balancer = serde_json::to_value(wire::load_balancer(&scope, &lb("u1", "u1-pip", vec![rule(Protocol::Tcp, 80)])));
+    let balancer =
+        serde_json::to_value(wire::load_balancer(&scope, &lb("u1", "u1-pip", vec![rule(Protocol::Tcp, 80)])));
     let balancer = balancer.unwrap();
     let frontend = &balancer["properties"]["frontendIPConfigurations"][0];
     assert_eq!(frontend["properties"]["publicIPAddress"]["id"], format!("{net}/publicIPAddresses/u1-pip"));
@@ -1147,8 +1148,11 @@ async fn a_network_resource_subscription_holds_every_id_and_url_of_the_network_r
     let nat = serde_json::to_value(wire::nat_gateway(&scope, &nat_gateway("egress-1", true))).unwrap();
     assert_eq!(nat["properties"]["publicIpAddresses"][0]["id"], format!("{net}/publicIPAddresses/egress-1-pip"));
     assert_eq!(nat["properties"]["serviceGateway"]["id"], format!("{net}/serviceGateways/{DEFAULT_SERVICE_GATEWAY}"));
-    let listed = wire::listed_nat_gateway(&scope, serde_json::json!({"name": "egress-1", "sku": nat["sku"],
-        "properties": nat["properties"]}));
+    let listed = wire::listed_nat_gateway(
+        &scope,
+        serde_json::json!({"name": "egress-1", "sku": nat["sku"],
+        "properties": nat["properties"]}),
+    );
     let listed = listed.unwrap();
     assert!(listed.as_put && listed.associated, "read back under the same subscription: {listed:?}");
 
@@ -1194,7 +1198,7 @@ async fn the_listing_of_load_balancers_names_the_backend_pools_of_each_over_http
 
 #[tokio::test]
 async fn the_listings_name_each_load_balancers_frontends_and_what_each_public_ip_is_attached_to_over_http_and_in_process()
-{
+ {
     let emulator = emulator();
     let server = serve(emulator.clone()).await;
     let http = client(&server.url(), Duration::from_secs(10), Credential::None);
@@ -1206,7 +1210,10 @@ async fn the_listings_name_each_load_balancers_frontends_and_what_each_public_ip
     let mut body = wire::load_balancer(&scope, &lb("lb1", "lb1-pip", vec![]));
     body.properties.frontend_ip_configurations.push(wire::FrontendIpConfiguration {
         name: "ilb".into(),
-        properties: wire::FrontendIpProperties { public_ip_address: None, private_ip_address: Some("10.240.0.50".into()) },
+        properties: wire::FrontendIpProperties {
+            public_ip_address: None,
+            private_ip_address: Some("10.240.0.50".into()),
+        },
     });
     emulator.put_load_balancer_body("lb1", &body).unwrap();
     let frontend = |name: &str, private_ip: Option<&str>| ListedFrontend {
@@ -1222,10 +1229,15 @@ async fn the_listings_name_each_load_balancers_frontends_and_what_each_public_ip
         assert_eq!(lb1.frontends, [frontend(FRONTEND_NAME, None), frontend("ilb", Some("10.240.0.50"))], "{how}");
         // Two frontends are more than a Service's load balancer has: not one of this controller's.
         assert_eq!(lb1.shape, None, "{how}");
-        let by_name = |name: &str| public_ips.iter().find(|ip| ip.name == name).unwrap_or_else(|| panic!("{how}: {name}"));
+        let by_name =
+            |name: &str| public_ips.iter().find(|ip| ip.name == name).unwrap_or_else(|| panic!("{how}: {name}"));
         assert_eq!(by_name("lb1-pip").ip_configuration.as_deref(), Some(attached.as_str()), "{how}");
         assert_eq!(by_name("lb1-pip").tags, [("k8s-azure-cluster-name".to_owned(), "azure".to_owned())], "{how}");
-        assert_eq!((by_name("free-pip").ip_configuration.clone(), by_name("free-pip").tags.clone()), (None, vec![]), "{how}");
+        assert_eq!(
+            (by_name("free-pip").ip_configuration.clone(), by_name("free-pip").tags.clone()),
+            (None, vec![]),
+            "{how}"
+        );
     }
     // A frontend with neither a public IP nor a private address is refused, as ARM refuses it.
     body.properties.frontend_ip_configurations[1].properties.private_ip_address = None;

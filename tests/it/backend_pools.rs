@@ -5,9 +5,9 @@
 
 use clb_host::azure::*;
 use clb_host::backend_pools::*;
-use clb_host::simulator::cluster::Cluster;
 use clb_host::emulator::{Emulator, Fault, FaultMode};
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
+use clb_host::simulator::cluster::Cluster;
 use clb_tests::test_scope;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -325,14 +325,19 @@ async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and
             .collect(),
         deleting: false,
     };
-    let placement =
-        || ServicePlacement { load_balancer: "lb1".into(), pools: vec![FamilyPool { ipv6: false, name: POOL.into() }], left: vec![] };
+    let placement = || ServicePlacement {
+        load_balancer: "lb1".into(),
+        pools: vec![FamilyPool { ipv6: false, name: POOL.into() }],
+        left: vec![],
+    };
     let mut producer = PoolProducer::new();
     let mut update = |nodes: &[&str]| {
         let ips = ready_node_ips("uid-1", [&slice(nodes)], &node_ips);
         let mut notes = Vec::new();
         let held = f.updater.service_lock().try_lock().expect("the service lock is free");
-        producer.update(&f.updater, &held, "test/svc1", placement(), ips, |_: &str| Some(BTreeSet::new()), &mut notes).unwrap();
+        producer
+            .update(&f.updater, &held, "test/svc1", placement(), ips, |_: &str| Some(BTreeSet::new()), &mut notes)
+            .unwrap();
         notes
     };
     assert_eq!(update(&["node1"]), vec![format!("enqueue test/svc1 add lb1:{POOL} [10.0.0.1]")]);
@@ -366,24 +371,32 @@ async fn a_dual_stack_local_services_pools_each_hold_the_addresses_of_their_fami
     use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{FamilyPool, ServicePlacement};
     use std::collections::{BTreeMap, BTreeSet};
     let f = fixture().await;
-    let (v4, v6) = (PoolRef { load_balancer: "lb1".into(), pool: "default-svc1".into() }, PoolRef {
-        load_balancer: "lb1".into(),
-        pool: "default-svc1-ipv6".into(),
-    });
+    let (v4, v6) = (
+        PoolRef { load_balancer: "lb1".into(), pool: "default-svc1".into() },
+        PoolRef { load_balancer: "lb1".into(), pool: "default-svc1-ipv6".into() },
+    );
     for (pool, ip) in [(&v4, "10.0.0.1"), (&v6, "fd00::1")] {
-        let content = BackendPool { addresses: vec![BackendAddress { name: "node1".into(), ip_address: ip.into() }], ..BackendPool::default() };
+        let content = BackendPool {
+            addresses: vec![BackendAddress { name: "node1".into(), ip_address: ip.into() }],
+            ..BackendPool::default()
+        };
         f.emulator.put_backend_pool(pool, &content, None).await.unwrap();
     }
-    let node_ips: BTreeMap<String, Vec<String>> = [("node1", ["10.0.0.1", "fd00::1"]), ("node2", ["10.0.0.2", "fd00::2"])]
-        .map(|(n, ips)| (n.to_string(), ips.map(str::to_owned).to_vec()))
-        .into();
+    let node_ips: BTreeMap<String, Vec<String>> =
+        [("node1", ["10.0.0.1", "fd00::1"]), ("node2", ["10.0.0.2", "fd00::2"])]
+            .map(|(n, ips)| (n.to_string(), ips.map(str::to_owned).to_vec()))
+            .into();
     f.updater.set_nodes(&node_ips);
     let slice = wit::EndpointSlice {
         namespace: "default".into(),
         name: "eps1".into(),
         owner_service_uid: Some("uid-1".into()),
         address_type: "IPv4".into(),
-        endpoints: vec![wit::Endpoint { addresses: vec!["10.244.0.5".into()], node_name: Some("node2".into()), ready: None }],
+        endpoints: vec![wit::Endpoint {
+            addresses: vec!["10.244.0.5".into()],
+            node_name: Some("node2".into()),
+            ready: None,
+        }],
         deleting: false,
     };
     let pools = [(false, &v4), (true, &v6)].map(|(ipv6, p)| FamilyPool { ipv6, name: p.pool.clone() }).to_vec();
@@ -407,13 +420,24 @@ async fn a_dual_stack_local_services_pools_each_hold_the_addresses_of_their_fami
     assert_eq!((after.0 - before.0, after.1 - before.1), (2, 2));
     for (pool, want) in [(&v4, "10.0.0.2"), (&v6, "fd00::2")] {
         let (content, _) = f.emulator.get_backend_pool(pool).await.unwrap();
-        let held: Vec<(&str, &str)> = content.addresses.iter().map(|a| (a.name.as_str(), a.ip_address.as_str())).collect();
+        let held: Vec<(&str, &str)> =
+            content.addresses.iter().map(|a| (a.name.as_str(), a.ip_address.as_str())).collect();
         assert_eq!(held, [("node2", want)], "{}", pool.pool);
     }
     // No endpoints: both pools are emptied.
     {
         let held = f.updater.service_lock().lock().await;
-        producer.update(&f.updater, &held, "default/svc1", placement, BTreeSet::new(), |_: &str| Some(BTreeSet::new()), &mut notes).unwrap();
+        producer
+            .update(
+                &f.updater,
+                &held,
+                "default/svc1",
+                placement,
+                BTreeSet::new(),
+                |_: &str| Some(BTreeSet::new()),
+                &mut notes,
+            )
+            .unwrap();
     }
     assert_eq!(ran(f.updater.tick().await.unwrap()).written, 2);
     for pool in [&v4, &v6] {

@@ -118,7 +118,11 @@ fn markers() -> BTreeMap<String, Vec<String>> {
         if !relative.ends_with(".rs") {
             let description = text.split_once("\ndescription:").map_or("", |(_, rest)| rest);
             // The description runs to the next top-level key.
-            let description = description.split("\n").take_while(|l| l.is_empty() || l.starts_with(' ')).collect::<Vec<_>>().join("\n");
+            let description = description
+                .split("\n")
+                .take_while(|l| l.is_empty() || l.starts_with(' '))
+                .collect::<Vec<_>>()
+                .join("\n");
             if description.to_lowercase().contains("upstream") {
                 add(names(&description), format!("scenario `{relative}`"));
             }
@@ -213,7 +217,8 @@ fn render(audit: &[Row], markers: &BTreeMap<String, Vec<String>>) -> String {
         by_file.entry(&row.file).or_default().push(row);
     }
     for (file, rows) in by_file {
-        let _ = writeln!(out, "\n## {file}\n\n| upstream test | status | counterpart, or why none |\n| --- | --- | --- |");
+        let _ =
+            writeln!(out, "\n## {file}\n\n| upstream test | status | counterpart, or why none |\n| --- | --- | --- |");
         for row in rows {
             let note = row.note.replace('|', "\\|");
             let cell = match (markers.get(&row.test), status(row)) {

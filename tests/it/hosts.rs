@@ -382,7 +382,8 @@ fn the_javascript_host_packed_by_npm_installs_into_an_empty_project_and_replays_
             .current_dir(source.join("js")),
     );
     assert!(!source.join("js/schema.json").exists(), "npm pack leaves no copy of the schema behind");
-    let tarball = std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path()).next().expect("npm pack wrote a tarball");
+    let tarball =
+        std::fs::read_dir(&pack).unwrap().map(|e| e.unwrap().path()).next().expect("npm pack wrote a tarball");
     succeeds(
         Command::new("npm")
             .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefer-offline", "--cache"])

@@ -1569,7 +1569,8 @@ fn in_multi_slb_mode_a_dual_stack_local_service_gets_a_pool_per_family_and_loses
 // Service there is one it left, and is deleted); a Service naming no
 // configured load balancer gets upstream's Warning and no pool.
 #[test]
-fn in_multi_slb_mode_a_service_goes_on_the_load_balancer_its_namespace_selector_matches_and_an_unplaceable_one_is_warned() {
+fn in_multi_slb_mode_a_service_goes_on_the_load_balancer_its_namespace_selector_matches_and_an_unplaceable_one_is_warned()
+ {
     e2e(16, async |env| {
         apply(
             &Api::<Namespace>::all(env.admin.clone()),

@@ -8,7 +8,6 @@ use ::kube::api::{Api, DeleteParams, PostParams};
 use clb_host::azure::auth::TokenFile;
 use clb_host::azure::{AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
 use clb_host::backend_pools::{PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick};
-use clb_host::simulator::cluster::Cluster;
 use clb_host::emulator::{Emulator, EmulatorServer};
 use clb_host::kube::COMPONENT;
 use clb_host::live::lease::{
@@ -17,6 +16,7 @@ use clb_host::live::lease::{
 };
 use clb_host::live::settings::RunError;
 use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
+use clb_host::simulator::cluster::Cluster;
 use clb_tests::apiserver::apiserver;
 use futures::FutureExt as _;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};

@@ -144,7 +144,8 @@ fn a_service_whose_creation_keeps_failing_does_not_keep_the_host_unready_once_st
             .iter()
             .map(|i| match &i.command {
                 wit::Command::PutPublicIp(_) | wit::Command::PutLoadBalancer(_) => {
-                    let failure = wit::Failure { status: 500, code: None, retry_after_ms: None, message: "boom".into() };
+                    let failure =
+                        wit::Failure { status: 500, code: None, retry_after_ms: None, message: "boom".into() };
                     (i.id, wit::Outcome::Failed(failure))
                 }
                 other => (i.id, clb_tests::cluster::answer(other)),

@@ -1007,13 +1007,18 @@ fn a_shadow_in_run_with_promote_after_is_held_back_by_a_divergence_and_then_prom
 
 /// Writes the EndpointSlice `<service>-pods` of the Service `service` (UID `uid`): `addresses`,
 /// ready, on the Node `node`.
-async fn endpoints_on(client: &::kube::Client, namespace: &str, service: &str, uid: &str, node: &str, addresses: &[String]) {
+async fn endpoints_on(
+    client: &::kube::Client,
+    namespace: &str,
+    service: &str,
+    uid: &str,
+    node: &str,
+    addresses: &[String],
+) {
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     let slices = Api::<EndpointSlice>::namespaced(client.clone(), namespace);
-    let endpoints: Vec<Value> = addresses
-        .iter()
-        .map(|a| json!({"addresses": [a], "nodeName": node, "conditions": {"ready": true}}))
-        .collect();
+    let endpoints: Vec<Value> =
+        addresses.iter().map(|a| json!({"addresses": [a], "nodeName": node, "conditions": {"ready": true}})).collect();
     let slice: EndpointSlice = manifest(json!({
         "metadata": {
             "name": format!("{service}-pods"),
@@ -1048,7 +1053,14 @@ fn run_serves_upstreams_difftracker_engine_metrics_that_match_the_cluster_and_th
             "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
             "status": {"addresses": [{"type": "InternalIP", "address": "10.224.250.1"}]},
         });
-        nodes.patch_status(&node, &::kube::api::PatchParams::apply("clb-test").force(), &::kube::api::Patch::Apply(&status)).await.unwrap();
+        nodes
+            .patch_status(
+                &node,
+                &::kube::api::PatchParams::apply("clb-test").force(),
+                &::kube::api::Patch::Apply(&status),
+            )
+            .await
+            .unwrap();
 
         let services = Api::<Service>::namespaced(client.clone(), ns);
         let names = ["figures-a", "figures-b", "figures-c"];
@@ -1107,9 +1119,15 @@ fn run_serves_upstreams_difftracker_engine_metrics_that_match_the_cluster_and_th
         assert!(sample(&text, "difftracker_engine_service_operations_total", &created) >= 3.0, "{text}");
         let deleted = [r#"operation="delete""#, r#"service_type="inbound""#, r#"result="success""#];
         assert!(sample(&text, "difftracker_engine_service_operations_total", &deleted) >= 1.0, "{text}");
-        for state in ["not_started", "creation_in_progress", "deletion_pending", "deletion_in_progress", "update_in_progress"] {
+        for state in
+            ["not_started", "creation_in_progress", "deletion_pending", "deletion_in_progress", "update_in_progress"]
+        {
             let labels = [&format!(r#"state="{state}""#) as &str, r#"service_type="inbound""#];
-            assert_eq!(sample(&text, "difftracker_engine_pending_operation_oldest_age_seconds", &labels), 0.0, "{text}");
+            assert_eq!(
+                sample(&text, "difftracker_engine_pending_operation_oldest_age_seconds", &labels),
+                0.0,
+                "{text}"
+            );
         }
         assert!(sample(&text, "difftracker_engine_initialization_duration_seconds", &[]) >= 0.0);
         assert_eq!(sample(&text, "difftracker_engine_pending_deletions", &[]), 0.0);

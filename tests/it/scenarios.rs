@@ -67,7 +67,12 @@ fn the_native_library_issues_the_same_command_stream_and_reports_the_same_figure
             assert!(!component.pool_stream().is_empty(), "{}", path.display());
         }
         assert_eq!(component.command_stream(), native.command_stream(), "{}", path.display());
-        assert_eq!(component.pool_stream(), native.pool_stream(), "{}: the pool updater's work differs", path.display());
+        assert_eq!(
+            component.pool_stream(),
+            native.pool_stream(),
+            "{}: the pool updater's work differs",
+            path.display()
+        );
         assert_eq!(component.azure_calls, native.azure_calls, "{}", path.display());
         assert_eq!(component.events, native.events, "{}", path.display());
         assert_eq!(component.passed, native.passed, "{}", path.display());
@@ -124,10 +129,13 @@ fn a_multi_slb_scenario_under_a_reconciler_without_pool_logic_stops_saying_so() 
         .into_iter()
         .find(|p| !scenario::read(p).unwrap().config.multiple_standard_load_balancers.is_empty())
         .expect("a multi-SLB scenario");
-    let report =
-        simulate::run(&scenario::read(&path).unwrap(), &mut TrackerOnly(NativeReconciler::default())).unwrap();
+    let report = simulate::run(&scenario::read(&path).unwrap(), &mut TrackerOnly(NativeReconciler::default())).unwrap();
     assert!(!report.passed);
-    assert!(report.aborted.as_deref().is_some_and(|why| why.contains("has no backend-pool logic")), "{:?}", report.aborted);
+    assert!(
+        report.aborted.as_deref().is_some_and(|why| why.contains("has no backend-pool logic")),
+        "{:?}",
+        report.aborted
+    );
 }
 
 /// The example scenario whose file name contains `fragment`, with `steps` (YAML at the indent
@@ -719,7 +727,15 @@ fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_o
     assert_eq!((f.status, f.code.as_deref()), (409, Some(UID_MISMATCH)));
     // The guest reads this refusal as "the object is gone" (its deletion ends): the same code.
     assert_eq!(UID_MISMATCH, clb_guest::model::UID_MISMATCH);
-    assert!(clb_guest::model::Failure { status: f.status, code: f.code.clone(), retry_after_ms: None, message: f.message.clone() }.object_gone());
+    assert!(
+        clb_guest::model::Failure {
+            status: f.status,
+            code: f.code.clone(),
+            retry_after_ms: None,
+            message: f.message.clone()
+        }
+        .object_gone()
+    );
     assert_eq!(finalizers(), both, "the replaced Service's finalizers are not ours to remove");
     assert_eq!(block(executor.execute(&remove("uid-2"))), wit::Outcome::Ok);
     assert_eq!(finalizers(), Some(vec!["other".to_owned()]));

@@ -193,7 +193,11 @@ fn two_ticks_quarantined_roll_a_swapped_in_version_back_and_more_quarantines_may
     supervisor.tick(PANIC_TICK_FROM_MS + 1).unwrap();
     assert_eq!((supervisor.stats().quarantined, supervisor.stats().rollbacks), (2, 1), "a version that traps on time");
     assert_eq!(version_name(supervisor.logic()), version_name(builtin()));
-    assert!(supervisor.stats().last_rollback.as_deref().is_some_and(|r| r.contains("2 ticks")), "{:?}", supervisor.stats());
+    assert!(
+        supervisor.stats().last_rollback.as_deref().is_some_and(|r| r.contains("2 ticks")),
+        "{:?}",
+        supervisor.stats()
+    );
 
     // With five allowed, four quarantined Services keep the new version serving.
     let mut lenient = start(Supervisor::new(builtin()).with_probation_quarantines(5));

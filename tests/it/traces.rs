@@ -136,7 +136,10 @@ pub fn with_one_result_changed(dir: &Path) -> (PathBuf, u64) {
     let lines: Vec<String> = text
         .lines()
         .map(|line| {
-            if changed_seq.is_none() && line.contains("\"call\":\"tracker.complete\"") && line.ends_with(",\"idle\":false}}") {
+            if changed_seq.is_none()
+                && line.contains("\"call\":\"tracker.complete\"")
+                && line.ends_with(",\"idle\":false}}")
+            {
                 let value: serde_json::Value = serde_json::from_str(line).unwrap();
                 changed_seq = value["seq"].as_u64();
                 line.replace(",\"idle\":false}}", ",\"idle\":true}}")
@@ -200,7 +203,8 @@ pub fn legacy_annotation_trace() -> PathBuf {
     static TRACE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     TRACE
         .get_or_init(|| {
-            let source = scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
+            let source =
+                scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
             let text = std::fs::read_to_string(source).unwrap();
             let text: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with("- swap:")).collect();
             let dir = scratch("legacy");
@@ -244,7 +248,8 @@ fn the_committed_schema_is_what_the_built_in_component_says() {
     }
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(committed == out, "{} is stale: regenerate with `clb-host schema > {}`", path.display(), path.display());
-    for call in ["tracker.observe", "tracker.create", "pool-queue.drain-and-group", "validate-config", "place-service"] {
+    for call in ["tracker.observe", "tracker.create", "pool-queue.drain-and-group", "validate-config", "place-service"]
+    {
         assert!(out.contains(&format!("\"call\": \"{call}\"")), "{call} missing");
     }
 }

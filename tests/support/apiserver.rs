@@ -93,7 +93,9 @@ pub const CONTROLLER_ACCOUNT: (&str, &str) = ("kube-system", "clb-reconciler");
 impl ApiServer {
     /// A client with the admin kubeconfig. Make it on the runtime that uses it.
     pub async fn admin(&self) -> kube::Client {
-        clb_host::live::settings::connect(Some(&self.kubeconfig)).await.expect("connects to the test API server as admin")
+        clb_host::live::settings::connect(Some(&self.kubeconfig))
+            .await
+            .expect("connects to the test API server as admin")
     }
 
     /// Applies `examples/deploy/rbac.yaml` as admin (server-side apply, so every test may do it

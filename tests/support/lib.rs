@@ -106,7 +106,9 @@ pub fn cache_dir() -> PathBuf {
 pub fn shrink() -> usize {
     match std::env::var("CLB_BENCH_SHRINK") {
         Err(_) => 1,
-        Ok(v) => v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| panic!("CLB_BENCH_SHRINK={v}: a positive integer")),
+        Ok(v) => {
+            v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| panic!("CLB_BENCH_SHRINK={v}: a positive integer"))
+        }
     }
 }
 

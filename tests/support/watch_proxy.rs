@@ -23,8 +23,7 @@ use std::sync::{Arc, Mutex};
 type Body = http_body_util::combinators::BoxBody<Bytes, std::io::Error>;
 
 /// What a proxy awaits before it forwards a request, given the request's method and path.
-pub type BeforeForward =
-    Box<dyn Fn(&hyper::Method, &str) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+pub type BeforeForward = Box<dyn Fn(&hyper::Method, &str) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 /// What a watch meets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

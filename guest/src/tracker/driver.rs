@@ -2,11 +2,11 @@
 //! one command at a time, answered, retried with backoff, drained and torn down here; a kind of
 //! lifecycle ([`Kind`]) says only what is particular to it.
 
+use super::figures::ServiceType;
+use super::state::*;
 use crate::keyed::Map;
 use crate::lifecycle::{Life, Op, WorkSets, timing};
 use crate::model::*;
-use super::state::*;
-use super::figures::ServiceType;
 
 /// A kind of lifecycle: where its lifecycles and work sets live in the tracker, and what is
 /// particular to it.
@@ -56,7 +56,13 @@ impl Tracker {
     /// Issues the next command of a lifecycle's operation, skipping the steps that hold
     /// already. Returns false when it must wait (for a read of NRP, a token, or the other
     /// lifecycle of its name).
-    pub(super) fn advance<K: Kind>(&mut self, identity: &str, now: u64, hold_nrp_writes: bool, step: &mut Step) -> bool {
+    pub(super) fn advance<K: Kind>(
+        &mut self,
+        identity: &str,
+        now: u64,
+        hold_nrp_writes: bool,
+        step: &mut Step,
+    ) -> bool {
         if K::blocked(self, identity) {
             return false;
         }
@@ -111,7 +117,15 @@ impl Tracker {
 
     /// An answer to one of `K`'s commands. Azure's answer counts for its write budget whether or
     /// not the lifecycle still waits for it; returns whether it does (it is runnable again).
-    pub(super) fn answered<K: Kind>(&mut self, identity: &str, id: u64, op: OpOf<K>, outcome: &Outcome, now: u64, step: &mut Step) -> bool {
+    pub(super) fn answered<K: Kind>(
+        &mut self,
+        identity: &str,
+        id: u64,
+        op: OpOf<K>,
+        outcome: &Outcome,
+        now: u64,
+        step: &mut Step,
+    ) -> bool {
         if let Some(kind) = op.write_kind() {
             self.budget_answered(kind, outcome, now, step);
         }
@@ -139,7 +153,14 @@ impl Tracker {
 
     /// A failed step waits out its backoff. Returns whether the failure starts a run of
     /// failures, which the caller reports (once per run).
-    pub(super) fn retry_later<K: Kind>(&mut self, identity: &str, failure: &Failure, what: &str, now: u64, step: &mut Step) -> bool {
+    pub(super) fn retry_later<K: Kind>(
+        &mut self,
+        identity: &str,
+        failure: &Failure,
+        what: &str,
+        now: u64,
+        step: &mut Step,
+    ) -> bool {
         let orphan = K::orphan(self, identity);
         if let Some(life) = K::lifecycles(self).get(identity) {
             let phase = life.phase();

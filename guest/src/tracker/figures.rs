@@ -183,7 +183,9 @@ impl Figures {
         let sorted = self.running.windows(2).all(|w| {
             (w[0].service_type as u8, w[0].identity.as_str()) < (w[1].service_type as u8, w[1].identity.as_str())
         });
-        let shaped = |hs: &[Histogram; 6], bounds: &[u64]| hs.iter().all(|h| h.counts.is_empty() || h.counts.len() == bounds.len());
+        let shaped = |hs: &[Histogram; 6], bounds: &[u64]| {
+            hs.iter().all(|h| h.counts.is_empty() || h.counts.len() == bounds.len())
+        };
         if !sorted {
             Err("the figures' pending operations are not in order".into())
         } else if self.codes.len() > MAX_ERROR_CODES {
@@ -196,14 +198,19 @@ impl Figures {
     }
 
     pub(super) fn find(&self, service_type: ServiceType, identity: &str) -> Result<usize, usize> {
-        self.running.binary_search_by(|r| {
-            (r.service_type as u8, r.identity.as_str()).cmp(&(service_type as u8, identity))
-        })
+        self.running
+            .binary_search_by(|r| (r.service_type as u8, r.identity.as_str()).cmp(&(service_type as u8, identity)))
     }
 
     /// The operation of `identity` now in `phase`: the one followed, restarted if it changed.
     #[inline(never)]
-    pub(super) fn running(&mut self, service_type: ServiceType, identity: &str, phase: Phase, now: u64) -> &mut Running {
+    pub(super) fn running(
+        &mut self,
+        service_type: ServiceType,
+        identity: &str,
+        phase: Phase,
+        now: u64,
+    ) -> &mut Running {
         let operation = Operation::of(phase);
         let i = match self.find(service_type, identity) {
             Ok(i) => {
@@ -216,15 +223,18 @@ impl Figures {
             }
             Err(i) => {
                 let identity = identity.to_owned();
-                self.running.insert(i, Running {
-                    service_type,
-                    identity,
-                    operation,
-                    began_ms: now,
-                    attempt_ms: now,
-                    failures: 0,
-                    disassociation_failed: false,
-                });
+                self.running.insert(
+                    i,
+                    Running {
+                        service_type,
+                        identity,
+                        operation,
+                        began_ms: now,
+                        attempt_ms: now,
+                        failures: 0,
+                        disassociation_failed: false,
+                    },
+                );
                 i
             }
         };
@@ -257,7 +267,15 @@ impl Figures {
 
     /// An attempt failed (`code`: Azure's, else the HTTP status); the operation retries.
     #[inline(never)]
-    pub(super) fn failed(&mut self, service_type: ServiceType, identity: &str, phase: Phase, code: &str, orphan: bool, now: u64) {
+    pub(super) fn failed(
+        &mut self,
+        service_type: ServiceType,
+        identity: &str,
+        phase: Phase,
+        code: &str,
+        orphan: bool,
+        now: u64,
+    ) {
         let run = self.running(service_type, identity, phase, now);
         let took = now.saturating_sub(run.attempt_ms);
         run.attempt_ms = now;
@@ -279,7 +297,14 @@ impl Figures {
 
     /// The operation's last step succeeded.
     #[inline(never)]
-    pub(super) fn succeeded(&mut self, service_type: ServiceType, identity: &str, phase: Phase, orphan: bool, now: u64) {
+    pub(super) fn succeeded(
+        &mut self,
+        service_type: ServiceType,
+        identity: &str,
+        phase: Phase,
+        orphan: bool,
+        now: u64,
+    ) {
         let run = self.running(service_type, identity, phase, now).clone();
         let slot = slot(run.operation, service_type);
         self.durations[slot].observe(&DURATION_BOUNDS_MS, now.saturating_sub(run.attempt_ms));
@@ -307,4 +332,3 @@ impl Figures {
         self.location_terminal += 1;
     }
 }
-

@@ -2,15 +2,15 @@
 //! start or stop carrying an identity, its reconciliation after a read of NRP, the end of an
 //! operation and the answers to its commands; and `OutboundIdentity`, its kind for the driver.
 
-use crate::keyed::Map;
+use super::driver::*;
+use super::figures::ServiceType;
+use super::service::*;
+use super::state::*;
 use crate::config::Mode;
+use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
-use super::state::*;
-use super::figures::ServiceType;
-use super::driver::*;
-use super::service::*;
 
 impl Tracker {
     /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
@@ -95,7 +95,9 @@ impl Tracker {
                 lifecycle.phase = Phase::Created;
                 lifecycle.whole = true;
                 self.state.diff.touch_identity(identity);
-                format!("egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered")
+                format!(
+                    "egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered"
+                )
             }
             Phase::DeletionInProgress => {
                 let recreate = lifecycle.recreate && self.egress.carries(identity);
@@ -113,7 +115,15 @@ impl Tracker {
         step.logs.push(LogLine { level: LogLevel::Info, message });
     }
 
-    pub(super) fn outbound_outcome(&mut self, identity: &str, id: u64, op: OutStep, outcome: Outcome, now: u64, step: &mut Step) {
+    pub(super) fn outbound_outcome(
+        &mut self,
+        identity: &str,
+        id: u64,
+        op: OutStep,
+        outcome: Outcome,
+        now: u64,
+        step: &mut Step,
+    ) {
         if !self.answered::<OutboundIdentity>(identity, id, op, &outcome, now, step) {
             return;
         }

@@ -2,15 +2,15 @@
 //! wants, deletion, the commands of its steps and what their answers do; and `Inbound`, its kind
 //! for the driver.
 
-use crate::keyed::Map;
-use crate::admission::{Verdict, admit_service};
-use crate::lifecycle::{Op, WorkSets};
-use crate::model::*;
-use super::state::*;
-use super::figures::ServiceType;
-use super::service::*;
 use super::cache::*;
 use super::driver::*;
+use super::figures::ServiceType;
+use super::service::*;
+use super::state::*;
+use crate::admission::{Verdict, admit_service};
+use crate::keyed::Map;
+use crate::lifecycle::{Op, WorkSets};
+use crate::model::*;
 
 impl Tracker {
     // ---- Kubernetes side ----
@@ -103,7 +103,8 @@ impl Tracker {
                 // old spec and an update (upstream TestEngineUpdateService_OverwritesConfigDuringCreation).
                 // Otherwise it notices the drift when it completes.
                 let pending = |op: OpStep| {
-                    lifecycle.steps.contains(&op) && lifecycle.attempt.in_flight.is_none_or(|(_, running)| running != op)
+                    lifecycle.steps.contains(&op)
+                        && lifecycle.attempt.in_flight.is_none_or(|(_, running)| running != op)
                 };
                 let same_ip = lifecycle.op_config.as_ref().is_some_and(|c| c.public_ip == config.public_ip);
                 if lifecycle.parked && changed {
@@ -232,7 +233,15 @@ impl Tracker {
         }
     }
 
-    pub(super) fn service_outcome(&mut self, identity: &str, id: u64, op: OpStep, outcome: Outcome, now: u64, step: &mut Step) {
+    pub(super) fn service_outcome(
+        &mut self,
+        identity: &str,
+        id: u64,
+        op: OpStep,
+        outcome: Outcome,
+        now: u64,
+        step: &mut Step,
+    ) {
         if !self.answered::<Inbound>(identity, id, op, &outcome, now, step) {
             return;
         }

@@ -1,12 +1,12 @@
 //! Changes to the Kubernetes cache (`cache`): each folds only its difference into the
 //! DiffTracker's Kubernetes side.
 
-use crate::keyed::{Map, Set};
+use super::cache::*;
+use super::state::*;
 use crate::ip;
+use crate::keyed::{Map, Set};
 use crate::model::*;
 use crate::name::{Name, VecMap, VecSet};
-use super::state::*;
-use super::cache::*;
 
 impl Tracker {
     pub(super) fn seed(&mut self, identity: &str) {
@@ -39,7 +39,10 @@ impl Tracker {
         self.resolve_endpoints(slice.endpoints.iter())
     }
 
-    pub(super) fn resolve_endpoints<'e>(&self, endpoints: impl Iterator<Item = &'e StoredEndpoint>) -> VecMap<Name, Name> {
+    pub(super) fn resolve_endpoints<'e>(
+        &self,
+        endpoints: impl Iterator<Item = &'e StoredEndpoint>,
+    ) -> VecMap<Name, Name> {
         let mut resolved = Vec::new();
         for endpoint in endpoints.filter(|e| e.ready != Some(false)) {
             let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.state.nodes.get(n.as_str())) else {

@@ -28,12 +28,12 @@
 //! * Time is the host's `now`, made monotonic ([`Clock`]); every deadline saturates, and none is
 //!   further ahead than [`timing::MAX_DELAY_MS`].
 
-use crate::keyed::Set;
 use crate::admission::Verdict;
 use crate::budget::{ArmPace, Buckets, WriteKind};
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
 use crate::egress::Egress;
+use crate::keyed::Set;
 use crate::lifecycle::Op;
 use crate::model::*;
 use crate::name::Name;
@@ -42,29 +42,33 @@ use crate::pod_finalizers::PodFinalizers;
 
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
 // driver, then what the tracker does with each part; this file, the coordination, is on top.
-mod service;
-mod figures;
 mod cache;
-mod state;
 mod driver;
-mod snapshot;
+mod figures;
+mod identities;
 mod inbound;
 mod kube;
 mod nrp;
-mod startup;
-mod identities;
 mod pods;
+mod service;
+mod snapshot;
+mod startup;
+mod state;
 mod stats;
 
-use cache::programmable;
-use identities::*;
-use inbound::*;
-use state::*;
 pub use crate::lifecycle::{backoff_ms, timing};
 pub use crate::model::Phase;
+use cache::programmable;
+pub use figures::{
+    AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats,
+};
+use identities::*;
+use inbound::*;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
-pub use figures::{AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats};
-pub use state::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, STATE_VERSION, StateError, Tracker};
+use state::*;
+pub use state::{
+    MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, STATE_VERSION, StateError, Tracker,
+};
 
 impl Tracker {
     /// A tracker with empty state; refuses a configuration [`validate_config`] refuses.
@@ -135,8 +139,7 @@ impl Tracker {
                 // A Service's UID names its Azure resources: with none there is nothing to name
                 // them by (the API server always sets one; a host that sends none is wrong).
                 Observation::ServiceUpserted(service) if service.uid.trim().is_empty() => {
-                    let message =
-                        format!("Service {}/{} has no UID: it is ignored", service.namespace, service.name);
+                    let message = format!("Service {}/{} has no UID: it is ignored", service.namespace, service.name);
                     step.logs.push(LogLine { level: LogLevel::Warn, message });
                 }
                 Observation::ServiceUpserted(service) => self.upsert_service(service, &mut step),
@@ -179,7 +182,12 @@ impl Tracker {
 
     /// The outcomes of commands, by id, with ARM's remaining-writes figure on the latest of
     /// their answers that carried one.
-    pub fn complete_paced(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>, arm_remaining_writes: Option<u32>) -> Step {
+    pub fn complete_paced(
+        &mut self,
+        now_ms: u64,
+        results: Vec<(u64, Outcome)>,
+        arm_remaining_writes: Option<u32>,
+    ) -> Step {
         let now = self.clock.read(now_ms);
         let mut step = Step::default();
         if let Some(remaining) = arm_remaining_writes {

@@ -2,22 +2,29 @@
 //! one is slow, per-location backoff, halving around a refused location, throttling), the
 //! periodic read of NRP and the reconciliation after each read (upstream §c.2.4).
 
-use crate::keyed::Set;
+use super::inbound::*;
+use super::service::*;
+use super::state::*;
 use crate::admission::Verdict;
 use crate::budget::WriteKind;
 use crate::difftracker::Class;
+use crate::keyed::Set;
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
 use crate::name::Name;
-use super::state::*;
-use super::service::*;
-use super::inbound::*;
 
 impl Tracker {
     // ---- Readiness ----
 
     pub(super) fn class(&self, identity: &str) -> Class {
-        classify(&self.state.lifecycles, &self.state.nrp.foreign, &self.egress, &self.outbound, &self.state.diff, identity)
+        classify(
+            &self.state.lifecycles,
+            &self.state.nrp.foreign,
+            &self.egress,
+            &self.outbound,
+            &self.state.diff,
+            identity,
+        )
     }
 
     /// No NRP address maps to the identity, nor may one in a batch whose answer is not in.
@@ -86,7 +93,14 @@ impl Tracker {
         self.state.nrp.batches_in_flight.insert(id, now);
     }
 
-    pub(super) fn locations_outcome(&mut self, id: u64, batch: Vec<NrpLocation>, outcome: Outcome, now: u64, step: &mut Step) {
+    pub(super) fn locations_outcome(
+        &mut self,
+        id: u64,
+        batch: Vec<NrpLocation>,
+        outcome: Outcome,
+        now: u64,
+        step: &mut Step,
+    ) {
         self.state.nrp.batches_in_flight.remove(&id);
         self.pods.recheck();
         self.budget_answered(WriteKind::AddressLocations, &outcome, now, step);

@@ -2,12 +2,12 @@
 //! (`crate::pod_finalizers`): a pod read, refused or gone, and when its finalizer is added or
 //! released.
 
+use super::state::*;
 use crate::egress::Egress;
 use crate::lifecycle::retry_delay;
 use crate::model::*;
 use crate::name::Name;
 use crate::pod_finalizers::{self, Want};
-use super::state::*;
 
 impl Tracker {
     /// An egress pod was created or changed (the rules are in [`crate::egress`]).
@@ -128,16 +128,27 @@ impl Tracker {
             Outcome::Failed(f) => Some(f),
             _ => None,
         };
-        let what = format!("{} finalizer of pod {}/{}", if present { "adding the" } else { "releasing the" }, key.namespace, key.name);
+        let what = format!(
+            "{} finalizer of pod {}/{}",
+            if present { "adding the" } else { "releasing the" },
+            key.namespace,
+            key.name
+        );
         let report = self.pods.answered(key, uid, id, failure, |retries| {
             let failure = failure.expect("only a failure is retried");
             now.saturating_add(retry_delay(&format!("{}/{}", key.namespace, key.name), retries, failure, &what, step))
         });
         if let Some(failure) = report {
             let code = failure.code.as_deref().map(|c| format!(", {c}")).unwrap_or_default();
-            let message = format!("{what} failed (HTTP {}{code}): {}; retrying with backoff", failure.status, failure.message);
+            let message =
+                format!("{what} failed (HTTP {}{code}): {}; retrying with backoff", failure.status, failure.message);
             step.logs.push(LogLine { level: LogLevel::Warn, message: message.clone() });
-            let regarding = ObjectRef { kind: "Pod".into(), namespace: key.namespace.clone(), name: key.name.clone(), uid: Name::new(uid) };
+            let regarding = ObjectRef {
+                kind: "Pod".into(),
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                uid: Name::new(uid),
+            };
             self.event(&regarding, EventType::Warning, pod_finalizers::reason::POD_FINALIZER_FAILED, message, step);
         }
     }

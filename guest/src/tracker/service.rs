@@ -84,7 +84,8 @@ impl Lifecycle {
     /// Azure resources to go without the finalizer.
     pub(super) fn object_needs_repair(&self) -> bool {
         self.object.exists
-            && (!self.object.has_finalizer || self.ingress_ip.as_ref().is_some_and(|ip| self.object.ingress != [ip.clone()]))
+            && (!self.object.has_finalizer
+                || self.ingress_ip.as_ref().is_some_and(|ip| self.object.ingress != [ip.clone()]))
     }
 
     /// Puts back what [`Self::object_needs_repair`] found missing: an update of the Service's
@@ -171,7 +172,6 @@ impl OpStep {
     pub(super) fn is_kubernetes(self) -> bool {
         matches!(self, OpStep::AddFinalizer | OpStep::PatchStatus | OpStep::ClearStatus | OpStep::RemoveFinalizer)
     }
-
 }
 
 impl Op for OpStep {

@@ -1,8 +1,8 @@
 //! Export and import of the tracker's state (the format is `state`).
 
+use crate::budget::Buckets;
 #[cfg(test)]
 use crate::config::ConfigError;
-use crate::budget::Buckets;
 use crate::config::{Config, validate_config};
 use crate::egress::Egress;
 
@@ -43,7 +43,8 @@ impl Tracker {
     /// The state as version 6 wrote it (no pod finalizers), for tests of older payloads.
     #[cfg(test)]
     pub(crate) fn export_state_v6(&self) -> Vec<u8> {
-        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound)).expect("plain data")
+        postcard::to_allocvec(&(&self.state, &self.egress, &self.arm, &self.budget, &self.outbound))
+            .expect("plain data")
     }
 
     /// The state as version 7 wrote it (no pace set by ARM's figures), for tests of older

@@ -2,13 +2,13 @@
 //! what a Service or an egress identity wants, and sweeping what Services and egress identities
 //! deleted while no controller ran left behind.
 
+use super::service::*;
+use super::state::*;
 use crate::keyed::Map;
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
 use crate::outbound::{self, OutStep, OutboundLifecycle};
 use std::collections::VecDeque;
-use super::state::*;
-use super::service::*;
 
 impl Tracker {
     /// The start-up inventory is to be read: not settled, not out, and asked for only once the
@@ -156,14 +156,14 @@ impl Tracker {
         for nat in &inventory.nat_gateways {
             let id = nat.name.to_ascii_lowercase();
             let v6 = !nat.public_ips_v6.is_empty();
-            let shaped = nat.as_put
-                && nat.public_ips == [pip(&id, false)]
-                && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
+            let shaped =
+                nat.as_put && nat.public_ips == [pip(&id, false)] && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
             if !shaped || !crate::egress::is_valid_identity(&id) || self.state.is_inbound(&id) {
                 continue;
             }
             let (carried, registered) = (self.egress.carries(&id), self.egress.is_registered(&id));
-            let listed_as_put = |name: &str| inventory.public_ips.iter().any(|p| p.name.eq_ignore_ascii_case(name) && p.as_put);
+            let listed_as_put =
+                |name: &str| inventory.public_ips.iter().any(|p| p.name.eq_ignore_ascii_case(name) && p.as_put);
             match self.outbound.lifecycles.get_mut(&id) {
                 Some(lifecycle) if lifecycle.phase == Phase::NotStarted => {
                     let holds = nat.associated
@@ -171,7 +171,9 @@ impl Tracker {
                         && listed_as_put(&pip(&id, false))
                         && (!v6 || listed_as_put(&pip(&id, true)));
                     if holds {
-                        lifecycle.steps.retain(|s| !matches!(s, OutStep::PutPublicIp | OutStep::PutPublicIpV6 | OutStep::PutNatGateway));
+                        lifecycle.steps.retain(|s| {
+                            !matches!(s, OutStep::PutPublicIp | OutStep::PutPublicIpV6 | OutStep::PutNatGateway)
+                        });
                         lifecycle.public_ips_put = true;
                         lifecycle.nat_gateway_put = true;
                         adopted += 1;
@@ -208,8 +210,14 @@ impl Tracker {
     /// are the inbound sweep's. Returns how many identities are swept.
     pub(super) fn sweep_egress_public_ips(&mut self, inventory: &ArmInventory) -> usize {
         let used = |name: &str| {
-            inventory.nat_gateways.iter().any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|p| p.eq_ignore_ascii_case(name)))
-                || inventory.load_balancers.iter().any(|l| l.shape.as_ref().is_some_and(|s| s.public_ip.eq_ignore_ascii_case(name)))
+            inventory
+                .nat_gateways
+                .iter()
+                .any(|n| n.public_ips.iter().chain(&n.public_ips_v6).any(|p| p.eq_ignore_ascii_case(name)))
+                || inventory
+                    .load_balancers
+                    .iter()
+                    .any(|l| l.shape.as_ref().is_some_and(|s| s.public_ip.eq_ignore_ascii_case(name)))
         };
         let mut found: Map<String, (bool, bool)> = Map::new();
         for ip in inventory.public_ips.iter().filter(|p| p.as_put) {

@@ -4,20 +4,20 @@
 //! ([`State::check`]). How an identity takes part in an address-location sync ([`classify`]) is
 //! here too: the state's own view of which identities are ready.
 
-use crate::keyed::{Map, Set};
+use super::cache::*;
+use super::figures::Figures;
+use super::service::*;
 use crate::budget::{ArmPace, Buckets};
 use crate::config::{Config, ConfigError, Mode};
 use crate::difftracker::{Class, DiffTracker};
 use crate::egress::Egress;
+use crate::keyed::{Map, Set};
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::name::{Name, VecSet};
 use crate::outbound::{OutStep, Outbound};
 use crate::pod_finalizers::PodFinalizers;
 use serde::{Deserialize, Serialize};
-use super::service::*;
-use super::figures::Figures;
-use super::cache::*;
 
 /// The most locations one `update-address-locations` carries.
 pub const MAX_LOCATIONS_PER_BATCH: usize = 200;
@@ -28,15 +28,25 @@ pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum InFlight {
-    Service { identity: String, step: OpStep },
+    Service {
+        identity: String,
+        step: OpStep,
+    },
     Locations(Vec<NrpLocation>),
     ReadNrp,
     Event,
     ReadArm,
     /// A command of an egress identity's outbound lifecycle (state version 6).
-    Outbound { identity: String, step: OutStep },
+    Outbound {
+        identity: String,
+        step: OutStep,
+    },
     /// The finalizer of an egress pod (state version 7): added (`present`) or released.
-    PodFinalizer { key: ObjectKey, uid: String, present: bool },
+    PodFinalizer {
+        key: ObjectKey,
+        uid: String,
+        present: bool,
+    },
 }
 
 impl InFlight {

@@ -50,7 +50,8 @@ impl Tracker {
         figures.running.retain(|r| self.pending_phase(r.service_type, &r.identity).is_some());
         let mut candidates: Vec<(ServiceType, &str)> = Vec::new();
         if figures.seen_all {
-            for (side, work) in [(ServiceType::Inbound, &self.state.work), (ServiceType::Outbound, &self.outbound.work)] {
+            for (side, work) in [(ServiceType::Inbound, &self.state.work), (ServiceType::Outbound, &self.outbound.work)]
+            {
                 let sets = work.runnable.iter().chain(&work.draining).map(String::as_str);
                 candidates.extend(sets.chain(work.timers.iter().map(|(_, id)| id)).map(|id| (side, id)));
             }
@@ -86,7 +87,8 @@ impl Tracker {
             .collect();
         let mut count = |service_type: ServiceType, identity: &str, phase: Phase| {
             let began = figures.find(service_type, identity).ok().map(|i| figures.running[i].began_ms);
-            let entry = &mut pending_ops[service_type as usize * PHASES.len() + PHASES.iter().position(|p| *p == phase).unwrap_or(0)];
+            let entry = &mut pending_ops
+                [service_type as usize * PHASES.len() + PHASES.iter().position(|p| *p == phase).unwrap_or(0)];
             entry.count += 1;
             if let Some(began) = began {
                 let began = self.clock.to_host(began);

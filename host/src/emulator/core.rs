@@ -692,9 +692,9 @@ impl State {
         answer.properties.public_ip_address_version = record.version;
         answer.properties.ip_address = Some(record.ip_address.clone());
         answer.properties.provisioning_state = Some("Succeeded".into());
-        answer.properties.ip_configuration = self
-            .frontend_on(name)
-            .map(|(lb, frontend)| wire::IdRef { id: format!("{}/frontendIPConfigurations/{frontend}", scope.load_balancer_id(lb)) });
+        answer.properties.ip_configuration = self.frontend_on(name).map(|(lb, frontend)| wire::IdRef {
+            id: format!("{}/frontendIPConfigurations/{frontend}", scope.load_balancer_id(lb)),
+        });
         answer.tags = Some(record.tags.clone()).filter(|tags| !tags.is_empty());
         Ok(answer)
     }
@@ -872,7 +872,10 @@ impl State {
                     .map(|f| wire::FrontendIpConfiguration {
                         name: f.name.clone(),
                         properties: wire::FrontendIpProperties {
-                            public_ip_address: f.public_ip.as_ref().map(|pip| wire::IdRef { id: scope.public_ip_id(pip) }),
+                            public_ip_address: f
+                                .public_ip
+                                .as_ref()
+                                .map(|pip| wire::IdRef { id: scope.public_ip_id(pip) }),
                             private_ip_address: f.private_ip.clone(),
                         },
                     })

@@ -175,7 +175,8 @@ impl Emulator {
 
     /// Puts a public IP as the body says (its tags included), as the ARM API does.
     pub fn put_public_ip_body(&self, name: &str, body: &wire::PublicIpAddress) -> Result<(), AzureError> {
-        self.call(Operation::PutPublicIp, vec![name.to_owned()], |s, scope| s.put_public_ip(scope, name, body)).map(drop)
+        self.call(Operation::PutPublicIp, vec![name.to_owned()], |s, scope| s.put_public_ip(scope, name, body))
+            .map(drop)
     }
 
     /// Only the Azure resources.

@@ -314,9 +314,9 @@ fn arm(emulator: &Emulator, call: &Call, rest: &[&str]) -> Reply {
                         })
                     })
                 }
-                Method::DELETE => serve(emulator, call, Operation::DeleteBackendPool, names, |s, _| {
-                    s.delete_backend_pool(lb, pool)
-                }),
+                Method::DELETE => {
+                    serve(emulator, call, Operation::DeleteBackendPool, names, |s, _| s.delete_backend_pool(lb, pool))
+                }
                 _ => Reply::Answer(method_not_allowed(call)),
             }
         }

@@ -48,7 +48,12 @@ impl ArmLimits {
 impl Default for ArmLimits {
     /// ARM's published sizes, and no other client.
     fn default() -> Self {
-        Self { writes: Self::ARM_WRITES, reads: Self::ARM_READS, other_client_writes_per_second: 0, report_remaining: true }
+        Self {
+            writes: Self::ARM_WRITES,
+            reads: Self::ARM_READS,
+            other_client_writes_per_second: 0,
+            report_remaining: true,
+        }
     }
 }
 

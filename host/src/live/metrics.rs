@@ -878,7 +878,8 @@ fn encode_run(out: &mut DescriptorEncoder<'_>, run: &RunStats) -> std::fmt::Resu
         out,
         "clb_pool_updater_pools",
         "Backend pools the updater made (a local Service's pool that did not exist) or removed (its Service went or moved), also counted as written groups.",
-        [("created", &p.pools_created), ("deleted", &p.pools_deleted)].map(|(action, c)| (label("action", action), n(c))),
+        [("created", &p.pools_created), ("deleted", &p.pools_deleted)]
+            .map(|(action, c)| (label("action", action), n(c))),
     )?;
     counters(
         out,

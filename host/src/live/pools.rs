@@ -34,9 +34,7 @@ use crate::live::settings::{RunError, Settings};
 use crate::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
 use crate::sandbox::Logic;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{
-    Placement, SlbConfiguration,
-};
+use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{Placement, SlbConfiguration};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;

@@ -645,7 +645,9 @@ fn read_figures(supervisor: &mut Supervisor, control: Option<&Control>, now_ms: 
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             control.metrics().publish_figures(&sha256, stats, epoch_ms, now_ms);
         }
-        Err(error) => tracing::warn!(%error, version = %&sha256[..12.min(sha256.len())], "reading the logic's figures failed"),
+        Err(error) => {
+            tracing::warn!(%error, version = %&sha256[..12.min(sha256.len())], "reading the logic's figures failed")
+        }
     }
 }
 

@@ -28,8 +28,8 @@ pub mod bindings {
 
 use bindings::clb::reconciler::types::{Config, ConfigError, Mode, Observation, Outcome, Step, VersionedState};
 use bindings::exports::clb::reconciler::backend_pools::{
-    GroupOutcome, GroupReport, PlacementFacts, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment,
-    Placement, SlbConfiguration,
+    GroupOutcome, GroupReport, Placement, PlacementFacts, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment,
+    SlbConfiguration,
 };
 use bindings::exports::clb::reconciler::validation::Verdict;
 use bindings::{Clb, ClbPre};

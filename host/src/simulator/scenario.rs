@@ -637,7 +637,8 @@ impl fmt::Display for PoolExpectation {
 
 impl<'de> Deserialize<'de> for PoolExpectation {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        Ok(list_or_deleted(deserializer, "backend pool", "IPs")?.map_or(PoolExpectation::Deleted, PoolExpectation::Holds))
+        Ok(list_or_deleted(deserializer, "backend pool", "IPs")?
+            .map_or(PoolExpectation::Deleted, PoolExpectation::Holds))
     }
 }
 
@@ -884,15 +885,15 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
             return Err(invalid(&format!("azure.frontends.{lb}: {:?} is empty or named twice", frontend.name)));
         }
     }
-    let frontend_ips: BTreeSet<String> = raw
-        .azure
-        .load_balancers
-        .keys()
-        .map(|lb| format!("{lb}-{}", crate::azure::FRONTEND_NAME))
-        .chain(raw.azure.frontends.iter().flat_map(|(lb, fs)| {
-            fs.iter().filter(|f| f.private_ip.is_none()).map(move |f| format!("{lb}-{}", f.name))
-        }))
-        .collect();
+    let frontend_ips: BTreeSet<String> =
+        raw.azure
+            .load_balancers
+            .keys()
+            .map(|lb| format!("{lb}-{}", crate::azure::FRONTEND_NAME))
+            .chain(raw.azure.frontends.iter().flat_map(|(lb, fs)| {
+                fs.iter().filter(|f| f.private_ip.is_none()).map(move |f| format!("{lb}-{}", f.name))
+            }))
+            .collect();
     if let Some(ip) = raw.azure.public_ip_tags.keys().find(|ip| !frontend_ips.contains(*ip)) {
         return Err(invalid(&format!("azure.publicIpTags.{ip}: not the public IP of a load balancer's frontend")));
     }

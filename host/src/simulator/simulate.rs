@@ -39,8 +39,7 @@ use crate::sandbox::{GuestError, Logic, Runtime};
 use crate::simulator::cluster::{Cluster, ClusterError, RecordedEvent};
 use crate::simulator::scenario::{
     self, ComponentSource, EventTypeName, Expectation, PodFinalizersExpectation, PoolExpectation, Scenario,
-    StatusExpectation, Step,
-    SwapExpect,
+    StatusExpectation, Step, SwapExpect,
 };
 use crate::supervisor::{ShadowOptions, ShadowState, ShadowStatus, Supervisor, SupervisorError};
 use crate::trace::{Ended, Recorder, arg, lazy};
@@ -71,9 +70,7 @@ pub enum LogicError {
     SwapUnsupported,
     #[error("this reconciler cannot run a candidate in shadow")]
     ShadowUnsupported,
-    #[error(
-        "this reconciler has no backend-pool logic (multi-SLB local-service scenarios need it)"
-    )]
+    #[error("this reconciler has no backend-pool logic (multi-SLB local-service scenarios need it)")]
     PoolsUnsupported,
     #[error(transparent)]
     Pools(#[from] PoolUpdaterError),
@@ -645,7 +642,8 @@ impl Simulation<'_> {
         let scope = self.emulator.scope().clone();
         for (lb, pools) in &scenario.azure.load_balancers {
             let extra = scenario.azure.frontends.get(lb).map(Vec::as_slice).unwrap_or_default();
-            let public = std::iter::once(FRONTEND_NAME).chain(extra.iter().filter(|f| f.private_ip.is_none()).map(|f| f.name.as_str()));
+            let public = std::iter::once(FRONTEND_NAME)
+                .chain(extra.iter().filter(|f| f.private_ip.is_none()).map(|f| f.name.as_str()));
             for frontend in public {
                 let name = format!("{lb}-{frontend}");
                 let mut body = wire::public_ip(&scope, &PublicIpSpec { name: name.clone(), version: IpVersion::IPv4 });

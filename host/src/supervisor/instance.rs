@@ -72,10 +72,19 @@ pub(super) fn state_refused(stage: &'static str, version: u32, error: &wit::Stat
 /// a journal that holds the initial lists was ~7 ms of each such pause on a 30,000-pod cluster.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Input {
-    Observe { now_ms: u64, batch: Arc<[wit::Observation]> },
+    Observe {
+        now_ms: u64,
+        batch: Arc<[wit::Observation]>,
+    },
     /// With ARM's remaining-writes figure on the latest answer among `results` that carried one.
-    Complete { now_ms: u64, results: Arc<[(u64, wit::Outcome)]>, arm_remaining_writes: Option<u32> },
-    Tick { now_ms: u64 },
+    Complete {
+        now_ms: u64,
+        results: Arc<[(u64, wit::Outcome)]>,
+        arm_remaining_writes: Option<u32>,
+    },
+    Tick {
+        now_ms: u64,
+    },
 }
 
 impl Input {

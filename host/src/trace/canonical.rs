@@ -294,7 +294,9 @@ fn val_at(
             }
             let mut out = Vec::with_capacity(map.len());
             for field in record.fields() {
-                let Some(value) = map.get(field.name) else { return fail(path, format!("field {} missing", field.name)) };
+                let Some(value) = map.get(field.name) else {
+                    return fail(path, format!("field {} missing", field.name));
+                };
                 out.push((field.name.to_owned(), nested(value, &field.ty, format_args!(".{}", field.name), path)?));
             }
             Val::Record(out)

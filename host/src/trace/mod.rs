@@ -38,7 +38,10 @@ pub fn schema_text(logic: &Logic) -> String {
 
 /// Where `simulate --record PATH` writes each scenario's trace: PATH itself for one scenario,
 /// else (or when PATH ends in `/` or is a directory) `PATH/<scenario file name>.jsonl`.
-pub fn trace_paths(path: &std::path::Path, scenarios: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>, String> {
+pub fn trace_paths(
+    path: &std::path::Path,
+    scenarios: &[std::path::PathBuf],
+) -> Result<Vec<std::path::PathBuf>, String> {
     let as_dir = scenarios.len() > 1 || path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/');
     if !as_dir {
         return Ok(vec![path.to_owned()]);

@@ -300,7 +300,9 @@ impl Recorder {
     /// `rebuild`: the instance holding `handle` trapped and was rebuilt.
     pub fn rebuild(&self, handle: u64) {
         if self.is_live(handle) {
-            self.line(Box::new(move |_, seq| Ok(format!("{{\"seq\":{seq},\"call\":\"rebuild\",\"args\":{{\"self\":{handle}}}}}"))));
+            self.line(Box::new(move |_, seq| {
+                Ok(format!("{{\"seq\":{seq},\"call\":\"rebuild\",\"args\":{{\"self\":{handle}}}}}"))
+            }));
         }
     }
 
@@ -313,7 +315,8 @@ impl Recorder {
         let to = to.clone();
         self.line(Box::new(move |signatures, seq| {
             let import = signatures.get("tracker.import-state").and_then(|s| s.result.clone());
-            let import = import.ok_or_else(|| CodecError { path: "swap".into(), why: "no tracker.import-state".into() })?;
+            let import =
+                import.ok_or_else(|| CodecError { path: "swap".into(), why: "no tracker.import-state".into() })?;
             let mut out = format!("{{\"seq\":{seq},\"call\":\"swap\",\"args\":{{\"self\":{handle},\"component\":");
             component_json(&mut out, &to);
             out.push_str("},\"result\":");

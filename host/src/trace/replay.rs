@@ -283,7 +283,8 @@ impl Replayer<'_> {
     }
 
     fn call(&mut self, line: &Line<'_>, args: &serde_json::Map<String, Json>) -> Result<Option<Divergence>, String> {
-        let signature = self.signatures.get(&line.call).cloned().ok_or_else(|| format!("unknown call {:?}", line.call))?;
+        let signature =
+            self.signatures.get(&line.call).cloned().ok_or_else(|| format!("unknown call {:?}", line.call))?;
         if let Some(unknown) = args.keys().find(|k| !signature.params.iter().any(|(name, _)| name == *k)) {
             return Err(format!("unknown argument {unknown:?} of {}", line.call));
         }
@@ -313,16 +314,19 @@ impl Replayer<'_> {
             match (&got, fresh, recorded_handle) {
                 (Got::Returned(results), Some(session), Some(handle)) => {
                     if let Some(resource) = results.first().and_then(resource_in) {
-                        self.held.insert(handle, Held {
-                            logic: self.components.primary.clone(),
-                            signatures: self.signatures.clone(),
-                            session,
-                            resource,
-                            lineage: vec![Made { call: line.call.clone(), params }],
-                            before_swap: None,
-                            ids: BTreeMap::new(),
-                            missing: BTreeSet::new(),
-                        });
+                        self.held.insert(
+                            handle,
+                            Held {
+                                logic: self.components.primary.clone(),
+                                signatures: self.signatures.clone(),
+                                session,
+                                resource,
+                                lineage: vec![Made { call: line.call.clone(), params }],
+                                before_swap: None,
+                                ids: BTreeMap::new(),
+                                missing: BTreeSet::new(),
+                            },
+                        );
                     }
                 }
                 (Got::Trapped(_), None, _) => self.pure = None,
@@ -330,13 +334,15 @@ impl Replayer<'_> {
             }
             return Ok(self.verdict(line, &got, recorded, replayed));
         };
-        let held = self.held.get_mut(&handle).ok_or_else(|| format!("handle {handle} does not exist in this replay"))?;
+        let held =
+            self.held.get_mut(&handle).ok_or_else(|| format!("handle {handle} does not exist in this replay"))?;
         if line.call == "tracker.complete" {
             params = map_outcome_ids(held, params);
         }
         let mut full = vec![Val::Resource(held.resource)];
         full.extend_from_slice(&params);
-        let signature = held.signatures.get(&line.call).cloned().ok_or_else(|| format!("the component lacks {}", line.call))?;
+        let signature =
+            held.signatures.get(&line.call).cloned().ok_or_else(|| format!("the component lacks {}", line.call))?;
         let got = invoke(&mut held.session, &signature, &full)?;
         if let Got::Returned(_) = got {
             held.lineage.push(Made { call: line.call.clone(), params: params.clone() });
@@ -401,19 +407,25 @@ impl Replayer<'_> {
                 return Ok(());
             }
             let held = self.held.get_mut(&handle).expect("the caller holds it");
-            let results = ids
-                .iter()
-                .map(|id| Val::Tuple(vec![Val::U64(*id), Val::Variant("ok".into(), None)]))
-                .collect();
+            let results =
+                ids.iter().map(|id| Val::Tuple(vec![Val::U64(*id), Val::Variant("ok".into(), None)])).collect();
             // No figure from ARM: these answers are not Azure's.
             let params = vec![now.clone(), Val::List(results), Val::Option(None)];
-            let signature = held.signatures.get("tracker.complete").cloned().ok_or("the component lacks tracker.complete")?;
+            let signature =
+                held.signatures.get("tracker.complete").cloned().ok_or("the component lacks tracker.complete")?;
             let mut full = vec![Val::Resource(held.resource)];
             full.extend_from_slice(&params);
             match invoke(&mut held.session, &signature, &full)? {
                 Got::Returned(results) => {
                     held.lineage.push(Made { call: "tracker.complete".into(), params });
-                    ids = results.first().map(commands).unwrap_or_default().into_iter().filter(|c| answered(&c.tag)).map(|c| c.id).collect();
+                    ids = results
+                        .first()
+                        .map(commands)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|c| answered(&c.tag))
+                        .map(|c| c.id)
+                        .collect();
                 }
                 Got::Trapped(_) => return self.rebuild(handle),
             }
@@ -422,7 +434,8 @@ impl Replayer<'_> {
     }
 
     fn rebuild(&mut self, handle: u64) -> Result<(), String> {
-        let held = self.held.get_mut(&handle).ok_or_else(|| format!("rebuild of handle {handle}, which does not exist"))?;
+        let held =
+            self.held.get_mut(&handle).ok_or_else(|| format!("rebuild of handle {handle}, which does not exist"))?;
         let (session, resource) = build(&held.logic, &held.signatures, &held.lineage)?;
         held.session = session;
         held.resource = resource;
@@ -431,17 +444,24 @@ impl Replayer<'_> {
 
     fn swap(&mut self, line: &Line<'_>, args: &serde_json::Map<String, Json>) -> Result<Option<Divergence>, String> {
         let handle = self_handle(args)?;
-        let name = args.get("component").and_then(|c| c.get("name")).and_then(Json::as_str).ok_or("swap: component.name missing")?;
+        let name = args
+            .get("component")
+            .and_then(|c| c.get("name"))
+            .and_then(Json::as_str)
+            .ok_or("swap: component.name missing")?;
         let logic = self.components.named.get(name).unwrap_or(self.components.primary).clone();
         let signatures = crate::trace::Signatures::of(&logic);
-        let held = self.held.get_mut(&handle).ok_or_else(|| format!("swap of handle {handle}, which does not exist"))?;
-        let export = held.signatures.get("tracker.export-state").cloned().ok_or("the component lacks tracker.export-state")?;
+        let held =
+            self.held.get_mut(&handle).ok_or_else(|| format!("swap of handle {handle}, which does not exist"))?;
+        let export =
+            held.signatures.get("tracker.export-state").cloned().ok_or("the component lacks tracker.export-state")?;
         let state = match invoke(&mut held.session, &export, &[Val::Resource(held.resource)])? {
             Got::Returned(results) => results.into_iter().next().ok_or("export-state returned nothing")?,
             Got::Trapped(text) => return Err(format!("swap: the replayed logic trapped on export-state: {text}")),
         };
         let config = held.lineage.first().and_then(|root| root.params.first().cloned()).ok_or("swap: no config")?;
-        let import = signatures.get("tracker.import-state").cloned().ok_or("the component lacks tracker.import-state")?;
+        let import =
+            signatures.get("tracker.import-state").cloned().ok_or("the component lacks tracker.import-state")?;
         let mut session = logic.session().map_err(|e| format!("instantiating: {e}"))?;
         let params = vec![config, state];
         let got = invoke(&mut session, &import, &params)?;
@@ -452,38 +472,50 @@ impl Replayer<'_> {
             && let Some(resource) = results.first().and_then(resource_in)
         {
             let before = self.held.remove(&handle).expect("looked up above");
-            self.held.insert(new_handle, Held {
-                logic,
-                signatures,
-                session,
-                resource,
-                lineage: vec![Made { call: "tracker.import-state".into(), params }],
-                before_swap: Some(Box::new((before.logic, before.lineage))),
-                ids: before.ids,
-                missing: before.missing,
-            });
+            self.held.insert(
+                new_handle,
+                Held {
+                    logic,
+                    signatures,
+                    session,
+                    resource,
+                    lineage: vec![Made { call: "tracker.import-state".into(), params }],
+                    before_swap: Some(Box::new((before.logic, before.lineage))),
+                    ids: before.ids,
+                    missing: before.missing,
+                },
+            );
         }
         Ok(self.verdict(line, &got, recorded, replayed))
     }
 
-    fn rollback(&mut self, line: &Line<'_>, args: &serde_json::Map<String, Json>) -> Result<Option<Divergence>, String> {
+    fn rollback(
+        &mut self,
+        line: &Line<'_>,
+        args: &serde_json::Map<String, Json>,
+    ) -> Result<Option<Divergence>, String> {
         let handle = self_handle(args)?;
-        let new_handle = line.result.and_then(|r| r.get().parse::<u64>().ok()).ok_or("rollback: the result must be a handle")?;
-        let held = self.held.remove(&handle).ok_or_else(|| format!("rollback of handle {handle}, which does not exist"))?;
+        let new_handle =
+            line.result.and_then(|r| r.get().parse::<u64>().ok()).ok_or("rollback: the result must be a handle")?;
+        let held =
+            self.held.remove(&handle).ok_or_else(|| format!("rollback of handle {handle}, which does not exist"))?;
         let (logic, mut lineage) = *held.before_swap.ok_or("rollback of a handle that no swap made")?;
         lineage.extend(held.lineage.into_iter().skip(1));
         let signatures = crate::trace::Signatures::of(&logic);
         let (session, resource) = build(&logic, &signatures, &lineage)?;
-        self.held.insert(new_handle, Held {
-            logic,
-            signatures,
-            session,
-            resource,
-            lineage,
-            before_swap: None,
-            ids: held.ids,
-            missing: held.missing,
-        });
+        self.held.insert(
+            new_handle,
+            Held {
+                logic,
+                signatures,
+                session,
+                resource,
+                lineage,
+                before_swap: None,
+                ids: held.ids,
+                missing: held.missing,
+            },
+        );
         Ok(None)
     }
 }
@@ -523,7 +555,12 @@ fn answered(tag: &str) -> bool {
 /// Aligns a replayed step with the recorded one (`docs/traces.md`): the replayed step's text
 /// with its matched ids replaced by the recorded ones, the summary keys of a difference, and
 /// the ids of the commands only the replayed logic issued that `ok` answers.
-fn align(held: &mut Held, signature: &Signature, results: &[Val], recorded: &str) -> Result<(String, Vec<String>, Vec<u64>), String> {
+fn align(
+    held: &mut Held,
+    signature: &Signature,
+    results: &[Val],
+    recorded: &str,
+) -> Result<(String, Vec<String>, Vec<u64>), String> {
     let ty = signature.result.as_ref().ok_or("a step call without a result")?;
     let replayed = results.first().ok_or("no result")?;
     let json: Json = serde_json::from_str(recorded).map_err(|e| format!("recorded result: {e}"))?;

@@ -14,8 +14,8 @@ use clb::reconciler::types::{
     Config, ConfigError, Mode, Observation, Outcome, Service, StateError, Step, TrackerStats, VersionedState,
 };
 use exports::clb::reconciler::backend_pools::{
-    GroupOutcome, GroupReport, Guest as PoolsGuest, GuestPoolQueue, PlacementFacts, PoolGroup, PoolOperation,
-    PoolQueue, QueueStatus, ServiceAssignment, Placement, SlbConfiguration,
+    GroupOutcome, GroupReport, Guest as PoolsGuest, GuestPoolQueue, Placement, PlacementFacts, PoolGroup,
+    PoolOperation, PoolQueue, QueueStatus, ServiceAssignment, SlbConfiguration,
 };
 use exports::clb::reconciler::reconciler::{Guest as ReconcilerGuest, GuestTracker, Tracker};
 use exports::clb::reconciler::validation::{Guest as ValidationGuest, Verdict};
@@ -116,11 +116,7 @@ struct NoQueue;
 impl PoolsGuest for Hostile {
     type PoolQueue = NoQueue;
 
-    fn place_service(
-        _configurations: Vec<SlbConfiguration>,
-        _service: Service,
-        _facts: PlacementFacts,
-    ) -> Placement {
+    fn place_service(_configurations: Vec<SlbConfiguration>, _service: Service, _facts: PlacementFacts) -> Placement {
         Placement::NotLocal(Vec::new())
     }
 }

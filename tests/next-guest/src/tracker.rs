@@ -76,7 +76,12 @@ impl Tracker {
         step
     }
 
-    pub fn complete_paced(&mut self, now_ms: u64, results: Vec<(u64, Outcome)>, arm_remaining_writes: Option<u32>) -> Step {
+    pub fn complete_paced(
+        &mut self,
+        now_ms: u64,
+        results: Vec<(u64, Outcome)>,
+        arm_remaining_writes: Option<u32>,
+    ) -> Step {
         // The outcomes of the wrapper's own Events change nothing.
         let results = results.into_iter().filter(|(id, _)| id & OWN_ID_BIT == 0).collect();
         self.inner.complete_paced(now_ms, results, arm_remaining_writes)

@@ -93,7 +93,9 @@ fn with_arms_figures_sixty_services_spend_arms_bucket_down_to_the_reserve_at_onc
         let tick = tracker.tick(now);
         step = arm.drive(&mut tracker, now, tick);
     }
-    for (what, is) in [("public IPs", is_put_public_ip as fn(&Command) -> bool), ("load balancers", is_put_load_balancer)] {
+    for (what, is) in
+        [("public IPs", is_put_public_ip as fn(&Command) -> bool), ("load balancers", is_put_load_balancer)]
+    {
         assert_eq!(arm.count(is), 60, "{what}");
     }
     assert_eq!(arm.count(registers), 60);
@@ -163,7 +165,8 @@ fn the_pace_is_state_version_8_and_a_version_7_state_imports_without_one() {
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
     let v7 = Tracker::import_state(clb(), 7, &tracker.export_state_v7()).unwrap();
     assert_eq!((v7.pace, v7.state), (None, tracker.state.clone()));
-    let reserve = |r| Config { write_budgets: Some(WriteBudgets { arm_write_reserve: r, ..WriteBudgets::DEFAULT }), ..clb() };
+    let reserve =
+        |r| Config { write_budgets: Some(WriteBudgets { arm_write_reserve: r, ..WriteBudgets::DEFAULT }), ..clb() };
     // The reserve is the config's: the same figure leaves more to spend under a smaller one.
     let mut small = Tracker::create_with_arm_settled(reserve(0)).unwrap();
     small.pace = Some(ArmPace::reported(None, 10, 0, 0, NOW));

@@ -148,7 +148,8 @@ fn a_token_is_due_exactly_when_one_can_be_taken_even_at_the_end_of_time() {
     use crate::budget::{ArmPace, WriteKind};
     for now in [NOW, u64::MAX - 1, u64::MAX] {
         // No figure from ARM; one that leaves nothing above the reserve; one that leaves five.
-        for pace in [None, Some(ArmPace::reported(None, 40, 40, 0, now)), Some(ArmPace::reported(None, 45, 40, 0, now))] {
+        for pace in [None, Some(ArmPace::reported(None, 40, 40, 0, now)), Some(ArmPace::reported(None, 45, 40, 0, now))]
+        {
             for kind in [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm] {
                 let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
                 tracker.pace = pace;
@@ -196,8 +197,16 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     let budget = Buckets::full(&clb().write_budgets());
     let none = (&Outbound::default(), &PodFinalizers::default());
     let figures = super::super::figures::Figures::default();
-    let expected =
-        (&upgraded, &Egress::default(), &ArmSync::settled(), &budget, none.0, none.1, None::<crate::budget::ArmPace>, &figures);
+    let expected = (
+        &upgraded,
+        &Egress::default(),
+        &ArmSync::settled(),
+        &budget,
+        none.0,
+        none.1,
+        None::<crate::budget::ArmPace>,
+        &figures,
+    );
     assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
 }

@@ -1,8 +1,8 @@
 //! The tracker's own tests: shared helpers here; each file beside this one is one theme, and the
 //! `upstream_*` files port upstream's tests of one area each.
 
-use super::*;
 use super::service::*;
+use super::*;
 use crate::admission::admit_service;
 use std::collections::BTreeMap;
 
@@ -209,11 +209,7 @@ fn the_idle_timeout_annotation_sets_every_rule_and_admission_and_the_build_agree
     assert_eq!(LbConfig::for_service(&plain).load_balancer.rules[0].idle_timeout_minutes, 4);
     for value in ["0", "3", "101", "not-a-number"] {
         let service = ported("u", &[(TCP, 80, to(8080))], &[(key, value)]);
-        assert_eq!(
-            refused_for(&service).as_deref(),
-            Some(crate::admission::reason::INVALID_IDLE_TIMEOUT),
-            "{value}"
-        );
+        assert_eq!(refused_for(&service).as_deref(), Some(crate::admission::reason::INVALID_IDLE_TIMEOUT), "{value}");
     }
     for minutes in ["4", "5", "30", "31", "60", "100", "101"] {
         let service = ported("u", &[(TCP, 80, to(8080))], &[(key, minutes)]);
@@ -288,8 +284,7 @@ fn outside_clb_mode_the_tracker_sends_nothing_and_is_idle_at_once() {
         ..Config::default()
     };
     let mut tracker = Tracker::create(multi_slb).unwrap();
-    let step =
-        tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+    let step = tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
     assert!(step.commands.is_empty(), "{:?}", step.commands);
     assert!(step.idle);
     assert_eq!(step.wake_at_ms, None);
@@ -519,8 +514,7 @@ fn corrupt(result: Result<Tracker, StateError>) -> String {
 /// NRP was read, and the Service's first command (its finalizer) waits for its outcome.
 fn tracker_with_commands_in_flight() -> Tracker {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-    let step =
-        tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
+    let step = tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
     let read = step.commands.iter().find(|c| c.command == Command::ReadNrp).unwrap().id;
     let step = tracker.complete(1, vec![(read, Outcome::NrpSnapshot(NrpState::default()))]);
     assert!(step.commands.iter().any(|c| matches!(c.command, Command::SetFinalizer { .. })), "{step:?}");
@@ -545,9 +539,7 @@ fn programmed(issued: &[Command]) -> Vec<(String, Vec<String>)> {
 fn four_locations() -> (Tracker, Step) {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     let mut observations: Vec<Observation> = (4..8)
-        .map(|i| {
-            Observation::NodeUpserted(Node { name: format!("n{i}"), internal_ips: vec![format!("10.224.0.{i}")] })
-        })
+        .map(|i| Observation::NodeUpserted(Node { name: format!("n{i}"), internal_ips: vec![format!("10.224.0.{i}")] }))
         .collect();
     let endpoints: Vec<(String, String)> = (4..8).map(|i| (format!("10.244.0.{i}"), format!("n{i}"))).collect();
     let slice = slice_on(&endpoints.iter().map(|(a, n)| (a.as_str(), n.as_str())).collect::<Vec<_>>());
@@ -602,12 +594,7 @@ fn warned_rejected(issued: &[Command]) -> bool {
 
 /// Runs `step` answered by `answer_ok`, holding in flight the first command `hold` matches
 /// (the rest are answered); returns that command with its id.
-fn drive_holding(
-    tracker: &mut Tracker,
-    now: u64,
-    mut step: Step,
-    hold: impl Fn(&Command) -> bool,
-) -> (u64, Command) {
+fn drive_holding(tracker: &mut Tracker, now: u64, mut step: Step, hold: impl Fn(&Command) -> bool) -> (u64, Command) {
     let ok = answer_ok(&[]);
     for _ in 0..1_000 {
         assert!(!step.commands.is_empty(), "the command to hold was never issued");
@@ -634,8 +621,7 @@ fn in_phase(phase: Phase) -> (Tracker, Option<(u64, Command)>) {
     let (tracker, held) = match phase {
         Phase::NotStarted => {
             let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-            let node =
-                Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+            let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
             let spec = ported(UID, &[(TCP, 80, to(8080))], &[]);
             let slice = Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")]));
             let step = tracker.observe(NOW, vec![node, Observation::ServiceUpserted(spec), slice]);
@@ -796,12 +782,9 @@ fn budgeted(change: impl FnOnce(&mut crate::budget::WriteBudgets)) -> Config {
 /// A tracker under `locations` as its address-location budget, having seen `nodes` nodes
 /// (n1 at 10.224.0.1, …) and the test Service with one pod on n1, and its first step.
 fn with_address_budget(locations: crate::budget::Budget, nodes: u8) -> (Tracker, Step) {
-    let mut tracker =
-        Tracker::create_with_arm_settled(budgeted(|b| b.update_address_locations = locations)).unwrap();
+    let mut tracker = Tracker::create_with_arm_settled(budgeted(|b| b.update_address_locations = locations)).unwrap();
     let mut observations: Vec<Observation> = (1..=nodes)
-        .map(|i| {
-            Observation::NodeUpserted(Node { name: format!("n{i}"), internal_ips: vec![format!("10.224.0.{i}")] })
-        })
+        .map(|i| Observation::NodeUpserted(Node { name: format!("n{i}"), internal_ips: vec![format!("10.224.0.{i}")] }))
         .collect();
     observations.extend([
         Observation::ServiceUpserted(lb_service("Local")),
@@ -821,7 +804,7 @@ mod retries;
 // Ports of upstream tests that pin one lifecycle step or transition, beside the helpers
 // above; their own files keep this one readable.
 mod upstream_lifecycle;
-mod upstream_startup;
+mod upstream_metrics;
 mod upstream_outbound;
 mod upstream_pod_finalizers;
-mod upstream_metrics;
+mod upstream_startup;

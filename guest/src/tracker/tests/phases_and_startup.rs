@@ -5,11 +5,6 @@ use super::*;
 
 // ---- Per-phase dispatch (upstream engine_state_machine_guards_test.go) ----
 
-
-
-
-
-
 // Upstream TestGuardStateTransitions_DeleteServiceDispatch: deleting the Service in any phase
 // before deletion makes it DeletionPending and queues it for the drain (its addresses leave
 // NRP before anything is unregistered); an update in flight ends in the deletion, not in a
@@ -35,19 +30,14 @@ fn deleting_a_service_in_any_phase_before_deletion_queues_its_drain_and_ends_in_
                 .any(|c| matches!(c, Command::PatchServiceStatus { ingress_ips, .. } if !ingress_ips.is_empty())),
             "{phase:?}: no status patch of an address being deleted: {issued:?}"
         );
-        let load_balancer_deleted = issued.iter().any(
-            |c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::LoadBalancer && r.name == UID),
-        );
+        let load_balancer_deleted = issued
+            .iter()
+            .any(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::LoadBalancer && r.name == UID));
         assert!(load_balancer_deleted, "{phase:?}: {issued:?}");
     }
 }
 
 // ---- Start-up adoption from the ARM inventory ----
-
-
-
-
-
 
 // Upstream TestGuardWaitForInitialSync_ReturnsOnCompletion.
 #[test]
@@ -75,8 +65,7 @@ fn a_restarted_controller_adopts_a_service_whose_azure_resources_registration_an
  {
     let service = provisioned_service();
     let mut tracker = Tracker::create(clb()).unwrap();
-    let step =
-        tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
     let config = LbConfig::for_service(&service);
     let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
     let (issued, logs, last) =
@@ -91,8 +80,7 @@ fn a_restarted_controller_adopts_a_service_whose_azure_resources_registration_an
     // Adopted as applied: the same spec again writes nothing, a port change puts the LB once.
     let again = tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone())]);
     assert!(again.commands.is_empty(), "{again:?}");
-    let changed =
-        Service { ports: vec![ServicePort { port: 8080, ..service.ports[0].clone() }], ..service.clone() };
+    let changed = Service { ports: vec![ServicePort { port: 8080, ..service.ports[0].clone() }], ..service.clone() };
     let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(changed)]);
     let (issued, _, _) = drive(&mut tracker, NOW, step, answer_ok(&[&service.identity()]));
     assert_eq!(load_balancers(&issued).len(), 1, "{issued:?}");
@@ -249,8 +237,7 @@ fn an_nrp_service_type_in_any_case_is_an_inbound_registration() {
     let config = LbConfig::for_service(&service);
     let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
     let mut tracker = Tracker::create(clb()).unwrap();
-    let step =
-        tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
     let listed = NrpService {
         name: service.identity(),
         service_type: "INBOUND".into(),
@@ -293,9 +280,7 @@ fn an_nrp_service_type_in_any_case_is_an_inbound_registration() {
             is_default: false,
         };
         let (issued, _, last) = drive(&mut tracker, NOW, step, |c| match c {
-            Command::ReadNrp => {
-                Outcome::NrpSnapshot(NrpState { services: vec![listed.clone()], locations: vec![] })
-            }
+            Command::ReadNrp => Outcome::NrpSnapshot(NrpState { services: vec![listed.clone()], locations: vec![] }),
             Command::ReadArm if name == uid_like => Outcome::ArmInventory(foreign_inventory.clone()),
             Command::ReadArm => Outcome::ArmInventory(ArmInventory::default()),
             other => answer_ok(&[])(other),
@@ -306,9 +291,7 @@ fn an_nrp_service_type_in_any_case_is_an_inbound_registration() {
             assert!(writes(&issued).is_empty(), "{service_type}: foreign, untouched: {issued:?}");
         } else if inbound {
             // Ours with no Service behind it: an orphan registration, unregistered.
-            let unregisters = |c: &Command| {
-                matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == name && r.is_delete))
-            };
+            let unregisters = |c: &Command| matches!(c, Command::UpdateServices(r) if r.iter().any(|r| r.name == name && r.is_delete));
             assert!(issued.iter().any(unregisters), "{service_type}: {issued:?}");
         }
         assert!(last.idle, "{service_type}");
@@ -368,18 +351,15 @@ fn a_read_of_arm_that_keeps_failing_is_retried_then_start_up_goes_on_writing_as_
 fn a_state_imported_while_the_arm_inventory_is_read_keeps_the_read_in_flight_and_its_answer_applies() {
     let service = provisioned_service();
     let mut tracker = Tracker::create(clb()).unwrap();
-    let step =
-        tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
-    let step =
-        tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[&service.identity()])(&Command::ReadNrp))]);
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(service.clone()), Observation::ListsComplete]);
+    let step = tracker.complete(NOW, vec![(step.commands[0].id, answer_ok(&[&service.identity()])(&Command::ReadNrp))]);
     assert_eq!(step.commands.iter().map(|c| &c.command).collect::<Vec<_>>(), [&Command::ReadArm]);
     let (version, payload) = tracker.export_state();
     let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
     assert_eq!(imported, tracker);
     let config = LbConfig::for_service(&service);
     let inventory = inventory_of(&service, Some(config.load_balancer.clone()));
-    let (issued, _, _) =
-        reads_answered(&mut imported, &step, &[&service.identity()], Outcome::ArmInventory(inventory));
+    let (issued, _, _) = reads_answered(&mut imported, &step, &[&service.identity()], Outcome::ArmInventory(inventory));
     assert!(writes(&issued).is_empty(), "{issued:?}");
     for (mut tampered, expected) in [
         (tracker.clone(), "0 reads of ARM flagged in flight, but 1 reads of ARM are in flight"),
@@ -392,10 +372,7 @@ fn a_state_imported_while_the_arm_inventory_is_read_keeps_the_read_in_flight_and
     }
 }
 
-
 // ---- Write budgets ----
-
-
 
 #[test]
 fn endpoint_changes_made_while_the_address_location_budget_is_spent_wait_for_its_next_token_and_go_in_one_batch() {
@@ -478,4 +455,3 @@ fn a_version_4_state_imports_with_full_write_budgets() {
     tracker.figures = Default::default();
     assert_eq!(imported, tracker);
 }
-

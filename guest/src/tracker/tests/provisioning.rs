@@ -3,15 +3,13 @@
 
 use super::*;
 
-
 // Ports upstream TestProcessK8sEndpoints_SkipsMalformedAddresses: an endpoint address that
 // is not an IP is left out; the slice's other addresses are programmed.
 #[test]
 fn an_endpoint_address_that_is_not_an_ip_is_skipped_and_the_others_are_programmed() {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
-    let slice =
-        slice_on(&[("10.244.0.5", "n1"), ("not-an-ip", "n1"), ("10.244.0.300", "n1"), ("10.244.0.6", "n1")]);
+    let slice = slice_on(&[("10.244.0.5", "n1"), ("not-an-ip", "n1"), ("10.244.0.300", "n1"), ("10.244.0.6", "n1")]);
     let step = tracker.observe(
         NOW,
         vec![
@@ -37,8 +35,8 @@ fn endpoint_changes_of_a_service_whose_load_balancer_is_being_updated_reach_nrp_
     let step = respec(&mut tracker, NOW, &[(80, 9090)]);
     assert!(put_in(&step).is_some(), "the update is in flight: {step:?}");
     assert_eq!(tracker.phase(UID), Some(Phase::UpdateInProgress));
-    let step = tracker
-        .observe(NOW, vec![Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1"), ("10.244.0.7", "n1")]))]);
+    let step =
+        tracker.observe(NOW, vec![Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1"), ("10.244.0.7", "n1")]))]);
     let sent: Vec<Command> = step.commands.iter().map(|c| c.command.clone()).collect();
     assert_eq!(programmed(&sent), [("10.224.0.4".to_owned(), vec!["10.244.0.7".to_owned()])], "{sent:?}");
 }
@@ -108,8 +106,6 @@ fn a_service_wanted_again_during_its_deletion_is_deleted_first_then_provisioned_
     assert!(last.idle);
     assert_eq!(tracker.phase(UID), Some(Phase::Created));
 }
-
-
 
 // Ports upstream TestLocationsUpdater_TerminalErrorNotRetried, where the project deliberately
 // differs (design §4: one failing Service never blocks the others): a batch NRP refuses (400)
@@ -191,7 +187,6 @@ fn each_failure_status_of_an_address_location_batch_gets_its_class() {
         }
     }
 }
-
 
 // Ports upstream TestEndpointSliceAddresses_ResolvesLocationPerAddressFamily: each endpoint
 // address goes under its node's InternalIP of the same family, whatever the slice's
@@ -375,8 +370,6 @@ fn an_unregistration_refused_for_overlay_mappings_re_reads_nrp_drains_again_and_
     assert_eq!(tracker.phase(UID), None);
 }
 
-
-
 // Ports upstream TestEngineOnServiceCreationComplete_DriftDuringTerminalFailureReDispatches
 // and TestEngineOnServiceCreationComplete_DriftDuringTerminalUpdateReDispatches: when Azure
 // refuses a load balancer for good but the spec changed while that PUT was in flight, the
@@ -473,10 +466,7 @@ fn a_creation_parked_by_a_refusal_is_put_again_at_once_with_the_spec_that_change
 #[test]
 fn a_created_service_whose_spec_turns_dual_stack_is_not_put_and_keeps_its_admitted_spec() {
     let mut tracker = created_with(&[(80, 8080)]);
-    let dual = Service {
-        ip_families: vec!["IPv4".into(), "IPv6".into()],
-        ..ported(UID, &[(TCP, 80, to(9090))], &[])
-    };
+    let dual = Service { ip_families: vec!["IPv4".into(), "IPv6".into()], ..ported(UID, &[(TCP, 80, to(9090))], &[]) };
     let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(dual)]);
     let (issued, _, last) = drive(&mut tracker, NOW + 1, step, answer_ok(&[UID]));
     assert!(load_balancers(&issued).is_empty(), "{issued:?}");

@@ -3,11 +3,6 @@
 
 use super::*;
 
-
-
-
-
-
 // Regression: u64 overflow from a Retry-After, in its shortest sequence.
 #[test]
 fn a_retry_after_of_u64_max_on_a_read_of_nrp_waits_the_cap_instead_of_reading_again_at_once() {
@@ -146,16 +141,6 @@ fn a_retry_after_of_u64_max_on_the_address_location_batch_holds_the_addresses_no
     assert!(issued.iter().any(is_location_update), "sent after the cap: {issued:?}");
 }
 
-
-
-
-
-
-
-
-
-
-
 // Upstream TestEngineUpdateService_PortChangeSchedulesUpdate, TestServiceUpdaterUpdateInboundService,
 // TestServiceUpdaterUpdateInboundService_PortRemovalDropsOnlyThatRule and
 // TestEngineOnServiceCreationComplete_UpdateSuccessPersistsConfig: a spec change of a created
@@ -173,9 +158,8 @@ fn a_port_change_puts_the_load_balancer_once_with_the_new_rules_and_the_same_spe
         load_balancers(&issued).iter().map(|lb| lb.rules.clone()).collect::<Vec<_>>(),
         [vec![rule(LbProtocol::Tcp, 80, 8080, 4)]]
     );
-    let azure_writes = |c: &&Command| {
-        matches!(c, Command::PutPublicIp(_) | Command::UpdateServices(_) | Command::DeleteResource(_))
-    };
+    let azure_writes =
+        |c: &&Command| matches!(c, Command::PutPublicIp(_) | Command::UpdateServices(_) | Command::DeleteResource(_));
     assert_eq!(issued.iter().filter(azure_writes).count(), 0, "{issued:?}");
     let step = respec(&mut tracker, NOW + 2, &[(80, 9090)]);
     let (issued, _, _) = drive(&mut tracker, NOW + 2, step, answer_ok(&[UID]));

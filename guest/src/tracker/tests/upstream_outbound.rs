@@ -1462,7 +1462,8 @@ fn an_egress_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_
     assert!(tracker.outbound().work.draining.contains(IDENTITY), "back in the drain set");
     let removes_stray = |l: &NrpLocation| {
         l.location == HOST
-            && (l.addresses.is_empty() || l.addresses.iter().any(|a| a.address == "10.244.2.99" && a.services.is_empty()))
+            && (l.addresses.is_empty()
+                || l.addresses.iter().any(|a| a.address == "10.244.2.99" && a.services.is_empty()))
     };
     let redrain = |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(removes_stray));
     let batch = step.commands.iter().find(|c| redrain(&c.command)).expect("the re-drain").id;

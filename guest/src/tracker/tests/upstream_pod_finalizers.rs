@@ -9,9 +9,9 @@ use super::upstream_outbound::{
     position, provisioned, started,
 };
 use super::*;
-use std::collections::BTreeSet;
 use crate::pod_finalizers::Want;
 use crate::pod_finalizers::{FINALIZER, reason::POD_FINALIZER_FAILED};
+use std::collections::BTreeSet;
 
 /// A pod as the API server shows it once it holds the finalizer.
 fn holding(pod: Pod) -> Pod {

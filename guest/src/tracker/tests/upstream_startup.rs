@@ -453,13 +453,18 @@ fn a_finalizer_release_refused_because_the_name_holds_another_service_now_ends_t
 #[test]
 fn a_served_service_read_without_its_finalizer_gets_it_back_and_nothing_else() {
     let mut tracker = created_with(&[(80, 8080)]);
-    let served = Service { finalizers: vec![FINALIZER.into()], ingress_ips: vec!["20.0.0.1".into()], ..ported(UID, &[(TCP, 80, to(8080))], &[]) };
+    let served = Service {
+        finalizers: vec![FINALIZER.into()],
+        ingress_ips: vec!["20.0.0.1".into()],
+        ..ported(UID, &[(TCP, 80, to(8080))], &[])
+    };
     let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(served.clone())]);
     assert!(step.commands.is_empty(), "as served: {:?}", step.commands);
     let stripped = Service { finalizers: vec!["other".into()], ..served };
     let step = tracker.observe(NOW + 2, vec![Observation::ServiceUpserted(stripped)]);
     let (issued, _, last) = drive(&mut tracker, NOW + 2, step, answer_ok(&[UID]));
-    let added = |c: &Command| matches!(c, Command::SetFinalizer { present: true, service, .. } if service.uid.as_str() == UID);
+    let added =
+        |c: &Command| matches!(c, Command::SetFinalizer { present: true, service, .. } if service.uid.as_str() == UID);
     assert_eq!(issued.len(), 1, "{issued:?}");
     assert!(added(&issued[0]), "{issued:?}");
     assert_eq!(tracker.phase(UID), Some(Phase::Created));
@@ -477,7 +482,11 @@ fn a_service_without_a_uid_is_ignored_with_a_warning_and_nothing_is_written() {
     for service in [ported("", &[(TCP, 80, to(8080))], &[]), terminating(ported(" ", &[(TCP, 80, to(8080))], &[]))] {
         let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(service)]);
         assert!(step.commands.is_empty(), "{:?}", step.commands);
-        assert!(step.logs.iter().any(|l| l.level == LogLevel::Warn && l.message.contains("has no UID")), "{:?}", step.logs);
+        assert!(
+            step.logs.iter().any(|l| l.level == LogLevel::Warn && l.message.contains("has no UID")),
+            "{:?}",
+            step.logs
+        );
         assert!(tracker.state.lifecycles.is_empty());
     }
 }
