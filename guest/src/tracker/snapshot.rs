@@ -22,6 +22,31 @@ impl Tracker {
         Ok(Self { arm: ArmSync::settled(), ..Self::create(config)? })
     }
 
+    /// The state as version 2 wrote it (the version-1 payload, then the egress side), for tests
+    /// of older payloads. Version 2 keeps at most one address-location batch in flight, not when
+    /// it was issued, and no per-location backoff ([`NrpSyncV2`]): a state holding more than that
+    /// has no version-2 form, and this panics.
+    #[cfg(test)]
+    pub(crate) fn export_state_v2(&self) -> Vec<u8> {
+        let state = self.state.clone().map_nrp(|n| {
+            assert!(n.batches_in_flight.len() <= 1 && n.location_backoff.is_empty(), "no version-2 form: {n:?}");
+            NrpSyncV2 {
+                loaded: n.loaded,
+                read_in_flight: n.read_in_flight,
+                read_retries: n.read_retries,
+                next_read_ms: n.next_read_ms,
+                batch_in_flight: n.batches_in_flight.keys().next().copied(),
+                batch_retries: n.batch_retries,
+                batch_not_before_ms: n.batch_not_before_ms,
+                batch_limit: n.batch_limit,
+                quarantined: n.quarantined,
+                service_writes_in_flight: n.service_writes_in_flight,
+                foreign: n.foreign,
+            }
+        });
+        postcard::to_allocvec(&(&state, &self.egress)).expect("plain data")
+    }
+
     /// The state as version 3 wrote it (no ARM inventory), for tests of older payloads.
     #[cfg(test)]
     pub(crate) fn export_state_v3(&self) -> Vec<u8> {

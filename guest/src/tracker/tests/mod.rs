@@ -800,6 +800,7 @@ mod clock_and_state;
 mod phases_and_startup;
 mod provisioning;
 mod retries;
+mod state_fixtures;
 
 // Ports of upstream tests that pin one lifecycle step or transition, beside the helpers
 // above; their own files keep this one readable.
