@@ -1,6 +1,6 @@
 //! The `admission` target: arbitrary Service records and configurations through
 //! `validate-config` and `admit-service`, natively. Never a panic; the same input twice gives
-//! the same verdict (they are pure functions of their arguments, design §2.1).
+//! the same verdict (they are pure functions of their arguments, docs/design.md §2.1).
 
 use crate::input::Dec;
 use clb_host::native::{config_to_model, service_to_model};

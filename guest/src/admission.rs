@@ -1,4 +1,4 @@
-//! Per-Service admission in CLB mode (design §3; upstream §d.1 and §d.2).
+//! Per-Service admission in CLB mode (docs/design.md §3; docs/upstream.md §d.1 and §d.2).
 //!
 //! The order of the checks is part of the contract: a Service that breaks several rules is
 //! reported with the first one, so its Event reason is stable.
@@ -54,7 +54,7 @@ fn reject(reason: &str, service: &Service, detail: String) -> Verdict {
 /// Decides what to do with one Service under a configuration.
 ///
 /// Deletion is never blocked by validation (upstream A blocked cleanup of `Cluster` Services,
-/// §d.1): a deleting LoadBalancer Service always gets `Cleanup`.
+/// docs/upstream.md §d.1): a deleting LoadBalancer Service always gets `Cleanup`.
 pub fn admit_service(config: &Config, service: &Service) -> Verdict {
     if let Some(class) = service.load_balancer_class.as_deref().filter(|c| !c.is_empty()) {
         return Verdict::Ignored(format!("spec.loadBalancerClass is {class:?}: another controller's Service"));

@@ -1,4 +1,4 @@
-//! The configuration rules of design §3: which combinations of backend-pool type, SKU and
+//! The configuration rules of docs/design.md §3: which combinations of backend-pool type, SKU and
 //! multi-SLB list the logic runs under, and the mode each one turns on.
 
 use crate::budget::{self, Budget, WriteBudgets};

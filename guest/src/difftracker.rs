@@ -1,4 +1,4 @@
-//! The DiffTracker's set/diff core (upstream §a, §b.1): what Kubernetes wants at each location
+//! The DiffTracker's set/diff core (docs/upstream.md §a, §b.1): what Kubernetes wants at each location
 //! against what NRP has been told, and the address-location updates that close the gap.
 //!
 //! Work is proportional to change: every mutation marks the locations it touched as dirty, and

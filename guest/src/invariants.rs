@@ -3,7 +3,11 @@
 //! harness that drives a [`Tracker`] against it, and the checks. Public behind the `invariants`
 //! feature so that the fuzz crate runs the same checker; compiled for the crate's own tests too.
 //!
-//! Property tests of the tracker (upstream-reference §j P1–P6) over random sequences of
+//! It is longer than 800 lines because the model is written independently of the tracker on
+//! purpose: its Kubernetes, its Azure and the checks share no code with what they check, and
+//! splitting them would only spread one model over files.
+//!
+//! Property tests of the tracker (docs/upstream.md §j P1–P6) over random sequences of
 //! Kubernetes events, injected Azure failures (before and after the change took effect, some
 //! with a `Retry-After`, up to `u64::MAX`), restarts, state round trips and a host clock that
 //! jumps forward and steps back, against an independent model of Kubernetes and Azure.
@@ -160,7 +164,7 @@ pub struct EgressPod {
 }
 
 impl EgressPod {
-    /// The identity the pod carries, by the rules of upstream §d.2 stated again.
+    /// The identity the pod carries, by the rules of docs/upstream.md §d.2 stated again.
     pub fn carries(&self) -> Option<String> {
         self.named().filter(|_| !self.deleting && matches!(self.phase, "Running" | "Pending"))
     }

@@ -1,5 +1,5 @@
-//! The outbound lifecycle of egress identities (upstream-reference §c.2.1 "create outbound" and
-//! "delete outbound", §c.2.3): state version 6's addition.
+//! The outbound lifecycle of egress identities (docs/upstream.md §c.2.1 "create outbound" and
+//! "delete outbound", docs/upstream.md §c.2.3): state version 6's addition.
 //!
 //! An identity that a pod of this cluster carries and that NRP does not list gets an
 //! [`OutboundLifecycle`]: its public IP `<id>-pip` (and `<id>-pip-v6` when a Node of the cluster
@@ -97,7 +97,7 @@ impl OutStep {
     }
 }
 
-/// The name of an identity's public IP of a family (upstream §a.4).
+/// The name of an identity's public IP of a family (docs/upstream.md §a.4).
 pub fn public_ip_name(identity: &str, v6: bool) -> String {
     if v6 { format!("{identity}-pip-v6") } else { format!("{identity}-pip") }
 }

@@ -1,5 +1,5 @@
-//! The egress pod finalizer `servicegateway.azure.com/pod-cleanup` (upstream-reference
-//! §b.3 "Finalizers", `finalizers.go`, `pods.go`): state version 7's addition.
+//! The egress pod finalizer `servicegateway.azure.com/pod-cleanup` (docs/upstream.md §b.3
+//! "Finalizers", `finalizers.go`, `pods.go`): state version 7's addition.
 //!
 //! A pod that carries an egress identity gets the finalizer, so that it cannot leave the API
 //! server while NRP may still send its traffic out through the identity's NAT gateway. Once it

@@ -1,4 +1,4 @@
-//! Property tests of the tracker (upstream-reference §j P1–P6) over random sequences of
+//! Property tests of the tracker (docs/upstream.md §j P1–P6) over random sequences of
 //! Kubernetes events, injected Azure failures (before and after the change took effect, some
 //! with a `Retry-After`, up to `u64::MAX`), restarts, state round trips and a host clock that
 //! jumps forward and steps back, against an independent model of Kubernetes and Azure.

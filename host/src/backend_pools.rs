@@ -1,4 +1,4 @@
-//! The backend-pool updater of multi-SLB local-service mode (upstream §e, design §5 and §6): the
+//! The backend-pool updater of multi-SLB local-service mode (docs/upstream.md §e, docs/design.md §5 and §6): the
 //! host half. The queue, the grouping and the retry policy live in the guest's `pool-queue`; this
 //! module holds the locks, makes the Azure calls and records the Events.
 //!
@@ -6,7 +6,7 @@
 //! 1. the **service reconcile lock** ([`ServiceLock`]), shared with every reconcile, held for the
 //!    whole tick, so the tick never writes a load balancer a reconcile is writing, and the
 //!    Service→LB assignment cannot change under the grouping;
-//! 2. the **Azure resource lock** ([`ResourceLock`]; the Kubernetes Lease of upstream §f is
+//! 2. the **Azure resource lock** ([`ResourceLock`]; the Kubernetes Lease of docs/upstream.md §f is
 //!    [`crate::live::lease::LeaseLock`]), taken only when something is ready to drain;
 //! 3. the **queue**: the guest session behind its own `std::sync::Mutex`, held only for one short
 //!    guest call at a time and never across an Azure call, so producers ([`PoolUpdater::enqueue`],

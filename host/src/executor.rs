@@ -1,5 +1,5 @@
 //! The command executor: carries out one WIT [`Command`] and answers with its WIT [`Outcome`],
-//! mechanically (design §2, invariant 3: the host decides nothing).
+//! mechanically (docs/design.md §2.3: the host decides nothing).
 //!
 //! Azure commands go through any [`AzureApi`] (the ARM client or the emulator), Kubernetes
 //! commands through a [`KubeApi`]. Every error becomes a `failure` carrying exactly what the
@@ -10,7 +10,7 @@
 //! (the same change, never onto an object of another UID; `crate::kube`), as every client of
 //! the API server does.
 //!
-//! Before running a command the executor checks that it is sane (design §2.4): names present,
+//! Before running a command the executor checks that it is sane (docs/design.md §2.4): names present,
 //! a batch of at most [`MAX_BATCH`] entries, no entry twice in one batch, locations and
 //! addresses that are IP addresses. The guest is not trusted; an invalid command is never
 //! sent, is logged as a warning, and is answered with a failure of status 0 and code
@@ -171,7 +171,7 @@ pub fn command_subject(command: &wit::Command) -> String {
     }
 }
 
-/// Checks a command before it runs (design §2.4).
+/// Checks a command before it runs (docs/design.md §2.4).
 pub fn check(command: &wit::Command) -> Result<(), InvalidCommand> {
     let name = command_name(command);
     let non_empty = |text: &str, what: &'static str| {

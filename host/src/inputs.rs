@@ -272,7 +272,7 @@ impl From<CloudConfig> for Config {
                 .into_iter()
                 .map(|lb| lb.name)
                 .collect(),
-            // Not a key of the cloud config: `--write-budget` (cli.rs) sets it.
+            // Not a key of the cloud config: `--write-budget` (`cli/args.rs`) sets it.
             write_budgets: None,
         }
     }

@@ -20,14 +20,13 @@
 //! * an Event: a core `v1` Event regarding the Service (reason, type, message as the guest gave
 //!   them), reported by [`COMPONENT`].
 
+use crate::error_text::error_chain;
 use crate::executor::{KubeApi, KubeError};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
-#[cfg(feature = "live")]
 use kube::Resource;
-#[cfg(feature = "live")]
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -40,7 +39,6 @@ pub const COMPONENT: &str = "clb-reconciler";
 pub const ATTEMPTS: u32 = 5;
 
 /// The Kubernetes writes of `clb-host run`.
-#[cfg(feature = "live")]
 #[derive(Clone)]
 pub struct KubeClient {
     client: kube::Client,
@@ -48,7 +46,6 @@ pub struct KubeClient {
     instance: String,
 }
 
-#[cfg(feature = "live")]
 impl KubeClient {
     pub fn new(client: kube::Client, instance: impl Into<String>) -> Self {
         Self { client, instance: instance.into() }
@@ -154,7 +151,6 @@ fn is_conflict(error: &KubeError) -> bool {
     error.status == 409 && error.reason.as_deref() == Some("Conflict")
 }
 
-#[cfg(feature = "live")]
 impl KubeApi for KubeClient {
     async fn patch_service_status(&self, service: &wit::ObjectRef, ingress_ips: &[String]) -> Result<(), KubeError> {
         let ingress: Vec<_> = ingress_ips.iter().map(|ip| json!({ "ip": ip })).collect();
@@ -218,7 +214,6 @@ impl KubeApi for KubeClient {
 
 /// A client error as the executor reports it: the API server's status, reason and message, or
 /// status 0 when no answer arrived.
-#[cfg(feature = "live")]
 pub fn api_error(error: kube::Error) -> KubeError {
     match error {
         kube::Error::Api(status) => KubeError {
@@ -228,22 +223,4 @@ pub fn api_error(error: kube::Error) -> KubeError {
         },
         other => KubeError { status: 0, reason: None, message: error_chain(&other) },
     }
-}
-
-/// `namespace/name` split in two: both parts non-empty, the name without a `/`. The form every
-/// flag and file of this host uses to name a namespaced object.
-pub fn namespaced(text: &str) -> Option<(&str, &str)> {
-    text.split_once('/').filter(|(namespace, name)| !namespace.is_empty() && !name.is_empty() && !name.contains('/'))
-}
-
-/// An error and its sources on one line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

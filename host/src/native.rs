@@ -11,7 +11,7 @@ use crate::sandbox::GuestError;
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::bindings::exports::clb::reconciler::backend_pools as wit_pools;
 use crate::sandbox::bindings::exports::clb::reconciler::validation as wit_validation;
-use crate::simulator::simulate::{LogicError, Reconciler};
+use crate::simulator::simulate::{LogicError, PoolReconciler, Reconciler, Supervised};
 use clb_guest::model;
 
 // The guest adapter's own conversions and pool adapter, expanded over the host's generated types.
@@ -160,10 +160,21 @@ impl Reconciler for NativeReconciler {
         Ok(step_to_wit(self.tracker()?.tick(now_ms)))
     }
 
-    fn stats(&mut self, now_ms: u64) -> Result<Option<wit::TrackerStats>, LogicError> {
-        Ok(Some(self.tracker()?.stats(now_ms).into()))
+    fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, LogicError> {
+        Ok(self.tracker()?.stats(now_ms).into())
     }
 
+    fn pools(&mut self) -> Option<&mut dyn PoolReconciler> {
+        Some(self)
+    }
+
+    /// The library runs bare: swaps, shadows and traces are the component's.
+    fn supervised(&mut self) -> Option<&mut dyn Supervised> {
+        None
+    }
+}
+
+impl PoolReconciler for NativeReconciler {
     fn validate_config(&mut self, config: &wit::Config) -> Result<Result<wit::Mode, wit::ConfigError>, LogicError> {
         Ok(clb_guest::config::validate_config(&config_to_model(config)).map(Into::into).map_err(Into::into))
     }

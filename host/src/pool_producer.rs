@@ -1,4 +1,4 @@
-//! The producer of the backend-pool updater (multi-SLB local-service mode, upstream §e, design
+//! The producer of the backend-pool updater (multi-SLB local-service mode, docs/upstream.md §e, docs/design.md
 //! §5): for one local Service at a time, the node IPs of its ready endpoints against what was
 //! enqueued for it last, turned into [`PoolOperation`]s (upstream's
 //! `applyIPChangesAmongLocalServiceBackendPoolsByIPFamily`: per pool, the IPs of its family, a

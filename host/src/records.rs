@@ -116,6 +116,12 @@ pub fn node(node: &Node) -> wit::Node {
     }
 }
 
+/// `namespace/name` split in two: both parts non-empty, the name without a `/`. The form every
+/// flag and file of this host uses to name a namespaced object.
+pub fn namespaced(text: &str) -> Option<(&str, &str)> {
+    text.split_once('/').filter(|(namespace, name)| !namespace.is_empty() && !name.is_empty() && !name.contains('/'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

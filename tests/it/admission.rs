@@ -1,4 +1,4 @@
-//! Every configuration and admission rule of design §3, from the case tables in
+//! Every configuration and admission rule of docs/design.md §3, from the case tables in
 //! `tests/fixtures/{configs,admission}.yaml`, run natively and through the component.
 
 use clb_tests::*;
@@ -86,9 +86,12 @@ fn clb_guest_mode_name(mode: clb_host::sandbox::bindings::clb::reconciler::types
 // Upstream TestValidateInboundConfig: each rejection has its reason and a non-empty message.
 // Upstream TestAdmitInboundService_RejectsUnimplementedSpecFields: sessionAffinity ClientIP and loadBalancerIP are
 // rejected, an explicit sessionAffinity None is admitted (differs: the "defaults still admitted" control is ETP
-// Local, since ETP Cluster is rejected, design §3).
+// Local, since ETP Cluster is rejected, docs/design.md §3).
 // Upstream TestAdmitInboundService_RejectsInternalLoadBalancerCaseInsensitively: the internal annotation
 // "true", "TrUe" and "TRUE" are all rejected.
+// Upstream TestAdmitInboundService_AdmitsBothExternalTrafficPolicies (differs: ETP Local is admitted, ETP Cluster
+// and an unset one are rejected with UnsupportedExternalTrafficPolicy, docs/design.md §3; a deleting Cluster Service is
+// still cleaned up).
 #[test]
 fn every_admission_case_gets_its_expected_verdict_natively_and_through_the_component() {
     let mut session = builtin().session().unwrap();

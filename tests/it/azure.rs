@@ -1,5 +1,5 @@
 //! The Azure side: the ARM client against the emulator over loopback, fault by fault; the
-//! emulator's §h.3 semantics through the in-process core; the credential sources.
+//! emulator's docs/upstream.md §h.3 semantics through the in-process core; the credential sources.
 
 use clb_host::azure::auth::{TokenFile, WorkloadIdentity};
 use clb_host::azure::*;
@@ -257,7 +257,7 @@ async fn every_fault_on_every_operation_gives_the_same_typed_error_over_http_and
     }
 }
 
-/// The NAT gateway rules of the emulator, walked through `api` in upstream's order (§c.2.1): public IPs, then the
+/// The NAT gateway rules of the emulator, walked through `api` in upstream's order (docs/upstream.md §c.2.1): public IPs, then the
 /// NAT gateway associated with the ServiceGateway, then the Outbound registration naming it; the teardown
 /// in reverse, each step refused while the one before it has not happened.
 async fn nat_gateway_lifecycle(api: &impl AzureApi, emulator: &Emulator) {
@@ -566,7 +566,7 @@ async fn lists_follow_next_link_across_pages() {
     assert_eq!(served.state().requests["list-services"], 3, "six services in pages of two");
 }
 
-// ---- §h.3 semantics, in-process ----
+// ---- docs/upstream.md §h.3 semantics, in-process ----
 
 #[tokio::test]
 async fn an_upsert_replaces_a_services_properties_wholesale() {

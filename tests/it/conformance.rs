@@ -11,10 +11,12 @@
 //!
 //! The `.tsv`'s status is the verdict of a reading of upstream's test against its counterparts:
 //! `N` when they assert everything it asserts (its table cases included), `P` when only part
-//! (the note says what is missing). A row is shown `N` or `P` only where a marker names it (an
-//! `N` or `P` that nothing names is `E`), and a marked row must have one of those verdicts (or
-//! `NA` or `U`, whose note says why the counterpart is not the upstream behaviour), so that
-//! naming a test never makes it conform by itself.
+//! (the note says what is missing), `D` when they assert everything it asserts except where the
+//! design chose to differ, and there assert the behaviour chosen instead (the note says how and
+//! why). A row is shown `N`, `P` or `D` only where a marker names it (one that nothing names is
+//! `E`), and a marked row must have one of those verdicts (or `NA` or `U`, whose note says why
+//! the counterpart is not the upstream behaviour), so that naming a test never makes it conform
+//! by itself.
 //!
 //! Regenerate with `CLB_BLESS_CONFORMANCE=1 cargo test --release -p clb-tests conformance`.
 
@@ -30,13 +32,20 @@ struct Row {
     note: String,
 }
 
-const STATUSES: [(&str, &str); 6] = [
+const STATUSES: [(&str, &str); 7] = [
     ("N", "counterparts name the upstream test and assert everything it asserts, its table cases included"),
     ("P", "counterparts name the upstream test but assert only part of it; the note says what is missing and why"),
+    (
+        "D",
+        "counterparts name the upstream test and assert what it asserts, except where the design chose to differ: there they assert the behaviour chosen instead; the note says how and why",
+    ),
     ("E", "an equivalent exists (a scenario, a property, a unit test) but does not name the upstream test yet"),
     ("X", "the behaviour is implemented here, but nothing tests it yet"),
     ("U", "the behaviour is not implemented"),
-    ("NA", "Go plumbing with no counterpart here, or a rule the design replaced on purpose"),
+    (
+        "NA",
+        "Go plumbing with no counterpart here, or a rule the design replaced on purpose with nothing here to assert in its place",
+    ),
 ];
 
 fn root() -> PathBuf {
@@ -161,13 +170,13 @@ fn markers() -> BTreeMap<String, Vec<String>> {
 /// The status a row is shown with: the `.tsv`'s verdict, where a marker names the test.
 fn status<'r>(row: &'r Row, markers: &BTreeMap<String, Vec<String>>) -> &'r str {
     match (markers.contains_key(&row.test), row.status.as_str()) {
-        (true, status @ ("N" | "P" | "NA" | "U")) => status,
+        (true, status @ ("N" | "P" | "D" | "NA" | "U")) => status,
         (true, status) => panic!(
-            "upstream-tests.tsv: {} is named by {:?} but its verdict is {status}: read the counterparts against upstream's test and set N, P (saying what is missing), NA or U",
+            "upstream-tests.tsv: {} is named by {:?} but its verdict is {status}: read the counterparts against upstream's test and set N, P (saying what is missing), D (saying how and why it differs), NA or U",
             row.test, markers[&row.test]
         ),
         // The audit found a counterpart, but nothing names the upstream test at it.
-        (false, "N" | "P") => "E",
+        (false, "N" | "P" | "D") => "E",
         (false, status) => status,
     }
 }
@@ -200,12 +209,13 @@ fn render(audit: &[Row], markers: &BTreeMap<String, Vec<String>>) -> String {
          (`tests/it/conformance.rs`) from `docs/conformance/upstream-tests.tsv` and the upstream\n\
          markers in the code; do not edit it by hand. An audit mapped every test function of\n\
          upstream master (kubernetes-sigs/cloud-provider-azure at 7b31c76c, B-HEAD in\n\
-         `../shared/docs/upstream-reference.md`) for the servicegateway DiffTracker, engine and updaters\n\
+         `docs/upstream.md`) for the servicegateway DiffTracker, engine and updaters\n\
          and the backend-pool updater. The project owns that list now: a row's status and note change\n\
          in the `.tsv`. A test names its upstream test (a comment directly above it that says\n\
          `upstream TestName`, or a scenario's `description` that does); the `.tsv` says whether the\n\
-         tests that name it assert all of it (`N`) or part (`P`, with what is missing), after a\n\
-         reading of upstream's test, its table cases included, against them.\n"
+         tests that name it assert all of it (`N`), part (`P`, with what is missing), or all of it\n\
+         but where the design chose to differ, which they assert instead (`D`, with how and why),\n\
+         after a reading of upstream's test, its table cases included, against them.\n"
     );
     let _ = writeln!(out, "| status | meaning | count |\n| --- | --- | --- |");
     for (code, meaning) in STATUSES {
@@ -224,6 +234,7 @@ fn render(audit: &[Row], markers: &BTreeMap<String, Vec<String>>) -> String {
             let cell = match (markers.get(&row.test), status(row)) {
                 (Some(counterparts), "N") => counterparts.join("; "),
                 (Some(counterparts), "P") => format!("{}. **Missing:** {note}", counterparts.join("; ")),
+                (Some(counterparts), "D") => format!("{}. **Differs:** {note}", counterparts.join("; ")),
                 (Some(counterparts), _) => format!("{note} (named by {})", counterparts.join("; ")),
                 (None, _) => note,
             };
@@ -295,9 +306,11 @@ fn naming_an_upstream_test_shows_the_audits_verdict_and_never_makes_a_row_confor
     let unnamed = BTreeMap::new();
     assert_eq!(status(&row("N"), &named), "N");
     assert_eq!(status(&row("P"), &named), "P");
+    assert_eq!(status(&row("D"), &named), "D");
     assert_eq!(status(&row("NA"), &named), "NA");
     assert_eq!(status(&row("N"), &unnamed), "E");
     assert_eq!(status(&row("P"), &unnamed), "E");
+    assert_eq!(status(&row("D"), &unnamed), "E");
     assert_eq!(status(&row("X"), &unnamed), "X");
     let unjudged = std::panic::catch_unwind(|| status(&row("E"), &named).to_owned());
     assert!(unjudged.is_err(), "a named row without a verdict is refused");

@@ -1,5 +1,5 @@
-//! The Leases of design §6 against the real kube-apiserver (`harness/apiserver`): the Azure
-//! resource lock (upstream §f) under a foreign holder, concurrency, renewal and release; leader
+//! The Leases of docs/design.md §6 against the real kube-apiserver (`harness/apiserver`): the Azure
+//! resource lock (docs/upstream.md §f) under a foreign holder, concurrency, renewal and release; leader
 //! election on its own and with two `clb-host run` replicas sharing one emulator. Durations are
 //! seconds so that expiry happens within a test; every wait is "until the behaviour shows".
 

@@ -1,6 +1,8 @@
 //! The operator page (`GET /`) of a running `clb-host run`, as a real browser renders it:
-//! Debian's `chromium`, headless, against the test API server and the emulator. A missing
-//! browser fails the test (`.ci/run` installs it): a page test that skips itself proves nothing.
+//! Debian's `chromium`, headless, against the test API server and the emulator. The browser is
+//! installed on first use by `harness/browser/chromium.sh` (as the test API server is built by
+//! its script); where it cannot be, the test fails saying why: a page test that skips itself
+//! proves nothing.
 
 use crate::kube::eventually;
 use crate::operations::{Host, Options, create_service, delete_services, in_namespace, post_swap, provisioned};
@@ -12,14 +14,39 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A browser run gets this long; a first start on a cold disk takes a few seconds.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// The browser's path, installed by `harness/browser/chromium.sh` where it is missing (once for
+/// the test binary: the script serialises installs across binaries itself).
+fn browser() -> &'static Path {
+    static BROWSER: OnceLock<PathBuf> = OnceLock::new();
+    BROWSER.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/browser/chromium.sh");
+        let output = Command::new("bash")
+            .arg(&script)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|error| panic!("running {}: {error}", script.display()));
+        assert!(
+            output.status.success(),
+            "{} could not provide chromium ({}); see its message above",
+            script.display(),
+            output.status
+        );
+        let stdout = String::from_utf8(output.stdout).expect("chromium.sh prints a path");
+        PathBuf::from(
+            stdout.lines().last().map(str::trim).filter(|line| !line.is_empty()).expect("chromium.sh printed no path"),
+        )
+    })
+}
+
 /// Runs `chromium --headless` on the page with `extra` arguments; its standard output.
 fn chromium(addr: SocketAddr, profile: &Path, extra: &[&str]) -> String {
-    let mut command = Command::new("chromium");
+    let mut command = Command::new(browser());
     command
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars"])
         // A profile of its own: a second run, or a developer's open browser, shares nothing.
@@ -30,10 +57,7 @@ fn chromium(addr: SocketAddr, profile: &Path, extra: &[&str]) -> String {
         .stderr(Stdio::piped());
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
-            "`chromium` is not on PATH: install Debian's `chromium` package (apt-get install -y chromium), as .ci/run does; this test renders the operator page in a real browser and does not skip"
-        ),
-        Err(error) => panic!("starting chromium: {error}"),
+        Err(error) => panic!("starting {}: {error}", browser().display()),
     };
     // Both pipes are read as the browser writes, so a chatty one cannot block on a full pipe.
     let read = |mut pipe: Box<dyn Read + Send>| {

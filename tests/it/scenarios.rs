@@ -121,6 +121,15 @@ impl simulate::Reconciler for TrackerOnly {
     fn tick(&mut self, now_ms: u64) -> Result<wit::Step, simulate::LogicError> {
         self.0.tick(now_ms)
     }
+    fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, simulate::LogicError> {
+        self.0.stats(now_ms)
+    }
+    fn pools(&mut self) -> Option<&mut dyn simulate::PoolReconciler> {
+        None
+    }
+    fn supervised(&mut self) -> Option<&mut dyn simulate::Supervised> {
+        None
+    }
 }
 
 #[test]
@@ -688,7 +697,7 @@ fn the_executor_refuses_invalid_commands_without_sending_them() {
 // a same-name object of another UID is refused, 409 UIDMismatch).
 // Upstream TestAddServiceGatewayFinalizer: the finalizer is added once, beside the others, and only to the Service
 // of its UID (the load-balancer-cleanup cases have no counterpart: this project is not called through the service
-// controller and owns one finalizer, design §4).
+// controller and owns one finalizer, docs/design.md §4).
 // Upstream TestRemoveServiceGatewayFinalizer: removal keeps the other finalizers, removing an absent one is Ok, and
 // a same-name Service of another UID keeps its finalizers.
 #[test]

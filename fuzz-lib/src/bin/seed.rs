@@ -7,7 +7,7 @@
 //! * `tracker`, `differential` — each scenario run natively (`simulate` with the library behind
 //!   the `Reconciler` trait), its calls encoded as a program: the observations, the answers
 //!   (as the world gives them for `tracker`, as recorded for `differential`), ticks and time;
-//! * `state_import` — the state each of those runs ends with, and the version-1 fixture state;
+//! * `state_import` — the state each of those runs ends with, and the fixture state of every version;
 //! * `commands` — the commands each run issued, sixteen to a file;
 //! * `backend_pools` — the pool-queue calls of the golden traces.
 //!
@@ -21,7 +21,7 @@ use clb_guest::backend_pools::{Failure, GroupOutcome, OperationKind, PoolOperati
 use clb_host::native::NativeReconciler;
 use clb_host::sandbox::bindings::clb::reconciler::types as wit;
 use clb_host::simulator::cluster::Object;
-use clb_host::simulator::simulate::{LogicError, Reconciler};
+use clb_host::simulator::simulate::{LogicError, PoolReconciler, Reconciler, Supervised};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -94,6 +94,19 @@ impl Reconciler for Recording {
         self.runs.last_mut().expect("started").1.push(Call::Tick(now_ms));
         self.note(&step);
         Ok(step)
+    }
+
+    fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, LogicError> {
+        self.inner.stats(now_ms)
+    }
+
+    /// The programs drive the tracker alone: a multi-SLB scenario stops at its first restart.
+    fn pools(&mut self) -> Option<&mut dyn PoolReconciler> {
+        None
+    }
+
+    fn supervised(&mut self) -> Option<&mut dyn Supervised> {
+        None
     }
 }
 
@@ -374,6 +387,13 @@ fn main() {
     }
     let v1 = std::fs::read(root.join("tests/fixtures/state/v1-small-cluster.bin")).unwrap();
     out.put("state_import", "v1-small-cluster", [vec![0, 0], v1].concat());
+    // Every later version's fixture, its version spelled out (byte 3, then the version as four
+    // little-endian bytes), then configuration 0 (CLB, as the fixtures were exported under).
+    for version in 2..=clb_guest::tracker::STATE_VERSION {
+        let name = format!("v{version}-every-part");
+        let payload = std::fs::read(root.join(format!("tests/fixtures/state/{name}.bin"))).unwrap();
+        out.put("state_import", &name, [&[3][..], &version.to_le_bytes(), &[0], &payload].concat());
+    }
 
     for path in files(&root.join("tests/traces"), "jsonl") {
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct ServiceRecord {
     pub(super) observed: Service,
-    /// The spec last admitted; a live Service that becomes invalid keeps it (design §3).
+    /// The spec last admitted; a live Service that becomes invalid keeps it (docs/design.md §3).
     pub(super) admitted: Option<Service>,
     pub(super) verdict: Verdict,
 }

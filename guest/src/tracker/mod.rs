@@ -1,5 +1,5 @@
-//! The stateful core: observations and outcomes in, commands out (design §4; upstream §b.3,
-//! §c.2).
+//! The stateful core: observations and outcomes in, commands out (docs/design.md §4;
+//! docs/upstream.md §b.3, §c.2).
 //!
 //! * The Kubernetes side is the cache of Services, EndpointSlices and Nodes; the ready endpoints
 //!   of every Service being provisioned are folded into the [`DiffTracker`]. That state *is* the

@@ -1,6 +1,6 @@
 //! The NRP side: the address-location batches (several in flight over disjoint locations once
 //! one is slow, per-location backoff, halving around a refused location, throttling), the
-//! periodic read of NRP and the reconciliation after each read (upstream §c.2.4).
+//! periodic read of NRP and the reconciliation after each read (docs/upstream.md §c.2.4).
 
 use super::inbound::*;
 use super::service::*;
@@ -212,7 +212,7 @@ impl Tracker {
     }
 
     /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
-    /// Kubernetes does not explain (upstream §c.2.4).
+    /// Kubernetes does not explain (docs/upstream.md §c.2.4).
     pub(super) fn reconcile_with_nrp(&mut self, step: &mut Step) {
         self.reconcile_outbound();
         let registered: Vec<String> = self.state.diff.registered().iter().map(Name::to_string).collect();
@@ -232,7 +232,7 @@ impl Tracker {
             let record =
                 self.state.service_by_identity.get(&identity).and_then(|key| self.state.services.get(key)).cloned();
             match record {
-                // A live Service that is no longer admitted keeps serving (design §3).
+                // A live Service that is no longer admitted keeps serving (docs/design.md §3).
                 Some(r) if !matches!(r.verdict, Verdict::Cleanup | Verdict::Ignored(_)) => {
                     let lifecycle =
                         Lifecycle::new(object_ref(&r.observed), Phase::Created, ObjectState::of(&r.observed), None);

@@ -40,7 +40,7 @@ pub struct LbConfig {
 }
 
 impl LbConfig {
-    /// Names follow upstream (§a.4): LB and pool = UID, PIP = `<uid>-pip`, rules
+    /// Names follow upstream (docs/upstream.md §a.4): LB and pool = UID, PIP = `<uid>-pip`, rules
     /// `rule-<protocol>-<port>`.
     pub fn for_service(service: &Service) -> Self {
         let uid = service.identity();
@@ -157,7 +157,7 @@ pub enum OpStep {
 impl OpStep {
     pub(super) const ENSURE: [OpStep; 5] =
         [OpStep::AddFinalizer, OpStep::PutPublicIp, OpStep::PutLoadBalancer, OpStep::Register, OpStep::PatchStatus];
-    /// Upstream §c.2.3: unlink pool → delete LB → unregister → delete PIP → drop finalizer;
+    /// Upstream docs/upstream.md §c.2.3: unlink pool → delete LB → unregister → delete PIP → drop finalizer;
     /// and, before the finalizer, the ingress IP leaves the status of a Service that lives on
     /// (LoadBalancer → ClusterIP), since that address is gone.
     pub(super) const DELETE: [OpStep; 6] = [

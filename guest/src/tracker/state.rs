@@ -240,7 +240,7 @@ impl<N> State<N> {
 
 impl State {
     /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed): one key
-    /// space with egress identities (upstream §i.2.7).
+    /// space with egress identities (docs/upstream.md §i.2.7).
     pub(super) fn is_inbound(&self, identity: &str) -> bool {
         self.lifecycles.contains_key(identity) || self.service_by_identity.contains_key(identity)
     }

@@ -1,5 +1,5 @@
 //! The Azure side of the host: the calls the executor makes to ARM and to the network resource
-//! provider's `serviceGateways` API (upstream-reference §h.2), in host terms.
+//! provider's `serviceGateways` API (docs/upstream.md §h.2), in host terms.
 //!
 //! [`AzureApi`] is what the executor is generic over. It takes names, not ARM IDs: the
 //! implementation knows its subscription, resource group, VNet and gateway ([`Scope`]) and builds
@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
-/// The default name of the ServiceGateway resource; CCM never uses another (§a.4).
+/// The default name of the ServiceGateway resource; CCM never uses another (docs/upstream.md §a.4).
 pub const DEFAULT_SERVICE_GATEWAY: &str = "servicegateway";
 
 /// The header of ARM's answers to writes (PUT, DELETE, POST): the subscription's write tokens
@@ -217,7 +217,7 @@ impl AzureError {
         self
     }
 
-    /// A 404: what the guest treats as success for deletes and unregisters (§c.2.1).
+    /// A 404: what the guest treats as success for deletes and unregisters (docs/upstream.md §c.2.1).
     pub fn is_not_found(&self) -> bool {
         self.status == 404
     }
@@ -392,7 +392,7 @@ pub struct ListedFrontend {
 
 /// An egress identity's NAT gateway (SKU StandardV2) to create or change: its public IPs by
 /// name, per family, and whether it is associated with the ServiceGateway (`serviceGateway.id`;
-/// `false` sends an explicit `null`, the disassociation before a teardown, §c.2.1).
+/// `false` sends an explicit `null`, the disassociation before a teardown, docs/upstream.md §c.2.1).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NatGatewaySpec {
     pub name: String,
@@ -483,7 +483,7 @@ impl Scope {
     }
 }
 
-/// The name of the one frontend of a per-service load balancer (§a.4).
+/// The name of the one frontend of a per-service load balancer (docs/upstream.md §a.4).
 pub const FRONTEND_NAME: &str = "frontend";
 
 /// What the executor calls. Implemented by [`ArmClient`] and by the in-process emulator.

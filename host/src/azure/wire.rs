@@ -1,4 +1,4 @@
-//! The JSON of the ARM and NRP APIs (upstream-reference §h.2), and the one mapping between it
+//! The JSON of the ARM and NRP APIs (docs/upstream.md §h.2), and the one mapping between it
 //! and the host's request types. The client and the emulator both go through these builders, so
 //! the in-process emulator sees exactly the bodies the HTTP client would send.
 //!
@@ -254,7 +254,7 @@ pub struct FrontendIpProperties {
     pub private_ip_address: Option<String>,
 }
 
-/// A child resource that is only named here (a pool "with empty properties", §h.2).
+/// A child resource that is only named here (a pool "with empty properties", docs/upstream.md §h.2).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamedEmpty {
     pub name: String,

@@ -1,5 +1,5 @@
 //! A local emulator of the Azure API surface the host uses: the NRP `serviceGateways` calls,
-//! public IPs, load balancers and backend pools (upstream-reference §h.3), plus an Entra ID
+//! public IPs, load balancers and backend pools (docs/upstream.md §h.3), plus an Entra ID
 //! token endpoint for workload-identity tests.
 //!
 //! [`Emulator`] is the in-process core: a state behind a mutex and the semantics of [`core`],
@@ -90,15 +90,6 @@ impl Emulator {
         self.lock().clock = throttle::Clock::Virtual(now_ms);
     }
 
-    /// From now on the buckets refill by real time since this call (the HTTP server's clock).
-    #[cfg_attr(not(feature = "live"), allow(dead_code))]
-    pub(crate) fn use_real_time(&self) {
-        let mut state = self.lock();
-        if matches!(state.clock, throttle::Clock::Virtual(_)) {
-            state.clock = throttle::Clock::Real(std::time::Instant::now());
-        }
-    }
-
     /// Puts ARM's throttling to `limits` (`None`: unlimited), both buckets full from now.
     pub fn set_arm_limits(&self, limits: Option<ArmLimits>) {
         self.lock().set_arm_limits(limits);
@@ -131,15 +122,6 @@ impl Emulator {
     pub fn clear_faults(&self) {
         self.lock().faults.clear();
         self.cleared.send_modify(|count| *count += 1);
-    }
-
-    /// Completes at the next [`Emulator::clear_faults`].
-    pub(crate) fn faults_cleared(&self) -> impl std::future::Future<Output = ()> + use<> {
-        let mut cleared = self.cleared.subscribe();
-        async move {
-            // The sender lives as long as the emulator; if it is gone, so is every caller.
-            let _ = cleared.changed().await;
-        }
     }
 
     /// Everything: resources, active faults, request counts and log, token exchanges.

@@ -1,4 +1,4 @@
-//! The emulator over HTTP/1.1: the ARM routes of §h.2, the operation-status URLs of 202
+//! The emulator over HTTP/1.1: the ARM routes of docs/upstream.md §h.2, the operation-status URLs of 202
 //! answers, an Entra ID token endpoint, and the control routes:
 //!
 //! * `GET /emulator/state` — [`EmulatorState`](super::EmulatorState) as JSON;
@@ -18,7 +18,7 @@
 
 use super::core::{Dispatch, Rejection, TokenExchange, bucket_of, default_code};
 use super::faults::{AsyncOutcome, Fault};
-use super::throttle::{Bucket, Figure};
+use super::throttle::{Bucket, Clock, Figure};
 use super::{Emulator, EmulatorError, location_names, service_names};
 use crate::azure::wire::{self, ErrorBody, ErrorEnvelope, Page};
 use crate::azure::{Operation, Scope};
@@ -29,6 +29,26 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::net::SocketAddr;
 use std::sync::Arc;
+
+/// What only the HTTP server asks of the emulator: real time, and a way to end hung calls.
+impl Emulator {
+    /// From now on the buckets refill by real time since this call (the HTTP server's clock).
+    fn use_real_time(&self) {
+        let mut state = self.lock();
+        if matches!(state.clock, Clock::Virtual(_)) {
+            state.clock = Clock::Real(std::time::Instant::now());
+        }
+    }
+
+    /// Completes at the next [`Emulator::clear_faults`].
+    fn faults_cleared(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let mut cleared = self.cleared.subscribe();
+        async move {
+            // The sender lives as long as the emulator; if it is gone, so is every caller.
+            let _ = cleared.changed().await;
+        }
+    }
+}
 
 /// A running server; it stops (with every open connection) when dropped.
 pub struct EmulatorServer {
@@ -378,10 +398,14 @@ fn serve<T: Serialize>(
     apply: impl FnOnce(&mut super::core::State, &Scope) -> Result<T, Rejection>,
 ) -> Reply {
     let scope = emulator.scope();
-    let (dispatch, figure) = {
+    let (dispatch, figure, polled) = {
         let mut state = emulator.lock();
         let dispatch = state.dispatch(op, resources, call.bearer.clone(), |s| apply(s, scope));
-        (dispatch, state.answer_figure.take())
+        let polled = match &dispatch {
+            Dispatch::Accepted { id } => state.operations.get(id).map(|o| (o.via_location, o.retry_after_secs)),
+            _ => None,
+        };
+        (dispatch, state.answer_figure.take(), polled)
     };
     let reply = match dispatch {
         Dispatch::Done(Ok(value)) => {
@@ -397,7 +421,8 @@ fn serve<T: Serialize>(
         Dispatch::ErrorBody(error) => Reply::Answer(json(200, &ErrorEnvelope { error })),
         Dispatch::Hang => Reply::Hang,
         Dispatch::Drop => Reply::Drop,
-        Dispatch::Accepted { id, via_location, retry_after_secs } => {
+        Dispatch::Accepted { id } => {
+            let (via_location, retry_after_secs) = polled.expect("an accepted operation is recorded");
             let mut response = empty(202);
             let monitor = format!("{}/emulator/operations/{id}", call.origin);
             let header = if via_location { hyper::header::LOCATION.as_str() } else { "azure-asyncoperation" };

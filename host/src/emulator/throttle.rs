@@ -207,10 +207,12 @@ fn whole(milli: u64) -> u32 {
 }
 
 /// The emulator's time: virtual (set by whoever drives it: `simulate`, unit tests) until it is
-/// served over HTTP, then real time since the emulator was made.
+/// served over HTTP, then real time since the emulator was made (only the HTTP server, built
+/// with the `live` feature, switches it).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Clock {
     Virtual(u64),
+    #[cfg(feature = "live")]
     Real(std::time::Instant),
 }
 
@@ -224,6 +226,7 @@ impl Clock {
     pub fn now_ms(&self) -> u64 {
         match self {
             Clock::Virtual(ms) => *ms,
+            #[cfg(feature = "live")]
             Clock::Real(started) => u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         }
     }

@@ -1,4 +1,4 @@
-//! Swaps in the running controller (design §7): requests from the HTTP endpoint and the logic
+//! Swaps in the running controller (docs/design.md §7): requests from the HTTP endpoint and the logic
 //! sources, carried out by `clb-host run`'s loop, recorded for `/status` and reported as
 //! Kubernetes Events.
 //!
@@ -40,8 +40,9 @@
 //!   `LogicRolledBack`, `LogicRollbackFailed` (Warning).
 
 use crate::compression::Compression;
+use crate::error_text::error_chain;
 use crate::executor::{KubeApi, KubeError};
-use crate::kube::{KubeClient, api_error, error_chain};
+use crate::kube::{KubeClient, api_error};
 use crate::live::metrics::{Metrics, SwapPhase};
 use crate::live::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
 use crate::sandbox::bindings::clb::reconciler::types as wit;
@@ -509,7 +510,7 @@ impl EventTarget {
     pub const DEFAULT: &str = "kube-system/clb-reconciler";
 
     pub fn parse(text: &str) -> Result<Self, ControlError> {
-        match crate::kube::namespaced(text) {
+        match crate::records::namespaced(text) {
             Some((namespace, name)) => Ok(Self { namespace: namespace.into(), name: name.into() }),
             None => Err(ControlError::BadObject(text.to_owned())),
         }

@@ -1,4 +1,4 @@
-//! The two `coordination.k8s.io/v1` Leases of design §6: the **Azure resource lock**
+//! The two `coordination.k8s.io/v1` Leases of docs/design.md §6: the **Azure resource lock**
 //! ([`LeaseLock`]) and **leader election** ([`Elector`], [`lead`]).
 //!
 //! Both are optimistic: a Lease is read, changed and written back with the `resourceVersion`
@@ -6,7 +6,7 @@
 //! 409 `Conflict` ([`LeaseError::Conflict`]). Kubernetes is the only arbiter; nothing here is
 //! a consensus of its own.
 //!
-//! # The Azure resource lock (upstream §f, compatible with it)
+//! # The Azure resource lock (docs/upstream.md §f, compatible with it)
 //!
 //! The Lease `kube-system/aks-managed-resource-locker`, holder `cloud-controller-manager`, 900 s,
 //! and the `aks-managed-resource-locker-previous-holder` annotation, so that it keeps out — and
@@ -21,14 +21,14 @@
 //!   previous-holder annotation; finding a foreign previous holder is logged (upstream rebuilds
 //!   its load-balancer cache then; this host caches nothing — every pool write is a GET and an
 //!   `If-Match` PUT — so there is nothing to rebuild).
-//! * **Renewal while held** (improvement over upstream, §i.4 #2): a background task renews
+//! * **Renewal while held** (improvement over upstream, docs/upstream.md §i.4 #2): a background task renews
 //!   `renewTime` every [`LeaseLockConfig::renew_period`] until release. Renew-on-use would not
 //!   help: the lock is held across one tick's many ARM calls, and it is exactly a long tick that
 //!   must not lose exclusivity silently. A renewal that finds the Lease taken logs an error and
 //!   counts `lost`.
 //! * **Release:** clear the holder, set the previous-holder annotation to ours. A Lease that is
 //!   gone, expired or someone else's is left alone. Through [`ResourceLock`] a failed release is
-//!   a warning and a counter of the caller, never a failed tick (§i.4 #4).
+//!   a warning and a counter of the caller, never a failed tick (docs/upstream.md §i.4 #4).
 //!
 //! # Leader election
 //!
@@ -49,6 +49,10 @@
 //! instead): the work future is dropped with all of its state, and a later term starts it afresh,
 //! exactly as a restarted process would — so nothing of the old term is executed twice or later.
 //! On shutdown the leader releases its Lease so a standby takes over at once.
+//!
+//! It is longer than 800 lines because both Leases share one optimistic read-modify-write (the
+//! `resourceVersion` guard, the holder and transition rules, the clock they are judged by), and
+//! the rules are client-go's and upstream's to be read side by side with them.
 
 use crate::backend_pools::{LockError, ResourceLock};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -339,7 +343,7 @@ impl LeaseLock {
             }
             Err(error) => {
                 self.stats.failed(error);
-                tracing::debug!(error = %crate::kube::error_chain(error), "azure resource lock not taken");
+                tracing::debug!(error = %crate::error_text::error_chain(error), "azure resource lock not taken");
             }
         }
         result
@@ -402,7 +406,7 @@ impl LeaseLock {
                     Err(error) => {
                         stats.renew_failures.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
-                            error = %crate::kube::error_chain(&error),
+                            error = %crate::error_text::error_chain(&error),
                             "azure resource lock: renewal failed; retrying at the next period"
                         );
                     }
@@ -710,7 +714,7 @@ impl Elector {
                     tracing::debug!(leader = %holder, "standing by: another replica leads");
                 }
                 Err(error) => {
-                    tracing::info!(error = %crate::kube::error_chain(&error), "standing by: the leader Lease was not taken");
+                    tracing::info!(error = %crate::error_text::error_chain(&error), "standing by: the leader Lease was not taken");
                 }
             }
             tokio::select! {
@@ -741,7 +745,7 @@ impl Elector {
                     return;
                 }
                 Ok(Err(error)) => tracing::warn!(
-                    error = %crate::kube::error_chain(&error),
+                    error = %crate::error_text::error_chain(&error),
                     "leader renewal failed; retrying until the renew deadline"
                 ),
                 Err(_) => return,
@@ -811,7 +815,7 @@ pub async fn lead<E>(
                 if let Err(error) = elector.release().await {
                     elector.stats.release_failures.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
-                        error = %crate::kube::error_chain(&error),
+                        error = %crate::error_text::error_chain(&error),
                         "releasing the leader Lease failed; a standby takes over when it expires"
                     );
                 }
@@ -827,72 +831,4 @@ pub async fn lead<E>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lease(holder: Option<&str>, renewed: Option<Timestamp>, duration: Option<i32>) -> Lease {
-        Lease {
-            metadata: ObjectMeta::default(),
-            spec: Some(LeaseSpec {
-                holder_identity: holder.map(str::to_owned),
-                renew_time: renewed.map(MicroTime),
-                lease_duration_seconds: duration,
-                ..Default::default()
-            }),
-        }
-    }
-
-    #[test]
-    fn a_lease_is_free_without_holder_or_renewal_else_held_until_its_renewal_plus_its_own_duration() {
-        let renewed = Timestamp::from_second(1_800_000_000).unwrap();
-        let default = Duration::from_secs(900);
-        let at = |secs: i64| Some(renewed.checked_add(SignedDuration::from_secs(secs)).unwrap());
-        let cases = [
-            ("no holder", lease(None, Some(renewed), Some(60)), None),
-            ("an empty holder (released)", lease(Some(""), Some(renewed), Some(60)), None),
-            ("never renewed", lease(Some("rp"), None, Some(60)), None),
-            ("its own duration", lease(Some("rp"), Some(renewed), Some(60)), at(60)),
-            ("no duration: ours", lease(Some("rp"), Some(renewed), None), at(900)),
-            ("a negative duration counts as zero", lease(Some("rp"), Some(renewed), Some(-5)), at(0)),
-        ];
-        for (case, lease, expected) in cases {
-            assert_eq!(held_until(&lease, default), expected, "{case}");
-        }
-    }
-
-    #[test]
-    fn the_replica_identity_is_the_given_one_else_the_pod_or_host_name_with_a_random_suffix() {
-        let env = |pod: Option<&'static str>, host: Option<&'static str>| {
-            move |name: &str| match name {
-                "POD_NAME" => pod.map(str::to_owned),
-                "HOSTNAME" => host.map(str::to_owned),
-                _ => None,
-            }
-        };
-        assert_eq!(replica_identity(Some("given"), env(Some("pod"), None)), "given");
-        let cases = [(Some("pod"), Some("host"), "pod_"), (None, Some("host"), "host_"), (None, None, "clb-host_")];
-        for (pod, host, prefix) in cases {
-            let (one, two) = (replica_identity(None, env(pod, host)), replica_identity(Some(""), env(pod, host)));
-            assert!(one.starts_with(prefix) && two.starts_with(prefix), "{one} {two} start with {prefix}");
-            assert_eq!(one.len(), prefix.len() + 16, "{one}");
-            assert_ne!(one, two, "two processes on one host get two identities");
-        }
-    }
-
-    #[test]
-    fn election_settings_need_an_identity_and_retry_period_below_renew_deadline_below_lease_duration() {
-        let secs = Duration::from_secs;
-        let cases = [
-            ("the defaults", "a", secs(15), secs(10), secs(2), true),
-            ("no identity", "", secs(15), secs(10), secs(2), false),
-            ("deadline = duration", "a", secs(10), secs(10), secs(2), false),
-            ("retry = deadline", "a", secs(15), secs(10), secs(10), false),
-            ("no retry period", "a", secs(15), secs(10), Duration::ZERO, false),
-        ];
-        for (case, identity, lease_duration, renew_deadline, retry_period, valid) in cases {
-            let config =
-                ElectionConfig { lease_duration, renew_deadline, retry_period, ..ElectionConfig::new(identity) };
-            assert_eq!(config.validate().is_ok(), valid, "{case}");
-        }
-    }
-}
+mod tests;

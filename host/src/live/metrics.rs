@@ -1,5 +1,5 @@
 //! What an operator scrapes, as data: the registry the supervisor publishes into and its
-//! OpenMetrics text exposition through `prometheus-client` (design §7: metrics per call labelled
+//! OpenMetrics text exposition through `prometheus-client` (docs/design.md §7: metrics per call labelled
 //! by logic version), the health and readiness it implies and the `/status` document.
 //! [`crate::live::endpoint`] serves them over HTTP.
 //!
@@ -14,6 +14,10 @@
 //!
 //! The metric names and labels are the operators' contract (`docs/operations.md`, "What to
 //! scrape"); `tests/it/metrics.rs` pins them.
+//!
+//! It is longer than 800 lines because the exposition is one contract: every family, its labels
+//! and its help text are declared and rendered here side by side, so that a renamed or missing
+//! family shows in one diff (the logic's own figures are apart, in `crate::figures`).
 //!
 //! * Per version (`version` = the first 12 hex digits of the component's sha256, `sha256` = all
 //!   of it): calls, fuel used, failures by kind. A version stays in the exposition after it is

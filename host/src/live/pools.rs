@@ -1,4 +1,4 @@
-//! `clb-host run` in multi-SLB local-service mode (design §5, upstream §e and §f): the
+//! `clb-host run` in multi-SLB local-service mode (docs/design.md §5, docs/upstream.md §e and §f): the
 //! backend-pool producer fed from the run loop's watch stream, and the [`PoolUpdater`] ticking on
 //! real time under the Azure resource lock ([`LeaseLock`]).
 //!
@@ -28,7 +28,8 @@
 
 use crate::azure::{ArmClient, AzureApi as _, PoolRef};
 use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
-use crate::kube::{KubeClient, error_chain};
+use crate::error_text::error_chain;
+use crate::kube::KubeClient;
 use crate::live::lease::{Leadership, LeaseLock};
 use crate::live::settings::{RunError, Settings};
 use crate::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};

@@ -108,7 +108,7 @@ pub struct Settings {
     pub probation_quarantines: u32,
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
-    /// The Azure resource lock (upstream §f) the backend-pool updater of multi-SLB
+    /// The Azure resource lock (docs/upstream.md §f) the backend-pool updater of multi-SLB
     /// local-service mode takes around each tick that writes pools (`live/pools.rs`). CLB
     /// mode does not take it, as upstream.
     pub resource_lock: LeaseLockConfig,

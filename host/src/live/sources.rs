@@ -1,4 +1,4 @@
-//! Where new versions of the logic come from while `clb-host run` runs (design §7): a file
+//! Where new versions of the logic come from while `clb-host run` runs (docs/design.md §7): a file
 //! (`--logic-file`) or a ConfigMap key (`--logic-configmap NAMESPACE/NAME:KEY`), each watched, each
 //! optionally pinned by sha256 (`--logic-sha256`). The built-in logic (or `--component`) serves
 //! from the start; a source's content is then offered as a swap, and so is every change of it.
@@ -19,7 +19,7 @@
 //! wrong — unreadable, missing, not base64, refused — is logged with the source, and the version
 //! serving keeps serving. The swap itself, the pin check and the records are [`crate::live::control`]'s.
 
-use crate::kube::error_chain;
+use crate::error_text::error_chain;
 use crate::live::control::{ControlError, SwapSender};
 use crate::live::swap::{Sha256Pin, SwapResult};
 use crate::sandbox::sha256_hex;
@@ -77,7 +77,7 @@ impl ConfigMapKey {
     pub fn parse(text: &str) -> Result<Self, SourceError> {
         let bad = || SourceError::BadConfigMapRef(text.to_owned());
         let (object, key) = text.rsplit_once(':').filter(|(_, key)| !key.is_empty()).ok_or_else(bad)?;
-        let (namespace, name) = crate::kube::namespaced(object).ok_or_else(bad)?;
+        let (namespace, name) = crate::records::namespaced(object).ok_or_else(bad)?;
         Ok(Self { namespace: namespace.into(), name: name.into(), key: key.into() })
     }
 

@@ -1,5 +1,5 @@
 //! The supervisor: owns the running logic (a [`Session`] and its tracker) and keeps its state
-//! safe across traps and version changes (design §2 invariant 5, §7).
+//! safe across traps and version changes (docs/design.md §2.5, §7).
 //!
 //! * **Checkpoints and the journal.** The supervisor keeps the last `export-state` of the
 //!   tracker and every input delivered since (observations and completions with their `now`,
@@ -62,298 +62,39 @@
 //! Every method takes `&mut self`, so no input can interleave with a swap or a recovery: an
 //! input that arrives meanwhile waits for the call to return, and is then delivered to
 //! whichever version is serving.
+//!
+//! The parts that hold no instance are files of their own: [`journal`] (when a checkpoint is
+//! taken), [`probation`] (a probation's rules and what a rollback delivers), [`swap`] (the
+//! report, the staged import, the self-check), [`report`] (what is published), [`version`] (a
+//! version held), [`instance`] (an instance and its rebuild), [`shadow`] (a candidate). This
+//! file is longer than 800 lines on purpose: every call that may replace the serving instance —
+//! delivery, recovery, quarantine, rollback, a swap's switch — is here, on the one struct that
+//! owns it, so that no two of them can interleave and none reaches into another's fields.
 
 mod instance;
+mod journal;
+mod probation;
+mod report;
 pub mod shadow;
+mod swap;
+mod version;
 
 use crate::sandbox::bindings::clb::reconciler::types as wit;
 use crate::sandbox::{GuestError, Limits, Logic, Runtime};
 use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
 use instance::{EXPORT_STAGE, Running, guest, record_input};
 pub use instance::{Input, SupervisorError};
-use serde::Serialize;
+pub use journal::CheckpointPolicy;
+pub use probation::{PROBATION_INPUTS, PROBATION_QUARANTINES, PROBATION_TICK_QUARANTINES, Quarantined};
+use probation::{Probation, to_deliver};
+pub use report::{ProbationSnapshot, Publish, Snapshot, SupervisorStats, VersionSnapshot};
 pub use shadow::{ShadowError, ShadowEvent, ShadowHandle, ShadowOptions, ShadowState, ShadowStatus};
-use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Deref;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// Inputs quarantined within its probation that roll a swapped-in version back, by default,
-/// whatever it served between them ([`Supervisor::with_probation_quarantines`]).
-pub const PROBATION_QUARANTINES: u32 = 3;
-/// Ticks quarantined within its probation that roll it back (fewer, when the quarantines
-/// allowed are fewer): a tick has no object to quarantine, only the time it was called at.
-pub const PROBATION_TICK_QUARANTINES: u32 = 2;
-/// Inputs a swapped-in version serves before the previous one is released, by default; until
-/// then a rollback replays them into the previous version. Only the new version's own inputs
-/// count: the journal a probation keeps also holds those from before the swap.
-pub const PROBATION_INPUTS: usize = 1_000;
-
-/// When the supervisor replaces its checkpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CheckpointPolicy {
-    /// After this many inputs.
-    pub every_inputs: usize,
-    /// Or once the journal holds this many observations and outcomes.
-    pub journal_items: usize,
-}
-
-impl Default for CheckpointPolicy {
-    /// Measured on 1,000 nodes / 30,000 pods / 1,000 Services (`cargo bench -p clb-tests --bench
-    /// swap`, BENCHMARKS.md): one checkpoint (`export-state` of 7.3 MB) costs ~38 ms while an
-    /// input costs ~29 µs, so the first choice, every 64 inputs, made each input ~22× dearer
-    /// (624 µs). Every 4,096 inputs spreads a checkpoint to ~10 µs per input (41 µs against 29 µs
-    /// with no checkpoints at all), and still bounds the work after a trap to an import (~115 ms)
-    /// plus a replay of at most 4,096 inputs (~120 ms at that rate). The journal bound (16,384
-    /// observations and outcomes) caps its memory when inputs are large batches, and takes a
-    /// checkpoint right after the start-up lists.
-    fn default() -> Self {
-        Self { every_inputs: 4_096, journal_items: 16_384 }
-    }
-}
-
-/// A logic version the supervisor runs: borrowed (the built-in logic, loaded once) or owned (one
-/// loaded for a swap).
-pub enum LogicRef<'a> {
-    Borrowed(&'a Logic),
-    Owned(Box<Logic>),
-}
-
-impl Deref for LogicRef<'_> {
-    type Target = Logic;
-    fn deref(&self) -> &Logic {
-        match self {
-            LogicRef::Borrowed(logic) => logic,
-            LogicRef::Owned(logic) => logic,
-        }
-    }
-}
-
-impl<'a> From<&'a Logic> for LogicRef<'a> {
-    fn from(logic: &'a Logic) -> Self {
-        LogicRef::Borrowed(logic)
-    }
-}
-
-impl From<Logic> for LogicRef<'_> {
-    fn from(logic: Logic) -> Self {
-        LogicRef::Owned(Box::new(logic))
-    }
-}
-
-/// A logic version's name in logs and reports: the start of its sha256.
-pub fn version_name(logic: &Logic) -> String {
-    logic.info().sha256.chars().take(12).collect()
-}
-
-/// Of the inputs a rolled-back version quarantined (each with the length the journal had when
-/// it came), those the previous version is to be delivered (see [`Supervisor::rollback`]): not
-/// a tick, and not an observation of an object that an input after it, in `journal` or among
-/// the quarantined, observes again.
-fn to_deliver(quarantined: Vec<(usize, Input)>, journal: &[Input]) -> Vec<Input> {
-    let mut observed_after: BTreeSet<(&'static str, String)> = BTreeSet::new();
-    let mut journal_from = journal.len();
-    let mut deliver = Vec::new();
-    for (at, input) in quarantined.into_iter().rev() {
-        for later in &journal[at.min(journal_from)..journal_from] {
-            observed_after.extend(later.objects());
-        }
-        journal_from = journal_from.min(at);
-        let objects = input.objects();
-        if !matches!(input, Input::Tick { .. }) && !objects.iter().any(|o| observed_after.contains(o)) {
-            deliver.push(input);
-        }
-        observed_after.extend(objects);
-    }
-    deliver.reverse();
-    deliver
-}
-
-/// An input that trapped and was dropped so the rest could go on.
-#[derive(Clone, Debug)]
-pub struct Quarantined {
-    pub input: Input,
-    /// The version it trapped on.
-    pub version: String,
-    pub error: String,
-}
-
-/// What a swap did.
-#[derive(Clone, Debug, Serialize)]
-pub struct SwapReport {
-    pub from: String,
-    pub to: String,
-    /// The state the new version imported: its version and size as the old version exported
-    /// it. For a staged swap, the checkpoint, which [`Self::replayed`] and the inputs the
-    /// import replayed bring up to date (after a restart it is the empty start-up state).
-    pub state_from: (u32, usize),
-    /// The state version the new version holds (what its `export-state` would write, by its
-    /// `state-version`) and the size of the state moved: for a staged swap, the new version's
-    /// own export after the import's replay, else the state it imported.
-    pub state_to: (u32, usize),
-    /// The new version's first step: what its self-check `tick` at the swap's `now_ms` asked
-    /// for. The caller must carry it out as it would the step of [`Supervisor::tick`] (execute
-    /// its commands, feed back their outcomes, wake at its `wake_at_ms`): the new version holds
-    /// those commands in flight. Usually empty in steady state.
-    #[serde(skip)]
-    pub first_step: wit::Step,
-    /// For a swap staged with [`Supervisor::stage`]: how many inputs the switch replayed into
-    /// the new version; `None` when the state moved whole (every plain swap, and a staged one
-    /// that fell back).
-    pub replayed: Option<usize>,
-    /// The whole swap, and the part of it spent moving state (exporting, when the checkpoint
-    /// was not fresh, and importing). For [`Supervisor::swap_staged`], `took` is the switch
-    /// alone, the pause inputs see, and `state_move` the import done beforehand off the
-    /// serving path (unless the switch fell back to a whole state move).
-    #[serde(skip)]
-    pub took: Duration,
-    #[serde(skip)]
-    pub state_move: Duration,
-}
-
-impl std::fmt::Display for SwapReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} → {}, state v{} ({} bytes) → v{} ({} bytes)",
-            self.from, self.to, self.state_from.0, self.state_from.1, self.state_to.0, self.state_to.1
-        )
-    }
-}
-
-/// The counters of one logic version, read from its [`GuestStats`](crate::sandbox::GuestStats).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct VersionSnapshot {
-    pub version: String,
-    pub sha256: String,
-    pub calls: u64,
-    pub fuel_used: u64,
-    /// By [`GuestError::kind`](crate::sandbox::GuestError::kind) (`poisoned` and `instantiate`
-    /// are counted together as `other`).
-    pub failures: BTreeMap<&'static str, u64>,
-}
-
-impl VersionSnapshot {
-    pub fn of(logic: &Logic) -> Self {
-        let stats = logic.stats();
-        let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
-        let failures = [
-            ("fuel", read(&stats.failures_fuel)),
-            ("deadline", read(&stats.failures_deadline)),
-            ("memory", read(&stats.failures_memory)),
-            ("panic", read(&stats.failures_panic)),
-            ("trap", read(&stats.failures_trap)),
-            ("other", read(&stats.failures_other)),
-        ]
-        .into_iter()
-        .collect();
-        Self {
-            version: logic.info().sha256.chars().take(12).collect(),
-            sha256: logic.info().sha256.clone(),
-            calls: read(&stats.calls),
-            fuel_used: read(&stats.fuel_used),
-            failures,
-        }
-    }
-}
-
-/// What the supervisor publishes after each call.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    /// The version serving, if a tracker runs.
-    pub serving: Option<VersionSnapshot>,
-    /// Every version the supervisor holds: the serving one first, then the one a rollback would
-    /// return to.
-    pub versions: Vec<VersionSnapshot>,
-    pub supervisor: SupervisorStats,
-    /// The tracker has reported `idle` since it started.
-    pub ready: bool,
-    /// The candidate in shadow, or the last one (stopped or promoted).
-    pub shadow: Option<ShadowHandle>,
-    /// The schema version of the serving version's state, once known: from its last checkpoint
-    /// or the swap that brought it in.
-    pub state_version: Option<u32>,
-    /// How far the serving version is through its probation, while it serves one.
-    pub probation: Option<ProbationSnapshot>,
-}
-
-/// A swapped-in version's probation, as far as it has gone.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProbationSnapshot {
-    /// Inputs it has served, of the `inputs` it must serve before the previous one is released.
-    pub served: usize,
-    pub inputs: usize,
-    /// Inputs it has quarantined, of the `quarantines` that roll it back.
-    pub quarantined: usize,
-    pub quarantines: u32,
-}
-
-/// Where the supervisor publishes a [`Snapshot`] after every call: the metrics registry
-/// (`crate::live::metrics::Metrics`) implements it. The supervisor owns the trait so that it knows
-/// nothing of the layer that serves its counters.
-pub trait Publish: Send + Sync {
-    fn publish(&self, snapshot: Snapshot);
-    /// How long the serving version (`sha256`) took over one delivered input: the call into
-    /// the guest, not the rebuild after a trap nor checkpoints.
-    fn guest_call(&self, sha256: &str, took: Duration);
-}
-
-/// What the supervisor has done, for metrics.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct SupervisorStats {
-    pub inputs: u64,
-    pub recoveries: u64,
-    pub quarantined: u64,
-    pub checkpoints: u64,
-    /// Bytes of every checkpoint taken, summed.
-    pub checkpoint_bytes: u64,
-    pub last_checkpoint_bytes: usize,
-    #[serde(skip)]
-    pub checkpoint_time: Duration,
-    /// Swaps by result: `accepted` or the refusal's [`SupervisorError::kind`].
-    pub swaps: BTreeMap<&'static str, u64>,
-    pub rollbacks: u64,
-    pub rollbacks_failed: u64,
-    /// Why the last rollback (or failed one) was decided.
-    pub last_rollback: Option<String>,
-}
-
-/// The version a swap replaced, kept ready for a rollback while the new one is on probation.
-struct Probation<'a> {
-    previous: LogicRef<'a>,
-    /// The state the previous version exported at the swap.
-    state: Arc<wit::VersionedState>,
-    /// The inputs since that state: the previous version's journal at the swap, then every
-    /// input the new version took.
-    journal: Vec<Input>,
-    /// Of those, the new version's.
-    served: usize,
-    /// The inputs the new version quarantined, in order, each with the length `journal` had
-    /// when it came: a rollback delivers them.
-    quarantined: Vec<(usize, Input)>,
-}
-
-impl Probation<'_> {
-    /// Why the new version is to be rolled back now, if it is, by the rules of the module
-    /// documentation.
-    fn failed(&self, allowed: u32) -> Option<String> {
-        let quarantined = self.quarantined.len();
-        let ticks = self.quarantined.iter().filter(|(_, input)| matches!(input, Input::Tick { .. })).count();
-        let ticks_allowed = PROBATION_TICK_QUARANTINES.min(allowed) as usize;
-        if ticks >= ticks_allowed {
-            Some(format!("{ticks} ticks were quarantined within its probation"))
-        } else if quarantined >= allowed as usize {
-            Some(format!(
-                "{quarantined} inputs were quarantined within its probation (of {} it served)",
-                self.served + quarantined
-            ))
-        } else {
-            None
-        }
-    }
-}
+use swap::{Adopt, PreparedSwap, StagedPrefix, destructive, digest};
+pub use swap::{Staged, Staging, SwapReport, self_check};
+pub use version::{LogicRef, version_name};
 
 /// Owns the running logic; see the module documentation.
 pub struct Supervisor<'a> {
@@ -1157,149 +898,4 @@ impl<'a> Supervisor<'a> {
         }
         Ok(PreparedSwap { running, first_step, now_ms, state_version, state_move, replayed: None, adopt: None })
     }
-}
-
-/// A staged swap before its state move: [`Staging::import`] may run on any thread.
-pub struct Staging<'a> {
-    new: LogicRef<'a>,
-    config: wit::Config,
-    checkpoint: Arc<wit::VersionedState>,
-    /// The journal at [`Supervisor::stage`], and the digest of the step each input got.
-    journal: Vec<Input>,
-    steps: Vec<Option<u64>>,
-}
-
-impl<'a> Staging<'a> {
-    /// Imports the checkpoint into a fresh instance of the new version and replays the journal
-    /// staged with it. A failure of the import is the refusal [`Supervisor::swap`] would give
-    /// (the old version was never touched); a replay answered differently (or a trap in it) is
-    /// not a refusal: the switch then moves the whole state, as a plain swap decides.
-    ///
-    /// After the replay the new version exports its state, here off the serving path: the
-    /// switch adopts it as the checkpoint, so the size a swap reports and the next rebuild are
-    /// those of the state moved, not of an old checkpoint and its journal (after a restart, the
-    /// empty start-up state). A version that cannot export what it imported is refused now rather
-    /// than at its first checkpoint.
-    pub fn import(self) -> Result<Staged<'a>, SupervisorError> {
-        let started = Instant::now();
-        let mut running = Running::rebuild(&self.new, &self.config, &self.checkpoint, &[])?;
-        let same = self.journal.iter().zip(&self.steps).all(|(input, expected)| {
-            // What the replay issues was handed out by the serving version: it is dropped.
-            running.call(input).is_ok_and(|step| expected.is_some_and(|e| e == digest(&step)))
-        });
-        let prefix = match same {
-            true => {
-                let state =
-                    running.session.tracker_export(running.tracker).map_err(guest("export-state (new version)"))?;
-                Some(StagedPrefix { steps: self.steps, state: Arc::new(state) })
-            }
-            false => None,
-        };
-        Ok(Staged { new: self.new, checkpoint: self.checkpoint, running, import: started.elapsed(), prefix })
-    }
-}
-
-/// A new version holding a checkpoint of the serving one, ready for [`Supervisor::swap_staged`].
-pub struct Staged<'a> {
-    new: LogicRef<'a>,
-    checkpoint: Arc<wit::VersionedState>,
-    running: Running,
-    import: Duration,
-    /// When the new version answered the whole journal replayed by the import as the serving
-    /// one did.
-    prefix: Option<StagedPrefix>,
-}
-
-/// The journal a staged import replayed: the step of each input, and the new version's state
-/// after them.
-struct StagedPrefix {
-    steps: Vec<Option<u64>>,
-    state: Arc<wit::VersionedState>,
-}
-
-impl Staged<'_> {
-    /// How long the import and its replay took (off the serving path).
-    pub fn import_took(&self) -> Duration {
-        self.import
-    }
-}
-
-/// A digest of a step, to compare the steps of two versions without keeping them.
-fn digest(step: &wit::Step) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    step.hash(&mut hasher);
-    hasher.finish()
-}
-
-/// A swap ready to switch: the instance that will serve, its first step (a tick at `now_ms`),
-/// the state version it holds, and the time the state move took.
-struct PreparedSwap {
-    running: Running,
-    first_step: wit::Step,
-    now_ms: u64,
-    state_version: u32,
-    state_move: Duration,
-    replayed: Option<usize>,
-    /// A staged swap's new checkpoint.
-    adopt: Option<Adopt>,
-}
-
-/// The new version's own export, taken by a staged import after it replayed the journal up to
-/// `journal_from`: the switch makes it the checkpoint, and the journal the inputs after it.
-struct Adopt {
-    state: Arc<wit::VersionedState>,
-    journal_from: usize,
-}
-
-/// The self-check's verdict on the ticks of the old and the new version at the same state and
-/// time: refused when the new one proposes a destructive command the old one does not. Counted
-/// as a multiset, so that the new version deleting the same thing twice is not hidden by the old
-/// one deleting it once. Separate from the swap so that it can be tested on any pair of steps;
-/// end to end, `tests/next-guest` built with `destructive-tick` is refused by it.
-pub fn self_check(old_tick: &wit::Step, new_tick: &wit::Step) -> Result<(), SupervisorError> {
-    let mut allowed = destructive(old_tick);
-    let extra: Vec<String> = destructive(new_tick)
-        .into_iter()
-        .filter(|d| match allowed.iter().position(|a| a == d) {
-            Some(i) => {
-                allowed.swap_remove(i);
-                false
-            }
-            None => true,
-        })
-        .collect();
-    if extra.is_empty() { Ok(()) } else { Err(SupervisorError::SwapSelfCheck { destructive: extra }) }
-}
-
-/// The destructive parts of a step's commands, as comparable text: resources deleted, services
-/// unregistered or unlinked, addresses unbound and locations removed.
-fn destructive(step: &wit::Step) -> Vec<String> {
-    let mut found = Vec::new();
-    for issued in &step.commands {
-        match &issued.command {
-            wit::Command::DeleteResource(r) => found.push(format!("delete {:?} {}", r.kind, r.name)),
-            wit::Command::UpdateServices(u) => {
-                for s in &u.services {
-                    if s.is_delete {
-                        found.push(format!("unregister {}", s.name));
-                    } else if s.backend_pools.is_empty() {
-                        found.push(format!("unlink {}", s.name));
-                    }
-                }
-            }
-            wit::Command::UpdateAddressLocations(u) => {
-                for l in &u.locations {
-                    if l.addresses.is_empty() {
-                        found.push(format!("remove location {}", l.location));
-                    }
-                    for a in l.addresses.iter().filter(|a| a.services.is_empty()) {
-                        found.push(format!("unbind {} at {}", a.address, l.location));
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    found
 }

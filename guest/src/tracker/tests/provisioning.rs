@@ -108,7 +108,7 @@ fn a_service_wanted_again_during_its_deletion_is_deleted_first_then_provisioned_
 }
 
 // Ports upstream TestLocationsUpdater_TerminalErrorNotRetried, where the project deliberately
-// differs (design §4: one failing Service never blocks the others): a batch NRP refuses (400)
+// differs (docs/design.md §4: one failing Service never blocks the others): a batch NRP refuses (400)
 // is halved until the refused location stands alone; that one is set aside and not retried
 // until it changes (or NRP is read again), and every other location is programmed.
 #[test]
@@ -146,7 +146,7 @@ fn a_location_nrp_refuses_is_isolated_by_halving_and_set_aside_until_it_changes(
 }
 
 // Ports upstream TestIsTerminalLocationSyncStatus_ClassifiesEveryStatus, with the project's
-// classes (design §4): 400 and 422 refuse the batch (it is split at once), 429 throttles
+// classes (docs/design.md §4): 400 and 422 refuse the batch (it is split at once), 429 throttles
 // every location for its Retry-After, and any other failure (5xx, or no answer: status 0)
 // backs off only the batch's locations.
 // Upstream TestLocationsUpdaterRetriesAfterSyncFailure,
@@ -233,7 +233,7 @@ fn each_endpoint_address_goes_under_its_nodes_internal_ip_of_the_same_family() {
 // deliberately differs: upstream parks a Service after 12 failures; here a failure that is
 // not a refusal of the spec (TERMINAL_CODES, 422) is retried for as long as it lasts, its
 // backoff capped at 30 s, because a controller that stops trying needs an operator to notice
-// (design §4: backoff per Service, no give-up). A refusal parks at once (tested above).
+// (docs/design.md §4: backoff per Service, no give-up). A refusal parks at once (tested above).
 // Upstream TestEngineOnServiceCreationComplete_Failure and
 // TestEngineOnServiceCreationComplete_TransientErrorRetries.
 #[test]
@@ -279,12 +279,13 @@ fn a_load_balancer_put_that_keeps_failing_is_retried_past_any_ceiling_with_a_cap
     assert!(step.commands.iter().any(|c| matches!(c.command, Command::PutLoadBalancer(_))), "still trying");
 }
 
-// Ports upstream TestUpdateServiceLoadBalancerStatus_PreservesDualStackAndHostname, where
-// the project deliberately differs: `status.loadBalancer.ingress` is exactly the public IP
-// this controller allocated; other entries (another family's IP, a stale address) are
-// replaced, not kept, since the Service's load balancer has that one frontend and an entry
-// it does not serve would send clients elsewhere (hostnames never reach the guest: the host
-// copies IPs only).
+// Ports upstream TestUpdateServiceLoadBalancerStatus_PreservesDualStackAndHostname and
+// TestUpdateServiceLoadBalancerStatus_DualStackSafeThroughLister (the same, read through
+// its lister), where the project deliberately differs: `status.loadBalancer.ingress` is
+// exactly the public IP this controller allocated; other entries (another family's IP, a
+// stale address) are replaced, not kept, since the Service's load balancer has that one
+// frontend and an entry it does not serve would send clients elsewhere (hostnames never
+// reach the guest: the host copies IPs only).
 // Upstream TestCreateInboundService_PopulatesIngressOnSuccess.
 #[test]
 fn the_ingress_status_is_set_to_exactly_the_allocated_public_ip() {

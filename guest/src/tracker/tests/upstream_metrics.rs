@@ -386,7 +386,7 @@ fn an_orphans_deletion_that_completes_counts_exactly_one_orphan_cleaned() {
 // Upstream TestRecordServiceParked_CountsByReason, its terminal_error reason: a creation Azure
 // refuses for good is parked and counted once under `terminal_error`, and seeing the same spec
 // again does not count it again. Differs: upstream's other reason, `retries_exceeded`, has no
-// event here (no retry ceiling, design.md section 4); the host shows it at zero.
+// event here (no retry ceiling, docs/design.md §4); the host shows it at zero.
 #[test]
 fn a_creation_parked_by_a_refusal_counts_once_under_terminal_error() {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();

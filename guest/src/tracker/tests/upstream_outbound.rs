@@ -676,7 +676,7 @@ fn a_stale_deletion_of_the_old_uid_after_a_same_address_replacement_during_creat
 // is created, a pod is deleted and then a same-name replacement (a new UID) carries the same address: the old
 // pod's deletion drains nothing; the address is sent, mapped to the identity, once it is registered (again); the
 // replacement's finalizer is added and never released, and only the old UID's is. Differs: here the deletion is
-// not stale (the old UID is the one held), so the old pod leaving pre-empts the creation (design §4, "delete that
+// not stale (the old UID is the one held), so the old pod leaving pre-empts the creation (docs/design.md §4, "delete that
 // pre-empts an in-flight create") and the identity is torn down and created again for the replacement; the
 // outcome is the same. The test above is upstream's order, where the creation goes on.
 #[test]

@@ -1045,3 +1045,43 @@ fn a_live_pod_gaining_a_second_family_beside_another_pod_keeps_its_finalizer() {
     assert_eq!(tracker.nrp_view()["fd00::6"].keys().collect::<Vec<_>>(), ["fd00:10::a"]);
     assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_some_and(|h| h.has && h.live));
 }
+
+// Upstream TestFinalizerConstants: the finalizers are a wire contract with what upstream's controller
+// wrote on Services and pods (an upgrade must find and release them): every add and every release of a
+// Service's finalizer names servicegateway.azure.com/service-cleanup, an egress pod's
+// servicegateway.azure.com/pod-cleanup, and the two differ (a Service's cleanup never releases a
+// pod's drain).
+#[test]
+fn the_finalizers_written_on_services_and_pods_are_upstreams_two_distinct_names() {
+    let written = |issued: &[Command], kind: &str| -> Vec<(String, bool)> {
+        issued
+            .iter()
+            .filter_map(|c| match c {
+                Command::SetFinalizer { service, finalizer, present } if service.kind.as_str() == kind => {
+                    Some((finalizer.to_string(), *present))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let service_finalizer = "servicegateway.azure.com/service-cleanup";
+    let pod_finalizer = "servicegateway.azure.com/pod-cleanup";
+
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let web = lb_service("Local");
+    let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(web.clone()), Observation::ListsComplete]);
+    let (mut issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
+    let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(terminating(web))]);
+    issued.extend(drive_keeping(&mut tracker, NOW + 1, step, ok, everything_but_events).0);
+    let expected = [(service_finalizer.to_owned(), true), (service_finalizer.to_owned(), false)];
+    assert_eq!(written(&issued, "Service"), expected, "{issued:?}");
+    assert_eq!(tracker.phase(UID), None, "released");
+
+    let mut tracker = started();
+    let step = tracker.observe(NOW, vec![Observation::PodUpserted(pod("p", "10.244.2.10"))]);
+    let (mut issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
+    let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting(pod("p", "10.244.2.10")))]);
+    issued.extend(drive_keeping(&mut tracker, NOW + 1, step, ok, everything_but_events).0);
+    let expected = [(pod_finalizer.to_owned(), true), (pod_finalizer.to_owned(), false)];
+    assert_eq!(written(&issued, "Pod"), expected, "{issued:?}");
+}

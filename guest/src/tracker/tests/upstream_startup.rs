@@ -491,6 +491,62 @@ fn a_service_without_a_uid_is_ignored_with_a_warning_and_nothing_is_written() {
     }
 }
 
+// Upstream TestGuardAddService_EmptyUIDIsNoOp, TestGuardDeleteService_EmptyUIDIsNoOp and
+// TestGuardUpdateEndpoints_EmptyUIDIsNoOp: a Service without a UID, live or being deleted, and an
+// EndpointSlice whose owner has none (an empty UID, or no owner at all) are tracked nowhere: no
+// lifecycle (upstream's pendingServiceOps), no deletion or drain pending (its
+// pendingServiceDeletions), nothing for NRP (its pendingEndpoints), nothing runnable and nothing
+// sent (no trigger); the Service is warned about. The control: a Service with a UID, seen after
+// them, gets its own slice's endpoint into NRP, and the unowned slices' endpoint stays out.
+#[test]
+fn a_service_or_an_endpoint_slice_without_a_uid_is_tracked_nowhere_and_wakes_nothing() {
+    let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
+    let node = Observation::NodeUpserted(Node { name: "n1".into(), internal_ips: vec!["10.224.0.4".into()] });
+    let step = tracker.observe(NOW, vec![node, Observation::ListsComplete]);
+    drive(&mut tracker, NOW, step, answer_ok(&[]));
+    assert!(tracker.is_quiet());
+
+    let unowned = |name: &str, owner: Option<String>| EndpointSlice {
+        name: name.into(),
+        owner_service_uid: owner,
+        ..slice_on(&[("10.244.0.9", "n1")])
+    };
+    let live = ported("", &[(TCP, 80, to(8080))], &[]);
+    let cases = [
+        ("a live Service", Observation::ServiceUpserted(live.clone()), true),
+        ("a slice owned by an empty UID", Observation::SliceUpserted(unowned("orphan-1", Some(String::new()))), false),
+        ("a slice with no owner", Observation::SliceUpserted(unowned("orphan-2", None)), false),
+        ("the Service deleting", Observation::ServiceUpserted(terminating(live.clone())), true),
+        ("the Service gone", Observation::ServiceDeleted(live.key()), false),
+    ];
+    for ((case, observation, warned), now) in cases.into_iter().zip(NOW + 1..) {
+        let step = tracker.observe(now, vec![observation]);
+        assert!(step.commands.is_empty(), "{case}: {:?}", step.commands);
+        assert!(step.idle, "{case}: {step:?}");
+        let warning = step.logs.iter().any(|l| l.level == LogLevel::Warn && l.message.contains("has no UID"));
+        assert_eq!(warning, warned, "{case}: {:?}", step.logs);
+        assert!(tracker.state.lifecycles.is_empty(), "{case}");
+        assert_eq!(tracker.verdict("default", "web"), None, "{case}");
+        assert!(tracker.state.work.runnable.is_empty() && tracker.state.work.draining.is_empty(), "{case}");
+        assert!(tracker.desired_view().values().all(|addresses| addresses.is_empty()), "{case}");
+        assert!(tracker.is_quiet(), "{case}");
+    }
+
+    let step = tracker.observe(
+        NOW + 10,
+        vec![
+            Observation::ServiceUpserted(ported(UID, &[(TCP, 80, to(8080))], &[])),
+            Observation::SliceUpserted(slice_on(&[("10.244.0.5", "n1")])),
+        ],
+    );
+    let (issued, _, last) = drive(&mut tracker, NOW + 10, step, answer_ok(&[]));
+    assert!(issued.iter().any(is_location_update), "{issued:?}");
+    assert_eq!(tracker.phase(UID), Some(Phase::Created));
+    let programmed = &tracker.nrp_view()["10.224.0.4"];
+    assert_eq!(programmed.keys().collect::<Vec<_>>(), ["10.244.0.5"], "{programmed:?}");
+    assert!(last.idle);
+}
+
 // Upstream TestIsServiceOverlayMappingsError, its negative cases: only a 400 carrying the code
 // ServiceWithOverlayMappingsCannotBeDeleted sends a deletion back to draining. An unregistration
 // refused with another code, by a 409 carrying a similar message, answered 404 or 500 reads NRP

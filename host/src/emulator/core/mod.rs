@@ -1,6 +1,11 @@
-//! The emulator's state and the §h.3 semantics, on wire types, with no IO. Every request
+//! The emulator's state and the docs/upstream.md §h.3 semantics, on wire types, with no IO. Every request
 //! is applied atomically: it is checked and applied to a copy, and the copy replaces the state
 //! only when the whole request succeeded — as NRP does with a batch.
+
+mod load_balancers;
+mod nat_gateways;
+mod public_ips;
+mod service_gateway;
 
 use super::faults::{ActiveFault, AsyncOutcome, Fault, FaultMode};
 use super::throttle::{ArmBuckets, ArmLimits, ArmRemaining, Bucket, Clock, Figure};
@@ -152,10 +157,13 @@ pub struct EmulatorState {
 /// An asynchronous operation handed out with a 202, waiting to be polled.
 #[derive(Clone, Debug)]
 pub(crate) struct AsyncOperation {
+    /// How it is polled: only over HTTP (`server.rs`); in-process its end is answered at once.
+    #[cfg(feature = "live")]
     pub polls_left: u32,
     pub outcome: AsyncOutcome,
     pub error: ErrorBody,
     pub via_location: bool,
+    #[cfg(feature = "live")]
     pub retry_after_secs: u64,
     /// The answer's body when it ends well (`Location` polling returns it).
     pub result: serde_json::Value,
@@ -164,11 +172,9 @@ pub(crate) struct AsyncOperation {
 /// What a call turned into after the faults had their say.
 pub(crate) enum Dispatch<T> {
     Done(Result<T, Rejection>),
-    /// 202: poll operation `id`.
+    /// 202: poll operation `id` (how is in [`State::operations`]).
     Accepted {
         id: u64,
-        via_location: bool,
-        retry_after_secs: u64,
     },
     /// 200 whose body is `{"error": …}`; nothing was applied.
     ErrorBody(ErrorBody),
@@ -361,7 +367,9 @@ impl State {
                     Ok(value) => {
                         self.next_operation += 1;
                         let id = self.next_operation;
-                        let retry_after_secs = retry_after_secs.unwrap_or(0);
+                        // How it is polled matters only over HTTP (`server.rs`).
+                        #[cfg(not(feature = "live"))]
+                        let _ = (polls, retry_after_secs);
                         let error = error.unwrap_or_else(|| ErrorBody {
                             code: "InternalServerError".into(),
                             message: "injected fault: the asynchronous operation failed".into(),
@@ -369,16 +377,18 @@ impl State {
                         self.operations.insert(
                             id,
                             AsyncOperation {
+                                #[cfg(feature = "live")]
                                 polls_left: polls,
                                 outcome,
                                 error,
                                 via_location,
-                                retry_after_secs,
+                                #[cfg(feature = "live")]
+                                retry_after_secs: retry_after_secs.unwrap_or(0),
                                 result: value,
                             },
                         );
                         let text = format!("202 async {outcome:?} (fault)");
-                        (Dispatch::Accepted { id, via_location, retry_after_secs }, text)
+                        (Dispatch::Accepted { id }, text)
                     }
                 }
             }
@@ -397,7 +407,7 @@ impl State {
     }
 
     /// A service may name only a NAT gateway of this resource group that exists and is
-    /// associated with this ServiceGateway (upstream creates it so before registering, §c.2.1).
+    /// associated with this ServiceGateway (upstream creates it so before registering, docs/upstream.md §c.2.1).
     fn check_registrable_nat_gateway(&self, scope: &Scope, service: &str, id: &str) -> Result<(), Rejection> {
         let gateway = child_name(id, "natGateways")
             .filter(|n| id.eq_ignore_ascii_case(&scope.nat_gateway_id(n)))
@@ -448,662 +458,6 @@ impl State {
             return Some(format!("load balancer {lb}"));
         }
         self.nat_gateway_using(name, except_nat_gateway).map(|n| format!("NAT gateway {n}"))
-    }
-
-    // ---- serviceGateways ----
-
-    pub fn update_services(&mut self, scope: &Scope, request: &wire::UpdateServicesRequest) -> Result<(), Rejection> {
-        let mut services = self.resources.services.clone();
-        let locations = &self.resources.locations;
-        let default_conflict = |name: &str| {
-            reject(
-                400,
-                "MultipleDefaultServicesNotAllowedInServiceGateway",
-                format!("service {name}: the gateway's default service cannot be changed, replaced or duplicated"),
-            )
-        };
-        if request.action == UpdateAction::FullUpdate {
-            let listed: BTreeSet<&str> =
-                request.service_requests.iter().filter(|r| !r.is_delete).map(|r| r.service.name.as_str()).collect();
-            let dropped: Vec<String> = services
-                .iter()
-                .filter(|(n, s)| !s.is_default && !listed.contains(n.as_str()))
-                .map(|(n, _)| n.clone())
-                .collect();
-            for name in dropped {
-                if Self::is_referenced(locations, &name) {
-                    return Err(overlay_mappings(&name));
-                }
-                services.remove(&name);
-            }
-        }
-        for entry in &request.service_requests {
-            let name = &entry.service.name;
-            if name.is_empty() {
-                return Err(reject(400, "InvalidRequestFormat", "a service request has an empty name"));
-            }
-            if services.get(name).is_some_and(|s| s.is_default) {
-                return Err(default_conflict(name));
-            }
-            if entry.is_delete {
-                if !services.contains_key(name) {
-                    return Err(reject(404, "NotFound", format!("service {name} is not registered")));
-                }
-                if Self::is_referenced(locations, name) {
-                    return Err(overlay_mappings(name));
-                }
-                services.remove(name);
-                continue;
-            }
-            let properties = &entry.service.properties;
-            if !["Inbound", "Outbound", "InboundOutbound"]
-                .iter()
-                .any(|t| t.eq_ignore_ascii_case(&properties.service_type))
-            {
-                return Err(reject(
-                    400,
-                    "InvalidServiceType",
-                    format!(
-                        "service {name}: serviceType {:?} is not Inbound, Outbound or InboundOutbound",
-                        properties.service_type
-                    ),
-                ));
-            }
-            let is_default = properties.is_default.unwrap_or(false);
-            if is_default && services.values().any(|s| s.is_default) {
-                return Err(default_conflict(name));
-            }
-            if let Some(Some(id)) = &properties.public_nat_gateway_id {
-                self.check_registrable_nat_gateway(scope, name, id)?;
-            }
-            services.insert(
-                name.clone(),
-                ServiceRecord {
-                    service_type: properties.service_type.clone(),
-                    backend_pools: properties.load_balancer_backend_pools.clone(),
-                    public_nat_gateway_id: properties.public_nat_gateway_id.clone().flatten(),
-                    is_default,
-                },
-            );
-        }
-        self.resources.services = services;
-        Ok(())
-    }
-
-    pub fn update_address_locations(&mut self, request: &wire::UpdateAddressLocationsRequest) -> Result<(), Rejection> {
-        let mut seen = BTreeSet::new();
-        let mut parsed = Vec::new();
-        for entry in &request.address_locations {
-            let location = parse_ip(&entry.address_location, "InvalidAddressLocation", "location")?;
-            if !seen.insert(location) {
-                return Err(reject(
-                    400,
-                    "DuplicateLocationsInRequest",
-                    format!("location {} appears more than once in the request", entry.address_location),
-                ));
-            }
-            parsed.push((location, entry));
-        }
-        let mut locations =
-            if request.action == UpdateAction::FullUpdate { BTreeMap::new() } else { self.resources.locations.clone() };
-        for (location, entry) in parsed {
-            let key = location.to_string();
-            if entry.addresses.is_empty() {
-                locations.remove(&key);
-                continue;
-            }
-            let mut addresses = match entry.address_update_action {
-                UpdateAction::FullUpdate => BTreeMap::new(),
-                UpdateAction::PartialUpdate => locations.get(&key).cloned().unwrap_or_default(),
-            };
-            let mut seen_addresses = BTreeSet::new();
-            for address in &entry.addresses {
-                let ip = parse_ip(&address.address, "InvalidAddress", "address")?;
-                if ip.is_ipv4() != location.is_ipv4() {
-                    return Err(reject(
-                        400,
-                        "AddressFamilyMismatch",
-                        format!("address {} is not of the family of its location {key}", address.address),
-                    ));
-                }
-                if !seen_addresses.insert(ip) {
-                    return Err(reject(
-                        400,
-                        "DuplicateAddressesInLocation",
-                        format!("address {} appears more than once in location {key}", address.address),
-                    ));
-                }
-                if let Some(unknown) = address.services.iter().find(|s| !self.resources.services.contains_key(*s)) {
-                    return Err(reject(
-                        400,
-                        "ServiceNotFound",
-                        format!("address {} references service {unknown}, which is not registered", address.address),
-                    ));
-                }
-                if address.services.is_empty() {
-                    addresses.remove(&ip.to_string());
-                } else {
-                    addresses.insert(ip.to_string(), address.services.iter().cloned().collect());
-                }
-            }
-            if addresses.is_empty() {
-                locations.remove(&key);
-            } else {
-                locations.insert(key, addresses);
-            }
-        }
-        self.resources.locations = locations;
-        Ok(())
-    }
-
-    pub fn services(&self) -> Vec<wire::GatewayService> {
-        let services = &self.resources.services;
-        services
-            .iter()
-            .map(|(name, s)| wire::GatewayService {
-                name: name.clone(),
-                properties: wire::GatewayServiceProperties {
-                    service_type: s.service_type.clone(),
-                    load_balancer_backend_pools: s.backend_pools.clone(),
-                    public_nat_gateway_id: s.public_nat_gateway_id.clone().map(Some),
-                    is_default: Some(s.is_default),
-                },
-            })
-            .collect()
-    }
-
-    /// `upper_v6`: echo IPv6 in upper case, as NRP may, to exercise callers' canonicalisation.
-    pub fn address_locations(&self, upper_v6: bool) -> Vec<wire::AddressLocationResponse> {
-        let spell = |ip: &str| if upper_v6 && ip.contains(':') { ip.to_ascii_uppercase() } else { ip.to_owned() };
-        self.resources
-            .locations
-            .iter()
-            .map(|(location, addresses)| wire::AddressLocationResponse {
-                address_location: spell(location),
-                addresses: addresses
-                    .iter()
-                    .map(|(address, services)| wire::AddressEntry {
-                        address: spell(address),
-                        services: services.iter().cloned().collect(),
-                    })
-                    .collect(),
-            })
-            .collect()
-    }
-
-    // ---- publicIPAddresses ----
-
-    pub fn put_public_ip(
-        &mut self,
-        scope: &Scope,
-        name: &str,
-        body: &wire::PublicIpAddress,
-    ) -> Result<wire::PublicIpAddress, Rejection> {
-        if !body.properties.public_ip_allocation_method.eq_ignore_ascii_case("Static") {
-            return Err(reject(
-                400,
-                "InvalidRequestFormat",
-                format!(
-                    "public IP {name}: allocation method {:?}; only Static is supported",
-                    body.properties.public_ip_allocation_method
-                ),
-            ));
-        }
-        let version = body.properties.public_ip_address_version;
-        if let Some(existing) = self.resources.public_ips.get(name) {
-            if existing.version != version {
-                return Err(reject(
-                    400,
-                    "InvalidRequestFormat",
-                    format!("public IP {name}: the IP version of an existing address cannot change"),
-                ));
-            }
-        } else {
-            let ip_address = match version {
-                IpVersion::IPv4 => {
-                    self.next_v4 += 1;
-                    Ipv4Addr::from(u32::from(Ipv4Addr::new(20, 0, 0, 0)) + self.next_v4).to_string()
-                }
-                IpVersion::IPv6 => {
-                    self.next_v6 += 1;
-                    Ipv6Addr::from(u128::from(Ipv6Addr::new(0x2603, 0x1030, 0, 0, 0, 0, 0, 0)) + self.next_v6)
-                        .to_string()
-                }
-            };
-            let tags = BTreeMap::new();
-            self.resources.public_ips.insert(name.to_owned(), PublicIpRecord { version, ip_address, tags });
-        }
-        if let Some(record) = self.resources.public_ips.get_mut(name) {
-            record.tags = body.tags.clone().unwrap_or_default();
-        }
-        self.get_public_ip(scope, name, body)
-    }
-
-    fn get_public_ip(
-        &self,
-        scope: &Scope,
-        name: &str,
-        body: &wire::PublicIpAddress,
-    ) -> Result<wire::PublicIpAddress, Rejection> {
-        let record = self.resources.public_ips.get(name).ok_or_else(|| not_found("public IP", name))?;
-        let mut answer = body.clone();
-        answer.name = Some(name.to_owned());
-        answer.id = Some(scope.public_ip_id(name));
-        answer.properties.public_ip_address_version = record.version;
-        answer.properties.ip_address = Some(record.ip_address.clone());
-        answer.properties.provisioning_state = Some("Succeeded".into());
-        answer.properties.ip_configuration = self.frontend_on(name).map(|(lb, frontend)| wire::IdRef {
-            id: format!("{}/frontendIPConfigurations/{frontend}", scope.load_balancer_id(lb)),
-        });
-        answer.tags = Some(record.tags.clone()).filter(|tags| !tags.is_empty());
-        Ok(answer)
-    }
-
-    /// `GET` of a public IP (what a client reads after a long-running PUT).
-    pub fn read_public_ip(&self, scope: &Scope, name: &str) -> Result<wire::PublicIpAddress, Rejection> {
-        let record = self.resources.public_ips.get(name).ok_or_else(|| not_found("public IP", name))?;
-        let body = wire::PublicIpAddress {
-            name: None,
-            id: None,
-            location: scope.location.clone(),
-            sku: wire::Sku { name: "StandardV2".into(), tier: Some("Regional".into()) },
-            properties: wire::PublicIpProperties {
-                public_ip_allocation_method: "Static".into(),
-                public_ip_address_version: record.version,
-                ip_address: None,
-                provisioning_state: None,
-                ip_configuration: None,
-            },
-            tags: None,
-        };
-        self.get_public_ip(scope, name, &body)
-    }
-
-    /// Every public IP, as a list call pages them (by name).
-    pub fn list_public_ips(&self, scope: &Scope) -> Vec<wire::PublicIpAddress> {
-        self.resources.public_ips.keys().filter_map(|name| self.read_public_ip(scope, name).ok()).collect()
-    }
-
-    pub fn delete_public_ip(&mut self, name: &str) -> Result<(), Rejection> {
-        if !self.resources.public_ips.contains_key(name) {
-            return Err(not_found("public IP", name));
-        }
-        if let Some(user) = self.public_ip_user(name, None) {
-            return Err(reject(
-                400,
-                "InUsePublicIpAddressCannotBeDeleted",
-                format!("public IP {name} is in use by {user}"),
-            ));
-        }
-        self.resources.public_ips.remove(name);
-        Ok(())
-    }
-
-    // ---- loadBalancers ----
-
-    pub fn put_load_balancer(
-        &mut self,
-        scope: &Scope,
-        name: &str,
-        body: &wire::LoadBalancer,
-    ) -> Result<wire::LoadBalancer, Rejection> {
-        let invalid_reference =
-            |what: String| reject(400, "InvalidResourceReference", format!("load balancer {name}: {what}"));
-        let mut frontends = Vec::new();
-        for frontend in &body.properties.frontend_ip_configurations {
-            let private_ip = frontend.properties.private_ip_address.clone();
-            let Some(id) = frontend.properties.public_ip_address.as_ref().map(|p| &p.id) else {
-                if private_ip.is_none() {
-                    return Err(invalid_reference(format!(
-                        "frontend {} has neither a public IP nor a private address",
-                        frontend.name
-                    )));
-                }
-                frontends.push(FrontendRecord { name: frontend.name.clone(), public_ip: None, private_ip });
-                continue;
-            };
-            let pip = child_name(id, "publicIPAddresses").filter(|pip| {
-                id.eq_ignore_ascii_case(&scope.public_ip_id(pip)) && self.resources.public_ips.contains_key(*pip)
-            });
-            if let Some(gateway) = pip.and_then(|pip| self.nat_gateway_using(pip, None)) {
-                return Err(reject(
-                    400,
-                    "PublicIPAddressInUse",
-                    format!(
-                        "load balancer {name}: frontend {} uses {id}, which NAT gateway {gateway} uses",
-                        frontend.name
-                    ),
-                ));
-            }
-            match pip {
-                Some(pip) => frontends.push(FrontendRecord {
-                    name: frontend.name.clone(),
-                    public_ip: Some(pip.to_owned()),
-                    private_ip,
-                }),
-                None => {
-                    return Err(invalid_reference(format!(
-                        "frontend {} references {id}, which does not exist",
-                        frontend.name
-                    )));
-                }
-            }
-        }
-        let pools: Vec<String> = body.properties.backend_address_pools.iter().map(|p| p.name.clone()).collect();
-        let mut used = BTreeSet::new();
-        for rule in &body.properties.load_balancing_rules {
-            let p = &rule.properties;
-            let frontend_ok = body.properties.frontend_ip_configurations.iter().any(|f| {
-                p.frontend_ip_configuration.id.eq_ignore_ascii_case(&format!(
-                    "{}/frontendIPConfigurations/{}",
-                    scope.load_balancer_id(name),
-                    f.name
-                ))
-            });
-            if !frontend_ok {
-                return Err(invalid_reference(format!(
-                    "rule {} references frontend {}, which is not on it",
-                    rule.name, p.frontend_ip_configuration.id
-                )));
-            }
-            let pool = pools.iter().find(|pool| {
-                p.backend_address_pool
-                    .id
-                    .eq_ignore_ascii_case(&format!("{}/backendAddressPools/{pool}", scope.load_balancer_id(name)))
-            });
-            let Some(pool) = pool else {
-                return Err(invalid_reference(format!(
-                    "rule {} references pool {}, which is not on it",
-                    rule.name, p.backend_address_pool.id
-                )));
-            };
-            if !used.insert((p.protocol, p.backend_port, pool.clone())) {
-                return Err(reject(
-                    400,
-                    "RulesUseSameBackendPortProtocolAndPool",
-                    format!(
-                        "load balancer {name}: rule {} uses {:?} backend port {} on pool {pool} like another rule",
-                        rule.name, p.protocol, p.backend_port
-                    ),
-                ));
-            }
-        }
-        let etag = self.etag();
-        self.backend_pools_of(name).into_iter().filter(|k| !pools.iter().any(|p| pool_key(name, p) == *k)).for_each(
-            |k| {
-                self.resources.backend_pools.remove(&k);
-            },
-        );
-        for pool in &pools {
-            if !self.resources.backend_pools.contains_key(&pool_key(name, pool)) {
-                let pool_etag = self.etag();
-                self.resources.backend_pools.insert(
-                    pool_key(name, pool),
-                    BackendPoolRecord { etag: pool_etag, addresses: Vec::new(), other_properties: Default::default() },
-                );
-            }
-        }
-        self.resources.load_balancers.insert(
-            name.to_owned(),
-            LoadBalancerRecord {
-                etag,
-                sku: body.sku.name.clone(),
-                frontends,
-                backend_pools: pools,
-                rules: body.properties.load_balancing_rules.clone(),
-            },
-        );
-        self.read_load_balancer(scope, name)
-    }
-
-    pub fn read_load_balancer(&self, scope: &Scope, name: &str) -> Result<wire::LoadBalancer, Rejection> {
-        let lb = self.resources.load_balancers.get(name).ok_or_else(|| not_found("load balancer", name))?;
-        Ok(wire::LoadBalancer {
-            name: Some(name.to_owned()),
-            id: Some(scope.load_balancer_id(name)),
-            etag: Some(lb.etag.clone()),
-            location: scope.location.clone(),
-            sku: wire::Sku { name: lb.sku.clone(), tier: None },
-            properties: wire::LoadBalancerProperties {
-                scope: Some("Public".into()),
-                frontend_ip_configurations: lb
-                    .frontends
-                    .iter()
-                    .map(|f| wire::FrontendIpConfiguration {
-                        name: f.name.clone(),
-                        properties: wire::FrontendIpProperties {
-                            public_ip_address: f
-                                .public_ip
-                                .as_ref()
-                                .map(|pip| wire::IdRef { id: scope.public_ip_id(pip) }),
-                            private_ip_address: f.private_ip.clone(),
-                        },
-                    })
-                    .collect(),
-                backend_address_pools: lb
-                    .backend_pools
-                    .iter()
-                    .map(|p| wire::NamedEmpty { name: p.clone(), properties: Default::default() })
-                    .collect(),
-                load_balancing_rules: lb.rules.clone(),
-            },
-        })
-    }
-
-    /// Every load balancer, as a list call pages them (by name).
-    pub fn list_load_balancers(&self, scope: &Scope) -> Vec<wire::LoadBalancer> {
-        self.resources.load_balancers.keys().filter_map(|name| self.read_load_balancer(scope, name).ok()).collect()
-    }
-
-    fn backend_pools_of(&self, lb: &str) -> Vec<String> {
-        let prefix = format!("{lb}/");
-        self.resources.backend_pools.keys().filter(|k| k.starts_with(&prefix)).cloned().collect()
-    }
-
-    pub fn delete_load_balancer(&mut self, name: &str) -> Result<(), Rejection> {
-        if self.resources.load_balancers.remove(name).is_none() {
-            return Err(not_found("load balancer", name));
-        }
-        for key in self.backend_pools_of(name) {
-            self.resources.backend_pools.remove(&key);
-        }
-        Ok(())
-    }
-
-    // ---- natGateways ----
-
-    /// Creates or replaces the NAT gateway: SKU StandardV2, public IPs of this resource group
-    /// of their list's family that no load balancer or other NAT gateway uses, associated with
-    /// this ServiceGateway or with none — and not disassociated while a registered service
-    /// names it.
-    pub fn put_nat_gateway(
-        &mut self,
-        scope: &Scope,
-        name: &str,
-        body: &wire::NatGateway,
-    ) -> Result<wire::NatGateway, Rejection> {
-        let refuse = |code: &str, what: String| reject(400, code, format!("NAT gateway {name}: {what}"));
-        if !body.sku.name.eq_ignore_ascii_case("StandardV2") {
-            return Err(refuse(
-                "InvalidRequestFormat",
-                format!("SKU {:?}; only StandardV2 is supported", body.sku.name),
-            ));
-        }
-        let p = &body.properties;
-        let mut names = [Vec::new(), Vec::new()];
-        for (family, (refs, version)) in
-            [(&p.public_ip_addresses, IpVersion::IPv4), (&p.public_ip_addresses_v6, IpVersion::IPv6)]
-                .into_iter()
-                .enumerate()
-        {
-            for IdRef { id } in refs {
-                let pip =
-                    child_name(id, "publicIPAddresses").filter(|n| id.eq_ignore_ascii_case(&scope.public_ip_id(n)));
-                let Some((pip, record)) = pip.and_then(|n| self.resources.public_ips.get_key_value(n)) else {
-                    return Err(refuse("InvalidResourceReference", format!("public IP {id} does not exist")));
-                };
-                if record.version != version {
-                    return Err(refuse(
-                        "InvalidRequestFormat",
-                        format!("public IP {pip} is {:?}, listed among the {version:?} addresses", record.version),
-                    ));
-                }
-                if let Some(user) = self.public_ip_user(pip, Some(name)) {
-                    return Err(refuse("PublicIPAddressInUse", format!("public IP {pip} is in use by {user}")));
-                }
-                names[family].push(pip.clone());
-            }
-        }
-        let associated = match &p.service_gateway {
-            None => false,
-            Some(IdRef { id }) if id.eq_ignore_ascii_case(&scope.service_gateway_id()) => true,
-            Some(IdRef { id }) => {
-                return Err(refuse("InvalidResourceReference", format!("service gateway {id} is not this one")));
-            }
-        };
-        let users = self.services_on_nat_gateway(scope, name);
-        if !associated && !users.is_empty() {
-            return Err(refuse(
-                "NatGatewayInUseByServiceGateway",
-                format!(
-                    "cannot be disassociated while services {users:?} name it; clear their publicNatGatewayId first"
-                ),
-            ));
-        }
-        let etag = self.etag();
-        let [public_ips, public_ips_v6] = names;
-        let record = NatGatewayRecord { etag, sku: body.sku.name.clone(), public_ips, public_ips_v6, associated };
-        self.resources.nat_gateways.insert(name.to_owned(), record);
-        self.read_nat_gateway(scope, name)
-    }
-
-    pub fn read_nat_gateway(&self, scope: &Scope, name: &str) -> Result<wire::NatGateway, Rejection> {
-        let g = self.resources.nat_gateways.get(name).ok_or_else(|| not_found("NAT gateway", name))?;
-        let spec = crate::azure::NatGatewaySpec {
-            name: name.to_owned(),
-            public_ips: g.public_ips.clone(),
-            public_ips_v6: g.public_ips_v6.clone(),
-            associated: g.associated,
-        };
-        let mut answer = wire::nat_gateway(scope, &spec);
-        answer.name = Some(name.to_owned());
-        answer.id = Some(scope.nat_gateway_id(name));
-        answer.etag = Some(g.etag.clone());
-        answer.sku.name.clone_from(&g.sku);
-        answer.properties.provisioning_state = Some("Succeeded".into());
-        Ok(answer)
-    }
-
-    /// Every NAT gateway, as a list call pages them (by name).
-    pub fn list_nat_gateways(&self, scope: &Scope) -> Vec<wire::NatGateway> {
-        self.resources.nat_gateways.keys().filter_map(|name| self.read_nat_gateway(scope, name).ok()).collect()
-    }
-
-    /// Deletes the NAT gateway, unless a registered service still names it.
-    pub fn delete_nat_gateway(&mut self, scope: &Scope, name: &str) -> Result<(), Rejection> {
-        if !self.resources.nat_gateways.contains_key(name) {
-            return Err(not_found("NAT gateway", name));
-        }
-        let users = self.services_on_nat_gateway(scope, name);
-        if !users.is_empty() {
-            return Err(reject(
-                400,
-                "InUseNatGatewayCannotBeDeleted",
-                format!("NAT gateway {name} is named by services {users:?}; unregister them first"),
-            ));
-        }
-        self.resources.nat_gateways.remove(name);
-        Ok(())
-    }
-
-    // ---- backendAddressPools ----
-
-    /// ARM's DELETE of a child: a pool already gone is done (204), its load balancer gone is a
-    /// 404. A child's write is a write of its parent: the load balancer's ETag changes.
-    pub fn delete_backend_pool(&mut self, lb: &str, pool: &str) -> Result<(), Rejection> {
-        if !self.resources.load_balancers.contains_key(lb) {
-            return Err(not_found("load balancer", lb));
-        }
-        if self.resources.backend_pools.remove(&pool_key(lb, pool)).is_some() {
-            let lb_etag = self.etag();
-            if let Some(record) = self.resources.load_balancers.get_mut(lb) {
-                record.etag = lb_etag;
-                record.backend_pools.retain(|p| p != pool);
-            }
-        }
-        Ok(())
-    }
-
-    pub fn get_backend_pool(&self, scope: &Scope, lb: &str, pool: &str) -> Result<wire::BackendAddressPool, Rejection> {
-        if !self.resources.load_balancers.contains_key(lb) {
-            return Err(not_found("load balancer", lb));
-        }
-        let record = self
-            .resources
-            .backend_pools
-            .get(&pool_key(lb, pool))
-            .ok_or_else(|| not_found("backend pool", &pool_key(lb, pool)))?;
-        Ok(wire::BackendAddressPool {
-            name: Some(pool.to_owned()),
-            id: Some(format!("{}/backendAddressPools/{pool}", scope.load_balancer_id(lb))),
-            etag: Some(record.etag.clone()),
-            properties: wire::BackendAddressPoolProperties {
-                load_balancer_backend_addresses: record.addresses.clone(),
-                other: record.other_properties.clone(),
-            },
-        })
-    }
-
-    pub fn put_backend_pool(
-        &mut self,
-        scope: &Scope,
-        lb: &str,
-        pool: &str,
-        body: &wire::BackendAddressPool,
-        if_match: Option<&str>,
-    ) -> Result<wire::BackendAddressPool, Rejection> {
-        if !self.resources.load_balancers.contains_key(lb) {
-            return Err(not_found("load balancer", lb));
-        }
-        let key = pool_key(lb, pool);
-        let current = self.resources.backend_pools.get(&key).map(|p| p.etag.clone());
-        if let Some(expected) = if_match {
-            let matches = match &current {
-                Some(etag) => expected == "*" || expected == etag,
-                None => false,
-            };
-            if !matches {
-                return Err(reject(
-                    412,
-                    "PreconditionFailed",
-                    format!(
-                        "backend pool {key}: If-Match {expected} but the ETag is {}",
-                        current.as_deref().unwrap_or("(none)")
-                    ),
-                ));
-            }
-        }
-        for address in &body.properties.load_balancer_backend_addresses {
-            parse_ip(&address.properties.ip_address, "InvalidRequestFormat", "backend address")?;
-        }
-        let etag = self.etag();
-        self.resources.backend_pools.insert(
-            key,
-            BackendPoolRecord {
-                etag,
-                addresses: body.properties.load_balancer_backend_addresses.clone(),
-                other_properties: body.properties.other.clone(),
-            },
-        );
-        // A child's write is a write of its parent.
-        let lb_etag = self.etag();
-        if let Some(record) = self.resources.load_balancers.get_mut(lb) {
-            record.etag = lb_etag;
-            if !record.backend_pools.iter().any(|p| p == pool) {
-                record.backend_pools.push(pool.to_owned());
-            }
-        }
-        self.get_backend_pool(scope, lb, pool)
     }
 }
 

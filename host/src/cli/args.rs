@@ -1,0 +1,183 @@
+//! What several subcommands share: which logic runs and under which limits, the write budgets,
+//! the parsers of durations and sizes, and how a component file is read.
+
+use crate::sandbox::Limits;
+use crate::sandbox::bindings::clb::reconciler::types::{Budget, WriteBudgets};
+use crate::{BUILTIN_GUEST, compression};
+use anyhow::Context as _;
+use clap::Args;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Exit codes shared by the subcommands.
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_REFUSED: u8 = 1;
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+pub(super) fn parse_memory_mib(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(mib @ 1..=4096) => Ok(mib),
+        _ => Err(format!("{text:?}: give 1 to 4096 MiB (a 32-bit guest addresses at most 4 GiB)")),
+    }
+}
+
+/// `15s`, `500ms`, `2m`, or plain seconds.
+/// A request or operation timeout: from 100 ms to an hour.
+pub(super) fn request_timeout(text: &str) -> Result<Duration, String> {
+    let timeout = duration(text)?;
+    if (Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&timeout) {
+        Ok(timeout)
+    } else {
+        Err(format!("{text:?}: a timeout is from 100ms to 1h"))
+    }
+}
+
+pub(super) fn duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration such as 15s or 500ms"))?;
+    let scale = match unit {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(number * scale).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// How fast the logic may write to Azure (docs/operations.md, "Write budgets"); the defaults
+/// and the limits are the logic's own.
+#[derive(Args)]
+pub(super) struct BudgetArgs {
+    /// The write budget of OPERATION (update-address-locations, update-services or
+    /// arm-writes): RATE as N/s or N/min, then the burst, e.g.
+    /// `update-address-locations=10/s:20`. Repeat for each operation; one not named keeps the
+    /// logic's default (300/min with a burst of 10, 20 and 100).
+    #[arg(long = "write-budget", value_name = "OPERATION=RATE:BURST", value_parser = parse_write_budget)]
+    pub(super) write_budget: Vec<(BudgetOperation, Budget)>,
+    /// The writes left to other clients of the subscription while ARM reports its remaining
+    /// writes on each answer: the logic spends down to this many, then at ARM's refill rate
+    /// (default 40, a fifth of ARM's documented bucket of 200).
+    #[arg(long = "arm-write-reserve", value_name = "N")]
+    pub(super) arm_write_reserve: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BudgetOperation {
+    UpdateAddressLocations,
+    UpdateServices,
+    ArmWrites,
+}
+
+/// The `field` of the logic's `config-error` for a refused write budget.
+pub(super) const WRITE_BUDGETS_FIELD: &str = "writeBudgets";
+
+impl BudgetOperation {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            BudgetOperation::UpdateAddressLocations => "update-address-locations",
+            BudgetOperation::UpdateServices => "update-services",
+            BudgetOperation::ArmWrites => "arm-writes",
+        }
+    }
+}
+
+impl BudgetArgs {
+    /// The budgets to put in the config: `None` when no flag names one (the logic's defaults).
+    pub(super) fn write_budgets(&self) -> Result<Option<WriteBudgets>, String> {
+        if self.write_budget.is_empty() && self.arm_write_reserve.is_none() {
+            return Ok(None);
+        }
+        let mut budgets = WriteBudgets {
+            update_address_locations: None,
+            update_services: None,
+            arm_writes: None,
+            arm_write_reserve: self.arm_write_reserve,
+        };
+        for &(operation, budget) in &self.write_budget {
+            let slot = match operation {
+                BudgetOperation::UpdateAddressLocations => &mut budgets.update_address_locations,
+                BudgetOperation::UpdateServices => &mut budgets.update_services,
+                BudgetOperation::ArmWrites => &mut budgets.arm_writes,
+            };
+            if slot.replace(budget).is_some() {
+                return Err(format!("--write-budget names {} more than once", operation.name()));
+            }
+        }
+        Ok(Some(budgets))
+    }
+}
+
+/// `OPERATION=RATE:BURST` with RATE `N/s` or `N/min`. Only the syntax is checked here: which
+/// rates and bursts run is the logic's to say (`InvalidWriteBudget`).
+pub(super) fn parse_write_budget(text: &str) -> Result<(BudgetOperation, Budget), String> {
+    let syntax = || format!("{text:?} is not OPERATION=RATE:BURST such as update-address-locations=10/s:20");
+    let (operation, budget) = text.split_once('=').ok_or_else(syntax)?;
+    let operations =
+        [BudgetOperation::UpdateAddressLocations, BudgetOperation::UpdateServices, BudgetOperation::ArmWrites];
+    let Some(operation) = operations.into_iter().find(|o| o.name() == operation.trim()) else {
+        return Err(format!(
+            "{operation:?} is not an operation with a write budget: update-address-locations, update-services or \
+             arm-writes"
+        ));
+    };
+    let (rate, burst) = budget.split_once(':').ok_or_else(syntax)?;
+    let (count, unit) = rate.trim().split_once('/').ok_or_else(syntax)?;
+    let count: u32 = count.trim().parse().map_err(|_| syntax())?;
+    let per_minute = match unit.trim() {
+        "s" => count.checked_mul(60).ok_or_else(|| format!("{text:?}: the rate is too large"))?,
+        "min" => count,
+        _ => return Err(format!("{text:?}: the rate's unit must be /s or /min")),
+    };
+    let burst: u32 = burst.trim().parse().map_err(|_| syntax())?;
+    Ok((operation, Budget { per_minute, burst }))
+}
+
+/// Which logic to run and under which limits.
+#[derive(Args)]
+pub(super) struct LogicArgs {
+    /// A component to run instead of the built-in logic (gzip or zstd compressed or not).
+    #[arg(long, value_name = "FILE")]
+    pub(super) component: Option<PathBuf>,
+    /// Fuel (roughly, wasm instructions) one guest call may use; at least 1.
+    #[arg(long, default_value_t = Limits::default().fuel, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) fuel: u64,
+    /// Wall-clock milliseconds one guest call may take: 1 to 3,600,000 (an hour).
+    #[arg(long, default_value_t = Limits::default().deadline.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub(super) deadline_ms: u64,
+    /// Linear memory the guest may hold, in MiB: 1 to 4,096 (a 32-bit guest addresses 4 GiB).
+    #[arg(long, default_value_t = Limits::default().memory_bytes >> 20, value_parser = parse_memory_mib)]
+    pub(super) memory_mib: usize,
+}
+
+impl LogicArgs {
+    pub(super) fn limits(&self) -> Limits {
+        Limits {
+            fuel: self.fuel,
+            deadline: Duration::from_millis(self.deadline_ms),
+            memory_bytes: self.memory_mib << 20,
+        }
+    }
+
+    pub(super) fn bytes(&self) -> anyhow::Result<Vec<u8>> {
+        match &self.component {
+            Some(path) => read_component(path),
+            None => Ok(BUILTIN_GUEST.to_vec()),
+        }
+    }
+}
+
+/// A component file's bytes and, when it is compressed, its compression and size (a file the
+/// command line reads is taken compressed or not: `crate::compression`).
+pub(super) fn read_component_file(path: &std::path::Path) -> anyhow::Result<compression::Decompressed> {
+    let bytes = crate::bounded::read(path, compression::MAX_COMPONENT_BYTES as u64)?;
+    let _file = tracing::info_span!("component", path = %path.display()).entered();
+    compression::decompress(bytes).with_context(|| format!("{}: not a component", path.display()))
+}
+
+/// A component file's bytes, decompressed when it is compressed.
+pub(super) fn read_component(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    Ok(read_component_file(path)?.bytes)
+}
