@@ -22,13 +22,12 @@ impl Tracker {
         Ok(Self { arm: ArmSync::settled(), ..Self::create(config)? })
     }
 
-    /// The state as version 2 wrote it (the version-1 payload, then the egress side), for tests
-    /// of older payloads. Version 2 keeps at most one address-location batch in flight, not when
-    /// it was issued, and no per-location backoff ([`NrpSyncV2`]): a state holding more than that
-    /// has no version-2 form, and this panics.
+    /// The state as versions 1 and 2 hold it: at most one address-location batch in flight, not
+    /// when it was issued, and no per-location backoff ([`NrpSyncV2`]). A state holding more than
+    /// that has no such form, and this panics.
     #[cfg(test)]
-    pub(crate) fn export_state_v2(&self) -> Vec<u8> {
-        let state = self.state.clone().map_nrp(|n| {
+    fn state_v2(&self) -> State<NrpSyncV2> {
+        self.state.clone().map_nrp(|n| {
             assert!(n.batches_in_flight.len() <= 1 && n.location_backoff.is_empty(), "no version-2 form: {n:?}");
             NrpSyncV2 {
                 loaded: n.loaded,
@@ -43,8 +42,20 @@ impl Tracker {
                 service_writes_in_flight: n.service_writes_in_flight,
                 foreign: n.foreign,
             }
-        });
-        postcard::to_allocvec(&(&state, &self.egress)).expect("plain data")
+        })
+    }
+
+    /// The state as version 1 wrote it ([`Self::state_v2`] alone), for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v1(&self) -> Vec<u8> {
+        postcard::to_allocvec(&self.state_v2()).expect("plain data")
+    }
+
+    /// The state as version 2 wrote it (the version-1 payload, then the egress side), for tests
+    /// of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_v2(&self) -> Vec<u8> {
+        postcard::to_allocvec(&(&self.state_v2(), &self.egress)).expect("plain data")
     }
 
     /// The state as version 3 wrote it (no ARM inventory), for tests of older payloads.

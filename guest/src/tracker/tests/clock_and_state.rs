@@ -225,7 +225,7 @@ fn a_state_payload_with_bytes_after_it_is_refused_as_corrupt() {
 // Regression: a version-2 payload was imported as version 1, without its egress side.
 #[test]
 fn a_version_2_payload_offered_as_version_1_is_refused_as_corrupt() {
-    let (_, payload) = as_versions_1_and_2(&tracker_with_commands_in_flight());
+    let payload = tracker_with_commands_in_flight().export_state_v2();
     let why = corrupt(Tracker::import_state(clb(), 1, &payload));
     assert!(why.starts_with("state version 1:") && why.contains("after the payload"), "{why}");
 }
@@ -327,7 +327,7 @@ fn a_state_whose_next_command_id_leaves_no_room_to_count_is_refused_as_corrupt()
 fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_the_current_version() {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
-    let (version_1, _) = as_versions_1_and_2(&tracker);
+    let version_1 = tracker.export_state_v1();
     let imported = Tracker::import_state(clb(), 1, &version_1).unwrap();
     // With nothing counted (version 9): otherwise the same state.
     tracker.figures = Default::default();
@@ -340,7 +340,7 @@ fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_the
 #[test]
 fn a_version_2_state_with_its_batch_in_flight_imports_with_that_batch_in_flight_and_its_answer_applies() {
     let (mut tracker, batch) = tracker_with_a_batch_in_flight();
-    let (_, version_2) = as_versions_1_and_2(&tracker);
+    let version_2 = tracker.export_state_v2();
     let mut imported = Tracker::import_state(clb(), 2, &version_2).unwrap();
     // Issued at time 0 as far as version 3 knows, with full write budgets (version 5) and
     // nothing counted (version 9): otherwise the same state.

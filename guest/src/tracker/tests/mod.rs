@@ -752,27 +752,6 @@ fn writes(issued: &[Command]) -> Vec<&Command> {
     issued.iter().filter(|c| !matches!(c, Command::EmitEvent(_) | Command::ReadNrp | Command::ReadArm)).collect()
 }
 
-/// The tracker's state as versions 1 and 2 wrote it (one batch in flight at most).
-fn as_versions_1_and_2(tracker: &Tracker) -> (Vec<u8>, Vec<u8>) {
-    let state = tracker.state.clone().map_nrp(|n| {
-        assert!(n.batches_in_flight.len() <= 1 && n.location_backoff.is_empty(), "{n:?}");
-        NrpSyncV2 {
-            loaded: n.loaded,
-            read_in_flight: n.read_in_flight,
-            read_retries: n.read_retries,
-            next_read_ms: n.next_read_ms,
-            batch_in_flight: n.batches_in_flight.keys().next().copied(),
-            batch_retries: n.batch_retries,
-            batch_not_before_ms: n.batch_not_before_ms,
-            batch_limit: n.batch_limit,
-            quarantined: n.quarantined,
-            service_writes_in_flight: n.service_writes_in_flight,
-            foreign: n.foreign,
-        }
-    });
-    (postcard::to_allocvec(&state).unwrap(), postcard::to_allocvec(&(&state, &tracker.egress)).unwrap())
-}
-
 fn budgeted(change: impl FnOnce(&mut crate::budget::WriteBudgets)) -> Config {
     let mut budgets = crate::budget::WriteBudgets::DEFAULT;
     change(&mut budgets);
