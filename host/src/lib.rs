@@ -13,7 +13,7 @@
 //! replays the calls into the logic. It decides nothing about load balancers: every rule a
 //! reviewer could argue about lives in the guest (`clb-guest`).
 //!
-//! Modules form layers, no module importing one above it (ARCHITECTURE.md, invariant 11).
+//! Modules form layers, no module importing one above it (ARCHITECTURE.md, invariant 12).
 
 pub mod azure;
 pub mod backend_pools;
