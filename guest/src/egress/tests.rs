@@ -708,7 +708,7 @@ fn a_state_whose_egress_reference_counts_are_not_the_pods_is_refused_as_corrupt(
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     tracker.observe(0, vec![Observation::PodUpserted(pod("p", Some("egress-a"), &["10.244.0.5"]))]);
     // Version 3's payload: the state, then the egress side last.
-    let (version, payload) = (3, tracker.export_state_v3());
+    let (version, payload) = (3, tracker.export_state_as(3));
     let egress_bytes = postcard::to_allocvec(tracker.egress()).unwrap();
     let state_bytes = &payload[..payload.len() - egress_bytes.len()];
     assert!(Tracker::import_state(clb(), version, &payload).is_ok());

@@ -3,10 +3,25 @@
 
 use crate::admission::Verdict;
 use crate::ip;
+use crate::keyed::Map;
 use crate::model::*;
-use crate::name::{Name, VecMap};
+use crate::name::{Name, VecMap, VecSet};
 use serde::{Deserialize, Serialize};
 use smallvec::SmallVec;
+
+/// The Kubernetes side: what the host's watches reported, kept in the shapes the tracker reads
+/// them in, and whether the initial lists are complete (nothing is written before they are).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct KubeCache {
+    pub(super) services: Map<ObjectKey, ServiceRecord>,
+    pub(super) service_by_identity: Map<String, ObjectKey>,
+    pub(super) slices: Map<ObjectKey, SliceRecord>,
+    pub(super) slices_by_owner: Map<Name, VecSet<ObjectKey>>,
+    pub(super) slices_by_node: Map<Name, VecSet<ObjectKey>>,
+    /// Node name → its locations per family (computed once per Node change, not per endpoint).
+    pub(super) nodes: Map<String, NodeLocations>,
+    pub(super) lists_complete: bool,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct ServiceRecord {

@@ -3,6 +3,7 @@
 //! lifecycle ([`Kind`]) says only what is particular to it.
 
 use super::figures::ServiceType;
+use super::outbox::*;
 use super::state::*;
 use crate::keyed::Map;
 use crate::lifecycle::{Life, Op, WorkSets, timing};
@@ -44,7 +45,7 @@ impl Tracker {
     /// for a read of NRP or a token stay runnable.
     pub(super) fn run<K: Kind>(&mut self, now: u64, hold_nrp_writes: bool, step: &mut Step) {
         let mut held = Vec::new();
-        while self.state.service_commands_in_flight < MAX_SERVICE_COMMANDS_IN_FLIGHT {
+        while self.outbox.service_commands_in_flight < MAX_SERVICE_COMMANDS_IN_FLIGHT {
             let Some(identity) = K::parts(self).1.runnable.pop_first() else { break };
             if !self.advance::<K>(&identity, now, hold_nrp_writes, step) {
                 held.push(identity);
@@ -106,10 +107,10 @@ impl Tracker {
                 lifecycle.set_phase(Phase::CreationInProgress);
             }
             if next.writes_nrp() {
-                self.state.nrp.service_writes_in_flight += 1;
+                self.nrp.sync.service_writes_in_flight += 1;
             }
-            self.state.service_commands_in_flight += 1;
-            let id = self.issue(command, K::in_flight(identity, next), step);
+            self.outbox.service_commands_in_flight += 1;
+            let id = self.outbox.issue(command, K::in_flight(identity, next), step);
             K::parts(self).0.get_mut(identity).expect("checked above").attempt_mut().in_flight = Some((id, next));
             return true;
         }
@@ -180,14 +181,14 @@ impl Tracker {
         lifecycle.set_phase(Phase::DeletionPending);
         lifecycle.steps().clear();
         work.draining.insert(identity.to_owned());
-        self.state.diff.touch_identity(identity);
+        self.nrp.diff.touch_identity(identity);
     }
 
     /// NRP refused to unregister it (`ServiceWithOverlayMappingsCannotBeDeleted`): NRP still
     /// maps addresses to it, so the mirror was wrong. It drains again, and NRP is read back.
     pub(super) fn drain_again<K: Kind>(&mut self, identity: &str, now: u64) {
         self.start_drain::<K>(identity);
-        self.state.nrp.next_read_ms = now;
+        self.nrp.sync.next_read_ms = now;
     }
 
     /// After a read of NRP: a teardown about to unregister whose drain ended on a mirror NRP now
@@ -199,7 +200,7 @@ impl Tracker {
             .filter(|(identity, l)| {
                 l.phase() == Phase::DeletionInProgress
                     && l.attempt().in_flight.is_none()
-                    && self.state.diff.nrp_references(identity)
+                    && self.nrp.diff.nrp_references(identity)
             })
             .map(|(identity, _)| identity.clone())
             .collect();

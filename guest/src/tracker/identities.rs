@@ -4,6 +4,7 @@
 
 use super::driver::*;
 use super::figures::ServiceType;
+use super::outbox::*;
 use super::service::*;
 use super::state::*;
 use crate::config::Mode;
@@ -16,23 +17,23 @@ impl Tracker {
     /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
     /// public IP too (upstream: the cluster's families, decided once per identity).
     pub(super) fn cluster_has_ipv6(&self) -> bool {
-        self.state.nodes.values().any(|n| n.v6.is_some())
+        self.kube.nodes.values().any(|n| n.v6.is_some())
     }
 
     /// Whether pods carry the identity changed (none to some, some to none). Nothing is decided
     /// before start-up reconciliation, which decides for every carried identity once NRP (which
     /// says which identities are somebody else's) has been read.
     pub(super) fn carried_changed(&mut self, identity: &str) {
-        if !self.state.reconciled || self.mode != Mode::ContainerLoadBalancer {
+        if !self.startup.reconciled || self.mode != Mode::ContainerLoadBalancer {
             return;
         }
-        let carried = self.egress.carries(identity);
-        let Some(lifecycle) = self.outbound.lifecycles.get_mut(identity) else {
+        let carried = self.egress.identities.carries(identity);
+        let Some(lifecycle) = self.egress.outbound.lifecycles.get_mut(identity) else {
             // An identity NRP already lists is somebody else's: programmed, never provisioned.
-            if carried && !self.egress.is_registered(identity) {
+            if carried && !self.egress.identities.is_registered(identity) {
                 let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
-                self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
-                self.outbound.work.runnable.insert(identity.to_owned());
+                self.egress.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                self.egress.outbound.work.runnable.insert(identity.to_owned());
             }
             return;
         };
@@ -41,16 +42,16 @@ impl Tracker {
             // (upstream: revived only if no delete was attempted).
             (true, Phase::DeletionPending) if lifecycle.whole => {
                 lifecycle.phase = Phase::Created;
-                self.outbound.work.draining.remove(identity);
-                self.state.diff.touch_identity(identity);
+                self.egress.outbound.work.draining.remove(identity);
+                self.nrp.diff.touch_identity(identity);
             }
             (true, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = true,
             (true, _) => {}
             (false, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = false,
             // Nothing was written yet: nothing to tear down.
             (false, Phase::NotStarted) => {
-                self.outbound.lifecycles.remove(identity);
-                self.outbound.work.runnable.remove(identity);
+                self.egress.outbound.lifecycles.remove(identity);
+                self.egress.outbound.work.runnable.remove(identity);
             }
             // The last pod went: drain, then tear down. A command in flight finishes first.
             (false, _) => {
@@ -58,7 +59,7 @@ impl Tracker {
                     // A registration was answered with a failure and waits for its retry: it
                     // may have taken effect all the same (a lost response), so the teardown
                     // unregisters rather than trust the mirror (a read of NRP corrects it).
-                    self.egress.set_registered(identity, true);
+                    self.egress.identities.set_registered(identity, true);
                 }
                 lifecycle.attempt.reset();
                 lifecycle.failing = false;
@@ -71,17 +72,22 @@ impl Tracker {
     /// first read, or an identity whose registration by somebody else went away) are decided
     /// now, and one of ours that NRP lost is ensured again (every step is a PUT: idempotent).
     pub(super) fn reconcile_outbound(&mut self) {
-        let undecided: Vec<String> =
-            self.egress.carried().filter(|id| !self.outbound.lifecycles.contains_key(*id)).map(str::to_owned).collect();
+        let undecided: Vec<String> = self
+            .egress
+            .identities
+            .carried()
+            .filter(|id| !self.egress.outbound.lifecycles.contains_key(*id))
+            .map(str::to_owned)
+            .collect();
         for identity in undecided {
             self.carried_changed(&identity);
         }
-        for (identity, lifecycle) in self.outbound.lifecycles.iter_mut() {
-            if lifecycle.phase == Phase::Created && !self.egress.is_registered(identity) {
+        for (identity, lifecycle) in self.egress.outbound.lifecycles.iter_mut() {
+            if lifecycle.phase == Phase::Created && !self.egress.identities.is_registered(identity) {
                 lifecycle.phase = Phase::UpdateInProgress;
                 lifecycle.steps = outbound::ENSURE.into();
-                self.outbound.work.runnable.insert(identity.clone());
-                self.state.diff.touch_identity(identity);
+                self.egress.outbound.work.runnable.insert(identity.clone());
+                self.nrp.diff.touch_identity(identity);
             }
         }
         self.drain_again_where_referenced::<OutboundIdentity>();
@@ -89,24 +95,24 @@ impl Tracker {
 
     /// The last step of an outbound operation succeeded.
     pub(super) fn finish_outbound(&mut self, identity: &str, step: &mut Step) {
-        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("caller checked");
+        let lifecycle = self.egress.outbound.lifecycles.get_mut(identity).expect("caller checked");
         let message = match lifecycle.phase {
             Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
                 lifecycle.phase = Phase::Created;
                 lifecycle.whole = true;
-                self.state.diff.touch_identity(identity);
+                self.nrp.diff.touch_identity(identity);
                 format!(
                     "egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered"
                 )
             }
             Phase::DeletionInProgress => {
-                let recreate = lifecycle.recreate && self.egress.carries(identity);
-                self.outbound.lifecycles.remove(identity);
-                self.pods.recheck(); // a last pod's finalizer waited for this
+                let recreate = lifecycle.recreate && self.egress.identities.carries(identity);
+                self.egress.outbound.lifecycles.remove(identity);
+                self.egress.finalizers.recheck(); // a last pod's finalizer waited for this
                 if recreate {
                     let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
-                    self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
-                    self.outbound.work.runnable.insert(identity.to_owned());
+                    self.egress.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                    self.egress.outbound.work.runnable.insert(identity.to_owned());
                 }
                 format!("egress identity {identity}: unregistered, NAT gateway and public IP(s) deleted")
             }
@@ -127,7 +133,7 @@ impl Tracker {
         if !self.answered::<OutboundIdentity>(identity, id, op, &outcome, now, step) {
             return;
         }
-        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("it waited for the answer");
+        let lifecycle = self.egress.outbound.lifecycles.get_mut(identity).expect("it waited for the answer");
         let failure = match outcome {
             Outcome::Failed(f) => f,
             Outcome::Ok | Outcome::PublicIpAddress(_) | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
@@ -142,7 +148,7 @@ impl Tracker {
         if lifecycle.phase.is_deleting() && !op.is_delete_step() {
             if op == OutStep::Register {
                 // It may have taken effect whatever the answer: the teardown unregisters.
-                self.egress.set_registered(identity, true);
+                self.egress.identities.set_registered(identity, true);
             }
             return; // a creation pre-empted by the teardown: the teardown carries on
         }
@@ -174,19 +180,19 @@ impl Tracker {
     pub(super) fn outbound_step_succeeded(&mut self, identity: &str, op: OutStep) {
         match op {
             OutStep::Register => {
-                self.egress.set_registered(identity, true);
-                self.state.diff.touch_identity(identity);
+                self.egress.identities.set_registered(identity, true);
+                self.nrp.diff.touch_identity(identity);
             }
-            OutStep::Unregister => self.egress.set_registered(identity, false),
+            OutStep::Unregister => self.egress.identities.set_registered(identity, false),
             _ => {}
         }
-        self.outbound.lifecycles.get_mut(identity).expect("caller checked").succeeded(op);
+        self.egress.outbound.lifecycles.get_mut(identity).expect("caller checked").succeeded(op);
         self.step_done::<OutboundIdentity>(identity, op);
     }
 
     /// The outbound side: the lifecycles of the egress identities this tracker provisions.
     pub fn outbound(&self) -> &Outbound {
-        &self.outbound
+        &self.egress.outbound
     }
 }
 
@@ -199,17 +205,17 @@ impl Kind for OutboundIdentity {
     const UNREGISTER: OutStep = OutStep::Unregister;
     const TYPE: ServiceType = ServiceType::Outbound;
     fn lifecycles(tracker: &Tracker) -> &Map<String, OutboundLifecycle> {
-        &tracker.outbound.lifecycles
+        &tracker.egress.outbound.lifecycles
     }
     fn parts(tracker: &mut Tracker) -> (&mut Map<String, OutboundLifecycle>, &mut WorkSets<String>) {
-        (&mut tracker.outbound.lifecycles, &mut tracker.outbound.work)
+        (&mut tracker.egress.outbound.lifecycles, &mut tracker.egress.outbound.work)
     }
     fn registered(tracker: &Tracker, identity: &str) -> bool {
-        tracker.egress.is_registered(identity)
+        tracker.egress.identities.is_registered(identity)
     }
     /// Records what the step may leave behind as it is sent.
     fn command(tracker: &mut Tracker, identity: &str, op: OutStep) -> Command {
-        let lifecycle = tracker.outbound.lifecycles.get_mut(identity).expect("the driver checked");
+        let lifecycle = tracker.egress.outbound.lifecycles.get_mut(identity).expect("the driver checked");
         let command = lifecycle.command(identity, op);
         lifecycle.sending(op);
         command

@@ -5,6 +5,7 @@
 use super::cache::*;
 use super::driver::*;
 use super::figures::ServiceType;
+use super::outbox::*;
 use super::service::*;
 use super::state::*;
 use crate::admission::{Verdict, admit_service};
@@ -19,11 +20,11 @@ impl Tracker {
         let verdict = admit_service(&self.config, &service);
         let key = service.key();
         let identity = service.identity();
-        let previous = self.state.services.remove(&key);
+        let previous = self.kube.services.remove(&key);
         if let Some(previous) = previous.as_ref().filter(|p| p.observed.uid != service.uid) {
             // The same name now belongs to a new object: the old one is gone.
             let old = previous.observed.identity();
-            self.state.service_by_identity.remove(&old);
+            self.kube.service_by_identity.remove(&old);
             self.delete_service(&old, true);
         }
         let same_object = previous.as_ref().is_some_and(|p| p.observed.uid == service.uid);
@@ -36,16 +37,16 @@ impl Tracker {
         if let (Verdict::Rejected(rejection), true) = (&verdict, verdict_changed) {
             let kept = if admitted.is_some() { "; it keeps its last admitted configuration" } else { "" };
             let message = format!("{}{kept}", rejection.message);
-            self.event(&object_ref(&service), EventType::Warning, &rejection.reason, message, step);
+            self.outbox.event(&object_ref(&service), EventType::Warning, &rejection.reason, message, step);
         }
-        if let Some(lifecycle) = self.state.lifecycles.get_mut(&identity) {
+        if let Some(lifecycle) = self.inbound.lifecycles.get_mut(&identity) {
             lifecycle.object = ObjectState::of(&service);
             lifecycle.service = object_ref(&service);
         }
         match &verdict {
             Verdict::Admitted => self.want_service(&identity, &service),
             Verdict::Cleanup | Verdict::Ignored(_) => {
-                if !self.state.lifecycles.contains_key(&identity) && ObjectState::of(&service).has_finalizer {
+                if !self.inbound.lifecycles.contains_key(&identity) && ObjectState::of(&service).has_finalizer {
                     // Ours from before a restart: clean up whatever is left, then release it.
                     self.adopt_for_deletion(&identity, object_ref(&service), ObjectState::of(&service));
                 }
@@ -53,31 +54,31 @@ impl Tracker {
             }
             Verdict::Rejected(_) | Verdict::NothingToProvision => {}
         }
-        self.state.service_by_identity.insert(identity.clone(), key.clone());
-        self.state.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
+        self.kube.service_by_identity.insert(identity.clone(), key.clone());
+        self.kube.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
         self.refuse_colliding_pods(&identity, step);
     }
 
     pub(super) fn remove_service_object(&mut self, key: &ObjectKey) {
-        let Some(record) = self.state.services.remove(key) else { return };
+        let Some(record) = self.kube.services.remove(key) else { return };
         let identity = record.observed.identity();
-        self.state.service_by_identity.remove(&identity);
+        self.kube.service_by_identity.remove(&identity);
         self.delete_service(&identity, true);
     }
 
     /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
     pub(super) fn programmable(&self, identity: &str) -> bool {
-        self.state.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
+        self.inbound.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
     }
 
     pub(super) fn want_service(&mut self, identity: &str, service: &Service) {
         let config = LbConfig::for_service(service);
-        let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else {
+        let Some(lifecycle) = self.inbound.lifecycles.get_mut(identity) else {
             let lifecycle =
                 Lifecycle::new(object_ref(service), Phase::NotStarted, ObjectState::of(service), Some(config));
-            self.state.lifecycles.insert(identity.to_owned(), lifecycle);
+            self.inbound.lifecycles.insert(identity.to_owned(), lifecycle);
             self.seed(identity);
-            self.state.work.runnable.insert(identity.to_owned());
+            self.inbound.work.runnable.insert(identity.to_owned());
             return;
         };
         let changed = lifecycle.desired.as_ref() != Some(&config);
@@ -117,13 +118,13 @@ impl Tracker {
                 }
             }
         }
-        self.state.work.runnable.insert(identity.to_owned());
+        self.inbound.work.runnable.insert(identity.to_owned());
     }
 
     /// Starts (or keeps) the deletion of a Service's Azure resources. `gone`: the object has
     /// left the API server. Never synthesises a deletion for a Service nobody provisioned.
     pub(super) fn delete_service(&mut self, identity: &str, gone: bool) {
-        let Some(lifecycle) = self.state.lifecycles.get_mut(identity) else { return };
+        let Some(lifecycle) = self.inbound.lifecycles.get_mut(identity) else { return };
         if gone {
             lifecycle.object.exists = false;
         }
@@ -131,7 +132,7 @@ impl Tracker {
         if lifecycle.phase.is_deleting() {
             if lifecycle.parked {
                 lifecycle.parked = false;
-                self.state.work.runnable.insert(identity.to_owned());
+                self.inbound.work.runnable.insert(identity.to_owned());
             }
             return;
         }
@@ -143,7 +144,7 @@ impl Tracker {
     }
 
     pub(super) fn command_for(&self, identity: &str, op: OpStep) -> Command {
-        let lifecycle = &self.state.lifecycles[identity];
+        let lifecycle = &self.inbound.lifecycles[identity];
         let config = lifecycle.op_config.as_ref();
         let inbound = |backend_pools: Vec<PoolRef>, is_delete: bool| {
             Command::UpdateServices(vec![NrpServiceRequest {
@@ -187,7 +188,7 @@ impl Tracker {
 
     /// The last step of an operation succeeded.
     pub(super) fn finish_operation(&mut self, identity: &str, step: &mut Step) {
-        let lifecycle = self.state.lifecycles.get_mut(identity).expect("caller checked");
+        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("caller checked");
         match lifecycle.phase {
             Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
                 let created = lifecycle.phase != Phase::UpdateInProgress;
@@ -196,18 +197,18 @@ impl Tracker {
                     lifecycle.phase = Phase::UpdateInProgress;
                     lifecycle.op_config = lifecycle.desired.clone();
                     lifecycle.steps = [OpStep::PutLoadBalancer, OpStep::PatchStatus].into();
-                    self.state.work.runnable.insert(identity.to_owned());
+                    self.inbound.work.runnable.insert(identity.to_owned());
                 } else if lifecycle.object_needs_repair() {
                     // Read without our finalizer (or its ingress IP) after it was written.
                     lifecycle.repair();
-                    self.state.work.runnable.insert(identity.to_owned());
+                    self.inbound.work.runnable.insert(identity.to_owned());
                 } else {
                     lifecycle.phase = Phase::Created;
                 }
                 let (service, ip) = (lifecycle.service.clone(), lifecycle.ingress_ip.clone().unwrap_or_default());
                 if created {
                     let message = format!("load balancer {identity} is serving at {ip}");
-                    self.event(&service, EventType::Normal, reason::ENSURED_LOAD_BALANCER, message, step);
+                    self.outbox.event(&service, EventType::Normal, reason::ENSURED_LOAD_BALANCER, message, step);
                 }
             }
             Phase::DeletionInProgress => {
@@ -222,12 +223,12 @@ impl Tracker {
                     lifecycle.steps = OpStep::ENSURE.into();
                     lifecycle.attempt.retries = 0;
                     self.seed(identity);
-                    self.state.diff.touch_identity(identity);
-                    self.state.work.runnable.insert(identity.to_owned());
+                    self.nrp.diff.touch_identity(identity);
+                    self.inbound.work.runnable.insert(identity.to_owned());
                 } else {
-                    self.state.lifecycles.remove(identity);
+                    self.inbound.lifecycles.remove(identity);
                 }
-                self.event(&service, EventType::Normal, reason::DELETED_LOAD_BALANCER, message, step);
+                self.outbox.event(&service, EventType::Normal, reason::DELETED_LOAD_BALANCER, message, step);
             }
             Phase::Created | Phase::DeletionPending => {}
         }
@@ -245,7 +246,7 @@ impl Tracker {
         if !self.answered::<Inbound>(identity, id, op, &outcome, now, step) {
             return;
         }
-        let lifecycle = self.state.lifecycles.get_mut(identity).expect("it waited for the answer");
+        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("it waited for the answer");
         let failure = match outcome {
             Outcome::Failed(f) => f,
             Outcome::PublicIpAddress(ip) => {
@@ -266,7 +267,7 @@ impl Tracker {
                 lifecycle.object.exists = false;
             }
             self.step_succeeded(identity, op);
-            if op.is_kubernetes() && !self.state.lifecycles[identity].phase.is_deleting() {
+            if op.is_kubernetes() && !self.inbound.lifecycles[identity].phase.is_deleting() {
                 // The Service left the API server before we finished: undo what we made.
                 self.delete_service(identity, true);
             }
@@ -279,7 +280,7 @@ impl Tracker {
         if op == OpStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
             self.drain_again::<Inbound>(identity, now);
         }
-        let lifecycle = self.state.lifecycles.get_mut(identity).expect("still there");
+        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("still there");
         let terminal = matches!(op, OpStep::PutLoadBalancer | OpStep::PutPublicIp)
             && (TERMINAL_CODES.contains(&code) || failure.status == 422);
         let service = lifecycle.service.clone();
@@ -300,7 +301,13 @@ impl Tracker {
                 "Azure refused {op:?} for load balancer {identity}: {} ({}); fix the Service spec to retry",
                 failure.message, code
             );
-            self.event(&service, EventType::Warning, reason::LOAD_BALANCER_CONFIGURATION_REJECTED, message, step);
+            self.outbox.event(
+                &service,
+                EventType::Warning,
+                reason::LOAD_BALANCER_CONFIGURATION_REJECTED,
+                message,
+                step,
+            );
             return;
         }
         let what = format!("{op:?} for load balancer {identity}");
@@ -311,17 +318,17 @@ impl Tracker {
                 if code.is_empty() { String::new() } else { format!(", {code}") },
                 failure.message
             );
-            self.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
+            self.outbox.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
         }
     }
 
     pub(super) fn step_succeeded(&mut self, identity: &str, op: OpStep) {
         match op {
-            OpStep::Register => self.state.diff.set_registered(identity, true),
-            OpStep::Unregister => self.state.diff.set_registered(identity, false),
+            OpStep::Register => self.nrp.diff.set_registered(identity, true),
+            OpStep::Unregister => self.nrp.diff.set_registered(identity, false),
             _ => {}
         }
-        let lifecycle = self.state.lifecycles.get_mut(identity).expect("caller checked");
+        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("caller checked");
         match op {
             OpStep::AddFinalizer => lifecycle.object.has_finalizer = true,
             OpStep::RemoveFinalizer => lifecycle.object.has_finalizer = false,
@@ -338,14 +345,11 @@ impl Tracker {
     /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
     pub(super) fn adopt_for_deletion(&mut self, identity: &str, service: ObjectRef, object: ObjectState) {
         let lifecycle = Lifecycle::new(service, Phase::DeletionPending, object, None);
-        self.state.lifecycles.insert(identity.to_owned(), lifecycle);
-        self.state.work.draining.insert(identity.to_owned());
-        self.state.diff.touch_identity(identity);
+        self.inbound.lifecycles.insert(identity.to_owned(), lifecycle);
+        self.inbound.work.draining.insert(identity.to_owned());
+        self.nrp.diff.touch_identity(identity);
     }
 }
-
-/// Inbound Services, to the lifecycle driver.
-pub(super) struct Inbound;
 
 impl Kind for Inbound {
     type Life = Lifecycle;
@@ -353,20 +357,20 @@ impl Kind for Inbound {
     const UNREGISTER: OpStep = OpStep::Unregister;
     const TYPE: ServiceType = ServiceType::Inbound;
     fn lifecycles(tracker: &Tracker) -> &Map<String, Lifecycle> {
-        &tracker.state.lifecycles
+        &tracker.inbound.lifecycles
     }
     fn orphan(tracker: &Tracker, identity: &str) -> bool {
-        tracker.state.lifecycles.get(identity).is_some_and(|l| l.service.namespace.is_empty())
+        tracker.inbound.lifecycles.get(identity).is_some_and(|l| l.service.namespace.is_empty())
     }
     fn parts(tracker: &mut Tracker) -> (&mut Map<String, Lifecycle>, &mut WorkSets<String>) {
-        (&mut tracker.state.lifecycles, &mut tracker.state.work)
+        (&mut tracker.inbound.lifecycles, &mut tracker.inbound.work)
     }
     fn registered(tracker: &Tracker, identity: &str) -> bool {
-        tracker.state.diff.is_registered(identity)
+        tracker.nrp.diff.is_registered(identity)
     }
     /// An egress identity of the same name is torn down first.
     fn blocked(tracker: &Tracker, identity: &str) -> bool {
-        tracker.outbound.lifecycles.contains_key(identity)
+        tracker.egress.outbound.lifecycles.contains_key(identity)
     }
     fn command(tracker: &mut Tracker, identity: &str, op: OpStep) -> Command {
         tracker.command_for(identity, op)

@@ -10,22 +10,22 @@ use crate::name::{Name, VecMap, VecSet};
 
 impl Tracker {
     pub(super) fn seed(&mut self, identity: &str) {
-        let keys = self.state.slices_by_owner.get(identity).cloned().unwrap_or_default();
+        let keys = self.kube.slices_by_owner.get(identity).cloned().unwrap_or_default();
         for key in keys {
-            if let Some(record) = self.state.slices.get(&key) {
+            if let Some(record) = self.kube.slices.get(&key) {
                 for (address, location) in &record.resolved {
-                    self.state.diff.add_endpoint(identity, address, location);
+                    self.nrp.diff.add_endpoint(identity, address, location);
                 }
             }
         }
     }
 
     pub(super) fn unseed(&mut self, identity: &str) {
-        let keys = self.state.slices_by_owner.get(identity).cloned().unwrap_or_default();
+        let keys = self.kube.slices_by_owner.get(identity).cloned().unwrap_or_default();
         for key in keys {
-            if let Some(record) = self.state.slices.get(&key) {
+            if let Some(record) = self.kube.slices.get(&key) {
                 for (address, location) in &record.resolved {
-                    self.state.diff.remove_endpoint(identity, address, location);
+                    self.nrp.diff.remove_endpoint(identity, address, location);
                 }
             }
         }
@@ -45,7 +45,7 @@ impl Tracker {
     ) -> VecMap<Name, Name> {
         let mut resolved = Vec::new();
         for endpoint in endpoints.filter(|e| e.ready != Some(false)) {
-            let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.state.nodes.get(n.as_str())) else {
+            let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.kube.nodes.get(n.as_str())) else {
                 continue;
             };
             for address in &endpoint.addresses {
@@ -67,18 +67,18 @@ impl Tracker {
         }
         let resolved = self.resolve(&slice);
         let record = SliceRecord { slice, owner, resolved };
-        let old = self.state.slices.remove(&key);
+        let old = self.kube.slices.remove(&key);
         self.reindex_slice(&key, old.as_ref(), Some(&record));
         let (old_owner, old_resolved) = old.map(|o| (o.owner, o.resolved)).unwrap_or_default();
         self.apply_slice_change(old_owner.as_deref(), &old_resolved, record.owner.as_deref(), &record.resolved);
-        self.state.slices.insert(key, record);
+        self.kube.slices.insert(key, record);
     }
 
     /// The common update — a few endpoints of a slice changed, nothing else — re-resolves
     /// only those endpoints. Returns false when the update is not of that kind.
     pub(super) fn update_slice_in_place(&mut self, key: &ObjectKey, owner: &Option<Name>, slice: &StoredSlice) -> bool {
         const MOST_CHANGED: usize = 8;
-        let Some(old) = self.state.slices.get(key) else { return false };
+        let Some(old) = self.kube.slices.get(key) else { return false };
         let same_shape = old.owner == *owner
             && old.slice.address_type == slice.address_type
             && !old.slice.deleting
@@ -110,7 +110,7 @@ impl Tracker {
         }
         let owner = owner.clone();
         self.apply_slice_change(owner.as_deref(), &before, owner.as_deref(), &after);
-        let record = self.state.slices.get_mut(key).expect("read above");
+        let record = self.kube.slices.get_mut(key).expect("read above");
         for address in before.keys() {
             record.resolved.remove(address);
         }
@@ -120,7 +120,7 @@ impl Tracker {
     }
 
     pub(super) fn remove_slice(&mut self, key: &ObjectKey) {
-        let Some(old) = self.state.slices.remove(key) else { return };
+        let Some(old) = self.kube.slices.remove(key) else { return };
         self.reindex_slice(key, Some(&old), None);
         self.apply_slice_change(old.owner.as_deref(), &old.resolved, None, &VecMap::default());
     }
@@ -135,7 +135,7 @@ impl Tracker {
     ) {
         let old_owner = old_owner.filter(|o| self.programmable(o));
         let new_owner = new_owner.filter(|o| self.programmable(o));
-        self.state.diff.replace_placements(old_owner, old, new_owner, new);
+        self.nrp.diff.replace_placements(old_owner, old, new_owner, new);
     }
 
     /// Keeps the owner and node indexes of a slice, touching only what changed between the
@@ -156,33 +156,33 @@ impl Tracker {
         let (old_owner, new_owner) = (old.and_then(|r| r.owner.as_ref()), new.and_then(|r| r.owner.as_ref()));
         if old_owner != new_owner {
             if let Some(owner) = old_owner {
-                unlink(&mut self.state.slices_by_owner, owner, key);
+                unlink(&mut self.kube.slices_by_owner, owner, key);
             }
             if let Some(owner) = new_owner {
-                self.state.slices_by_owner.entry(owner.clone()).or_default().insert(key.clone());
+                self.kube.slices_by_owner.entry(owner.clone()).or_default().insert(key.clone());
             }
         }
         let (old_nodes, new_nodes) = (nodes(old), nodes(new));
         for gone in old_nodes.difference(&new_nodes) {
-            unlink(&mut self.state.slices_by_node, gone, key);
+            unlink(&mut self.kube.slices_by_node, gone, key);
         }
         for added in new_nodes.difference(&old_nodes) {
-            self.state.slices_by_node.entry(Name::new(added)).or_default().insert(key.clone());
+            self.kube.slices_by_node.entry(Name::new(added)).or_default().insert(key.clone());
         }
     }
 
     /// Re-resolves the slices with endpoints on a node after the node changed.
     pub(super) fn reresolve_node(&mut self, name: &str) {
-        let keys = self.state.slices_by_node.get(name).cloned().unwrap_or_default();
+        let keys = self.kube.slices_by_node.get(name).cloned().unwrap_or_default();
         for key in keys {
-            let Some(record) = self.state.slices.get(&key) else { continue };
+            let Some(record) = self.kube.slices.get(&key) else { continue };
             let resolved = self.resolve(&record.slice);
             if resolved == record.resolved {
                 continue;
             }
             let owner = record.owner.clone();
-            let old = std::mem::replace(&mut self.state.slices.get_mut(&key).expect("just read").resolved, resolved);
-            let new = self.state.slices[&key].resolved.clone();
+            let old = std::mem::replace(&mut self.kube.slices.get_mut(&key).expect("just read").resolved, resolved);
+            let new = self.kube.slices[&key].resolved.clone();
             self.apply_slice_change(owner.as_deref(), &old, owner.as_deref(), &new);
         }
     }
@@ -193,8 +193,8 @@ impl Tracker {
     pub(super) fn upsert_node(&mut self, node: Node, step: &mut Step) {
         let name = node.name.clone();
         let locations = NodeLocations::of(&node);
-        let unchanged = self.state.nodes.get(&name) == Some(&locations);
-        self.state.nodes.insert(name.clone(), locations);
+        let unchanged = self.kube.nodes.get(&name) == Some(&locations);
+        self.kube.nodes.insert(name.clone(), locations);
         if unchanged {
             return;
         }
@@ -213,7 +213,7 @@ impl Tracker {
     }
 
     pub(super) fn remove_node(&mut self, name: &str) {
-        if self.state.nodes.remove(name).is_some() {
+        if self.kube.nodes.remove(name).is_some() {
             self.reresolve_node(name);
         }
     }

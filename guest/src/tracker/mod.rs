@@ -32,64 +32,93 @@ use crate::admission::Verdict;
 use crate::budget::{ArmPace, Buckets, WriteKind};
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
-use crate::egress::Egress;
 use crate::keyed::Set;
 use crate::lifecycle::Op;
 use crate::model::*;
 use crate::name::Name;
-use crate::outbound::Outbound;
-use crate::pod_finalizers::PodFinalizers;
 
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
 // driver, then what the tracker does with each part; this file, the coordination, is on top.
 mod cache;
 mod driver;
 mod figures;
+mod format;
 mod identities;
 mod inbound;
 mod kube;
 mod nrp;
+mod outbox;
 mod pods;
 mod service;
-mod snapshot;
 mod startup;
 mod state;
 mod stats;
 
 pub use crate::lifecycle::{backoff_ms, timing};
 pub use crate::model::Phase;
-use cache::programmable;
+use cache::{KubeCache, programmable};
 pub use figures::{
     AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats,
 };
+pub use format::{STATE_VERSION, StateError};
 use identities::*;
-use inbound::*;
+use outbox::*;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
 use state::*;
-pub use state::{
-    MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, STATE_VERSION, StateError, Tracker,
-};
+pub use state::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, Tracker};
 
 impl Tracker {
     /// A tracker with empty state; refuses a configuration [`validate_config`] refuses.
     pub fn create(config: Config) -> Result<Self, ConfigError> {
         let mode = validate_config(&config)?;
-        let state =
-            State { nrp: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..State::default() };
-        let budget = Buckets::full(&config.write_budgets());
+        let nrp =
+            Nrp { sync: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..Nrp::default() };
+        let budgets = Budgets { buckets: Buckets::full(&config.write_budgets()), pace: None };
         Ok(Self {
             config,
             mode,
-            state,
-            egress: Egress::default(),
-            arm: ArmSync::default(),
-            budget,
-            outbound: Outbound::default(),
-            pods: PodFinalizers::default(),
-            pace: None,
             clock: Clock::default(),
+            outbox: Outbox::default(),
+            kube: KubeCache::default(),
+            inbound: Inbound::default(),
+            nrp,
+            egress: EgressSide::default(),
+            budgets,
+            startup: Startup::default(),
             figures: Default::default(),
         })
+    }
+
+    /// A tracker as [`Self::create`], but with its start-up inventory of ARM settled and empty,
+    /// as a state from before version 4 imports: for the tests of everything but start-up
+    /// adoption, which then see the commands they saw before the inventory existed.
+    #[cfg(test)]
+    pub(crate) fn create_with_arm_settled(config: Config) -> Result<Self, ConfigError> {
+        let mut tracker = Self::create(config)?;
+        tracker.startup.arm = ArmSync::settled();
+        Ok(tracker)
+    }
+
+    /// The whole state: `(version, payload)` (the format is `format`'s).
+    pub fn export_state(&self) -> (u32, Vec<u8>) {
+        (STATE_VERSION, format::export(self))
+    }
+
+    /// The state as an older `version` (1 to 8) wrote it, for tests of older payloads.
+    #[cfg(test)]
+    pub(crate) fn export_state_as(&self, version: u32) -> Vec<u8> {
+        format::export_older(self, version)
+    }
+
+    /// The schema version [`Self::export_state`] writes.
+    pub fn state_version(&self) -> u32 {
+        STATE_VERSION
+    }
+
+    /// A tracker from exported state; anything but one whole, consistent payload of a version
+    /// this tracker reads is refused ([`StateError`]).
+    pub fn import_state(config: Config, version: u32, payload: &[u8]) -> Result<Self, StateError> {
+        format::import(config, version, payload)
     }
 
     pub fn mode(&self) -> Mode {
@@ -98,37 +127,37 @@ impl Tracker {
 
     /// The verdict last reached for a Service, if the tracker has seen it.
     pub fn verdict(&self, namespace: &str, name: &str) -> Option<&Verdict> {
-        self.state.services.get(&ObjectKey::new(namespace, name)).map(|r| &r.verdict)
+        self.kube.services.get(&ObjectKey::new(namespace, name)).map(|r| &r.verdict)
     }
 
     /// The spec the tracker provisions a Service with: the last one admitted.
     pub fn admitted_spec(&self, namespace: &str, name: &str) -> Option<&Service> {
-        self.state.services.get(&ObjectKey::new(namespace, name)).and_then(|r| r.admitted.as_ref())
+        self.kube.services.get(&ObjectKey::new(namespace, name)).and_then(|r| r.admitted.as_ref())
     }
 
     /// A Service's lifecycle phase, by identity (lower-cased UID).
     pub fn phase(&self, identity: &str) -> Option<Phase> {
-        self.state.lifecycles.get(identity).map(|l| l.phase)
+        self.inbound.lifecycles.get(identity).map(|l| l.phase)
     }
 
     /// The NRP mirror: what NRP has accepted, location → address → services.
     pub fn nrp_view(&self) -> View {
-        self.state.diff.nrp_view()
+        self.nrp.diff.nrp_view()
     }
 
     /// Registered inbound services in the NRP mirror.
     pub fn registered(&self) -> &Set<Name> {
-        self.state.diff.registered()
+        self.nrp.diff.registered()
     }
 
     /// What NRP should hold once quiet: the ready-filtered Kubernetes state.
     pub fn desired_view(&self) -> View {
-        self.state.diff.desired_view(|id| self.class(id))
+        self.nrp.diff.desired_view(|id| self.class(id))
     }
 
     /// Whether nothing is in flight, nothing is dirty and no Service has work left.
     pub fn is_quiet(&self) -> bool {
-        self.state.in_flight.is_empty() && self.is_quiet_after_events()
+        self.outbox.in_flight.is_empty() && self.is_quiet_after_events()
     }
 
     pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
@@ -159,15 +188,15 @@ impl Tracker {
                 Observation::NodeDeleted(name) => self.remove_node(&name),
                 Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
                 Observation::PodDeleted(key) => {
-                    let before = self.egress.carried_by(&key);
-                    self.egress.delete(&key, &mut self.state.diff);
-                    self.pods.gone(&key, &before, true);
+                    let before = self.egress.identities.carried_by(&key);
+                    self.egress.identities.delete(&key, &mut self.nrp.diff);
+                    self.egress.finalizers.gone(&key, &before, true);
                     if let Some((identity, _)) = before {
                         self.carried_changed(&identity);
                     }
                 }
                 Observation::ListsComplete => {
-                    self.state.lists_complete = true;
+                    self.kube.lists_complete = true;
                 }
             }
         }
@@ -193,26 +222,27 @@ impl Tracker {
         if let Some(remaining) = arm_remaining_writes {
             // The writes still unanswered after these answers: ARM may not have counted them.
             let answered = |id: &u64| results.iter().any(|(r, _)| r == id);
-            let in_flight = self.state.in_flight.iter().filter(|(id, what)| what.writes_arm() && !answered(id)).count();
+            let in_flight =
+                self.outbox.in_flight.iter().filter(|(id, what)| what.writes_arm() && !answered(id)).count();
             let reserve = self.config.write_budgets().arm_write_reserve;
             let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
-            self.pace = Some(ArmPace::reported(self.pace, remaining, reserve, in_flight, now));
+            self.budgets.pace = Some(ArmPace::reported(self.budgets.pace, remaining, reserve, in_flight, now));
         }
         for (id, outcome) in results {
             // An unknown id is a duplicate or stale answer: ignoring it is safe.
-            let Some(what) = self.state.in_flight.remove(&id) else { continue };
+            let Some(what) = self.outbox.in_flight.remove(&id) else { continue };
             match what {
                 InFlight::Service { identity, step: op } => {
-                    self.state.service_commands_in_flight -= 1;
+                    self.outbox.service_commands_in_flight -= 1;
                     if op.writes_nrp() {
-                        self.state.nrp.service_writes_in_flight -= 1;
+                        self.nrp.sync.service_writes_in_flight -= 1;
                     }
                     self.service_outcome(&identity, id, op, outcome, now, &mut step);
                 }
                 InFlight::Outbound { identity, step: op } => {
-                    self.state.service_commands_in_flight -= 1;
+                    self.outbox.service_commands_in_flight -= 1;
                     if op.writes_nrp() {
-                        self.state.nrp.service_writes_in_flight -= 1;
+                        self.nrp.sync.service_writes_in_flight -= 1;
                     }
                     self.outbound_outcome(&identity, id, op, outcome, now, &mut step);
                 }
@@ -237,30 +267,11 @@ impl Tracker {
         step
     }
 
-    // ---- Commands ----
-
-    #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
-    fn issue(&mut self, command: Command, what: InFlight, step: &mut Step) -> u64 {
-        let id = self.state.next_command_id;
-        self.state.next_command_id += 1;
-        self.state.in_flight.insert(id, what);
-        step.commands.push(Issued { id, command });
-        id
-    }
-
-    fn event(&mut self, regarding: &ObjectRef, event_type: EventType, reason: &str, message: String, step: &mut Step) {
-        if regarding.name.is_empty() {
-            return; // an orphan found in NRP has no object to attach an Event to
-        }
-        let event = Event { regarding: regarding.clone(), event_type, reason: reason.to_owned(), message };
-        self.issue(Command::EmitEvent(event), InFlight::Event, step);
-    }
-
     // ---- Write budgets ----
 
     /// The pace of ARM's figures, while they are fresh.
     fn fresh_pace(&self, now: u64) -> Option<ArmPace> {
-        self.pace.filter(|p| p.fresh(now))
+        self.budgets.pace.filter(|p| p.fresh(now))
     }
 
     /// Whether a write of `kind` draws on its fixed bucket: always without fresh figures from
@@ -272,7 +283,7 @@ impl Tracker {
     /// Takes a token of what paces `kind` (its bucket, ARM's pace or both) if there is one.
     fn take_token(&mut self, kind: WriteKind, now: u64) -> bool {
         let budgets = self.config.write_budgets();
-        let (mut buckets, mut pace) = (self.budget, self.fresh_pace(now));
+        let (mut buckets, mut pace) = (self.budgets.buckets, self.fresh_pace(now));
         let fixed = self.uses_fixed_budget(kind, now);
         // Taken from copies, kept only when every one that paces `kind` had a token.
         let taken = (!fixed || {
@@ -280,8 +291,8 @@ impl Tracker {
             bucket.try_take(budget, now)
         }) && pace.as_mut().is_none_or(|p| p.try_take(now));
         if taken {
-            self.budget = buckets;
-            self.pace = pace.or(self.pace);
+            self.budgets.buckets = buckets;
+            self.budgets.pace = pace.or(self.budgets.pace);
         }
         taken
     }
@@ -292,7 +303,7 @@ impl Tracker {
         // `take_token` would then find none.
         let fixed = self
             .uses_fixed_budget(kind, now)
-            .then(|| self.budget.due(&self.config.write_budgets(), kind, now))
+            .then(|| self.budgets.buckets.due(&self.config.write_budgets(), kind, now))
             .flatten();
         let pace = self.fresh_pace(now).and_then(|p| p.due(now));
         fixed.into_iter().chain(pace).max()
@@ -305,7 +316,7 @@ impl Tracker {
             Outcome::Failed(f) => (f.status == 429, false),
             _ => (false, true),
         };
-        let (bucket, budget) = self.budget.of(&self.config.write_budgets(), kind);
+        let (bucket, budget) = self.budgets.buckets.of(&self.config.write_budgets(), kind);
         if throttled {
             let per_minute = bucket.throttled(budget, now);
             let message = format!(
@@ -318,7 +329,7 @@ impl Tracker {
         } else if accepted {
             bucket.accepted(budget, now);
         }
-        let Some(pace) = self.pace.as_mut() else { return };
+        let Some(pace) = self.budgets.pace.as_mut() else { return };
         if throttled {
             let per_minute = pace.throttled(now);
             let message = format!(
@@ -333,7 +344,7 @@ impl Tracker {
     }
 
     fn ready_to_write(&self) -> bool {
-        self.state.lists_complete && self.state.nrp.loaded && self.state.reconciled
+        self.kube.lists_complete && self.nrp.sync.loaded && self.startup.reconciled
     }
 
     /// Starts whatever can start now (the tracker's time, [`Clock`]); sets when to be called
@@ -347,28 +358,28 @@ impl Tracker {
         }
         self.bring_in_deadlines(now);
         self.maybe_reconcile(step);
-        self.state.work.fire(now);
-        self.outbound.work.fire(now);
+        self.inbound.work.fire(now);
+        self.egress.outbound.work.fire(now);
         // A read scheduled past the end of time (its deadline saturated at `u64::MAX`) never
         // comes: at `now = u64::MAX` it would be due again after every read, a read per answer.
-        let scheduled = self.state.nrp.next_read_ms < u64::MAX;
-        let read_due = !self.state.nrp.loaded || (scheduled && now >= self.state.nrp.next_read_ms);
+        let scheduled = self.nrp.sync.next_read_ms < u64::MAX;
+        let read_due = !self.nrp.sync.loaded || (scheduled && now >= self.nrp.sync.next_read_ms);
         if read_due
-            && !self.state.nrp.read_in_flight
-            && self.state.nrp.batches_in_flight.is_empty()
-            && self.state.nrp.service_writes_in_flight == 0
-            && now >= self.state.nrp.next_read_ms
+            && !self.nrp.sync.read_in_flight
+            && self.nrp.sync.batches_in_flight.is_empty()
+            && self.nrp.sync.service_writes_in_flight == 0
+            && now >= self.nrp.sync.next_read_ms
         {
-            self.state.nrp.read_in_flight = true;
-            self.issue(Command::ReadNrp, InFlight::ReadNrp, step);
+            self.nrp.sync.read_in_flight = true;
+            self.outbox.issue(Command::ReadNrp, InFlight::ReadNrp, step);
         }
-        if self.inventory_wanted() && now >= self.arm.next_read_ms {
-            self.arm.read_in_flight = true;
-            self.issue(Command::ReadArm, InFlight::ReadArm, step);
+        if self.inventory_wanted() && now >= self.startup.arm.next_read_ms {
+            self.startup.arm.read_in_flight = true;
+            self.outbox.issue(Command::ReadArm, InFlight::ReadArm, step);
         }
         if self.ready_to_write() {
             self.check_drained::<Inbound>();
-            let hold_nrp_writes = read_due || self.state.nrp.read_in_flight;
+            let hold_nrp_writes = read_due || self.nrp.sync.read_in_flight;
             // Outbound first: an inbound Service whose identity an egress identity of ours had
             // waits for that teardown (they share NRP's name and the `-pip` name), and the pass
             // that ends it must let the Service go.
@@ -395,26 +406,26 @@ impl Tracker {
     /// deadline.
     fn bring_in_deadlines(&mut self, now: u64) {
         let latest = now.saturating_add(timing::MAX_DELAY_MS);
-        let nrp = &mut self.state.nrp;
+        let nrp = &mut self.nrp.sync;
         nrp.next_read_ms = nrp.next_read_ms.min(latest);
-        self.arm.next_read_ms = self.arm.next_read_ms.min(latest);
+        self.startup.arm.next_read_ms = self.startup.arm.next_read_ms.min(latest);
         nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
-        self.budget.bring_in(now);
-        if let Some(pace) = self.pace.as_mut() {
+        self.budgets.buckets.bring_in(now);
+        if let Some(pace) = self.budgets.pace.as_mut() {
             pace.bring_in(now);
         }
         for backoff in nrp.location_backoff.values_mut() {
             backoff.not_before_ms = backoff.not_before_ms.min(latest);
         }
-        let lifecycles = &mut self.state.lifecycles;
-        self.state.work.bring_in(latest, |identity| {
+        let lifecycles = &mut self.inbound.lifecycles;
+        self.inbound.work.bring_in(latest, |identity| {
             if let Some(lifecycle) = lifecycles.get_mut(identity) {
                 lifecycle.attempt.bring_in(latest);
             }
         });
-        self.pods.bring_in(latest);
-        let lifecycles = &mut self.outbound.lifecycles;
-        self.outbound.work.bring_in(latest, |identity| {
+        self.egress.finalizers.bring_in(latest);
+        let lifecycles = &mut self.egress.outbound.lifecycles;
+        self.egress.outbound.work.bring_in(latest, |identity| {
             if let Some(lifecycle) = lifecycles.get_mut(identity) {
                 lifecycle.attempt.bring_in(latest);
             }
@@ -426,35 +437,43 @@ impl Tracker {
     /// looking at those sets is enough: no scan of all Services.
     fn is_quiet_after_events(&self) -> bool {
         let quiet = self.ready_to_write()
-            && !self.state.diff.has_dirty()
-            && self.state.work.is_empty()
-            && self.outbound.is_quiet()
-            && self.pods.is_quiet()
-            && self.state.in_flight.values().all(|f| matches!(f, InFlight::Event));
+            && !self.nrp.diff.has_dirty()
+            && self.inbound.work.is_empty()
+            && self.egress.outbound.is_quiet()
+            && self.egress.finalizers.is_quiet()
+            && self.outbox.in_flight.values().all(|f| matches!(f, InFlight::Event));
         // Also under the fuzz crate's `invariants` feature, so that fuzzing checks it.
         #[cfg(any(test, feature = "invariants"))]
         if quiet {
-            let settled = self.state.lifecycles.values().all(|l| !l.has_work_left());
-            assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.state.lifecycles);
-            let settled = self.outbound.lifecycles.values().all(|l| !l.has_work_left());
-            assert!(settled, "an outbound lifecycle with work left is in no work set: {:#?}", self.outbound.lifecycles);
+            let settled = self.inbound.lifecycles.values().all(|l| !l.has_work_left());
+            assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.inbound.lifecycles);
+            let settled = self.egress.outbound.lifecycles.values().all(|l| !l.has_work_left());
+            assert!(
+                settled,
+                "an outbound lifecycle with work left is in no work set: {:#?}",
+                self.egress.outbound.lifecycles
+            );
         }
         quiet
     }
 
     fn next_wake(&self, now: u64) -> Option<u64> {
-        let nrp = &self.state.nrp;
+        let nrp = &self.nrp.sync;
         let mut wake = None;
         let mut consider = |at: u64| wake = Some(wake.map_or(at, |w: u64| w.min(at)));
-        let timers = [self.state.work.next_timer(), self.outbound.work.next_timer(), self.pods.next_timer()];
+        let timers = [
+            self.inbound.work.next_timer(),
+            self.egress.outbound.work.next_timer(),
+            self.egress.finalizers.next_timer(),
+        ];
         timers.into_iter().flatten().for_each(&mut consider);
         if !nrp.read_in_flight {
             consider(nrp.next_read_ms.max(now));
         }
         if self.inventory_wanted() {
-            consider(self.arm.next_read_ms.max(now));
+            consider(self.startup.arm.next_read_ms.max(now));
         }
-        if !self.state.work.runnable.is_empty() || !self.outbound.work.runnable.is_empty() {
+        if !self.inbound.work.runnable.is_empty() || !self.egress.outbound.work.runnable.is_empty() {
             // A Service held for a token (or for a read of NRP, or for room in flight, which an
             // answer ends: waking for a token then is only early).
             for kind in [WriteKind::Services, WriteKind::Arm] {
@@ -463,7 +482,7 @@ impl Tracker {
                 }
             }
         }
-        if self.state.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
+        if self.nrp.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
             if nrp.batch_not_before_ms > now {
                 consider(nrp.batch_not_before_ms);
             } else if let Some(at) = self.token_due(WriteKind::AddressLocations, now) {

@@ -2,7 +2,7 @@
 //! one is slow, per-location backoff, halving around a refused location, throttling), the
 //! periodic read of NRP and the reconciliation after each read (docs/upstream.md §c.2.4).
 
-use super::inbound::*;
+use super::outbox::*;
 use super::service::*;
 use super::state::*;
 use crate::admission::Verdict;
@@ -18,18 +18,18 @@ impl Tracker {
 
     pub(super) fn class(&self, identity: &str) -> Class {
         classify(
-            &self.state.lifecycles,
-            &self.state.nrp.foreign,
-            &self.egress,
-            &self.outbound,
-            &self.state.diff,
+            &self.inbound.lifecycles,
+            &self.nrp.sync.foreign,
+            &self.egress.identities,
+            &self.egress.outbound,
+            &self.nrp.diff,
             identity,
         )
     }
 
     /// No NRP address maps to the identity, nor may one in a batch whose answer is not in.
     pub(super) fn drained(&self, identity: &str) -> bool {
-        !self.state.diff.nrp_references(identity) && !self.batch_in_flight_mentions(identity)
+        !self.nrp.diff.nrp_references(identity) && !self.batch_in_flight_mentions(identity)
     }
 
     pub(super) fn batch_in_flight_mentions(&self, identity: &str) -> bool {
@@ -38,25 +38,26 @@ impl Tracker {
 
     /// The address-location batches in flight.
     pub(super) fn batches_in_flight(&self) -> impl Iterator<Item = &[NrpLocation]> {
-        location_batches(&self.state.nrp.batches_in_flight, &self.state.in_flight)
+        location_batches(&self.nrp.sync.batches_in_flight, &self.outbox.in_flight)
     }
 
     // ---- Address locations ----
 
     pub(super) fn sync_locations(&mut self, now: u64, step: &mut Step) {
-        let nrp = &self.state.nrp;
+        let nrp = &self.nrp.sync;
         // Another batch beside those in flight only once they are all slow: a batch answered at
         // NRP's usual pace lets the changes behind it coalesce.
         let all_slow = nrp.batches_in_flight.values().all(|&at| now.saturating_sub(at) >= timing::SLOW_BATCH_MS);
         if nrp.batches_in_flight.len() >= MAX_BATCHES_IN_FLIGHT
             || !all_slow
             || now < nrp.batch_not_before_ms
-            || !self.state.diff.has_dirty()
+            || !self.nrp.diff.has_dirty()
             || self.token_due(WriteKind::AddressLocations, now).is_some()
         {
             return;
         }
-        let State { diff, lifecycles, nrp, in_flight, .. } = &mut self.state;
+        let (diff, lifecycles, nrp, in_flight) =
+            (&mut self.nrp.diff, &self.inbound.lifecycles, &mut self.nrp.sync, &self.outbox.in_flight);
         let busy: Set<&str> =
             location_batches(&nrp.batches_in_flight, in_flight).flatten().map(|l| l.location.as_str()).collect();
         // A backoff is kept while its location may fail again: until it is next accepted, or
@@ -67,11 +68,12 @@ impl Tracker {
         let backoff = &nrp.location_backoff;
         let waits =
             |location: &str| busy.contains(location) || backoff.get(location).is_some_and(|b| b.not_before_ms > now);
-        let (limit, foreign, egress, outbound) = (nrp.batch_limit.max(1), &nrp.foreign, &self.egress, &self.outbound);
+        let (limit, foreign, egress, outbound) =
+            (nrp.batch_limit.max(1), &nrp.foreign, &self.egress.identities, &self.egress.outbound);
         let mut batch =
             diff.take_sync(limit, waits, |diff, id| classify(lifecycles, foreign, egress, outbound, diff, id));
         // A location NRP refused on its own waits until its update changes.
-        let quarantined = &mut self.state.nrp.quarantined;
+        let quarantined = &mut self.nrp.sync.quarantined;
         batch.retain(|update| match quarantined.get(&update.location) {
             Some(refused) if refused == update => false,
             Some(_) => {
@@ -89,8 +91,8 @@ impl Tracker {
         #[cfg(any(test, feature = "invariants"))]
         assert!(taken, "a batch issued without a token: checked by token_due above");
         let _ = taken;
-        let id = self.issue(Command::UpdateAddressLocations(batch.clone()), InFlight::Locations(batch), step);
-        self.state.nrp.batches_in_flight.insert(id, now);
+        let id = self.outbox.issue(Command::UpdateAddressLocations(batch.clone()), InFlight::Locations(batch), step);
+        self.nrp.sync.batches_in_flight.insert(id, now);
     }
 
     pub(super) fn locations_outcome(
@@ -101,15 +103,15 @@ impl Tracker {
         now: u64,
         step: &mut Step,
     ) {
-        self.state.nrp.batches_in_flight.remove(&id);
-        self.pods.recheck();
+        self.nrp.sync.batches_in_flight.remove(&id);
+        self.egress.finalizers.recheck();
         self.budget_answered(WriteKind::AddressLocations, &outcome, now, step);
         match outcome {
             Outcome::Failed(failure) => {
                 for location in &batch {
-                    self.state.diff.mark_uncertain(location);
+                    self.nrp.diff.mark_uncertain(location);
                 }
-                let nrp = &mut self.state.nrp;
+                let nrp = &mut self.nrp.sync;
                 if matches!(failure.status, 400 | 422) {
                     // NRP refuses the batch: halve it until the refused location stands alone,
                     // then set that one aside so it cannot block everyone else's addresses.
@@ -145,8 +147,8 @@ impl Tracker {
                 }
             }
             _ => {
-                self.state.diff.apply(&batch);
-                let nrp = &mut self.state.nrp;
+                self.nrp.diff.apply(&batch);
+                let nrp = &mut self.nrp.sync;
                 for location in &batch {
                     nrp.location_backoff.remove(&location.location);
                 }
@@ -160,11 +162,11 @@ impl Tracker {
     // ---- Reading NRP ----
 
     pub(super) fn read_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) {
-        self.state.nrp.read_in_flight = false;
+        self.nrp.sync.read_in_flight = false;
         let snapshot = match outcome {
             Outcome::NrpSnapshot(snapshot) => snapshot,
             Outcome::Failed(failure) => {
-                let nrp = &mut self.state.nrp;
+                let nrp = &mut self.nrp.sync;
                 nrp.read_retries = nrp.read_retries.saturating_add(1);
                 let delay = retry_delay("read-nrp", nrp.read_retries, &failure, "read-nrp", step);
                 nrp.next_read_ms = now.saturating_add(delay);
@@ -172,7 +174,7 @@ impl Tracker {
             }
             // Any other answer is a host bug; read again after the shortest backoff.
             Outcome::Ok | Outcome::PublicIpAddress(_) | Outcome::ArmInventory(_) => {
-                self.state.nrp.next_read_ms = now.saturating_add(timing::BACKOFF_BASE_MS);
+                self.nrp.sync.next_read_ms = now.saturating_add(timing::BACKOFF_BASE_MS);
                 return;
             }
         };
@@ -186,10 +188,10 @@ impl Tracker {
                 foreign.insert(name);
             }
         }
-        self.state.diff.replace_nrp(inbound, &snapshot.locations);
-        self.egress.nrp_read(&snapshot.services, &self.state.diff);
-        self.pods.recheck();
-        let nrp = &mut self.state.nrp;
+        self.nrp.diff.replace_nrp(inbound, &snapshot.locations);
+        self.egress.identities.nrp_read(&snapshot.services, &self.nrp.diff);
+        self.egress.finalizers.recheck();
+        let nrp = &mut self.nrp.sync;
         nrp.foreign = foreign;
         nrp.loaded = true;
         nrp.read_retries = 0;
@@ -197,7 +199,7 @@ impl Tracker {
         // keep a read always due, and a due read holds every NRP write.
         nrp.next_read_ms = now.saturating_add(timing::RESYNC_INTERVAL_MS);
         nrp.quarantined.clear();
-        if self.state.reconciled {
+        if self.startup.reconciled {
             self.reconcile_with_nrp(step);
         } else {
             self.maybe_reconcile(step);
@@ -205,8 +207,8 @@ impl Tracker {
     }
 
     pub(super) fn maybe_reconcile(&mut self, step: &mut Step) {
-        if !self.state.reconciled && self.state.lists_complete && self.state.nrp.loaded && self.arm.settled {
-            self.state.reconciled = true;
+        if !self.startup.reconciled && self.kube.lists_complete && self.nrp.sync.loaded && self.startup.arm.settled {
+            self.startup.reconciled = true;
             self.reconcile_with_nrp(step);
         }
     }
@@ -215,30 +217,30 @@ impl Tracker {
     /// Kubernetes does not explain (docs/upstream.md §c.2.4).
     pub(super) fn reconcile_with_nrp(&mut self, step: &mut Step) {
         self.reconcile_outbound();
-        let registered: Vec<String> = self.state.diff.registered().iter().map(Name::to_string).collect();
-        for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
-            if lifecycle.phase == Phase::Created && !self.state.diff.is_registered(identity) {
+        let registered: Vec<String> = self.nrp.diff.registered().iter().map(Name::to_string).collect();
+        for (identity, lifecycle) in self.inbound.lifecycles.iter_mut() {
+            if lifecycle.phase == Phase::Created && !self.nrp.diff.is_registered(identity) {
                 lifecycle.phase = Phase::UpdateInProgress;
                 lifecycle.op_config = lifecycle.desired.clone();
                 lifecycle.steps = OpStep::ENSURE.into();
-                self.state.work.runnable.insert(identity.clone());
+                self.inbound.work.runnable.insert(identity.clone());
             }
         }
         self.drain_again_where_referenced::<Inbound>();
         for identity in registered {
-            if self.state.lifecycles.contains_key(&identity) || !looks_like_uid(&identity) {
+            if self.inbound.lifecycles.contains_key(&identity) || !looks_like_uid(&identity) {
                 continue;
             }
             let record =
-                self.state.service_by_identity.get(&identity).and_then(|key| self.state.services.get(key)).cloned();
+                self.kube.service_by_identity.get(&identity).and_then(|key| self.kube.services.get(key)).cloned();
             match record {
                 // A live Service that is no longer admitted keeps serving (docs/design.md §3).
                 Some(r) if !matches!(r.verdict, Verdict::Cleanup | Verdict::Ignored(_)) => {
                     let lifecycle =
                         Lifecycle::new(object_ref(&r.observed), Phase::Created, ObjectState::of(&r.observed), None);
-                    self.state.lifecycles.insert(identity.clone(), lifecycle);
+                    self.inbound.lifecycles.insert(identity.clone(), lifecycle);
                     self.seed(&identity);
-                    self.state.diff.touch_identity(&identity);
+                    self.nrp.diff.touch_identity(&identity);
                 }
                 Some(r) => self.adopt_for_deletion(&identity, object_ref(&r.observed), ObjectState::of(&r.observed)),
                 None => {

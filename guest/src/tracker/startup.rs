@@ -14,13 +14,16 @@ impl Tracker {
     /// The start-up inventory is to be read: not settled, not out, and asked for only once the
     /// lists are complete and NRP is read (start-up reconciliation uses it the moment it comes).
     pub(super) fn inventory_wanted(&self) -> bool {
-        !self.arm.settled && !self.arm.read_in_flight && self.state.lists_complete && self.state.nrp.loaded
+        !self.startup.arm.settled
+            && !self.startup.arm.read_in_flight
+            && self.kube.lists_complete
+            && self.nrp.sync.loaded
     }
 
     // ---- The start-up inventory of ARM ----
 
     pub(super) fn arm_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) {
-        let arm = &mut self.arm;
+        let arm = &mut self.startup.arm;
         arm.read_in_flight = false;
         match outcome {
             Outcome::ArmInventory(inventory) => {
@@ -78,7 +81,7 @@ impl Tracker {
         let load_balancer_named =
             |name: &str| find(&load_balancers, name).and_then(|i| inventory.load_balancers[i].shape.as_ref());
         let (mut adopted, mut whole) = (0usize, 0usize);
-        for (identity, lifecycle) in self.state.lifecycles.iter_mut() {
+        for (identity, lifecycle) in self.inbound.lifecycles.iter_mut() {
             if lifecycle.phase != Phase::NotStarted {
                 continue;
             }
@@ -95,22 +98,22 @@ impl Tracker {
             adopted += 1;
             lifecycle.ingress_ip = Some(address);
             // Every step left already holds: the Service is as a creation would leave it.
-            let registered = self.state.diff.is_registered(identity);
+            let registered = self.nrp.diff.is_registered(identity);
             if lifecycle.steps.iter().all(|&op| lifecycle.holds_already(op, registered)) {
                 lifecycle.phase = Phase::Created;
                 lifecycle.applied = lifecycle.op_config.clone();
                 lifecycle.steps.clear();
-                self.state.work.runnable.remove(identity);
+                self.inbound.work.runnable.remove(identity);
                 whole += 1;
             }
         }
         let sweepable = |tracker: &Self, identity: &str| {
             looks_like_uid(identity)
-                && !tracker.state.lifecycles.contains_key(identity)
-                && !tracker.state.service_by_identity.contains_key(identity)
-                && !tracker.state.diff.is_registered(identity)
-                && !tracker.state.nrp.foreign.contains(identity)
-                && tracker.egress.class(identity).is_none()
+                && !tracker.inbound.lifecycles.contains_key(identity)
+                && !tracker.kube.service_by_identity.contains_key(identity)
+                && !tracker.nrp.diff.is_registered(identity)
+                && !tracker.nrp.sync.foreign.contains(identity)
+                && tracker.egress.identities.class(identity).is_none()
         };
         let mut orphans = 0usize;
         for &(name, index) in &load_balancers {
@@ -158,13 +161,14 @@ impl Tracker {
             let v6 = !nat.public_ips_v6.is_empty();
             let shaped =
                 nat.as_put && nat.public_ips == [pip(&id, false)] && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
-            if !shaped || !crate::egress::is_valid_identity(&id) || self.state.is_inbound(&id) {
+            if !shaped || !crate::egress::is_valid_identity(&id) || self.is_inbound(&id) {
                 continue;
             }
-            let (carried, registered) = (self.egress.carries(&id), self.egress.is_registered(&id));
+            let (carried, registered) =
+                (self.egress.identities.carries(&id), self.egress.identities.is_registered(&id));
             let listed_as_put =
                 |name: &str| inventory.public_ips.iter().any(|p| p.name.eq_ignore_ascii_case(name) && p.as_put);
-            match self.outbound.lifecycles.get_mut(&id) {
+            match self.egress.outbound.lifecycles.get_mut(&id) {
                 Some(lifecycle) if lifecycle.phase == Phase::NotStarted => {
                     let holds = nat.associated
                         && lifecycle.v6 == v6
@@ -182,17 +186,17 @@ impl Tracker {
                 Some(_) => {}
                 None if carried && registered => {
                     let lifecycle = OutboundLifecycle::new(Phase::Created, v6, VecDeque::new());
-                    self.outbound.lifecycles.insert(id.clone(), lifecycle);
-                    self.state.diff.touch_identity(&id);
+                    self.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    self.nrp.diff.touch_identity(&id);
                     adopted += 1;
                 }
                 None if carried => {}
                 None => {
                     let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
                     lifecycle.whole = false;
-                    self.outbound.lifecycles.insert(id.clone(), lifecycle);
-                    self.outbound.work.draining.insert(id.clone());
-                    self.state.diff.touch_identity(&id);
+                    self.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    self.egress.outbound.work.draining.insert(id.clone());
+                    self.nrp.diff.touch_identity(&id);
                     orphans += 1;
                 }
             }
@@ -229,12 +233,12 @@ impl Tracker {
             };
             let ours = crate::egress::is_valid_identity(id)
                 && !looks_like_uid(id)
-                && !self.state.is_inbound(id)
-                && !self.outbound.lifecycles.contains_key(id)
-                && !self.egress.carries(id)
-                && !self.egress.is_registered(id)
-                && !self.state.nrp.foreign.contains(id)
-                && !self.state.diff.nrp_references(id)
+                && !self.is_inbound(id)
+                && !self.egress.outbound.lifecycles.contains_key(id)
+                && !self.egress.identities.carries(id)
+                && !self.egress.identities.is_registered(id)
+                && !self.nrp.sync.foreign.contains(id)
+                && !self.nrp.diff.nrp_references(id)
                 && !used(&name);
             if ours {
                 let entry = found.entry(id.to_owned()).or_default();
@@ -247,8 +251,8 @@ impl Tracker {
             let mut lifecycle = OutboundLifecycle::new(Phase::DeletionInProgress, v6, outbound::DELETE.into());
             lifecycle.whole = false;
             lifecycle.nat_gateway_put = false;
-            self.outbound.lifecycles.insert(id.clone(), lifecycle);
-            self.outbound.work.runnable.insert(id);
+            self.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
+            self.egress.outbound.work.runnable.insert(id);
         }
         swept
     }

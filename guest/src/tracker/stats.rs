@@ -3,6 +3,7 @@
 //! operation began.
 
 use super::figures::*;
+use super::outbox::*;
 use super::state::*;
 use crate::budget::WriteKind;
 use crate::lifecycle::Life;
@@ -18,8 +19,10 @@ impl Tracker {
     #[inline(never)]
     fn pending_phase(&self, side: ServiceType, identity: &str) -> Option<Phase> {
         match side {
-            ServiceType::Inbound => self.state.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase),
-            ServiceType::Outbound => self.outbound.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase),
+            ServiceType::Inbound => self.inbound.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase),
+            ServiceType::Outbound => {
+                self.egress.outbound.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase)
+            }
         }
     }
 
@@ -31,10 +34,14 @@ impl Tracker {
     fn start_up_ended(&self) -> bool {
         self.ready_to_write()
             && !self.inventory_wanted()
-            && !self.arm.read_in_flight
-            && self.state.work.runnable.is_empty()
-            && self.outbound.work.runnable.is_empty()
-            && !self.state.in_flight.values().any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
+            && !self.startup.arm.read_in_flight
+            && self.inbound.work.runnable.is_empty()
+            && self.egress.outbound.work.runnable.is_empty()
+            && !self
+                .outbox
+                .in_flight
+                .values()
+                .any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
     }
 
     /// Called at the end of every `observe`, `complete` and `tick`: notes when start-up ended and
@@ -50,19 +57,20 @@ impl Tracker {
         figures.running.retain(|r| self.pending_phase(r.service_type, &r.identity).is_some());
         let mut candidates: Vec<(ServiceType, &str)> = Vec::new();
         if figures.seen_all {
-            for (side, work) in [(ServiceType::Inbound, &self.state.work), (ServiceType::Outbound, &self.outbound.work)]
+            for (side, work) in
+                [(ServiceType::Inbound, &self.inbound.work), (ServiceType::Outbound, &self.egress.outbound.work)]
             {
                 let sets = work.runnable.iter().chain(&work.draining).map(String::as_str);
                 candidates.extend(sets.chain(work.timers.iter().map(|(_, id)| id)).map(|id| (side, id)));
             }
-            candidates.extend(self.state.in_flight.values().filter_map(|what| match what {
+            candidates.extend(self.outbox.in_flight.values().filter_map(|what| match what {
                 InFlight::Service { identity, .. } => Some((ServiceType::Inbound, identity.as_str())),
                 InFlight::Outbound { identity, .. } => Some((ServiceType::Outbound, identity.as_str())),
                 _ => None,
             }));
         } else {
-            candidates.extend(self.state.lifecycles.keys().map(|id| (ServiceType::Inbound, id.as_str())));
-            candidates.extend(self.outbound.lifecycles.keys().map(|id| (ServiceType::Outbound, id.as_str())));
+            candidates.extend(self.inbound.lifecycles.keys().map(|id| (ServiceType::Inbound, id.as_str())));
+            candidates.extend(self.egress.outbound.lifecycles.keys().map(|id| (ServiceType::Outbound, id.as_str())));
         }
         for (side, identity) in candidates {
             if let Some(phase) = self.pending_phase(side, identity) {
@@ -98,23 +106,23 @@ impl Tracker {
         let mut deletions = 0;
         let mut blocked = 0;
         let mut provisioned = 0;
-        for (identity, life) in &self.state.lifecycles {
+        for (identity, life) in &self.inbound.lifecycles {
             provisioned += u32::from(life.desired.is_some() && !life.phase.is_deleting());
             if pending(life) {
                 count(ServiceType::Inbound, identity, life.phase);
             }
         }
-        for (identity, life) in &self.outbound.lifecycles {
+        for (identity, life) in &self.egress.outbound.lifecycles {
             if pending(life) {
                 count(ServiceType::Outbound, identity, life.phase);
             }
         }
-        let draining = self.state.work.draining.iter().chain(&self.outbound.work.draining);
+        let draining = self.inbound.work.draining.iter().chain(&self.egress.outbound.work.draining);
         for identity in draining {
             deletions += 1;
             blocked += u32::from(!self.drained(identity));
         }
-        let (locations, addresses) = self.state.diff.nrp_totals();
+        let (locations, addresses) = self.nrp.diff.nrp_totals();
         let histograms = |of: &[Histogram; 6], bounds: &[u64]| {
             OPERATIONS
                 .iter()
@@ -125,11 +133,11 @@ impl Tracker {
         let mut budgets: Vec<BudgetLevel> = [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm]
             .into_iter()
             .map(|kind| {
-                let (tokens, per_minute) = self.budget.level(kind, &self.config.write_budgets(), now);
+                let (tokens, per_minute) = self.budgets.buckets.level(kind, &self.config.write_budgets(), now);
                 BudgetLevel { bucket: kind.name().to_owned(), tokens, per_minute }
             })
             .collect();
-        if let Some((tokens, per_minute)) = self.pace.as_ref().and_then(|p| p.level(now)) {
+        if let Some((tokens, per_minute)) = self.budgets.pace.as_ref().and_then(|p| p.level(now)) {
             budgets.push(BudgetLevel { bucket: "arm-pace".to_owned(), tokens, per_minute });
         }
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -137,14 +145,14 @@ impl Tracker {
             service_gateway_enabled: self.mode == crate::config::Mode::ContainerLoadBalancer,
             pending: pending_ops,
             k8s_services: provisioned,
-            nrp_load_balancers: small(self.state.diff.registered().len()),
-            nrp_nat_gateways: small(self.egress.registered_count()),
+            nrp_load_balancers: small(self.nrp.diff.registered().len()),
+            nrp_nat_gateways: small(self.egress.identities.registered_count()),
             nrp_locations: small(locations),
             nrp_addresses: small(addresses),
             pending_deletions: deletions,
             blocked_by_locations: blocked,
-            pod_finalizers_held: small(self.pods.held_count()),
-            commands_in_flight: small(self.state.in_flight.len()),
+            pod_finalizers_held: small(self.egress.finalizers.held_count()),
+            commands_in_flight: small(self.outbox.in_flight.len()),
             attempts: figures.attempts.clone(),
             durations: histograms(&figures.durations, &DURATION_BOUNDS_MS),
             retries: histograms(&figures.retries, &RETRY_BOUNDS),

@@ -133,7 +133,7 @@ fn a_429_under_arms_figures_halves_the_pace_and_says_so() {
     let step = tracker.observe(NOW, services(1));
     let put = step_until(&mut tracker, step, |c| matches!(c, Command::PutPublicIp(_)));
     let step = tracker.complete_paced(NOW, vec![(put, failed(429))], Some(0));
-    assert_eq!(tracker.pace.unwrap().per_minute(), 300);
+    assert_eq!(tracker.budgets.pace.unwrap().per_minute(), 300);
     assert!(step.logs.iter().any(|l| l.message.contains("ARM throttled arm-writes (HTTP 429)")), "{:?}", step.logs);
 }
 
@@ -159,17 +159,19 @@ fn the_pace_is_state_version_8_and_a_version_7_state_imports_without_one() {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     let step = tracker.observe(NOW, services(3));
     Arm::with(100).drive(&mut tracker, NOW, step);
-    assert!(tracker.pace.is_some());
+    assert!(tracker.budgets.pace.is_some());
     let (version, payload) = tracker.export_state();
     assert_eq!(version, STATE_VERSION);
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
-    let v7 = Tracker::import_state(clb(), 7, &tracker.export_state_v7()).unwrap();
-    assert_eq!((v7.pace, v7.state), (None, tracker.state.clone()));
+    let v7 = Tracker::import_state(clb(), 7, &tracker.export_state_as(7)).unwrap();
+    assert_eq!(v7.budgets.pace, None);
+    let core = |t: &Tracker| (t.outbox.clone(), t.kube.clone(), t.inbound.clone(), t.nrp.clone());
+    assert_eq!(core(&v7), core(&tracker));
     let reserve =
         |r| Config { write_budgets: Some(WriteBudgets { arm_write_reserve: r, ..WriteBudgets::DEFAULT }), ..clb() };
     // The reserve is the config's: the same figure leaves more to spend under a smaller one.
     let mut small = Tracker::create_with_arm_settled(reserve(0)).unwrap();
-    small.pace = Some(ArmPace::reported(None, 10, 0, 0, NOW));
+    small.budgets.pace = Some(ArmPace::reported(None, 10, 0, 0, NOW));
     assert_eq!(small.token_due(WriteKind::Arm, NOW), None);
 }
 

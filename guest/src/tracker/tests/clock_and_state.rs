@@ -2,6 +2,9 @@
 //! payloads, and what an import refuses.
 
 use super::*;
+use crate::egress::Egress;
+use crate::outbound::Outbound;
+use crate::pod_finalizers::PodFinalizers;
 
 // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
 // deletion after its finalizer was removed, an upsert that re-added the finalizer in that
@@ -66,12 +69,12 @@ fn after_the_clock_steps_back_an_hour_a_retry_waits_only_what_was_left_of_its_ba
 fn an_imported_deadline_further_ahead_than_the_longest_delay_is_brought_in_to_it() {
     let (mut tracker, _) = tracker_retrying_its_finalizer();
     let far = NOW + 1_000_000_000_000_000;
-    let lifecycle = tracker.state.lifecycles.get_mut(UID).unwrap();
+    let lifecycle = tracker.inbound.lifecycles.get_mut(UID).unwrap();
     assert!(lifecycle.attempt.not_before_ms > NOW);
     lifecycle.attempt.not_before_ms = far;
-    tracker.state.work.timers = Default::default();
-    tracker.state.work.timers.insert(far, UID);
-    tracker.state.nrp.next_read_ms = far;
+    tracker.inbound.work.timers = Default::default();
+    tracker.inbound.work.timers.insert(far, UID);
+    tracker.nrp.sync.next_read_ms = far;
     let (version, payload) = tracker.export_state();
     let mut imported = Tracker::import_state(clb(), version, &payload).unwrap();
     let latest = NOW + 1 + timing::MAX_DELAY_MS;
@@ -152,7 +155,7 @@ fn a_token_is_due_exactly_when_one_can_be_taken_even_at_the_end_of_time() {
         {
             for kind in [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm] {
                 let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
-                tracker.pace = pace;
+                tracker.budgets.pace = pace;
                 let mut writes = 0;
                 loop {
                     let due = tracker.token_due(kind, now);
@@ -191,23 +194,20 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     // an ARM inventory with nothing left to read or adopt, then full write budgets, then no
     // outbound lifecycles, then no pod held by its finalizer, then no pace set by ARM, then no
     // figures counted.
-    let mut rest = before;
-    let upgraded = take::<State<NrpSyncV2>>(&mut rest).unwrap().upgrade();
-    assert!(rest.is_empty(), "the fixture is one version-1 state and nothing after it");
+    assert_eq!(tracker.export_state_as(1), before, "version 1 written again is the fixture");
+    assert_eq!(tracker.egress.identities, Egress::default());
     let budget = Buckets::full(&clb().write_budgets());
-    let none = (&Outbound::default(), &PodFinalizers::default());
     let figures = super::super::figures::Figures::default();
-    let expected = (
-        &upgraded,
-        &Egress::default(),
+    let after_egress = (
         &ArmSync::settled(),
         &budget,
-        none.0,
-        none.1,
+        &Outbound::default(),
+        &PodFinalizers::default(),
         None::<crate::budget::ArmPace>,
         &figures,
     );
-    assert_eq!(payload, postcard::to_allocvec(&expected).unwrap());
+    let expected = [tracker.export_state_as(3), postcard::to_allocvec(&after_egress).unwrap()].concat();
+    assert_eq!(payload, expected);
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
 }
 
@@ -225,7 +225,7 @@ fn a_state_payload_with_bytes_after_it_is_refused_as_corrupt() {
 // Regression: a version-2 payload was imported as version 1, without its egress side.
 #[test]
 fn a_version_2_payload_offered_as_version_1_is_refused_as_corrupt() {
-    let payload = tracker_with_commands_in_flight().export_state_v2();
+    let payload = tracker_with_commands_in_flight().export_state_as(2);
     let why = corrupt(Tracker::import_state(clb(), 1, &payload));
     assert!(why.starts_with("state version 1:") && why.contains("after the payload"), "{why}");
 }
@@ -234,26 +234,27 @@ fn a_version_2_payload_offered_as_version_1_is_refused_as_corrupt() {
 #[test]
 fn a_state_whose_counters_disagree_with_its_commands_in_flight_is_refused_as_corrupt() {
     let tracker = tracker_with_commands_in_flight();
-    type Tamper = fn(&mut State);
+    type Tamper = fn(&mut Tracker);
     let tampered: [(&str, Tamper); 7] = [
-        ("Service commands counted", |s| s.service_commands_in_flight += 1),
-        ("NRP writes counted", |s| s.nrp.service_writes_in_flight += 1),
-        ("reads of NRP flagged", |s| s.nrp.read_in_flight = true),
-        ("batches counted in flight are [0]", |s| _ = s.nrp.batches_in_flight.insert(0, 0)),
-        ("the next command id is 1", |s| s.next_command_id = 1),
-        ("whose lifecycle does not wait for it", |s| {
-            s.lifecycles.values_mut().for_each(|l| l.attempt.in_flight = None);
+        ("Service commands counted", |t| t.outbox.service_commands_in_flight += 1),
+        ("NRP writes counted", |t| t.nrp.sync.service_writes_in_flight += 1),
+        ("reads of NRP flagged", |t| t.nrp.sync.read_in_flight = true),
+        ("batches counted in flight are [0]", |t| _ = t.nrp.sync.batches_in_flight.insert(0, 0)),
+        ("the next command id is 1", |t| t.outbox.next_command_id = 1),
+        ("whose lifecycle does not wait for it", |t| {
+            t.inbound.lifecycles.values_mut().for_each(|l| l.attempt.in_flight = None);
         }),
-        ("lifecycles wait for a command", |s| {
-            let (&id, _) = s.in_flight.iter().find(|(_, f)| matches!(f, InFlight::Service { .. })).unwrap();
-            s.in_flight.remove(&id);
-            s.service_commands_in_flight -= 1;
+        ("lifecycles wait for a command", |t| {
+            let in_flight = &mut t.outbox.in_flight;
+            let (&id, _) = in_flight.iter().find(|(_, f)| matches!(f, InFlight::Service { .. })).unwrap();
+            in_flight.remove(&id);
+            t.outbox.service_commands_in_flight -= 1;
         }),
     ];
     for (expected, tamper) in tampered {
-        let mut state = tracker.state.clone();
+        let mut state = tracker.clone();
         tamper(&mut state);
-        let payload = tracker.payload_with(&state);
+        let payload = state.export_state().1;
         let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &payload));
         assert!(why.contains(expected), "{expected:?} not in {why:?}");
     }
@@ -268,16 +269,16 @@ fn a_state_whose_counters_disagree_with_its_commands_in_flight_is_refused_as_cor
 fn a_state_with_a_lifecycle_outside_the_work_set_its_phase_needs_is_refused_as_corrupt() {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
-    let identity = tracker.state.lifecycles.keys().next().unwrap().clone();
-    assert!(tracker.state.work.runnable.contains(&identity) && tracker.state.lifecycles[&identity].has_work_left());
+    let identity = tracker.inbound.lifecycles.keys().next().unwrap().clone();
+    assert!(tracker.inbound.work.runnable.contains(&identity) && tracker.inbound.lifecycles[&identity].has_work_left());
     let (version, payload) = tracker.export_state();
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
-    type Tamper = fn(&mut State, &str);
+    type Tamper = fn(&mut Inbound, &str);
     let import = |tamper: Tamper| {
-        let mut state = tracker.state.clone();
-        state.work.runnable.clear();
-        tamper(&mut state, &identity);
-        let payload = tracker.payload_with(&state);
+        let mut state = tracker.clone();
+        state.inbound.work.runnable.clear();
+        tamper(&mut state.inbound, &identity);
+        let payload = state.export_state().1;
         Tracker::import_state(clb(), STATE_VERSION, &payload)
     };
     let refused: [(&str, Tamper); 3] = [
@@ -311,10 +312,10 @@ fn a_state_with_a_lifecycle_outside_the_work_set_its_phase_needs_is_refused_as_c
 #[test]
 fn a_state_whose_next_command_id_leaves_no_room_to_count_is_refused_as_corrupt() {
     let tracker = tracker_with_commands_in_flight();
-    for (next, refused) in [(u64::MAX, true), (MAX_NEXT_COMMAND_ID + 1, true), (MAX_NEXT_COMMAND_ID, false)] {
-        let mut state = tracker.state.clone();
-        state.next_command_id = next;
-        let payload = tracker.payload_with(&state);
+    for (next, refused) in [(u64::MAX, true), ((1 << 63) + 1, true), ((1 << 63), false)] {
+        let mut state = tracker.clone();
+        state.outbox.next_command_id = next;
+        let payload = state.export_state().1;
         match Tracker::import_state(clb(), STATE_VERSION, &payload) {
             Err(StateError::Corrupt(why)) if refused => assert!(why.contains("the next command id"), "{why}"),
             Ok(mut imported) if !refused => _ = imported.tick(NOW),
@@ -327,7 +328,7 @@ fn a_state_whose_next_command_id_leaves_no_room_to_count_is_refused_as_corrupt()
 fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_the_current_version() {
     let mut tracker = Tracker::create_with_arm_settled(clb()).unwrap();
     tracker.observe(0, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
-    let version_1 = tracker.export_state_v1();
+    let version_1 = tracker.export_state_as(1);
     let imported = Tracker::import_state(clb(), 1, &version_1).unwrap();
     // With nothing counted (version 9): otherwise the same state.
     tracker.figures = Default::default();
@@ -340,16 +341,16 @@ fn a_version_1_state_imports_as_a_tracker_with_no_egress_pods_and_exports_as_the
 #[test]
 fn a_version_2_state_with_its_batch_in_flight_imports_with_that_batch_in_flight_and_its_answer_applies() {
     let (mut tracker, batch) = tracker_with_a_batch_in_flight();
-    let version_2 = tracker.export_state_v2();
+    let version_2 = tracker.export_state_as(2);
     let mut imported = Tracker::import_state(clb(), 2, &version_2).unwrap();
     // Issued at time 0 as far as version 3 knows, with full write budgets (version 5) and
     // nothing counted (version 9): otherwise the same state.
-    tracker.state.nrp.batches_in_flight.values_mut().for_each(|at| *at = 0);
-    tracker.budget = Buckets::full(&clb().write_budgets());
+    tracker.nrp.sync.batches_in_flight.values_mut().for_each(|at| *at = 0);
+    tracker.budgets.buckets = Buckets::full(&clb().write_budgets());
     tracker.figures = Default::default();
     assert_eq!(imported, tracker);
     imported.complete(10_000, vec![(batch, Outcome::Ok)]);
-    assert!(imported.state.nrp.batches_in_flight.is_empty() && !imported.nrp_view().is_empty());
+    assert!(imported.nrp.sync.batches_in_flight.is_empty() && !imported.nrp_view().is_empty());
 }
 
 /// The figures travel with the state (version 9), so they are a function of the inputs alone: a
@@ -378,7 +379,10 @@ fn the_figures_are_state_version_9_and_count_on_across_an_export_and_import() {
     assert_eq!(succeeded, 1, "one operation succeeded");
     drop(step);
     // A version-8 state imports with no figures: nothing counted yet.
-    let v8 = Tracker::import_state(clb(), 8, &tracker.export_state_v8()).unwrap();
-    assert_eq!(v8.state, tracker.state);
+    let v8 = Tracker::import_state(clb(), 8, &tracker.export_state_as(8)).unwrap();
+    assert_eq!(
+        (&v8.outbox, &v8.kube, &v8.inbound, &v8.nrp),
+        (&tracker.outbox, &tracker.kube, &tracker.inbound, &tracker.nrp)
+    );
     assert!(v8.stats(later).attempts.is_empty());
 }

@@ -699,14 +699,14 @@ fn a_spec_change_in_each_phase_is_recorded_and_only_a_created_service_starts_an_
         let put = put_in(&step);
         assert_eq!(put.is_some(), phase == Phase::Created, "{phase:?}: {:?}", step.commands);
         assert!(put.is_none_or(|(_, lb)| lb.rules[0].backend_port == 9090));
-        let lifecycle = &tracker.state.lifecycles[UID];
+        let lifecycle = &tracker.inbound.lifecycles[UID];
         let desired = lifecycle.desired.as_ref().expect("a spec is wanted");
         assert_eq!(desired.load_balancer.rules[0].backend_port, 9090, "{phase:?}: the new spec is recorded");
         assert_eq!(lifecycle.recreate, phase.is_deleting(), "{phase:?}");
 
         let issued = finish(&mut tracker, NOW + 2, held, step);
         assert_eq!(tracker.phase(UID), Some(Phase::Created), "{phase:?}: {issued:?}");
-        let lifecycle = &tracker.state.lifecycles[UID];
+        let lifecycle = &tracker.inbound.lifecycles[UID];
         assert_eq!(lifecycle.applied, lifecycle.desired, "{phase:?}");
         let last = load_balancers(&issued).last().map(|lb| lb.rules[0].backend_port);
         assert_eq!(last, Some(9090), "{phase:?}: the last PUT is of the new spec: {issued:?}");

@@ -20,7 +20,7 @@ fn deleting_a_service_in_any_phase_before_deletion_queues_its_drain_and_ends_in_
         let (mut tracker, held) = in_phase(*phase);
         let step = tracker.observe(NOW + 1, vec![Observation::ServiceDeleted(ObjectKey::new("default", "web"))]);
         assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending), "{phase:?}");
-        assert!(tracker.state.work.draining.contains(UID), "{phase:?}: queued for the drain");
+        assert!(tracker.inbound.work.draining.contains(UID), "{phase:?}: queued for the drain");
         assert!(put_in(&step).is_none(), "{phase:?}");
         let issued = finish(&mut tracker, NOW + 2, held, step);
         assert_eq!(tracker.phase(UID), None, "{phase:?}: forgotten: {issued:?}");
@@ -365,7 +365,7 @@ fn a_state_imported_while_the_arm_inventory_is_read_keeps_the_read_in_flight_and
         (tracker.clone(), "0 reads of ARM flagged in flight, but 1 reads of ARM are in flight"),
         (imported.clone(), "the ARM inventory is settled, but a read of it is in flight"),
     ] {
-        tampered.arm.read_in_flight = !tampered.arm.read_in_flight;
+        tampered.startup.arm.read_in_flight = !tampered.startup.arm.read_in_flight;
         let (version, payload) = tampered.export_state();
         let why = corrupt(Tracker::import_state(clb(), version, &payload));
         assert!(why.contains(expected), "{why}");
@@ -441,17 +441,17 @@ fn a_throttled_address_location_batch_halves_its_budget_instead_of_backing_off_a
     // The shrunk budget is state: a swap keeps the pace Azure asked for.
     let (version, payload) = tracker.export_state();
     let imported = Tracker::import_state(tracker.config.clone(), version, &payload).unwrap();
-    assert_eq!(imported.budget, tracker.budget);
+    assert_eq!(imported.budgets.buckets, tracker.budgets.buckets);
     tracker.complete(NOW + 200, vec![(again[0].0, Outcome::Ok)]);
-    assert_eq!(tracker.budget.address_locations.per_minute(), 375, "an eighth of the rate back");
+    assert_eq!(tracker.budgets.buckets.address_locations.per_minute(), 375, "an eighth of the rate back");
 }
 
 #[test]
 fn a_version_4_state_imports_with_full_write_budgets() {
     let (mut tracker, _) = tracker_with_a_batch_in_flight();
-    let imported = Tracker::import_state(clb(), 4, &tracker.export_state_v4()).unwrap();
-    assert_ne!(tracker.budget, Buckets::full(&clb().write_budgets()), "the batch took a token");
-    tracker.budget = Buckets::full(&clb().write_budgets());
+    let imported = Tracker::import_state(clb(), 4, &tracker.export_state_as(4)).unwrap();
+    assert_ne!(tracker.budgets.buckets, Buckets::full(&clb().write_budgets()), "the batch took a token");
+    tracker.budgets.buckets = Buckets::full(&clb().write_budgets());
     tracker.figures = Default::default();
     assert_eq!(imported, tracker);
 }

@@ -272,7 +272,7 @@ fn a_load_balancer_put_that_keeps_failing_is_retried_past_any_ceiling_with_a_cap
             step = next;
         }
     }
-    assert!(!tracker.state.lifecycles[UID].parked, "never parked");
+    assert!(!tracker.inbound.lifecycles[UID].parked, "never parked");
     assert!(delays[0] > 0 && delays[1] > delays[0] && delays[2] > delays[1], "the backoff grows: {delays:?}");
     assert!(delays.iter().all(|&d| d <= timing::BACKOFF_CAP_MS * 6 / 5), "{delays:?}");
     assert!(delays.iter().rev().take(5).all(|&d| d >= timing::BACKOFF_CAP_MS), "at the cap: {delays:?}");
@@ -442,14 +442,14 @@ fn a_creation_parked_by_a_refusal_is_put_again_at_once_with_the_spec_that_change
     let (issued, _, _) =
         drive(&mut tracker, NOW, step, |c| if is_put_load_balancer(c) { refused_for_good() } else { ok(c) });
     assert!(warned_rejected(&issued), "parked: {issued:?}");
-    assert!(tracker.state.lifecycles[UID].parked);
+    assert!(tracker.inbound.lifecycles[UID].parked);
     let unchanged = ported(UID, &[(TCP, 80, to(8080))], &[]);
     let same = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(unchanged)]);
     assert!(same.commands.is_empty(), "the same spec stays parked: {same:?}");
     let changed = ported(UID, &[(TCP, 80, to(8081))], &[]);
     let step = tracker.observe(NOW + 2, vec![Observation::ServiceUpserted(changed)]);
     assert!(!step.commands.is_empty(), "dispatched in the step that observes the change: {step:?}");
-    assert!(!tracker.state.lifecycles[UID].parked);
+    assert!(!tracker.inbound.lifecycles[UID].parked);
     // Driven at the same instant: nothing waits for a backoff.
     let (issued, _, last) = drive(&mut tracker, NOW + 2, step, answer_ok(&[]));
     let put = load_balancers(&issued);

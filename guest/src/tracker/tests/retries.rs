@@ -204,7 +204,7 @@ fn a_spec_changed_during_an_update_is_put_after_it_and_a_failed_update_is_retrie
     let step = tracker.tick(later);
     let (_, lb) = put_in(&step).expect("retried after its backoff");
     assert_eq!(lb.rules[0].backend_port, 8082, "with the spec it was for");
-    assert!(tracker.state.diff.is_registered(&UID.to_ascii_lowercase()), "still registered");
+    assert!(tracker.nrp.diff.is_registered(&UID.to_ascii_lowercase()), "still registered");
 }
 
 // Upstream TestEngineUpdateService_OverwritesConfigDuringCreation: a spec that changes while

@@ -166,11 +166,11 @@ fn every_part() -> Tracker {
     // NRP is read, then ARM, which fails once and is read again after its backoff.
     let step = tracker.observe(NOW, observations);
     let step = world.run(&mut tracker, NOW, step);
-    assert_eq!((tracker.arm.settled, tracker.arm.read_retries), (false, 1), "{step:?}");
+    assert_eq!((tracker.startup.arm.settled, tracker.startup.arm.read_retries), (false, 1), "{step:?}");
     let now = step.wake_at_ms.expect("a wake-up for the second read of ARM");
     let step = tracker.tick(now);
     let step = world.run(&mut tracker, now, step);
-    assert!(tracker.arm.settled, "{step:?}");
+    assert!(tracker.startup.arm.settled, "{step:?}");
     // `old` goes, and `adopted` changes its backend port.
     let old = Service { service_type: Some("ClusterIP".into()), ..service(OLD, 8080) };
     world.hold.push(is_location_update);
@@ -184,24 +184,24 @@ fn every_part() -> Tracker {
     let phases = [WEB, OLD, FLAKY, ADOPTED].map(|(uid, _)| tracker.phase(uid));
     let expected = [Phase::Created, Phase::DeletionPending, Phase::CreationInProgress, Phase::UpdateInProgress];
     assert_eq!(phases, expected.map(Some));
-    assert_eq!(tracker.state.lifecycles[FLAKY.0].attempt.retries, 1, "flaky backs off");
-    assert!(tracker.state.lifecycles[FLAKY.0].attempt.in_flight.is_none());
-    let in_flight: Vec<&InFlight> = tracker.state.in_flight.values().collect();
+    assert_eq!(tracker.inbound.lifecycles[FLAKY.0].attempt.retries, 1, "flaky backs off");
+    assert!(tracker.inbound.lifecycles[FLAKY.0].attempt.in_flight.is_none());
+    let in_flight: Vec<&InFlight> = tracker.outbox.in_flight.values().collect();
     assert_eq!(in_flight.len(), 2, "{in_flight:?}");
     assert!(
         in_flight.iter().all(|f| matches!(f, InFlight::Service { .. } | InFlight::Locations(_))),
         "nothing an older version cannot hold: {in_flight:?}"
     );
-    assert_eq!(tracker.state.nrp.batches_in_flight.len(), 1);
-    assert!(tracker.state.nrp.foreign.contains(FOREIGN));
+    assert_eq!(tracker.nrp.sync.batches_in_flight.len(), 1);
+    assert!(tracker.nrp.sync.foreign.contains(FOREIGN));
     let view = tracker.nrp_view();
     assert!(view["10.224.0.4"].contains_key("10.244.0.5") && view["10.224.0.5"].contains_key("10.244.1.5"));
     assert!(view["10.224.0.6"]["10.244.2.10"].contains(IDENTITY), "{view:?}");
-    assert!(tracker.egress.is_registered(IDENTITY) && tracker.egress.carries(IDENTITY));
-    assert_eq!(tracker.outbound.lifecycles[IDENTITY].phase, Phase::Created);
-    assert_eq!(tracker.pods.held_count(), 2);
-    assert_ne!(tracker.budget, Buckets::full(&clb().write_budgets()), "write budgets partly spent");
-    assert!(tracker.pace.is_some());
+    assert!(tracker.egress.identities.is_registered(IDENTITY) && tracker.egress.identities.carries(IDENTITY));
+    assert_eq!(tracker.egress.outbound.lifecycles[IDENTITY].phase, Phase::Created);
+    assert_eq!(tracker.egress.finalizers.held_count(), 2);
+    assert_ne!(tracker.budgets.buckets, Buckets::full(&clb().write_budgets()), "write budgets partly spent");
+    assert!(tracker.budgets.pace.is_some());
     assert_ne!(tracker.figures, Default::default());
     tracker
 }
@@ -221,15 +221,15 @@ fn blessing() -> bool {
 /// [`every_part`] as version `version` writes it.
 fn export(tracker: &Tracker, version: u32) -> Vec<u8> {
     match version {
-        2 => tracker.export_state_v2(),
-        3 => tracker.export_state_v3(),
-        4 => tracker.export_state_v4(),
-        5 => tracker.export_state_v5(),
-        6 => tracker.export_state_v6(),
-        7 => tracker.export_state_v7(),
-        8 => tracker.export_state_v8(),
+        2 => tracker.export_state_as(2),
+        3 => tracker.export_state_as(3),
+        4 => tracker.export_state_as(4),
+        5 => tracker.export_state_as(5),
+        6 => tracker.export_state_as(6),
+        7 => tracker.export_state_as(7),
+        8 => tracker.export_state_as(8),
         STATE_VERSION => tracker.export_state().1,
-        _ => panic!("no exporter of version {version}: add one beside export_state_v8 and a fixture"),
+        _ => panic!("no exporter of version {version}: teach format::export_older it and add a fixture"),
     }
 }
 
@@ -255,23 +255,23 @@ fn as_imported_from(version: u32, tracker: &Tracker) -> Tracker {
         tracker.figures = Default::default();
     }
     if version < 8 {
-        tracker.pace = None;
+        tracker.budgets.pace = None;
     }
     if version < 7 {
-        tracker.pods = Default::default();
+        tracker.egress.finalizers = Default::default();
     }
     if version < 6 {
-        tracker.outbound = Default::default();
+        tracker.egress.outbound = Default::default();
     }
     if version < 5 {
-        tracker.budget = Buckets::full(&clb().write_budgets());
+        tracker.budgets.buckets = Buckets::full(&clb().write_budgets());
     }
     if version < 4 {
-        tracker.arm = ArmSync::settled();
+        tracker.startup.arm = ArmSync::settled();
     }
     if version < 3 {
         // Version 2 did not keep when its batch was issued: at time 0.
-        tracker.state.nrp.batches_in_flight.values_mut().for_each(|at| *at = 0);
+        tracker.nrp.sync.batches_in_flight.values_mut().for_each(|at| *at = 0);
     }
     tracker
 }

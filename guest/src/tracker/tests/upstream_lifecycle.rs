@@ -102,7 +102,7 @@ fn deleting_a_service_nobody_provisioned_writes_nothing() {
     assert!(writes(&issued).is_empty(), "{issued:?}");
     assert!(last.idle);
     assert_eq!(tracker.phase(UID), None);
-    assert!(tracker.state.lifecycles.is_empty() && tracker.state.work.draining.is_empty());
+    assert!(tracker.inbound.lifecycles.is_empty() && tracker.inbound.work.draining.is_empty());
 }
 
 // Upstream TestGuardDeleteService_DoubleDeleteIsIdempotent: the Terminating Service seen twice more while its
@@ -116,7 +116,7 @@ fn a_second_delete_while_draining_changes_nothing() {
     );
     assert!(again.commands.is_empty(), "{:?}", again.commands);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
-    assert_eq!(tracker.state.work.draining, BTreeSet::from([UID.to_owned()]));
+    assert_eq!(tracker.inbound.work.draining, BTreeSet::from([UID.to_owned()]));
     let issued = finish(&mut tracker, NOW + 2, held, again);
     assert_eq!(unregistrations(&issued), 1, "{issued:?}");
     for kind in [ResourceKind::LoadBalancer, ResourceKind::PublicIp] {
@@ -140,7 +140,7 @@ fn a_service_seen_again_while_its_creation_backs_off_keeps_its_retries_and_deadl
     assert!(put_in(&again).is_none());
     assert_eq!(again.wake_at_ms, Some(wake));
     assert_eq!(tracker.phase(UID), Some(Phase::CreationInProgress));
-    let lifecycle = &tracker.state.lifecycles[UID];
+    let lifecycle = &tracker.inbound.lifecycles[UID];
     assert_eq!(lifecycle.attempt.retries, 1);
     assert_eq!(lifecycle.desired.as_ref().map(|d| d.load_balancer.rules[0].frontend_port), Some(8080));
     assert_eq!(finalizer_change(&tracker.tick(wake - 1)), None, "the deadline holds");
@@ -167,7 +167,7 @@ fn a_service_recreated_after_its_deletion_gets_its_endpoints_back_in_nrp_once_re
     let cluster_ip = Service { service_type: Some("ClusterIP".into()), ..ported(UID, &[(TCP, 80, to(8080))], &[]) };
     let mut step = tracker.observe(NOW, vec![Observation::ServiceUpserted(cluster_ip)]);
     let wanted = tracker.observe(NOW, vec![Observation::ServiceUpserted(ported(UID, &[(TCP, 80, to(8080))], &[]))]);
-    assert!(tracker.state.lifecycles[UID].recreate, "the recreate is armed");
+    assert!(tracker.inbound.lifecycles[UID].recreate, "the recreate is armed");
     step.commands.extend(wanted.commands);
     let (issued, _, last) = drive(&mut tracker, NOW, step, answer_ok(&[UID]));
     assert_eq!(unregistrations(&issued), 1, "{issued:?}");
@@ -212,9 +212,9 @@ fn a_port_less_service_is_not_provisioned_until_it_gains_a_port_and_is_then_crea
 fn a_service_deleted_for_real_after_being_wanted_again_during_its_deletion_is_not_recreated() {
     let (mut tracker, held) = in_phase(Phase::DeletionInProgress);
     let mut pending = respec(&mut tracker, NOW + 1, &[(80, 8080)]);
-    assert!(tracker.state.lifecycles[UID].recreate, "the recreate is armed");
+    assert!(tracker.inbound.lifecycles[UID].recreate, "the recreate is armed");
     pending.commands.extend(tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(terminating_web())]).commands);
-    assert!(!tracker.state.lifecycles[UID].recreate, "and disarmed by the deletion");
+    assert!(!tracker.inbound.lifecycles[UID].recreate, "and disarmed by the deletion");
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
     let issued = finish(&mut tracker, NOW + 2, held, pending);
     assert!(load_balancers(&issued).is_empty(), "{issued:?}");
@@ -234,7 +234,7 @@ fn a_terminating_service_seen_during_its_deletion_does_not_arm_a_recreate_and_a_
         let seen = if terminates { terminating_web() } else { ported(UID, &[(TCP, 80, to(8080))], &[]) };
         let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(seen)]);
         assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress), "terminating {terminates}");
-        assert_eq!(tracker.state.lifecycles[UID].recreate, !terminates, "terminating {terminates}");
+        assert_eq!(tracker.inbound.lifecycles[UID].recreate, !terminates, "terminating {terminates}");
         let issued = finish(&mut tracker, NOW + 2, held, step);
         assert_eq!(load_balancers(&issued).len(), usize::from(!terminates), "terminating {terminates}: {issued:?}");
         let after = if terminates { None } else { Some(Phase::Created) };
@@ -287,7 +287,7 @@ fn a_deletion_during_an_update_and_an_unanswered_batch_waits_for_the_drain_befor
     let sent: Vec<Command> = del.commands.iter().map(|c| c.command.clone()).collect();
     assert_eq!(unregistrations(&sent), 0, "{sent:?}");
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
-    assert!(tracker.state.work.draining.contains(UID));
+    assert!(tracker.inbound.work.draining.contains(UID));
     // The update lands first: the deletion still waits for the batch.
     let step = tracker.complete(NOW + 3, vec![(put, Outcome::Ok)]);
     let sent: Vec<Command> = step.commands.iter().map(|c| c.command.clone()).collect();
@@ -542,7 +542,7 @@ fn after_a_restart_a_deleting_held_pod_of_an_identity_nrp_does_not_list_is_relea
     let written: Vec<&Command> = issued.iter().filter(|c| **c != Command::ReadNrp).collect();
     assert_eq!(written.len(), 1, "{issued:?}");
     assert!(releases_pod(written[0], "p"), "{issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
     assert!(tracker.outbound().lifecycles.is_empty());
 }
 
@@ -614,7 +614,7 @@ fn a_deleted_pod_with_no_address_or_no_location_is_released_at_once_without_a_dr
         let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, |c| !matches!(c, Command::EmitEvent(_)));
         assert_eq!(issued.len(), 1, "{case}: {issued:?}");
         assert!(releases_pod(&issued[0], &name), "{case}: {issued:?}");
-        assert!(tracker.pods.get(&ObjectKey::new("batch", &name)).is_none(), "{case}");
+        assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", &name)).is_none(), "{case}");
         assert!(tracker.nrp_view()[HOST]["10.244.2.10"].contains(IDENTITY), "{case}");
         assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created, "{case}");
     }
@@ -746,7 +746,7 @@ fn a_last_pods_release_failing_after_the_teardown_is_retried_without_redoing_the
     let warnings =
         issued.iter().filter(|c| matches!(c, Command::EmitEvent(e) if e.reason == POD_FINALIZER_FAILED)).count();
     assert_eq!(warnings, 1, "{issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
     assert!(tracker.outbound().lifecycles.is_empty());
     assert!(tracker.is_quiet());
 }
@@ -780,7 +780,10 @@ fn the_sole_pod_replaced_at_a_new_address_moves_its_address_and_keeps_the_nat_ga
         )]);
         assert_eq!(tracker.nrp_view(), want, "with delete {with_delete}");
         assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created, "with delete {with_delete}");
-        assert_eq!(tracker.pods.get(&ObjectKey::new("batch", "p")).map(|h| h.uid.as_str()), Some("uid-p2"));
+        assert_eq!(
+            tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).map(|h| h.uid.as_str()),
+            Some("uid-p2")
+        );
     }
 }
 
@@ -836,7 +839,7 @@ fn an_unregistration_refused_for_overlay_mappings_waits_for_the_drain_of_what_nr
     let snapshot = NrpState { services: vec![registered], locations: vec![stray] };
     let step = tracker.complete(NOW + 1, vec![(read, Outcome::NrpSnapshot(snapshot))]);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending), "{:?}", step.commands);
-    assert!(tracker.state.work.draining.contains(UID), "back in the drain set");
+    assert!(tracker.inbound.work.draining.contains(UID), "back in the drain set");
     let removes_stray = |l: &NrpLocation| {
         l.location == "10.224.0.4"
             && (l.addresses.is_empty()

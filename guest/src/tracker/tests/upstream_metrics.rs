@@ -394,7 +394,7 @@ fn a_creation_parked_by_a_refusal_counts_once_under_terminal_error() {
     let step = tracker.observe(NOW, vec![Observation::ServiceUpserted(spec.clone()), Observation::ListsComplete]);
     let ok = answer_ok(&[]);
     drive(&mut tracker, NOW, step, |c| if is_put_load_balancer(c) { refused_for_good() } else { ok(c) });
-    assert!(tracker.state.lifecycles[UID].parked);
+    assert!(tracker.inbound.lifecycles[UID].parked);
     let stats = tracker.stats(NOW);
     assert_eq!(stats.parked, [(figures::PARKED_TERMINAL.to_owned(), 1)]);
     assert_eq!(attempts(&tracker), [error(Create, Inbound, "InvalidParameter")]);
@@ -564,6 +564,6 @@ fn start_up_ends_while_a_service_keeps_failing_or_is_parked_but_not_before_nrp_a
         tracker.observe(NOW, vec![Observation::ServiceUpserted(lb_service("Local")), Observation::ListsComplete]);
     let ok = answer_ok(&[]);
     drive(&mut tracker, NOW, step, |c| if is_put_load_balancer(c) { refused_for_good() } else { ok(c) });
-    assert!(tracker.state.lifecycles[UID].parked);
+    assert!(tracker.inbound.lifecycles[UID].parked);
     assert_eq!(tracker.stats(NOW).initialized_after_ms, Some(0));
 }

@@ -521,7 +521,7 @@ fn a_failing_release_of_the_last_pods_finalizer_after_the_teardown_is_retried_an
         )],
     );
     assert!(!tracker.is_quiet(), "the failed release is kept for a retry");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_some(), "the pod's record is kept");
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_some(), "the pod's record is kept");
     assert!(step.wake_at_ms.is_some_and(|at| at > NOW + 2), "retried after a backoff: {:?}", step.wake_at_ms);
     assert!(!step.commands.iter().any(|c| is_release(&c.command, "p", "uid-p")), "not at once: {:?}", step.commands);
     let mut failures = 1;
@@ -538,7 +538,7 @@ fn a_failing_release_of_the_last_pods_finalizer_after_the_teardown_is_retried_an
         issued.iter().filter(|c| matches!(c, Command::EmitEvent(e) if e.reason == POD_FINALIZER_FAILED)).count();
     assert_eq!(warnings, 1, "warned once: {issued:?}");
     assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(_) | Command::PutNatGateway(_))), "{issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
     assert!(tracker.is_quiet());
 }
 
@@ -566,7 +566,7 @@ fn a_deleting_pod_delivered_again_while_its_drain_is_in_flight_keeps_the_release
     assert_eq!(issued.iter().filter(|c| is_release(c, "p", "uid-p")).count(), 1, "{issued:?}");
     assert!(!issued.iter().any(is_location_update), "drained once: {issued:?}");
     assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11"]);
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
 }
 
 // Upstream TestGuardRemoveLastPodFinalizersIsScopedToItsService: two identities' last pods are
@@ -751,7 +751,7 @@ fn a_last_pod_deleted_during_creation_is_released_after_the_teardown_and_a_repla
     assert!(delete_pip < put_pip && put_pip < recreate && recreate < register && register < address, "{issued:?}");
     assert_eq!(sent_addresses(&issued), [("10.244.2.12".to_owned(), vec![IDENTITY.to_owned()])], "{issued:?}");
     assert!(!finalizers_of(&issued, "r").iter().any(|(_, present)| !present), "{issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
     assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
 }
 
@@ -1037,7 +1037,7 @@ fn an_unregistration_refused_for_overlay_mappings_goes_back_to_draining_and_is_r
     }
     assert_eq!(unregistered_at.len(), 4, "retried: {unregistered_at:?}");
     assert!(unregistered_at.windows(2).all(|w| w[1] >= w[0] + 1_000), "no storm: {unregistered_at:?}");
-    assert!(tracker.state.lifecycles.contains_key(UID), "kept until NRP lets go");
+    assert!(tracker.inbound.lifecycles.contains_key(UID), "kept until NRP lets go");
 }
 
 // Upstream TestDeleteInboundService (the lower-casing subtest; the absent one is
@@ -1183,13 +1183,17 @@ fn outbound_lifecycles_survive_a_state_round_trip_and_a_version_5_state_has_none
     assert_eq!(version, STATE_VERSION);
     let imported = Tracker::import_state(clb(), version, &payload).unwrap();
     assert_eq!(imported, tracker);
-    assert_eq!(Tracker::import_state(clb(), 6, &tracker.export_state_v6()).unwrap().outbound, tracker.outbound);
-    let v5 = Tracker::import_state(clb(), 5, &started().export_state_v5()).unwrap();
+    assert_eq!(
+        Tracker::import_state(clb(), 6, &tracker.export_state_as(6)).unwrap().egress.outbound,
+        tracker.egress.outbound
+    );
+    let v5 = Tracker::import_state(clb(), 5, &started().export_state_as(5)).unwrap();
     assert!(v5.outbound().lifecycles.is_empty());
-    let mut broken = tracker.outbound.clone();
+    let mut broken = tracker.egress.outbound.clone();
     broken.lifecycles.get_mut(IDENTITY).unwrap().attempt.in_flight = None;
-    let payload =
-        postcard::to_allocvec(&(&tracker.state, &tracker.egress, &tracker.arm, &tracker.budget, &broken)).unwrap();
+    let mut state = tracker.clone();
+    state.egress.outbound = broken;
+    let payload = state.export_state_as(6);
     let why = corrupt(Tracker::import_state(clb(), 6, &payload));
     assert!(why.contains("whose outbound lifecycle does not wait for it"), "{why}");
 }

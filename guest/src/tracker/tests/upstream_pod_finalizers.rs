@@ -144,7 +144,10 @@ fn the_last_pods_finalizer_is_released_only_after_its_nat_gateway_and_public_ip_
     let release = position(&issued, is_release_of("p"));
     assert!(delete_nat < release && delete_pip < release, "{issued:?}");
     assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "only p's: {issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none(), "the released pod's record is gone");
+    assert!(
+        tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none(),
+        "the released pod's record is gone"
+    );
 }
 
 // Upstream TestGuardDeleteOutboundService_NATDeleteFailureRetainsLastPodFinalizer,
@@ -250,7 +253,7 @@ fn a_replacement_pod_with_the_same_name_is_never_released_or_stripped_for_the_ol
     let (issued, _) =
         drive_keeping(&mut tracker, NOW + 4, Step { commands: all, ..Step::default() }, ok, everything_but_events);
     assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p2".to_owned(), true)], "{issued:?}");
-    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    let held = tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).unwrap();
     assert!(held.has && held.live && held.uid.as_str() == "uid-p2");
     assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.12"));
     assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.10"));
@@ -295,7 +298,7 @@ fn a_stale_deletion_of_a_replaced_pods_old_uid_drains_releases_and_tears_down_no
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(stale), Observation::PodUpserted(cleared)]);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, |_| true);
     assert!(issued.is_empty(), "no drain, release, teardown or Warning: {issued:?}");
-    let held = tracker.pods.get(&key).expect("the replacement is held");
+    let held = tracker.egress.finalizers.get(&key).expect("the replacement is held");
     assert_eq!((held.uid.as_str(), held.live, held.has, held.want()), ("uid-p2", true, true, Want::Nothing));
     assert_eq!(tracker.egress().identity_of(&key), Some(IDENTITY));
     assert_eq!(tracker.egress().ref_counts().get(IDENTITY), Some(&1));
@@ -420,7 +423,7 @@ fn a_release_refused_because_the_name_holds_a_replacement_pod_ends_the_record() 
     let answer = |c: &Command| if is_release_of("p")(c) { failed(409, crate::model::UID_MISMATCH) } else { ok(c) };
     let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, answer, |_| true);
     assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "once: {issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
     assert!(!issued.iter().any(|c| matches!(c, Command::EmitEvent(_))), "no Warning: the pod is gone");
     assert!(tracker.is_quiet());
 }
@@ -468,7 +471,7 @@ fn a_pod_whose_label_is_emptied_or_removed_is_released_after_its_address_drains(
     let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(foreign)]);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, |_| true);
     assert!(issued.is_empty(), "{issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "f")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "f")).is_none());
     let emptied = Pod { egress_label: Some(String::new()), ..holding(pod("p", "10.244.2.10")) };
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(emptied)]);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, everything_but_events);
@@ -477,7 +480,7 @@ fn a_pod_whose_label_is_emptied_or_removed_is_released_after_its_address_drains(
     let answer = |c: &Command| if is_release_of("q")(c) { failed(404, "NotFound") } else { ok(c) };
     let (issued, _) = drive_keeping(&mut tracker, NOW + 3, step, answer, everything_but_events);
     assert_eq!(issued.iter().filter(|c| is_release_of("q")(c)).count(), 1, "a 404 is not retried: {issued:?}");
-    assert!(tracker.pods.held().next().is_none());
+    assert!(tracker.egress.finalizers.held().next().is_none());
     assert!(tracker.is_quiet());
 }
 
@@ -512,29 +515,23 @@ fn pod_finalizers_survive_a_state_round_trip_and_a_version_6_state_has_none() {
     let (version, payload) = tracker.export_state();
     assert_eq!(version, STATE_VERSION);
     assert_eq!(Tracker::import_state(clb(), version, &payload).unwrap(), tracker);
-    let v6 = Tracker::import_state(clb(), 6, &tracker.export_state_v6()).unwrap();
-    assert!(v6.pods.held().next().is_none());
-    let mut broken = tracker.pods.clone();
+    let v6 = Tracker::import_state(clb(), 6, &tracker.export_state_as(6)).unwrap();
+    assert!(v6.egress.finalizers.held().next().is_none());
+    let mut broken = tracker.egress.finalizers.clone();
     broken.unschedule(&ObjectKey::new("batch", "p"));
-    let payload = postcard::to_allocvec(&(
-        &tracker.state,
-        &tracker.egress,
-        &tracker.arm,
-        &tracker.budget,
-        &tracker.outbound,
-        &broken,
-    ))
-    .unwrap();
+    let mut state = tracker.clone();
+    state.egress.finalizers = broken;
+    let payload = state.export_state_as(7);
     let why = corrupt(Tracker::import_state(clb(), 7, &payload));
     assert!(why.contains("is to be released and is not releasing"), "{why}");
     // A command in flight that the pod's record waits for, filed under another pod.
-    let mut state = tracker.state.clone();
-    let filed = state.in_flight.values_mut().find_map(|f| match f {
+    let mut state = tracker.clone();
+    let filed = state.outbox.in_flight.values_mut().find_map(|f| match f {
         InFlight::PodFinalizer { key, .. } if key.name.as_str() == "r" => Some(key),
         _ => None,
     });
     *filed.expect("r's add is in flight") = ObjectKey::new("batch", "q");
-    let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &tracker.payload_with(&state)));
+    let why = corrupt(Tracker::import_state(clb(), STATE_VERSION, &state.export_state().1));
     assert!(why.contains("pod batch/r: its finalizer command") && why.contains("is not in flight for it"), "{why}");
 }
 
@@ -592,7 +589,7 @@ fn the_last_pod_deleted_during_its_identitys_creation_is_released_after_the_tear
     let sent = |c: &Command| matches!(c, Command::UpdateAddressLocations(ls) if ls.iter().any(|l| l.addresses.iter().any(|a| a.address == "10.244.2.10")));
     assert!(!issued.iter().any(sent), "the address waited for the creation and is never sent: {issued:?}");
     assert!(tracker.outbound().lifecycles.is_empty());
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none(), "no record left");
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none(), "no record left");
 }
 
 // Upstream TestGuardDeletePod_LocalStateMissingNRPWithLiveOrBufferedPodIsNonLast: after a restart, a deleting pod
@@ -652,7 +649,7 @@ fn a_pod_whose_finalizer_add_fails_after_it_was_read_holding_it_and_deleting_is_
     let (issued, _) = drive_keeping(&mut tracker, later, step, ok, everything_but_events);
     assert!(issued.iter().any(is_release_of("q")), "q is released once its address left NRP: {issued:?}");
     assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.11"));
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
 }
 
 // Regression: fuzz smoke, tracker target (fuzz/regressions/tracker/
@@ -672,7 +669,7 @@ fn a_pod_read_again_with_its_uid_in_another_spelling_is_released_under_the_spell
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(lower)]);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 2, step, ok, everything_but_events);
     assert_eq!(finalizers(&issued), [("q".to_owned(), "uid-q".to_owned(), false)], "{issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "q")).is_none(), "nothing left held");
 }
 
 // Upstream TestGuardDeletePod_PodDeletedWhileBuffered_EnqueuesNoRecord and
@@ -691,7 +688,7 @@ fn a_pod_deleted_before_anything_was_written_for_its_identity_is_released_at_onc
     assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p".to_owned(), false)], "{issued:?}");
     assert_eq!(issued.len(), 1, "nothing but the release: {issued:?}");
     assert!(tracker.outbound().lifecycles.is_empty());
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
     assert!(tracker.is_quiet());
 }
 
@@ -714,7 +711,7 @@ fn a_live_pod_whose_ip_changes_keeps_its_finalizer_and_its_identitys_nat_gateway
     assert!(finalizers(&issued).is_empty(), "{issued:?}");
     assert_eq!(tracker.outbound().lifecycles[IDENTITY].phase, Phase::Created);
     assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.12"]);
-    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    let held = tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).unwrap();
     assert!(held.has && held.live && held.uid.as_str() == "uid-p");
     // Not the last pod: q carries the identity too; p's address changes again.
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(holding(pod("q", "10.244.2.11")))]);
@@ -724,7 +721,7 @@ fn a_live_pod_whose_ip_changes_keeps_its_finalizer_and_its_identitys_nat_gateway
     assert!(!issued.iter().any(teardown), "{issued:?}");
     assert!(finalizers(&issued).is_empty(), "the drain of the old address strips nothing: {issued:?}");
     assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.11", "10.244.2.13"]);
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_some_and(|h| h.has && h.live));
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_some_and(|h| h.has && h.live));
 }
 
 // Upstream TestCheckPendingPodDeletions_PreservesReplacementPodEntry: the old pod's release is in flight when
@@ -742,7 +739,7 @@ fn a_release_answered_after_a_replacement_was_read_leaves_the_replacements_recor
     let (issued, _) =
         drive_keeping(&mut tracker, NOW + 4, Step { commands: all, ..Step::default() }, ok, everything_but_events);
     assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p2".to_owned(), true)], "{issued:?}");
-    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    let held = tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).unwrap();
     assert!(held.has && held.live && held.uid.as_str() == "uid-p2", "{held:?}");
     assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.12"));
     assert!(tracker.is_quiet());
@@ -803,7 +800,7 @@ fn a_replacement_read_during_the_last_pods_teardown_is_never_stripped_when_the_t
     let (issued, _) =
         drive_keeping(&mut tracker, NOW + 3, Step { commands: all, ..Step::default() }, ok, everything_but_events);
     assert_eq!(finalizers(&issued), [("p".to_owned(), "uid-p2".to_owned(), true)], "{issued:?}");
-    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    let held = tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).unwrap();
     assert!(held.has && held.live && held.uid.as_str() == "uid-p2", "{held:?}");
     assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.12"), "the identity is made again for the replacement");
     assert!(tracker.is_quiet());
@@ -828,7 +825,7 @@ fn a_pod_read_without_the_finalizer_gets_it_again_and_an_add_refused_for_a_repla
     let step = tracker.observe(NOW + 2, vec![Observation::PodUpserted(stale)]);
     let (_, (add, _)) = drive_until(&mut tracker, NOW + 2, step, |c| finalizers(std::slice::from_ref(c)).len() == 1);
     let mut all = tracker.complete(NOW + 3, vec![(add, failed(409, crate::model::UID_MISMATCH))]).commands;
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none(), "the stale record ended");
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none(), "the stale record ended");
     let replacement = Pod { uid: "uid-new".into(), ..pod("p", "10.244.2.12") };
     all.extend(tracker.observe(NOW + 3, vec![Observation::PodUpserted(replacement)]).commands);
     let (issued, _) = drive_keeping(&mut tracker, NOW + 3, Step { commands: all, ..Step::default() }, ok, |_| true);
@@ -836,7 +833,7 @@ fn a_pod_read_without_the_finalizer_gets_it_again_and_an_add_refused_for_a_repla
     assert!(!issued.iter().any(|c| matches!(c, Command::EmitEvent(_))), "no Warning: the stale pod is gone");
     assert!(tracker.nrp_view()[HOST].contains_key("10.244.2.12"));
     assert!(!tracker.nrp_view()[HOST].contains_key("10.244.2.10"), "the stale address is not (or no longer) in NRP");
-    assert_eq!(tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap().uid.as_str(), "uid-new");
+    assert_eq!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).unwrap().uid.as_str(), "uid-new");
 }
 
 // Upstream TestPodInformerRemovePod: a Failed pod, with its IP, that is deleted goes through the drain gate
@@ -872,7 +869,7 @@ fn after_a_restart_a_deleting_pod_nrp_does_not_map_is_released_at_once() {
     let step = tracker.observe(NOW, observed);
     let (issued, _) = drive_keeping(&mut tracker, NOW, step, ok, everything_but_events);
     assert_eq!(issued, [Command::ReadNrp, release_of("p", "uid-p")], "{issued:?}");
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_none());
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_none());
     assert!(tracker.is_quiet());
 }
 
@@ -905,7 +902,7 @@ fn a_pods_address_reaches_nrp_while_its_finalizer_cannot_be_added_at_all() {
     assert!(!finalizers(&issued).is_empty(), "{issued:?}");
     let warnings = issued.iter().filter(|c| matches!(c, Command::EmitEvent(e) if e.reason == POD_FINALIZER_FAILED));
     assert_eq!(warnings.count(), 1, "{issued:?}");
-    let held = tracker.pods.get(&ObjectKey::new("batch", "p")).unwrap();
+    let held = tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).unwrap();
     assert!(!held.has && held.live, "{held:?}");
 }
 
@@ -1043,7 +1040,7 @@ fn a_live_pod_gaining_a_second_family_beside_another_pod_keeps_its_finalizer() {
     assert!(issued.iter().all(is_location_update), "{issued:?}");
     assert_eq!(tracker.nrp_view()[HOST].keys().collect::<Vec<_>>(), ["10.244.2.10", "10.244.2.11"]);
     assert_eq!(tracker.nrp_view()["fd00::6"].keys().collect::<Vec<_>>(), ["fd00:10::a"]);
-    assert!(tracker.pods.get(&ObjectKey::new("batch", "p")).is_some_and(|h| h.has && h.live));
+    assert!(tracker.egress.finalizers.get(&ObjectKey::new("batch", "p")).is_some_and(|h| h.has && h.live));
 }
 
 // Upstream TestFinalizerConstants: the finalizers are a wire contract with what upstream's controller

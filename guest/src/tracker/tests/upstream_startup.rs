@@ -70,7 +70,7 @@ fn a_deleting_service_nrp_holds_no_address_of_starts_its_delete_steps_at_once() 
     let deleting = terminating(lb_service("Local"));
     let step = tracker.observe(NOW + 1, vec![Observation::ServiceUpserted(deleting)]);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
-    assert!(!tracker.state.work.draining.contains(UID));
+    assert!(!tracker.inbound.work.draining.contains(UID));
     let sent = commands(&step);
     let unlink = |c: &Command| request_for(c, UID).is_some_and(|r| r.backend_pools.is_empty() && !r.is_delete);
     assert!(sent.iter().any(unlink), "{sent:?}");
@@ -95,7 +95,7 @@ fn a_deletion_whose_drain_fails_stays_pending_and_runs_no_delete_step_until_the_
     });
     assert_eq!(drains, 1, "{issued:?}");
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionPending));
-    assert!(tracker.state.work.draining.contains(UID));
+    assert!(tracker.inbound.work.draining.contains(UID));
     let delete_step = |c: &&Command| matches!(c, Command::UpdateServices(_) | Command::DeleteResource(_));
     assert_eq!(issued.iter().filter(delete_step).count(), 0, "{issued:?}");
     assert!(tracker.registered().contains(UID));
@@ -487,7 +487,7 @@ fn a_service_without_a_uid_is_ignored_with_a_warning_and_nothing_is_written() {
             "{:?}",
             step.logs
         );
-        assert!(tracker.state.lifecycles.is_empty());
+        assert!(tracker.inbound.lifecycles.is_empty());
     }
 }
 
@@ -525,9 +525,9 @@ fn a_service_or_an_endpoint_slice_without_a_uid_is_tracked_nowhere_and_wakes_not
         assert!(step.idle, "{case}: {step:?}");
         let warning = step.logs.iter().any(|l| l.level == LogLevel::Warn && l.message.contains("has no UID"));
         assert_eq!(warning, warned, "{case}: {:?}", step.logs);
-        assert!(tracker.state.lifecycles.is_empty(), "{case}");
+        assert!(tracker.inbound.lifecycles.is_empty(), "{case}");
         assert_eq!(tracker.verdict("default", "web"), None, "{case}");
-        assert!(tracker.state.work.runnable.is_empty() && tracker.state.work.draining.is_empty(), "{case}");
+        assert!(tracker.inbound.work.runnable.is_empty() && tracker.inbound.work.draining.is_empty(), "{case}");
         assert!(tracker.desired_view().values().all(|addresses| addresses.is_empty()), "{case}");
         assert!(tracker.is_quiet(), "{case}");
     }
@@ -577,7 +577,7 @@ fn only_the_overlay_mappings_code_sends_a_refused_unregistration_back_to_drainin
             ok(c)
         });
         assert!(refused, "{status}: unregistered once");
-        assert!(!tracker.state.work.draining.contains(UID), "{status} {code:?}: not sent back to draining");
+        assert!(!tracker.inbound.work.draining.contains(UID), "{status} {code:?}: not sent back to draining");
         let at = issued.iter().position(|c| writes_registration(c, UID, Some(true))).unwrap();
         let after = &issued[at + 1..];
         assert!(!after.iter().any(|c| *c == Command::ReadNrp || is_location_update(c)), "{status} {code:?}: {after:?}");
@@ -616,7 +616,7 @@ fn an_unregistration_failing_for_another_reason_is_retried_directly_without_drai
     assert!(after.iter().all(|c| matches!(c, Command::EmitEvent(_))), "nothing but its Warning: {after:?}");
     assert_eq!(reasons(after), [reason::SYNC_LOAD_BALANCER_FAILED]);
     assert_eq!(tracker.phase(UID), Some(Phase::DeletionInProgress));
-    assert!(!tracker.state.work.draining.contains(UID));
+    assert!(!tracker.inbound.work.draining.contains(UID));
     assert!(last.wake_at_ms.is_some_and(|at| at <= NOW + 1 + 2_000), "{last:?}");
     let retry = tracker.tick(NOW + 2_000);
     let sent = commands(&retry);
@@ -661,7 +661,7 @@ fn a_tick_dispatches_only_a_service_with_a_step_due_and_leaves_every_other_phase
     let (issued, _, last) = drive(&mut tracker, later, step, &ok);
     assert!(!issued.iter().any(|c| matches!(c, Command::PutLoadBalancer(_) | Command::PutPublicIp(_))), "{issued:?}");
     assert!(last.idle);
-    assert!(tracker.state.lifecycles[UID].parked);
+    assert!(tracker.inbound.lifecycles[UID].parked);
 }
 
 // Upstream TestCreateInboundService_StatusUpdateFailureRetriesInsteadOfFalseSuccess: a failed status patch is not
@@ -825,7 +825,7 @@ fn a_restart_syncs_the_address_locations_of_existing_and_deleting_services_even_
         other => ok(other),
     });
     assert!(warned_rejected(&issued), "the new Service parks: {issued:?}");
-    assert!(tracker.state.lifecycles[new].parked);
+    assert!(tracker.inbound.lifecycles[new].parked);
     assert!(issued.iter().any(is_location_update), "{issued:?}");
     assert!(
         programmed(&issued)
