@@ -98,7 +98,7 @@ impl Tracker {
             if next.writes_nrp() && hold_nrp_writes {
                 return false;
             }
-            if next.write_kind().is_some_and(|kind| !self.take_token(kind, now)) {
+            if next.write_kind().is_some_and(|kind| !self.budgets.take_token(kind, now)) {
                 return false; // `next_wake` wakes for the token
             }
             let command = K::command(self, identity, next);
@@ -128,7 +128,7 @@ impl Tracker {
         step: &mut Step,
     ) -> bool {
         if let Some(kind) = op.write_kind() {
-            self.budget_answered(kind, outcome, now, step);
+            self.budgets.answered(kind, outcome, now, step);
         }
         let (lifecycles, work) = K::parts(self);
         let waited = lifecycles.get_mut(identity).is_some_and(|l| l.attempt_mut().answered(id));

@@ -66,18 +66,13 @@ impl Tracker {
         self.delete_service(&identity, true);
     }
 
-    /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
-    pub(super) fn programmable(&self, identity: &str) -> bool {
-        self.inbound.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
-    }
-
     pub(super) fn want_service(&mut self, identity: &str, service: &Service) {
         let config = LbConfig::for_service(service);
         let Some(lifecycle) = self.inbound.lifecycles.get_mut(identity) else {
             let lifecycle =
                 Lifecycle::new(object_ref(service), Phase::NotStarted, ObjectState::of(service), Some(config));
             self.inbound.lifecycles.insert(identity.to_owned(), lifecycle);
-            self.seed(identity);
+            self.kube.seed(identity, &mut self.nrp.diff);
             self.inbound.work.runnable.insert(identity.to_owned());
             return;
         };
@@ -139,7 +134,7 @@ impl Tracker {
         lifecycle.attempt.reset();
         lifecycle.parked = false;
         lifecycle.failing = false;
-        self.unseed(identity);
+        self.kube.unseed(identity, &mut self.nrp.diff);
         self.start_drain::<Inbound>(identity);
     }
 
@@ -222,7 +217,7 @@ impl Tracker {
                     lifecycle.op_config = lifecycle.desired.clone();
                     lifecycle.steps = OpStep::ENSURE.into();
                     lifecycle.attempt.retries = 0;
-                    self.seed(identity);
+                    self.kube.seed(identity, &mut self.nrp.diff);
                     self.nrp.diff.touch_identity(identity);
                     self.inbound.work.runnable.insert(identity.to_owned());
                 } else {

@@ -3,29 +3,37 @@
 
 use super::cache::*;
 use super::state::*;
+use crate::difftracker::DiffTracker;
 use crate::ip;
 use crate::keyed::{Map, Set};
 use crate::model::*;
 use crate::name::{Name, VecMap, VecSet};
 
-impl Tracker {
-    pub(super) fn seed(&mut self, identity: &str) {
-        let keys = self.kube.slices_by_owner.get(identity).cloned().unwrap_or_default();
+/// Where the cache's changes go: the Kubernetes side of the DiffTracker, for the Services whose
+/// endpoints are programmed (an inbound lifecycle not being deleted).
+pub(super) struct Endpoints<'a> {
+    pub(super) diff: &'a mut DiffTracker,
+    pub(super) inbound: &'a Inbound,
+}
+
+impl KubeCache {
+    pub(super) fn seed(&self, identity: &str, diff: &mut DiffTracker) {
+        let keys = self.slices_by_owner.get(identity).cloned().unwrap_or_default();
         for key in keys {
-            if let Some(record) = self.kube.slices.get(&key) {
+            if let Some(record) = self.slices.get(&key) {
                 for (address, location) in &record.resolved {
-                    self.nrp.diff.add_endpoint(identity, address, location);
+                    diff.add_endpoint(identity, address, location);
                 }
             }
         }
     }
 
-    pub(super) fn unseed(&mut self, identity: &str) {
-        let keys = self.kube.slices_by_owner.get(identity).cloned().unwrap_or_default();
+    pub(super) fn unseed(&self, identity: &str, diff: &mut DiffTracker) {
+        let keys = self.slices_by_owner.get(identity).cloned().unwrap_or_default();
         for key in keys {
-            if let Some(record) = self.kube.slices.get(&key) {
+            if let Some(record) = self.slices.get(&key) {
                 for (address, location) in &record.resolved {
-                    self.nrp.diff.remove_endpoint(identity, address, location);
+                    diff.remove_endpoint(identity, address, location);
                 }
             }
         }
@@ -45,7 +53,7 @@ impl Tracker {
     ) -> VecMap<Name, Name> {
         let mut resolved = Vec::new();
         for endpoint in endpoints.filter(|e| e.ready != Some(false)) {
-            let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.kube.nodes.get(n.as_str())) else {
+            let Some(node) = endpoint.node_name.as_ref().and_then(|n| self.nodes.get(n.as_str())) else {
                 continue;
             };
             for address in &endpoint.addresses {
@@ -58,27 +66,33 @@ impl Tracker {
         resolved.into_iter().collect()
     }
 
-    pub(super) fn upsert_slice(&mut self, slice: EndpointSlice) {
+    pub(super) fn upsert_slice(&mut self, slice: EndpointSlice, out: &mut Endpoints<'_>) {
         let key = slice.key();
         let owner = slice.owner_service_uid.as_ref().map(|u| Name::from(u.to_ascii_lowercase()));
         let slice = StoredSlice::of(&slice);
-        if self.update_slice_in_place(&key, &owner, &slice) {
+        if self.update_slice_in_place(&key, &owner, &slice, out) {
             return;
         }
         let resolved = self.resolve(&slice);
         let record = SliceRecord { slice, owner, resolved };
-        let old = self.kube.slices.remove(&key);
+        let old = self.slices.remove(&key);
         self.reindex_slice(&key, old.as_ref(), Some(&record));
         let (old_owner, old_resolved) = old.map(|o| (o.owner, o.resolved)).unwrap_or_default();
-        self.apply_slice_change(old_owner.as_deref(), &old_resolved, record.owner.as_deref(), &record.resolved);
-        self.kube.slices.insert(key, record);
+        apply_slice_change(out, old_owner.as_deref(), &old_resolved, record.owner.as_deref(), &record.resolved);
+        self.slices.insert(key, record);
     }
 
     /// The common update — a few endpoints of a slice changed, nothing else — re-resolves
     /// only those endpoints. Returns false when the update is not of that kind.
-    pub(super) fn update_slice_in_place(&mut self, key: &ObjectKey, owner: &Option<Name>, slice: &StoredSlice) -> bool {
+    pub(super) fn update_slice_in_place(
+        &mut self,
+        key: &ObjectKey,
+        owner: &Option<Name>,
+        slice: &StoredSlice,
+        out: &mut Endpoints<'_>,
+    ) -> bool {
         const MOST_CHANGED: usize = 8;
-        let Some(old) = self.kube.slices.get(key) else { return false };
+        let Some(old) = self.slices.get(key) else { return false };
         let same_shape = old.owner == *owner
             && old.slice.address_type == slice.address_type
             && !old.slice.deleting
@@ -109,8 +123,8 @@ impl Tracker {
             return false;
         }
         let owner = owner.clone();
-        self.apply_slice_change(owner.as_deref(), &before, owner.as_deref(), &after);
-        let record = self.kube.slices.get_mut(key).expect("read above");
+        apply_slice_change(out, owner.as_deref(), &before, owner.as_deref(), &after);
+        let record = self.slices.get_mut(key).expect("read above");
         for address in before.keys() {
             record.resolved.remove(address);
         }
@@ -119,23 +133,10 @@ impl Tracker {
         true
     }
 
-    pub(super) fn remove_slice(&mut self, key: &ObjectKey) {
-        let Some(old) = self.kube.slices.remove(key) else { return };
+    pub(super) fn remove_slice(&mut self, key: &ObjectKey, out: &mut Endpoints<'_>) {
+        let Some(old) = self.slices.remove(key) else { return };
         self.reindex_slice(key, Some(&old), None);
-        self.apply_slice_change(old.owner.as_deref(), &old.resolved, None, &VecMap::default());
-    }
-
-    /// Folds the change of one slice's contribution into the DiffTracker: only what changed.
-    pub(super) fn apply_slice_change(
-        &mut self,
-        old_owner: Option<&str>,
-        old: &VecMap<Name, Name>,
-        new_owner: Option<&str>,
-        new: &VecMap<Name, Name>,
-    ) {
-        let old_owner = old_owner.filter(|o| self.programmable(o));
-        let new_owner = new_owner.filter(|o| self.programmable(o));
-        self.nrp.diff.replace_placements(old_owner, old, new_owner, new);
+        apply_slice_change(out, old.owner.as_deref(), &old.resolved, None, &VecMap::default());
     }
 
     /// Keeps the owner and node indexes of a slice, touching only what changed between the
@@ -156,45 +157,45 @@ impl Tracker {
         let (old_owner, new_owner) = (old.and_then(|r| r.owner.as_ref()), new.and_then(|r| r.owner.as_ref()));
         if old_owner != new_owner {
             if let Some(owner) = old_owner {
-                unlink(&mut self.kube.slices_by_owner, owner, key);
+                unlink(&mut self.slices_by_owner, owner, key);
             }
             if let Some(owner) = new_owner {
-                self.kube.slices_by_owner.entry(owner.clone()).or_default().insert(key.clone());
+                self.slices_by_owner.entry(owner.clone()).or_default().insert(key.clone());
             }
         }
         let (old_nodes, new_nodes) = (nodes(old), nodes(new));
         for gone in old_nodes.difference(&new_nodes) {
-            unlink(&mut self.kube.slices_by_node, gone, key);
+            unlink(&mut self.slices_by_node, gone, key);
         }
         for added in new_nodes.difference(&old_nodes) {
-            self.kube.slices_by_node.entry(Name::new(added)).or_default().insert(key.clone());
+            self.slices_by_node.entry(Name::new(added)).or_default().insert(key.clone());
         }
     }
 
     /// Re-resolves the slices with endpoints on a node after the node changed.
-    pub(super) fn reresolve_node(&mut self, name: &str) {
-        let keys = self.kube.slices_by_node.get(name).cloned().unwrap_or_default();
+    pub(super) fn reresolve_node(&mut self, name: &str, out: &mut Endpoints<'_>) {
+        let keys = self.slices_by_node.get(name).cloned().unwrap_or_default();
         for key in keys {
-            let Some(record) = self.kube.slices.get(&key) else { continue };
+            let Some(record) = self.slices.get(&key) else { continue };
             let resolved = self.resolve(&record.slice);
             if resolved == record.resolved {
                 continue;
             }
             let owner = record.owner.clone();
-            let old = std::mem::replace(&mut self.kube.slices.get_mut(&key).expect("just read").resolved, resolved);
-            let new = self.kube.slices[&key].resolved.clone();
-            self.apply_slice_change(owner.as_deref(), &old, owner.as_deref(), &new);
+            let old = std::mem::replace(&mut self.slices.get_mut(&key).expect("just read").resolved, resolved);
+            let new = self.slices[&key].resolved.clone();
+            apply_slice_change(out, owner.as_deref(), &old, owner.as_deref(), &new);
         }
     }
 
     /// A changed Node whose InternalIPs do not all parse is logged (WARN), naming it: the
     /// addresses of its pods reach NRP only through the ones that do, and not at all when none
     /// does.
-    pub(super) fn upsert_node(&mut self, node: Node, step: &mut Step) {
+    pub(super) fn upsert_node(&mut self, node: Node, out: &mut Endpoints<'_>, step: &mut Step) {
         let name = node.name.clone();
         let locations = NodeLocations::of(&node);
-        let unchanged = self.kube.nodes.get(&name) == Some(&locations);
-        self.kube.nodes.insert(name.clone(), locations);
+        let unchanged = self.nodes.get(&name) == Some(&locations);
+        self.nodes.insert(name.clone(), locations);
         if unchanged {
             return;
         }
@@ -209,12 +210,25 @@ impl Tracker {
             let message = format!("node {name}: InternalIPs {bad:?} are not IP addresses ({usable} usable); {what}");
             step.logs.push(LogLine { level: LogLevel::Warn, message });
         }
-        self.reresolve_node(&name);
+        self.reresolve_node(&name, out);
     }
 
-    pub(super) fn remove_node(&mut self, name: &str) {
-        if self.kube.nodes.remove(name).is_some() {
-            self.reresolve_node(name);
+    pub(super) fn remove_node(&mut self, name: &str, out: &mut Endpoints<'_>) {
+        if self.nodes.remove(name).is_some() {
+            self.reresolve_node(name, out);
         }
     }
+}
+
+/// Folds the change of one slice's contribution into the DiffTracker: only what changed.
+fn apply_slice_change(
+    out: &mut Endpoints<'_>,
+    old_owner: Option<&str>,
+    old: &VecMap<Name, Name>,
+    new_owner: Option<&str>,
+    new: &VecMap<Name, Name>,
+) {
+    let old_owner = old_owner.filter(|o| out.inbound.programmable(o));
+    let new_owner = new_owner.filter(|o| out.inbound.programmable(o));
+    out.diff.replace_placements(old_owner, old, new_owner, new);
 }

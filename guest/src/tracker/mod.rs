@@ -29,7 +29,8 @@
 //!   further ahead than [`timing::MAX_DELAY_MS`].
 
 use crate::admission::Verdict;
-use crate::budget::{ArmPace, Buckets, WriteKind};
+use crate::budget::WriteKind;
+use budgets::Budgets;
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
 use crate::keyed::Set;
@@ -39,6 +40,7 @@ use crate::name::Name;
 
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
 // driver, then what the tracker does with each part; this file, the coordination, is on top.
+mod budgets;
 mod cache;
 mod driver;
 mod figures;
@@ -57,6 +59,7 @@ mod stats;
 pub use crate::lifecycle::{backoff_ms, timing};
 pub use crate::model::Phase;
 use cache::{KubeCache, programmable};
+use kube::Endpoints;
 pub use figures::{
     AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats,
 };
@@ -73,7 +76,7 @@ impl Tracker {
         let mode = validate_config(&config)?;
         let nrp =
             Nrp { sync: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..Nrp::default() };
-        let budgets = Budgets { buckets: Buckets::full(&config.write_budgets()), pace: None };
+        let budgets = Budgets::full(config.write_budgets());
         Ok(Self {
             config,
             mode,
@@ -181,11 +184,18 @@ impl Tracker {
                         );
                         step.logs.push(LogLine { level: LogLevel::Warn, message });
                     }
-                    self.upsert_slice(slice)
+                    self.kube.upsert_slice(slice, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
                 }
-                Observation::SliceDeleted(key) => self.remove_slice(&key),
-                Observation::NodeUpserted(node) => self.upsert_node(node, &mut step),
-                Observation::NodeDeleted(name) => self.remove_node(&name),
+                Observation::SliceDeleted(key) => {
+                    self.kube.remove_slice(&key, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
+                }
+                Observation::NodeUpserted(node) => {
+                    let mut out = Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound };
+                    self.kube.upsert_node(node, &mut out, &mut step)
+                }
+                Observation::NodeDeleted(name) => {
+                    self.kube.remove_node(&name, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
+                }
                 Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
                 Observation::PodDeleted(key) => {
                     let before = self.egress.identities.carried_by(&key);
@@ -224,9 +234,9 @@ impl Tracker {
             let answered = |id: &u64| results.iter().any(|(r, _)| r == id);
             let in_flight =
                 self.outbox.in_flight.iter().filter(|(id, what)| what.writes_arm() && !answered(id)).count();
-            let reserve = self.config.write_budgets().arm_write_reserve;
+            let reserve = self.budgets.shapes.arm_write_reserve;
             let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
-            self.budgets.pace = Some(ArmPace::reported(self.budgets.pace, remaining, reserve, in_flight, now));
+            self.budgets.reported(remaining, reserve, in_flight, now);
         }
         for (id, outcome) in results {
             // An unknown id is a duplicate or stale answer: ignoring it is safe.
@@ -265,82 +275,6 @@ impl Tracker {
         let mut step = Step::default();
         self.pump(now, &mut step);
         step
-    }
-
-    // ---- Write budgets ----
-
-    /// The pace of ARM's figures, while they are fresh.
-    fn fresh_pace(&self, now: u64) -> Option<ArmPace> {
-        self.budgets.pace.filter(|p| p.fresh(now))
-    }
-
-    /// Whether a write of `kind` draws on its fixed bucket: always without fresh figures from
-    /// ARM; with them, only address locations, whose budget is what coalesces their batches.
-    fn uses_fixed_budget(&self, kind: WriteKind, now: u64) -> bool {
-        kind == WriteKind::AddressLocations || self.fresh_pace(now).is_none()
-    }
-
-    /// Takes a token of what paces `kind` (its bucket, ARM's pace or both) if there is one.
-    fn take_token(&mut self, kind: WriteKind, now: u64) -> bool {
-        let budgets = self.config.write_budgets();
-        let (mut buckets, mut pace) = (self.budgets.buckets, self.fresh_pace(now));
-        let fixed = self.uses_fixed_budget(kind, now);
-        // Taken from copies, kept only when every one that paces `kind` had a token.
-        let taken = (!fixed || {
-            let (bucket, budget) = buckets.of(&budgets, kind);
-            bucket.try_take(budget, now)
-        }) && pace.as_mut().is_none_or(|p| p.try_take(now));
-        if taken {
-            self.budgets.buckets = buckets;
-            self.budgets.pace = pace.or(self.budgets.pace);
-        }
-        taken
-    }
-
-    /// When a write of `kind` may next go, if none may at `now`.
-    fn token_due(&self, kind: WriteKind, now: u64) -> Option<u64> {
-        // Not `at > now`: at the end of time a missing token's time saturates to `now`, and
-        // `take_token` would then find none.
-        let fixed = self
-            .uses_fixed_budget(kind, now)
-            .then(|| self.budgets.buckets.due(&self.config.write_budgets(), kind, now))
-            .flatten();
-        let pace = self.fresh_pace(now).and_then(|p| p.due(now));
-        fixed.into_iter().chain(pace).max()
-    }
-
-    /// What Azure answered a write of `kind`: a 429 shrinks its budget (and says so), an
-    /// accepted write gives some of a shrunk budget back.
-    fn budget_answered(&mut self, kind: WriteKind, outcome: &Outcome, now: u64, step: &mut Step) {
-        let (throttled, accepted) = match outcome {
-            Outcome::Failed(f) => (f.status == 429, false),
-            _ => (false, true),
-        };
-        let (bucket, budget) = self.budgets.buckets.of(&self.config.write_budgets(), kind);
-        if throttled {
-            let per_minute = bucket.throttled(budget, now);
-            let message = format!(
-                "{} was throttled (HTTP 429): its write budget shrinks to {per_minute} a minute (configured: {} a \
-                 minute) and grows back as writes are accepted",
-                kind.name(),
-                budget.per_minute
-            );
-            step.logs.push(LogLine { level: LogLevel::Warn, message });
-        } else if accepted {
-            bucket.accepted(budget, now);
-        }
-        let Some(pace) = self.budgets.pace.as_mut() else { return };
-        if throttled {
-            let per_minute = pace.throttled(now);
-            let message = format!(
-                "ARM throttled {} (HTTP 429): the pace of ARM-routed writes shrinks to {per_minute} a minute and grows \
-                 back as writes are accepted",
-                kind.name()
-            );
-            step.logs.push(LogLine { level: LogLevel::Warn, message });
-        } else if accepted {
-            pace.accepted(now);
-        }
     }
 
     fn ready_to_write(&self) -> bool {
@@ -410,10 +344,7 @@ impl Tracker {
         nrp.next_read_ms = nrp.next_read_ms.min(latest);
         self.startup.arm.next_read_ms = self.startup.arm.next_read_ms.min(latest);
         nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
-        self.budgets.buckets.bring_in(now);
-        if let Some(pace) = self.budgets.pace.as_mut() {
-            pace.bring_in(now);
-        }
+        self.budgets.bring_in(now);
         for backoff in nrp.location_backoff.values_mut() {
             backoff.not_before_ms = backoff.not_before_ms.min(latest);
         }
@@ -477,7 +408,7 @@ impl Tracker {
             // A Service held for a token (or for a read of NRP, or for room in flight, which an
             // answer ends: waking for a token then is only early).
             for kind in [WriteKind::Services, WriteKind::Arm] {
-                if let Some(at) = self.token_due(kind, now) {
+                if let Some(at) = self.budgets.token_due(kind, now) {
                     consider(at);
                 }
             }
@@ -485,7 +416,7 @@ impl Tracker {
         if self.nrp.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
             if nrp.batch_not_before_ms > now {
                 consider(nrp.batch_not_before_ms);
-            } else if let Some(at) = self.token_due(WriteKind::AddressLocations, now) {
+            } else if let Some(at) = self.budgets.token_due(WriteKind::AddressLocations, now) {
                 consider(at);
             } else {
                 // The next batch may go once the youngest in flight is slow, and a location

@@ -52,7 +52,7 @@ impl Tracker {
             || !all_slow
             || now < nrp.batch_not_before_ms
             || !self.nrp.diff.has_dirty()
-            || self.token_due(WriteKind::AddressLocations, now).is_some()
+            || self.budgets.token_due(WriteKind::AddressLocations, now).is_some()
         {
             return;
         }
@@ -85,7 +85,7 @@ impl Tracker {
         if batch.is_empty() {
             return;
         }
-        let taken = self.take_token(WriteKind::AddressLocations, now);
+        let taken = self.budgets.take_token(WriteKind::AddressLocations, now);
         // Checked in tests and under the fuzz crate's `invariants` feature (its stable replay
         // of fuzz/regressions/ builds without debug assertions), never in a shipped guest.
         #[cfg(any(test, feature = "invariants"))]
@@ -105,7 +105,7 @@ impl Tracker {
     ) {
         self.nrp.sync.batches_in_flight.remove(&id);
         self.egress.finalizers.recheck();
-        self.budget_answered(WriteKind::AddressLocations, &outcome, now, step);
+        self.budgets.answered(WriteKind::AddressLocations, &outcome, now, step);
         match outcome {
             Outcome::Failed(failure) => {
                 for location in &batch {
@@ -128,7 +128,7 @@ impl Tracker {
                 if failure.status == 429 {
                     // Throttled: the subscription's budget, so every batch waits, for its
                     // `Retry-After` (capped) if it has one; the shrunk, emptied write budget
-                    // paces the batches after it (`budget_answered`), instead of a backoff.
+                    // paces the batches after it (`Budgets::answered`), instead of a backoff.
                     nrp.batch_retries = nrp.batch_retries.saturating_add(1);
                     if failure.retry_after_ms.is_some() {
                         let delay = retry_delay("address-locations", nrp.batch_retries, &failure, what, step);
@@ -239,7 +239,7 @@ impl Tracker {
                     let lifecycle =
                         Lifecycle::new(object_ref(&r.observed), Phase::Created, ObjectState::of(&r.observed), None);
                     self.inbound.lifecycles.insert(identity.clone(), lifecycle);
-                    self.seed(&identity);
+                    self.kube.seed(&identity, &mut self.nrp.diff);
                     self.nrp.diff.touch_identity(&identity);
                 }
                 Some(r) => self.adopt_for_deletion(&identity, object_ref(&r.observed), ObjectState::of(&r.observed)),

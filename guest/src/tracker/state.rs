@@ -4,11 +4,11 @@
 //! ([`State::check`]). How an identity takes part in an address-location sync ([`classify`]) is
 //! here too: the state's own view of which identities are ready.
 
+use super::budgets::Budgets;
 use super::cache::*;
 use super::figures::Figures;
 use super::outbox::*;
 use super::service::*;
-use crate::budget::{ArmPace, Buckets};
 use crate::config::{Config, Mode};
 use crate::difftracker::{Class, DiffTracker};
 use crate::egress::Egress;
@@ -74,6 +74,13 @@ pub(super) struct Inbound {
     pub(super) work: WorkSets<String>,
 }
 
+impl Inbound {
+    /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
+    pub(super) fn programmable(&self, identity: &str) -> bool {
+        self.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
+    }
+}
+
 /// The NRP side: the mirror of what NRP was told and what Kubernetes wants ([`DiffTracker`]), and
 /// the bookkeeping of reads and address-location batches ([`NrpSync`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -90,14 +97,6 @@ pub(super) struct EgressSide {
     pub(super) identities: Egress,
     pub(super) outbound: Outbound,
     pub(super) finalizers: PodFinalizers,
-}
-
-/// The write budgets: a token bucket per kind of write, shaped by the config ([`Buckets`]), and
-/// the pace ARM's remaining-writes figures set (`None` before the first).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Budgets {
-    pub(super) buckets: Buckets,
-    pub(super) pace: Option<ArmPace>,
 }
 
 /// Start-up: the inventory of ARM, read once ([`ArmSync`]), and whether start-up reconciliation

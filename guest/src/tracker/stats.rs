@@ -133,7 +133,7 @@ impl Tracker {
         let mut budgets: Vec<BudgetLevel> = [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm]
             .into_iter()
             .map(|kind| {
-                let (tokens, per_minute) = self.budgets.buckets.level(kind, &self.config.write_budgets(), now);
+                let (tokens, per_minute) = self.budgets.buckets.level(kind, &self.budgets.shapes, now);
                 BudgetLevel { bucket: kind.name().to_owned(), tokens, per_minute }
             })
             .collect();

@@ -15,6 +15,7 @@ use crate::model::Clock;
 use crate::outbound::Outbound;
 use crate::pod_finalizers::PodFinalizers;
 
+use super::budgets::Budgets;
 use super::figures::Figures;
 use super::state::*;
 use record::{Core, CoreRef, NrpSyncV2};
@@ -90,7 +91,8 @@ pub(super) fn import(config: Config, version: u32, payload: &[u8]) -> Result<Tra
     };
     let identities = if version >= 2 { take(&mut rest).map_err(corrupt)? } else { Egress::default() };
     let arm = if version >= 4 { take(&mut rest).map_err(corrupt)? } else { ArmSync::settled() };
-    let buckets = if version >= 5 { take(&mut rest).map_err(corrupt)? } else { Buckets::full(&config.write_budgets()) };
+    let shapes = config.write_budgets();
+    let buckets = if version >= 5 { take(&mut rest).map_err(corrupt)? } else { Buckets::full(&shapes) };
     let outbound = if version >= 6 { take(&mut rest).map_err(corrupt)? } else { Outbound::default() };
     let finalizers = if version >= 7 { take(&mut rest).map_err(corrupt)? } else { PodFinalizers::default() };
     let pace = if version >= 8 { take(&mut rest).map_err(corrupt)? } else { None };
@@ -108,7 +110,7 @@ pub(super) fn import(config: Config, version: u32, payload: &[u8]) -> Result<Tra
         inbound: core.inbound,
         nrp: core.nrp,
         egress: EgressSide { identities, outbound, finalizers },
-        budgets: Budgets { buckets, pace },
+        budgets: Budgets { shapes, buckets, pace },
         startup: Startup { arm, reconciled: core.reconciled },
         figures,
     };

@@ -172,7 +172,7 @@ fn the_pace_is_state_version_8_and_a_version_7_state_imports_without_one() {
     // The reserve is the config's: the same figure leaves more to spend under a smaller one.
     let mut small = Tracker::create_with_arm_settled(reserve(0)).unwrap();
     small.budgets.pace = Some(ArmPace::reported(None, 10, 0, 0, NOW));
-    assert_eq!(small.token_due(WriteKind::Arm, NOW), None);
+    assert_eq!(small.budgets.token_due(WriteKind::Arm, NOW), None);
 }
 
 /// Runs `step`'s commands (all answered ok, with no figure from ARM) until one matches `what`;

@@ -158,8 +158,8 @@ fn a_token_is_due_exactly_when_one_can_be_taken_even_at_the_end_of_time() {
                 tracker.budgets.pace = pace;
                 let mut writes = 0;
                 loop {
-                    let due = tracker.token_due(kind, now);
-                    let taken = tracker.take_token(kind, now);
+                    let due = tracker.budgets.token_due(kind, now);
+                    let taken = tracker.budgets.take_token(kind, now);
                     assert_eq!(due.is_none(), taken, "{kind:?} at {now} after {writes} writes, pace {pace:?}");
                     if !taken {
                         break;

@@ -4,6 +4,7 @@
 use super::service::*;
 use super::*;
 use crate::admission::admit_service;
+use crate::budget::Buckets;
 use std::collections::BTreeMap;
 
 fn clb() -> Config {
