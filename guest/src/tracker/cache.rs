@@ -23,6 +23,14 @@ pub(super) struct KubeCache {
     pub(super) lists_complete: bool,
 }
 
+impl KubeCache {
+    /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
+    /// public IP too (upstream: the cluster's families, decided once per identity).
+    pub(super) fn has_ipv6(&self) -> bool {
+        self.nodes.values().any(|n| n.v6.is_some())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct ServiceRecord {
     pub(super) observed: Service,

@@ -2,24 +2,21 @@
 //! start or stop carrying an identity, its reconciliation after a read of NRP, the end of an
 //! operation and the answers to its commands; and `OutboundIdentity`, its kind for the driver.
 
+use super::cache::KubeCache;
 use super::driver::*;
 use super::figures::ServiceType;
 use super::outbox::*;
 use super::service::*;
 use super::state::*;
 use crate::config::Mode;
+use crate::egress::Egress;
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
+use crate::pod_finalizers::PodFinalizers;
 
 impl Tracker {
-    /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
-    /// public IP too (upstream: the cluster's families, decided once per identity).
-    pub(super) fn cluster_has_ipv6(&self) -> bool {
-        self.kube.nodes.values().any(|n| n.v6.is_some())
-    }
-
     /// Whether pods carry the identity changed (none to some, some to none). Nothing is decided
     /// before start-up reconciliation, which decides for every carried identity once NRP (which
     /// says which identities are somebody else's) has been read.
@@ -31,7 +28,7 @@ impl Tracker {
         let Some(lifecycle) = self.egress.outbound.lifecycles.get_mut(identity) else {
             // An identity NRP already lists is somebody else's: programmed, never provisioned.
             if carried && !self.egress.identities.is_registered(identity) {
-                let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
+                let lifecycle = OutboundLifecycle::creating(self.kube.has_ipv6());
                 self.egress.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
                 self.egress.outbound.work.runnable.insert(identity.to_owned());
             }
@@ -63,7 +60,7 @@ impl Tracker {
                 }
                 lifecycle.attempt.reset();
                 lifecycle.failing = false;
-                self.start_drain::<OutboundIdentity>(identity);
+                self.egress.outbound.start_drain(&mut self.nrp, identity);
             }
         }
     }
@@ -90,35 +87,7 @@ impl Tracker {
                 self.nrp.diff.touch_identity(identity);
             }
         }
-        self.drain_again_where_referenced::<OutboundIdentity>();
-    }
-
-    /// The last step of an outbound operation succeeded.
-    pub(super) fn finish_outbound(&mut self, identity: &str, step: &mut Step) {
-        let lifecycle = self.egress.outbound.lifecycles.get_mut(identity).expect("caller checked");
-        let message = match lifecycle.phase {
-            Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
-                lifecycle.phase = Phase::Created;
-                lifecycle.whole = true;
-                self.nrp.diff.touch_identity(identity);
-                format!(
-                    "egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered"
-                )
-            }
-            Phase::DeletionInProgress => {
-                let recreate = lifecycle.recreate && self.egress.identities.carries(identity);
-                self.egress.outbound.lifecycles.remove(identity);
-                self.egress.finalizers.recheck(); // a last pod's finalizer waited for this
-                if recreate {
-                    let lifecycle = OutboundLifecycle::creating(self.cluster_has_ipv6());
-                    self.egress.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
-                    self.egress.outbound.work.runnable.insert(identity.to_owned());
-                }
-                format!("egress identity {identity}: unregistered, NAT gateway and public IP(s) deleted")
-            }
-            Phase::Created | Phase::DeletionPending => return,
-        };
-        step.logs.push(LogLine { level: LogLevel::Info, message });
+        self.egress.outbound.drain_again_where_referenced(&mut self.nrp);
     }
 
     pub(super) fn outbound_outcome(
@@ -130,7 +99,7 @@ impl Tracker {
         now: u64,
         step: &mut Step,
     ) {
-        if !self.answered::<OutboundIdentity>(identity, id, op, &outcome, now, step) {
+        if !self.egress.outbound.answered(&mut self.budgets, identity, id, op, &outcome, now, step) {
             return;
         }
         let lifecycle = self.egress.outbound.lifecycles.get_mut(identity).expect("it waited for the answer");
@@ -164,9 +133,9 @@ impl Tracker {
             return;
         }
         if op == OutStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
-            self.drain_again::<OutboundIdentity>(identity, now);
+            self.egress.outbound.drain_again(&mut self.nrp, identity, now);
         }
-        if self.retry_later::<OutboundIdentity>(identity, &failure, &what, now, step) {
+        if self.egress.outbound.retry_later(&mut self.figures, identity, &failure, &what, now, step) {
             let message = format!(
                 "{what} failed (HTTP {}{}): {}; retrying with backoff",
                 failure.status,
@@ -187,7 +156,7 @@ impl Tracker {
             _ => {}
         }
         self.egress.outbound.lifecycles.get_mut(identity).expect("caller checked").succeeded(op);
-        self.step_done::<OutboundIdentity>(identity, op);
+        self.egress.outbound.step_done(identity, op);
     }
 
     /// The outbound side: the lifecycles of the egress identities this tracker provisions.
@@ -196,34 +165,67 @@ impl Tracker {
     }
 }
 
-/// Egress identities' outbound lifecycles, to the lifecycle driver.
-pub(super) struct OutboundIdentity;
+/// What outbound lifecycles ask of the rest of the tracker: whether NRP registers an identity
+/// (the egress side's mirror), whether a pod still carries it, the finalizers a teardown
+/// releases, and whether the cluster has IPv6 (a recreated identity's public IPs).
+pub(super) struct OutboundPeers<'a> {
+    pub(super) identities: &'a Egress,
+    pub(super) finalizers: &'a mut PodFinalizers,
+    pub(super) kube: &'a KubeCache,
+}
 
-impl Kind for OutboundIdentity {
+impl Peers<Outbound> for OutboundPeers<'_> {
+    fn registered(&self, _: &Nrp, identity: &str) -> bool {
+        self.identities.is_registered(identity)
+    }
+    /// The last step of an outbound operation succeeded.
+    fn finish(&mut self, side: &mut Outbound, drive: &mut Drive<'_>, identity: &str, step: &mut Step) {
+        let lifecycle = side.lifecycles.get_mut(identity).expect("caller checked");
+        let message = match lifecycle.phase {
+            Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
+                lifecycle.phase = Phase::Created;
+                lifecycle.whole = true;
+                drive.nrp.diff.touch_identity(identity);
+                format!(
+                    "egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered"
+                )
+            }
+            Phase::DeletionInProgress => {
+                let recreate = lifecycle.recreate && self.identities.carries(identity);
+                side.lifecycles.remove(identity);
+                self.finalizers.recheck(); // a last pod's finalizer waited for this
+                if recreate {
+                    let lifecycle = OutboundLifecycle::creating(self.kube.has_ipv6());
+                    side.lifecycles.insert(identity.to_owned(), lifecycle);
+                    side.work.runnable.insert(identity.to_owned());
+                }
+                format!("egress identity {identity}: unregistered, NAT gateway and public IP(s) deleted")
+            }
+            Phase::Created | Phase::DeletionPending => return,
+        };
+        step.logs.push(LogLine { level: LogLevel::Info, message });
+    }
+}
+
+impl Kind for Outbound {
     type Life = OutboundLifecycle;
     const DELETE: &'static [OutStep] = &outbound::DELETE;
     const UNREGISTER: OutStep = OutStep::Unregister;
     const TYPE: ServiceType = ServiceType::Outbound;
-    fn lifecycles(tracker: &Tracker) -> &Map<String, OutboundLifecycle> {
-        &tracker.egress.outbound.lifecycles
+    fn lifecycles(&self) -> &Map<String, OutboundLifecycle> {
+        &self.lifecycles
     }
-    fn parts(tracker: &mut Tracker) -> (&mut Map<String, OutboundLifecycle>, &mut WorkSets<String>) {
-        (&mut tracker.egress.outbound.lifecycles, &mut tracker.egress.outbound.work)
-    }
-    fn registered(tracker: &Tracker, identity: &str) -> bool {
-        tracker.egress.identities.is_registered(identity)
+    fn sets(&mut self) -> (&mut Map<String, OutboundLifecycle>, &mut WorkSets<String>) {
+        (&mut self.lifecycles, &mut self.work)
     }
     /// Records what the step may leave behind as it is sent.
-    fn command(tracker: &mut Tracker, identity: &str, op: OutStep) -> Command {
-        let lifecycle = tracker.egress.outbound.lifecycles.get_mut(identity).expect("the driver checked");
+    fn command(&mut self, identity: &str, op: OutStep) -> Command {
+        let lifecycle = self.lifecycles.get_mut(identity).expect("the driver checked");
         let command = lifecycle.command(identity, op);
         lifecycle.sending(op);
         command
     }
     fn in_flight(identity: &str, op: OutStep) -> InFlight {
         InFlight::Outbound { identity: identity.to_owned(), step: op }
-    }
-    fn finish(tracker: &mut Tracker, identity: &str, step: &mut Step) {
-        tracker.finish_outbound(identity, step);
     }
 }

@@ -12,6 +12,7 @@ use crate::admission::{Verdict, admit_service};
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
+use crate::outbound::Outbound;
 
 impl Tracker {
     // ---- Kubernetes side ----
@@ -135,11 +136,129 @@ impl Tracker {
         lifecycle.parked = false;
         lifecycle.failing = false;
         self.kube.unseed(identity, &mut self.nrp.diff);
-        self.start_drain::<Inbound>(identity);
+        self.inbound.start_drain(&mut self.nrp, identity);
     }
 
+    pub(super) fn service_outcome(
+        &mut self,
+        identity: &str,
+        id: u64,
+        op: OpStep,
+        outcome: Outcome,
+        now: u64,
+        step: &mut Step,
+    ) {
+        if !self.inbound.answered(&mut self.budgets, identity, id, op, &outcome, now, step) {
+            return;
+        }
+        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("it waited for the answer");
+        let failure = match outcome {
+            Outcome::Failed(f) => f,
+            Outcome::PublicIpAddress(ip) => {
+                lifecycle.ingress_ip = Some(ip);
+                self.step_succeeded(identity, op);
+                return;
+            }
+            Outcome::Ok | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
+                self.step_succeeded(identity, op);
+                return;
+            }
+        };
+        // A Kubernetes write refused by the host's UID guard is for a Service replaced under the
+        // same name: the object it was for is gone, as with a 404.
+        let gone = (op.is_delete_step() && failure.status == 404) || (op.is_kubernetes() && failure.object_gone());
+        if gone {
+            if op.is_kubernetes() {
+                lifecycle.object.exists = false;
+            }
+            self.step_succeeded(identity, op);
+            if op.is_kubernetes() && !self.inbound.lifecycles[identity].phase.is_deleting() {
+                // The Service left the API server before we finished: undo what we made.
+                self.delete_service(identity, true);
+            }
+            return;
+        }
+        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
+            return; // a create or update pre-empted by a delete: the delete carries on
+        }
+        let code = failure.code.as_deref().unwrap_or("");
+        if op == OpStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
+            self.inbound.drain_again(&mut self.nrp, identity, now);
+        }
+        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("still there");
+        let terminal = matches!(op, OpStep::PutLoadBalancer | OpStep::PutPublicIp)
+            && (TERMINAL_CODES.contains(&code) || failure.status == 422);
+        let service = lifecycle.service.clone();
+        if terminal && lifecycle.desired.is_some() && lifecycle.desired != lifecycle.op_config {
+            // The spec changed while the refused one was in flight: the refusal is of a spec
+            // nobody wants any more, so the operation goes on with the current one instead of
+            // parking (upstream TestEngineOnServiceCreationComplete_DriftDuringTerminalFailureReDispatches
+            // and TestEngineOnServiceCreationComplete_DriftDuringTerminalUpdateReDispatches).
+            lifecycle.op_config = lifecycle.desired.clone();
+            lifecycle.attempt.reset();
+            return;
+        }
+        if terminal {
+            lifecycle.parked = true;
+            let phase = lifecycle.phase;
+            self.figures.parked(ServiceType::Inbound, identity, phase, &failure.label(), now);
+            let message = format!(
+                "Azure refused {op:?} for load balancer {identity}: {} ({}); fix the Service spec to retry",
+                failure.message, code
+            );
+            self.outbox.event(
+                &service,
+                EventType::Warning,
+                reason::LOAD_BALANCER_CONFIGURATION_REJECTED,
+                message,
+                step,
+            );
+            return;
+        }
+        let what = format!("{op:?} for load balancer {identity}");
+        if self.inbound.retry_later(&mut self.figures, identity, &failure, &what, now, step) {
+            let message = format!(
+                "{op:?} for load balancer {identity} failed (HTTP {}{}): {}; retrying with backoff",
+                failure.status,
+                if code.is_empty() { String::new() } else { format!(", {code}") },
+                failure.message
+            );
+            self.outbox.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
+        }
+    }
+
+    pub(super) fn step_succeeded(&mut self, identity: &str, op: OpStep) {
+        match op {
+            OpStep::Register => self.nrp.diff.set_registered(identity, true),
+            OpStep::Unregister => self.nrp.diff.set_registered(identity, false),
+            _ => {}
+        }
+        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("caller checked");
+        match op {
+            OpStep::AddFinalizer => lifecycle.object.has_finalizer = true,
+            OpStep::RemoveFinalizer => lifecycle.object.has_finalizer = false,
+            OpStep::PatchStatus => lifecycle.object.ingress = lifecycle.ingress_ip.iter().cloned().collect(),
+            OpStep::ClearStatus => lifecycle.object.ingress.clear(),
+            _ => {}
+        }
+        // The backoff was for the step that just succeeded: the next step, or the end of the
+        // operation, must not wait for it (after the clock stepped back, a stale deadline held
+        // `finish_operation` back after the finalizer was removed).
+        self.inbound.step_done(identity, op);
+    }
+
+    /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
+    pub(super) fn adopt_for_deletion(&mut self, identity: &str, service: ObjectRef, object: ObjectState) {
+        let lifecycle = Lifecycle::new(service, Phase::DeletionPending, object, None);
+        self.inbound.lifecycles.insert(identity.to_owned(), lifecycle);
+        self.inbound.work.draining.insert(identity.to_owned());
+        self.nrp.diff.touch_identity(identity);
+    }
+}
+
+impl Inbound {
     pub(super) fn command_for(&self, identity: &str, op: OpStep) -> Command {
-        let lifecycle = &self.inbound.lifecycles[identity];
+        let lifecycle = &self.lifecycles[identity];
         let config = lifecycle.op_config.as_ref();
         let inbound = |backend_pools: Vec<PoolRef>, is_delete: bool| {
             Command::UpdateServices(vec![NrpServiceRequest {
@@ -182,8 +301,14 @@ impl Tracker {
     }
 
     /// The last step of an operation succeeded.
-    pub(super) fn finish_operation(&mut self, identity: &str, step: &mut Step) {
-        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("caller checked");
+    pub(super) fn finish_operation(
+        &mut self,
+        identity: &str,
+        drive: &mut Drive<'_>,
+        kube: &KubeCache,
+        step: &mut Step,
+    ) {
+        let lifecycle = self.lifecycles.get_mut(identity).expect("caller checked");
         match lifecycle.phase {
             Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
                 let created = lifecycle.phase != Phase::UpdateInProgress;
@@ -192,18 +317,18 @@ impl Tracker {
                     lifecycle.phase = Phase::UpdateInProgress;
                     lifecycle.op_config = lifecycle.desired.clone();
                     lifecycle.steps = [OpStep::PutLoadBalancer, OpStep::PatchStatus].into();
-                    self.inbound.work.runnable.insert(identity.to_owned());
+                    self.work.runnable.insert(identity.to_owned());
                 } else if lifecycle.object_needs_repair() {
                     // Read without our finalizer (or its ingress IP) after it was written.
                     lifecycle.repair();
-                    self.inbound.work.runnable.insert(identity.to_owned());
+                    self.work.runnable.insert(identity.to_owned());
                 } else {
                     lifecycle.phase = Phase::Created;
                 }
                 let (service, ip) = (lifecycle.service.clone(), lifecycle.ingress_ip.clone().unwrap_or_default());
                 if created {
                     let message = format!("load balancer {identity} is serving at {ip}");
-                    self.outbox.event(&service, EventType::Normal, reason::ENSURED_LOAD_BALANCER, message, step);
+                    drive.outbox.event(&service, EventType::Normal, reason::ENSURED_LOAD_BALANCER, message, step);
                 }
             }
             Phase::DeletionInProgress => {
@@ -217,132 +342,36 @@ impl Tracker {
                     lifecycle.op_config = lifecycle.desired.clone();
                     lifecycle.steps = OpStep::ENSURE.into();
                     lifecycle.attempt.retries = 0;
-                    self.kube.seed(identity, &mut self.nrp.diff);
-                    self.nrp.diff.touch_identity(identity);
-                    self.inbound.work.runnable.insert(identity.to_owned());
+                    kube.seed(identity, &mut drive.nrp.diff);
+                    drive.nrp.diff.touch_identity(identity);
+                    self.work.runnable.insert(identity.to_owned());
                 } else {
-                    self.inbound.lifecycles.remove(identity);
+                    self.lifecycles.remove(identity);
                 }
-                self.outbox.event(&service, EventType::Normal, reason::DELETED_LOAD_BALANCER, message, step);
+                drive.outbox.event(&service, EventType::Normal, reason::DELETED_LOAD_BALANCER, message, step);
             }
             Phase::Created | Phase::DeletionPending => {}
         }
     }
+}
 
-    pub(super) fn service_outcome(
-        &mut self,
-        identity: &str,
-        id: u64,
-        op: OpStep,
-        outcome: Outcome,
-        now: u64,
-        step: &mut Step,
-    ) {
-        if !self.answered::<Inbound>(identity, id, op, &outcome, now, step) {
-            return;
-        }
-        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("it waited for the answer");
-        let failure = match outcome {
-            Outcome::Failed(f) => f,
-            Outcome::PublicIpAddress(ip) => {
-                lifecycle.ingress_ip = Some(ip);
-                self.step_succeeded(identity, op);
-                return;
-            }
-            Outcome::Ok | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
-                self.step_succeeded(identity, op);
-                return;
-            }
-        };
-        // A Kubernetes write refused by the host's UID guard is for a Service replaced under the
-        // same name: the object it was for is gone, as with a 404.
-        let gone = (op.is_delete_step() && failure.status == 404) || (op.is_kubernetes() && failure.object_gone());
-        if gone {
-            if op.is_kubernetes() {
-                lifecycle.object.exists = false;
-            }
-            self.step_succeeded(identity, op);
-            if op.is_kubernetes() && !self.inbound.lifecycles[identity].phase.is_deleting() {
-                // The Service left the API server before we finished: undo what we made.
-                self.delete_service(identity, true);
-            }
-            return;
-        }
-        if lifecycle.phase.is_deleting() && !op.is_delete_step() {
-            return; // a create or update pre-empted by a delete: the delete carries on
-        }
-        let code = failure.code.as_deref().unwrap_or("");
-        if op == OpStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
-            self.drain_again::<Inbound>(identity, now);
-        }
-        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("still there");
-        let terminal = matches!(op, OpStep::PutLoadBalancer | OpStep::PutPublicIp)
-            && (TERMINAL_CODES.contains(&code) || failure.status == 422);
-        let service = lifecycle.service.clone();
-        if terminal && lifecycle.desired.is_some() && lifecycle.desired != lifecycle.op_config {
-            // The spec changed while the refused one was in flight: the refusal is of a spec
-            // nobody wants any more, so the operation goes on with the current one instead of
-            // parking (upstream TestEngineOnServiceCreationComplete_DriftDuringTerminalFailureReDispatches
-            // and TestEngineOnServiceCreationComplete_DriftDuringTerminalUpdateReDispatches).
-            lifecycle.op_config = lifecycle.desired.clone();
-            lifecycle.attempt.reset();
-            return;
-        }
-        if terminal {
-            lifecycle.parked = true;
-            let phase = lifecycle.phase;
-            self.figures.parked(ServiceType::Inbound, identity, phase, &failure.label(), now);
-            let message = format!(
-                "Azure refused {op:?} for load balancer {identity}: {} ({}); fix the Service spec to retry",
-                failure.message, code
-            );
-            self.outbox.event(
-                &service,
-                EventType::Warning,
-                reason::LOAD_BALANCER_CONFIGURATION_REJECTED,
-                message,
-                step,
-            );
-            return;
-        }
-        let what = format!("{op:?} for load balancer {identity}");
-        if self.retry_later::<Inbound>(identity, &failure, &what, now, step) {
-            let message = format!(
-                "{op:?} for load balancer {identity} failed (HTTP {}{}): {}; retrying with backoff",
-                failure.status,
-                if code.is_empty() { String::new() } else { format!(", {code}") },
-                failure.message
-            );
-            self.outbox.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
-        }
+/// What inbound lifecycles ask of the rest of the tracker: whether an egress identity of the
+/// same name is being torn down first, and the Kubernetes cache to seed a Service recreated.
+pub(super) struct InboundPeers<'a> {
+    pub(super) outbound: &'a Outbound,
+    pub(super) kube: &'a KubeCache,
+}
+
+impl Peers<Inbound> for InboundPeers<'_> {
+    fn registered(&self, nrp: &Nrp, identity: &str) -> bool {
+        nrp.diff.is_registered(identity)
     }
-
-    pub(super) fn step_succeeded(&mut self, identity: &str, op: OpStep) {
-        match op {
-            OpStep::Register => self.nrp.diff.set_registered(identity, true),
-            OpStep::Unregister => self.nrp.diff.set_registered(identity, false),
-            _ => {}
-        }
-        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("caller checked");
-        match op {
-            OpStep::AddFinalizer => lifecycle.object.has_finalizer = true,
-            OpStep::RemoveFinalizer => lifecycle.object.has_finalizer = false,
-            OpStep::PatchStatus => lifecycle.object.ingress = lifecycle.ingress_ip.iter().cloned().collect(),
-            OpStep::ClearStatus => lifecycle.object.ingress.clear(),
-            _ => {}
-        }
-        // The backoff was for the step that just succeeded: the next step, or the end of the
-        // operation, must not wait for it (after the clock stepped back, a stale deadline held
-        // `finish_operation` back after the finalizer was removed).
-        self.step_done::<Inbound>(identity, op);
+    /// An egress identity of the same name is torn down first.
+    fn blocked(&self, identity: &str) -> bool {
+        self.outbound.lifecycles.contains_key(identity)
     }
-
-    /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
-    pub(super) fn adopt_for_deletion(&mut self, identity: &str, service: ObjectRef, object: ObjectState) {
-        let lifecycle = Lifecycle::new(service, Phase::DeletionPending, object, None);
-        self.inbound.lifecycles.insert(identity.to_owned(), lifecycle);
-        self.inbound.work.draining.insert(identity.to_owned());
-        self.nrp.diff.touch_identity(identity);
+    fn finish(&mut self, side: &mut Inbound, drive: &mut Drive<'_>, identity: &str, step: &mut Step) {
+        side.finish_operation(identity, drive, self.kube, step);
     }
 }
 
@@ -351,29 +380,19 @@ impl Kind for Inbound {
     const DELETE: &'static [OpStep] = &OpStep::DELETE;
     const UNREGISTER: OpStep = OpStep::Unregister;
     const TYPE: ServiceType = ServiceType::Inbound;
-    fn lifecycles(tracker: &Tracker) -> &Map<String, Lifecycle> {
-        &tracker.inbound.lifecycles
+    fn lifecycles(&self) -> &Map<String, Lifecycle> {
+        &self.lifecycles
     }
-    fn orphan(tracker: &Tracker, identity: &str) -> bool {
-        tracker.inbound.lifecycles.get(identity).is_some_and(|l| l.service.namespace.is_empty())
+    fn sets(&mut self) -> (&mut Map<String, Lifecycle>, &mut WorkSets<String>) {
+        (&mut self.lifecycles, &mut self.work)
     }
-    fn parts(tracker: &mut Tracker) -> (&mut Map<String, Lifecycle>, &mut WorkSets<String>) {
-        (&mut tracker.inbound.lifecycles, &mut tracker.inbound.work)
+    fn orphan(&self, identity: &str) -> bool {
+        self.lifecycles.get(identity).is_some_and(|l| l.service.namespace.is_empty())
     }
-    fn registered(tracker: &Tracker, identity: &str) -> bool {
-        tracker.nrp.diff.is_registered(identity)
-    }
-    /// An egress identity of the same name is torn down first.
-    fn blocked(tracker: &Tracker, identity: &str) -> bool {
-        tracker.egress.outbound.lifecycles.contains_key(identity)
-    }
-    fn command(tracker: &mut Tracker, identity: &str, op: OpStep) -> Command {
-        tracker.command_for(identity, op)
+    fn command(&mut self, identity: &str, op: OpStep) -> Command {
+        self.command_for(identity, op)
     }
     fn in_flight(identity: &str, op: OpStep) -> InFlight {
         InFlight::Service { identity: identity.to_owned(), step: op }
-    }
-    fn finish(tracker: &mut Tracker, identity: &str, step: &mut Step) {
-        tracker.finish_operation(identity, step);
     }
 }

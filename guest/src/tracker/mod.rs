@@ -30,13 +30,13 @@
 
 use crate::admission::Verdict;
 use crate::budget::WriteKind;
-use budgets::Budgets;
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
 use crate::keyed::Set;
 use crate::lifecycle::Op;
 use crate::model::*;
 use crate::name::Name;
+use budgets::Budgets;
 
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
 // driver, then what the tracker does with each part; this file, the coordination, is on top.
@@ -59,12 +59,14 @@ mod stats;
 pub use crate::lifecycle::{backoff_ms, timing};
 pub use crate::model::Phase;
 use cache::{KubeCache, programmable};
-use kube::Endpoints;
+use driver::{Drive, Kind};
 pub use figures::{
     AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats,
 };
 pub use format::{STATE_VERSION, StateError};
-use identities::*;
+use identities::OutboundPeers;
+use inbound::InboundPeers;
+use kube::Endpoints;
 use outbox::*;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
 use state::*;
@@ -312,14 +314,18 @@ impl Tracker {
             self.outbox.issue(Command::ReadArm, InFlight::ReadArm, step);
         }
         if self.ready_to_write() {
-            self.check_drained::<Inbound>();
             let hold_nrp_writes = read_due || self.nrp.sync.read_in_flight;
+            let Tracker { outbox, budgets, nrp, figures, inbound, egress, kube, .. } = self;
+            let mut drive = Drive { outbox, budgets, nrp, figures };
+            inbound.check_drained(&drive);
             // Outbound first: an inbound Service whose identity an egress identity of ours had
             // waits for that teardown (they share NRP's name and the `-pip` name), and the pass
             // that ends it must let the Service go.
-            self.check_drained::<OutboundIdentity>();
-            self.run::<OutboundIdentity>(now, hold_nrp_writes, step);
-            self.run::<Inbound>(now, hold_nrp_writes, step);
+            egress.outbound.check_drained(&drive);
+            let (identities, finalizers) = (&egress.identities, &mut egress.finalizers);
+            let mut peers = OutboundPeers { identities, finalizers, kube };
+            egress.outbound.run(&mut drive, &mut peers, now, hold_nrp_writes, step);
+            inbound.run(&mut drive, &mut InboundPeers { outbound: &egress.outbound, kube }, now, hold_nrp_writes, step);
             if !hold_nrp_writes {
                 self.sync_locations(now, step);
             }

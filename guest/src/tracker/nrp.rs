@@ -2,6 +2,7 @@
 //! one is slow, per-location backoff, halving around a refused location, throttling), the
 //! periodic read of NRP and the reconciliation after each read (docs/upstream.md §c.2.4).
 
+use super::driver::Kind;
 use super::outbox::*;
 use super::service::*;
 use super::state::*;
@@ -25,20 +26,6 @@ impl Tracker {
             &self.nrp.diff,
             identity,
         )
-    }
-
-    /// No NRP address maps to the identity, nor may one in a batch whose answer is not in.
-    pub(super) fn drained(&self, identity: &str) -> bool {
-        !self.nrp.diff.nrp_references(identity) && !self.batch_in_flight_mentions(identity)
-    }
-
-    pub(super) fn batch_in_flight_mentions(&self, identity: &str) -> bool {
-        self.batches_in_flight().flatten().flat_map(|l| &l.addresses).any(|a| a.services.iter().any(|s| s == identity))
-    }
-
-    /// The address-location batches in flight.
-    pub(super) fn batches_in_flight(&self) -> impl Iterator<Item = &[NrpLocation]> {
-        location_batches(&self.nrp.sync.batches_in_flight, &self.outbox.in_flight)
     }
 
     // ---- Address locations ----
@@ -226,7 +213,7 @@ impl Tracker {
                 self.inbound.work.runnable.insert(identity.clone());
             }
         }
-        self.drain_again_where_referenced::<Inbound>();
+        self.inbound.drain_again_where_referenced(&mut self.nrp);
         for identity in registered {
             if self.inbound.lifecycles.contains_key(&identity) || !looks_like_uid(&identity) {
                 continue;

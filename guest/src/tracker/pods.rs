@@ -78,7 +78,7 @@ impl Tracker {
             // batches in flight (`State::check`).
             let mut in_flight: Vec<&NrpLocation> = Vec::new();
             if due.iter().any(|(_, want)| *want == Want::Release) {
-                in_flight.extend(self.batches_in_flight().flatten());
+                in_flight.extend(self.nrp.batches_in_flight(&self.outbox.in_flight).flatten());
                 crate::keyed::sort_by(&mut in_flight, |a, b| a.location.cmp(&b.location));
             }
             due.into_iter()

@@ -89,6 +89,23 @@ pub(super) struct Nrp {
     pub(super) sync: NrpSync,
 }
 
+impl Nrp {
+    /// No NRP address maps to the identity, nor may one in a batch whose answer is not in
+    /// (`in_flight`: the outbox's commands).
+    pub(super) fn drained(&self, in_flight: &Map<u64, InFlight>, identity: &str) -> bool {
+        let mentions = |l: &NrpLocation| l.addresses.iter().any(|a| a.services.iter().any(|s| s == identity));
+        !self.diff.nrp_references(identity) && !self.batches_in_flight(in_flight).flatten().any(mentions)
+    }
+
+    /// The address-location batches in flight (`in_flight`: the outbox's commands).
+    pub(super) fn batches_in_flight<'a>(
+        &'a self,
+        in_flight: &'a Map<u64, InFlight>,
+    ) -> impl Iterator<Item = &'a [NrpLocation]> {
+        location_batches(&self.sync.batches_in_flight, in_flight)
+    }
+}
+
 /// The egress side: pods and the identities they carry ([`Egress`]), the outbound lifecycle of
 /// each identity of ours ([`Outbound`]), and the finalizers held on egress pods
 /// ([`PodFinalizers`]).

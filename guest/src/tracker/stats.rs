@@ -120,7 +120,7 @@ impl Tracker {
         let draining = self.inbound.work.draining.iter().chain(&self.egress.outbound.work.draining);
         for identity in draining {
             deletions += 1;
-            blocked += u32::from(!self.drained(identity));
+            blocked += u32::from(!self.nrp.drained(&self.outbox.in_flight, identity));
         }
         let (locations, addresses) = self.nrp.diff.nrp_totals();
         let histograms = |of: &[Histogram; 6], bounds: &[u64]| {
