@@ -24,6 +24,14 @@ pub(super) struct KubeCache {
 }
 
 impl KubeCache {
+    /// A Service gone from the API server: its record goes; returns its identity.
+    pub(super) fn remove_service(&mut self, key: &ObjectKey) -> Option<String> {
+        let record = self.services.remove(key)?;
+        let identity = record.observed.identity();
+        self.service_by_identity.remove(&identity);
+        Some(identity)
+    }
+
     /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
     /// public IP too (upstream: the cluster's families, decided once per identity).
     pub(super) fn has_ipv6(&self) -> bool {

@@ -8,25 +8,32 @@ use super::figures::ServiceType;
 use super::outbox::*;
 use super::service::*;
 use super::state::*;
-use crate::admission::{Verdict, admit_service};
+use crate::admission::Verdict;
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::outbound::Outbound;
 
-impl Tracker {
-    // ---- Kubernetes side ----
-
-    pub(super) fn upsert_service(&mut self, service: Service, step: &mut Step) {
-        let verdict = admit_service(&self.config, &service);
+impl Inbound {
+    /// A version of a Service read, with the verdict admission reached on it: its record in the
+    /// Kubernetes cache, and the lifecycle it wants (or the deletion it starts).
+    pub(super) fn upsert_service(
+        &mut self,
+        service: Service,
+        verdict: Verdict,
+        kube: &mut KubeCache,
+        nrp: &mut Nrp,
+        outbox: &mut Outbox,
+        step: &mut Step,
+    ) {
         let key = service.key();
         let identity = service.identity();
-        let previous = self.kube.services.remove(&key);
+        let previous = kube.services.remove(&key);
         if let Some(previous) = previous.as_ref().filter(|p| p.observed.uid != service.uid) {
             // The same name now belongs to a new object: the old one is gone.
             let old = previous.observed.identity();
-            self.kube.service_by_identity.remove(&old);
-            self.delete_service(&old, true);
+            kube.service_by_identity.remove(&old);
+            self.delete_service(&old, true, kube, nrp);
         }
         let same_object = previous.as_ref().is_some_and(|p| p.observed.uid == service.uid);
         let previous_admitted = previous.as_ref().filter(|_| same_object).and_then(|p| p.admitted.clone());
@@ -38,43 +45,35 @@ impl Tracker {
         if let (Verdict::Rejected(rejection), true) = (&verdict, verdict_changed) {
             let kept = if admitted.is_some() { "; it keeps its last admitted configuration" } else { "" };
             let message = format!("{}{kept}", rejection.message);
-            self.outbox.event(&object_ref(&service), EventType::Warning, &rejection.reason, message, step);
+            outbox.event(&object_ref(&service), EventType::Warning, &rejection.reason, message, step);
         }
-        if let Some(lifecycle) = self.inbound.lifecycles.get_mut(&identity) {
+        if let Some(lifecycle) = self.lifecycles.get_mut(&identity) {
             lifecycle.object = ObjectState::of(&service);
             lifecycle.service = object_ref(&service);
         }
         match &verdict {
-            Verdict::Admitted => self.want_service(&identity, &service),
+            Verdict::Admitted => self.want_service(&identity, &service, kube, nrp),
             Verdict::Cleanup | Verdict::Ignored(_) => {
-                if !self.inbound.lifecycles.contains_key(&identity) && ObjectState::of(&service).has_finalizer {
+                if !self.lifecycles.contains_key(&identity) && ObjectState::of(&service).has_finalizer {
                     // Ours from before a restart: clean up whatever is left, then release it.
-                    self.adopt_for_deletion(&identity, object_ref(&service), ObjectState::of(&service));
+                    self.adopt_for_deletion(&identity, object_ref(&service), ObjectState::of(&service), nrp);
                 }
-                self.delete_service(&identity, false)
+                self.delete_service(&identity, false, kube, nrp)
             }
             Verdict::Rejected(_) | Verdict::NothingToProvision => {}
         }
-        self.kube.service_by_identity.insert(identity.clone(), key.clone());
-        self.kube.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
-        self.refuse_colliding_pods(&identity, step);
+        kube.service_by_identity.insert(identity.clone(), key.clone());
+        kube.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
     }
 
-    pub(super) fn remove_service_object(&mut self, key: &ObjectKey) {
-        let Some(record) = self.kube.services.remove(key) else { return };
-        let identity = record.observed.identity();
-        self.kube.service_by_identity.remove(&identity);
-        self.delete_service(&identity, true);
-    }
-
-    pub(super) fn want_service(&mut self, identity: &str, service: &Service) {
+    pub(super) fn want_service(&mut self, identity: &str, service: &Service, kube: &KubeCache, nrp: &mut Nrp) {
         let config = LbConfig::for_service(service);
-        let Some(lifecycle) = self.inbound.lifecycles.get_mut(identity) else {
+        let Some(lifecycle) = self.lifecycles.get_mut(identity) else {
             let lifecycle =
                 Lifecycle::new(object_ref(service), Phase::NotStarted, ObjectState::of(service), Some(config));
-            self.inbound.lifecycles.insert(identity.to_owned(), lifecycle);
-            self.kube.seed(identity, &mut self.nrp.diff);
-            self.inbound.work.runnable.insert(identity.to_owned());
+            self.lifecycles.insert(identity.to_owned(), lifecycle);
+            kube.seed(identity, &mut nrp.diff);
+            self.work.runnable.insert(identity.to_owned());
             return;
         };
         let changed = lifecycle.desired.as_ref() != Some(&config);
@@ -114,13 +113,13 @@ impl Tracker {
                 }
             }
         }
-        self.inbound.work.runnable.insert(identity.to_owned());
+        self.work.runnable.insert(identity.to_owned());
     }
 
     /// Starts (or keeps) the deletion of a Service's Azure resources. `gone`: the object has
     /// left the API server. Never synthesises a deletion for a Service nobody provisioned.
-    pub(super) fn delete_service(&mut self, identity: &str, gone: bool) {
-        let Some(lifecycle) = self.inbound.lifecycles.get_mut(identity) else { return };
+    pub(super) fn delete_service(&mut self, identity: &str, gone: bool, kube: &KubeCache, nrp: &mut Nrp) {
+        let Some(lifecycle) = self.lifecycles.get_mut(identity) else { return };
         if gone {
             lifecycle.object.exists = false;
         }
@@ -128,17 +127,18 @@ impl Tracker {
         if lifecycle.phase.is_deleting() {
             if lifecycle.parked {
                 lifecycle.parked = false;
-                self.inbound.work.runnable.insert(identity.to_owned());
+                self.work.runnable.insert(identity.to_owned());
             }
             return;
         }
         lifecycle.attempt.reset();
         lifecycle.parked = false;
         lifecycle.failing = false;
-        self.kube.unseed(identity, &mut self.nrp.diff);
-        self.inbound.start_drain(&mut self.nrp, identity);
+        kube.unseed(identity, &mut nrp.diff);
+        self.start_drain(nrp, identity);
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn service_outcome(
         &mut self,
         identity: &str,
@@ -146,21 +146,23 @@ impl Tracker {
         op: OpStep,
         outcome: Outcome,
         now: u64,
+        drive: &mut Drive<'_>,
+        kube: &KubeCache,
         step: &mut Step,
     ) {
-        if !self.inbound.answered(&mut self.budgets, identity, id, op, &outcome, now, step) {
+        if !self.answered(drive.budgets, identity, id, op, &outcome, now, step) {
             return;
         }
-        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("it waited for the answer");
+        let lifecycle = self.lifecycles.get_mut(identity).expect("it waited for the answer");
         let failure = match outcome {
             Outcome::Failed(f) => f,
             Outcome::PublicIpAddress(ip) => {
                 lifecycle.ingress_ip = Some(ip);
-                self.step_succeeded(identity, op);
+                self.step_succeeded(identity, op, drive.nrp);
                 return;
             }
             Outcome::Ok | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
-                self.step_succeeded(identity, op);
+                self.step_succeeded(identity, op, drive.nrp);
                 return;
             }
         };
@@ -171,10 +173,10 @@ impl Tracker {
             if op.is_kubernetes() {
                 lifecycle.object.exists = false;
             }
-            self.step_succeeded(identity, op);
-            if op.is_kubernetes() && !self.inbound.lifecycles[identity].phase.is_deleting() {
+            self.step_succeeded(identity, op, drive.nrp);
+            if op.is_kubernetes() && !self.lifecycles[identity].phase.is_deleting() {
                 // The Service left the API server before we finished: undo what we made.
-                self.delete_service(identity, true);
+                self.delete_service(identity, true, kube, drive.nrp);
             }
             return;
         }
@@ -183,9 +185,9 @@ impl Tracker {
         }
         let code = failure.code.as_deref().unwrap_or("");
         if op == OpStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
-            self.inbound.drain_again(&mut self.nrp, identity, now);
+            self.drain_again(drive.nrp, identity, now);
         }
-        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("still there");
+        let lifecycle = self.lifecycles.get_mut(identity).expect("still there");
         let terminal = matches!(op, OpStep::PutLoadBalancer | OpStep::PutPublicIp)
             && (TERMINAL_CODES.contains(&code) || failure.status == 422);
         let service = lifecycle.service.clone();
@@ -201,12 +203,12 @@ impl Tracker {
         if terminal {
             lifecycle.parked = true;
             let phase = lifecycle.phase;
-            self.figures.parked(ServiceType::Inbound, identity, phase, &failure.label(), now);
+            drive.figures.parked(ServiceType::Inbound, identity, phase, &failure.label(), now);
             let message = format!(
                 "Azure refused {op:?} for load balancer {identity}: {} ({}); fix the Service spec to retry",
                 failure.message, code
             );
-            self.outbox.event(
+            drive.outbox.event(
                 &service,
                 EventType::Warning,
                 reason::LOAD_BALANCER_CONFIGURATION_REJECTED,
@@ -216,24 +218,24 @@ impl Tracker {
             return;
         }
         let what = format!("{op:?} for load balancer {identity}");
-        if self.inbound.retry_later(&mut self.figures, identity, &failure, &what, now, step) {
+        if self.retry_later(drive.figures, identity, &failure, &what, now, step) {
             let message = format!(
                 "{op:?} for load balancer {identity} failed (HTTP {}{}): {}; retrying with backoff",
                 failure.status,
                 if code.is_empty() { String::new() } else { format!(", {code}") },
                 failure.message
             );
-            self.outbox.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
+            drive.outbox.event(&service, EventType::Warning, reason::SYNC_LOAD_BALANCER_FAILED, message, step);
         }
     }
 
-    pub(super) fn step_succeeded(&mut self, identity: &str, op: OpStep) {
+    pub(super) fn step_succeeded(&mut self, identity: &str, op: OpStep, nrp: &mut Nrp) {
         match op {
-            OpStep::Register => self.nrp.diff.set_registered(identity, true),
-            OpStep::Unregister => self.nrp.diff.set_registered(identity, false),
+            OpStep::Register => nrp.diff.set_registered(identity, true),
+            OpStep::Unregister => nrp.diff.set_registered(identity, false),
             _ => {}
         }
-        let lifecycle = self.inbound.lifecycles.get_mut(identity).expect("caller checked");
+        let lifecycle = self.lifecycles.get_mut(identity).expect("caller checked");
         match op {
             OpStep::AddFinalizer => lifecycle.object.has_finalizer = true,
             OpStep::RemoveFinalizer => lifecycle.object.has_finalizer = false,
@@ -244,15 +246,21 @@ impl Tracker {
         // The backoff was for the step that just succeeded: the next step, or the end of the
         // operation, must not wait for it (after the clock stepped back, a stale deadline held
         // `finish_operation` back after the finalizer was removed).
-        self.inbound.step_done(identity, op);
+        self.step_done(identity, op);
     }
 
     /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
-    pub(super) fn adopt_for_deletion(&mut self, identity: &str, service: ObjectRef, object: ObjectState) {
+    pub(super) fn adopt_for_deletion(
+        &mut self,
+        identity: &str,
+        service: ObjectRef,
+        object: ObjectState,
+        nrp: &mut Nrp,
+    ) {
         let lifecycle = Lifecycle::new(service, Phase::DeletionPending, object, None);
-        self.inbound.lifecycles.insert(identity.to_owned(), lifecycle);
-        self.inbound.work.draining.insert(identity.to_owned());
-        self.nrp.diff.touch_identity(identity);
+        self.lifecycles.insert(identity.to_owned(), lifecycle);
+        self.work.draining.insert(identity.to_owned());
+        nrp.diff.touch_identity(identity);
     }
 }
 

@@ -28,7 +28,7 @@
 //! * Time is the host's `now`, made monotonic ([`Clock`]); every deadline saturates, and none is
 //!   further ahead than [`timing::MAX_DELAY_MS`].
 
-use crate::admission::Verdict;
+use crate::admission::{Verdict, admit_service};
 use crate::budget::WriteKind;
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
@@ -176,8 +176,18 @@ impl Tracker {
                     let message = format!("Service {}/{} has no UID: it is ignored", service.namespace, service.name);
                     step.logs.push(LogLine { level: LogLevel::Warn, message });
                 }
-                Observation::ServiceUpserted(service) => self.upsert_service(service, &mut step),
-                Observation::ServiceDeleted(key) => self.remove_service_object(&key),
+                Observation::ServiceUpserted(service) => {
+                    let verdict = admit_service(&self.config, &service);
+                    let identity = service.identity();
+                    let (kube, nrp, outbox) = (&mut self.kube, &mut self.nrp, &mut self.outbox);
+                    self.inbound.upsert_service(service, verdict, kube, nrp, outbox, &mut step);
+                    self.refuse_colliding_pods(&identity, &mut step);
+                }
+                Observation::ServiceDeleted(key) => {
+                    if let Some(identity) = self.kube.remove_service(&key) {
+                        self.inbound.delete_service(&identity, true, &self.kube, &mut self.nrp);
+                    }
+                }
                 Observation::SliceUpserted(slice) => {
                     if !programmable(&slice.address_type) && !slice.address_type.eq_ignore_ascii_case("FQDN") {
                         let message = format!(
@@ -249,7 +259,9 @@ impl Tracker {
                     if op.writes_nrp() {
                         self.nrp.sync.service_writes_in_flight -= 1;
                     }
-                    self.service_outcome(&identity, id, op, outcome, now, &mut step);
+                    let Tracker { outbox, budgets, nrp, figures, inbound, kube, .. } = self;
+                    let mut drive = Drive { outbox, budgets, nrp, figures };
+                    inbound.service_outcome(&identity, id, op, outcome, now, &mut drive, kube, &mut step);
                 }
                 InFlight::Outbound { identity, step: op } => {
                     self.outbox.service_commands_in_flight -= 1;

@@ -229,9 +229,12 @@ impl Tracker {
                     self.kube.seed(&identity, &mut self.nrp.diff);
                     self.nrp.diff.touch_identity(&identity);
                 }
-                Some(r) => self.adopt_for_deletion(&identity, object_ref(&r.observed), ObjectState::of(&r.observed)),
+                Some(r) => {
+                    let (service, object) = (object_ref(&r.observed), ObjectState::of(&r.observed));
+                    self.inbound.adopt_for_deletion(&identity, service, object, &mut self.nrp)
+                }
                 None => {
-                    self.adopt_for_deletion(&identity, orphan(&identity), ObjectState::gone());
+                    self.inbound.adopt_for_deletion(&identity, orphan(&identity), ObjectState::gone(), &mut self.nrp);
                     self.refuse_colliding_pods(&identity, step);
                 }
             }

@@ -120,14 +120,14 @@ impl Tracker {
             let Some(lb) = inventory.load_balancers[index].shape.as_ref() else { continue };
             let ours = lb.backend_pool == name && lb.public_ip == format!("{name}-pip");
             if ours && sweepable(self, name) {
-                self.adopt_for_deletion(name, orphan(name), ObjectState::gone());
+                self.inbound.adopt_for_deletion(name, orphan(name), ObjectState::gone(), &mut self.nrp);
                 orphans += 1;
             }
         }
         // Then the public IPs left without a load balancer (those with one are adopted above).
         for &(name, _) in &public_ips {
             if let Some(identity) = name.strip_suffix("-pip").filter(|id| sweepable(self, id)) {
-                self.adopt_for_deletion(identity, orphan(identity), ObjectState::gone());
+                self.inbound.adopt_for_deletion(identity, orphan(identity), ObjectState::gone(), &mut self.nrp);
                 orphans += 1;
             }
         }
