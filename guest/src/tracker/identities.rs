@@ -8,7 +8,6 @@ use super::figures::ServiceType;
 use super::outbox::*;
 use super::service::*;
 use super::state::*;
-use crate::config::Mode;
 use crate::egress::Egress;
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
@@ -16,21 +15,21 @@ use crate::model::*;
 use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
 use crate::pod_finalizers::PodFinalizers;
 
-impl Tracker {
+impl EgressSide {
     /// Whether pods carry the identity changed (none to some, some to none). Nothing is decided
     /// before start-up reconciliation, which decides for every carried identity once NRP (which
     /// says which identities are somebody else's) has been read.
-    pub(super) fn carried_changed(&mut self, identity: &str) {
-        if !self.startup.reconciled || self.mode != Mode::ContainerLoadBalancer {
+    pub(super) fn carried_changed(&mut self, identity: &str, out: &mut EgressOut<'_>) {
+        if !out.enabled {
             return;
         }
-        let carried = self.egress.identities.carries(identity);
-        let Some(lifecycle) = self.egress.outbound.lifecycles.get_mut(identity) else {
+        let carried = self.identities.carries(identity);
+        let Some(lifecycle) = self.outbound.lifecycles.get_mut(identity) else {
             // An identity NRP already lists is somebody else's: programmed, never provisioned.
-            if carried && !self.egress.identities.is_registered(identity) {
-                let lifecycle = OutboundLifecycle::creating(self.kube.has_ipv6());
-                self.egress.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
-                self.egress.outbound.work.runnable.insert(identity.to_owned());
+            if carried && !self.identities.is_registered(identity) {
+                let lifecycle = OutboundLifecycle::creating(out.kube.has_ipv6());
+                self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                self.outbound.work.runnable.insert(identity.to_owned());
             }
             return;
         };
@@ -39,16 +38,16 @@ impl Tracker {
             // (upstream: revived only if no delete was attempted).
             (true, Phase::DeletionPending) if lifecycle.whole => {
                 lifecycle.phase = Phase::Created;
-                self.egress.outbound.work.draining.remove(identity);
-                self.nrp.diff.touch_identity(identity);
+                self.outbound.work.draining.remove(identity);
+                out.nrp.diff.touch_identity(identity);
             }
             (true, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = true,
             (true, _) => {}
             (false, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = false,
             // Nothing was written yet: nothing to tear down.
             (false, Phase::NotStarted) => {
-                self.egress.outbound.lifecycles.remove(identity);
-                self.egress.outbound.work.runnable.remove(identity);
+                self.outbound.lifecycles.remove(identity);
+                self.outbound.work.runnable.remove(identity);
             }
             // The last pod went: drain, then tear down. A command in flight finishes first.
             (false, _) => {
@@ -56,11 +55,11 @@ impl Tracker {
                     // A registration was answered with a failure and waits for its retry: it
                     // may have taken effect all the same (a lost response), so the teardown
                     // unregisters rather than trust the mirror (a read of NRP corrects it).
-                    self.egress.identities.set_registered(identity, true);
+                    self.identities.set_registered(identity, true);
                 }
                 lifecycle.attempt.reset();
                 lifecycle.failing = false;
-                self.egress.outbound.start_drain(&mut self.nrp, identity);
+                self.outbound.start_drain(out.nrp, identity);
             }
         }
     }
@@ -68,28 +67,28 @@ impl Tracker {
     /// After every read of NRP: carried identities with no lifecycle (pods seen before the
     /// first read, or an identity whose registration by somebody else went away) are decided
     /// now, and one of ours that NRP lost is ensured again (every step is a PUT: idempotent).
-    pub(super) fn reconcile_outbound(&mut self) {
+    pub(super) fn reconcile_outbound(&mut self, out: &mut EgressOut<'_>) {
         let undecided: Vec<String> = self
-            .egress
             .identities
             .carried()
-            .filter(|id| !self.egress.outbound.lifecycles.contains_key(*id))
+            .filter(|id| !self.outbound.lifecycles.contains_key(*id))
             .map(str::to_owned)
             .collect();
         for identity in undecided {
-            self.carried_changed(&identity);
+            self.carried_changed(&identity, out);
         }
-        for (identity, lifecycle) in self.egress.outbound.lifecycles.iter_mut() {
-            if lifecycle.phase == Phase::Created && !self.egress.identities.is_registered(identity) {
+        for (identity, lifecycle) in self.outbound.lifecycles.iter_mut() {
+            if lifecycle.phase == Phase::Created && !self.identities.is_registered(identity) {
                 lifecycle.phase = Phase::UpdateInProgress;
                 lifecycle.steps = outbound::ENSURE.into();
-                self.egress.outbound.work.runnable.insert(identity.clone());
-                self.nrp.diff.touch_identity(identity);
+                self.outbound.work.runnable.insert(identity.clone());
+                out.nrp.diff.touch_identity(identity);
             }
         }
-        self.egress.outbound.drain_again_where_referenced(&mut self.nrp);
+        self.outbound.drain_again_where_referenced(out.nrp);
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn outbound_outcome(
         &mut self,
         identity: &str,
@@ -97,27 +96,28 @@ impl Tracker {
         op: OutStep,
         outcome: Outcome,
         now: u64,
+        drive: &mut Drive<'_>,
         step: &mut Step,
     ) {
-        if !self.egress.outbound.answered(&mut self.budgets, identity, id, op, &outcome, now, step) {
+        if !self.outbound.answered(drive.budgets, identity, id, op, &outcome, now, step) {
             return;
         }
-        let lifecycle = self.egress.outbound.lifecycles.get_mut(identity).expect("it waited for the answer");
+        let lifecycle = self.outbound.lifecycles.get_mut(identity).expect("it waited for the answer");
         let failure = match outcome {
             Outcome::Failed(f) => f,
             Outcome::Ok | Outcome::PublicIpAddress(_) | Outcome::NrpSnapshot(_) | Outcome::ArmInventory(_) => {
-                self.outbound_step_succeeded(identity, op);
+                self.outbound_step_succeeded(identity, op, drive.nrp);
                 return;
             }
         };
         if failure.status == 404 && op.gone_is_done() {
-            self.outbound_step_succeeded(identity, op);
+            self.outbound_step_succeeded(identity, op, drive.nrp);
             return;
         }
         if lifecycle.phase.is_deleting() && !op.is_delete_step() {
             if op == OutStep::Register {
                 // It may have taken effect whatever the answer: the teardown unregisters.
-                self.egress.identities.set_registered(identity, true);
+                self.identities.set_registered(identity, true);
             }
             return; // a creation pre-empted by the teardown: the teardown carries on
         }
@@ -128,14 +128,14 @@ impl Tracker {
                 format!("{what} failed (HTTP {} {code}): {}; the teardown goes on", failure.status, failure.message);
             step.logs.push(LogLine { level: LogLevel::Warn, message });
             let phase = lifecycle.phase;
-            self.figures.disassociation_failed(identity, phase, now);
-            self.outbound_step_succeeded(identity, op);
+            drive.figures.disassociation_failed(identity, phase, now);
+            self.outbound_step_succeeded(identity, op, drive.nrp);
             return;
         }
         if op == OutStep::Unregister && code == OVERLAY_MAPPINGS_CODE {
-            self.egress.outbound.drain_again(&mut self.nrp, identity, now);
+            self.outbound.drain_again(drive.nrp, identity, now);
         }
-        if self.egress.outbound.retry_later(&mut self.figures, identity, &failure, &what, now, step) {
+        if self.outbound.retry_later(drive.figures, identity, &failure, &what, now, step) {
             let message = format!(
                 "{what} failed (HTTP {}{}): {}; retrying with backoff",
                 failure.status,
@@ -146,22 +146,17 @@ impl Tracker {
         }
     }
 
-    pub(super) fn outbound_step_succeeded(&mut self, identity: &str, op: OutStep) {
+    pub(super) fn outbound_step_succeeded(&mut self, identity: &str, op: OutStep, nrp: &mut Nrp) {
         match op {
             OutStep::Register => {
-                self.egress.identities.set_registered(identity, true);
-                self.nrp.diff.touch_identity(identity);
+                self.identities.set_registered(identity, true);
+                nrp.diff.touch_identity(identity);
             }
-            OutStep::Unregister => self.egress.identities.set_registered(identity, false),
+            OutStep::Unregister => self.identities.set_registered(identity, false),
             _ => {}
         }
-        self.egress.outbound.lifecycles.get_mut(identity).expect("caller checked").succeeded(op);
-        self.egress.outbound.step_done(identity, op);
-    }
-
-    /// The outbound side: the lifecycles of the egress identities this tracker provisions.
-    pub fn outbound(&self) -> &Outbound {
-        &self.egress.outbound
+        self.outbound.lifecycles.get_mut(identity).expect("caller checked").succeeded(op);
+        self.outbound.step_done(identity, op);
     }
 }
 

@@ -32,10 +32,12 @@ use crate::admission::{Verdict, admit_service};
 use crate::budget::WriteKind;
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
+use crate::egress::Egress;
 use crate::keyed::Set;
 use crate::lifecycle::Op;
 use crate::model::*;
 use crate::name::Name;
+use crate::outbound::Outbound;
 use budgets::Budgets;
 
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
@@ -165,6 +167,16 @@ impl Tracker {
         self.outbox.in_flight.is_empty() && self.is_quiet_after_events()
     }
 
+    /// The egress side: the pods, the identities they carry and the reference counts (P4).
+    pub fn egress(&self) -> &Egress {
+        &self.egress.identities
+    }
+
+    /// The outbound side: the lifecycles of the egress identities this tracker provisions.
+    pub fn outbound(&self) -> &Outbound {
+        &self.egress.outbound
+    }
+
     pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
         let now = self.clock.read(now_ms);
         let mut step = Step::default();
@@ -181,7 +193,8 @@ impl Tracker {
                     let identity = service.identity();
                     let (kube, nrp, outbox) = (&mut self.kube, &mut self.nrp, &mut self.outbox);
                     self.inbound.upsert_service(service, verdict, kube, nrp, outbox, &mut step);
-                    self.refuse_colliding_pods(&identity, &mut step);
+                    let (egress, mut out) = self.egress_side();
+                    egress.refuse_colliding_pods(&identity, &mut out, &mut step);
                 }
                 Observation::ServiceDeleted(key) => {
                     if let Some(identity) = self.kube.remove_service(&key) {
@@ -208,7 +221,10 @@ impl Tracker {
                 Observation::NodeDeleted(name) => {
                     self.kube.remove_node(&name, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
                 }
-                Observation::PodUpserted(pod) => self.upsert_pod(&pod, &mut step),
+                Observation::PodUpserted(pod) => {
+                    let (egress, mut out) = self.egress_side();
+                    egress.upsert_pod(&pod, &mut out, &mut step)
+                }
                 Observation::PodDeleted(key) => {
                     let before = self.egress.identities.carried_by(&key);
                     self.egress.identities.delete(&key, &mut self.nrp.diff);
@@ -268,11 +284,20 @@ impl Tracker {
                     if op.writes_nrp() {
                         self.nrp.sync.service_writes_in_flight -= 1;
                     }
-                    self.outbound_outcome(&identity, id, op, outcome, now, &mut step);
+                    let Tracker { outbox, budgets, nrp, figures, egress, .. } = self;
+                    let mut drive = Drive { outbox, budgets, nrp, figures };
+                    egress.outbound_outcome(&identity, id, op, outcome, now, &mut drive, &mut step);
                 }
-                InFlight::PodFinalizer { key, uid, present } => {
-                    self.pod_finalizer_outcome(&key, &uid, id, present, outcome, now, &mut step)
-                }
+                InFlight::PodFinalizer { key, uid, present } => self.egress.pod_finalizer_outcome(
+                    &mut self.outbox,
+                    &key,
+                    &uid,
+                    id,
+                    present,
+                    outcome,
+                    now,
+                    &mut step,
+                ),
                 InFlight::Locations(batch) => self.locations_outcome(id, batch, outcome, now, &mut step),
                 InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
                 InFlight::ReadArm => self.arm_outcome(outcome, now, &mut step),
@@ -289,6 +314,20 @@ impl Tracker {
         let mut step = Step::default();
         self.pump(now, &mut step);
         step
+    }
+
+    /// Whether pods carry `identity` changed: the egress side decides, once start-up
+    /// reconciliation has run (it decides for every carried identity then) and in CLB mode.
+    fn carried_changed(&mut self, identity: &str) {
+        let (egress, mut out) = self.egress_side();
+        egress.carried_changed(identity, &mut out);
+    }
+
+    /// The egress side, and the handle it writes through.
+    fn egress_side(&mut self) -> (&mut EgressSide, EgressOut<'_>) {
+        let enabled = self.startup.reconciled && self.mode == Mode::ContainerLoadBalancer;
+        let (nrp, outbox, kube, inbound) = (&mut self.nrp, &mut self.outbox, &self.kube, &self.inbound);
+        (&mut self.egress, EgressOut { nrp, outbox, kube, inbound, enabled })
     }
 
     fn ready_to_write(&self) -> bool {
@@ -341,7 +380,8 @@ impl Tracker {
             if !hold_nrp_writes {
                 self.sync_locations(now, step);
             }
-            self.advance_pod_finalizers(now, step);
+            let (egress, mut out) = self.egress_side();
+            egress.advance_pod_finalizers(now, &mut out, step);
         }
         self.note_figures(now);
         step.wake_at_ms = self.next_wake(now).map(|at| self.clock.to_host(at));

@@ -203,7 +203,8 @@ impl Tracker {
     /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
     /// Kubernetes does not explain (docs/upstream.md §c.2.4).
     pub(super) fn reconcile_with_nrp(&mut self, step: &mut Step) {
-        self.reconcile_outbound();
+        let (egress, mut out) = self.egress_side();
+        egress.reconcile_outbound(&mut out);
         let registered: Vec<String> = self.nrp.diff.registered().iter().map(Name::to_string).collect();
         for (identity, lifecycle) in self.inbound.lifecycles.iter_mut() {
             if lifecycle.phase == Phase::Created && !self.nrp.diff.is_registered(identity) {
@@ -235,7 +236,8 @@ impl Tracker {
                 }
                 None => {
                     self.inbound.adopt_for_deletion(&identity, orphan(&identity), ObjectState::gone(), &mut self.nrp);
-                    self.refuse_colliding_pods(&identity, step);
+                    let (egress, mut out) = self.egress_side();
+                    egress.refuse_colliding_pods(&identity, &mut out, step);
                 }
             }
         }

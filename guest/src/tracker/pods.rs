@@ -4,98 +4,89 @@
 
 use super::outbox::*;
 use super::state::*;
-use crate::egress::Egress;
 use crate::lifecycle::retry_delay;
 use crate::model::*;
 use crate::name::Name;
 use crate::pod_finalizers::{self, Want};
 
-impl Tracker {
+impl EgressSide {
     /// An egress pod was created or changed (the rules are in [`crate::egress`]).
-    pub(super) fn upsert_pod(&mut self, pod: &Pod, step: &mut Step) {
+    pub(super) fn upsert_pod(&mut self, pod: &Pod, out: &mut EgressOut<'_>, step: &mut Step) {
         let key = pod.key();
-        if self.egress.finalizers.superseded(pod) {
+        if self.finalizers.superseded(pod) {
             return; // a stale deletion of the object a same-name replacement superseded (`crate::pod_finalizers`)
         }
-        let carried_before = self.egress.identities.carried_by(&key);
+        let carried_before = self.identities.carried_by(&key);
         let before = carried_before.as_ref().map(|(identity, _)| identity.clone());
-        let (lifecycles, service_by_identity, diff) =
-            (&self.inbound.lifecycles, &self.kube.service_by_identity, &mut self.nrp.diff);
+        let (lifecycles, service_by_identity) = (&out.inbound.lifecycles, &out.kube.service_by_identity);
         let inbound = |id: &str| lifecycles.contains_key(id) || service_by_identity.contains_key(id);
-        for (regarding, warning) in self.egress.identities.upsert(pod, inbound, diff) {
-            self.outbox.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+        for (regarding, warning) in self.identities.upsert(pod, inbound, &mut out.nrp.diff) {
+            out.outbox.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
         }
-        let carried_after = self.egress.identities.carried_by(&key);
-        self.egress.finalizers.observe(pod, &carried_before, &carried_after);
+        let carried_after = self.identities.carried_by(&key);
+        self.finalizers.observe(pod, &carried_before, &carried_after);
         if carried_after.is_none() && pod.finalizers.iter().any(|f| f == pod_finalizers::FINALIZER) {
             // Held by our finalizer from before this state (a restart): what it carried drains.
-            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !self.is_inbound(id));
-            if let Some((identity, _)) = named.filter(|(id, _)| self.egress.identities.know(id)) {
-                self.nrp.diff.touch_identity(&identity);
+            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !out.is_inbound(id));
+            if let Some((identity, _)) = named.filter(|(id, _)| self.identities.know(id)) {
+                out.nrp.diff.touch_identity(&identity);
             }
         }
         let after = carried_after.map(|(identity, _)| identity);
         if before != after {
             for identity in before.iter().chain(&after) {
-                self.carried_changed(identity);
+                self.carried_changed(identity, out);
             }
         }
     }
 
     /// An inbound identity is known now (a Service, an orphan in NRP): egress pods carrying it
     /// are refused, as they would have been had it been known when they were read
-    /// ([`Egress::refuse_identity`]).
-    pub(super) fn refuse_colliding_pods(&mut self, identity: &str, step: &mut Step) {
-        let refused = self.egress.identities.refuse_identity(identity, &mut self.nrp.diff);
+    /// ([`crate::egress::Egress::refuse_identity`]).
+    pub(super) fn refuse_colliding_pods(&mut self, identity: &str, out: &mut EgressOut<'_>, step: &mut Step) {
+        let refused = self.identities.refuse_identity(identity, &mut out.nrp.diff);
         if !refused.is_empty() {
-            self.carried_changed(identity);
+            self.carried_changed(identity, out);
         }
         for (regarding, warning, addresses) in refused {
             let key = ObjectKey { namespace: regarding.namespace.clone(), name: regarding.name.clone() };
-            self.egress.finalizers.gone(&key, &Some((identity.to_owned(), addresses)), false);
-            self.outbox.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
+            self.finalizers.gone(&key, &Some((identity.to_owned(), addresses)), false);
+            out.outbox.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
         }
-    }
-
-    /// The egress side: the pods, the identities they carry and the reference counts (P4).
-    pub fn egress(&self) -> &Egress {
-        &self.egress.identities
     }
 
     // ---- Egress pod finalizers (crate::pod_finalizers) ----
 
     /// Adds the finalizer to the pods that carry an identity, and releases it from those that
     /// carry nothing any more once what they carried has left NRP.
-    pub(super) fn advance_pod_finalizers(&mut self, now: u64, step: &mut Step) {
-        let runnable = self.egress.finalizers.take_runnable(now);
-        let due: Vec<(ObjectKey, Want)> = runnable
-            .into_iter()
-            .filter_map(|key| self.egress.finalizers.due(&key, now).map(|want| (key, want)))
-            .collect();
+    pub(super) fn advance_pod_finalizers(&mut self, now: u64, out: &mut EgressOut<'_>, step: &mut Step) {
+        let runnable = self.finalizers.take_runnable(now);
+        let due: Vec<(ObjectKey, Want)> =
+            runnable.into_iter().filter_map(|key| self.finalizers.due(&key, now).map(|want| (key, want))).collect();
         let writes: Vec<(ObjectKey, bool)> = {
             // The batches in flight's locations, sorted, once per call rather than once per address
             // a releasing pod carried (a mass deletion releases thousands). No location is in two
             // batches in flight (`State::check`).
             let mut in_flight: Vec<&NrpLocation> = Vec::new();
             if due.iter().any(|(_, want)| *want == Want::Release) {
-                in_flight.extend(self.nrp.batches_in_flight(&self.outbox.in_flight).flatten());
+                in_flight.extend(out.nrp.batches_in_flight(&out.outbox.in_flight).flatten());
                 crate::keyed::sort_by(&mut in_flight, |a, b| a.location.cmp(&b.location));
             }
             due.into_iter()
                 .filter_map(|(key, want)| match want {
                     Want::Add => Some((key, true)),
-                    Want::Release if self.pod_released(&key, &in_flight) => Some((key, false)),
+                    Want::Release if self.pod_released(&key, &in_flight, out.nrp) => Some((key, false)),
                     // Waits in `draining` until something changes.
                     Want::Release | Want::Nothing => None,
                 })
                 .collect()
         };
         for (key, present) in writes {
-            let id = self.outbox.next_command_id;
-            let pod = self.egress.finalizers.issued(&key, id, present);
+            let id = out.outbox.next_command_id;
+            let pod = self.finalizers.issued(&key, id, present);
             let what = InFlight::PodFinalizer { key, uid: pod.uid.to_string(), present };
             let finalizer = pod_finalizers::FINALIZER.to_owned();
-            self.outbox.issue(Command::SetFinalizer { service: pod, finalizer, present }, what, step);
+            out.outbox.issue(Command::SetFinalizer { service: pod, finalizer, present }, what, step);
         }
     }
 
@@ -105,24 +96,22 @@ impl Tracker {
     /// lifecycle left (its teardown ended). A pod none of whose addresses was ever read (it had
     /// no IP when it was seen) waits until its identities have no address left in NRP that no
     /// live pod backs: one of those may have been its own.
-    pub(super) fn pod_released(&self, key: &ObjectKey, in_flight: &[&NrpLocation]) -> bool {
-        let Some(held) = self.egress.finalizers.get(key) else { return true };
+    pub(super) fn pod_released(&self, key: &ObjectKey, in_flight: &[&NrpLocation], nrp: &Nrp) -> bool {
+        let Some(held) = self.finalizers.get(key) else { return true };
         let in_batch = |identity: &str, location: &str, address: &str| {
             let Ok(at) = in_flight.binary_search_by(|l| l.location.as_str().cmp(location)) else { return false };
             in_flight[at].addresses.iter().any(|a| a.address == address && a.services.iter().any(|s| s == identity))
         };
         held.left.iter().all(|(identity, location, address)| {
-            !self.nrp.diff.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
-        }) && held
-            .identities
-            .iter()
-            .all(|id| self.egress.identities.carries(id) || !self.egress.outbound.lifecycles.contains_key(id))
-            && (!held.left.is_empty() || held.identities.iter().all(|id| !self.nrp.diff.awaits_any_drain(id)))
+            !nrp.diff.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
+        }) && held.identities.iter().all(|id| self.identities.carries(id) || !self.outbound.lifecycles.contains_key(id))
+            && (!held.left.is_empty() || held.identities.iter().all(|id| !nrp.diff.awaits_any_drain(id)))
     }
 
     #[allow(clippy::too_many_arguments)]
     pub(super) fn pod_finalizer_outcome(
         &mut self,
+        outbox: &mut Outbox,
         key: &ObjectKey,
         uid: &str,
         id: u64,
@@ -141,7 +130,7 @@ impl Tracker {
             key.namespace,
             key.name
         );
-        let report = self.egress.finalizers.answered(key, uid, id, failure, |retries| {
+        let report = self.finalizers.answered(key, uid, id, failure, |retries| {
             let failure = failure.expect("only a failure is retried");
             now.saturating_add(retry_delay(&format!("{}/{}", key.namespace, key.name), retries, failure, &what, step))
         });
@@ -156,13 +145,7 @@ impl Tracker {
                 name: key.name.clone(),
                 uid: Name::new(uid),
             };
-            self.outbox.event(
-                &regarding,
-                EventType::Warning,
-                pod_finalizers::reason::POD_FINALIZER_FAILED,
-                message,
-                step,
-            );
+            outbox.event(&regarding, EventType::Warning, pod_finalizers::reason::POD_FINALIZER_FAILED, message, step);
         }
     }
 }

@@ -116,6 +116,27 @@ pub(super) struct EgressSide {
     pub(super) finalizers: PodFinalizers,
 }
 
+/// What the egress side writes through, and what it reads of the rest of the tracker: the NRP
+/// part (the mirror of what the identities' pods hold), the outbox (Events, finalizer writes),
+/// the Kubernetes cache (the cluster's families; the Services' identities) and the inbound part
+/// (an identity that is a Service's is never an egress identity).
+pub(super) struct EgressOut<'a> {
+    pub(super) nrp: &'a mut Nrp,
+    pub(super) outbox: &'a mut Outbox,
+    pub(super) kube: &'a KubeCache,
+    pub(super) inbound: &'a Inbound,
+    /// Start-up reconciliation has run and the tracker provisions (CLB mode): only then does
+    /// the egress side decide an identity's outbound lifecycle.
+    pub(super) enabled: bool,
+}
+
+impl EgressOut<'_> {
+    /// Whether an identity is an inbound Service's (see [`Tracker::is_inbound`]).
+    pub(super) fn is_inbound(&self, identity: &str) -> bool {
+        self.inbound.lifecycles.contains_key(identity) || self.kube.service_by_identity.contains_key(identity)
+    }
+}
+
 /// Start-up: the inventory of ARM, read once ([`ArmSync`]), and whether start-up reconciliation
 /// against NRP has run.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
