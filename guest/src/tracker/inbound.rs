@@ -12,6 +12,7 @@ use crate::admission::Verdict;
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
+use crate::name::Name;
 use crate::outbound::Outbound;
 
 impl Inbound {
@@ -360,6 +361,50 @@ impl Inbound {
             }
             Phase::Created | Phase::DeletionPending => {}
         }
+    }
+
+    /// After a read of NRP: a Service created here whose registration NRP lost is ensured again,
+    /// a teardown NRP contradicts drains again, and a UID-named registration no lifecycle claims
+    /// is adopted: as serving while its Service lives and is not to be cleaned up, for deletion
+    /// otherwise. Returns the identities adopted with no Service at all (orphans in NRP), whose
+    /// colliding egress pods are refused next.
+    pub(super) fn reconcile_with_nrp(&mut self, kube: &KubeCache, nrp: &mut Nrp) -> Vec<String> {
+        let mut orphans = Vec::new();
+        let registered: Vec<String> = nrp.diff.registered().iter().map(Name::to_string).collect();
+        for (identity, lifecycle) in self.lifecycles.iter_mut() {
+            if lifecycle.phase == Phase::Created && !nrp.diff.is_registered(identity) {
+                lifecycle.phase = Phase::UpdateInProgress;
+                lifecycle.op_config = lifecycle.desired.clone();
+                lifecycle.steps = OpStep::ENSURE.into();
+                self.work.runnable.insert(identity.clone());
+            }
+        }
+        self.drain_again_where_referenced(nrp);
+        for identity in registered {
+            if self.lifecycles.contains_key(&identity) || !looks_like_uid(&identity) {
+                continue;
+            }
+            let record = kube.service_by_identity.get(&identity).and_then(|key| kube.services.get(key)).cloned();
+            match record {
+                // A live Service that is no longer admitted keeps serving (docs/design.md §3).
+                Some(r) if !matches!(r.verdict, Verdict::Cleanup | Verdict::Ignored(_)) => {
+                    let lifecycle =
+                        Lifecycle::new(object_ref(&r.observed), Phase::Created, ObjectState::of(&r.observed), None);
+                    self.lifecycles.insert(identity.clone(), lifecycle);
+                    kube.seed(&identity, &mut nrp.diff);
+                    nrp.diff.touch_identity(&identity);
+                }
+                Some(r) => {
+                    let (service, object) = (object_ref(&r.observed), ObjectState::of(&r.observed));
+                    self.adopt_for_deletion(&identity, service, object, nrp)
+                }
+                None => {
+                    self.adopt_for_deletion(&identity, orphan(&identity), ObjectState::gone(), nrp);
+                    orphans.push(identity);
+                }
+            }
+        }
+        orphans
     }
 }
 

@@ -69,6 +69,7 @@ pub use format::{STATE_VERSION, StateError};
 use identities::OutboundPeers;
 use inbound::InboundPeers;
 use kube::Endpoints;
+use nrp::Readiness;
 use outbox::*;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
 use state::*;
@@ -159,7 +160,8 @@ impl Tracker {
 
     /// What NRP should hold once quiet: the ready-filtered Kubernetes state.
     pub fn desired_view(&self) -> View {
-        self.nrp.diff.desired_view(|id| self.class(id))
+        let ready = self.readiness();
+        self.nrp.diff.desired_view(|id| self.nrp.class(&ready, id))
     }
 
     /// Whether nothing is in flight, nothing is dirty and no Service has work left.
@@ -298,8 +300,22 @@ impl Tracker {
                     now,
                     &mut step,
                 ),
-                InFlight::Locations(batch) => self.locations_outcome(id, batch, outcome, now, &mut step),
-                InFlight::ReadNrp => self.read_outcome(outcome, now, &mut step),
+                InFlight::Locations(batch) => {
+                    // What a pod's finalizer waits for may have left NRP.
+                    self.egress.finalizers.recheck();
+                    let (budgets, figures) = (&mut self.budgets, &mut self.figures);
+                    self.nrp.locations_outcome(id, batch, outcome, now, budgets, figures, &mut step)
+                }
+                InFlight::ReadNrp => {
+                    let Some(read) = self.nrp.read_outcome(outcome, now, &mut step) else { continue };
+                    self.egress.identities.nrp_read(&read.services, &self.nrp.diff);
+                    self.egress.finalizers.recheck();
+                    if self.startup.reconciled {
+                        self.reconcile_with_nrp(&mut step);
+                    } else {
+                        self.maybe_reconcile(&mut step);
+                    }
+                }
                 InFlight::ReadArm => self.arm_outcome(outcome, now, &mut step),
                 // Events are best effort; a lost one is not worth a retry.
                 InFlight::Event => {}
@@ -328,6 +344,33 @@ impl Tracker {
         let enabled = self.startup.reconciled && self.mode == Mode::ContainerLoadBalancer;
         let (nrp, outbox, kube, inbound) = (&mut self.nrp, &mut self.outbox, &self.kube, &self.inbound);
         (&mut self.egress, EgressOut { nrp, outbox, kube, inbound, enabled })
+    }
+
+    /// What the other parts say of an identity's readiness, for the NRP part.
+    fn readiness(&self) -> Readiness<'_> {
+        let (egress, outbound) = (&self.egress.identities, &self.egress.outbound);
+        Readiness { lifecycles: &self.inbound.lifecycles, egress, outbound }
+    }
+
+    /// Start-up reconciliation runs once: when the lists are complete, NRP has been read and the
+    /// ARM inventory is settled.
+    fn maybe_reconcile(&mut self, step: &mut Step) {
+        if !self.startup.reconciled && self.kube.lists_complete && self.nrp.sync.loaded && self.startup.arm.settled {
+            self.startup.reconciled = true;
+            self.reconcile_with_nrp(step);
+        }
+    }
+
+    /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
+    /// Kubernetes does not explain (docs/upstream.md §c.2.4): the egress side first, then the
+    /// inbound one, whose orphans refuse the egress pods that carry their identity.
+    fn reconcile_with_nrp(&mut self, step: &mut Step) {
+        let (egress, mut out) = self.egress_side();
+        egress.reconcile_outbound(&mut out);
+        for identity in self.inbound.reconcile_with_nrp(&self.kube, &mut self.nrp) {
+            let (egress, mut out) = self.egress_side();
+            egress.refuse_colliding_pods(&identity, &mut out, step);
+        }
     }
 
     fn ready_to_write(&self) -> bool {
@@ -378,7 +421,12 @@ impl Tracker {
             egress.outbound.run(&mut drive, &mut peers, now, hold_nrp_writes, step);
             inbound.run(&mut drive, &mut InboundPeers { outbound: &egress.outbound, kube }, now, hold_nrp_writes, step);
             if !hold_nrp_writes {
-                self.sync_locations(now, step);
+                let ready = Readiness {
+                    lifecycles: &self.inbound.lifecycles,
+                    egress: &self.egress.identities,
+                    outbound: &self.egress.outbound,
+                };
+                self.nrp.sync_locations(now, &ready, &mut self.outbox, &mut self.budgets, step);
             }
             let (egress, mut out) = self.egress_side();
             egress.advance_pod_finalizers(now, &mut out, step);
