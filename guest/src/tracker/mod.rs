@@ -72,8 +72,10 @@ use kube::Endpoints;
 use nrp::Readiness;
 use outbox::*;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
+use startup::Adoption;
 use state::*;
 pub use state::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, Tracker};
+use stats::FiguresView;
 
 impl Tracker {
     /// A tracker with empty state; refuses a configuration [`validate_config`] refuses.
@@ -177,6 +179,12 @@ impl Tracker {
     /// The outbound side: the lifecycles of the egress identities this tracker provisions.
     pub fn outbound(&self) -> &Outbound {
         &self.egress.outbound
+    }
+
+    /// What the tracker is doing (WIT `tracker.stats`). `now_ms` is when the write budgets'
+    /// levels are taken; nothing changes.
+    pub fn stats(&self, now_ms: u64) -> Stats {
+        self.figures.stats(self.clock.peek(now_ms), &self.clock, &self.view())
     }
 
     pub fn observe(&mut self, now_ms: u64, batch: Vec<Observation>) -> Step {
@@ -316,7 +324,16 @@ impl Tracker {
                         self.maybe_reconcile(&mut step);
                     }
                 }
-                InFlight::ReadArm => self.arm_outcome(outcome, now, &mut step),
+                InFlight::ReadArm => {
+                    let inventory = self.startup.arm_outcome(outcome, now, &mut step);
+                    // Issued only once the lists are complete and NRP is read: start-up
+                    // reconciliation runs now, with the inventory (or without it, given up on).
+                    self.maybe_reconcile(&mut step);
+                    if let Some(inventory) = inventory {
+                        let Tracker { inbound, egress, kube, nrp, .. } = self;
+                        Startup::adopt_from_arm(&inventory, &mut Adoption { inbound, egress, kube, nrp }, &mut step);
+                    }
+                }
                 // Events are best effort; a lost one is not worth a retry.
                 InFlight::Event => {}
             }
@@ -373,6 +390,32 @@ impl Tracker {
         }
     }
 
+    /// Start-up has ended (upstream's initialization is complete): the lists are in, NRP and ARM
+    /// have been read, and no operation is under way — none runnable, no Service or egress
+    /// command in flight. An operation parked, or waiting out a retry's backoff, does not hold it
+    /// (upstream: a parked or retry-exhausted operation does not block completion), so a Service
+    /// that keeps failing does not keep a new leader unready.
+    fn start_up_ended(&self) -> bool {
+        self.ready_to_write()
+            && !self.startup.inventory_wanted(&self.kube, &self.nrp)
+            && !self.startup.arm.read_in_flight
+            && self.inbound.work.runnable.is_empty()
+            && self.egress.outbound.work.runnable.is_empty()
+            && !self
+                .outbox
+                .in_flight
+                .values()
+                .any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
+    }
+
+    /// What the figures read of the other parts.
+    fn view(&self) -> FiguresView<'_> {
+        let provisions = self.mode == Mode::ContainerLoadBalancer;
+        let (inbound, egress, outbox, nrp, budgets) =
+            (&self.inbound, &self.egress, &self.outbox, &self.nrp, &self.budgets);
+        FiguresView { inbound, egress, outbox, nrp, budgets, provisions }
+    }
+
     fn ready_to_write(&self) -> bool {
         self.kube.lists_complete && self.nrp.sync.loaded && self.startup.reconciled
     }
@@ -403,7 +446,7 @@ impl Tracker {
             self.nrp.sync.read_in_flight = true;
             self.outbox.issue(Command::ReadNrp, InFlight::ReadNrp, step);
         }
-        if self.inventory_wanted() && now >= self.startup.arm.next_read_ms {
+        if self.startup.inventory_wanted(&self.kube, &self.nrp) && now >= self.startup.arm.next_read_ms {
             self.startup.arm.read_in_flight = true;
             self.outbox.issue(Command::ReadArm, InFlight::ReadArm, step);
         }
@@ -431,7 +474,12 @@ impl Tracker {
             let (egress, mut out) = self.egress_side();
             egress.advance_pod_finalizers(now, &mut out, step);
         }
-        self.note_figures(now);
+        let ended = self.figures.initialized_after_ms.is_none() && self.start_up_ended();
+        let provisions = self.mode == Mode::ContainerLoadBalancer;
+        let (inbound, egress, outbox, nrp, budgets) =
+            (&self.inbound, &self.egress, &self.outbox, &self.nrp, &self.budgets);
+        let view = FiguresView { inbound, egress, outbox, nrp, budgets, provisions };
+        self.figures.note(now, &view, ended);
         step.wake_at_ms = self.next_wake(now).map(|at| self.clock.to_host(at));
         step.idle =
             step.commands.iter().all(|c| matches!(c.command, Command::EmitEvent(_))) && self.is_quiet_after_events();
@@ -507,7 +555,7 @@ impl Tracker {
         if !nrp.read_in_flight {
             consider(nrp.next_read_ms.max(now));
         }
-        if self.inventory_wanted() {
+        if self.startup.inventory_wanted(&self.kube, &self.nrp) {
             consider(self.startup.arm.next_read_ms.max(now));
         }
         if !self.inbound.work.runnable.is_empty() || !self.egress.outbound.work.runnable.is_empty() {

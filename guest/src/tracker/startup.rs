@@ -2,6 +2,7 @@
 //! what a Service or an egress identity wants, and sweeping what Services and egress identities
 //! deleted while no controller ran left behind.
 
+use super::cache::KubeCache;
 use super::service::*;
 use super::state::*;
 use crate::keyed::Map;
@@ -10,29 +11,52 @@ use crate::model::*;
 use crate::outbound::{self, OutStep, OutboundLifecycle};
 use std::collections::VecDeque;
 
-impl Tracker {
+/// What start-up adoption writes through: the lifecycles it adopts or creates to tear down
+/// (inbound and outbound), the NRP part (a drain to run), and what it reads of the Kubernetes
+/// cache (the Services observed).
+pub(super) struct Adoption<'a> {
+    pub(super) inbound: &'a mut Inbound,
+    pub(super) egress: &'a mut EgressSide,
+    pub(super) kube: &'a KubeCache,
+    pub(super) nrp: &'a mut Nrp,
+}
+
+impl Adoption<'_> {
+    /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed).
+    fn is_inbound(&self, identity: &str) -> bool {
+        self.inbound.lifecycles.contains_key(identity) || self.kube.service_by_identity.contains_key(identity)
+    }
+
+    /// A UID-named identity that no Service, NRP registration, egress identity or foreign
+    /// service explains: a Service deleted while no controller ran left it.
+    fn sweepable(&self, identity: &str) -> bool {
+        looks_like_uid(identity)
+            && !self.inbound.lifecycles.contains_key(identity)
+            && !self.kube.service_by_identity.contains_key(identity)
+            && !self.nrp.diff.is_registered(identity)
+            && !self.nrp.sync.foreign.contains(identity)
+            && self.egress.identities.class(identity).is_none()
+    }
+}
+
+impl Startup {
     /// The start-up inventory is to be read: not settled, not out, and asked for only once the
     /// lists are complete and NRP is read (start-up reconciliation uses it the moment it comes).
-    pub(super) fn inventory_wanted(&self) -> bool {
-        !self.startup.arm.settled
-            && !self.startup.arm.read_in_flight
-            && self.kube.lists_complete
-            && self.nrp.sync.loaded
+    pub(super) fn inventory_wanted(&self, kube: &KubeCache, nrp: &Nrp) -> bool {
+        !self.arm.settled && !self.arm.read_in_flight && kube.lists_complete && nrp.sync.loaded
     }
 
     // ---- The start-up inventory of ARM ----
 
-    pub(super) fn arm_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) {
-        let arm = &mut self.startup.arm;
+    /// The answer to the read of ARM's inventory: the inventory, which start-up reconciliation
+    /// and adoption use next; `None` when the read failed (it is retried, or given up on).
+    pub(super) fn arm_outcome(&mut self, outcome: Outcome, now: u64, step: &mut Step) -> Option<ArmInventory> {
+        let arm = &mut self.arm;
         arm.read_in_flight = false;
         match outcome {
             Outcome::ArmInventory(inventory) => {
                 arm.settled = true;
-                // Issued only once the lists are complete and NRP is read: start-up
-                // reconciliation runs now, with the inventory.
-                self.maybe_reconcile(step);
-                self.adopt_from_arm(&inventory, step);
-                return;
+                return Some(inventory);
             }
             Outcome::Failed(failure) if arm.read_retries.saturating_add(1) < timing::ARM_READ_ATTEMPTS => {
                 arm.read_retries += 1;
@@ -55,7 +79,7 @@ impl Tracker {
                 arm.settled = true;
             }
         }
-        self.maybe_reconcile(step);
+        None
     }
 
     /// Start-up adoption: a Service not yet provisioned by this tracker whose public IP (and
@@ -64,7 +88,7 @@ impl Tracker {
     /// Then the sweep: a UID-named load balancer of our shape, or a UID-named `-pip` public IP,
     /// that no Service, NRP registration, egress identity or foreign service explains is ours
     /// from a Service deleted while no controller ran, and is deleted.
-    pub(super) fn adopt_from_arm(&mut self, inventory: &ArmInventory, step: &mut Step) {
+    pub(super) fn adopt_from_arm(inventory: &ArmInventory, to: &mut Adoption<'_>, step: &mut Step) {
         // Names sorted with their index, not maps: each map or sort of another type costs the
         // component kilobytes of code, and both lists share this one.
         fn by_name(mut names: Vec<(&str, usize)>) -> Vec<(&str, usize)> {
@@ -81,7 +105,7 @@ impl Tracker {
         let load_balancer_named =
             |name: &str| find(&load_balancers, name).and_then(|i| inventory.load_balancers[i].shape.as_ref());
         let (mut adopted, mut whole) = (0usize, 0usize);
-        for (identity, lifecycle) in self.inbound.lifecycles.iter_mut() {
+        for (identity, lifecycle) in to.inbound.lifecycles.iter_mut() {
             if lifecycle.phase != Phase::NotStarted {
                 continue;
             }
@@ -98,40 +122,32 @@ impl Tracker {
             adopted += 1;
             lifecycle.ingress_ip = Some(address);
             // Every step left already holds: the Service is as a creation would leave it.
-            let registered = self.nrp.diff.is_registered(identity);
+            let registered = to.nrp.diff.is_registered(identity);
             if lifecycle.steps.iter().all(|&op| lifecycle.holds_already(op, registered)) {
                 lifecycle.phase = Phase::Created;
                 lifecycle.applied = lifecycle.op_config.clone();
                 lifecycle.steps.clear();
-                self.inbound.work.runnable.remove(identity);
+                to.inbound.work.runnable.remove(identity);
                 whole += 1;
             }
         }
-        let sweepable = |tracker: &Self, identity: &str| {
-            looks_like_uid(identity)
-                && !tracker.inbound.lifecycles.contains_key(identity)
-                && !tracker.kube.service_by_identity.contains_key(identity)
-                && !tracker.nrp.diff.is_registered(identity)
-                && !tracker.nrp.sync.foreign.contains(identity)
-                && tracker.egress.identities.class(identity).is_none()
-        };
         let mut orphans = 0usize;
         for &(name, index) in &load_balancers {
             let Some(lb) = inventory.load_balancers[index].shape.as_ref() else { continue };
             let ours = lb.backend_pool == name && lb.public_ip == format!("{name}-pip");
-            if ours && sweepable(self, name) {
-                self.inbound.adopt_for_deletion(name, orphan(name), ObjectState::gone(), &mut self.nrp);
+            if ours && to.sweepable(name) {
+                to.inbound.adopt_for_deletion(name, orphan(name), ObjectState::gone(), to.nrp);
                 orphans += 1;
             }
         }
         // Then the public IPs left without a load balancer (those with one are adopted above).
         for &(name, _) in &public_ips {
-            if let Some(identity) = name.strip_suffix("-pip").filter(|id| sweepable(self, id)) {
-                self.inbound.adopt_for_deletion(identity, orphan(identity), ObjectState::gone(), &mut self.nrp);
+            if let Some(identity) = name.strip_suffix("-pip").filter(|id| to.sweepable(id)) {
+                to.inbound.adopt_for_deletion(identity, orphan(identity), ObjectState::gone(), to.nrp);
                 orphans += 1;
             }
         }
-        let (outbound_adopted, outbound_orphans) = self.adopt_outbound_from_arm(inventory);
+        let (outbound_adopted, outbound_orphans) = Self::adopt_outbound_from_arm(inventory, to);
         let message = format!(
             "start-up inventory: {} public IP(s), {} load balancer(s), {} NAT gateway(s); {adopted} Service(s) \
              adopted their public IP, {whole} of them with nothing to write; {} orphan(s) of deleted Services to \
@@ -153,7 +169,7 @@ impl Tracker {
     /// `default-natgw` (not a valid identity). Public IPs a teardown cut short left after deleting
     /// their NAT gateway are not swept: `<id>-pip` alone does not prove a public IP ours (the
     /// inventory test keeps `kubernetes-pip`). Returns (adopted, torn down).
-    pub(super) fn adopt_outbound_from_arm(&mut self, inventory: &ArmInventory) -> (usize, usize) {
+    fn adopt_outbound_from_arm(inventory: &ArmInventory, to: &mut Adoption<'_>) -> (usize, usize) {
         let (mut adopted, mut orphans) = (0, 0);
         let pip = outbound::public_ip_name;
         for nat in &inventory.nat_gateways {
@@ -161,14 +177,13 @@ impl Tracker {
             let v6 = !nat.public_ips_v6.is_empty();
             let shaped =
                 nat.as_put && nat.public_ips == [pip(&id, false)] && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
-            if !shaped || !crate::egress::is_valid_identity(&id) || self.is_inbound(&id) {
+            if !shaped || !crate::egress::is_valid_identity(&id) || to.is_inbound(&id) {
                 continue;
             }
-            let (carried, registered) =
-                (self.egress.identities.carries(&id), self.egress.identities.is_registered(&id));
+            let (carried, registered) = (to.egress.identities.carries(&id), to.egress.identities.is_registered(&id));
             let listed_as_put =
                 |name: &str| inventory.public_ips.iter().any(|p| p.name.eq_ignore_ascii_case(name) && p.as_put);
-            match self.egress.outbound.lifecycles.get_mut(&id) {
+            match to.egress.outbound.lifecycles.get_mut(&id) {
                 Some(lifecycle) if lifecycle.phase == Phase::NotStarted => {
                     let holds = nat.associated
                         && lifecycle.v6 == v6
@@ -186,22 +201,22 @@ impl Tracker {
                 Some(_) => {}
                 None if carried && registered => {
                     let lifecycle = OutboundLifecycle::new(Phase::Created, v6, VecDeque::new());
-                    self.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
-                    self.nrp.diff.touch_identity(&id);
+                    to.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    to.nrp.diff.touch_identity(&id);
                     adopted += 1;
                 }
                 None if carried => {}
                 None => {
                     let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
                     lifecycle.whole = false;
-                    self.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
-                    self.egress.outbound.work.draining.insert(id.clone());
-                    self.nrp.diff.touch_identity(&id);
+                    to.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
+                    to.egress.outbound.work.draining.insert(id.clone());
+                    to.nrp.diff.touch_identity(&id);
                     orphans += 1;
                 }
             }
         }
-        (adopted, orphans + self.sweep_egress_public_ips(inventory))
+        (adopted, orphans + Self::sweep_egress_public_ips(inventory, to))
     }
 
     /// The public IPs a teardown cut short left after deleting their NAT gateway (upstream
@@ -212,7 +227,7 @@ impl Tracker {
     /// uses. They go through the outbound teardown, whose other steps hold already. The RP's
     /// `default-natgw-pip` is never one (`default-natgw` is no valid identity); UID-shaped names
     /// are the inbound sweep's. Returns how many identities are swept.
-    pub(super) fn sweep_egress_public_ips(&mut self, inventory: &ArmInventory) -> usize {
+    fn sweep_egress_public_ips(inventory: &ArmInventory, to: &mut Adoption<'_>) -> usize {
         let used = |name: &str| {
             inventory
                 .nat_gateways
@@ -233,12 +248,12 @@ impl Tracker {
             };
             let ours = crate::egress::is_valid_identity(id)
                 && !looks_like_uid(id)
-                && !self.is_inbound(id)
-                && !self.egress.outbound.lifecycles.contains_key(id)
-                && !self.egress.identities.carries(id)
-                && !self.egress.identities.is_registered(id)
-                && !self.nrp.sync.foreign.contains(id)
-                && !self.nrp.diff.nrp_references(id)
+                && !to.is_inbound(id)
+                && !to.egress.outbound.lifecycles.contains_key(id)
+                && !to.egress.identities.carries(id)
+                && !to.egress.identities.is_registered(id)
+                && !to.nrp.sync.foreign.contains(id)
+                && !to.nrp.diff.nrp_references(id)
                 && !used(&name);
             if ours {
                 let entry = found.entry(id.to_owned()).or_default();
@@ -251,8 +266,8 @@ impl Tracker {
             let mut lifecycle = OutboundLifecycle::new(Phase::DeletionInProgress, v6, outbound::DELETE.into());
             lifecycle.whole = false;
             lifecycle.nat_gateway_put = false;
-            self.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
-            self.egress.outbound.work.runnable.insert(id);
+            to.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
+            to.egress.outbound.work.runnable.insert(id);
         }
         swept
     }

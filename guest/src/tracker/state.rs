@@ -131,7 +131,8 @@ pub(super) struct EgressOut<'a> {
 }
 
 impl EgressOut<'_> {
-    /// Whether an identity is an inbound Service's (see [`Tracker::is_inbound`]).
+    /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed): one key
+    /// space with egress identities (docs/upstream.md §i.2.7).
     pub(super) fn is_inbound(&self, identity: &str) -> bool {
         self.inbound.lifecycles.contains_key(identity) || self.kube.service_by_identity.contains_key(identity)
     }
@@ -143,14 +144,6 @@ impl EgressOut<'_> {
 pub(super) struct Startup {
     pub(super) arm: ArmSync,
     pub(super) reconciled: bool,
-}
-
-impl Tracker {
-    /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed): one key
-    /// space with egress identities (docs/upstream.md §i.2.7).
-    pub(super) fn is_inbound(&self, identity: &str) -> bool {
-        self.inbound.lifecycles.contains_key(identity) || self.kube.service_by_identity.contains_key(identity)
-    }
 }
 
 /// NRP-facing bookkeeping.

@@ -2,19 +2,32 @@
 //! [`Figures`]; and noting, after every call, when start-up ended and when each pending
 //! operation began.
 
+use super::budgets::Budgets;
 use super::figures::*;
 use super::outbox::*;
 use super::state::*;
 use crate::budget::WriteKind;
 use crate::lifecycle::Life;
-use crate::model::Phase;
+use crate::model::{Clock, Phase};
 
 /// Whether a lifecycle has an operation under way (upstream: an entry of `pendingServiceOps`).
 fn pending(life: &impl Life) -> bool {
     life.phase() != Phase::Created || life.parked()
 }
 
-impl Tracker {
+/// What the figures read of the other parts: the lifecycles of both sides, the commands in
+/// flight, the NRP part, the egress side's counts and the write budgets.
+pub(super) struct FiguresView<'a> {
+    pub(super) inbound: &'a Inbound,
+    pub(super) egress: &'a EgressSide,
+    pub(super) outbox: &'a Outbox,
+    pub(super) nrp: &'a Nrp,
+    pub(super) budgets: &'a Budgets,
+    /// The tracker provisions (CLB mode).
+    pub(super) provisions: bool,
+}
+
+impl FiguresView<'_> {
     /// The phase of the lifecycle of `identity` on `side`, if it has an operation under way.
     #[inline(never)]
     fn pending_phase(&self, side: ServiceType, identity: &str) -> Option<Phase> {
@@ -25,68 +38,52 @@ impl Tracker {
             }
         }
     }
+}
 
-    /// Start-up has ended (upstream's initialization is complete): the lists are in, NRP and ARM
-    /// have been read, and no operation is under way — none runnable, no Service or egress
-    /// command in flight. An operation parked, or waiting out a retry's backoff, does not hold it
-    /// (upstream: a parked or retry-exhausted operation does not block completion), so a Service
-    /// that keeps failing does not keep a new leader unready.
-    fn start_up_ended(&self) -> bool {
-        self.ready_to_write()
-            && !self.inventory_wanted()
-            && !self.startup.arm.read_in_flight
-            && self.inbound.work.runnable.is_empty()
-            && self.egress.outbound.work.runnable.is_empty()
-            && !self
-                .outbox
-                .in_flight
-                .values()
-                .any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
-    }
-
+impl Figures {
     /// Called at the end of every `observe`, `complete` and `tick`: notes when start-up ended and
     /// when each operation now pending began. Looks at the work sets and the operations already
     /// followed, not at every lifecycle (but once, on the first call).
+    /// `start_up_ended`: whether start-up has ended (the caller need only ask while
+    /// `initialized_after_ms` is unset).
     #[inline(never)]
-    pub(super) fn note_figures(&mut self, now: u64) {
-        let mut figures = std::mem::take(&mut self.figures);
+    pub(super) fn note(&mut self, now: u64, view: &FiguresView<'_>, start_up_ended: bool) {
+        let figures = self;
         let first = *figures.first_call_ms.get_or_insert(now);
-        if figures.initialized_after_ms.is_none() && self.start_up_ended() {
+        if figures.initialized_after_ms.is_none() && start_up_ended {
             figures.initialized_after_ms = Some(now.saturating_sub(first));
         }
-        figures.running.retain(|r| self.pending_phase(r.service_type, &r.identity).is_some());
+        figures.running.retain(|r| view.pending_phase(r.service_type, &r.identity).is_some());
         let mut candidates: Vec<(ServiceType, &str)> = Vec::new();
         if figures.seen_all {
             for (side, work) in
-                [(ServiceType::Inbound, &self.inbound.work), (ServiceType::Outbound, &self.egress.outbound.work)]
+                [(ServiceType::Inbound, &view.inbound.work), (ServiceType::Outbound, &view.egress.outbound.work)]
             {
                 let sets = work.runnable.iter().chain(&work.draining).map(String::as_str);
                 candidates.extend(sets.chain(work.timers.iter().map(|(_, id)| id)).map(|id| (side, id)));
             }
-            candidates.extend(self.outbox.in_flight.values().filter_map(|what| match what {
+            candidates.extend(view.outbox.in_flight.values().filter_map(|what| match what {
                 InFlight::Service { identity, .. } => Some((ServiceType::Inbound, identity.as_str())),
                 InFlight::Outbound { identity, .. } => Some((ServiceType::Outbound, identity.as_str())),
                 _ => None,
             }));
         } else {
-            candidates.extend(self.inbound.lifecycles.keys().map(|id| (ServiceType::Inbound, id.as_str())));
-            candidates.extend(self.egress.outbound.lifecycles.keys().map(|id| (ServiceType::Outbound, id.as_str())));
+            candidates.extend(view.inbound.lifecycles.keys().map(|id| (ServiceType::Inbound, id.as_str())));
+            candidates.extend(view.egress.outbound.lifecycles.keys().map(|id| (ServiceType::Outbound, id.as_str())));
         }
         for (side, identity) in candidates {
-            if let Some(phase) = self.pending_phase(side, identity) {
+            if let Some(phase) = view.pending_phase(side, identity) {
                 figures.running(side, identity, phase, now);
             }
         }
         figures.seen_all = true;
-        self.figures = figures;
     }
 
-    /// What the tracker is doing (WIT `tracker.stats`). `now_ms` is when the write budgets'
-    /// levels are taken; nothing changes.
+    /// What the tracker is doing (WIT `tracker.stats`), the budgets' levels taken at `now` (the
+    /// tracker's time; `clock` gives the host's times back); nothing changes.
     #[inline(never)]
-    pub fn stats(&self, now_ms: u64) -> Stats {
-        let now = self.clock.peek(now_ms);
-        let figures = &self.figures;
+    pub(super) fn stats(&self, now: u64, clock: &Clock, view: &FiguresView<'_>) -> Stats {
+        let figures = self;
         let mut pending_ops: Vec<Pending> = TYPES
             .iter()
             .flat_map(|&service_type| {
@@ -99,30 +96,30 @@ impl Tracker {
                 [service_type as usize * PHASES.len() + PHASES.iter().position(|p| *p == phase).unwrap_or(0)];
             entry.count += 1;
             if let Some(began) = began {
-                let began = self.clock.to_host(began);
+                let began = clock.to_host(began);
                 entry.oldest_began_ms = Some(entry.oldest_began_ms.map_or(began, |b| b.min(began)));
             }
         };
         let mut deletions = 0;
         let mut blocked = 0;
         let mut provisioned = 0;
-        for (identity, life) in &self.inbound.lifecycles {
+        for (identity, life) in &view.inbound.lifecycles {
             provisioned += u32::from(life.desired.is_some() && !life.phase.is_deleting());
             if pending(life) {
                 count(ServiceType::Inbound, identity, life.phase);
             }
         }
-        for (identity, life) in &self.egress.outbound.lifecycles {
+        for (identity, life) in &view.egress.outbound.lifecycles {
             if pending(life) {
                 count(ServiceType::Outbound, identity, life.phase);
             }
         }
-        let draining = self.inbound.work.draining.iter().chain(&self.egress.outbound.work.draining);
+        let draining = view.inbound.work.draining.iter().chain(&view.egress.outbound.work.draining);
         for identity in draining {
             deletions += 1;
-            blocked += u32::from(!self.nrp.drained(&self.outbox.in_flight, identity));
+            blocked += u32::from(!view.nrp.drained(&view.outbox.in_flight, identity));
         }
-        let (locations, addresses) = self.nrp.diff.nrp_totals();
+        let (locations, addresses) = view.nrp.diff.nrp_totals();
         let histograms = |of: &[Histogram; 6], bounds: &[u64]| {
             OPERATIONS
                 .iter()
@@ -133,26 +130,26 @@ impl Tracker {
         let mut budgets: Vec<BudgetLevel> = [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm]
             .into_iter()
             .map(|kind| {
-                let (tokens, per_minute) = self.budgets.buckets.level(kind, &self.budgets.shapes, now);
+                let (tokens, per_minute) = view.budgets.buckets.level(kind, &view.budgets.shapes, now);
                 BudgetLevel { bucket: kind.name().to_owned(), tokens, per_minute }
             })
             .collect();
-        if let Some((tokens, per_minute)) = self.budgets.pace.as_ref().and_then(|p| p.level(now)) {
+        if let Some((tokens, per_minute)) = view.budgets.pace.as_ref().and_then(|p| p.level(now)) {
             budgets.push(BudgetLevel { bucket: "arm-pace".to_owned(), tokens, per_minute });
         }
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         Stats {
-            service_gateway_enabled: self.mode == crate::config::Mode::ContainerLoadBalancer,
+            service_gateway_enabled: view.provisions,
             pending: pending_ops,
             k8s_services: provisioned,
-            nrp_load_balancers: small(self.nrp.diff.registered().len()),
-            nrp_nat_gateways: small(self.egress.identities.registered_count()),
+            nrp_load_balancers: small(view.nrp.diff.registered().len()),
+            nrp_nat_gateways: small(view.egress.identities.registered_count()),
             nrp_locations: small(locations),
             nrp_addresses: small(addresses),
             pending_deletions: deletions,
             blocked_by_locations: blocked,
-            pod_finalizers_held: small(self.egress.finalizers.held_count()),
-            commands_in_flight: small(self.outbox.in_flight.len()),
+            pod_finalizers_held: small(view.egress.finalizers.held_count()),
+            commands_in_flight: small(view.outbox.in_flight.len()),
             attempts: figures.attempts.clone(),
             durations: histograms(&figures.durations, &DURATION_BOUNDS_MS),
             retries: histograms(&figures.retries, &RETRY_BOUNDS),
