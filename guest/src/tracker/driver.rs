@@ -7,8 +7,8 @@
 
 use super::budgets::Budgets;
 use super::figures::{Figures, ServiceType};
+use super::nrp::Nrp;
 use super::outbox::*;
-use super::state::*;
 use crate::keyed::Map;
 use crate::lifecycle::{Life, Op, WorkSets, timing};
 use crate::model::*;

@@ -5,15 +5,48 @@
 use super::cache::KubeCache;
 use super::driver::*;
 use super::figures::ServiceType;
+use super::inbound::Inbound;
+use super::nrp::*;
 use super::outbox::*;
 use super::service::*;
-use super::state::*;
 use crate::egress::Egress;
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
 use crate::pod_finalizers::PodFinalizers;
+
+/// The egress side: pods and the identities they carry ([`Egress`]), the outbound lifecycle of
+/// each identity of ours ([`Outbound`]), and the finalizers held on egress pods
+/// ([`PodFinalizers`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct EgressSide {
+    pub(super) identities: Egress,
+    pub(super) outbound: Outbound,
+    pub(super) finalizers: PodFinalizers,
+}
+
+/// What the egress side writes through, and what it reads of the rest of the tracker: the NRP
+/// part (the mirror of what the identities' pods hold), the outbox (Events, finalizer writes),
+/// the Kubernetes cache (the cluster's families; the Services' identities) and the inbound part
+/// (an identity that is a Service's is never an egress identity).
+pub(super) struct EgressOut<'a> {
+    pub(super) nrp: &'a mut Nrp,
+    pub(super) outbox: &'a mut Outbox,
+    pub(super) kube: &'a KubeCache,
+    pub(super) inbound: &'a Inbound,
+    /// Start-up reconciliation has run and the tracker provisions (CLB mode): only then does
+    /// the egress side decide an identity's outbound lifecycle.
+    pub(super) enabled: bool,
+}
+
+impl EgressOut<'_> {
+    /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed): one key
+    /// space with egress identities (docs/upstream.md §i.2.7).
+    pub(super) fn is_inbound(&self, identity: &str) -> bool {
+        self.inbound.lifecycles.contains_key(identity) || self.kube.service_by_identity.contains_key(identity)
+    }
+}
 
 impl EgressSide {
     /// Whether pods carry the identity changed (none to some, some to none). Nothing is decided

@@ -5,15 +5,30 @@
 use super::cache::*;
 use super::driver::*;
 use super::figures::ServiceType;
+use super::nrp::*;
 use super::outbox::*;
 use super::service::*;
-use super::state::*;
 use crate::admission::Verdict;
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::name::Name;
 use crate::outbound::Outbound;
+
+/// Inbound Services: a lifecycle per identity, and the sets the lifecycle driver looks at for
+/// work (and the lifecycle driver's kind for them, `inbound`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Inbound {
+    pub(super) lifecycles: Map<String, Lifecycle>,
+    pub(super) work: WorkSets<String>,
+}
+
+impl Inbound {
+    /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
+    pub(super) fn programmable(&self, identity: &str) -> bool {
+        self.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
+    }
+}
 
 impl Inbound {
     /// A version of a Service read, with the verdict admission reached on it: its record in the

@@ -2,7 +2,7 @@
 //! DiffTracker's Kubernetes side.
 
 use super::cache::*;
-use super::state::*;
+use super::inbound::Inbound;
 use crate::difftracker::DiffTracker;
 use crate::ip;
 use crate::keyed::{Map, Set};

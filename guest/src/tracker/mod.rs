@@ -67,14 +67,19 @@ pub use figures::{
 };
 pub use format::{STATE_VERSION, StateError};
 use identities::OutboundPeers;
+use identities::{EgressOut, EgressSide};
+use inbound::Inbound;
 use inbound::InboundPeers;
 use kube::Endpoints;
 use nrp::Readiness;
+pub use nrp::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH};
+use nrp::{Nrp, NrpSync};
+pub use outbox::MAX_SERVICE_COMMANDS_IN_FLIGHT;
 use outbox::*;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
 use startup::Adoption;
-use state::*;
-pub use state::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH, MAX_SERVICE_COMMANDS_IN_FLIGHT, Tracker};
+use startup::Startup;
+pub use state::Tracker;
 use stats::FiguresView;
 
 impl Tracker {
@@ -105,7 +110,7 @@ impl Tracker {
     #[cfg(test)]
     pub(crate) fn create_with_arm_settled(config: Config) -> Result<Self, ConfigError> {
         let mut tracker = Self::create(config)?;
-        tracker.startup.arm = ArmSync::settled();
+        tracker.startup.arm = startup::ArmSync::settled();
         Ok(tracker)
     }
 

@@ -6,14 +6,126 @@ use super::budgets::Budgets;
 use super::figures::Figures;
 use super::outbox::*;
 use super::service::*;
-use super::state::*;
 use crate::budget::WriteKind;
 use crate::difftracker::Class;
+use crate::difftracker::DiffTracker;
 use crate::egress::Egress;
 use crate::keyed::{Map, Set};
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
 use crate::outbound::Outbound;
+use serde::{Deserialize, Serialize};
+
+/// The most locations one `update-address-locations` carries.
+pub const MAX_LOCATIONS_PER_BATCH: usize = 200;
+
+/// The most address-location batches in flight at once (each over other locations).
+pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
+
+/// The NRP side: the mirror of what NRP was told and what Kubernetes wants ([`DiffTracker`]), and
+/// the bookkeeping of reads and address-location batches ([`NrpSync`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Nrp {
+    pub(super) diff: DiffTracker,
+    pub(super) sync: NrpSync,
+}
+
+impl Nrp {
+    /// No NRP address maps to the identity, nor may one in a batch whose answer is not in
+    /// (`in_flight`: the outbox's commands).
+    pub(super) fn drained(&self, in_flight: &Map<u64, InFlight>, identity: &str) -> bool {
+        let mentions = |l: &NrpLocation| l.addresses.iter().any(|a| a.services.iter().any(|s| s == identity));
+        !self.diff.nrp_references(identity) && !self.batches_in_flight(in_flight).flatten().any(mentions)
+    }
+
+    /// The address-location batches in flight (`in_flight`: the outbox's commands).
+    pub(super) fn batches_in_flight<'a>(
+        &'a self,
+        in_flight: &'a Map<u64, InFlight>,
+    ) -> impl Iterator<Item = &'a [NrpLocation]> {
+        location_batches(&self.sync.batches_in_flight, in_flight)
+    }
+}
+
+/// NRP-facing bookkeeping.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct NrpSync {
+    /// NRP has been read at least once.
+    pub(super) loaded: bool,
+    pub(super) read_in_flight: bool,
+    pub(super) read_retries: u32,
+    pub(super) next_read_ms: u64,
+    /// Address-location batches in flight: command id → when it was issued.
+    pub(super) batches_in_flight: Map<u64, u64>,
+    /// Throttled batches in a row (429), and until when every batch waits.
+    pub(super) batch_retries: u32,
+    pub(super) batch_not_before_ms: u64,
+    /// Halved after a 400 to isolate the location NRP refuses.
+    pub(super) batch_limit: usize,
+    /// Locations NRP refused on their own, with the update refused; skipped until it changes.
+    pub(super) quarantined: Map<String, NrpLocation>,
+    /// Locations whose batch failed (not refused, not throttled): failures in a row and until
+    /// when they wait; the others' batches go on. Forgotten when the location is next accepted.
+    pub(super) location_backoff: Map<String, Backoff>,
+    pub(super) service_writes_in_flight: u32,
+    /// Non-inbound services of the last read: other controllers' identities, left alone.
+    pub(super) foreign: Set<String>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Backoff {
+    pub(super) retries: u32,
+    pub(super) not_before_ms: u64,
+}
+
+/// Orphan clean-up touches only names shaped like Kubernetes UIDs, as upstream does.
+pub(super) fn looks_like_uid(name: &str) -> bool {
+    let parts: Vec<&str> = name.split('-').collect();
+    parts.len() == 5
+        && [8, 4, 4, 4, 12].iter().zip(&parts).all(|(len, part)| part.len() == *len)
+        && parts.iter().all(|p| p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// How an identity found in either view takes part in an address-location sync: ours when
+/// registered and live, drained when ours but not, left alone when another controller's.
+pub(super) fn classify(
+    lifecycles: &Map<String, Lifecycle>,
+    foreign: &Set<String>,
+    egress: &Egress,
+    outbound: &Outbound,
+    diff: &DiffTracker,
+    id: &str,
+) -> Class {
+    match lifecycles.get(id) {
+        Some(l) if !l.phase.is_deleting() && diff.is_registered(id) => Class::Ready,
+        Some(_) => Class::NotReady,
+        None => classify_not_inbound(foreign, egress, outbound, diff, id),
+    }
+}
+
+/// An identity no inbound lifecycle claims: an egress identity of ours (with an outbound
+/// lifecycle: programmed only once created and registered, and while a pod carries it), else
+/// one a pod carries, else somebody else's (a known foreign service, or a name that is not a UID
+/// we could have registered).
+pub(super) fn classify_not_inbound(
+    foreign: &Set<String>,
+    egress: &Egress,
+    outbound: &Outbound,
+    diff: &DiffTracker,
+    id: &str,
+) -> Class {
+    if let Some(ready) = outbound.ready(id, egress.is_registered(id)) {
+        return if ready && egress.carries(id) { Class::Ready } else { Class::NotReady };
+    }
+    if let Some(class) = egress.class(id) {
+        return class;
+    }
+    if foreign.contains(id) || (!diff.is_registered(id) && !looks_like_uid(id)) {
+        Class::Foreign
+    } else {
+        Class::NotReady
+    }
+}
 
 /// What the other parts say of an identity, for a sync: the inbound lifecycles, the egress
 /// pods and identities, and the outbound lifecycles ([`classify`]).

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::service::OpStep;
 
+/// The most Service commands (Azure or Kubernetes) in flight at once.
+pub const MAX_SERVICE_COMMANDS_IN_FLIGHT: usize = 16;
+
 /// What a command in flight was for: where its answer goes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) enum InFlight {

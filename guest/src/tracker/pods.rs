@@ -2,8 +2,9 @@
 //! (`crate::pod_finalizers`): a pod read, refused or gone, and when its finalizer is added or
 //! released.
 
+use super::identities::*;
+use super::nrp::*;
 use super::outbox::*;
-use super::state::*;
 use crate::lifecycle::retry_delay;
 use crate::model::*;
 use crate::name::Name;

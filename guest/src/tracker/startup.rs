@@ -3,13 +3,55 @@
 //! deleted while no controller ran left behind.
 
 use super::cache::KubeCache;
+use super::identities::EgressSide;
+use super::inbound::Inbound;
+use super::nrp::*;
 use super::service::*;
-use super::state::*;
 use crate::keyed::Map;
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
 use crate::outbound::{self, OutStep, OutboundLifecycle};
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+
+/// Start-up: the inventory of ARM, read once ([`ArmSync`]), and whether start-up reconciliation
+/// against NRP has run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Startup {
+    pub(super) arm: ArmSync,
+    pub(super) reconciled: bool,
+}
+
+/// The start-up inventory of ARM (state version 4): the resource group's public IPs and load
+/// balancers, read once so that what already holds what a Service wants is
+/// adopted instead of written again, and so that load balancers and public IPs of Services
+/// deleted while no controller ran are found. It is read once the lists are complete and NRP is
+/// read, and used the moment it arrives (start-up reconciliation waits for it), so the state
+/// never holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct ArmSync {
+    /// Start-up reconciliation may run: the inventory was used, or reading it was given up.
+    pub(super) settled: bool,
+    pub(super) read_in_flight: bool,
+    pub(super) read_retries: u32,
+    pub(super) next_read_ms: u64,
+}
+
+impl ArmSync {
+    /// A state from before version 4: nothing to read, nothing to adopt.
+    pub(super) fn settled() -> Self {
+        Self { settled: true, ..Self::default() }
+    }
+}
+
+/// Whether a listed load balancer holds what `wanted` says: rules compared as a set (ARM may
+/// list them in another order; rule names are unique on a load balancer). A few rules each: a
+/// scan, not a sort, which would cost the component a sort's code.
+pub(super) fn same_load_balancer(listed: &LoadBalancer, wanted: &LoadBalancer) -> bool {
+    (&listed.name, &listed.public_ip, &listed.backend_pool) == (&wanted.name, &wanted.public_ip, &wanted.backend_pool)
+        && listed.rules.len() == wanted.rules.len()
+        && wanted.rules.iter().all(|rule| listed.rules.contains(rule))
+}
 
 /// What start-up adoption writes through: the lifecycles it adopts or creates to tear down
 /// (inbound and outbound), the NRP part (a drain to run), and what it reads of the Kubernetes

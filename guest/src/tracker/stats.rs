@@ -4,8 +4,10 @@
 
 use super::budgets::Budgets;
 use super::figures::*;
+use super::identities::EgressSide;
+use super::inbound::Inbound;
+use super::nrp::Nrp;
 use super::outbox::*;
-use super::state::*;
 use crate::budget::WriteKind;
 use crate::lifecycle::Life;
 use crate::model::{Clock, Phase};

@@ -5,6 +5,7 @@
 use crate::keyed::{Map, Set};
 use crate::lifecycle::Op;
 
+use super::super::nrp::*;
 use super::super::outbox::*;
 use super::super::state::*;
 

@@ -17,6 +17,9 @@ use crate::pod_finalizers::PodFinalizers;
 
 use super::budgets::Budgets;
 use super::figures::Figures;
+use super::identities::EgressSide;
+use super::nrp::*;
+use super::startup::*;
 use super::state::*;
 use record::{Core, CoreRef, NrpSyncV2};
 

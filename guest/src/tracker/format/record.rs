@@ -17,6 +17,8 @@ use crate::name::{Name, VecSet};
 use serde::{Deserialize, Serialize};
 
 use super::super::cache::*;
+use super::super::inbound::Inbound;
+use super::super::nrp::*;
 use super::super::outbox::*;
 use super::super::service::*;
 use super::super::state::*;

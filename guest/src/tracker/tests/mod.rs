@@ -2,6 +2,7 @@
 //! `upstream_*` files port upstream's tests of one area each.
 
 use super::service::*;
+use super::startup::ArmSync;
 use super::*;
 use crate::admission::admit_service;
 use crate::budget::Buckets;
