@@ -249,7 +249,7 @@ impl Outbound {
     }
 
     /// For a state import: every lifecycle with work left is in a work set, every pending
-    /// deletion drains and nothing else does (as `State::check` for inbound lifecycles).
+    /// deletion drains and nothing else does (as the import check of `tracker::format` for inbound lifecycles).
     pub fn check(&self) -> Result<(), String> {
         for identity in self.work.draining.iter().chain(&self.work.runnable) {
             if !self.lifecycles.contains_key(identity) {

@@ -301,3 +301,47 @@ fn the_layer_check_finds_an_import_cycle_through_a_child_a_parent_and_a_grouped_
     assert_eq!(cycle(&graph_of(&dir)).as_deref(), Some("low -> outer::inner -> low"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Whether code names the tracker as a whole: the type `Tracker`, or the module that defines it
+/// (`super::state`). Comments and strings do not count.
+fn names_the_tracker(text: &str) -> bool {
+    let tokens = tokens(text);
+    let tracker = |t: &Token| matches!(t, Token::Ident(word) if word == "Tracker");
+    let state_module =
+        |w: &[Token]| matches!(w, [Token::Ident(s), Token::Sep, Token::Ident(m)] if s == "super" && m == "state");
+    tokens.iter().any(tracker) || tokens.windows(3).any(state_module)
+}
+
+/// ARCHITECTURE.md, invariant 13: the tracker's parts (every file of `guest/src/tracker` but the
+/// coordinator, `mod.rs`, and the definition of the whole, `state.rs`; the state format in
+/// `format/` reads and writes the whole, the tests drive it) own their data and write through
+/// the handles the coordinator gives them: none names the tracker, so none can call back into it.
+#[test]
+fn no_part_of_the_tracker_names_the_tracker_it_writes_through_its_handles() {
+    let dir = workspace().join("guest/src/tracker");
+    let mut parts = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_file() && name.ends_with(".rs") && name != "mod.rs" && name != "state.rs" {
+            parts.push((name, std::fs::read_to_string(&path).unwrap()));
+        }
+    }
+    assert!(parts.len() > 10, "the tracker's parts were not found in {}", dir.display());
+    let naming: Vec<&str> = parts.iter().filter(|(_, text)| names_the_tracker(text)).map(|(n, _)| n.as_str()).collect();
+    assert!(naming.is_empty(), "parts of the tracker that name it (give them a handle instead): {naming:?}");
+}
+
+#[test]
+fn the_part_check_finds_the_tracker_named_in_code_and_not_in_comments_or_strings() {
+    let cases = [
+        ("impl Tracker {\n    fn f(&self) {}\n}\n", true),
+        ("use super::state::*;\n", true),
+        ("fn f(t: &mut super::Tracker) {}\n", true),
+        ("// the Tracker routes this\n/// see `Tracker::pump`\nfn f() -> &'static str { \"Tracker\" }\n", false),
+        ("use super::nrp::Nrp;\nlet state = 1;\n", false),
+    ];
+    for (text, named) in cases {
+        assert_eq!(names_the_tracker(text), named, "{text:?}");
+    }
+}

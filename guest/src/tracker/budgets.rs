@@ -51,6 +51,7 @@ impl Budgets {
     }
 
     /// When a write of `kind` may next go, if none may at `now`.
+    #[inline(never)] // one copy for its callers in the pump and the wake-up (component size)
     pub(super) fn token_due(&self, kind: WriteKind, now: u64) -> Option<u64> {
         // Not `at > now`: at the end of time a missing token's time saturates to `now`, and
         // `take_token` would then find none.

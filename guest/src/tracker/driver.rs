@@ -64,6 +64,7 @@ pub(super) trait Kind {
 
     /// Advances the runnable lifecycles while there is room in flight; those that must wait
     /// for a read of NRP or a token stay runnable.
+    #[inline(never)] // one copy per side, not one inlined into the pump (component size)
     fn run(
         &mut self,
         drive: &mut Drive<'_>,

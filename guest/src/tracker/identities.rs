@@ -5,7 +5,6 @@
 use super::cache::KubeCache;
 use super::driver::*;
 use super::figures::ServiceType;
-use super::inbound::Inbound;
 use super::nrp::*;
 use super::outbox::*;
 use super::service::*;
@@ -27,25 +26,15 @@ pub(super) struct EgressSide {
 }
 
 /// What the egress side writes through, and what it reads of the rest of the tracker: the NRP
-/// part (the mirror of what the identities' pods hold), the outbox (Events, finalizer writes),
-/// the Kubernetes cache (the cluster's families; the Services' identities) and the inbound part
-/// (an identity that is a Service's is never an egress identity).
+/// part (the mirror of what the identities' pods hold), the outbox (Events, finalizer writes)
+/// and the Kubernetes cache (the cluster's families; the Services' identities).
 pub(super) struct EgressOut<'a> {
     pub(super) nrp: &'a mut Nrp,
     pub(super) outbox: &'a mut Outbox,
     pub(super) kube: &'a KubeCache,
-    pub(super) inbound: &'a Inbound,
     /// Start-up reconciliation has run and the tracker provisions (CLB mode): only then does
     /// the egress side decide an identity's outbound lifecycle.
     pub(super) enabled: bool,
-}
-
-impl EgressOut<'_> {
-    /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed): one key
-    /// space with egress identities (docs/upstream.md §i.2.7).
-    pub(super) fn is_inbound(&self, identity: &str) -> bool {
-        self.inbound.lifecycles.contains_key(identity) || self.kube.service_by_identity.contains_key(identity)
-    }
 }
 
 impl EgressSide {

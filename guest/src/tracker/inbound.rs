@@ -381,10 +381,14 @@ impl Inbound {
     /// After a read of NRP: a Service created here whose registration NRP lost is ensured again,
     /// a teardown NRP contradicts drains again, and a UID-named registration no lifecycle claims
     /// is adopted: as serving while its Service lives and is not to be cleaned up, for deletion
-    /// otherwise. Returns the identities adopted with no Service at all (orphans in NRP), whose
-    /// colliding egress pods are refused next.
-    pub(super) fn reconcile_with_nrp(&mut self, kube: &KubeCache, nrp: &mut Nrp) -> Vec<String> {
-        let mut orphans = Vec::new();
+    /// otherwise. `orphan`: an identity adopted with no Service at all (an orphan in NRP), whose
+    /// colliding egress pods are refused at once.
+    pub(super) fn reconcile_with_nrp(
+        &mut self,
+        kube: &KubeCache,
+        nrp: &mut Nrp,
+        mut orphan_found: impl FnMut(&str, &mut Nrp),
+    ) {
         let registered: Vec<String> = nrp.diff.registered().iter().map(Name::to_string).collect();
         for (identity, lifecycle) in self.lifecycles.iter_mut() {
             if lifecycle.phase == Phase::Created && !nrp.diff.is_registered(identity) {
@@ -415,11 +419,10 @@ impl Inbound {
                 }
                 None => {
                     self.adopt_for_deletion(&identity, orphan(&identity), ObjectState::gone(), nrp);
-                    orphans.push(identity);
+                    orphan_found(&identity, nrp);
                 }
             }
         }
-        orphans
     }
 }
 

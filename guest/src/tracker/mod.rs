@@ -237,8 +237,9 @@ impl Tracker {
                     self.kube.remove_node(&name, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
                 }
                 Observation::PodUpserted(pod) => {
-                    let (egress, mut out) = self.egress_side();
-                    egress.upsert_pod(&pod, &mut out, &mut step)
+                    let enabled = self.egress_enabled();
+                    let Tracker { egress, inbound, nrp, outbox, kube, .. } = &mut *self;
+                    egress.upsert_pod(&pod, inbound, &mut EgressOut { nrp, outbox, kube, enabled }, &mut step)
                 }
                 Observation::PodDeleted(key) => {
                     let before = self.egress.identities.carried_by(&key);
@@ -363,9 +364,15 @@ impl Tracker {
 
     /// The egress side, and the handle it writes through.
     fn egress_side(&mut self) -> (&mut EgressSide, EgressOut<'_>) {
-        let enabled = self.startup.reconciled && self.mode == Mode::ContainerLoadBalancer;
-        let (nrp, outbox, kube, inbound) = (&mut self.nrp, &mut self.outbox, &self.kube, &self.inbound);
-        (&mut self.egress, EgressOut { nrp, outbox, kube, inbound, enabled })
+        let enabled = self.egress_enabled();
+        let (nrp, outbox, kube) = (&mut self.nrp, &mut self.outbox, &self.kube);
+        (&mut self.egress, EgressOut { nrp, outbox, kube, enabled })
+    }
+
+    /// Whether the egress side decides outbound lifecycles: once start-up reconciliation has run
+    /// (it decides for every carried identity then), and in CLB mode.
+    fn egress_enabled(&self) -> bool {
+        self.startup.reconciled && self.mode == Mode::ContainerLoadBalancer
     }
 
     /// What the other parts say of an identity's readiness, for the NRP part.
@@ -389,10 +396,11 @@ impl Tracker {
     fn reconcile_with_nrp(&mut self, step: &mut Step) {
         let (egress, mut out) = self.egress_side();
         egress.reconcile_outbound(&mut out);
-        for identity in self.inbound.reconcile_with_nrp(&self.kube, &mut self.nrp) {
-            let (egress, mut out) = self.egress_side();
-            egress.refuse_colliding_pods(&identity, &mut out, step);
-        }
+        let enabled = self.egress_enabled();
+        let Tracker { inbound, egress, kube, nrp, outbox, .. } = self;
+        inbound.reconcile_with_nrp(kube, nrp, |identity, nrp| {
+            egress.refuse_colliding_pods(identity, &mut EgressOut { nrp, outbox, kube, enabled }, step)
+        });
     }
 
     /// Start-up has ended (upstream's initialization is complete): the lists are in, NRP and ARM

@@ -3,6 +3,7 @@
 //! released.
 
 use super::identities::*;
+use super::inbound::Inbound;
 use super::nrp::*;
 use super::outbox::*;
 use crate::lifecycle::retry_delay;
@@ -12,14 +13,16 @@ use crate::pod_finalizers::{self, Want};
 
 impl EgressSide {
     /// An egress pod was created or changed (the rules are in [`crate::egress`]).
-    pub(super) fn upsert_pod(&mut self, pod: &Pod, out: &mut EgressOut<'_>, step: &mut Step) {
+    /// `inbound`: the Services' lifecycles (an identity that is a Service's is never an egress
+    /// identity: one key space, docs/upstream.md §i.2.7).
+    pub(super) fn upsert_pod(&mut self, pod: &Pod, inbound: &Inbound, out: &mut EgressOut<'_>, step: &mut Step) {
         let key = pod.key();
         if self.finalizers.superseded(pod) {
             return; // a stale deletion of the object a same-name replacement superseded (`crate::pod_finalizers`)
         }
         let carried_before = self.identities.carried_by(&key);
         let before = carried_before.as_ref().map(|(identity, _)| identity.clone());
-        let (lifecycles, service_by_identity) = (&out.inbound.lifecycles, &out.kube.service_by_identity);
+        let (lifecycles, service_by_identity) = (&inbound.lifecycles, &out.kube.service_by_identity);
         let inbound = |id: &str| lifecycles.contains_key(id) || service_by_identity.contains_key(id);
         for (regarding, warning) in self.identities.upsert(pod, inbound, &mut out.nrp.diff) {
             out.outbox.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
@@ -28,7 +31,7 @@ impl EgressSide {
         self.finalizers.observe(pod, &carried_before, &carried_after);
         if carried_after.is_none() && pod.finalizers.iter().any(|f| f == pod_finalizers::FINALIZER) {
             // Held by our finalizer from before this state (a restart): what it carried drains.
-            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !out.is_inbound(id));
+            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !inbound(id));
             if let Some((identity, _)) = named.filter(|(id, _)| self.identities.know(id)) {
                 out.nrp.diff.touch_identity(&identity);
             }
@@ -67,7 +70,7 @@ impl EgressSide {
         let writes: Vec<(ObjectKey, bool)> = {
             // The batches in flight's locations, sorted, once per call rather than once per address
             // a releasing pod carried (a mass deletion releases thousands). No location is in two
-            // batches in flight (`State::check`).
+            // batches in flight (the import check, `format::check`).
             let mut in_flight: Vec<&NrpLocation> = Vec::new();
             if due.iter().any(|(_, want)| *want == Want::Release) {
                 in_flight.extend(out.nrp.batches_in_flight(&out.outbox.in_flight).flatten());

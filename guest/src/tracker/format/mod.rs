@@ -16,9 +16,12 @@ use crate::outbound::Outbound;
 use crate::pod_finalizers::PodFinalizers;
 
 use super::budgets::Budgets;
+use super::cache::KubeCache;
 use super::figures::Figures;
 use super::identities::EgressSide;
+use super::inbound::Inbound;
 use super::nrp::*;
+use super::outbox::Outbox;
 use super::startup::*;
 use super::state::*;
 use record::{Core, CoreRef, NrpSyncV2};
@@ -103,15 +106,28 @@ pub(super) fn import(config: Config, version: u32, payload: &[u8]) -> Result<Tra
     if !rest.is_empty() {
         return Err(corrupt(format!("{} byte(s) after the payload", rest.len())));
     }
-    let core = core.into_parts();
+    let outbox = Outbox {
+        next_command_id: core.next_command_id,
+        in_flight: core.in_flight,
+        service_commands_in_flight: core.service_commands_in_flight,
+    };
+    let kube = KubeCache {
+        services: core.services,
+        service_by_identity: core.service_by_identity,
+        slices: core.slices,
+        slices_by_owner: core.slices_by_owner,
+        slices_by_node: core.slices_by_node,
+        nodes: core.nodes,
+        lists_complete: core.lists_complete,
+    };
     let tracker = Tracker {
         config,
         mode,
         clock: Clock::default(),
-        outbox: core.outbox,
-        kube: core.kube,
-        inbound: core.inbound,
-        nrp: core.nrp,
+        outbox,
+        kube,
+        inbound: Inbound { lifecycles: core.lifecycles, work: core.work },
+        nrp: Nrp { diff: core.diff, sync: core.nrp },
         egress: EgressSide { identities, outbound, finalizers },
         budgets: Budgets { shapes, buckets, pace },
         startup: Startup { arm, reconciled: core.reconciled },

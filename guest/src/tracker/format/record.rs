@@ -4,8 +4,7 @@
 //! same bytes); and [`NrpSyncV2`], the NRP bookkeeping of versions 1 and 2.
 //!
 //! The tracker's parts hold what these records hold, but not in their shape: a record is split
-//! into parts on import ([`Core::into_parts`]) and gathered from them on export
-//! ([`CoreRef::of`]). The leaves (a lifecycle, the DiffTracker, the egress side…) are written by
+//! into parts on import (`format::import`) and gathered from them on export ([`CoreRef::of`]). The leaves (a lifecycle, the DiffTracker, the egress side…) are written by
 //! their own serde derives; a change to one of those is a change of format, which the fixtures
 //! of `tests/fixtures/state/` refuse.
 
@@ -17,7 +16,6 @@ use crate::name::{Name, VecSet};
 use serde::{Deserialize, Serialize};
 
 use super::super::cache::*;
-use super::super::inbound::Inbound;
 use super::super::nrp::*;
 use super::super::outbox::*;
 use super::super::service::*;
@@ -27,21 +25,21 @@ use super::super::state::*;
 /// ([`NrpSyncV2`] for versions 1 and 2, [`NrpSync`] after).
 #[derive(Deserialize)]
 pub(super) struct Core<N> {
-    next_command_id: u64,
-    services: Map<ObjectKey, ServiceRecord>,
-    service_by_identity: Map<String, ObjectKey>,
-    slices: Map<ObjectKey, SliceRecord>,
-    slices_by_owner: Map<Name, VecSet<ObjectKey>>,
-    slices_by_node: Map<Name, VecSet<ObjectKey>>,
-    nodes: Map<String, NodeLocations>,
-    diff: DiffTracker,
-    lifecycles: Map<String, Lifecycle>,
-    in_flight: Map<u64, InFlight>,
-    service_commands_in_flight: usize,
-    work: WorkSets<String>,
-    nrp: N,
-    lists_complete: bool,
-    reconciled: bool,
+    pub(super) next_command_id: u64,
+    pub(super) services: Map<ObjectKey, ServiceRecord>,
+    pub(super) service_by_identity: Map<String, ObjectKey>,
+    pub(super) slices: Map<ObjectKey, SliceRecord>,
+    pub(super) slices_by_owner: Map<Name, VecSet<ObjectKey>>,
+    pub(super) slices_by_node: Map<Name, VecSet<ObjectKey>>,
+    pub(super) nodes: Map<String, NodeLocations>,
+    pub(super) diff: DiffTracker,
+    pub(super) lifecycles: Map<String, Lifecycle>,
+    pub(super) in_flight: Map<u64, InFlight>,
+    pub(super) service_commands_in_flight: usize,
+    pub(super) work: WorkSets<String>,
+    pub(super) nrp: N,
+    pub(super) lists_complete: bool,
+    pub(super) reconciled: bool,
 }
 
 /// [`Core`] as written: the same fields, in the same order, borrowed from the tracker's parts.
@@ -62,15 +60,6 @@ pub(super) struct CoreRef<'a, N> {
     nrp: N,
     lists_complete: bool,
     reconciled: bool,
-}
-
-/// The parts a [`Core`] holds.
-pub(super) struct CoreParts {
-    pub(super) outbox: Outbox,
-    pub(super) kube: KubeCache,
-    pub(super) inbound: Inbound,
-    pub(super) nrp: Nrp,
-    pub(super) reconciled: bool,
 }
 
 impl<'a> CoreRef<'a, &'a NrpSync> {
@@ -139,30 +128,6 @@ impl Core<NrpSyncV2> {
             nrp: nrp.upgrade(),
             lists_complete,
             reconciled,
-        }
-    }
-}
-
-impl Core<NrpSync> {
-    pub(super) fn into_parts(self) -> CoreParts {
-        CoreParts {
-            outbox: Outbox {
-                next_command_id: self.next_command_id,
-                in_flight: self.in_flight,
-                service_commands_in_flight: self.service_commands_in_flight,
-            },
-            kube: KubeCache {
-                services: self.services,
-                service_by_identity: self.service_by_identity,
-                slices: self.slices,
-                slices_by_owner: self.slices_by_owner,
-                slices_by_node: self.slices_by_node,
-                nodes: self.nodes,
-                lists_complete: self.lists_complete,
-            },
-            inbound: Inbound { lifecycles: self.lifecycles, work: self.work },
-            nrp: Nrp { diff: self.diff, sync: self.nrp },
-            reconciled: self.reconciled,
         }
     }
 }
