@@ -235,7 +235,7 @@ pub struct Hostile {
 
 impl Hostile {
     fn absorb(&mut self, step: model::Step) {
-        let collision = clb_guest::egress::reason::EGRESS_LABEL_COLLISION;
+        let collision = clb_guest::tracker::egress::identities::reason::EGRESS_LABEL_COLLISION;
         self.collided |=
             step.commands.iter().any(|c| matches!(&c.command, Command::EmitEvent(e) if e.reason == collision));
         self.in_flight.extend(step.commands);

@@ -36,7 +36,7 @@
 use crate::config::Config;
 use crate::difftracker::View;
 use crate::model::*;
-use crate::pod_finalizers::FINALIZER as POD_FINALIZER;
+use crate::tracker::egress::finalizers::FINALIZER as POD_FINALIZER;
 use crate::tracker::{FINALIZER, Tracker};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 

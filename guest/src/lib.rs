@@ -16,7 +16,6 @@ pub mod backend_pools;
 pub mod budget;
 pub mod config;
 pub mod difftracker;
-pub mod egress;
 /// The P1–P6 model and checker (`properties.rs` and the fuzz crate share it).
 #[cfg(any(test, feature = "invariants"))]
 pub mod invariants;
@@ -25,10 +24,8 @@ pub mod keyed;
 pub mod lifecycle;
 pub mod model;
 pub mod name;
-pub mod outbound;
 pub mod pinning;
 pub mod placement;
-pub mod pod_finalizers;
 #[cfg(test)]
 mod properties;
 pub mod selector;

@@ -519,7 +519,7 @@ pub struct LogLine {
 }
 
 /// Where a lifecycle is in its life (upstream B's `ResourceState`): an inbound Service's
-/// (`crate::tracker`) or an egress identity's (`crate::outbound`).
+/// (`crate::tracker`) or an egress identity's (`crate::tracker::egress::outbound`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Phase {
     NotStarted,

@@ -1200,7 +1200,7 @@ fn an_egress_pod_gets_its_finalizer_and_its_nat_gateway_and_is_released_only_aft
         eventually("the pod finalizer on job-0", async || {
             let pod = env.pods().get("job-0").await.map_err(|e| e.to_string())?;
             let finalizers = pod.metadata.finalizers.unwrap_or_default();
-            if finalizers.iter().any(|f| f == clb_guest::pod_finalizers::FINALIZER) {
+            if finalizers.iter().any(|f| f == clb_guest::tracker::egress::finalizers::FINALIZER) {
                 Ok(())
             } else {
                 Err(format!("{finalizers:?}"))

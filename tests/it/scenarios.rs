@@ -439,8 +439,8 @@ fn a_teardown_whose_unlink_and_disassociation_find_nothing_goes_on_without_a_ret
 #[test]
 fn the_last_pod_of_an_identity_drops_its_count_to_zero_and_only_it_tears_the_identity_down() {
     use clb_guest::difftracker::{Class, DiffTracker};
-    use clb_guest::egress::Egress;
     use clb_guest::model::Pod;
+    use clb_guest::tracker::egress::identities::Egress;
     let pod = |name: &str, ip: &str| Pod {
         namespace: "batch".into(),
         name: name.into(),

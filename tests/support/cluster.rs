@@ -180,7 +180,7 @@ pub fn lists_with_egress() -> Vec<wit::Observation> {
             host_ips: vec![node_ip(pod % node_count())],
             host_ip: None,
             deleting: false,
-            finalizers: vec![clb_guest::pod_finalizers::FINALIZER.into()],
+            finalizers: vec![clb_guest::tracker::egress::finalizers::FINALIZER.into()],
         }));
     }
     all.extend(complete);

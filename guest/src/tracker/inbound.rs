@@ -4,6 +4,7 @@
 
 use super::cache::*;
 use super::driver::*;
+use super::egress::outbound::Outbound;
 use super::figures::ServiceType;
 use super::nrp::*;
 use super::outbox::*;
@@ -13,7 +14,6 @@ use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use crate::name::Name;
-use crate::outbound::Outbound;
 
 /// Inbound Services: a lifecycle per identity, and the sets the lifecycle driver looks at for
 /// work (and the lifecycle driver's kind for them, `inbound`).

@@ -11,7 +11,7 @@
 //!   address to it: unlink, delete the load balancer, unregister, delete the public IP, release
 //!   the finalizer.
 //! * Each egress identity a pod carries that NRP does not list gets an outbound lifecycle
-//!   ([`crate::outbound`]) on the same machinery: public IP(s), NAT gateway, registration; and
+//!   ([`egress::outbound`]) on the same machinery: public IP(s), NAT gateway, registration; and
 //!   once its last pod has gone and its addresses have drained, the teardown in upstream's order.
 //! * An address-location batch carries only registered, live Services, so a failing Service
 //!   never blocks another's addresses; and a slow or failing batch costs only the locations it
@@ -32,27 +32,26 @@ use crate::admission::{Verdict, admit_service};
 use crate::budget::WriteKind;
 use crate::config::{Config, ConfigError, Mode, validate_config};
 use crate::difftracker::View;
-use crate::egress::Egress;
 use crate::keyed::Set;
 use crate::lifecycle::Op;
 use crate::model::*;
 use crate::name::Name;
-use crate::outbound::Outbound;
 use budgets::Budgets;
+use egress::identities::Egress;
+use egress::outbound::Outbound;
 
 // Each below imports only those above it (ARCHITECTURE.md's layering): the data first, then the
 // driver, then what the tracker does with each part; this file, the coordination, is on top.
 mod budgets;
 mod cache;
 mod driver;
+pub mod egress;
 mod figures;
 mod format;
-mod identities;
 mod inbound;
 mod kube;
 mod nrp;
 mod outbox;
-mod pods;
 mod service;
 mod startup;
 mod state;
@@ -62,12 +61,12 @@ pub use crate::lifecycle::{backoff_ms, timing};
 pub use crate::model::Phase;
 use cache::{KubeCache, programmable};
 use driver::{Drive, Kind};
+use egress::OutboundPeers;
+use egress::{EgressOut, EgressSide};
 pub use figures::{
     AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats,
 };
 pub use format::{STATE_VERSION, StateError};
-use identities::OutboundPeers;
-use identities::{EgressOut, EgressSide};
 use inbound::Inbound;
 use inbound::InboundPeers;
 use kube::Endpoints;

@@ -3,17 +3,17 @@
 //! periodic read of NRP and the reconciliation after each read (docs/upstream.md §c.2.4).
 
 use super::budgets::Budgets;
+use super::egress::identities::Egress;
+use super::egress::outbound::Outbound;
 use super::figures::Figures;
 use super::outbox::*;
 use super::service::*;
 use crate::budget::WriteKind;
 use crate::difftracker::Class;
 use crate::difftracker::DiffTracker;
-use crate::egress::Egress;
 use crate::keyed::{Map, Set};
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
-use crate::outbound::Outbound;
 use serde::{Deserialize, Serialize};
 
 /// The most locations one `update-address-locations` carries.

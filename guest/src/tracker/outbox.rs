@@ -2,9 +2,9 @@
 //! command goes out with the next id and is remembered as in flight ([`InFlight`]) until its
 //! answer comes; an Event is a command nobody waits for.
 
+use super::egress::outbound::OutStep;
 use crate::keyed::Map;
 use crate::model::*;
-use crate::outbound::OutStep;
 use serde::{Deserialize, Serialize};
 
 use super::service::OpStep;

@@ -3,14 +3,14 @@
 //! deleted while no controller ran left behind.
 
 use super::cache::KubeCache;
-use super::identities::EgressSide;
+use super::egress::EgressSide;
+use super::egress::outbound::{self, OutStep, OutboundLifecycle};
 use super::inbound::Inbound;
 use super::nrp::*;
 use super::service::*;
 use crate::keyed::Map;
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
-use crate::outbound::{self, OutStep, OutboundLifecycle};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
@@ -219,7 +219,7 @@ impl Startup {
             let v6 = !nat.public_ips_v6.is_empty();
             let shaped =
                 nat.as_put && nat.public_ips == [pip(&id, false)] && (!v6 || nat.public_ips_v6 == [pip(&id, true)]);
-            if !shaped || !crate::egress::is_valid_identity(&id) || to.is_inbound(&id) {
+            if !shaped || !super::egress::identities::is_valid_identity(&id) || to.is_inbound(&id) {
                 continue;
             }
             let (carried, registered) = (to.egress.identities.carries(&id), to.egress.identities.is_registered(&id));
@@ -288,7 +288,7 @@ impl Startup {
                 (None, Some(id)) if ip.version == IpVersion::Ipv4 => (id, false),
                 _ => continue,
             };
-            let ours = crate::egress::is_valid_identity(id)
+            let ours = super::egress::identities::is_valid_identity(id)
                 && !looks_like_uid(id)
                 && !to.is_inbound(id)
                 && !to.egress.outbound.lifecycles.contains_key(id)

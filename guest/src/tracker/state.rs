@@ -6,8 +6,8 @@
 
 use super::budgets::Budgets;
 use super::cache::KubeCache;
+use super::egress::EgressSide;
 use super::figures::Figures;
-use super::identities::EgressSide;
 use super::inbound::Inbound;
 use super::nrp::Nrp;
 use super::outbox::Outbox;

@@ -3,8 +3,8 @@
 //! operation began.
 
 use super::budgets::Budgets;
+use super::egress::EgressSide;
 use super::figures::*;
-use super::identities::EgressSide;
 use super::inbound::Inbound;
 use super::nrp::Nrp;
 use super::outbox::*;

@@ -38,8 +38,6 @@ pub mod budget;
 pub mod config;
 #[path = "../../../guest/src/difftracker.rs"]
 pub mod difftracker;
-#[path = "../../../guest/src/egress.rs"]
-pub mod egress;
 #[path = "../../../guest/src/ip.rs"]
 pub mod ip;
 #[path = "../../../guest/src/keyed.rs"]
@@ -50,14 +48,10 @@ pub mod lifecycle;
 pub mod model;
 #[path = "../../../guest/src/name.rs"]
 pub mod name;
-#[path = "../../../guest/src/outbound.rs"]
-pub mod outbound;
 #[path = "../../../guest/src/pinning.rs"]
 pub mod pinning;
 #[path = "../../../guest/src/placement.rs"]
 pub mod placement;
-#[path = "../../../guest/src/pod_finalizers.rs"]
-pub mod pod_finalizers;
 #[path = "../../../guest/src/selector.rs"]
 pub mod selector;
 /// The real tracker (its state version is `v1::STATE_VERSION`).

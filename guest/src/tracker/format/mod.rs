@@ -8,17 +8,17 @@
 mod check;
 mod record;
 
+use super::egress::finalizers::PodFinalizers;
+use super::egress::identities::Egress;
+use super::egress::outbound::Outbound;
 use crate::budget::Buckets;
 use crate::config::{Config, ConfigError, validate_config};
-use crate::egress::Egress;
 use crate::model::Clock;
-use crate::outbound::Outbound;
-use crate::pod_finalizers::PodFinalizers;
 
 use super::budgets::Budgets;
 use super::cache::KubeCache;
+use super::egress::EgressSide;
 use super::figures::Figures;
-use super::identities::EgressSide;
 use super::inbound::Inbound;
 use super::nrp::*;
 use super::outbox::Outbox;

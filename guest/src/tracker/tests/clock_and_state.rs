@@ -1,10 +1,10 @@
 //! The clock stepping back or reaching the end of time, and state import: old versions, corrupt
 //! payloads, and what an import refuses.
 
+use super::super::egress::finalizers::PodFinalizers;
+use super::super::egress::identities::Egress;
+use super::super::egress::outbound::Outbound;
 use super::*;
-use crate::egress::Egress;
-use crate::outbound::Outbound;
-use crate::pod_finalizers::PodFinalizers;
 
 // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
 // deletion after its finalizer was removed, an upsert that re-added the finalizer in that

@@ -5,9 +5,9 @@
 //! version says a state of it does. `CLB_BLESS_STATE_FIXTURES=1` writes the fixtures from today's
 //! exporters instead of comparing (then run again without it).
 
+use super::super::egress::finalizers::FINALIZER as POD_FINALIZER;
 use super::upstream_outbound::{IDENTITY, pod};
 use super::*;
-use crate::pod_finalizers::FINALIZER as POD_FINALIZER;
 use std::path::PathBuf;
 
 /// The Services of the state, all in namespace `default`: (UID, name).

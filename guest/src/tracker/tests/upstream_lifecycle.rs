@@ -454,7 +454,7 @@ fn a_teardown_whose_disassociation_succeeds_logs_no_swallowed_failure() {
 
 /// `pod` being deleted, holding the egress pod finalizer.
 fn deleting_held_pod(pod: Pod) -> Pod {
-    Pod { deleting: true, finalizers: vec![crate::pod_finalizers::FINALIZER.into()], ..pod }
+    Pod { deleting: true, finalizers: vec![super::super::egress::finalizers::FINALIZER.into()], ..pod }
 }
 
 /// The release of the finalizer of pod `name` (any UID).
@@ -605,7 +605,7 @@ fn a_deleted_pod_with_no_address_or_no_location_is_released_at_once_without_a_dr
     let no_location = Pod { pod_ips: vec!["fd01::5".into()], ..pod("p3", "10.244.2.13") };
     for (case, other) in [("no IP", no_ip), ("no location", no_location)] {
         let mut tracker = provisioned();
-        let held = Pod { finalizers: vec![crate::pod_finalizers::FINALIZER.into()], ..other };
+        let held = Pod { finalizers: vec![super::super::egress::finalizers::FINALIZER.into()], ..other };
         let name = held.name.clone();
         let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(held.clone())]);
         let (issued, _) = drive_keeping(&mut tracker, NOW + 1, step, ok, |c| !matches!(c, Command::EmitEvent(_)));
@@ -718,8 +718,8 @@ fn after_a_restart_a_pod_arriving_during_the_recovered_teardown_waits_for_the_id
 // one Warning, and the teardown is not redone (one NAT gateway and one public IP delete); then all is quiet.
 #[test]
 fn a_last_pods_release_failing_after_the_teardown_is_retried_without_redoing_the_teardown() {
+    use super::super::egress::finalizers::reason::POD_FINALIZER_FAILED;
     use super::upstream_outbound::{drive_keeping, ok, pod, provisioned};
-    use crate::pod_finalizers::reason::POD_FINALIZER_FAILED;
     let mut tracker = provisioned();
     let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held_pod(pod("p", "10.244.2.10")))]);
     let mut refusals = 2;

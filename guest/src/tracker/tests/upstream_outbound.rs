@@ -488,7 +488,7 @@ fn a_pod_deleted_during_creation_leaves_the_address_another_pod_carries_to_be_se
 
 /// The pod deleted while the finalizer holds it.
 fn deleting_held(pod: Pod) -> Pod {
-    Pod { deleting: true, finalizers: vec![crate::pod_finalizers::FINALIZER.into()], ..pod }
+    Pod { deleting: true, finalizers: vec![super::super::egress::finalizers::FINALIZER.into()], ..pod }
 }
 
 fn is_release(command: &Command, name: &str, uid: &str) -> bool {
@@ -502,7 +502,7 @@ fn is_release(command: &Command, name: &str, uid: &str) -> bool {
 // release succeeds. Differs: retried for as long as it fails, no budget to exhaust.
 #[test]
 fn a_failing_release_of_the_last_pods_finalizer_after_the_teardown_is_retried_and_warned_about() {
-    use crate::pod_finalizers::reason::POD_FINALIZER_FAILED;
+    use super::super::egress::finalizers::reason::POD_FINALIZER_FAILED;
     let mut tracker = provisioned();
     let step = tracker.observe(NOW + 1, vec![Observation::PodUpserted(deleting_held(pod("p", "10.244.2.10")))]);
     let (before, (id, _)) = drive_until(&mut tracker, NOW + 1, step, |c| is_release(c, "p", "uid-p"));
@@ -639,7 +639,7 @@ fn replaced_during_creation(old: Pod, new: Pod) -> (Vec<Command>, Tracker) {
 // UID read (stale): it changes nothing. The replacement keeps the identity counted, so the creation goes on (no
 // teardown, one NAT gateway PUT, one registration); the address is sent once, mapped to the identity, after the
 // registration; the replacement's finalizer is added and never released. Differs: upstream also releases the old
-// UID's finalizer (ReleaseNoDrain); here the stale read writes nothing (see `crate::pod_finalizers`).
+// UID's finalizer (ReleaseNoDrain); here the stale read writes nothing (see `super::super::egress::finalizers`).
 #[test]
 fn a_stale_deletion_of_the_old_uid_after_a_same_address_replacement_during_creation_lets_the_creation_go_on() {
     let mut tracker = started();

@@ -1,16 +1,16 @@
 //! Ports of upstream tests about the egress pod finalizer
-//! `servicegateway.azure.com/pod-cleanup` (`crate::pod_finalizers`): when it is added, when it is
+//! `servicegateway.azure.com/pod-cleanup` (`super::super::egress::finalizers`): when it is added, when it is
 //! released (after the drain; for a last pod, after the teardown), UID guards against replacement
 //! pods, retries, and recovery after a restart. Each test names the upstream tests it ports in
 //! the comment directly above it (`docs/conformance.md` is generated from those).
 
+use super::super::egress::finalizers::Want;
+use super::super::egress::finalizers::{FINALIZER, reason::POD_FINALIZER_FAILED};
 use super::upstream_outbound::{
     HOST, IDENTITY, drive, drive_keeping, drive_until, gone, is_delete, is_outbound, is_put_nat_gateway, ok, pod,
     position, provisioned, started,
 };
 use super::*;
-use crate::pod_finalizers::Want;
-use crate::pod_finalizers::{FINALIZER, reason::POD_FINALIZER_FAILED};
 use std::collections::BTreeSet;
 
 /// A pod as the API server shows it once it holds the finalizer.
@@ -282,7 +282,7 @@ fn a_pod_whose_address_another_pod_now_carries_is_released_without_a_drain_or_a_
 // (with its IPs, then with them cleared) drains nothing and tears nothing down; the replacement stays counted,
 // programmed and held under its own UID (no release pending for it). Its own deletion later drains its address and
 // releases it. Differs: upstream also releases the old UID's finalizer (ReleaseNoDrain); here the stale read writes
-// nothing (see `crate::pod_finalizers`: the old object holds no finalizer while the replacement exists, and a write
+// nothing (see `super::super::egress::finalizers`: the old object holds no finalizer while the replacement exists, and a write
 // would be repeated at every re-list, against P3).
 #[test]
 fn a_stale_deletion_of_a_replaced_pods_old_uid_drains_releases_and_tears_down_nothing() {

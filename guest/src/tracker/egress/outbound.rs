@@ -19,7 +19,7 @@
 //!
 //! An identity NRP already lists when a pod first carries it is somebody else's (or ours from
 //! a state this tracker does not have) and gets no lifecycle: its pods are programmed, and it is
-//! never torn down. The RP's `default-natgw` is never an identity (`crate::egress`).
+//! never torn down. The RP's `default-natgw` is never an identity (`super::identities`).
 
 use crate::budget::WriteKind;
 use crate::keyed::Map;

@@ -35,12 +35,12 @@
 //! `outboundIdentityPodRefCount`; property P4: never negative, zero exactly when no pod carries
 //! it). NRP's side: an identity that a pod carries and that NRP lists as a registered Outbound
 //! service is programmed; one a pod carries that NRP does not list is held back (NRP would refuse
-//! the reference) while `crate::outbound` creates it; one whose pods have all gone is drained.
+//! the reference) while `super::outbound` creates it; one whose pods have all gone is drained.
 //! Outbound services that no pod of this cluster has carried (in this state's lifetime) are
 //! somebody else's and left alone.
 //!
-//! Not here: the NAT gateway lifecycle (`crate::outbound`) and the pod finalizer
-//! `servicegateway.azure.com/pod-cleanup` (`crate::pod_finalizers`).
+//! Not here: the NAT gateway lifecycle (`super::outbound`) and the pod finalizer
+//! `servicegateway.azure.com/pod-cleanup` (`super::finalizers`).
 
 use crate::difftracker::{Class, DiffTracker};
 use crate::ip;
@@ -393,5 +393,5 @@ impl Egress {
 
 // By path, so that it resolves the same where `tests/next-guest` includes this file by path.
 #[cfg(test)]
-#[path = "egress/tests.rs"]
+#[path = "identities/tests.rs"]
 mod tests;

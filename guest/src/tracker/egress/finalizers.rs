@@ -35,7 +35,7 @@
 //! included when it had no IP. The pods this module knows are those that carry an identity or
 //! hold the finalizer: the rest cost nothing.
 
-use crate::egress;
+use super::identities as egress;
 use crate::keyed::{Map, Set};
 use crate::lifecycle::{Attempt, WorkSets};
 use crate::model::{Failure, ObjectKey, ObjectRef, Pod};

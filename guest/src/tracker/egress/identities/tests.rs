@@ -20,10 +20,10 @@ fn pod(name: &str, label: Option<&str>, ips: &[&str]) -> Pod {
     }
 }
 
-/// The pod once it holds the pod finalizer (`crate::pod_finalizers`): the tracker writes
+/// The pod once it holds the pod finalizer (`super::super::finalizers`): the tracker writes
 /// nothing to it while it carries an identity.
 fn held(pod: Pod) -> Pod {
-    Pod { finalizers: vec![crate::pod_finalizers::FINALIZER.into()], ..pod }
+    Pod { finalizers: vec![super::super::finalizers::FINALIZER.into()], ..pod }
 }
 
 fn no_inbound(_: &str) -> bool {
@@ -60,7 +60,7 @@ fn valid_identities_follow_the_azure_name_rule_and_default_natgw_is_reserved() {
     }
     // The longest identity's public IP names fit Azure's 80 characters, the IPv6 one too.
     for v6 in [false, true] {
-        assert!(crate::outbound::public_ip_name(&longest, v6).len() <= 80);
+        assert!(super::super::outbound::public_ip_name(&longest, v6).len() <= 80);
     }
     let reserved = read_pod(&pod("p", Some("Default-NATGW"), &["10.244.0.5"]), no_inbound);
     assert_eq!(reserved.identity, None);
@@ -657,7 +657,7 @@ fn a_pod_labelled_with_a_services_uid_is_refused_whether_it_is_seen_before_or_af
     let (commands, view, _, relist) = &pod_batch_first;
     assert_eq!((view, relist), (&service_first.1, &service_first.3));
     // The pod held the pod finalizer while it carried the identity: added, then released
-    // once the teardown ended (`crate::pod_finalizers`); the Service's writes are the rest.
+    // once the teardown ended (`super::super::finalizers`); the Service's writes are the rest.
     let pod_finalizer = |c: &&Command| matches!(c, Command::SetFinalizer { service, .. } if service.kind == "Pod");
     let finalizers: Vec<bool> = commands
         .iter()

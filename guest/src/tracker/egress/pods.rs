@@ -1,24 +1,30 @@
-//! The tracker's side of egress pods (`crate::egress`) and their finalizers
-//! (`crate::pod_finalizers`): a pod read, refused or gone, and when its finalizer is added or
+//! The tracker's side of egress pods (`super::identities`) and their finalizers
+//! (`super::finalizers`): a pod read, refused or gone, and when its finalizer is added or
 //! released.
 
-use super::identities::*;
-use super::inbound::Inbound;
-use super::nrp::*;
-use super::outbox::*;
+use super::super::inbound::Inbound;
+use super::super::nrp::*;
+use super::super::outbox::*;
+use super::finalizers::{self, Want};
+use super::*;
 use crate::lifecycle::retry_delay;
 use crate::model::*;
 use crate::name::Name;
-use crate::pod_finalizers::{self, Want};
 
 impl EgressSide {
-    /// An egress pod was created or changed (the rules are in [`crate::egress`]).
+    /// An egress pod was created or changed (the rules are in [`super::identities`]).
     /// `inbound`: the Services' lifecycles (an identity that is a Service's is never an egress
     /// identity: one key space, docs/upstream.md §i.2.7).
-    pub(super) fn upsert_pod(&mut self, pod: &Pod, inbound: &Inbound, out: &mut EgressOut<'_>, step: &mut Step) {
+    pub(in super::super) fn upsert_pod(
+        &mut self,
+        pod: &Pod,
+        inbound: &Inbound,
+        out: &mut EgressOut<'_>,
+        step: &mut Step,
+    ) {
         let key = pod.key();
         if self.finalizers.superseded(pod) {
-            return; // a stale deletion of the object a same-name replacement superseded (`crate::pod_finalizers`)
+            return; // a stale deletion of the object a same-name replacement superseded (`super::finalizers`)
         }
         let carried_before = self.identities.carried_by(&key);
         let before = carried_before.as_ref().map(|(identity, _)| identity.clone());
@@ -29,9 +35,9 @@ impl EgressSide {
         }
         let carried_after = self.identities.carried_by(&key);
         self.finalizers.observe(pod, &carried_before, &carried_after);
-        if carried_after.is_none() && pod.finalizers.iter().any(|f| f == pod_finalizers::FINALIZER) {
+        if carried_after.is_none() && pod.finalizers.iter().any(|f| f == finalizers::FINALIZER) {
             // Held by our finalizer from before this state (a restart): what it carried drains.
-            let named = pod_finalizers::named_by(pod).filter(|(id, _)| !inbound(id));
+            let named = finalizers::named_by(pod).filter(|(id, _)| !inbound(id));
             if let Some((identity, _)) = named.filter(|(id, _)| self.identities.know(id)) {
                 out.nrp.diff.touch_identity(&identity);
             }
@@ -46,8 +52,8 @@ impl EgressSide {
 
     /// An inbound identity is known now (a Service, an orphan in NRP): egress pods carrying it
     /// are refused, as they would have been had it been known when they were read
-    /// ([`crate::egress::Egress::refuse_identity`]).
-    pub(super) fn refuse_colliding_pods(&mut self, identity: &str, out: &mut EgressOut<'_>, step: &mut Step) {
+    /// ([`super::identities::Egress::refuse_identity`]).
+    pub(in super::super) fn refuse_colliding_pods(&mut self, identity: &str, out: &mut EgressOut<'_>, step: &mut Step) {
         let refused = self.identities.refuse_identity(identity, &mut out.nrp.diff);
         if !refused.is_empty() {
             self.carried_changed(identity, out);
@@ -59,11 +65,11 @@ impl EgressSide {
         }
     }
 
-    // ---- Egress pod finalizers (crate::pod_finalizers) ----
+    // ---- Egress pod finalizers (super::finalizers) ----
 
     /// Adds the finalizer to the pods that carry an identity, and releases it from those that
     /// carry nothing any more once what they carried has left NRP.
-    pub(super) fn advance_pod_finalizers(&mut self, now: u64, out: &mut EgressOut<'_>, step: &mut Step) {
+    pub(in super::super) fn advance_pod_finalizers(&mut self, now: u64, out: &mut EgressOut<'_>, step: &mut Step) {
         let runnable = self.finalizers.take_runnable(now);
         let due: Vec<(ObjectKey, Want)> =
             runnable.into_iter().filter_map(|key| self.finalizers.due(&key, now).map(|want| (key, want))).collect();
@@ -89,7 +95,7 @@ impl EgressSide {
             let id = out.outbox.next_command_id;
             let pod = self.finalizers.issued(&key, id, present);
             let what = InFlight::PodFinalizer { key, uid: pod.uid.to_string(), present };
-            let finalizer = pod_finalizers::FINALIZER.to_owned();
+            let finalizer = finalizers::FINALIZER.to_owned();
             out.outbox.issue(Command::SetFinalizer { service: pod, finalizer, present }, what, step);
         }
     }
@@ -100,7 +106,7 @@ impl EgressSide {
     /// lifecycle left (its teardown ended). A pod none of whose addresses was ever read (it had
     /// no IP when it was seen) waits until its identities have no address left in NRP that no
     /// live pod backs: one of those may have been its own.
-    pub(super) fn pod_released(&self, key: &ObjectKey, in_flight: &[&NrpLocation], nrp: &Nrp) -> bool {
+    pub(in super::super) fn pod_released(&self, key: &ObjectKey, in_flight: &[&NrpLocation], nrp: &Nrp) -> bool {
         let Some(held) = self.finalizers.get(key) else { return true };
         let in_batch = |identity: &str, location: &str, address: &str| {
             let Ok(at) = in_flight.binary_search_by(|l| l.location.as_str().cmp(location)) else { return false };
@@ -113,7 +119,7 @@ impl EgressSide {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn pod_finalizer_outcome(
+    pub(in super::super) fn pod_finalizer_outcome(
         &mut self,
         outbox: &mut Outbox,
         key: &ObjectKey,
@@ -149,7 +155,7 @@ impl EgressSide {
                 name: key.name.clone(),
                 uid: Name::new(uid),
             };
-            outbox.event(&regarding, EventType::Warning, pod_finalizers::reason::POD_FINALIZER_FAILED, message, step);
+            outbox.event(&regarding, EventType::Warning, finalizers::reason::POD_FINALIZER_FAILED, message, step);
         }
     }
 }

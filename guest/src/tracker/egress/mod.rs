@@ -1,6 +1,11 @@
-//! The tracker's side of egress identities' outbound lifecycles (`crate::outbound`): when pods
+//! The tracker's side of egress identities' outbound lifecycles (`self::outbound`): when pods
 //! start or stop carrying an identity, its reconciliation after a read of NRP, the end of an
 //! operation and the answers to its commands; and `OutboundIdentity`, its kind for the driver.
+
+pub mod finalizers;
+pub mod identities;
+pub mod outbound;
+mod pods;
 
 use super::cache::KubeCache;
 use super::driver::*;
@@ -8,12 +13,12 @@ use super::figures::ServiceType;
 use super::nrp::*;
 use super::outbox::*;
 use super::service::*;
-use crate::egress::Egress;
 use crate::keyed::Map;
 use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
-use crate::outbound::{self, OutStep, Outbound, OutboundLifecycle};
-use crate::pod_finalizers::PodFinalizers;
+use finalizers::PodFinalizers;
+use identities::Egress;
+use outbound::{OutStep, Outbound, OutboundLifecycle};
 
 /// The egress side: pods and the identities they carry ([`Egress`]), the outbound lifecycle of
 /// each identity of ours ([`Outbound`]), and the finalizers held on egress pods
