@@ -104,7 +104,9 @@ fn every_multi_slb_scenario_passes_under_the_native_library() {
 /// A reconciler with no backend-pool logic (the fuzz seed generator's recorder is one).
 struct TrackerOnly(NativeReconciler);
 
-impl simulate::Reconciler for TrackerOnly {
+impl clb_sandbox::logic::Logic for TrackerOnly {
+    type Error = simulate::LogicError;
+
     fn start(&mut self, config: &wit::Config) -> Result<(), simulate::LogicError> {
         self.0.start(config)
     }
@@ -125,6 +127,9 @@ impl simulate::Reconciler for TrackerOnly {
     fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, simulate::LogicError> {
         self.0.stats(now_ms)
     }
+}
+
+impl simulate::Reconciler for TrackerOnly {
     fn pools(&mut self) -> Option<&mut dyn simulate::PoolReconciler> {
         None
     }

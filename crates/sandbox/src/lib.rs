@@ -10,7 +10,8 @@
 //! Around it, in layers (ARCHITECTURE.md, invariant 12), what keeps a logic serving: the
 //! [`supervisor`] (checkpoints, trap recovery, rollback, hot and staged swaps, a candidate in
 //! [`supervisor::shadow`]), the [`trace`]s of its calls, the logic's own [`figures`], and what
-//! every way a component comes in shares ([`compression`], [`bounded`] reads, [`error_text`]).
+//! every way a component comes in shares ([`compression`], [`bounded`] reads, [`error_text`]);
+//! and [`logic::Logic`], the logic's calls as every driver makes them.
 
 pub mod bounded;
 pub mod compression;
@@ -18,6 +19,7 @@ pub mod error_text;
 pub mod figures;
 #[cfg(unix)]
 pub mod linear_memory;
+pub mod logic;
 #[cfg(feature = "native")]
 pub mod native;
 pub mod supervisor;

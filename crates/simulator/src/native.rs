@@ -1,15 +1,16 @@
 //! The native library (`clb-guest`) behind the simulator's traits (feature `native`):
-//! [`NativeReconciler`], the library behind the simulator's [`Reconciler`] trait, with
-//! [`NativePools`] behind the backend-pool updater's [`PoolLogic`], through the conversions the
-//! guest's adapter makes (`clb_sandbox::native`). Differential runs feed the same records to the
-//! library and to the component and compare what comes back: the integration tests (`clb-tests`)
-//! and the fuzz crate's `differential` target (`fuzz-lib/`).
+//! [`NativeReconciler`], the library behind the host's [`Logic`] and the simulator's
+//! [`Reconciler`] traits, with [`NativePools`] behind the backend-pool updater's [`PoolLogic`],
+//! through the conversions the guest's adapter makes (`clb_sandbox::native`). Differential runs
+//! feed the same records to the library and to the component and compare what comes back: the
+//! integration tests (`clb-tests`) and the fuzz crate's `differential` target (`fuzz-lib/`).
 
 use crate::simulate::{LogicError, PoolReconciler, Reconciler, Supervised};
 use clb_executor::backend_pools::PoolLogic;
 use clb_sandbox::GuestError;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::bindings::exports::clb::reconciler::backend_pools as wit_pools;
+use clb_sandbox::logic::Logic;
 use clb_sandbox::native::{
     WitPoolQueue, config_to_model, observation_to_model, outcome_to_model, place_service_wit, step_to_wit,
 };
@@ -65,8 +66,8 @@ impl PoolLogic for NativePools {
     }
 }
 
-/// The native library behind the simulator's [`Reconciler`] trait, for the differential runs:
-/// the same scenario through this and through the component must give the same commands.
+/// The native library behind [`Logic`] and the simulator's [`Reconciler`], for the differential
+/// runs: the same scenario through this and through the component must give the same commands.
 #[derive(Default)]
 pub struct NativeReconciler {
     tracker: Option<clb_guest::tracker::Tracker>,
@@ -83,7 +84,9 @@ impl NativeReconciler {
     }
 }
 
-impl Reconciler for NativeReconciler {
+impl Logic for NativeReconciler {
+    type Error = LogicError;
+
     fn start(&mut self, config: &wit::Config) -> Result<(), LogicError> {
         let tracker = clb_guest::tracker::Tracker::create(config_to_model(config))
             .map_err(|e| LogicError::ConfigRefused { field: e.field, reason: e.reason, message: e.message })?;
@@ -113,7 +116,9 @@ impl Reconciler for NativeReconciler {
     fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, LogicError> {
         Ok(self.tracker()?.stats(now_ms).into())
     }
+}
 
+impl Reconciler for NativeReconciler {
     fn pools(&mut self) -> Option<&mut dyn PoolReconciler> {
         Some(self)
     }

@@ -19,6 +19,7 @@ use clb_fuzz::pools::{self, PoolOp};
 use clb_fuzz::program::{Answer, Program, Step, Time};
 use clb_guest::backend_pools::{Failure, GroupOutcome, OperationKind, PoolOperation, ServiceAssignment};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::logic::Logic;
 use clb_simulator::cluster::Object;
 use clb_simulator::native::NativeReconciler;
 use clb_simulator::simulate::{LogicError, PoolReconciler, Reconciler, Supervised};
@@ -51,7 +52,9 @@ impl Recording {
     }
 }
 
-impl Reconciler for Recording {
+impl Logic for Recording {
+    type Error = LogicError;
+
     fn start(&mut self, config: &wit::Config) -> Result<(), LogicError> {
         self.inner.start(config)?;
         self.runs.push((config.clone(), Vec::new(), Vec::new()));
@@ -99,7 +102,9 @@ impl Reconciler for Recording {
     fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, LogicError> {
         self.inner.stats(now_ms)
     }
+}
 
+impl Reconciler for Recording {
     /// The programs drive the tracker alone: a multi-SLB scenario stops at its first restart.
     fn pools(&mut self) -> Option<&mut dyn PoolReconciler> {
         None

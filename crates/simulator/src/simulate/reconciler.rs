@@ -1,13 +1,15 @@
-//! The logic as the simulator drives it: the [`Reconciler`] trait, what its calls can fail with,
+//! The logic as the simulator drives it: the [`Reconciler`] trait (the host's [`Logic`] with the
+//! simulator's own parts), what its calls can fail with,
 //! and [`ComponentReconciler`], the component behind a [`clb_sandbox::supervisor::Supervisor`] (swaps,
 //! shadows and traces included).
 
 use crate::scenario::{self, ComponentSource};
 use clb_executor::backend_pools::{GuestQueue, PoolLogic, PoolUpdaterError};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::logic::Logic;
 use clb_sandbox::supervisor::{ShadowOptions, ShadowStatus, Supervisor, SupervisorError};
 use clb_sandbox::trace::Recorder;
-use clb_sandbox::{GuestError, Logic, Runtime};
+use clb_sandbox::{GuestError, Runtime};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -56,26 +58,13 @@ pub enum SwapResult {
     Refused(String),
 }
 
-/// The reconcile logic as the simulator drives it: the guest's `tracker`, through whichever
-/// implementation. [`ComponentReconciler`] runs the WebAssembly component; the test suite
-/// also runs the native library behind this trait and compares the command streams. What not
-/// every implementation has is a trait of its own, which [`Self::pools`] and
-/// [`Self::supervised`] hand out where it exists: a scenario that needs it and finds none
-/// stops, saying so.
-pub trait Reconciler {
-    /// Starts a fresh tracker (at start and on every restart); earlier state is dropped.
-    fn start(&mut self, config: &wit::Config) -> Result<(), LogicError>;
-    fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, LogicError>;
-    /// With ARM's remaining-writes figure on the latest answer among `results` that carried one.
-    fn complete(
-        &mut self,
-        now_ms: u64,
-        results: &[(u64, wit::Outcome)],
-        arm_remaining_writes: Option<u32>,
-    ) -> Result<wit::Step, LogicError>;
-    fn tick(&mut self, now_ms: u64) -> Result<wit::Step, LogicError>;
-    /// What the logic is doing (`tracker.stats`).
-    fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, LogicError>;
+/// The reconcile logic as the simulator drives it: the guest's `tracker` through the host's
+/// [`Logic`] trait, by whichever implementation. [`ComponentReconciler`] runs the WebAssembly
+/// component; the test suite also runs the native library behind this trait and compares the
+/// command streams. What not every implementation has is a trait of its own, which
+/// [`Self::pools`] and [`Self::supervised`] hand out where it exists: a scenario that needs it and
+/// finds none stops, saying so.
+pub trait Reconciler: Logic<Error = LogicError> {
     /// The backend-pool logic of multi-SLB local-service mode; `None`: this reconciler has none.
     fn pools(&mut self) -> Option<&mut dyn PoolReconciler>;
     /// The supervisor around the logic (swaps, a candidate in shadow, quarantine, traces);
@@ -131,7 +120,7 @@ pub struct ComponentReconciler<'a> {
 }
 
 impl<'a> ComponentReconciler<'a> {
-    pub fn new(logic: &'a Logic) -> Self {
+    pub fn new(logic: &'a clb_sandbox::Logic) -> Self {
         let builtin = clb_sandbox::sha256_hex(clb_sandbox::BUILTIN_GUEST);
         let names = BTreeMap::from([(builtin, "builtin".to_owned())]);
         Self { supervisor: Supervisor::new(logic), runtime: None, named: BTreeMap::new(), names }
@@ -156,7 +145,9 @@ impl<'a> ComponentReconciler<'a> {
     }
 }
 
-impl Reconciler for ComponentReconciler<'_> {
+impl Logic for ComponentReconciler<'_> {
+    type Error = LogicError;
+
     fn start(&mut self, config: &wit::Config) -> Result<(), LogicError> {
         self.supervisor.start(config).map_err(|e| match e {
             SupervisorError::ConfigRefused { field, reason, message } => {
@@ -189,7 +180,9 @@ impl Reconciler for ComponentReconciler<'_> {
     fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, LogicError> {
         Ok(self.supervisor.logic_stats(now_ms)?)
     }
+}
 
+impl Reconciler for ComponentReconciler<'_> {
     fn pools(&mut self) -> Option<&mut dyn PoolReconciler> {
         Some(self)
     }
