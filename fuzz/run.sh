@@ -36,7 +36,7 @@ fi
 if ! cargo +nightly fuzz --version > /dev/null 2>&1; then
   cargo install cargo-fuzz --version 0.13.2 --locked --debug
 fi
-# The guest component clb-host embeds is built with the pinned toolchain, not nightly.
+# The guest component clb-sandbox embeds is built with the pinned toolchain, not nightly.
 CLB_GUEST_TOOLCHAIN=$(sed -n 's/^channel = "\(.*\)"/\1/p' ../rust-toolchain.toml)
 export CLB_GUEST_TOOLCHAIN
 

@@ -3,7 +3,7 @@
 # instrumentation, and one codegen unit per crate, in RUSTFLAGS, which cargo applies to every
 # crate. Instrumenting wasmtime, cranelift and k8s-openapi made a cold build take over 25 minutes
 # and adds edges libFuzzer cannot steer by, so only the crates of this checkout (the guest, the
-# host, the fuzz crates) keep those flags; every other crate is built without them. Sanitizer
+# host's crates, the fuzz crates) keep those flags; every other crate is built without them. Sanitizer
 # flags (-Zsanitizer) and `--cfg fuzzing` stay on every crate: mixing sanitized and unsanitized
 # crates is refused by rustc.
 #
@@ -13,11 +13,11 @@ rustc=$1
 shift
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # What to drop: `coverage` (the instrumentation) and/or `units` (the single codegen unit, which
-# only buys speed through inlining; clb-host is large and its speed matters little to any target,
-# so it keeps its coverage and is compiled in parallel).
+# only buys speed through inlining; the host's crates are large and their speed matters little to
+# any target, so they keep their coverage and are compiled in parallel).
 drop=
 case "${CARGO_MANIFEST_DIR:-}" in
-  "$root/host") drop=units ;;
+  "$root/host" | "$root"/crates/*) drop=units ;;
   "$root" | "$root"/*) exec "$rustc" "$@" ;;
   *) drop="coverage units" ;;
 esac

@@ -1,7 +1,7 @@
 //! Build-script support: compiles a guest crate of this workspace for `wasm32-unknown-unknown`
 //! and encodes the core module as a component (what `wasm-tools component new` does).
 //!
-//! Used by `host/build.rs` (the built-in guest) and `tests/build.rs` (test-only guests), the
+//! Used by `crates/sandbox/build.rs` (the built-in guest) and `tests/build.rs` (test-only guests), the
 //! pattern of wasmtime's test-programs. The nested cargo uses its own target directory so it
 //! never waits on the lock of the build that runs it.
 
@@ -201,7 +201,7 @@ mod tests {
     #[test]
     fn the_workspace_build_scripts_find_their_checkout_when_they_run() {
         let workspace = workspace_root(&package_dir());
-        for script in ["host/build.rs", "tests/build.rs"] {
+        for script in ["crates/sandbox/build.rs", "tests/build.rs"] {
             let text = std::fs::read_to_string(workspace.join(script)).unwrap();
             assert!(!text.contains("env!(\"CARGO_MANIFEST_DIR\")"), "{script} reads its checkout at compile time");
             assert!(text.contains("clb_build::package_dir()"), "{script}");

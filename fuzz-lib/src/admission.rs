@@ -3,7 +3,7 @@
 //! the same verdict (they are pure functions of their arguments, docs/design.md §2.1).
 
 use crate::input::Dec;
-use clb_host::native::{config_to_model, service_to_model};
+use clb_sandbox::native::{config_to_model, service_to_model};
 
 pub fn admission(data: &[u8]) {
     let mut d = Dec::new(data);

@@ -1,7 +1,7 @@
 //! The `differential` target: one hostile [`Program`] through the native library and through
-//! the built component (`clb_host::BUILTIN_GUEST`) under wasmtime with the production limits
+//! the built component (`clb_sandbox::BUILTIN_GUEST`) under wasmtime with the production limits
 //! (`Limits::default()`). Every call must give the same answer, compared in the host's WIT
-//! types (`clb_host::native` converts the library's); a trap in the component where the native
+//! types (`clb_sandbox::native` converts the library's); a trap in the component where the native
 //! library did not panic is a failure (a native panic is one too: the `tracker` target's).
 //!
 //! Answers are taken as the program says, lies included, and the same answers go to both: the
@@ -13,12 +13,12 @@
 use crate::input::Dec;
 use crate::program::{Answer, Program, Step, Time};
 use clb_guest::tracker::{StateError, Tracker};
-use clb_host::native::{
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::native::{
     component_verdict, config_to_model, native_verdict, observation_to_model, outcome_to_model, service_to_model,
     step_to_wit,
 };
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::sandbox::{Limits, Logic, Runtime, Session};
+use clb_sandbox::{Limits, Logic, Runtime, Session};
 use std::sync::OnceLock;
 use wasmtime::component::ResourceAny;
 
@@ -28,7 +28,7 @@ pub fn logic() -> &'static Logic {
     static LOGIC: OnceLock<Logic> = OnceLock::new();
     LOGIC.get_or_init(|| {
         let runtime = RUNTIME.get_or_init(|| Runtime::new().expect("the engine starts"));
-        runtime.load(clb_host::BUILTIN_GUEST, Limits::default()).expect("the built-in guest loads")
+        runtime.load(clb_sandbox::BUILTIN_GUEST, Limits::default()).expect("the built-in guest loads")
     })
 }
 
@@ -55,7 +55,7 @@ fn wit_state_error(e: &wit::StateError) -> String {
 }
 
 /// The component's answer, or the failure of the run when it trapped.
-fn ok<T>(call: &str, result: Result<T, clb_host::sandbox::GuestError>) -> T {
+fn ok<T>(call: &str, result: Result<T, clb_sandbox::GuestError>) -> T {
     result.unwrap_or_else(|e| panic!("the component failed in {call} where the native library did not: {e}"))
 }
 

@@ -2,12 +2,12 @@
 //! (`scenario`), and from the guest (`commands`).
 
 use crate::input::Dec;
-use clb_host::emulator::Emulator;
-use clb_host::executor::{self, Executor};
-use clb_host::native::observation_to_model;
-use clb_host::records;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::simulator::cluster::{Cluster, Object};
+use clb_emulator::Emulator;
+use clb_executor::records;
+use clb_executor::{self as executor, Executor};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::native::observation_to_model;
+use clb_simulator::cluster::{Cluster, Object};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
@@ -63,7 +63,7 @@ pub fn records(data: &[u8]) {
 /// `scenario`: any text through the scenario parser: a scenario or an error, never a panic.
 pub fn scenario(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    if let Ok(scenario) = clb_host::simulator::scenario::parse(std::path::Path::new("fuzz.yaml"), &text) {
+    if let Ok(scenario) = clb_simulator::scenario::parse(std::path::Path::new("fuzz.yaml"), &text) {
         for step in &scenario.steps {
             let _ = step.summary();
         }
@@ -85,7 +85,7 @@ fn web() -> Service {
 /// pass is carried out, and its answer is never `InvalidCommand`. Never a panic.
 pub fn commands(data: &[u8]) {
     let mut d = Dec::new(data);
-    let emulator = Emulator::new(clb_host::simulator::simulate::scope());
+    let emulator = Emulator::new(clb_emulator::scope());
     let cluster = Cluster::new();
     cluster.apply(Object::Service(Box::new(web()))).expect("an empty cluster takes a Service");
     let executor = Executor::new(&emulator, &cluster);

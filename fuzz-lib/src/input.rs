@@ -14,7 +14,7 @@
 //! next to each other, one pair per type.
 
 use arbitrary::Unstructured;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
 
 /// The most entries of an ordinary list (ports, endpoints, addresses, ...).
 pub const MAX_LIST: u8 = 6;

@@ -121,8 +121,8 @@ pub fn encode(max_retries: u32, ops: &[PoolOp]) -> Vec<u8> {
     e.bytes
 }
 
-fn wit_failure(f: &Failure) -> clb_host::sandbox::bindings::clb::reconciler::types::Failure {
-    clb_host::sandbox::bindings::clb::reconciler::types::Failure {
+fn wit_failure(f: &Failure) -> clb_sandbox::bindings::clb::reconciler::types::Failure {
+    clb_sandbox::bindings::clb::reconciler::types::Failure {
         status: f.status,
         code: f.code.clone(),
         retry_after_ms: f.retry_after_ms,

@@ -3,7 +3,7 @@
 //! ticks, time, state round trips, re-lists, big slices).
 
 use crate::input::{Dec, Enc};
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
 
 /// The most steps of one program: enough to build up state, few enough that the checks at the
 /// end run often.

@@ -31,12 +31,12 @@
 
 use crate::input::Dec;
 use crate::program::{Answer, Program, Step, Time};
+use clb_executor::UID_MISMATCH;
 use clb_guest::invariants::{Harness, LABELS, Op, PHASES, World, assert_round_trip};
 use clb_guest::model::{self, Command, Issued, Observation, Outcome};
 use clb_guest::tracker::Tracker;
-use clb_host::executor::UID_MISMATCH;
-use clb_host::native::{config_to_model, observation_to_model, outcome_to_model};
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::native::{config_to_model, observation_to_model, outcome_to_model};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// The most property operations of part B.

@@ -2,7 +2,8 @@
 //!
 //! Two generators make Rust types from the same WIT: wit-bindgen for the guest's adapter
 //! (`component.rs`, also built into `tests/next-guest`) and wasmtime's `bindgen!` for the host's
-//! view of the native library (`clb_host::native`, the differential runs). Both name every type,
+//! view of the native library (`clb_sandbox::native`, where the bindings are; the differential
+//! runs drive it as `clb_simulator::native`). Both name every type,
 //! field and case as the WIT does, so this one text compiles against either and the native and
 //! sandboxed paths cannot convert differently. Field copies only; no rule lives here.
 

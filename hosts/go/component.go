@@ -19,7 +19,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 )
 
-// Defaults of clb-host (`impl Default for Limits` in host/src/sandbox/mod.rs), but for fuel:
+// Defaults of clb-host (`impl Default for Limits` in crates/sandbox/src/lib.rs), but for fuel:
 // wazero does not meter instructions, so the deadline is this host's only bound on a call's time.
 const (
 	DefaultDeadline  = 10 * time.Second

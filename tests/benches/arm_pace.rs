@@ -5,8 +5,8 @@
 //! and the same on every run: how long until every Service is provisioned, the writes, and the
 //! 429s. Run with `cargo bench -p clb-tests --bench arm_pace`.
 
-use clb_host::native::NativeReconciler;
-use clb_host::simulator::{scenario, simulate};
+use clb_simulator::native::NativeReconciler;
+use clb_simulator::{scenario, simulate};
 use clb_tests::scaled;
 use std::fmt::Write as _;
 

@@ -4,8 +4,8 @@
 //! removes that partly cancel out. Run with `cargo bench -p clb-tests --bench backend_pools`.
 
 use clb_guest::backend_pools as native;
-use clb_host::sandbox::Limits;
-use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools as wit;
+use clb_sandbox::Limits;
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools as wit;
 use clb_tests::*;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -90,7 +90,7 @@ fn main() {
     }
 
     let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
-    let logic = runtime().load(clb_host::BUILTIN_GUEST, limits).unwrap();
+    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
     let (mut component_enqueue, mut component_group, mut component_groups) = (Vec::new(), Vec::new(), 0);
     for _ in 0..5 {
         let mut session = logic.session().unwrap();

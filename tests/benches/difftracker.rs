@@ -13,8 +13,8 @@
 
 use clb_guest::model;
 use clb_guest::tracker::Tracker;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::sandbox::{Limits, Metering, Runtime, Session};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::{Limits, Metering, Runtime, Session};
 use clb_tests::cluster::*;
 use clb_tests::*;
 use std::hint::black_box;
@@ -197,7 +197,7 @@ fn startup_native(
 
 /// [`startup_native`] through the component.
 fn startup_component(
-    logic: &clb_host::sandbox::Logic,
+    logic: &clb_sandbox::Logic,
     config: &wit::Config,
     lists: &[wit::Observation],
     snapshot: &wit::Outcome,
@@ -225,7 +225,7 @@ fn main() {
     let inventory = arm_in_sync();
     let native_inventory = outcome_to_model(&inventory);
     let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
-    let logic = runtime().load(clb_host::BUILTIN_GUEST, limits).unwrap();
+    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
 
     // (a) Start-up rebuild: the lists, then NRP's answer (3 runs each, median).
     let native_startup = startup_native(&config, &lists, &snapshot, &inventory);
@@ -240,8 +240,7 @@ fn main() {
         black_box(tracker.complete(0, vec![(list, inventory)]));
         start.elapsed()
     });
-    let startup_through =
-        |logic: &clb_host::sandbox::Logic| startup_component(logic, &config, &lists, &snapshot, &inventory);
+    let startup_through = |logic: &clb_sandbox::Logic| startup_component(logic, &config, &lists, &snapshot, &inventory);
     let component_startup = startup_through(&logic);
 
     // Both trackers brought to the steady state: every Service Created, NRP in sync.
@@ -397,7 +396,7 @@ fn main() {
         ("(a) start-up, no metering at all", Metering { fuel: false, epoch: false }),
     ] {
         let runtime = Runtime::with_metering(metering).unwrap();
-        let logic = runtime.load(clb_host::BUILTIN_GUEST, limits).unwrap();
+        let logic = runtime.load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
         row(label, native_startup, startup_through(&logic));
     }
 }

@@ -5,13 +5,13 @@
 //! Each figure is the median of several timed batches, and the comparisons are ratios taken in
 //! the same run, since the machine is shared and noisy.
 
-use clb_host::sandbox::{Limits, Runtime};
+use clb_sandbox::{Limits, Runtime};
 use clb_tests::median_per_iteration;
 use std::hint::black_box;
 use std::time::Duration;
 
 fn main() {
-    let bytes = clb_host::BUILTIN_GUEST;
+    let bytes = clb_sandbox::BUILTIN_GUEST;
     let config = clb_tests::read_config("clb.yaml");
     // It breaks the last rule, so every check runs.
     let service = clb_tests::read_service("backend-port-collision.yaml");

@@ -17,10 +17,10 @@
 
 use clb_host::live::control::{Control, ControlEvent};
 use clb_host::live::swap::SwapResult;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::sandbox::{Limits, Logic, Metering, Runtime};
-use clb_host::supervisor::shadow::SHADOW_QUEUE;
-use clb_host::supervisor::{CheckpointPolicy, ShadowOptions, Supervisor};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::supervisor::shadow::SHADOW_QUEUE;
+use clb_sandbox::supervisor::{CheckpointPolicy, ShadowOptions, Supervisor};
+use clb_sandbox::{Limits, Logic, Metering, Runtime};
 use clb_tests::cluster::*;
 use clb_tests::*;
 use std::hint::black_box;
@@ -93,8 +93,8 @@ fn main() {
     // Two loads of the same bytes are two versions to the supervisor: a swap between them does
     // all the work of a real one. `Runtime::load` (compilation) is done beforehand, as in
     // production, where the new component is precompiled off the serving path.
-    let a = runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
-    let b = runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
+    let a = runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
+    let b = runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
     let next = runtime.load(NEXT_GUEST, limits()).unwrap();
 
     let never = CheckpointPolicy { every_inputs: usize::MAX, journal_items: usize::MAX };
@@ -210,7 +210,7 @@ fn main() {
     // The import again on freshly mapped memory: a runtime of its own (its own memories) whose
     // sessions all stay alive, so that none is recycled.
     let cold_runtime = Runtime::new().unwrap();
-    let cold_logic = cold_runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
+    let cold_logic = cold_runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
     let state = steady_a.export_state().unwrap();
     let (mut cold_import, mut alive) = (Vec::new(), Vec::new());
     for _ in 0..5 {
@@ -250,7 +250,7 @@ fn main() {
         |supervisor: &mut Supervisor| median((0..scaled(400)).map(|round| change(supervisor, round, 40)).collect());
     let metered = change_median(&mut steady_a);
     let bare_runtime = Runtime::with_metering(Metering { fuel: false, epoch: false }).unwrap();
-    let bare_logic = bare_runtime.load(clb_host::BUILTIN_GUEST, limits()).unwrap();
+    let bare_logic = bare_runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
     let mut bare = steady(&bare_logic, never, &config);
     let unmetered = change_median(&mut bare);
 
@@ -262,7 +262,7 @@ fn main() {
     let options = ShadowOptions { queue: Some(SHADOW_QUEUE), ..Default::default() };
     let shadow = shadowed.shadow(b.clone(), options).unwrap();
     // In step before the clock starts (its first import of the state, on its own thread).
-    while shadow.status().state != clb_host::supervisor::ShadowState::InStep {
+    while shadow.status().state != clb_sandbox::supervisor::ShadowState::InStep {
         std::thread::sleep(Duration::from_millis(5));
     }
     let (block, blocks) = shadow_blocks();

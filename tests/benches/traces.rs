@@ -8,9 +8,9 @@
 //!     EndpointSlice change, loading the component), run here so that none rots.
 //! Run with `cargo bench -p clb-tests --bench traces`; prints a Markdown table.
 
-use clb_host::sandbox::Limits;
-use clb_host::supervisor::Supervisor;
-use clb_host::trace::{ComponentRef, RecordOptions, Recorder};
+use clb_sandbox::Limits;
+use clb_sandbox::supervisor::Supervisor;
+use clb_sandbox::trace::{ComponentRef, RecordOptions, Recorder};
 use clb_tests::cluster::*;
 use clb_tests::*;
 use std::path::PathBuf;
@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 fn main() {
     let config = read_config("clb.yaml");
     let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
-    let logic = runtime().load(clb_host::BUILTIN_GUEST, limits).unwrap();
+    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
     let service = read_service("etp-local.yaml");
     let mut session = logic.session().unwrap();
     let admit = median_per_iteration(2_000, || {
@@ -35,7 +35,7 @@ fn main() {
         if record {
             let options = RecordOptions::live(dir.join("run.jsonl"));
             let recorder =
-                Recorder::start(options, clb_host::trace::Signatures::of(&logic), &ComponentRef::of(&logic, None))
+                Recorder::start(options, clb_sandbox::trace::Signatures::of(&logic), &ComponentRef::of(&logic, None))
                     .unwrap();
             supervisor = supervisor.with_recorder(recorder);
         }
@@ -73,7 +73,7 @@ fn main() {
     let guests = dir.join("guests");
     std::fs::create_dir_all(&guests).unwrap();
     let builtin = guests.join("clb_guest.wasm");
-    std::fs::write(&builtin, clb_host::BUILTIN_GUEST).unwrap();
+    std::fs::write(&builtin, clb_sandbox::BUILTIN_GUEST).unwrap();
     // A trace may swap to the next guest (the largest does): every replay is given it.
     let next = guests.join("next_guest.wasm");
     std::fs::write(&next, NEXT_GUEST).unwrap();

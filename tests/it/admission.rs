@@ -24,7 +24,7 @@ struct AdmissionCase {
 
 fn cases<T: serde::de::DeserializeOwned>(table: &str) -> Vec<T> {
     let path = fixture(table);
-    clb_host::inputs::from_yaml(&path, &std::fs::read_to_string(&path).unwrap())
+    clb_executor::inputs::from_yaml(&path, &std::fs::read_to_string(&path).unwrap())
         .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|| panic!("{}: empty", path.display()))
 }
@@ -61,8 +61,8 @@ fn every_configuration_case_gets_its_expected_answer_natively_and_through_the_co
 }
 
 /// The component's mode, spelled as the library spells it.
-fn clb_guest_mode_name(mode: clb_host::sandbox::bindings::clb::reconciler::types::Mode) -> clb_guest::Mode {
-    use clb_host::sandbox::bindings::clb::reconciler::types::Mode;
+fn clb_guest_mode_name(mode: clb_sandbox::bindings::clb::reconciler::types::Mode) -> clb_guest::Mode {
+    use clb_sandbox::bindings::clb::reconciler::types::Mode;
     match mode {
         Mode::ContainerLoadBalancer => clb_guest::Mode::ContainerLoadBalancer,
         Mode::MultiSlbLocalServices => clb_guest::Mode::MultiSlbLocalServices,

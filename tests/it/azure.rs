@@ -1,9 +1,10 @@
 //! The Azure side: the ARM client against the emulator over loopback, fault by fault; the
 //! emulator's docs/upstream.md §h.3 semantics through the in-process core; the credential sources.
 
-use clb_host::azure::auth::{TokenFile, WorkloadIdentity};
-use clb_host::azure::*;
-use clb_host::emulator::{AsyncOutcome, Emulator, EmulatorConfig, EmulatorServer, Fault, FaultMode, Resources};
+use clb_arm::auth::{TokenFile, WorkloadIdentity};
+use clb_arm::{ArmClient, ArmConfig, Credential};
+use clb_azure::*;
+use clb_emulator::{AsyncOutcome, Emulator, EmulatorConfig, EmulatorServer, Fault, FaultMode, Resources};
 use clb_tests::test_scope;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -197,7 +198,7 @@ fn fault_table() -> Vec<(&'static str, FaultMode, Expected)> {
                 polls: 1,
                 via_location: true,
                 retry_after_secs: None,
-                error: Some(clb_host::azure::wire::ErrorBody { code: "QuotaExceeded".into(), message: "no".into() }),
+                error: Some(clb_azure::wire::ErrorBody { code: "QuotaExceeded".into(), message: "no".into() }),
             },
             (AsyncFailed, 500, "QuotaExceeded", None),
         ),
@@ -1101,7 +1102,7 @@ fn clb_host_emulator_exits_two_when_it_cannot_listen() {
 // the emulator serves the next request.
 #[tokio::test]
 async fn the_emulator_answers_a_body_over_its_limit_with_413_and_keeps_serving() {
-    use clb_host::emulator::server::MAX_REQUEST_BYTES;
+    use clb_emulator::server::MAX_REQUEST_BYTES;
     let served = emulator();
     let server = serve(served.clone()).await;
     let http = reqwest::Client::new();
@@ -1124,7 +1125,7 @@ async fn a_network_resource_subscription_holds_every_id_and_url_of_the_network_r
     let text = "subscriptionId: cluster-sub\nnetworkResourceSubscriptionID: network-sub\nresourceGroup: rg-1\n\
                 location: eastus2\nvnetName: vnet-1\n";
     let path = std::path::Path::new("azure.json");
-    let scope = clb_host::inputs::parse_scope(path, text, DEFAULT_SERVICE_GATEWAY).unwrap();
+    let scope = clb_executor::inputs::parse_scope(path, text, DEFAULT_SERVICE_GATEWAY).unwrap();
     let net = "/subscriptions/network-sub/resourceGroups/rg-1/providers/Microsoft.Network";
 
     let requests = [inbound("u1"), outbound("egress-1", NatGatewayLink::Set("egress-1".into()))];

@@ -3,11 +3,11 @@
 //! and the retry classification end to end. Ports of upstream's `azure_local_services_test.go`
 //! cases that need locks and Azure (the pure ones are unit tests in `clb-guest`).
 
-use clb_host::azure::*;
-use clb_host::backend_pools::*;
-use clb_host::emulator::{Emulator, Fault, FaultMode};
-use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
-use clb_host::simulator::cluster::Cluster;
+use clb_azure::*;
+use clb_emulator::{Emulator, Fault, FaultMode};
+use clb_executor::backend_pools::*;
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
+use clb_simulator::cluster::Cluster;
 use clb_tests::test_scope;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -302,9 +302,9 @@ async fn a_change_already_in_the_pool_is_not_written() {
 // set again (whatever the endpoint count behind it) enqueues nothing.
 #[tokio::test]
 async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and_nothing_when_it_does_not() {
-    use clb_host::pool_producer::{PoolProducer, ready_node_ips};
-    use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-    use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{FamilyPool, ServicePlacement};
+    use clb_executor::pool_producer::{PoolProducer, ready_node_ips};
+    use clb_sandbox::bindings::clb::reconciler::types as wit;
+    use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{FamilyPool, ServicePlacement};
     use std::collections::{BTreeMap, BTreeSet};
     let f = fixture().await;
     let node_ips: BTreeMap<String, Vec<String>> =
@@ -366,9 +366,9 @@ async fn the_producer_enqueues_a_remove_and_an_add_when_the_node_set_changes_and
 // the endpointslice": with no endpoints here the pools are emptied, where upstream leaves them.
 #[tokio::test]
 async fn a_dual_stack_local_services_pools_each_hold_the_addresses_of_their_family_of_its_endpoints_nodes() {
-    use clb_host::pool_producer::{PoolProducer, ready_node_ips};
-    use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-    use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{FamilyPool, ServicePlacement};
+    use clb_executor::pool_producer::{PoolProducer, ready_node_ips};
+    use clb_sandbox::bindings::clb::reconciler::types as wit;
+    use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{FamilyPool, ServicePlacement};
     use std::collections::{BTreeMap, BTreeSet};
     let f = fixture().await;
     let (v4, v6) = (

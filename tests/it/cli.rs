@@ -19,7 +19,7 @@ fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
 
 #[test]
 fn inspect_shows_the_digest_exports_and_that_the_built_in_guest_imports_only_granted_interfaces() {
-    let path = temp_file("builtin.wasm", clb_host::BUILTIN_GUEST);
+    let path = temp_file("builtin.wasm", clb_sandbox::BUILTIN_GUEST);
     let (code, out, _) = clb_host(&["inspect", path.to_str().unwrap()]);
     assert_eq!(code, EXIT_OK, "{out}");
     assert!(out.contains(&format!("sha256:   {}", builtin().info().sha256)), "{out}");
@@ -292,14 +292,15 @@ fn a_gzip_or_zstd_component_file_is_taken_by_every_command_and_known_by_the_sha2
     let sha256 = &builtin().info().sha256;
     let (config, service) = (fixture("configs/clb.yaml"), fixture("services/etp-local.yaml"));
     let (config, service) = (config.to_str().unwrap(), service.to_str().unwrap());
-    for (format, compressed) in [("gzip", gzip(clb_host::BUILTIN_GUEST)), ("zstd", zstd(clb_host::BUILTIN_GUEST))] {
+    for (format, compressed) in [("gzip", gzip(clb_sandbox::BUILTIN_GUEST)), ("zstd", zstd(clb_sandbox::BUILTIN_GUEST))]
+    {
         let path = temp_file(&format!("builtin.wasm.{format}"), &compressed);
         let path = path.to_str().unwrap();
 
         let (code, out, err) = clb_host(&["inspect", path]);
         assert_eq!(code, EXIT_OK, "{format}: {out}{err}");
         assert!(out.contains(&format!("sha256:   {sha256}")), "{format}: the decompressed component's: {out}");
-        assert!(out.contains(&format!("size:     {} bytes", clb_host::BUILTIN_GUEST.len())), "{format}: {out}");
+        assert!(out.contains(&format!("size:     {} bytes", clb_sandbox::BUILTIN_GUEST.len())), "{format}: {out}");
         assert!(out.contains(&format!("compressed: {format}, {} bytes", compressed.len())), "{format}: {out}");
 
         let (code, out, err) = clb_host(&["validate", config, service, "--component", path]);
@@ -312,7 +313,8 @@ fn a_gzip_or_zstd_component_file_is_taken_by_every_command_and_known_by_the_sha2
 
 #[test]
 fn a_truncated_compressed_component_file_exits_two_naming_the_file_and_the_format() {
-    for (format, compressed) in [("gzip", gzip(clb_host::BUILTIN_GUEST)), ("zstd", zstd(clb_host::BUILTIN_GUEST))] {
+    for (format, compressed) in [("gzip", gzip(clb_sandbox::BUILTIN_GUEST)), ("zstd", zstd(clb_sandbox::BUILTIN_GUEST))]
+    {
         let path = temp_file(&format!("truncated.wasm.{format}"), &compressed[..compressed.len() / 2]);
         let path = path.to_str().unwrap();
         let config = fixture("configs/clb.yaml");
@@ -333,13 +335,13 @@ fn component_out_compress_gzip_writes_the_built_in_component_gzipped_and_names_i
     assert_eq!(code, EXIT_OK, "{out}{err}");
     let written = std::fs::read(&path).unwrap();
     assert!(
-        out.contains(&format!("{} bytes (gzip of {} bytes)", written.len(), clb_host::BUILTIN_GUEST.len())),
+        out.contains(&format!("{} bytes (gzip of {} bytes)", written.len(), clb_sandbox::BUILTIN_GUEST.len())),
         "{out}"
     );
     assert!(out.contains(&builtin().info().sha256), "{out}");
     let mut decompressed = Vec::new();
     flate2::read::GzDecoder::new(&written[..]).read_to_end(&mut decompressed).unwrap();
-    assert!(decompressed == clb_host::BUILTIN_GUEST, "gunzip gives the built-in component back");
+    assert!(decompressed == clb_sandbox::BUILTIN_GUEST, "gunzip gives the built-in component back");
 }
 
 /// A log sink the tests read back: what the subscriber wrote, shared.
@@ -389,7 +391,7 @@ fn log_lines_off_a_terminal_carry_no_colour_codes_and_log_format_json_writes_one
 
 #[test]
 fn log_format_is_taken_by_every_command_and_an_unknown_one_is_refused() {
-    let path = temp_file("builtin-for-logs.wasm", clb_host::BUILTIN_GUEST);
+    let path = temp_file("builtin-for-logs.wasm", clb_sandbox::BUILTIN_GUEST);
     let mut format = None;
     let args = ["clb-host", "inspect", path.to_str().unwrap(), "--log-format", "json"];
     let code = clb_host::cli::run_with_logging(args, &mut Vec::new(), &mut Vec::new(), |f| format = Some(f));

@@ -4,10 +4,10 @@
 //! cannot drift.
 //!
 //! A marker is a `//` comment block that says "upstream" and names upstream tests (`// Upstream
-//! TestGroupOperations "nil input".`) in a Rust file under `guest/src`, `host/src` or `tests/`,
-//! or a scenario's `description` that does (under `examples/scenarios` or `tests/scenarios`). In
-//! Rust, the counterpart is the `fn` right after the block (a test names the upstream test
-//! directly above it); in a scenario, the scenario.
+//! TestGroupOperations "nil input".`) in a Rust file under `guest/src`, `crates/`, `host/src` or
+//! `tests/`, or a scenario's `description` that does (under `examples/scenarios` or
+//! `tests/scenarios`). In Rust, the counterpart is the `fn` right after the block (a test names
+//! the upstream test directly above it); in a scenario, the scenario.
 //!
 //! The `.tsv`'s status is the verdict of a reading of upstream's test against its counterparts:
 //! `N` when they assert everything it asserts (its table cases included), `P` when only part
@@ -105,7 +105,8 @@ fn markers() -> BTreeMap<String, Vec<String>> {
     }
     let root = root();
     let mut files = Vec::new();
-    for dir in ["guest/src", "host/src", "tests/it", "tests/support", "examples/scenarios", "tests/scenarios"] {
+    for dir in ["guest/src", "crates", "host/src", "tests/it", "tests/support", "examples/scenarios", "tests/scenarios"]
+    {
         walk(&root.join(dir), &mut files);
     }
     files.sort();

@@ -9,7 +9,7 @@
 
 use super::hosts::{go_env, python, root};
 use super::traces::scratch;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -35,7 +35,7 @@ fn fenced(markdown: &str, language: &str) -> Vec<(usize, String)> {
 /// A folder as the READMEs assume the user's to be.
 fn users_folder(name: &str) -> PathBuf {
     let dir = scratch(&format!("examples-{name}"));
-    std::fs::write(dir.join("clb_guest.wasm"), clb_host::BUILTIN_GUEST).unwrap();
+    std::fs::write(dir.join("clb_guest.wasm"), clb_sandbox::BUILTIN_GUEST).unwrap();
     std::os::unix::fs::symlink(root().join("hosts"), dir.join("hosts")).unwrap();
     dir
 }
@@ -107,8 +107,8 @@ fn the_go_example_of_its_readme_runs_as_written_in_a_module_of_the_users() {
 /// README shows these very lines.
 fn the_readmes_rust_example(config: wit::Config, now_ms: u64) -> anyhow::Result<wit::Step> {
     // README: begin
-    let runtime = clb_host::sandbox::Runtime::new()?;
-    let logic = runtime.load(clb_host::BUILTIN_GUEST, Default::default())?;
+    let runtime = clb_sandbox::Runtime::new()?;
+    let logic = runtime.load(clb_sandbox::BUILTIN_GUEST, Default::default())?;
     let mut session = logic.session()?;
     let tracker = session.tracker_create(&config)?.expect("config accepted");
     let step = session.tracker_observe(tracker, now_ms, &[wit::Observation::ListsComplete])?;

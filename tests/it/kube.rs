@@ -8,14 +8,12 @@
 //! earlier, failed test left behind does not change what a later one sees.
 
 use ::kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use clb_host::azure::{
-    self, ArmClient, ArmConfig, AzureApi as _, Credential, IpVersion, LoadBalancerSpec, Operation, PoolRef,
-    PublicIpSpec,
-};
-use clb_host::emulator::{Emulator, EmulatorServer, Fault, FaultMode};
-use clb_host::live::lease::{LeaseLockConfig, RESOURCE_LOCK_NAMESPACE};
+use clb_arm::{ArmClient, ArmConfig, Credential};
+use clb_azure::{self as azure, AzureApi as _, IpVersion, LoadBalancerSpec, Operation, PoolRef, PublicIpSpec};
+use clb_emulator::{Emulator, EmulatorServer, Fault, FaultMode};
 use clb_host::live::settings::RunError;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_kube::lease::{LeaseLockConfig, RESOURCE_LOCK_NAMESPACE};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::apiserver::apiserver;
 use clb_tests::watch_proxy::{BeforeForward, WatchProxy};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -53,7 +51,7 @@ pub(crate) fn manifest<T: serde::de::DeserializeOwned>(value: serde_json::Value)
 /// The emulated Azure over HTTP, an ARM client of it, and a CLB-mode cloud config in its scope.
 /// Keep the server: the emulator stops serving when it is dropped.
 pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClient, wit::Config) {
-    let emulator = Arc::new(Emulator::new(clb_host::simulator::simulate::scope()));
+    let emulator = Arc::new(Emulator::new(clb_emulator::scope()));
     let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
     let (config, arm) = azure_side(azure.url(), Credential::None);
     (emulator, azure, arm, config)
@@ -61,15 +59,15 @@ pub(crate) async fn emulated_azure() -> (Arc<Emulator>, EmulatorServer, ArmClien
 
 /// The CLB-mode cloud config in the emulator's scope, and an ARM client for `url`.
 pub(crate) fn azure_side(url: String, credential: Credential) -> (wit::Config, ArmClient) {
-    let scope = clb_host::simulator::simulate::scope();
+    let scope = clb_emulator::scope();
     let cloud_config = format!(
         "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n\
          subscriptionId: {}\nresourceGroup: {}\nlocation: {}\nvnetName: {}\n",
         scope.subscription, scope.resource_group, scope.location, scope.vnet
     );
     let path = std::path::Path::new("azure.json");
-    let config = clb_host::inputs::parse_config(path, &cloud_config).unwrap();
-    let scope = clb_host::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
+    let config = clb_executor::inputs::parse_config(path, &cloud_config).unwrap();
+    let scope = clb_executor::inputs::parse_scope(path, &cloud_config, &scope.service_gateway).unwrap();
     (config, ArmClient::new(ArmConfig::new(url, scope), credential).unwrap())
 }
 
@@ -123,7 +121,7 @@ impl Env {
         let controller_kubeconfig = server.controller_kubeconfig(&admin, None).await;
         let namespace = format!("clb-e2e-{}-{index}", std::process::id());
         apply(&Api::<Namespace>::all(admin.clone()), &namespace, serde_json::json!({})).await;
-        let scope = clb_host::simulator::simulate::scope();
+        let scope = clb_emulator::scope();
         let emulator = Arc::new(Emulator::new(scope.clone()));
         let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
         let cloud_config = format!(
@@ -245,7 +243,7 @@ impl Env {
         )
         .await;
         let labels = match label {
-            Some(value) => serde_json::json!({"app": name, (clb_host::records::EGRESS_LABEL): value}),
+            Some(value) => serde_json::json!({"app": name, (clb_executor::records::EGRESS_LABEL): value}),
             None => serde_json::json!({"app": name}),
         };
         let body = serde_json::json!({
@@ -417,7 +415,7 @@ impl Env {
     }
 
     /// Starts `clb-host run` recording its calls into the logic (`run --record`).
-    fn start_recording(&self, trace: Arc<clb_host::trace::Recorder>) -> Controller {
+    fn start_recording(&self, trace: Arc<clb_sandbox::trace::Recorder>) -> Controller {
         self.start_with(self.controller_kubeconfig.clone(), &self.cloud_config, None, Some(trace))
     }
 
@@ -428,14 +426,13 @@ impl Env {
         kubeconfig: PathBuf,
         cloud_config: &str,
         resource_lock: Option<LeaseLockConfig>,
-        trace: Option<Arc<clb_host::trace::Recorder>>,
+        trace: Option<Arc<clb_sandbox::trace::Recorder>>,
     ) -> Controller {
         let path = Path::new("azure.json");
-        let cloud = clb_host::inputs::parse_cloud_config(path, cloud_config).unwrap();
+        let cloud = clb_executor::inputs::parse_cloud_config(path, cloud_config).unwrap();
         let (slb_configurations, pool_updater) = (cloud.slb_configurations(), cloud.pool_updater_config());
         let config: wit::Config = cloud.into();
-        let scope =
-            clb_host::inputs::parse_scope(path, cloud_config, clb_host::azure::DEFAULT_SERVICE_GATEWAY).unwrap();
+        let scope = clb_executor::inputs::parse_scope(path, cloud_config, clb_azure::DEFAULT_SERVICE_GATEWAY).unwrap();
         let arm_config = ArmConfig::new(self.azure.url(), scope);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::spawn(move || {
@@ -467,7 +464,7 @@ impl Env {
     /// A multi-SLB local-service cloud config: one load balancer, [`Env::load_balancer`], and
     /// the backend-pool updater ticking every second.
     fn multi_slb_cloud_config(&self) -> String {
-        let scope = clb_host::simulator::simulate::scope();
+        let scope = clb_emulator::scope();
         format!(
             "loadBalancerBackendPoolConfigurationType: nodeIP\nloadBalancerSku: standard\n\
              multipleStandardLoadBalancerConfigurations:\n- name: {}\n  primaryVMSet: nodepool1\n\
@@ -593,7 +590,7 @@ impl Controller {
 // a write lands.
 #[test]
 fn the_kube_client_writes_nothing_to_a_same_name_service_of_another_uid() {
-    use clb_host::executor::{KubeApi as _, UID_MISMATCH};
+    use clb_executor::{KubeApi as _, UID_MISMATCH};
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
         let admin = apiserver().admin().await;
@@ -614,7 +611,7 @@ fn the_kube_client_writes_nothing_to_a_same_name_service_of_another_uid() {
             uid: uid.into(),
         };
         let other = reference("00000000-0000-0000-0000-0000000000ff");
-        let client = clb_host::kube::KubeClient::new(admin.clone(), "uid-guard-test");
+        let client = clb_kube::KubeClient::new(admin.clone(), "uid-guard-test");
         let refused = client.patch_service_status(&other, &["20.0.0.9".into()]).await.unwrap_err();
         assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
         let refused = client.set_finalizer(&other, "servicegateway.azure.com/service-cleanup", true).await.unwrap_err();
@@ -678,7 +675,7 @@ impl RacingProxy {
 /// The world of one race.
 struct Race {
     /// The production client, with the controller's rights (`examples/deploy/rbac.yaml`), through the proxy.
-    client: clb_host::kube::KubeClient,
+    client: clb_kube::KubeClient,
     /// The Service `web` as first created.
     web: wit::ObjectRef,
     /// The admin's Service API of the race's namespace, straight to the API server.
@@ -721,7 +718,7 @@ fn race(
             name: "web".into(),
             uid: created.metadata.uid.expect("a UID"),
         };
-        let race = Race { client: clb_host::kube::KubeClient::new(controller, "race-test"), web, services, proxy };
+        let race = Race { client: clb_kube::KubeClient::new(controller, "race-test"), web, services, proxy };
         test(&race).await;
 
         let gone = serde_json::json!({ "metadata": { "finalizers": null } });
@@ -789,7 +786,7 @@ fn a_finalizer_added_while_another_writer_changes_the_service_lands_on_a_fresh_r
         })
     });
     race("add", cluster_ip(), &["example.com/keep"], interfere, async |race| {
-        use clb_host::executor::KubeApi as _;
+        use clb_executor::KubeApi as _;
         race.client.set_finalizer(&race.web, OURS, true).await.expect("the conflict is retried, and the retry lands");
         let after = race.services.get("web").await.unwrap();
         assert_eq!(finalizers(&after), ["example.com/keep", OTHER, OURS], "ours added once, beside the other writer's");
@@ -814,7 +811,7 @@ fn a_finalizer_removed_while_another_writer_changes_the_service_goes_on_a_fresh_
         })
     });
     race("remove", cluster_ip(), &[OURS, "example.com/keep"], interfere, async |race| {
-        use clb_host::executor::KubeApi as _;
+        use clb_executor::KubeApi as _;
         race.client.set_finalizer(&race.web, OURS, false).await.expect("the conflict is retried, and the retry lands");
         let after = race.services.get("web").await.unwrap();
         assert_eq!(finalizers(&after), ["example.com/keep", OTHER]);
@@ -836,7 +833,7 @@ fn a_service_replaced_between_the_read_and_the_finalizer_patch_is_refused_and_it
         })
     });
     race("add-replaced", cluster_ip(), &[], interfere, async |race| {
-        use clb_host::executor::{KubeApi as _, UID_MISMATCH};
+        use clb_executor::{KubeApi as _, UID_MISMATCH};
         let refused = race.client.set_finalizer(&race.web, OURS, true).await.unwrap_err();
         assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
         let after = race.services.get("web").await.unwrap();
@@ -859,7 +856,7 @@ fn a_service_replaced_between_the_read_and_the_finalizer_removal_is_refused_and_
         })
     });
     race("remove-replaced", cluster_ip(), &[OURS], interfere, async |race| {
-        use clb_host::executor::{KubeApi as _, UID_MISMATCH};
+        use clb_executor::{KubeApi as _, UID_MISMATCH};
         let refused = race.client.set_finalizer(&race.web, OURS, false).await.unwrap_err();
         assert_eq!((refused.status, refused.reason.as_deref()), (409, Some(UID_MISMATCH)), "{refused:?}");
         let after = race.services.get("web").await.unwrap();
@@ -878,7 +875,7 @@ fn a_service_that_changes_before_every_finalizer_patch_is_given_up_after_the_las
         Box::pin(async move { add_finalizer_as_another_writer(&services, &format!("example.com/other-{n}")).await })
     });
     race("bounded", cluster_ip(), &[], interfere, async |race| {
-        use clb_host::executor::KubeApi as _;
+        use clb_executor::KubeApi as _;
         let refused = race.client.set_finalizer(&race.web, OURS, true).await.unwrap_err();
         assert_eq!((refused.status, refused.reason.as_deref()), (409, Some("Conflict")), "{refused:?}");
         let attempts = 5;
@@ -908,7 +905,7 @@ fn a_status_patch_while_another_writer_changes_the_service_lands_on_a_fresh_read
         "ports": [{ "protocol": "TCP", "port": 80, "targetPort": 8080 }],
     });
     race("status", spec, &[], interfere, async |race| {
-        use clb_host::executor::KubeApi as _;
+        use clb_executor::KubeApi as _;
         race.client.patch_service_status(&race.web, &["20.0.0.9".into()]).await.expect("the retry lands");
         let after = race.services.get("web").await.unwrap();
         assert_eq!(ingress_ips(&after), ["20.0.0.9"]);
@@ -1107,7 +1104,7 @@ fn a_service_retyped_to_cluster_ip_through_the_api_server_is_torn_down_and_relea
     e2e(13, async |env| {
         let controller = env.start();
         let uid = env.provisioned("web", &[(10, 1)]).await;
-        let ours = |resources: &clb_host::emulator::Resources| {
+        let ours = |resources: &clb_emulator::Resources| {
             let lbs = resources.load_balancers.keys().filter(|name| name.contains(&uid)).count();
             let ips = resources.public_ips.keys().filter(|name| name.contains(&uid)).count();
             (lbs, ips)
@@ -1295,7 +1292,7 @@ const NAMED_RIGHTS: &[(&str, &str, &str, &str, &str, bool)] = &[
 /// cannot be written costs counted lines, never a reconcile.
 #[test]
 fn a_controller_run_with_record_writes_a_trace_that_replays_identically_and_an_unwritable_one_costs_only_lines() {
-    use clb_host::trace::{ComponentRef, RecordOptions, Recorder};
+    use clb_sandbox::trace::{ComponentRef, RecordOptions, Recorder};
     use std::sync::atomic::Ordering;
     e2e(14, async |env| {
         let dir = std::env::temp_dir().join(format!("clb-e2e-record-{}", std::process::id()));
@@ -1305,7 +1302,7 @@ fn a_controller_run_with_record_writes_a_trace_that_replays_identically_and_an_u
         let start = |path: PathBuf| {
             Recorder::start(
                 RecordOptions::live(path),
-                clb_host::trace::Signatures::of(logic),
+                clb_sandbox::trace::Signatures::of(logic),
                 &ComponentRef::of(logic, Some("builtin")),
             )
             .unwrap()

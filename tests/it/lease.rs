@@ -5,18 +5,19 @@
 
 use crate::kube::{azure_side, eventually, ingress_ips, manifest, reconcilers_slot};
 use ::kube::api::{Api, DeleteParams, PostParams};
-use clb_host::azure::auth::TokenFile;
-use clb_host::azure::{AzureApi, Credential, IpVersion, LoadBalancerSpec, PublicIpSpec};
-use clb_host::backend_pools::{PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick};
-use clb_host::emulator::{Emulator, EmulatorServer};
-use clb_host::kube::COMPONENT;
-use clb_host::live::lease::{
+use clb_arm::Credential;
+use clb_arm::auth::TokenFile;
+use clb_azure::{AzureApi, IpVersion, LoadBalancerSpec, PublicIpSpec};
+use clb_emulator::{Emulator, EmulatorServer};
+use clb_executor::backend_pools::{PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick};
+use clb_host::live::settings::RunError;
+use clb_kube::COMPONENT;
+use clb_kube::lease::{
     ElectionConfig, Elector, LeaseError, LeaseLock, LeaseLockConfig, PREVIOUS_HOLDER_ANNOTATION, RESOURCE_LOCK_HOLDER,
     lead,
 };
-use clb_host::live::settings::RunError;
-use clb_host::sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
-use clb_host::simulator::cluster::Cluster;
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{OperationKind, PoolOperation};
+use clb_simulator::cluster::Cluster;
 use clb_tests::apiserver::apiserver;
 use futures::FutureExt as _;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -90,7 +91,7 @@ pub(crate) async fn hold_as_foreign(client: &::kube::Client, namespace: &str, na
 fn a_resource_lock_held_by_a_foreign_holder_refuses_by_name_and_no_pool_is_written_until_it_expires_and_is_taken_over()
 {
     in_namespace("clb-lock-foreign", async |client, namespace| {
-        let name = clb_host::live::lease::RESOURCE_LOCK_NAME;
+        let name = clb_kube::lease::RESOURCE_LOCK_NAME;
         hold_as_foreign(&client, &namespace, name, "aks-resource-provider", 3).await;
 
         // The backend-pool updater, with the Lease as its resource lock, against the emulator.
@@ -250,7 +251,7 @@ fn a_held_resource_lock_is_renewed_past_its_duration_and_its_release_lets_anothe
         let first = LeaseLock::new(client.clone(), lock_config(&namespace, "first", duration));
         let second = LeaseLock::new(client.clone(), lock_config(&namespace, "second", duration));
         first.acquire().await.expect("a free lock is taken");
-        let name = clb_host::live::lease::RESOURCE_LOCK_NAME;
+        let name = clb_kube::lease::RESOURCE_LOCK_NAME;
 
         // Held for longer than its duration: the renewals moved renewTime on past acquireTime + duration.
         let lease = eventually("renewals beyond the first duration", async || {
@@ -415,7 +416,7 @@ fn two_run_replicas_write_only_through_the_leader_and_when_it_is_killed_the_othe
     in_namespace("clb-replicas", async |client, namespace| {
         let node = format!("{namespace}-node");
         create_node(&client, &node, "10.224.0.5").await;
-        let emulator = Arc::new(Emulator::new(clb_host::simulator::simulate::scope()));
+        let emulator = Arc::new(Emulator::new(clb_emulator::scope()));
         let azure = EmulatorServer::start(emulator.clone(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
         let mut replicas = [
             Replica::start(&client, &azure.url(), &namespace, "replica-a"),

@@ -5,8 +5,8 @@
 use crate::supervisor::{next, node, service, start};
 use clb_host::live::endpoint::MetricsServer;
 use clb_host::live::metrics::Metrics;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::supervisor::{CheckpointPolicy, Supervisor};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::supervisor::{CheckpointPolicy, Supervisor};
 use clb_tests::*;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -324,7 +324,7 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
 #[test]
 fn every_sample_name_and_label_key_of_a_full_scrape_is_the_documented_contract() {
     use clb_host::live::metrics::{RunStats, SwapPhase};
-    use clb_host::trace::{ComponentRef, Overflow, RecordOptions, Recorder, Signatures};
+    use clb_sandbox::trace::{ComponentRef, Overflow, RecordOptions, Recorder, Signatures};
     use std::collections::BTreeSet;
     use std::time::Duration;
     let metrics = Metrics::new();

@@ -10,7 +10,7 @@ use clb_host::live::control::EventTarget;
 use clb_host::live::operations::{Operations, OperationsConfig, ShadowSource};
 use clb_host::live::sources::{ConfigMapKey, LogicSource};
 use clb_host::live::swap::Sha256Pin;
-use clb_host::sandbox::sha256_hex;
+use clb_sandbox::sha256_hex;
 use clb_tests::apiserver::apiserver;
 use clb_tests::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Service};
@@ -24,9 +24,9 @@ pub(crate) struct Host {
     pub(crate) addr: SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     thread: std::thread::JoinHandle<Result<(), clb_host::live::settings::RunError>>,
-    _azure: clb_host::emulator::EmulatorServer,
+    _azure: clb_emulator::EmulatorServer,
     /// What Azure holds, to check what the host reports against it.
-    emulator: std::sync::Arc<clb_host::emulator::Emulator>,
+    emulator: std::sync::Arc<clb_emulator::Emulator>,
 }
 
 /// What a test's host watches, pins, reports to and requires.
@@ -298,7 +298,7 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
 
         // The built-in logic cannot read the next guest's state version: the change is refused
         // and the next guest keeps serving.
-        replace_file(&file, clb_host::BUILTIN_GUEST);
+        replace_file(&file, clb_sandbox::BUILTIN_GUEST);
         let status = host.last_swap("refused", Some("state-refused")).await;
         assert_eq!(status["active"]["sha256"], next_sha, "{status}");
         assert!(
@@ -727,7 +727,7 @@ fn a_staged_swap_the_self_check_refuses_leaves_the_old_version_serving_with_ever
 fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answered_once() {
     use clb_host::live::control::{Control, ControlEvent};
     use clb_host::live::swap::SwapResult;
-    use clb_host::supervisor::{Supervisor, version_name};
+    use clb_sandbox::supervisor::{Supervisor, version_name};
     let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     tokio.block_on(async {
         let metrics = clb_host::live::metrics::Metrics::new();
@@ -948,7 +948,7 @@ fn a_shadow_of_the_next_guest_in_run_counts_its_extra_warning_as_a_divergence_an
 fn a_shadow_of_the_serving_version_in_run_compares_a_churn_without_a_divergence() {
     in_namespace("shadow-self", async |client, ns| {
         let options =
-            Options { shadow: shadow_of(ns, clb_host::BUILTIN_GUEST, Default::default()), ..Default::default() };
+            Options { shadow: shadow_of(ns, clb_sandbox::BUILTIN_GUEST, Default::default()), ..Default::default() };
         let host = Host::start(client, options).await;
         shadow_until(&host, "the candidate in step", |s| s["state"] == "in-step").await;
         create_service(client, ns, "web", json!({})).await;
@@ -1083,7 +1083,7 @@ fn run_serves_upstreams_difftracker_engine_metrics_that_match_the_cluster_and_th
         // Settled: nothing pending, and NRP's totals are the emulator's.
         let text = eventually("the figures settled and equal to what the emulator holds", async || {
             let (_, text) = host.get("/metrics").await;
-            let nrp = clb_host::simulator::simulate::nrp_view(&host.emulator.resources());
+            let nrp = clb_simulator::simulate::nrp_view(&host.emulator.resources());
             let addresses: usize = nrp.locations.values().map(|a| a.len()).sum();
             let pending: f64 = text
                 .lines()
@@ -1108,7 +1108,7 @@ fn run_serves_upstreams_difftracker_engine_metrics_that_match_the_cluster_and_th
         })
         .await;
         // figures-a's one churned address and figures-b's two stay at the node.
-        let nrp = clb_host::simulator::simulate::nrp_view(&host.emulator.resources());
+        let nrp = clb_simulator::simulate::nrp_view(&host.emulator.resources());
         assert_eq!(nrp.locations["10.224.250.1"].len(), 3, "{:?}", nrp.locations);
         assert_eq!(sample(&text, "difftracker_engine_servicegateway_enabled", &[]), 1.0);
         let k8s = sample(&text, "difftracker_engine_tracked_services_total", &[r#"state="k8s_services""#]);

@@ -7,7 +7,7 @@
 use crate::kube::eventually;
 use crate::operations::{Host, Options, create_service, delete_services, in_namespace, post_swap, provisioned};
 use clb_host::live::control::EventTarget;
-use clb_host::sandbox::sha256_hex;
+use clb_sandbox::sha256_hex;
 use clb_tests::*;
 use serde_json::json;
 use std::io::Read;

@@ -1,7 +1,7 @@
 //! The host never trusts the guest: hostile components are stopped or refused, each with a
 //! typed error, and the host keeps serving.
 
-use clb_host::sandbox::{GuestError, Limits, LoadError, Logic};
+use clb_sandbox::{GuestError, Limits, LoadError, Logic};
 use clb_tests::*;
 use std::time::Duration;
 
@@ -110,7 +110,7 @@ fn the_built_in_guest_imports_only_what_the_host_grants() {
 fn limits_are_per_call_so_many_small_calls_never_add_up_to_a_failure() {
     // A budget that one validation fits in easily; a thousand calls on one instance must not
     // exhaust it, since each call starts with a full budget.
-    let logic = runtime().load(clb_host::BUILTIN_GUEST, Limits { fuel: 2_000_000, ..Limits::default() }).unwrap();
+    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, Limits { fuel: 2_000_000, ..Limits::default() }).unwrap();
     let mut session = logic.session().unwrap();
     let (config, service) = (read_config("clb.yaml"), read_service("etp-local.yaml"));
     for _ in 0..1000 {
@@ -118,7 +118,7 @@ fn limits_are_per_call_so_many_small_calls_never_add_up_to_a_failure() {
     }
 }
 
-/// The engine recycles guest memories (`clb_host::sandbox::linear_memory`): an instance after another
+/// The engine recycles guest memories (`clb_sandbox::linear_memory`): an instance after another
 /// still sees its data segments, zeroes elsewhere, and traps past its memory's end.
 #[cfg(unix)]
 #[test]

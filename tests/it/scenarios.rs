@@ -2,14 +2,15 @@
 //! the component, the native library issues the very same commands, bad files are refused with
 //! the line, and the executor hands every Azure and Kubernetes error to the guest unchanged.
 
-use clb_host::azure::{AzureError, ErrorKind, Operation};
+use clb_azure::{AzureError, ErrorKind, Operation};
+use clb_emulator::scope;
+use clb_emulator::{AsyncOutcome, Emulator, Fault, FaultMode};
+use clb_executor::{Executor, INVALID_COMMAND, MAX_BATCH, UID_MISMATCH, azure_failure};
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
-use clb_host::emulator::{AsyncOutcome, Emulator, Fault, FaultMode};
-use clb_host::executor::{Executor, INVALID_COMMAND, MAX_BATCH, UID_MISMATCH, azure_failure};
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::simulator::cluster::{Cluster, Object};
-use clb_host::simulator::simulate::{self, ComponentReconciler, ScenarioReport};
-use clb_host::simulator::{scenario, simulate::scope};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_simulator::cluster::{Cluster, Object};
+use clb_simulator::scenario;
+use clb_simulator::simulate::{self, ComponentReconciler, ScenarioReport};
 use clb_tests::*;
 use std::time::Duration;
 
@@ -103,7 +104,9 @@ fn every_multi_slb_scenario_passes_under_the_native_library() {
 /// A reconciler with no backend-pool logic (the fuzz seed generator's recorder is one).
 struct TrackerOnly(NativeReconciler);
 
-impl simulate::Reconciler for TrackerOnly {
+impl clb_sandbox::logic::Logic for TrackerOnly {
+    type Error = simulate::LogicError;
+
     fn start(&mut self, config: &wit::Config) -> Result<(), simulate::LogicError> {
         self.0.start(config)
     }
@@ -124,6 +127,9 @@ impl simulate::Reconciler for TrackerOnly {
     fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, simulate::LogicError> {
         self.0.stats(now_ms)
     }
+}
+
+impl simulate::Reconciler for TrackerOnly {
     fn pools(&mut self) -> Option<&mut dyn simulate::PoolReconciler> {
         None
     }
@@ -708,7 +714,7 @@ fn kubernetes_writes_are_guarded_by_uid_a_missing_object_is_404_and_a_replaced_o
     let text =
         "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop, uid: uid-2, finalizers: [other]}\n";
     let service: k8s_openapi::api::core::v1::Service =
-        clb_host::inputs::from_yaml(std::path::Path::new("web.yaml"), text).unwrap().unwrap();
+        clb_executor::inputs::from_yaml(std::path::Path::new("web.yaml"), text).unwrap().unwrap();
     let reference = |uid: &str| wit::ObjectRef {
         kind: "Service".into(),
         namespace: "shop".into(),

@@ -1,12 +1,12 @@
-//! The live shadow (`clb_host::supervisor::shadow`): a candidate beside the serving version is
+//! The live shadow (`clb_sandbox::supervisor::shadow`): a candidate beside the serving version is
 //! compared on every input, counts a difference once, is resynced after it, never changes what
 //! the serving version answers, and is promoted after enough clean inputs.
 
 use super::supervisor::{next, service, slice, start};
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::sandbox::{Limits, Logic};
-use clb_host::supervisor::shadow::differences;
-use clb_host::supervisor::{CheckpointPolicy, ShadowOptions, ShadowState, ShadowStatus, Supervisor};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::supervisor::shadow::differences;
+use clb_sandbox::supervisor::{CheckpointPolicy, ShadowOptions, ShadowState, ShadowStatus, Supervisor};
+use clb_sandbox::{Limits, Logic};
 use clb_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -89,7 +89,7 @@ fn inline(promote_after: Option<u64>) -> ShadowOptions {
 #[test]
 fn a_shadow_of_the_serving_version_compares_every_input_and_finds_no_divergence() {
     let mut supervisor = started();
-    supervisor.shadow(own(clb_host::BUILTIN_GUEST), inline(None)).unwrap();
+    supervisor.shadow(own(clb_sandbox::BUILTIN_GUEST), inline(None)).unwrap();
     let steps = churn(&mut supervisor, 100, &services(&["web", "api", "shop"]));
     let status = status(&supervisor);
     assert_eq!(status.divergences, BTreeMap::new(), "{status:?}");
@@ -210,7 +210,7 @@ fn a_candidate_that_cannot_take_the_serving_versions_state_stops_and_says_why() 
     let mut supervisor = started();
     supervisor.swap(next().clone(), 50).unwrap();
     // The built-in logic reads state versions up to its own; the next guest's is newer.
-    supervisor.shadow(own(clb_host::BUILTIN_GUEST), inline(None)).unwrap();
+    supervisor.shadow(own(clb_sandbox::BUILTIN_GUEST), inline(None)).unwrap();
     churn(&mut supervisor, 100, &services(&["web", "api"]));
     let status = status(&supervisor);
     assert_eq!(status.state, ShadowState::Stopped, "{status:?}");
@@ -226,7 +226,7 @@ fn a_shadow_on_its_own_thread_accounts_for_every_input_and_catches_up_once_given
     // A queue of two: whenever the candidate is busy (a resync imports a state), inputs beyond it
     // are dropped rather than waited for, and it resyncs.
     let options = ShadowOptions { queue: Some(2), ..Default::default() };
-    let handle = supervisor.shadow(own(clb_host::BUILTIN_GUEST), options).unwrap();
+    let handle = supervisor.shadow(own(clb_sandbox::BUILTIN_GUEST), options).unwrap();
     let names: Vec<String> = (0..40).map(|n| format!("s{n}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut inputs = churn(&mut supervisor, 100, &services(&names)).len() as u64;
@@ -323,7 +323,7 @@ fn the_differences_of_two_steps_are_named_by_command_kind_and_ids_alone_are_a_re
 
 #[test]
 fn the_shadow_scenario_makes_the_same_commands_and_azure_calls_as_the_same_story_without_the_shadow() {
-    use clb_host::simulator::{scenario, simulate};
+    use clb_simulator::{scenario, simulate};
     let path = scenario_files()
         .into_iter()
         .find(|p| p.to_string_lossy().contains("a-candidate-in-shadow-is-compared-on-every-input"))

@@ -3,11 +3,11 @@
 //! serving and its state intact.
 
 use clb_guest::tracker::STATE_VERSION;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::sandbox::{Limits, LoadError, Logic};
-use clb_host::simulator::scenario;
-use clb_host::simulator::simulate;
-use clb_host::supervisor::{CheckpointPolicy, Supervisor, SupervisorError, self_check, version_name};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::supervisor::{CheckpointPolicy, Supervisor, SupervisorError, self_check, version_name};
+use clb_sandbox::{Limits, LoadError, Logic};
+use clb_simulator::scenario;
+use clb_simulator::simulate;
 use clb_tests::*;
 use std::sync::OnceLock;
 
@@ -255,7 +255,7 @@ fn a_swap_to_a_corrupted_file_is_refused() {
 #[test]
 fn a_swap_to_a_version_whose_import_state_refuses_the_state_is_refused() {
     // The built-in logic reads state versions up to its own; the next guest exports one more.
-    let err = refused(next(), clb_host::BUILTIN_GUEST, 10);
+    let err = refused(next(), clb_sandbox::BUILTIN_GUEST, 10);
     match err {
         SupervisorError::StateRefused { version, reason, .. } if version == STATE_VERSION + 1 => {
             assert!(reason.contains(&format!("unsupported state version {version}")), "{reason}")
@@ -289,7 +289,7 @@ fn own(bytes: &[u8]) -> Logic {
 fn a_swap_exports_only_when_the_checkpoint_is_stale_and_the_new_version_imports_once_and_never_exports() {
     // (a checkpoint was taken right before the swap, exports the swap takes from the old version)
     for (fresh, exports) in [(true, 0), (false, 1)] {
-        let mut supervisor = start(Supervisor::new(own(clb_host::BUILTIN_GUEST)));
+        let mut supervisor = start(Supervisor::new(own(clb_sandbox::BUILTIN_GUEST)));
         supervisor.observe(5, &[service("web", 1), slice("web", 1, "10.244.1.10", "n1")]).unwrap();
         if fresh {
             supervisor.export_state().unwrap();

@@ -3,8 +3,8 @@
 //! says; the schema file is what the component says; recording never blocks on a bad disk.
 
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
-use clb_host::simulator::simulate;
-use clb_host::trace::{self, ComponentRef, Overflow, RecordOptions, Recorder};
+use clb_sandbox::trace::{self, ComponentRef, Overflow, RecordOptions, Recorder};
+use clb_simulator::simulate;
 use clb_tests::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -35,7 +35,7 @@ pub fn guest_files() -> &'static (PathBuf, PathBuf) {
     FILES.get_or_init(|| {
         let dir = scratch("guests");
         let (builtin, next) = (dir.join("clb_guest.wasm"), dir.join("next_guest.wasm"));
-        std::fs::write(&builtin, clb_host::BUILTIN_GUEST).unwrap();
+        std::fs::write(&builtin, clb_sandbox::BUILTIN_GUEST).unwrap();
         std::fs::write(&next, NEXT_GUEST).unwrap();
         (builtin, next)
     })
@@ -57,7 +57,7 @@ fn without_shas(text: &str) -> String {
 }
 
 fn record(scenario_path: &Path, out: &Path) {
-    let scenario = clb_host::simulator::scenario::read(scenario_path).unwrap();
+    let scenario = clb_simulator::scenario::read(scenario_path).unwrap();
     let recorder = trace::record_scenario(builtin(), "builtin", out, &scenario.name).unwrap();
     let mut reconciler = component_reconciler().with_recorder(recorder.clone());
     simulate::run(&scenario, &mut reconciler).unwrap();
@@ -283,9 +283,9 @@ fn a_trace_that_cannot_be_written_costs_counted_lines_and_never_a_call() {
         ..RecordOptions::live(PathBuf::from("/nonexistent-clb-dir/trace.jsonl"))
     };
     let recorder =
-        Recorder::start(options, clb_host::trace::Signatures::of(builtin()), &ComponentRef::of(builtin(), None))
+        Recorder::start(options, clb_sandbox::trace::Signatures::of(builtin()), &ComponentRef::of(builtin(), None))
             .unwrap();
-    let mut supervisor = clb_host::supervisor::Supervisor::new(builtin()).with_recorder(recorder.clone());
+    let mut supervisor = clb_sandbox::supervisor::Supervisor::new(builtin()).with_recorder(recorder.clone());
     supervisor.start(&read_config("clb.yaml")).unwrap();
     for now in 0..50 {
         supervisor.tick(now * 1_000).unwrap();
@@ -304,11 +304,11 @@ fn a_rotated_trace_file_begins_from_a_state_and_replays_on_its_own() {
     let path = dir.join("run.jsonl");
     let options = RecordOptions { max_file_bytes: 2_000, keep_files: 8, ..RecordOptions::live(path.clone()) };
     let recorder =
-        Recorder::start(options, clb_host::trace::Signatures::of(builtin()), &ComponentRef::of(builtin(), None))
+        Recorder::start(options, clb_sandbox::trace::Signatures::of(builtin()), &ComponentRef::of(builtin(), None))
             .unwrap();
-    let mut supervisor = clb_host::supervisor::Supervisor::new(builtin()).with_recorder(recorder.clone());
+    let mut supervisor = clb_sandbox::supervisor::Supervisor::new(builtin()).with_recorder(recorder.clone());
     supervisor.start(&read_config("clb.yaml")).unwrap();
-    supervisor.observe(0, &[clb_host::sandbox::bindings::clb::reconciler::types::Observation::ListsComplete]).unwrap();
+    supervisor.observe(0, &[clb_sandbox::bindings::clb::reconciler::types::Observation::ListsComplete]).unwrap();
     let rotated = dir.join("run.jsonl.1");
     for now in 1..200 {
         // The writer learns that its file is full when it writes; let it catch up, so that the

@@ -2,7 +2,7 @@
 //! give the same commands and the same exported state, byte for byte.
 
 use clb_guest::tracker::Tracker;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_tests::*;
 
 fn observations() -> Vec<wit::Observation> {

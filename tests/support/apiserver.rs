@@ -152,7 +152,7 @@ pub async fn apply_file(client: &kube::Client, path: &Path) {
     use kube::discovery::{Scope, pinned_kind};
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let params = PatchParams::apply("clb-tests").force();
-    let objects: Vec<DynamicObject> = clb_host::inputs::from_yaml_documents(path, &text)
+    let objects: Vec<DynamicObject> = clb_executor::inputs::from_yaml_documents(path, &text)
         .unwrap_or_else(|e| panic!("Kubernetes objects in {}: {e}", path.display()));
     for object in objects {
         let types = object.types.clone().expect("apiVersion and kind");

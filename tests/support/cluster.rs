@@ -4,7 +4,7 @@
 //! `benches/swap.rs` so both measure the same cluster.
 
 use crate::{read_service, scaled};
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
 
 pub const PODS_PER_SERVICE: usize = 30;
 

@@ -5,8 +5,8 @@ pub mod apiserver;
 pub mod cluster;
 pub mod watch_proxy;
 
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::sandbox::{Limits, Logic, Runtime};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::{Limits, Logic, Runtime};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -30,8 +30,8 @@ pub fn test_guests() -> std::collections::BTreeMap<String, &'static [u8]> {
 }
 
 /// The built-in logic behind a supervisor that can swap to the test guests.
-pub fn component_reconciler() -> clb_host::simulator::simulate::ComponentReconciler<'static> {
-    clb_host::simulator::simulate::ComponentReconciler::new(builtin()).with_components(runtime(), test_guests())
+pub fn component_reconciler() -> clb_simulator::simulate::ComponentReconciler<'static> {
+    clb_simulator::simulate::ComponentReconciler::new(builtin()).with_components(runtime(), test_guests())
 }
 
 /// `bytes` as `gzip -9` writes them.
@@ -60,7 +60,9 @@ pub fn runtime() -> &'static Runtime {
 /// The built-in logic, compiled once.
 pub fn builtin() -> &'static Logic {
     static LOGIC: OnceLock<Logic> = OnceLock::new();
-    LOGIC.get_or_init(|| runtime().load(clb_host::BUILTIN_GUEST, Limits::default()).expect("the built-in guest loads"))
+    LOGIC.get_or_init(|| {
+        runtime().load(clb_sandbox::BUILTIN_GUEST, Limits::default()).expect("the built-in guest loads")
+    })
 }
 
 pub fn fixture(relative: &str) -> PathBuf {
@@ -69,22 +71,24 @@ pub fn fixture(relative: &str) -> PathBuf {
 
 pub fn read_service(file: &str) -> wit::Service {
     let path = fixture(&format!("services/{file}"));
-    let services = clb_host::inputs::read_manifests::<k8s_openapi::api::core::v1::Service>(&path)
+    let services = clb_executor::inputs::read_manifests::<k8s_openapi::api::core::v1::Service>(&path)
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(services.len(), 1, "{file} holds one Service");
-    clb_host::records::service(&services[0])
+    clb_executor::records::service(&services[0])
 }
 
 pub fn read_config(file: &str) -> wit::Config {
-    clb_host::inputs::read_config(&fixture(&format!("configs/{file}"))).unwrap_or_else(|e| panic!("{e}"))
+    clb_executor::inputs::read_config(&fixture(&format!("configs/{file}"))).unwrap_or_else(|e| panic!("{e}"))
 }
 
-// The WIT ↔ logic conversions of the differential runs live in `clb_host::native` (the fuzz
-// crate's differential target uses them too); re-exported here under their old names.
-pub use clb_host::native::{
-    NativeReconciler, command_to_wit, component_verdict, config_to_model, native_verdict, observation_to_model,
-    outcome_to_model, service_to_model, step_to_wit,
+// The WIT ↔ logic conversions of the differential runs live in `clb_sandbox::native`, the native
+// library behind the simulator's trait in `clb_simulator::native` (the fuzz crate's differential
+// target uses them too); re-exported here under their old names.
+pub use clb_sandbox::native::{
+    command_to_wit, component_verdict, config_to_model, native_verdict, observation_to_model, outcome_to_model,
+    service_to_model, step_to_wit,
 };
+pub use clb_simulator::native::NativeReconciler;
 
 /// Where the tests' caches are: `$CLB_CACHE`, else the user's own
 /// `${XDG_CACHE_HOME:-~/.cache}/clb-reconciler`, as `harness/apiserver/build.sh` and
@@ -149,13 +153,13 @@ pub fn scenario_files() -> Vec<PathBuf> {
 
 /// The Azure scope the client and emulator tests use (distinct names, so a test can see which
 /// one went where in an ARM ID).
-pub fn test_scope() -> clb_host::azure::Scope {
-    clb_host::azure::Scope {
+pub fn test_scope() -> clb_azure::Scope {
+    clb_azure::Scope {
         subscription: "sub-1".into(),
         resource_group: "rg-1".into(),
         location: "eastus2".into(),
         vnet_resource_group: "rg-net".into(),
         vnet: "vnet-1".into(),
-        service_gateway: clb_host::azure::DEFAULT_SERVICE_GATEWAY.into(),
+        service_gateway: clb_azure::DEFAULT_SERVICE_GATEWAY.into(),
     }
 }

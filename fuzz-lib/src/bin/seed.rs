@@ -18,10 +18,11 @@ use clb_fuzz::input::Enc;
 use clb_fuzz::pools::{self, PoolOp};
 use clb_fuzz::program::{Answer, Program, Step, Time};
 use clb_guest::backend_pools::{Failure, GroupOutcome, OperationKind, PoolOperation, ServiceAssignment};
-use clb_host::native::NativeReconciler;
-use clb_host::sandbox::bindings::clb::reconciler::types as wit;
-use clb_host::simulator::cluster::Object;
-use clb_host::simulator::simulate::{LogicError, PoolReconciler, Reconciler, Supervised};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::logic::Logic;
+use clb_simulator::cluster::Object;
+use clb_simulator::native::NativeReconciler;
+use clb_simulator::simulate::{LogicError, PoolReconciler, Reconciler, Supervised};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,7 +52,9 @@ impl Recording {
     }
 }
 
-impl Reconciler for Recording {
+impl Logic for Recording {
+    type Error = LogicError;
+
     fn start(&mut self, config: &wit::Config) -> Result<(), LogicError> {
         self.inner.start(config)?;
         self.runs.push((config.clone(), Vec::new(), Vec::new()));
@@ -99,7 +102,9 @@ impl Reconciler for Recording {
     fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, LogicError> {
         self.inner.stats(now_ms)
     }
+}
 
+impl Reconciler for Recording {
     /// The programs drive the tracker alone: a multi-SLB scenario stops at its first restart.
     fn pools(&mut self) -> Option<&mut dyn PoolReconciler> {
         None
@@ -324,15 +329,15 @@ fn main() {
         let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
         let text = std::fs::read_to_string(path).unwrap();
         out.put("scenario", &stem, text.clone().into_bytes());
-        let scenario = clb_host::simulator::scenario::parse(path, &text).unwrap_or_else(|e| panic!("{e}"));
+        let scenario = clb_simulator::scenario::parse(path, &text).unwrap_or_else(|e| panic!("{e}"));
 
         let mut services = Vec::new();
         for step in &scenario.steps {
-            let clb_host::simulator::scenario::Step::Apply(objects) = step else { continue };
+            let clb_simulator::scenario::Step::Apply(objects) = step else { continue };
             for object in &objects.0 {
                 let (kind, json) = match object {
                     Object::Service(s) => {
-                        services.push(clb_host::records::service(s));
+                        services.push(clb_executor::records::service(s));
                         (0u8, serde_json::to_vec(s))
                     }
                     Object::EndpointSlice(s) => (1, serde_json::to_vec(s)),
@@ -355,7 +360,7 @@ fn main() {
         out.put("admission", &stem, e.bytes);
 
         let mut recording = Recording::default();
-        let ran = clb_host::simulator::simulate::run(&scenario, &mut recording);
+        let ran = clb_simulator::simulate::run(&scenario, &mut recording);
         if let Err(e) = &ran {
             eprintln!("{stem}: not run natively ({e}); its programs are what ran before");
         }

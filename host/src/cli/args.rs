@@ -1,11 +1,11 @@
 //! What several subcommands share: which logic runs and under which limits, the write budgets,
 //! the parsers of durations and sizes, and how a component file is read.
 
-use crate::sandbox::Limits;
-use crate::sandbox::bindings::clb::reconciler::types::{Budget, WriteBudgets};
-use crate::{BUILTIN_GUEST, compression};
 use anyhow::Context as _;
 use clap::Args;
+use clb_sandbox::Limits;
+use clb_sandbox::bindings::clb::reconciler::types::{Budget, WriteBudgets};
+use clb_sandbox::{BUILTIN_GUEST, compression};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -170,9 +170,9 @@ impl LogicArgs {
 }
 
 /// A component file's bytes and, when it is compressed, its compression and size (a file the
-/// command line reads is taken compressed or not: `crate::compression`).
+/// command line reads is taken compressed or not: `clb_sandbox::compression`).
 pub(super) fn read_component_file(path: &std::path::Path) -> anyhow::Result<compression::Decompressed> {
-    let bytes = crate::bounded::read(path, compression::MAX_COMPONENT_BYTES as u64)?;
+    let bytes = clb_sandbox::bounded::read(path, compression::MAX_COMPONENT_BYTES as u64)?;
     let _file = tracing::info_span!("component", path = %path.display()).entered();
     compression::decompress(bytes).with_context(|| format!("{}: not a component", path.display()))
 }

@@ -1,8 +1,8 @@
 //! `clb-host component`: writes the built-in component, plain or gzip-compressed.
 
 use super::args::EXIT_OK;
-use crate::{BUILTIN_GUEST, compression};
 use anyhow::Context as _;
+use clb_sandbox::{BUILTIN_GUEST, compression};
 use std::io::Write;
 
 /// How `component --compress` writes the built-in component.
@@ -18,7 +18,7 @@ pub(super) fn write_component(
     compress: Option<CompressArg>,
     out: &mut dyn Write,
 ) -> anyhow::Result<u8> {
-    let sha256 = crate::sandbox::sha256_hex(BUILTIN_GUEST);
+    let sha256 = clb_sandbox::sha256_hex(BUILTIN_GUEST);
     let written = match compress {
         None => std::borrow::Cow::Borrowed(BUILTIN_GUEST),
         Some(CompressArg::Gzip) => std::borrow::Cow::Owned(compression::compress_gzip(BUILTIN_GUEST)),

@@ -22,7 +22,7 @@ pub(super) struct EmulatorArgs {
     pub(super) vnet_resource_group: Option<String>,
     #[arg(long, default_value = "vnet")]
     pub(super) vnet: String,
-    #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
+    #[arg(long, default_value = clb_azure::DEFAULT_SERVICE_GATEWAY)]
     pub(super) service_gateway: String,
     /// Items per page of the services and addressLocations lists.
     #[arg(long, default_value_t = 100)]
@@ -51,8 +51,8 @@ pub(super) struct EmulatorArgs {
 }
 
 pub(super) fn emulator(args: EmulatorArgs, out: &mut dyn Write) -> anyhow::Result<u8> {
-    use crate::emulator::{ArmLimits, BucketLimits, Emulator, EmulatorConfig, EmulatorServer};
-    let scope = crate::azure::Scope {
+    use clb_emulator::{ArmLimits, BucketLimits, Emulator, EmulatorConfig, EmulatorServer};
+    let scope = clb_azure::Scope {
         vnet_resource_group: args.vnet_resource_group.unwrap_or_else(|| args.resource_group.clone()),
         subscription: args.subscription,
         resource_group: args.resource_group,

@@ -1,8 +1,8 @@
 //! `clb-host inspect`: what a component is and whether this host loads it.
 
 use super::args::{EXIT_OK, EXIT_REFUSED, read_component_file};
-use crate::sandbox::{ComponentInfo, PACKAGE, Runtime};
 use anyhow::Context as _;
+use clb_sandbox::{ComponentInfo, PACKAGE, Runtime};
 use std::io::Write;
 
 pub(super) fn inspect(file: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<u8> {

@@ -1,9 +1,9 @@
 //! `clb-host replay`: traces through a component, every result compared (the shadow check).
 
 use super::args::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs, read_component};
-use crate::sandbox::Runtime;
 use anyhow::Context as _;
 use clap::Args;
+use clb_sandbox::Runtime;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -27,7 +27,7 @@ pub(super) struct ReplayArgs {
 }
 
 pub(super) fn replay(args: &ReplayArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
-    use crate::trace::replay;
+    use clb_sandbox::trace::replay;
     let runtime = Runtime::new()?;
     let limits = args.logic.limits();
     let primary = match args.logic.bytes() {

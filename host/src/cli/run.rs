@@ -3,10 +3,10 @@
 
 use super::args::{BudgetArgs, EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs, duration, request_timeout};
 use super::swap::read_token;
-use crate::inputs;
-use crate::sandbox::Runtime;
 use anyhow::Context as _;
 use clap::Args;
+use clb_executor::inputs;
+use clb_sandbox::Runtime;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,7 +27,7 @@ pub(super) struct RunArgs {
     #[arg(long)]
     pub(super) cloud_config: PathBuf,
     /// ARM's base URL, or the emulator's (`clb-host emulator` prints it).
-    #[arg(long, default_value = crate::azure::arm::DEFAULT_BASE_URL)]
+    #[arg(long, default_value = clb_arm::DEFAULT_BASE_URL)]
     pub(super) azure_url: String,
     /// The longest one request to ARM (public IPs, load balancers, backend pools) may take.
     #[arg(long, default_value = "60s", value_parser = request_timeout)]
@@ -49,12 +49,12 @@ pub(super) struct RunArgs {
     #[arg(long, required_if_eq("credential", "token-file"))]
     pub(super) token_file: Option<PathBuf>,
     /// The ServiceGateway's name.
-    #[arg(long, default_value = crate::azure::DEFAULT_SERVICE_GATEWAY)]
+    #[arg(long, default_value = clb_azure::DEFAULT_SERVICE_GATEWAY)]
     pub(super) service_gateway: String,
     /// The cluster's name, as the cloud controller manager's `--cluster-name`: in multi-SLB
     /// local-service mode a public IP tagged with another cluster's name places no Service. The
     /// cloud config's `loadBalancerName` overrides it, as upstream's.
-    #[arg(long, default_value = crate::inputs::DEFAULT_CLUSTER_NAME)]
+    #[arg(long, default_value = clb_executor::inputs::DEFAULT_CLUSTER_NAME)]
     pub(super) cluster_name: String,
     /// On SIGTERM/SIGINT, how long running commands may finish before they are abandoned.
     #[arg(long, default_value_t = crate::live::settings::SHUTDOWN_GRACE.as_secs())]
@@ -156,12 +156,12 @@ pub(super) struct OperationsArgs {
     /// How many inputs a swapped-in version serves on probation: until then, the version it
     /// replaced is kept, and --probation-quarantines inputs it traps on (whatever it served
     /// between them), or two ticks, roll it back (docs/operations.md, "Probation").
-    #[arg(long, default_value_t = crate::supervisor::PROBATION_INPUTS as u64,
+    #[arg(long, default_value_t = clb_sandbox::supervisor::PROBATION_INPUTS as u64,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub(super) probation_inputs: u64,
     /// How many inputs a swapped-in version may quarantine within its probation: the last of
     /// them rolls it back.
-    #[arg(long, default_value_t = crate::supervisor::PROBATION_QUARANTINES,
+    #[arg(long, default_value_t = clb_sandbox::supervisor::PROBATION_QUARANTINES,
           value_parser = clap::value_parser!(u32).range(1..=1_000))]
     pub(super) probation_quarantines: u32,
 }
@@ -182,9 +182,9 @@ pub(super) struct ElectionArgs {
     /// Time between a standby's attempts and between the leader's renewals.
     #[arg(long, default_value = "2s", value_parser = duration)]
     pub(super) leader_elect_retry_period: Duration,
-    #[arg(long, default_value = crate::live::lease::LEADER_ELECTION_NAME)]
+    #[arg(long, default_value = clb_kube::lease::LEADER_ELECTION_NAME)]
     pub(super) leader_elect_resource_name: String,
-    #[arg(long, default_value = crate::live::lease::LEADER_ELECTION_NAMESPACE)]
+    #[arg(long, default_value = clb_kube::lease::LEADER_ELECTION_NAMESPACE)]
     pub(super) leader_elect_resource_namespace: String,
     /// This replica's holder identity; default: `POD_NAME` (else `HOSTNAME`) and a random
     /// suffix. Also the `reportingInstance` of its Events.
@@ -195,12 +195,12 @@ pub(super) struct ElectionArgs {
 /// The Azure resource lock of upstream's `AzureResourceLocker` (its Lease, holder and duration).
 #[derive(Args)]
 pub(super) struct ResourceLockArgs {
-    #[arg(long, default_value = crate::live::lease::RESOURCE_LOCK_NAME)]
+    #[arg(long, default_value = clb_kube::lease::RESOURCE_LOCK_NAME)]
     pub(super) azure_resource_lock_name: String,
-    #[arg(long, default_value = crate::live::lease::RESOURCE_LOCK_NAMESPACE)]
+    #[arg(long, default_value = clb_kube::lease::RESOURCE_LOCK_NAMESPACE)]
     pub(super) azure_resource_lock_namespace: String,
     /// Shared by every replica on purpose: the lock excludes other components (the AKS RP).
-    #[arg(long, default_value = crate::live::lease::RESOURCE_LOCK_HOLDER)]
+    #[arg(long, default_value = clb_kube::lease::RESOURCE_LOCK_HOLDER)]
     pub(super) azure_resource_lock_holder: String,
     #[arg(long, default_value = "900s", value_parser = duration)]
     pub(super) azure_resource_lock_duration: Duration,
@@ -217,8 +217,8 @@ pub(super) enum CredentialKind {
 }
 
 pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
-    use crate::azure::auth::{TokenFile, WorkloadIdentity};
-    use crate::azure::{ArmClient, ArmConfig, Credential};
+    use clb_arm::auth::{TokenFile, WorkloadIdentity};
+    use clb_arm::{ArmClient, ArmConfig, Credential};
     let config = match inputs::read_cloud_config(&args.cloud_config)
         .and_then(|config| Ok((config, inputs::read_scope(&args.cloud_config, &args.service_gateway)?)))
     {
@@ -231,7 +231,7 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
     let (cloud_config, scope) = config;
     let (slb_configurations, pool_updater) = (cloud_config.slb_configurations(), cloud_config.pool_updater_config());
     let cluster_name = cloud_config.cluster_name(&args.cluster_name);
-    let mut config: crate::sandbox::bindings::clb::reconciler::types::Config = cloud_config.into();
+    let mut config: clb_sandbox::bindings::clb::reconciler::types::Config = cloud_config.into();
     match args.budgets.write_budgets() {
         Ok(budgets) => config.write_budgets = budgets,
         Err(e) => {
@@ -240,10 +240,9 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
         }
     }
     let election = args.election;
-    let instance = crate::live::lease::replica_identity(election.leader_elect_identity.as_deref(), |name| {
-        std::env::var(name).ok()
-    });
-    let leader_election = election.leader_elect.then(|| crate::live::lease::ElectionConfig {
+    let instance =
+        clb_kube::lease::replica_identity(election.leader_elect_identity.as_deref(), |name| std::env::var(name).ok());
+    let leader_election = election.leader_elect.then(|| clb_kube::lease::ElectionConfig {
         name: election.leader_elect_resource_name,
         namespace: election.leader_elect_resource_namespace,
         identity: instance.clone(),
@@ -252,14 +251,14 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
         retry_period: election.leader_elect_retry_period,
     });
     let lock = args.resource_lock;
-    let resource_lock = crate::live::lease::LeaseLockConfig {
+    let resource_lock = clb_kube::lease::LeaseLockConfig {
         name: lock.azure_resource_lock_name,
         namespace: lock.azure_resource_lock_namespace,
         holder: lock.azure_resource_lock_holder,
         duration: lock.azure_resource_lock_duration,
         renew_period: lock.azure_resource_lock_renew_period,
     };
-    let election_valid = leader_election.as_ref().map_or(Ok(()), crate::live::lease::ElectionConfig::validate);
+    let election_valid = leader_election.as_ref().map_or(Ok(()), clb_kube::lease::ElectionConfig::validate);
     if let Err(e) = election_valid.and_then(|()| resource_lock.validate()) {
         writeln!(err, "error: {e}")?;
         return Ok(EXIT_BAD_INPUT);
@@ -295,14 +294,14 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
     }
     let trace = match &args.record.record {
         Some(path) => {
-            let options = crate::trace::RecordOptions {
+            let options = clb_sandbox::trace::RecordOptions {
                 max_file_bytes: args.record.record_max_file_mib << 20,
                 keep_files: args.record.record_keep_files,
-                ..crate::trace::RecordOptions::live(path.clone())
+                ..clb_sandbox::trace::RecordOptions::live(path.clone())
             };
             let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
-            let component = crate::trace::ComponentRef::of(&logic, Some(&name));
-            Some(crate::trace::Recorder::start(options, crate::trace::Signatures::of(&logic), &component)?)
+            let component = clb_sandbox::trace::ComponentRef::of(&logic, Some(&name));
+            Some(clb_sandbox::trace::Recorder::start(options, clb_sandbox::trace::Signatures::of(&logic), &component)?)
         }
         None => None,
     };

@@ -1,8 +1,8 @@
 //! `clb-host schema`: the component's functions and WIT types as JSON, for other hosts.
 
 use super::args::{EXIT_OK, read_component};
-use crate::BUILTIN_GUEST;
-use crate::sandbox::{Limits, Runtime};
+use clb_sandbox::BUILTIN_GUEST;
+use clb_sandbox::{Limits, Runtime};
 use std::io::Write;
 
 pub(super) fn schema(component: Option<&std::path::Path>, out: &mut dyn Write) -> anyhow::Result<u8> {
@@ -12,6 +12,6 @@ pub(super) fn schema(component: Option<&std::path::Path>, out: &mut dyn Write) -
     };
     let runtime = Runtime::new()?;
     let logic = runtime.load(&bytes, Limits::default())?;
-    writeln!(out, "{}", crate::trace::schema_text(&logic))?;
+    writeln!(out, "{}", clb_sandbox::trace::schema_text(&logic))?;
     Ok(EXIT_OK)
 }

@@ -1,7 +1,7 @@
 //! `clb-host simulate`: scenario files against the in-process emulator and an in-memory cluster.
 
 use super::args::{BudgetArgs, EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs, WRITE_BUDGETS_FIELD};
-use crate::sandbox::Runtime;
+use clb_sandbox::Runtime;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -14,8 +14,8 @@ pub(super) fn simulate(
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
-    use crate::simulator::simulate::Supervised as _;
-    use crate::simulator::{scenario, simulate};
+    use clb_simulator::simulate::Supervised as _;
+    use clb_simulator::{scenario, simulate};
     // Every file is read first: a typo in the last one should not cost a whole run.
     let write_budgets = match budgets.write_budgets() {
         Ok(b) => b,
@@ -55,7 +55,7 @@ pub(super) fn simulate(
         }
     }
     let traces = match record {
-        Some(path) => match crate::trace::trace_paths(path, files) {
+        Some(path) => match clb_sandbox::trace::trace_paths(path, files) {
             Ok(paths) => paths,
             Err(e) => {
                 writeln!(err, "error: {e}")?;
@@ -71,7 +71,7 @@ pub(super) fn simulate(
             simulate::ComponentReconciler::new(&logic).with_components(&runtime, std::collections::BTreeMap::new());
         if let Some(path) = traces.get(index) {
             let component = logic_args.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
-            match crate::trace::record_scenario(&logic, &component, path, &scenario.name) {
+            match clb_sandbox::trace::record_scenario(&logic, &component, path, &scenario.name) {
                 Ok(recorder) => reconciler = reconciler.with_recorder(recorder),
                 Err(e) => {
                     writeln!(err, "error: {e}")?;

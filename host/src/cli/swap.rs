@@ -1,9 +1,9 @@
 //! `clb-host swap`: asks a running `clb-host run` to swap its logic, over its `POST /swap`.
 
 use super::args::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED};
-use crate::compression;
 use anyhow::Context as _;
 use clap::Args;
+use clb_sandbox::compression;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -30,7 +30,7 @@ pub(super) struct SwapArgs {
 
 /// A token file's content without surrounding whitespace; an empty token is refused.
 pub(super) fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
-    let token = crate::bounded::read(path, crate::azure::auth::MAX_TOKEN_BYTES)?;
+    let token = clb_sandbox::bounded::read(path, clb_arm::auth::MAX_TOKEN_BYTES)?;
     let token = String::from_utf8(token).with_context(|| format!("{}: the token is not UTF-8", path.display()))?;
     let token = token.trim();
     anyhow::ensure!(!token.is_empty(), "{}: the token file is empty", path.display());
@@ -39,7 +39,7 @@ pub(super) fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 
 pub(super) fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     use crate::live::swap::SwapResult;
-    let bytes = crate::bounded::read(&args.to, compression::MAX_COMPONENT_BYTES as u64)?;
+    let bytes = clb_sandbox::bounded::read(&args.to, compression::MAX_COMPONENT_BYTES as u64)?;
     // A compressed file travels as it is (smaller), and the host decompresses it; one that does
     // not decompress is refused here, as an unreadable file is.
     if compression::Compression::detect(&bytes).is_some() {

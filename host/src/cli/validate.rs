@@ -1,10 +1,10 @@
 //! `clb-host validate`: the configuration and admission rules on files, through the component.
 
 use super::args::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs};
-use crate::sandbox::Runtime;
-use crate::sandbox::bindings::clb::reconciler::types::Mode;
-use crate::sandbox::bindings::exports::clb::reconciler::validation::Verdict;
-use crate::{inputs, records};
+use clb_executor::{inputs, records};
+use clb_sandbox::Runtime;
+use clb_sandbox::bindings::clb::reconciler::types::Mode;
+use clb_sandbox::bindings::exports::clb::reconciler::validation::Verdict;
 use k8s_openapi::api::core::v1::Service;
 use std::io::Write;
 use std::path::PathBuf;

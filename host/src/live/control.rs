@@ -8,7 +8,7 @@
 //!   `select!` reads ([`Control::next`]); the answer comes back on a oneshot.
 //! * **Staged, so inputs wait ~1 ms.** The loop stages the swap ([`Control::begin`]:
 //!   [`Supervisor::stage`] hands out the checkpoint) and the state move runs on a blocking
-//!   thread ([`Staging::import`](crate::supervisor::Staging::import)) while the old version keeps serving. Its end comes back through
+//!   thread ([`Staging::import`](clb_sandbox::supervisor::Staging::import)) while the old version keeps serving. Its end comes back through
 //!   the same [`Control::next`], and [`Control::finish`] switches between two inputs
 //!   ([`Supervisor::swap_staged`]: the inputs delivered since the checkpoint replayed into the new
 //!   version, then the checks). Watch events that arrive during the switch wait in their streams
@@ -20,14 +20,14 @@
 //!   again against its own supervisor, so the requester gets the answer of the replica that
 //!   then leads, as any request still queued does.
 //! * **Before the loop.** The sender decompresses gzip or zstd bytes on a blocking thread
-//!   ([`crate::compression`], refusing a bad stream with kind `decompress`), refuses a component
+//!   ([`clb_sandbox::compression`], refusing a bad stream with kind `decompress`), refuses a component
 //!   whose sha256 — the decompressed one's — differs from the pin (kind `digest`) before anything
 //!   compiles it, answers bytes that are the serving version
 //!   `unchanged`, and compiles the rest on a blocking thread ([`Loader`]), refusing what does not
 //!   load (kind `load`) — so the loop never waits for a compile.
 //! * **Shadows.** A second kind of request, from the shadow's source
 //!   ([`SwapSender::for_shadow`]): its version is not swapped in but run in shadow beside the
-//!   serving one ([`Supervisor::shadow`], on its own thread; `crate::supervisor::shadow`), compared
+//!   serving one ([`Supervisor::shadow`], on its own thread; `clb_sandbox::supervisor::shadow`), compared
 //!   on every input, with the [`ShadowPolicy`] of `run`. Its first divergence is recorded (an
 //!   Event); when its promotion is due, [`Control::next`] brings [`ControlEvent::Promote`] and the
 //!   candidate is swapped in by the staged swap above, then serves its probation. The candidate
@@ -39,16 +39,16 @@
 //!   the well-known ConfigMap ([`EventTarget`]): `LogicSwapped` (Normal), `LogicSwapRefused`,
 //!   `LogicRolledBack`, `LogicRollbackFailed` (Warning).
 
-use crate::compression::Compression;
-use crate::error_text::error_chain;
-use crate::executor::{KubeApi, KubeError};
-use crate::kube::{KubeClient, api_error};
 use crate::live::metrics::{Metrics, SwapPhase};
 use crate::live::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
-use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::{Limits, Loader, Logic, Runtime, sha256_hex};
-use crate::supervisor::shadow::SHADOW_QUEUE;
-use crate::supervisor::{ShadowEvent, ShadowOptions, Staged, Supervisor, SupervisorError, SwapReport};
+use clb_executor::{KubeApi, KubeError};
+use clb_kube::{KubeClient, api_error};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::compression::Compression;
+use clb_sandbox::error_text::error_chain;
+use clb_sandbox::supervisor::shadow::SHADOW_QUEUE;
+use clb_sandbox::supervisor::{ShadowEvent, ShadowOptions, Staged, Supervisor, SupervisorError, SwapReport};
+use clb_sandbox::{Limits, Loader, Logic, Runtime, sha256_hex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -112,12 +112,12 @@ pub struct ShadowPolicy {
     pub record: Option<PathBuf>,
 }
 
-/// The divergence kinds a shadow counts, besides the command names ([`crate::executor::command_name`]).
+/// The divergence kinds a shadow counts, besides the command names ([`clb_executor::command_name`]).
 pub const SHADOW_STEP_KINDS: [&str; 3] = ["command-order", "wake-at", "idle"];
 
 /// The kinds `--shadow-allow` may name.
 pub fn shadow_kinds() -> impl Iterator<Item = &'static str> {
-    crate::executor::COMMAND_NAMES.into_iter().chain(SHADOW_STEP_KINDS)
+    clb_sandbox::COMMAND_NAMES.into_iter().chain(SHADOW_STEP_KINDS)
 }
 
 /// The sending side: cloned into the HTTP endpoint and every source. It checks the pin and
@@ -157,7 +157,7 @@ impl SwapSender {
             let _origin = span.entered();
             // The sha256 a refusal names: of the bytes as they came, when they are not the component.
             let received = Compression::detect(&bytes).map(|_| sha256_hex(&bytes));
-            crate::compression::decompress(bytes).map_err(|error| (error, received.unwrap_or_default()))
+            clb_sandbox::compression::decompress(bytes).map_err(|error| (error, received.unwrap_or_default()))
         })
         .await
         .map_err(ControlError::LoadAborted)?;
@@ -297,7 +297,7 @@ impl Control {
         supervisor: &mut Supervisor<'_>,
         logic: Logic,
         origin: &str,
-    ) -> Result<crate::supervisor::ShadowHandle, crate::supervisor::ShadowError> {
+    ) -> Result<clb_sandbox::supervisor::ShadowHandle, clb_sandbox::supervisor::ShadowError> {
         let (metrics, promotions, origin) = (self.metrics.clone(), self.promotions.0.clone(), origin.to_owned());
         let on_event = move |event: ShadowEvent| match event {
             ShadowEvent::FirstDivergence(status) => {
@@ -446,7 +446,7 @@ impl Control {
     /// first step ([`SwapReport::first_step`]): the caller carries it out like any other step,
     /// since the new version holds its commands in flight.
     ///
-    /// [`SwapReport::first_step`]: crate::supervisor::SwapReport::first_step
+    /// [`SwapReport::first_step`]: clb_sandbox::supervisor::SwapReport::first_step
     pub fn finish(&mut self, supervisor: &mut Supervisor<'_>, imported: Imported, now_ms: u64) -> Option<wit::Step> {
         let Imported { in_flight: InFlight { request, sha256, staged_at, .. }, import } = imported;
         let origin = request.origin.clone();
@@ -510,7 +510,7 @@ impl EventTarget {
     pub const DEFAULT: &str = "kube-system/clb-reconciler";
 
     pub fn parse(text: &str) -> Result<Self, ControlError> {
-        match crate::records::namespaced(text) {
+        match clb_executor::records::namespaced(text) {
             Some((namespace, name)) => Ok(Self { namespace: namespace.into(), name: name.into() }),
             None => Err(ControlError::BadObject(text.to_owned())),
         }

@@ -4,17 +4,17 @@
 //! /swap`.
 //!
 //! * `POST /swap` (only with an [`Admin`]): the body is a component, gzip- or zstd-compressed or
-//!   not ([`crate::compression`]); the optional header [`SHA256_HEADER`] pins the digest of the
+//!   not ([`clb_sandbox::compression`]); the optional header [`SHA256_HEADER`] pins the digest of the
 //!   decompressed component. Accepted only from a loopback peer, or — when the admin
 //!   has a token — from any peer presenting `Authorization: Bearer <token>`. The request goes to
 //!   the run loop through the [`SwapSender`]; the answer is a [`SwapResult`] as JSON: 200 when
 //!   accepted or unchanged, 409 when refused, 400 when refused as compressed bytes that give no
 //!   component (kind `decompress`).
 
-use crate::compression::MAX_COMPONENT_BYTES;
 use crate::live::control::SwapSender;
 use crate::live::metrics::Metrics;
 use crate::live::swap::{REFUSED_DECOMPRESS, Sha256Pin, SwapResult};
+use clb_sandbox::compression::MAX_COMPONENT_BYTES;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};

@@ -3,11 +3,11 @@
 //! by logic version), the health and readiness it implies and the `/status` document.
 //! [`crate::live::endpoint`] serves them over HTTP.
 //!
-//! The [`Supervisor`](crate::supervisor::Supervisor) serves with `&mut self`, so a scrape cannot
+//! The [`Supervisor`](clb_sandbox::supervisor::Supervisor) serves with `&mut self`, so a scrape cannot
 //! ask it; instead it publishes a [`Snapshot`] into [`Metrics`] (through
-//! [`Publish`](crate::supervisor::Publish)) after every call (a mutex and a few small copies,
+//! [`Publish`](clb_sandbox::supervisor::Publish)) after every call (a mutex and a few small copies,
 //! nothing next to a guest call), and a scrape renders the last one through a collector. The
-//! guest's own counters are atomics shared with the [`Logic`](crate::sandbox::Logic); the
+//! guest's own counters are atomics shared with the [`Logic`](clb_sandbox::Logic); the
 //! snapshot reads them. Latencies are histograms observed as they happen: each delivered input's
 //! guest call (by version), each command `run` carries out (by command and result), each phase
 //! of a swap.
@@ -17,7 +17,7 @@
 //!
 //! It is longer than 800 lines because the exposition is one contract: every family, its labels
 //! and its help text are declared and rendered here side by side, so that a renamed or missing
-//! family shows in one diff (the logic's own figures are apart, in `crate::figures`).
+//! family shows in one diff (the logic's own figures are apart, in `clb_sandbox::figures`).
 //!
 //! * Per version (`version` = the first 12 hex digits of the component's sha256, `sha256` = all
 //!   of it): calls, fuel used, failures by kind. A version stays in the exposition after it is
@@ -41,10 +41,10 @@
 //!   the commands carried out by name. Text from outside (a trap's message, Azure's error) is
 //!   cut at [`MAX_TEXT`] bytes.
 
-use crate::figures::{counters, family_of as family};
 use crate::live::swap::{SwapRecord, SwapResult};
-use crate::sandbox::bindings::clb::reconciler::types::TrackerStats;
-use crate::supervisor::{Snapshot, VersionSnapshot};
+use clb_sandbox::bindings::clb::reconciler::types::TrackerStats;
+use clb_sandbox::figures::{counters, family_of as family};
+use clb_sandbox::supervisor::{Snapshot, VersionSnapshot};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;
@@ -64,16 +64,16 @@ use std::time::Duration;
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
     /// The leader-election Lease.
-    pub leader: Arc<crate::live::lease::LeaseStats>,
+    pub leader: Arc<clb_kube::lease::LeaseStats>,
     /// The Azure resource lock's Lease (multi-SLB local-service mode).
-    pub resource_lock: Arc<crate::live::lease::LeaseStats>,
+    pub resource_lock: Arc<clb_kube::lease::LeaseStats>,
     /// The backend-pool updater (multi-SLB local-service mode).
-    pub pool_updater: Arc<crate::backend_pools::PoolUpdaterStats>,
+    pub pool_updater: Arc<clb_executor::backend_pools::PoolUpdaterStats>,
     /// `--record`: the trace every term's calls into the logic go to.
-    pub trace: Option<Arc<crate::trace::Recorder>>,
+    pub trace: Option<Arc<clb_sandbox::trace::Recorder>>,
 }
 
-impl crate::supervisor::Publish for Metrics {
+impl clb_sandbox::supervisor::Publish for Metrics {
     fn publish(&self, snapshot: Snapshot) {
         Metrics::publish(self, snapshot);
     }
@@ -98,7 +98,7 @@ struct Shared {
     inner: Mutex<Published>,
     /// The engine's guest memories, once [`Metrics::track_memories`] names them.
     #[cfg(unix)]
-    memories: std::sync::OnceLock<Arc<crate::sandbox::linear_memory::RecyclingMemories>>,
+    memories: std::sync::OnceLock<Arc<clb_sandbox::linear_memory::RecyclingMemories>>,
     /// `run`'s leases and backend-pool updater, once [`Metrics::track_run`] names them.
     run: std::sync::OnceLock<RunStats>,
 }
@@ -159,9 +159,9 @@ pub struct QuarantineRecord {
 pub struct CommandError {
     /// When it failed, ms since the epoch.
     pub at_ms: u64,
-    /// [`command_name`](crate::executor::command_name).
+    /// [`command_name`](clb_executor::command_name).
     pub command: &'static str,
-    /// [`command_subject`](crate::executor::command_subject).
+    /// [`command_subject`](clb_executor::command_subject).
     pub subject: String,
     /// The HTTP status, the code and the message, as the log line has them.
     pub error: String,
@@ -190,7 +190,7 @@ pub struct Overview {
     pub serving_since_ms: Option<u64>,
     /// See [`Snapshot::state_version`].
     pub state_version: Option<u32>,
-    pub probation: Option<crate::supervisor::ProbationSnapshot>,
+    pub probation: Option<clb_sandbox::supervisor::ProbationSnapshot>,
     /// The newest first.
     pub swaps: Vec<SwapRecord>,
     /// The newest first.
@@ -249,7 +249,7 @@ struct Published {
     /// Where every [`SwapRecord`] goes, once someone subscribed.
     records: Option<tokio::sync::mpsc::UnboundedSender<SwapRecord>>,
     /// The serving logic's own figures (`tracker.stats`).
-    figures: crate::figures::Figures,
+    figures: clb_sandbox::figures::Figures,
     /// The serving version's sha256 and since when it serves (ms since the epoch).
     serving_since: Option<(String, u64)>,
     /// The bounded lists of the module documentation, the oldest first.
@@ -311,7 +311,7 @@ pub struct Status {
     pub inputs: u64,
     /// The candidate in shadow, or the last one (stopped or promoted).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub shadow: Option<crate::supervisor::ShadowStatus>,
+    pub shadow: Option<clb_sandbox::supervisor::ShadowStatus>,
 }
 
 impl Metrics {
@@ -330,7 +330,7 @@ impl Metrics {
     /// Shows the counts of the engine's memory creator (one per process; the first one named
     /// stays).
     #[cfg(unix)]
-    pub fn track_memories(&self, memories: Arc<crate::sandbox::linear_memory::RecyclingMemories>) {
+    pub fn track_memories(&self, memories: Arc<clb_sandbox::linear_memory::RecyclingMemories>) {
         let _ = self.shared.memories.set(memories);
     }
 
@@ -396,7 +396,7 @@ impl Metrics {
     }
 
     /// Keeps the inputs the supervisor quarantined (its `take_quarantined`) for the page.
-    pub fn record_quarantined(&self, quarantined: Vec<crate::supervisor::Quarantined>) {
+    pub fn record_quarantined(&self, quarantined: Vec<clb_sandbox::supervisor::Quarantined>) {
         if quarantined.is_empty() {
             return;
         }
@@ -562,7 +562,7 @@ impl Metrics {
     }
 
     /// How long one command took against Azure or Kubernetes (`clb-host run`), by
-    /// [`command_name`](crate::executor::command_name) and whether it failed.
+    /// [`command_name`](clb_executor::command_name) and whether it failed.
     pub fn observe_command(&self, command: &'static str, failed: bool, took: Duration) {
         let result = if failed { "failed" } else { "ok" };
         *self.lock().calls.entry(command).or_default() += 1;
@@ -572,7 +572,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Azure answered a command 429 (throttled), by [`command_name`](crate::executor::command_name).
+    /// Azure answered a command 429 (throttled), by [`command_name`](clb_executor::command_name).
     pub fn observe_throttled(&self, command: &'static str) {
         self.latency.throttled.get_or_create(&vec![("command", command.to_owned())]).inc();
     }
@@ -803,7 +803,7 @@ impl Collector for SnapshotCollector {
 }
 
 /// A candidate in shadow's counters, labelled with its version.
-fn encode_shadow(out: &mut DescriptorEncoder<'_>, status: &crate::supervisor::ShadowStatus) -> std::fmt::Result {
+fn encode_shadow(out: &mut DescriptorEncoder<'_>, status: &clb_sandbox::supervisor::ShadowStatus) -> std::fmt::Result {
     let labels = |extra: &[(&'static str, &str)]| {
         let mut labels = vec![("version", status.version.clone()), ("sha256", status.sha256.clone())];
         labels.extend(extra.iter().map(|(k, v)| (*k, (*v).to_owned())));
@@ -834,10 +834,10 @@ fn encode_shadow(out: &mut DescriptorEncoder<'_>, status: &crate::supervisor::Sh
         [(labels(&[]), i64::try_from(status.clean).unwrap_or(i64::MAX))],
     )?;
     let state = match status.state {
-        crate::supervisor::ShadowState::InStep => "in-step",
-        crate::supervisor::ShadowState::Resyncing => "resyncing",
-        crate::supervisor::ShadowState::Promoted => "promoted",
-        crate::supervisor::ShadowState::Stopped => "stopped",
+        clb_sandbox::supervisor::ShadowState::InStep => "in-step",
+        clb_sandbox::supervisor::ShadowState::Resyncing => "resyncing",
+        clb_sandbox::supervisor::ShadowState::Promoted => "promoted",
+        clb_sandbox::supervisor::ShadowState::Stopped => "stopped",
     };
     gauges(
         out,

@@ -1,9 +1,10 @@
 //! The live controller, `clb-host run`: the reconciler against a real cluster and a real (or
 //! emulated) Azure, on real time. In layers, lowest first — no module imports one above it:
 //!
-//! * [`lease`] — leader election and the Azure resource lock on Kubernetes Leases;
+//! * [`clb_kube::lease`] (below this crate) — leader election and the Azure resource lock on
+//!   Kubernetes Leases;
 //! * [`swap`] — the swap protocol's records;
-//! * [`crate::figures`] (outside this folder: `simulate` reads it too) — the logic's own figures;
+//! * [`clb_sandbox::figures`] (outside this folder: `simulate` reads it too) — the logic's own figures;
 //! * [`metrics`] — the registry the supervisor publishes into, and its exposition;
 //! * [`page`] — the operator page (`GET /`): HTML rendered from what [`metrics`] holds;
 //! * [`control`] — swap requests carried into the loop, results reported as Events;
@@ -16,7 +17,6 @@
 
 pub mod control;
 pub mod endpoint;
-pub mod lease;
 pub mod metrics;
 pub mod operations;
 pub mod page;

@@ -2,7 +2,6 @@
 //! operator page's sampler and the swap Event reporter started around the loop ([`run_with`]) with its [`Control`]. The top of
 //! the live controller: nothing in it is imported by the parts it assembles.
 
-use crate::kube::KubeClient;
 use crate::live::control::{Control, EventTarget, ShadowPolicy, report_events};
 use crate::live::endpoint::{Admin, EndpointError, MetricsServer};
 use crate::live::metrics::{Metrics, SAMPLE_EVERY, epoch_ms};
@@ -10,7 +9,8 @@ use crate::live::run::run_with;
 use crate::live::settings::{RunError, Settings};
 use crate::live::sources::LogicSource;
 use crate::live::swap::Sha256Pin;
-use crate::sandbox::{Limits, Logic, Runtime};
+use clb_kube::KubeClient;
+use clb_sandbox::{Limits, Logic, Runtime};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -13,9 +13,9 @@
 //! * **Bounded.** It shows the bounded lists [`crate::live::metrics`] keeps (their caps are
 //!   documented there), so its size has a ceiling whatever happens.
 
-use crate::figures::{service_type, state};
 use crate::live::metrics::{Overview, Sample};
 use crate::live::swap::{SwapRecord, SwapResult};
+use clb_sandbox::figures::{service_type, state};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -458,8 +458,8 @@ fn number(value: f64) -> String {
 mod tests {
     use super::*;
     use crate::live::metrics::{CommandError, QuarantineRecord, Status, VersionRef};
-    use crate::sandbox::bindings::clb::reconciler::types as wit;
-    use crate::supervisor::ProbationSnapshot;
+    use clb_sandbox::bindings::clb::reconciler::types as wit;
+    use clb_sandbox::supervisor::ProbationSnapshot;
 
     const NOW: u64 = 1_796_300_000_000;
     const SERVING: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -491,7 +491,7 @@ mod tests {
             commands_in_flight: 5,
             initialized_after_ms: Some(1200),
             budgets: vec![wit::BudgetLevel { bucket: "arm-writes".into(), tokens: -3, per_minute: 600 }],
-            ..crate::figures::zero_stats()
+            ..clb_sandbox::figures::zero_stats()
         }
     }
 

@@ -16,7 +16,7 @@
 //!   after it on a load balancer it is not on), from the listing of load balancers.
 //! * **Ticking.** Every `loadBalancerBackendPoolUpdateIntervalInSeconds` (first one interval
 //!   after the term starts) the updater ticks: service lock → resource lock → drain → GET/PUT
-//!   per pool → Events (see [`crate::backend_pools`]). A tick is started only after checking
+//!   per pool → Events (see [`clb_executor::backend_pools`]). A tick is started only after checking
 //!   that leadership still holds, as [`crate::live::run`] does before each command; the producer only
 //!   fills the in-memory queue, so it needs no such check.
 //! * **Lifetime.** The queue, the producer's memory and the Lease lock live for one term: a new
@@ -26,16 +26,17 @@
 //!   resource lock it held stays until the Lease's duration runs out (renewal stops with the
 //!   lock), as after a crash.
 
-use crate::azure::{ArmClient, AzureApi as _, PoolRef};
-use crate::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
-use crate::error_text::error_chain;
-use crate::kube::KubeClient;
-use crate::live::lease::{Leadership, LeaseLock};
 use crate::live::settings::{RunError, Settings};
-use crate::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
-use crate::sandbox::Logic;
-use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::{Placement, SlbConfiguration};
+use clb_arm::ArmClient;
+use clb_azure::{AzureApi as _, PoolRef};
+use clb_executor::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
+use clb_executor::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
+use clb_kube::KubeClient;
+use clb_kube::lease::{Leadership, LeaseLock};
+use clb_sandbox::Logic;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{Placement, SlbConfiguration};
+use clb_sandbox::error_text::error_chain;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -451,7 +452,7 @@ impl Pools {
         &self,
         load_balancer: &str,
         pools: Vec<String>,
-    ) -> Result<BTreeMap<String, Option<BTreeSet<String>>>, (String, crate::azure::AzureError)> {
+    ) -> Result<BTreeMap<String, Option<BTreeSet<String>>>, (String, clb_azure::AzureError)> {
         let mut contents = BTreeMap::new();
         for pool in pools {
             let at = PoolRef { load_balancer: load_balancer.to_owned(), pool: pool.clone() };
@@ -477,7 +478,7 @@ mod tests {
             "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"},
         }))
         .unwrap();
-        wit::Observation::ServiceUpserted(crate::records::service(&service))
+        wit::Observation::ServiceUpserted(clb_executor::records::service(&service))
     }
 
     fn slice(service: &str, node: &str) -> wit::Observation {
@@ -490,7 +491,7 @@ mod tests {
             "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": node}],
         }))
         .unwrap();
-        wit::Observation::SliceUpserted(crate::records::endpoint_slice(&slice))
+        wit::Observation::SliceUpserted(clb_executor::records::endpoint_slice(&slice))
     }
 
     fn node(name: &str, ip: &str) -> wit::Observation {
@@ -556,7 +557,7 @@ mod tests {
             "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": "n1"}],
         }))
         .unwrap();
-        let orphan = crate::records::endpoint_slice(&orphan);
+        let orphan = clb_executor::records::endpoint_slice(&orphan);
         assert_eq!(orphan.owner_service_uid, None);
         assert!(marked_by(wit::Observation::SliceUpserted(orphan)).is_empty());
     }

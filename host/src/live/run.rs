@@ -1,5 +1,5 @@
 //! `clb-host run`: the reconciler against a real cluster and a real (or emulated) Azure, on real
-//! time — what [`crate::simulator::simulate`] does on virtual time, with watchers instead of the in-memory
+//! time — what `clb_simulator::simulate` does on virtual time, with watchers instead of the in-memory
 //! cluster.
 //!
 //! * **Watching.** Services, EndpointSlices, Nodes and the Pods that carry the egress label
@@ -33,7 +33,7 @@
 //!   one across leadership terms, and a swap still staging when a term ends is staged again by
 //!   the next one ([`Control::start_term`]).
 //!
-//! * **Leader election** (docs/design.md §6, [`crate::live::lease`]): with [`Settings::leader_election`] set,
+//! * **Leader election** (docs/design.md §6, [`clb_kube::lease`]): with [`Settings::leader_election`] set,
 //!   a replica that does not lead watches nothing and runs no logic; when it becomes the leader
 //!   it starts all of the above afresh — watches, a new supervisor, the start-up reconcile that
 //!   re-reads NRP — so nothing a previous leader left half-done is lost. [`Commands::launch`]
@@ -43,26 +43,27 @@
 //!   releases the Lease. Without election, run one replica.
 //! * **Multi-SLB local-service mode** (docs/design.md §5, `live/pools.rs`): when the guest's
 //!   `validate-config` says so, each term also runs the backend-pool producer, fed with every
-//!   batch the guest is given, and the [`PoolUpdater`](crate::backend_pools::PoolUpdater)
+//!   batch the guest is given, and the [`PoolUpdater`](clb_executor::backend_pools::PoolUpdater)
 //!   ticking every [`Settings::pool_updater`] interval under the Azure resource lock
 //!   ([`Settings::resource_lock`]); a tick starts only while leadership holds.
 
-use crate::azure::AzureApi;
-use crate::error_text::error_chain;
-use crate::executor::{Executor, KubeApi, command_name, command_subject};
-use crate::kube::KubeClient;
 use crate::live::control::{Control, ControlEvent};
-use crate::live::lease::{Elector, Leadership};
 use crate::live::metrics::Metrics;
 use crate::live::pools::Pools;
 use crate::live::settings::{RunError, Settings};
-use crate::records;
-use crate::sandbox::Logic;
-use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::supervisor::Supervisor;
 use ::kube::api::Api;
 use ::kube::runtime::WatchStreamExt as _;
 use ::kube::runtime::watcher::{self, watcher};
+use clb_azure::AzureApi;
+use clb_executor::records;
+use clb_executor::{Executor, KubeApi, command_subject};
+use clb_kube::KubeClient;
+use clb_kube::lease::{Elector, Leadership};
+use clb_sandbox::Logic;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::command_name;
+use clb_sandbox::error_text::error_chain;
+use clb_sandbox::supervisor::Supervisor;
 use futures::future::{FutureExt as _, LocalBoxFuture};
 use futures::stream::{BoxStream, FuturesUnordered, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -445,7 +446,7 @@ pub async fn run_with(
     }
     // Both see the shutdown: `lead` while standing by, the term to stop with its grace period.
     let shutdown = shutdown.shared();
-    crate::live::lease::lead(&mut elector, shutdown.clone(), async |leadership| {
+    clb_kube::lease::lead(&mut elector, shutdown.clone(), async |leadership| {
         reconcile(logic, &active, settings, leadership, control, shutdown.clone()).await
     })
     .await

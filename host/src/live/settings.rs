@@ -3,14 +3,14 @@
 //! the loop ([`super::run`]) and the backend-pool updater's term ([`super::pools`]), which both
 //! read them.
 
-use crate::azure::ArmClient;
-use crate::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
-use crate::live::lease::{ElectionConfig, LeaseError, LeaseLockConfig};
 use crate::live::metrics::RunStats;
-use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
-use crate::supervisor::SupervisorError;
 use ::kube::config::{KubeConfigOptions, Kubeconfig};
+use clb_arm::ArmClient;
+use clb_executor::backend_pools::{PoolUpdaterConfig, PoolUpdaterError};
+use clb_kube::lease::{ElectionConfig, LeaseError, LeaseLockConfig};
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
+use clb_sandbox::supervisor::SupervisorError;
 use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
@@ -42,7 +42,7 @@ pub enum RunError {
     Pools(#[source] PoolUpdaterError),
     #[error("the backend-pool updater stopped")]
     PoolsEnded,
-    /// Leadership ended before a command was started; [`crate::live::lease::lead`] stands by.
+    /// Leadership ended before a command was started; [`clb_kube::lease::lead`] stands by.
     #[error("not the leader any more")]
     NotLeader,
 }
@@ -102,9 +102,9 @@ pub struct Settings {
     pub instance: String,
     /// How long a stopping `run` lets running commands finish before it abandons them.
     pub shutdown_grace: Duration,
-    /// Inputs a swapped-in version serves on probation ([`Supervisor::with_probation_inputs`](crate::supervisor::Supervisor::with_probation_inputs)).
+    /// Inputs a swapped-in version serves on probation ([`Supervisor::with_probation_inputs`](clb_sandbox::supervisor::Supervisor::with_probation_inputs)).
     pub probation_inputs: usize,
-    /// Inputs it may quarantine within it ([`Supervisor::with_probation_quarantines`](crate::supervisor::Supervisor::with_probation_quarantines)).
+    /// Inputs it may quarantine within it ([`Supervisor::with_probation_quarantines`](clb_sandbox::supervisor::Supervisor::with_probation_quarantines)).
     pub probation_quarantines: u32,
     /// `None`: no election, this replica writes (run one).
     pub leader_election: Option<ElectionConfig>,
@@ -113,13 +113,13 @@ pub struct Settings {
     /// mode does not take it, as upstream.
     pub resource_lock: LeaseLockConfig,
     /// `multipleStandardLoadBalancerConfigurations`, as Service placement reads them
-    /// ([`CloudConfig::slb_configurations`](crate::inputs::CloudConfig::slb_configurations)).
+    /// ([`CloudConfig::slb_configurations`](clb_executor::inputs::CloudConfig::slb_configurations)).
     pub slb_configurations: Vec<SlbConfiguration>,
     /// The cluster's name, as multi-SLB placement reads it
-    /// ([`CloudConfig::cluster_name`](crate::inputs::CloudConfig::cluster_name)).
+    /// ([`CloudConfig::cluster_name`](clb_executor::inputs::CloudConfig::cluster_name)).
     pub cluster_name: String,
     /// The backend-pool updater's tick interval and retries
-    /// ([`CloudConfig::pool_updater_config`](crate::inputs::CloudConfig::pool_updater_config)).
+    /// ([`CloudConfig::pool_updater_config`](clb_executor::inputs::CloudConfig::pool_updater_config)).
     pub pool_updater: PoolUpdaterConfig,
     /// Where every term's leases and updater count (clones share them).
     pub stats: RunStats,
@@ -135,12 +135,12 @@ impl Settings {
             config,
             instance: instance.into(),
             shutdown_grace: SHUTDOWN_GRACE,
-            probation_inputs: crate::supervisor::PROBATION_INPUTS,
-            probation_quarantines: crate::supervisor::PROBATION_QUARANTINES,
+            probation_inputs: clb_sandbox::supervisor::PROBATION_INPUTS,
+            probation_quarantines: clb_sandbox::supervisor::PROBATION_QUARANTINES,
             leader_election: None,
             resource_lock: LeaseLockConfig::default(),
             slb_configurations: Vec::new(),
-            cluster_name: crate::inputs::DEFAULT_CLUSTER_NAME.to_owned(),
+            cluster_name: clb_executor::inputs::DEFAULT_CLUSTER_NAME.to_owned(),
             pool_updater: PoolUpdaterConfig::default(),
             stats: RunStats::default(),
         }

@@ -11,7 +11,7 @@
 //!   `data` as base64. A missing object or key is logged and waited out.
 //!
 //! The content may be gzip- or zstd-compressed (a ConfigMap holds 1 MiB): it is offered as it is
-//! found, and [`SwapSender::swap`] decompresses it ([`crate::compression`]) before the pin — the
+//! found, and [`SwapSender::swap`] decompresses it ([`clb_sandbox::compression`]) before the pin — the
 //! sha256 of the decompressed component — is checked.
 //!
 //! Each source offers a given sha256 (of the content as found) once: a refused (or rolled back) version is not retried
@@ -19,11 +19,11 @@
 //! wrong — unreadable, missing, not base64, refused — is logged with the source, and the version
 //! serving keeps serving. The swap itself, the pin check and the records are [`crate::live::control`]'s.
 
-use crate::error_text::error_chain;
 use crate::live::control::{ControlError, SwapSender};
 use crate::live::swap::{Sha256Pin, SwapResult};
-use crate::sandbox::sha256_hex;
 use base64::Engine as _;
+use clb_sandbox::error_text::error_chain;
+use clb_sandbox::sha256_hex;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
@@ -77,7 +77,7 @@ impl ConfigMapKey {
     pub fn parse(text: &str) -> Result<Self, SourceError> {
         let bad = || SourceError::BadConfigMapRef(text.to_owned());
         let (object, key) = text.rsplit_once(':').filter(|(_, key)| !key.is_empty()).ok_or_else(bad)?;
-        let (namespace, name) = crate::records::namespaced(object).ok_or_else(bad)?;
+        let (namespace, name) = clb_executor::records::namespaced(object).ok_or_else(bad)?;
         Ok(Self { namespace: namespace.into(), name: name.into(), key: key.into() })
     }
 
@@ -197,8 +197,8 @@ async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
             if known == Some(stamp) {
                 return Ok(None);
             }
-            let limit = crate::compression::MAX_COMPONENT_BYTES as u64;
-            Ok(Some((stamp, crate::bounded::read(&read_path, limit).map_err(std::io::Error::other)?)))
+            let limit = clb_sandbox::compression::MAX_COMPONENT_BYTES as u64;
+            Ok(Some((stamp, clb_sandbox::bounded::read(&read_path, limit).map_err(std::io::Error::other)?)))
         })
         .await;
         match read {

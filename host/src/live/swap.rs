@@ -3,9 +3,9 @@
 //! must match ([`Sha256Pin`]). Plain data below every layer that handles swaps: the run loop's
 //! [`crate::live::control`], the watched [`crate::live::sources`], the metrics registry and its endpoint.
 
-use crate::sandbox::bindings::clb::reconciler::types as wit;
-use crate::sandbox::sha256_hex;
-use crate::supervisor::SwapReport;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::sha256_hex;
+use clb_sandbox::supervisor::SwapReport;
 use serde::{Deserialize, Serialize};
 
 /// The Event reasons of swap results.
@@ -110,7 +110,7 @@ impl SwapResult {
         matches!(self, SwapResult::ShadowStarted { .. } | SwapResult::ShadowDiverged { .. })
     }
 
-    pub(crate) fn shadow_diverged(status: &crate::supervisor::ShadowStatus) -> Self {
+    pub(crate) fn shadow_diverged(status: &clb_sandbox::supervisor::ShadowStatus) -> Self {
         let last = status.last_divergence.as_ref();
         SwapResult::ShadowDiverged {
             version: status.version.clone(),

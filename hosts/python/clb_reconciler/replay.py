@@ -5,7 +5,7 @@ Exit codes: 0 every result is identical, 1 a result differs, 2 a trace cannot be
 replayed (``error: FILE:LINE: why`` on stderr, nothing on stdout).
 
 Where docs/traces.md leaves a choice open, this follows ``clb-host replay``
-(``host/src/trace/replay.rs``) so that the two give the same bytes and exit codes:
+(``crates/sandbox/src/trace/replay.rs``) so that the two give the same bytes and exit codes:
 
 * the recorded side is the line's own text (its ``result`` as written, or ``{"trap":…}``);
   the replayed side is the canonical text; they are compared as text;

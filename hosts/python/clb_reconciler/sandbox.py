@@ -2,7 +2,7 @@
 compiled component per version of the logic, one store and instance (a :class:`Session`) per
 tracker, pool queue, or run of pure calls.
 
-Every call runs under the limits of ``clb-host`` (``host/src/sandbox/mod.rs``, ``impl Default for
+Every call runs under the limits of ``clb-host`` (``crates/sandbox/src/lib.rs``, ``impl Default for
 Limits``): a fuel budget of 20,000,000,000, a wall-clock deadline of 10 s (epoch interruption,
 the epoch advanced every 5 ms by a background thread) and a cap of 512 MiB of linear memory
 (``Store.set_limits``). The guest is granted nothing but ``clb:reconciler/diagnostics`` (logged
@@ -48,7 +48,7 @@ __all__ = [
 log = logging.getLogger("clb_reconciler")
 guest_log = logging.getLogger("clb_guest")
 
-#: Defaults of ``clb-host`` (``impl Default for Limits`` in host/src/sandbox/mod.rs).
+#: Defaults of ``clb-host`` (``impl Default for Limits`` in crates/sandbox/src/lib.rs).
 DEFAULT_FUEL = 20_000_000_000
 DEFAULT_DEADLINE_MS = 10_000
 DEFAULT_MEMORY_MIB = 512

@@ -1,7 +1,7 @@
 //! Ports of upstream's tests of its `difftracker_engine` metrics (metrics_test.go,
 //! metrics_exactness_test.go and the metric assertions of the engine's and updater's tests),
 //! asserted through `Tracker::stats`, the figures the host renders under upstream's names
-//! (host/src/live/figures.rs). Each test names the upstream test it ports in the comment
+//! (crates/sandbox/src/figures.rs). Each test names the upstream test it ports in the comment
 //! directly above it (`docs/conformance.md` is generated from those).
 
 use super::upstream_outbound::{

@@ -1,6 +1,6 @@
 use super::*;
-use crate::emulator::Emulator;
-use crate::executor::KubeError;
+use clb_emulator::Emulator;
+use clb_executor::KubeError;
 use std::cell::RefCell;
 
 /// Kubernetes that takes a few polls per call and writes down when each starts and ends.
@@ -66,7 +66,7 @@ fn with_queued(
     issued: impl IntoIterator<Item = wit::Command>,
     test: impl FnOnce(&mut Commands<'_, Emulator, SlowKube>, &SlowKube),
 ) {
-    let azure = Emulator::new(crate::simulator::simulate::scope());
+    let azure = Emulator::new(clb_emulator::scope());
     let kube = SlowKube::default();
     let executor = Executor::new(&azure, &kube);
     let mut commands = Commands::new(&executor, Leadership::unconditional(), None);
@@ -85,7 +85,7 @@ fn put_public_ip(name: &str) -> wit::Command {
 
 #[test]
 fn arms_figures_and_its_429s_reach_metrics_and_each_figure_reaches_the_logic_once() {
-    let azure = Emulator::new(crate::simulator::simulate::scope());
+    let azure = Emulator::new(clb_emulator::scope());
     let kube = SlowKube::default();
     let executor = Executor::new(&azure, &kube);
     let metrics = Metrics::new();

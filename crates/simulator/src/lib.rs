@@ -1,0 +1,12 @@
+//! The simulator, `clb-host simulate`: the same logic and executor on virtual time, against the
+//! in-process Azure emulator and an in-memory cluster. In layers, lowest first:
+//!
+//! * [`cluster`] — the in-memory cluster: objects, watch events, the writes the executor makes;
+//! * [`scenario`] — the scenario file format and its checks;
+//! * [`simulate`] — the driver: a scenario's steps on virtual time, expectations checked.
+
+pub mod cluster;
+#[cfg(feature = "native")]
+pub mod native;
+pub mod scenario;
+pub mod simulate;

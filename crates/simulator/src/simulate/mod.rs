@@ -1,0 +1,608 @@
+//! `clb-host simulate`: replays a [`Scenario`] with no cluster and no Azure, on virtual time.
+//!
+//! The pieces are the production ones: a [`Cluster`] of k8s-openapi objects whose changes
+//! become WIT observations through `records.rs` (as the watchers' will), the guest behind a
+//! [`Reconciler`] (the component through a [`Supervisor`], or — in the test suite — the
+//! native library), the [`Executor`] carrying commands to the in-process [`Emulator`] and to the
+//! cluster, whose status and finalizer writes come back as new observations.
+//!
+//! Time is virtual. Steps that change the world (`apply`, `delete`, `fault`, `restart`, `swap`) happen
+//! at the current instant and run nothing; `advance` and `settle` run the system. Running at an
+//! instant means: deliver pending watch events (`observe`), execute every command issued
+//! (in order; the emulator answers at once), hand back all their outcomes (`complete`), and
+//! repeat until nothing is pending; then jump to the guest's `wake-at-ms` and `tick`.
+//!
+//! In multi-SLB local-service mode (the guest's `validate-config` says so), the host's
+//! [`PoolUpdater`] runs too, on the same emulator and cluster: whenever watch events arrive, the
+//! producer asks the guest where each Service belongs (`place-service`), records the assignment,
+//! computes the node IPs of the Service's ready endpoints and enqueues the change against what
+//! it enqueued last (upstream's `applyIPChangesAmongLocalServiceBackendPoolsByIPFamily`: a
+//! remove of the IPs no longer expected, an add of the whole expected list); a Service new to a
+//! load balancer starts from what its pool holds in Azure, as a reconcile that read the load
+//! balancer would. The updater ticks every `azure.backendPoolUpdateInterval` of virtual time.
+//! The producer is [`clb_executor::pool_producer`], shared with `clb-host run`; here it recomputes
+//! every Service whenever anything changed, which a scenario's size makes cheap.
+
+mod expect;
+mod reconciler;
+mod report;
+
+pub use reconciler::{
+    ComponentReconciler, LogicError, LogicStatus, PoolReconciler, Reconciler, Supervised, SwapResult,
+};
+pub use report::{
+    Check, CommandRecord, NrpLocations, NrpView, ScenarioReport, StepReport, arm_text, calls_text, describe_command,
+    describe_outcome, nrp_view, render,
+};
+use report::{Ms, locations_text};
+
+use crate::cluster::{Cluster, ClusterError};
+use crate::scenario::{
+    self, EventTypeName, Expectation, PodFinalizersExpectation, PoolExpectation, Scenario, StatusExpectation, Step,
+    SwapExpect,
+};
+use clb_azure::{AzureApi, BackendPool, LbRule, LoadBalancerSpec, PoolRef, PublicIpSpec};
+use clb_emulator::{Emulator, EmulatorConfig};
+use clb_executor::Executor;
+use clb_executor::backend_pools::{
+    DEFAULT_MAX_RETRIES, InMemoryLock, PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick,
+};
+use clb_executor::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
+use clb_sandbox::GuestError;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{Placement, SlbConfiguration};
+use clb_sandbox::supervisor::ShadowState;
+use clb_sandbox::trace::{Ended, arg, lazy};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Calls at one instant after which the run is declared a livelock (a guest bug).
+const MAX_CALLS_PER_INSTANT: usize = 10_000;
+
+/// Why a scenario could not be run to the end. A refused scenario is the author's error (exit
+/// 2); everything the logic does wrong is a failed check instead.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    #[error("{path}: step {step}: {source}")]
+    Cluster {
+        path: String,
+        step: usize,
+        #[source]
+        source: ClusterError,
+    },
+    #[error("starting the async runtime")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Runs one scenario through `logic` against a fresh emulator and cluster.
+pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioReport, SimulateError> {
+    let runtime = tokio::runtime::Builder::new_current_thread().build().map_err(SimulateError::Runtime)?;
+    // Azure as the scenario found it is not the controller's doing: it is set up unthrottled,
+    // and ARM's limits start, buckets full, with the first step.
+    let unlimited = EmulatorConfig { arm_limits: None, ..EmulatorConfig::default() };
+    let mut sim = Simulation {
+        logic,
+        emulator: Arc::new(Emulator::with_config(clb_emulator::scope(), unlimited)),
+        cluster: Arc::new(Cluster::new()),
+        runtime,
+        now: 0,
+        wake: None,
+        idle: false,
+        pending: Vec::new(),
+        records: Vec::new(),
+        pools: None,
+        pool_lines: Vec::new(),
+        early_releases: Vec::new(),
+        figures: Default::default(),
+    };
+    let mut steps = Vec::new();
+    let mut aborted = sim
+        .set_up_azure(scenario)
+        .and_then(|()| {
+            sim.emulator.set_arm_limits(scenario.azure.arm_limits.0);
+            sim.restart(scenario)
+        })
+        .err();
+    for (index, step) in scenario.steps.iter().enumerate() {
+        if aborted.is_some() {
+            break;
+        }
+        let requests_before = sim.request_count();
+        let mut report = StepReport {
+            index: index + 1,
+            summary: step.summary(),
+            at_ms: sim.now,
+            commands: Vec::new(),
+            faults_hit: Vec::new(),
+            quarantined: Vec::new(),
+            backend_pools: Vec::new(),
+            checks: Vec::new(),
+        };
+        let cluster_error =
+            |source| SimulateError::Cluster { path: scenario.path.display().to_string(), step: index + 1, source };
+        let result = match step {
+            Step::Apply(objects) => {
+                for object in &objects.0 {
+                    sim.cluster.apply(object.clone()).map_err(cluster_error)?;
+                }
+                Ok(())
+            }
+            Step::Delete(d) => {
+                sim.cluster.delete(d.kind, d.namespace(), &d.name, d.force, sim.now).map_err(cluster_error)?;
+                Ok(())
+            }
+            Step::Fault(f) => {
+                sim.emulator.set_fault(f.fault.clone());
+                Ok(())
+            }
+            Step::ClearFaults => {
+                sim.emulator.clear_faults();
+                Ok(())
+            }
+            Step::ArmSpend(spend) => {
+                sim.emulator.set_now_ms(sim.now);
+                sim.emulator.arm_spend(spend.writes, spend.reads);
+                Ok(())
+            }
+            Step::Advance(d) => sim.advance(d.0),
+            Step::Settle(within) => {
+                let within = within.map_or(scenario::DEFAULT_SETTLE_MS, |d| d.0);
+                sim.settle(within).map(|check| report.checks.push(check))
+            }
+            Step::Restart => sim.restart(scenario),
+            Step::Swap(swap) => {
+                let now = sim.now;
+                sim.supervised("a swap").and_then(|logic| logic.swap(now, &swap.component))
+            }
+            .map(|result| {
+                let (accepted, text) = match result {
+                    SwapResult::Accepted { what, first_step } => {
+                        sim.absorb(first_step);
+                        (true, format!("accepted: {what}"))
+                    }
+                    SwapResult::Refused(why) => (false, format!("refused: {why}")),
+                };
+                let ok = accepted == (swap.expect == SwapExpect::Accepted);
+                let detail = (!ok).then(|| format!("expected it {}", swap.expect));
+                report.checks.push(Check { what: format!("swap to {}: {text}", swap.component), ok, detail });
+            }),
+            Step::Shadow(shadow) => sim.supervised("a shadow").and_then(|logic| logic.shadow(shadow)).map(|result| {
+                let (ok, text) = match result {
+                    Ok(what) => (true, what),
+                    Err(why) => (false, format!("cannot run: {why}")),
+                };
+                report.checks.push(Check { what: format!("shadow {}: {text}", shadow.component), ok, detail: None });
+            }),
+            Step::Expect(expectation) => {
+                report.checks = sim.expect(expectation);
+                sim.expect_metrics(&expectation.metrics).map(|checks| report.checks.extend(checks))
+            }
+        };
+        report.commands = std::mem::take(&mut sim.records);
+        report.faults_hit = sim.faults_since(requests_before);
+        report.quarantined = sim.logic.supervised().map(Supervised::take_quarantined).unwrap_or_default();
+        report.backend_pools = std::mem::take(&mut sim.pool_lines);
+        steps.push(report);
+        aborted = result.err();
+    }
+    let figures = match aborted {
+        None => sim.logic.stats(sim.now).map(Some).unwrap_or_else(|error| {
+            aborted = Some(error);
+            None
+        }),
+        Some(_) => None,
+    };
+    let passed = aborted.is_none() && steps.iter().flat_map(|s| &s.checks).all(|c| c.ok);
+    let state = sim.emulator.state();
+    Ok(ScenarioReport {
+        name: scenario.name.clone(),
+        path: scenario.path.display().to_string(),
+        steps,
+        final_nrp: nrp_view(&sim.emulator.resources()),
+        azure_calls: state.requests,
+        arm_remaining_writes: sim.emulator.last_arm_remaining_writes(),
+        throttled: state.throttled,
+        events: sim.cluster.events(),
+        figures,
+        aborted: aborted.map(|e| e.to_string()),
+        passed,
+    })
+}
+
+/// The backend-pool updater of multi-SLB local-service mode and its producer's memory.
+struct PoolSim {
+    updater: PoolUpdater<Arc<Emulator>, InMemoryLock, Arc<Cluster>>,
+    configurations: Vec<SlbConfiguration>,
+    /// The cluster's name, as placement reads it.
+    cluster_name: String,
+    interval: u64,
+    next_tick: u64,
+    producer: PoolProducer,
+}
+
+struct Simulation<'l> {
+    logic: &'l mut dyn Reconciler,
+    emulator: Arc<Emulator>,
+    cluster: Arc<Cluster>,
+    runtime: tokio::runtime::Runtime,
+    now: u64,
+    /// When the guest last asked to be called again.
+    wake: Option<u64>,
+    /// What the guest's last step said.
+    idle: bool,
+    /// Issued, not yet executed.
+    pending: Vec<wit::Issued>,
+    records: Vec<CommandRecord>,
+    /// The backend-pool updater, in multi-SLB local-service mode only.
+    pools: Option<PoolSim>,
+    pool_lines: Vec<String>,
+    /// Egress pods whose finalizer was released while NRP still sent their traffic out (see
+    /// [`Simulation::release_checked`]).
+    early_releases: Vec<String>,
+    /// The logic's figures as `expect.metrics` last read them.
+    figures: clb_sandbox::figures::Figures,
+}
+
+impl Simulation<'_> {
+    /// The supervisor around the logic, for a step that needs one (`what`).
+    fn supervised(&mut self, what: &'static str) -> Result<&mut dyn Supervised, LogicError> {
+        self.logic.supervised().ok_or(LogicError::Unsupervised(what))
+    }
+
+    fn absorb(&mut self, step: wit::Step) {
+        self.pending.extend(step.commands);
+        self.wake = step.wake_at_ms;
+        self.idle = step.idle;
+    }
+
+    /// The scenario's `azure:` section: each load balancer with a public IP `<lb>-frontend`,
+    /// its other frontends (on a public IP `<lb>-<frontend>` each, or on a private address) and
+    /// its pools, the public IPs' tags, and the Outbound services, written through the emulator's
+    /// API before the first step.
+    fn set_up_azure(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
+        use clb_azure::{FRONTEND_NAME, IpVersion, wire};
+        let failed = |e: clb_azure::AzureError| LogicError::AzureSetup(e.to_string());
+        let scope = self.emulator.scope().clone();
+        for (lb, pools) in &scenario.azure.load_balancers {
+            let extra = scenario.azure.frontends.get(lb).map(Vec::as_slice).unwrap_or_default();
+            let public = std::iter::once(FRONTEND_NAME)
+                .chain(extra.iter().filter(|f| f.private_ip.is_none()).map(|f| f.name.as_str()));
+            for frontend in public {
+                let name = format!("{lb}-{frontend}");
+                let mut body = wire::public_ip(&scope, &PublicIpSpec { name: name.clone(), version: IpVersion::IPv4 });
+                body.tags = scenario.azure.public_ip_tags.get(&name).cloned();
+                self.emulator.put_public_ip_body(&name, &body).map_err(failed)?;
+            }
+            let public_ip = format!("{lb}-{FRONTEND_NAME}");
+            let rules: Vec<LbRule> = (scenario.azure.load_balancer_rules.get(lb).into_iter().flatten().enumerate())
+                .map(|(i, name)| LbRule {
+                    name: name.clone(),
+                    protocol: clb_azure::Protocol::Tcp,
+                    frontend_port: u16::try_from(i % 65_000).unwrap_or(0) + 1,
+                    backend_port: u16::try_from(i % 65_000).unwrap_or(0) + 1,
+                    idle_timeout_minutes: 4,
+                    enable_tcp_reset: true,
+                })
+                .collect();
+            let spec = LoadBalancerSpec { name: lb.clone(), public_ip, backend_pool: pools[0].clone(), rules };
+            let mut body = wire::load_balancer(&scope, &spec);
+            body.properties.frontend_ip_configurations.extend(extra.iter().map(|f| wire::FrontendIpConfiguration {
+                name: f.name.clone(),
+                properties: wire::FrontendIpProperties {
+                    public_ip_address: match f.private_ip {
+                        Some(_) => None,
+                        None => Some(wire::IdRef { id: scope.public_ip_id(&format!("{lb}-{}", f.name)) }),
+                    },
+                    private_ip_address: f.private_ip.clone(),
+                },
+            }));
+            self.emulator.put_load_balancer_body(lb, &body).map_err(failed)?;
+            for pool in &pools[1..] {
+                let pool_ref = PoolRef { load_balancer: lb.clone(), pool: pool.clone() };
+                let content = BackendPool { addresses: Vec::new(), other_properties: Default::default() };
+                self.runtime.block_on(self.emulator.put_backend_pool(&pool_ref, &content, None)).map_err(failed)?;
+            }
+        }
+        let outbound: Vec<clb_azure::ServiceRequest> = scenario
+            .azure
+            .outbound_services
+            .iter()
+            .map(|name| clb_azure::ServiceRequest {
+                name: name.clone(),
+                service_type: clb_azure::ServiceType::Outbound,
+                backend_pools: Vec::new(),
+                nat_gateway: clb_azure::NatGatewayLink::Omit,
+                is_delete: false,
+            })
+            .collect();
+        if !outbound.is_empty() {
+            let action = clb_azure::UpdateAction::PartialUpdate;
+            self.runtime.block_on(self.emulator.update_services(action, &outbound)).map_err(failed)?;
+        }
+        Ok(())
+    }
+
+    /// A new tracker; undelivered watch events are dropped and the lists replayed instead. In
+    /// multi-SLB local-service mode a new backend-pool updater too: the queue and the
+    /// producer's memory die with the process.
+    fn restart(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
+        self.cluster.drop_watch_events();
+        self.pending.clear();
+        self.pools = None;
+        self.logic.start(&scenario.config)?;
+        let step = self.logic.observe(self.now, &self.cluster.list())?;
+        self.absorb(step);
+        if !scenario.config.multiple_standard_load_balancers.is_empty() {
+            let recorder = self.logic.supervised().and_then(|logic| logic.recorder());
+            let pools = self.logic.pools().ok_or(LogicError::PoolsUnsupported)?;
+            let mode = pools.validate_config(&scenario.config);
+            if let Some(recorder) = &recorder {
+                let ended = match &mode {
+                    Ok(mode) => Ended::Returned(lazy(mode.clone())),
+                    Err(error) => Ended::Trapped(error.to_string()),
+                };
+                recorder.call("validate-config", vec![arg(scenario.config.clone())], ended);
+            }
+            let mode = mode?;
+            if mode == Ok(wit::Mode::MultiSlbLocalServices) {
+                let interval = scenario.azure.pool_update_interval_ms();
+                let config =
+                    PoolUpdaterConfig { interval: Duration::from_millis(interval), max_retries: DEFAULT_MAX_RETRIES };
+                let mut updater = PoolUpdater::over(
+                    pools.pool_logic(config.max_retries)?,
+                    self.emulator.clone(),
+                    InMemoryLock::new(),
+                    self.cluster.clone(),
+                    ServiceLock::default(),
+                    config,
+                );
+                if let Some(recorder) = recorder {
+                    updater = updater.with_recorder(recorder);
+                }
+                self.pools = Some(PoolSim {
+                    updater,
+                    configurations: scenario.slb_configurations.clone(),
+                    cluster_name: scenario.cluster_name.clone(),
+                    interval,
+                    next_tick: self.now.saturating_add(interval),
+                    producer: PoolProducer::new(),
+                });
+                self.produce_pool_operations()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The producer: every Service's placement and the node IPs of its ready endpoints, against
+    /// what was enqueued for it last. Runs as a reconcile does, under the service reconcile lock.
+    fn produce_pool_operations(&mut self) -> Result<(), LogicError> {
+        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
+        let node_ips: BTreeMap<String, Vec<String>> = self
+            .cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                let record = clb_executor::records::node(n);
+                let ips = node_ips(&record);
+                (record.name, ips)
+            })
+            .collect();
+        pools.updater.set_nodes(&node_ips);
+        let slices: Vec<wit::EndpointSlice> =
+            self.cluster.slices().iter().map(clb_executor::records::endpoint_slice).collect();
+        let resources = self.emulator.resources();
+        // Read as the reconcile's listing of the resource group would, without an Azure call.
+        let (load_balancers, public_ips) = self.emulator.listing();
+        let resource_group = &self.emulator.scope().resource_group;
+        let azure = AzureFacts::listed(load_balancers, public_ips, resource_group, &pools.cluster_name);
+        let service_lock = pools.updater.service_lock().clone();
+        let reconciling = self.runtime.block_on(service_lock.lock());
+        let (mut placed, mut present) = (BTreeSet::new(), BTreeSet::new());
+        for service in self.cluster.services() {
+            let record = clb_executor::records::service(&service);
+            let key = format!("{}/{}", record.namespace, record.name);
+            present.insert(key.to_ascii_lowercase());
+            let namespace = self.cluster.namespace_labels(&record.namespace);
+            let placement = match pools.producer.place(
+                &pools.updater,
+                &pools.configurations,
+                &record,
+                namespace,
+                &azure,
+                &mut self.pool_lines,
+            )? {
+                (Placement::NotLocal(_), _) => continue,
+                (Placement::Refused(message), new) => {
+                    // What was enqueued for it stays, as upstream leaves a failed reconcile's work.
+                    placed.insert(key.to_ascii_lowercase());
+                    if new {
+                        self.pool_lines.push(format!("{key} cannot be placed: {message}"));
+                        self.runtime.block_on(pools.updater.refuse_placement(&key, &message));
+                    }
+                    continue;
+                }
+                (Placement::At(placement), _) => placement,
+            };
+            placed.insert(key.to_ascii_lowercase());
+            let ips = ready_node_ips(&record.uid, &slices, &node_ips);
+            let load_balancer = placement.load_balancer.clone();
+            let pool_contents = |pool: &str| {
+                resources
+                    .backend_pools
+                    .get(&clb_emulator::core::pool_key(&load_balancer, pool))
+                    .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect())
+            };
+            let notes = &mut self.pool_lines;
+            pools.producer.update(&pools.updater, &reconciling, &key, placement, ips, pool_contents, notes)?;
+        }
+        let unplaced: Vec<String> =
+            pools.producer.known().filter(|k| !placed.contains(*k)).map(str::to_owned).collect();
+        for folded in unplaced {
+            pools.producer.forget(&pools.updater, &reconciling, &folded, &mut self.pool_lines)?;
+        }
+        pools.producer.keep_refused(&placed);
+        pools.producer.keep_present(&present);
+        Ok(())
+    }
+
+    /// One tick of the backend-pool updater at the current instant.
+    fn pool_tick(&mut self) -> Result<(), LogicError> {
+        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
+        pools.next_tick = self.now.saturating_add(pools.interval);
+        self.emulator.set_now_ms(self.now);
+        match self.runtime.block_on(pools.updater.tick_at(self.now))? {
+            Tick::Idle => {}
+            Tick::LockFailed(err) => self.pool_lines.push(format!("tick at {}: {err}", Ms(self.now))),
+            Tick::Ran(s) => {
+                let made = if s.created + s.deleted > 0 {
+                    format!(" ({} created, {} deleted)", s.created, s.deleted)
+                } else {
+                    String::new()
+                };
+                self.pool_lines.push(format!(
+                    "tick at {}: {} group(s): {} written{made}, {} unchanged, {} requeued, {} dropped, {} abandoned",
+                    Ms(self.now),
+                    s.groups,
+                    s.written,
+                    s.unchanged,
+                    s.requeued,
+                    s.dropped,
+                    s.abandoned
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Nothing queued for the backend-pool updater (always, outside multi-SLB mode).
+    fn pools_idle(&self) -> Result<bool, LogicError> {
+        match &self.pools {
+            None => Ok(true),
+            Some(pools) => Ok(pools.updater.status_at(self.now)?.queued == 0),
+        }
+    }
+
+    /// Runs everything due at this instant: watch events, then commands and their outcomes.
+    fn run_instant(&mut self) -> Result<(), LogicError> {
+        for _ in 0..MAX_CALLS_PER_INSTANT {
+            let events = self.cluster.take_watch_events();
+            if !events.is_empty() {
+                self.produce_pool_operations()?;
+                let step = self.logic.observe(self.now, &events)?;
+                self.absorb(step);
+                continue;
+            }
+            if self.pending.is_empty() {
+                return Ok(());
+            }
+            let issued = std::mem::take(&mut self.pending);
+            // ARM's buckets refill by the virtual time the commands run at.
+            self.emulator.set_now_ms(self.now);
+            let (emulator, cluster) = (self.emulator.clone(), self.cluster.clone());
+            let executor = Executor::new(&*emulator, &*cluster);
+            let mut results = Vec::with_capacity(issued.len());
+            for command in issued {
+                let released = self.pod_release(&command.command);
+                let outcome = self.runtime.block_on(executor.execute(&command.command));
+                if let (Some(pod), wit::Outcome::Ok) = (released, &outcome) {
+                    self.release_checked(&pod);
+                }
+                self.records.push(CommandRecord {
+                    at_ms: self.now,
+                    id: command.id,
+                    line: describe_command(&command.command),
+                    outcome: describe_outcome(&outcome),
+                    detail: format!("{} {:?}", command.id, command.command),
+                });
+                results.push((command.id, outcome));
+            }
+            let figure = self.emulator.take_arm_remaining_writes();
+            let step = self.logic.complete(self.now, &results, figure)?;
+            self.absorb(step);
+        }
+        Err(livelock(self.now))
+    }
+
+    /// Wakes the guest at the time it asked for, or ticks the backend-pool updater, whichever
+    /// comes first (the guest on a tie), if that is no later than `until`.
+    fn wake_before(&mut self, until: u64, ticks_now: &mut usize) -> Result<bool, LogicError> {
+        let guest_at = self.wake.filter(|at| *at <= until);
+        let pool_at = self.pools.as_ref().map(|p| p.next_tick).filter(|at| *at <= until);
+        if let Some(pool_at) = pool_at.filter(|p| guest_at.is_none_or(|g| *p < g)) {
+            self.now = self.now.max(pool_at);
+            self.pool_tick()?;
+            return Ok(true);
+        }
+        let Some(at) = guest_at else { return Ok(false) };
+        if at <= self.now {
+            *ticks_now += 1;
+            if *ticks_now > MAX_CALLS_PER_INSTANT {
+                return Err(livelock(self.now));
+            }
+        } else {
+            *ticks_now = 0;
+            self.now = at;
+        }
+        let step = self.logic.tick(self.now)?;
+        self.absorb(step);
+        Ok(true)
+    }
+
+    fn advance(&mut self, by: u64) -> Result<(), LogicError> {
+        let until = self.now.saturating_add(by);
+        let mut ticks_now = 0;
+        self.run_instant()?;
+        while self.wake_before(until, &mut ticks_now)? {
+            self.run_instant()?;
+        }
+        self.now = until;
+        Ok(())
+    }
+
+    fn settle(&mut self, within: u64) -> Result<Check, LogicError> {
+        let (start, until) = (self.now, self.now.saturating_add(within));
+        let mut ticks_now = 0;
+        loop {
+            self.run_instant()?;
+            if self.idle && self.pools_idle()? {
+                let took = Ms(self.now - start);
+                return Ok(Check { what: format!("settled after {took}"), ok: true, detail: None });
+            }
+            if !self.wake_before(until, &mut ticks_now)? {
+                let why = match self.wake {
+                    None => "the guest is not idle and asked to be woken at no time".to_owned(),
+                    Some(at) => format!("its next wake-up is at {}", Ms(at)),
+                };
+                self.now = until;
+                return Ok(Check {
+                    what: format!("settles within {}", Ms(within)),
+                    ok: false,
+                    detail: Some(format!("not idle at {}: {why}", Ms(until))),
+                });
+            }
+        }
+    }
+
+    fn request_count(&self) -> u64 {
+        self.emulator.state().requests.values().sum()
+    }
+
+    /// The faulted requests among those handled since `before` requests.
+    fn faults_since(&self, before: u64) -> Vec<String> {
+        let state = self.emulator.state();
+        let new = usize::try_from(state.requests.values().sum::<u64>() - before).unwrap_or(usize::MAX);
+        let log = &state.log[state.log.len().saturating_sub(new)..];
+        log.iter()
+            .filter(|e| e.outcome.ends_with("(fault)") || e.outcome.ends_with("(throttled)"))
+            .map(|e| format!("{} [{}] → {}", e.operation, e.resources.join(", "), e.outcome))
+            .collect()
+    }
+}
+
+fn livelock(at: u64) -> LogicError {
+    LogicError::Guest(GuestError::Trapped {
+        call: "tracker",
+        trap: format!("livelock: {MAX_CALLS_PER_INSTANT} calls at {} without the guest going quiet", Ms(at)),
+    })
+}
