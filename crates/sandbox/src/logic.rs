@@ -1,6 +1,7 @@
 //! The logic as its drivers call it: [`Logic`], the guest's `tracker` through whichever
-//! implementation — the component behind a supervisor (`clb-simulator`'s `ComponentReconciler`),
-//! or the native library (`clb-simulator`'s `NativeReconciler`, the differential runs). Four calls
+//! implementation — the component behind its supervisor (`Supervisor`, which `clb-host run`
+//! drives, and `clb-simulator`'s `ComponentReconciler` around it), or the native library
+//! (`clb-simulator`'s `NativeReconciler`, the differential runs). Four calls
 //! and the figures, nothing else: what not every implementation has (the backend-pool logic,
 //! swaps, a candidate in shadow, traces) is a trait of its own above this one, never a default
 //! here that answers "unsupported".

@@ -63,6 +63,7 @@ use clb_sandbox::Logic;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::command_name;
 use clb_sandbox::error_text::error_chain;
+use clb_sandbox::logic;
 use clb_sandbox::supervisor::Supervisor;
 use futures::future::{FutureExt as _, LocalBoxFuture};
 use futures::stream::{BoxStream, FuturesUnordered, StreamExt as _};
@@ -516,7 +517,7 @@ async fn reconcile(
         control.metrics().await_lists();
         supervisor = supervisor.with_metrics(control.metrics().clone());
     }
-    supervisor.start(&settings.config).map_err(RunError::Logic)?;
+    logic::Logic::start(&mut supervisor, &settings.config).map_err(RunError::Logic)?;
     if let Some(control) = control.as_mut() {
         control.resume_shadow(&mut supervisor);
     }
@@ -565,7 +566,7 @@ async fn reconcile(
             Some(finished) = commands.running.next(), if !commands.running.is_empty() => {
                 let results = commands.settle(finished);
                 let figure = arm_figure(&*settings.arm, control.as_ref().map(|control| &**control.metrics()));
-                supervisor.complete_paced(now_ms(), &results, figure)
+                logic::Logic::complete(&mut supervisor, now_ms(), &results, figure)
             }
             change = changes.next() => {
                 let Some(change) = change else { return Err(RunError::WatchEnded("Services, EndpointSlices, Nodes and Pods")) };
@@ -591,7 +592,7 @@ async fn reconcile(
                 if let Some(pools) = &pools {
                     pools.observe(&batch);
                 }
-                supervisor.observe(now_ms(), &batch)
+                logic::Logic::observe(&mut supervisor, now_ms(), &batch)
             }
             event = next_swap(control) => {
                 let Some(control) = control.as_mut() else { continue };
@@ -600,7 +601,7 @@ async fn reconcile(
             }
             () = timer => {
                 wake = None;
-                supervisor.tick(now_ms())
+                logic::Logic::tick(&mut supervisor, now_ms())
             }
         };
         absorb(step.map_err(RunError::Logic)?, &mut commands, &mut wake);

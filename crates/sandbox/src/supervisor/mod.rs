@@ -899,3 +899,35 @@ impl<'a> Supervisor<'a> {
         Ok(PreparedSwap { running, first_step, now_ms, state_version, state_move, replayed: None, adopt: None })
     }
 }
+
+/// The supervisor is the way every driver of the component calls it (`clb-host run` and the
+/// simulator's `ComponentReconciler`): the four calls and the figures of [`crate::logic::Logic`],
+/// each journalled, checked and recovered as the methods above say.
+impl crate::logic::Logic for Supervisor<'_> {
+    type Error = SupervisorError;
+
+    fn start(&mut self, config: &wit::Config) -> Result<(), SupervisorError> {
+        Supervisor::start(self, config)
+    }
+
+    fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, SupervisorError> {
+        Supervisor::observe(self, now_ms, batch)
+    }
+
+    fn complete(
+        &mut self,
+        now_ms: u64,
+        results: &[(u64, wit::Outcome)],
+        arm_remaining_writes: Option<u32>,
+    ) -> Result<wit::Step, SupervisorError> {
+        self.complete_paced(now_ms, results, arm_remaining_writes)
+    }
+
+    fn tick(&mut self, now_ms: u64) -> Result<wit::Step, SupervisorError> {
+        Supervisor::tick(self, now_ms)
+    }
+
+    fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, SupervisorError> {
+        self.logic_stats(now_ms)
+    }
+}
