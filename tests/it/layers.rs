@@ -327,13 +327,11 @@ fn names_the_tracker(text: &str) -> bool {
     tokens.iter().any(tracker) || tokens.windows(3).any(state_module)
 }
 
-/// ARCHITECTURE.md, invariant 13: the tracker's parts (every file of `guest/src/tracker` and its
-/// folders but the coordinator, `mod.rs`, and the definition of the whole, `state.rs`; the state
-/// format in `format/` reads and writes the whole, the tests drive it) own their data and write
-/// through the handles the coordinator gives them: none names the tracker, so none can call back
-/// into it. (`egress/mod.rs`, the egress side's own face, is checked like the rest.)
-#[test]
-fn no_part_of_the_tracker_names_the_tracker_it_writes_through_its_handles() {
+/// The files of `guest/src/tracker` and its folders that hold its parts, by name relative to it:
+/// every file but the coordinator (`mod.rs`), the definition of the whole (`state.rs`), the state
+/// format in `format/` (it gathers the parts' data into each version's records) and the tests.
+/// (`egress/mod.rs`, the egress side's own face, is a part's file like the rest.)
+fn part_files() -> Vec<(String, String)> {
     let dir = workspace().join("guest/src/tracker");
     let mut parts = Vec::new();
     let mut folders = vec![dir.clone()];
@@ -350,6 +348,14 @@ fn no_part_of_the_tracker_names_the_tracker_it_writes_through_its_handles() {
         }
     }
     assert!(parts.len() > 10, "the tracker's parts were not found in {}", dir.display());
+    parts
+}
+
+/// ARCHITECTURE.md, invariant 13: the tracker's parts own their data and write through the
+/// handles the coordinator gives them: none names the tracker, so none can call back into it.
+#[test]
+fn no_part_of_the_tracker_names_the_tracker_it_writes_through_its_handles() {
+    let parts = part_files();
     let naming: Vec<&str> = parts.iter().filter(|(_, text)| names_the_tracker(text)).map(|(n, _)| n.as_str()).collect();
     assert!(naming.is_empty(), "parts of the tracker that name it (give them a handle instead): {naming:?}");
 }
@@ -365,5 +371,77 @@ fn the_part_check_finds_the_tracker_named_in_code_and_not_in_comments_or_strings
     ];
     for (text, named) in cases {
         assert_eq!(names_the_tracker(text), named, "{text:?}");
+    }
+}
+
+/// The tracker's parts, by the name the whole and the handles give each (`Tracker`'s fields),
+/// and the files that hold each part (a name ending in `/`: a folder).
+const PARTS: &[(&str, &[&str])] = &[
+    ("outbox", &["outbox.rs"]),
+    ("kube", &["cache.rs", "kube.rs"]),
+    ("inbound", &["inbound.rs"]),
+    ("nrp", &["nrp.rs"]),
+    ("egress", &["egress/"]),
+    ("budgets", &["budgets.rs"]),
+    ("startup", &["startup.rs"]),
+    ("figures", &["figures.rs", "stats.rs"]),
+];
+
+/// Where code in `file` reaches into a part that is not its own: `<part>.<field>` with no call
+/// after it (`nrp.diff.touch(…)`, `to.inbound.lifecycles`), as opposed to asking the part
+/// (`nrp.touch(…)`). Comments and strings do not count.
+fn reaches_across(file: &str, text: &str) -> Vec<String> {
+    let own = |part: &str| {
+        PARTS.iter().any(|(name, files)| {
+            *name == part && files.iter().any(|f| if f.ends_with('/') { file.starts_with(f) } else { file == *f })
+        })
+    };
+    let tokens = tokens(text);
+    tokens
+        .windows(4)
+        .filter_map(|w| match w {
+            [Token::Ident(part), Token::Punct('.'), Token::Ident(field), next]
+                if PARTS.iter().any(|(name, _)| name == part)
+                    && !own(part)
+                    && !matches!(next, Token::Punct('(') | Token::Sep) =>
+            {
+                Some(format!("{part}.{field}"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// ARCHITECTURE.md, invariant 13: a part's data is its own. Another part (or a handle's user)
+/// asks the part through its methods; it never reads or writes the part's fields, so a part may
+/// change its layout without touching any other file.
+#[test]
+fn no_part_of_the_tracker_reaches_into_another_parts_fields() {
+    let reaches: Vec<String> = part_files()
+        .iter()
+        .flat_map(|(name, text)| reaches_across(name, text).into_iter().map(move |r| format!("{name}: {r}")))
+        .collect();
+    assert!(reaches.is_empty(), "parts that reach into another part's fields (ask it by a method): {reaches:#?}");
+}
+
+#[test]
+fn the_reach_check_finds_fields_of_other_parts_and_not_calls_or_a_parts_own_fields() {
+    let cases = [
+        ("inbound.rs", "fn f(drive: &mut Drive) { drive.nrp.diff.touch_identity(id) }", vec!["nrp.diff"]),
+        (
+            "startup.rs",
+            "fn f(to: &Adoption) -> bool { to.inbound.lifecycles.contains_key(id) }",
+            vec!["inbound.lifecycles"],
+        ),
+        ("driver.rs", "fn f(nrp: &mut Nrp) { nrp.sync.next_read_ms = now; }", vec!["nrp.sync"]),
+        ("stats.rs", "fn f(v: &V) { v.egress.outbound.work.draining.len() }", vec!["egress.outbound"]),
+        ("inbound.rs", "fn f(drive: &mut Drive) { drive.nrp.touch(id); drive.outbox.issue(c, w, s) }", vec![]),
+        ("egress/pods.rs", "fn f(&self) { self.egress.outbound.lifecycles.len() }", vec![]),
+        ("nrp.rs", "fn f(&mut self) { let nrp = &mut self.sync; nrp.loaded = true; }", vec![]),
+        ("kube.rs", "// reads nrp.diff.registered\nfn f() -> &'static str { \"nrp.sync\" }", vec![]),
+        ("stats.rs", "fn f(&self) { self.figures.running.len() }", vec![]),
+    ];
+    for (file, text, expected) in cases {
+        assert_eq!(reaches_across(file, text), expected, "{file}: {text:?}");
     }
 }

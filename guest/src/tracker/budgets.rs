@@ -34,6 +34,16 @@ impl Budgets {
         kind == WriteKind::AddressLocations || self.fresh_pace(now).is_none()
     }
 
+    /// The level of the fixed bucket of `kind` at `now`: (tokens, per minute).
+    pub(super) fn level(&self, kind: WriteKind, now: u64) -> (i64, u32) {
+        self.buckets.level(kind, &self.shapes, now)
+    }
+
+    /// The level of the pace ARM's figures set, while they are fresh: (tokens, per minute).
+    pub(super) fn pace_level(&self, now: u64) -> Option<(i64, u32)> {
+        self.pace.as_ref().and_then(|p| p.level(now))
+    }
+
     /// Takes a token of what paces `kind` (its bucket, ARM's pace or both) if there is one.
     pub(super) fn take_token(&mut self, kind: WriteKind, now: u64) -> bool {
         let (mut buckets, mut pace) = (self.buckets, self.fresh_pace(now));

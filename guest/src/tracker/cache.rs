@@ -32,6 +32,38 @@ impl KubeCache {
         Some(identity)
     }
 
+    /// A Service's record, taken out to be replaced ([`Self::put_service`]); its identity stays
+    /// indexed.
+    pub(super) fn take_service(&mut self, key: &ObjectKey) -> Option<ServiceRecord> {
+        self.services.remove(key)
+    }
+
+    /// An identity no Service has any more (its name now belongs to a new object).
+    pub(super) fn forget_identity(&mut self, identity: &str) {
+        self.service_by_identity.remove(identity);
+    }
+
+    /// A Service's record, as read, indexed by its identity.
+    pub(super) fn put_service(&mut self, identity: String, key: ObjectKey, record: ServiceRecord) {
+        self.service_by_identity.insert(identity, key.clone());
+        self.services.insert(key, record);
+    }
+
+    /// The record of the Service with this identity, if the cache has one.
+    pub(super) fn record_of(&self, identity: &str) -> Option<&ServiceRecord> {
+        self.service_by_identity.get(identity).and_then(|key| self.services.get(key))
+    }
+
+    /// Whether a Service with this identity is in the cache.
+    pub(super) fn knows_identity(&self, identity: &str) -> bool {
+        self.service_by_identity.contains_key(identity)
+    }
+
+    /// The initial lists are complete: nothing is written before.
+    pub(super) fn lists_complete(&self) -> bool {
+        self.lists_complete
+    }
+
     /// Whether a Node of the cluster has an IPv6 address: an identity created now gets an IPv6
     /// public IP too (upstream: the cluster's families, decided once per identity).
     pub(super) fn has_ipv6(&self) -> bool {

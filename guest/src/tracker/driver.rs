@@ -24,7 +24,7 @@ pub(super) struct Drive<'a> {
 impl Drive<'_> {
     /// No NRP address maps to the identity, nor may one in a batch whose answer is not in.
     pub(super) fn drained(&self, identity: &str) -> bool {
-        self.nrp.drained(&self.outbox.in_flight, identity)
+        self.nrp.drained(self.outbox.in_flight(), identity)
     }
 }
 
@@ -74,7 +74,7 @@ pub(super) trait Kind {
         step: &mut Step,
     ) {
         let mut held = Vec::new();
-        while drive.outbox.service_commands_in_flight < MAX_SERVICE_COMMANDS_IN_FLIGHT {
+        while drive.outbox.has_service_room() {
             let Some(identity) = self.sets().1.runnable.pop_first() else { break };
             if !self.advance(drive, peers, &identity, now, hold_nrp_writes, step) {
                 held.push(identity);
@@ -138,10 +138,9 @@ pub(super) trait Kind {
                 lifecycle.set_phase(Phase::CreationInProgress);
             }
             if next.writes_nrp() {
-                drive.nrp.sync.service_writes_in_flight += 1;
+                drive.nrp.write_issued();
             }
-            drive.outbox.service_commands_in_flight += 1;
-            let id = drive.outbox.issue(command, Self::in_flight(identity, next), step);
+            let id = drive.outbox.issue_service(command, Self::in_flight(identity, next), step);
             self.sets().0.get_mut(identity).expect("checked above").attempt_mut().in_flight = Some((id, next));
             return true;
         }
@@ -215,14 +214,14 @@ pub(super) trait Kind {
         lifecycle.set_phase(Phase::DeletionPending);
         lifecycle.steps().clear();
         work.draining.insert(identity.to_owned());
-        nrp.diff.touch_identity(identity);
+        nrp.touch(identity);
     }
 
     /// NRP refused to unregister it (`ServiceWithOverlayMappingsCannotBeDeleted`): NRP still
     /// maps addresses to it, so the mirror was wrong. It drains again, and NRP is read back.
     fn drain_again(&mut self, nrp: &mut Nrp, identity: &str, now: u64) {
         self.start_drain(nrp, identity);
-        nrp.sync.next_read_ms = now;
+        nrp.read_now(now);
     }
 
     /// After a read of NRP: a teardown about to unregister whose drain ended on a mirror NRP now
@@ -233,9 +232,7 @@ pub(super) trait Kind {
             .lifecycles()
             .iter()
             .filter(|(identity, l)| {
-                l.phase() == Phase::DeletionInProgress
-                    && l.attempt().in_flight.is_none()
-                    && nrp.diff.nrp_references(identity)
+                l.phase() == Phase::DeletionInProgress && l.attempt().in_flight.is_none() && nrp.references(identity)
             })
             .map(|(identity, _)| identity.clone())
             .collect();

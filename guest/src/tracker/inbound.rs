@@ -24,6 +24,26 @@ pub(super) struct Inbound {
 }
 
 impl Inbound {
+    /// Whether a Service has a lifecycle here (so its identity is no egress identity).
+    pub(super) fn has(&self, identity: &str) -> bool {
+        self.lifecycles.contains_key(identity)
+    }
+
+    /// A Service's lifecycle, by identity.
+    pub(super) fn lifecycle(&self, identity: &str) -> Option<&Lifecycle> {
+        self.lifecycles.get(identity)
+    }
+
+    /// Every Service's lifecycle, by identity.
+    pub(super) fn lifecycles(&self) -> &Map<String, Lifecycle> {
+        &self.lifecycles
+    }
+
+    /// The sets the lifecycle driver looks at for work.
+    pub(super) fn work(&self) -> &WorkSets<String> {
+        &self.work
+    }
+
     /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
     pub(super) fn programmable(&self, identity: &str) -> bool {
         self.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
@@ -44,11 +64,11 @@ impl Inbound {
     ) {
         let key = service.key();
         let identity = service.identity();
-        let previous = kube.services.remove(&key);
+        let previous = kube.take_service(&key);
         if let Some(previous) = previous.as_ref().filter(|p| p.observed.uid != service.uid) {
             // The same name now belongs to a new object: the old one is gone.
             let old = previous.observed.identity();
-            kube.service_by_identity.remove(&old);
+            kube.forget_identity(&old);
             self.delete_service(&old, true, kube, nrp);
         }
         let same_object = previous.as_ref().is_some_and(|p| p.observed.uid == service.uid);
@@ -78,8 +98,7 @@ impl Inbound {
             }
             Verdict::Rejected(_) | Verdict::NothingToProvision => {}
         }
-        kube.service_by_identity.insert(identity.clone(), key.clone());
-        kube.services.insert(key, ServiceRecord { observed: service, admitted, verdict });
+        kube.put_service(identity, key, ServiceRecord { observed: service, admitted, verdict });
     }
 
     pub(super) fn want_service(&mut self, identity: &str, service: &Service, kube: &KubeCache, nrp: &mut Nrp) {
@@ -88,7 +107,7 @@ impl Inbound {
             let lifecycle =
                 Lifecycle::new(object_ref(service), Phase::NotStarted, ObjectState::of(service), Some(config));
             self.lifecycles.insert(identity.to_owned(), lifecycle);
-            kube.seed(identity, &mut nrp.diff);
+            kube.seed(identity, nrp.desired());
             self.work.runnable.insert(identity.to_owned());
             return;
         };
@@ -150,7 +169,7 @@ impl Inbound {
         lifecycle.attempt.reset();
         lifecycle.parked = false;
         lifecycle.failing = false;
-        kube.unseed(identity, &mut nrp.diff);
+        kube.unseed(identity, nrp.desired());
         self.start_drain(nrp, identity);
     }
 
@@ -247,8 +266,8 @@ impl Inbound {
 
     pub(super) fn step_succeeded(&mut self, identity: &str, op: OpStep, nrp: &mut Nrp) {
         match op {
-            OpStep::Register => nrp.diff.set_registered(identity, true),
-            OpStep::Unregister => nrp.diff.set_registered(identity, false),
+            OpStep::Register => nrp.set_registered(identity, true),
+            OpStep::Unregister => nrp.set_registered(identity, false),
             _ => {}
         }
         let lifecycle = self.lifecycles.get_mut(identity).expect("caller checked");
@@ -265,6 +284,39 @@ impl Inbound {
         self.step_done(identity, op);
     }
 
+    /// Start-up adoption (`Startup::adopt_from_arm`): a Service not started whose public IP ARM
+    /// already holds as it wants it (`held`: its address, and whether its load balancer holds
+    /// too) skips those writes, and one with nothing left to write is created as it is. Returns
+    /// (adopted, of them created whole).
+    pub(super) fn adopt_held(
+        &mut self,
+        nrp: &Nrp,
+        held: impl Fn(&LbConfig) -> Option<(String, bool)>,
+    ) -> (usize, usize) {
+        let (mut adopted, mut whole) = (0usize, 0usize);
+        for (identity, lifecycle) in self.lifecycles.iter_mut() {
+            if lifecycle.phase != Phase::NotStarted {
+                continue;
+            }
+            let Some((address, load_balancer_holds)) = lifecycle.op_config.as_ref().and_then(&held) else { continue };
+            lifecycle
+                .steps
+                .retain(|s| *s != OpStep::PutPublicIp && (*s != OpStep::PutLoadBalancer || !load_balancer_holds));
+            adopted += 1;
+            lifecycle.ingress_ip = Some(address);
+            // Every step left already holds: the Service is as a creation would leave it.
+            let registered = nrp.is_registered(identity);
+            if lifecycle.steps.iter().all(|&op| lifecycle.holds_already(op, registered)) {
+                lifecycle.phase = Phase::Created;
+                lifecycle.applied = lifecycle.op_config.clone();
+                lifecycle.steps.clear();
+                self.work.runnable.remove(identity);
+                whole += 1;
+            }
+        }
+        (adopted, whole)
+    }
+
     /// Tracks a Service found registered in NRP or holding our finalizer, only to delete it.
     pub(super) fn adopt_for_deletion(
         &mut self,
@@ -276,7 +328,7 @@ impl Inbound {
         let lifecycle = Lifecycle::new(service, Phase::DeletionPending, object, None);
         self.lifecycles.insert(identity.to_owned(), lifecycle);
         self.work.draining.insert(identity.to_owned());
-        nrp.diff.touch_identity(identity);
+        nrp.touch(identity);
     }
 }
 
@@ -366,8 +418,8 @@ impl Inbound {
                     lifecycle.op_config = lifecycle.desired.clone();
                     lifecycle.steps = OpStep::ENSURE.into();
                     lifecycle.attempt.retries = 0;
-                    kube.seed(identity, &mut drive.nrp.diff);
-                    drive.nrp.diff.touch_identity(identity);
+                    kube.seed(identity, drive.nrp.desired());
+                    drive.nrp.touch(identity);
                     self.work.runnable.insert(identity.to_owned());
                 } else {
                     self.lifecycles.remove(identity);
@@ -389,9 +441,9 @@ impl Inbound {
         nrp: &mut Nrp,
         mut orphan_found: impl FnMut(&str, &mut Nrp),
     ) {
-        let registered: Vec<String> = nrp.diff.registered().iter().map(Name::to_string).collect();
+        let registered: Vec<String> = nrp.registered().iter().map(Name::to_string).collect();
         for (identity, lifecycle) in self.lifecycles.iter_mut() {
-            if lifecycle.phase == Phase::Created && !nrp.diff.is_registered(identity) {
+            if lifecycle.phase == Phase::Created && !nrp.is_registered(identity) {
                 lifecycle.phase = Phase::UpdateInProgress;
                 lifecycle.op_config = lifecycle.desired.clone();
                 lifecycle.steps = OpStep::ENSURE.into();
@@ -403,15 +455,15 @@ impl Inbound {
             if self.lifecycles.contains_key(&identity) || !looks_like_uid(&identity) {
                 continue;
             }
-            let record = kube.service_by_identity.get(&identity).and_then(|key| kube.services.get(key)).cloned();
+            let record = kube.record_of(&identity).cloned();
             match record {
                 // A live Service that is no longer admitted keeps serving (docs/design.md §3).
                 Some(r) if !matches!(r.verdict, Verdict::Cleanup | Verdict::Ignored(_)) => {
                     let lifecycle =
                         Lifecycle::new(object_ref(&r.observed), Phase::Created, ObjectState::of(&r.observed), None);
                     self.lifecycles.insert(identity.clone(), lifecycle);
-                    kube.seed(&identity, &mut nrp.diff);
-                    nrp.diff.touch_identity(&identity);
+                    kube.seed(&identity, nrp.desired());
+                    nrp.touch(&identity);
                 }
                 Some(r) => {
                     let (service, object) = (object_ref(&r.observed), ObjectState::of(&r.observed));
@@ -435,11 +487,11 @@ pub(super) struct InboundPeers<'a> {
 
 impl Peers<Inbound> for InboundPeers<'_> {
     fn registered(&self, nrp: &Nrp, identity: &str) -> bool {
-        nrp.diff.is_registered(identity)
+        nrp.is_registered(identity)
     }
     /// An egress identity of the same name is torn down first.
     fn blocked(&self, identity: &str) -> bool {
-        self.outbound.lifecycles.contains_key(identity)
+        self.outbound.has(identity)
     }
     fn finish(&mut self, side: &mut Inbound, drive: &mut Drive<'_>, identity: &str, step: &mut Step) {
         side.finish_operation(identity, drive, self.kube, step);

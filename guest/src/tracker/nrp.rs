@@ -14,6 +14,7 @@ use crate::difftracker::DiffTracker;
 use crate::keyed::{Map, Set};
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
+use crate::name::Name;
 use serde::{Deserialize, Serialize};
 
 /// The most locations one `update-address-locations` carries.
@@ -31,6 +32,73 @@ pub(super) struct Nrp {
 }
 
 impl Nrp {
+    /// The DiffTracker, for the parts that write Kubernetes' side into it (the cache's ready
+    /// endpoints, the egress pods' addresses): what NRP was told stays this part's to change.
+    pub(super) fn desired(&mut self) -> &mut DiffTracker {
+        &mut self.diff
+    }
+
+    /// The identity's addresses are looked at again in the next sync.
+    pub(super) fn touch(&mut self, identity: &str) {
+        self.diff.touch_identity(identity);
+    }
+
+    /// The mirror lists the identity as registered.
+    pub(super) fn is_registered(&self, identity: &str) -> bool {
+        self.diff.is_registered(identity)
+    }
+
+    /// The registered identities, as the mirror has them.
+    pub(super) fn registered(&self) -> &Set<Name> {
+        self.diff.registered()
+    }
+
+    /// A registration (or unregistration) NRP accepted.
+    pub(super) fn set_registered(&mut self, identity: &str, registered: bool) {
+        self.diff.set_registered(identity, registered);
+    }
+
+    /// Some NRP address maps to the identity (as the mirror has it).
+    pub(super) fn references(&self, identity: &str) -> bool {
+        self.diff.nrp_references(identity)
+    }
+
+    /// The identity was another controller's in the last read.
+    pub(super) fn is_foreign(&self, identity: &str) -> bool {
+        self.sync.foreign.contains(identity)
+    }
+
+    /// NRP still maps `address` at `location` to the identity, or is still to be told it no
+    /// longer does.
+    pub(super) fn awaits_drain(&self, identity: &str, location: &str, address: &str) -> bool {
+        self.diff.awaits_drain(identity, location, address)
+    }
+
+    /// How many locations and addresses NRP holds (as the mirror has it).
+    pub(super) fn totals(&self) -> (usize, usize) {
+        self.diff.nrp_totals()
+    }
+
+    /// Some address of the identity still awaits its drain ([`Self::awaits_drain`]).
+    pub(super) fn awaits_any_drain(&self, identity: &str) -> bool {
+        self.diff.awaits_any_drain(identity)
+    }
+
+    /// NRP has been read at least once.
+    pub(super) fn loaded(&self) -> bool {
+        self.sync.loaded
+    }
+
+    /// A Service command that writes NRP went out: no read of NRP until it is answered.
+    pub(super) fn write_issued(&mut self) {
+        self.sync.service_writes_in_flight += 1;
+    }
+
+    /// NRP is read back as soon as nothing holds the read (its answer corrects the mirror).
+    pub(super) fn read_now(&mut self, now: u64) {
+        self.sync.next_read_ms = now;
+    }
+
     /// No NRP address maps to the identity, nor may one in a batch whose answer is not in
     /// (`in_flight`: the outbox's commands).
     pub(super) fn drained(&self, in_flight: &Map<u64, InFlight>, identity: &str) -> bool {
@@ -163,7 +231,7 @@ impl Nrp {
         {
             return;
         }
-        let (diff, lifecycles, nrp, in_flight) = (&mut self.diff, ready.lifecycles, &mut self.sync, &outbox.in_flight);
+        let (diff, lifecycles, nrp, in_flight) = (&mut self.diff, ready.lifecycles, &mut self.sync, outbox.in_flight());
         let busy: Set<&str> =
             location_batches(&nrp.batches_in_flight, in_flight).flatten().map(|l| l.location.as_str()).collect();
         // A backoff is kept while its location may fail again: until it is next accepted, or

@@ -55,11 +55,33 @@ pub(super) struct Outbox {
     pub(super) next_command_id: u64,
     pub(super) in_flight: Map<u64, InFlight>,
     /// Service and egress-identity commands (Azure or Kubernetes) in flight, at most
-    /// [`super::MAX_SERVICE_COMMANDS_IN_FLIGHT`].
+    /// [`MAX_SERVICE_COMMANDS_IN_FLIGHT`].
     pub(super) service_commands_in_flight: usize,
 }
 
 impl Outbox {
+    /// The commands in flight, by id.
+    pub(super) fn in_flight(&self) -> &Map<u64, InFlight> {
+        &self.in_flight
+    }
+
+    /// The id the next command takes.
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_command_id
+    }
+
+    /// Whether another Service or egress-identity command may go
+    /// ([`MAX_SERVICE_COMMANDS_IN_FLIGHT`]).
+    pub(super) fn has_service_room(&self) -> bool {
+        self.service_commands_in_flight < MAX_SERVICE_COMMANDS_IN_FLIGHT
+    }
+
+    /// Sends a Service or egress-identity command (counted against the room in flight).
+    pub(super) fn issue_service(&mut self, command: Command, what: InFlight, step: &mut Step) -> u64 {
+        self.service_commands_in_flight += 1;
+        self.issue(command, what, step)
+    }
+
     /// Sends `command`, remembering `what` it is for; returns its id.
     #[inline(never)] // one copy for its many callers (component size, BENCHMARKS.md)
     pub(super) fn issue(&mut self, command: Command, what: InFlight, step: &mut Step) -> u64 {

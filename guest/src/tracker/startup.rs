@@ -4,7 +4,7 @@
 
 use super::cache::KubeCache;
 use super::egress::EgressSide;
-use super::egress::outbound::{self, OutStep, OutboundLifecycle};
+use super::egress::outbound;
 use super::inbound::Inbound;
 use super::nrp::*;
 use super::service::*;
@@ -12,7 +12,6 @@ use crate::keyed::Map;
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 
 /// Start-up: the inventory of ARM, read once ([`ArmSync`]), and whether start-up reconciliation
 /// against NRP has run.
@@ -66,18 +65,17 @@ pub(super) struct Adoption<'a> {
 impl Adoption<'_> {
     /// Whether an identity is an inbound Service's (a lifecycle, or a Service observed).
     fn is_inbound(&self, identity: &str) -> bool {
-        self.inbound.lifecycles.contains_key(identity) || self.kube.service_by_identity.contains_key(identity)
+        self.inbound.has(identity) || self.kube.knows_identity(identity)
     }
 
     /// A UID-named identity that no Service, NRP registration, egress identity or foreign
     /// service explains: a Service deleted while no controller ran left it.
     fn sweepable(&self, identity: &str) -> bool {
         looks_like_uid(identity)
-            && !self.inbound.lifecycles.contains_key(identity)
-            && !self.kube.service_by_identity.contains_key(identity)
-            && !self.nrp.diff.is_registered(identity)
-            && !self.nrp.sync.foreign.contains(identity)
-            && self.egress.identities.class(identity).is_none()
+            && !self.is_inbound(identity)
+            && !self.nrp.is_registered(identity)
+            && !self.nrp.is_foreign(identity)
+            && self.egress.class(identity).is_none()
     }
 }
 
@@ -85,7 +83,7 @@ impl Startup {
     /// The start-up inventory is to be read: not settled, not out, and asked for only once the
     /// lists are complete and NRP is read (start-up reconciliation uses it the moment it comes).
     pub(super) fn inventory_wanted(&self, kube: &KubeCache, nrp: &Nrp) -> bool {
-        !self.arm.settled && !self.arm.read_in_flight && kube.lists_complete && nrp.sync.loaded
+        !self.arm.settled && !self.arm.read_in_flight && kube.lists_complete() && nrp.loaded()
     }
 
     // ---- The start-up inventory of ARM ----
@@ -146,33 +144,14 @@ impl Startup {
         let public_ip_named = |name: &str| find(&public_ips, name).map(|i| &inventory.public_ips[i]);
         let load_balancer_named =
             |name: &str| find(&load_balancers, name).and_then(|i| inventory.load_balancers[i].shape.as_ref());
-        let (mut adopted, mut whole) = (0usize, 0usize);
-        for (identity, lifecycle) in to.inbound.lifecycles.iter_mut() {
-            if lifecycle.phase != Phase::NotStarted {
-                continue;
-            }
-            let Some(config) = lifecycle.op_config.as_ref() else { continue };
+        let (adopted, whole) = to.inbound.adopt_held(to.nrp, |config| {
             let public_ip = public_ip_named(&config.public_ip.name)
                 .filter(|p| p.as_put && p.version == config.public_ip.version)
-                .and_then(|p| p.address.clone());
-            let Some(address) = public_ip else { continue };
+                .and_then(|p| p.address.clone())?;
             let load_balancer_holds = load_balancer_named(&config.load_balancer.name)
                 .is_some_and(|lb| same_load_balancer(lb, &config.load_balancer));
-            lifecycle
-                .steps
-                .retain(|s| *s != OpStep::PutPublicIp && (*s != OpStep::PutLoadBalancer || !load_balancer_holds));
-            adopted += 1;
-            lifecycle.ingress_ip = Some(address);
-            // Every step left already holds: the Service is as a creation would leave it.
-            let registered = to.nrp.diff.is_registered(identity);
-            if lifecycle.steps.iter().all(|&op| lifecycle.holds_already(op, registered)) {
-                lifecycle.phase = Phase::Created;
-                lifecycle.applied = lifecycle.op_config.clone();
-                lifecycle.steps.clear();
-                to.inbound.work.runnable.remove(identity);
-                whole += 1;
-            }
-        }
+            Some((public_ip, load_balancer_holds))
+        });
         let mut orphans = 0usize;
         for &(name, index) in &load_balancers {
             let Some(lb) = inventory.load_balancers[index].shape.as_ref() else { continue };
@@ -222,40 +201,13 @@ impl Startup {
             if !shaped || !super::egress::identities::is_valid_identity(&id) || to.is_inbound(&id) {
                 continue;
             }
-            let (carried, registered) = (to.egress.identities.carries(&id), to.egress.identities.is_registered(&id));
             let listed_as_put =
                 |name: &str| inventory.public_ips.iter().any(|p| p.name.eq_ignore_ascii_case(name) && p.as_put);
-            match to.egress.outbound.lifecycles.get_mut(&id) {
-                Some(lifecycle) if lifecycle.phase == Phase::NotStarted => {
-                    let holds = nat.associated
-                        && lifecycle.v6 == v6
-                        && listed_as_put(&pip(&id, false))
-                        && (!v6 || listed_as_put(&pip(&id, true)));
-                    if holds {
-                        lifecycle.steps.retain(|s| {
-                            !matches!(s, OutStep::PutPublicIp | OutStep::PutPublicIpV6 | OutStep::PutNatGateway)
-                        });
-                        lifecycle.public_ips_put = true;
-                        lifecycle.nat_gateway_put = true;
-                        adopted += 1;
-                    }
-                }
-                Some(_) => {}
-                None if carried && registered => {
-                    let lifecycle = OutboundLifecycle::new(Phase::Created, v6, VecDeque::new());
-                    to.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
-                    to.nrp.diff.touch_identity(&id);
-                    adopted += 1;
-                }
-                None if carried => {}
-                None => {
-                    let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
-                    lifecycle.whole = false;
-                    to.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
-                    to.egress.outbound.work.draining.insert(id.clone());
-                    to.nrp.diff.touch_identity(&id);
-                    orphans += 1;
-                }
+            let holds = || nat.associated && listed_as_put(&pip(&id, false)) && (!v6 || listed_as_put(&pip(&id, true)));
+            match to.egress.adopt_nat_gateway(&id, v6, holds, to.nrp) {
+                Some(true) => adopted += 1,
+                Some(false) => orphans += 1,
+                None => {}
             }
         }
         (adopted, orphans + Self::sweep_egress_public_ips(inventory, to))
@@ -291,11 +243,9 @@ impl Startup {
             let ours = super::egress::identities::is_valid_identity(id)
                 && !looks_like_uid(id)
                 && !to.is_inbound(id)
-                && !to.egress.outbound.lifecycles.contains_key(id)
-                && !to.egress.identities.carries(id)
-                && !to.egress.identities.is_registered(id)
-                && !to.nrp.sync.foreign.contains(id)
-                && !to.nrp.diff.nrp_references(id)
+                && !to.egress.knows(id)
+                && !to.nrp.is_foreign(id)
+                && !to.nrp.references(id)
                 && !used(&name);
             if ours {
                 let entry = found.entry(id.to_owned()).or_default();
@@ -304,12 +254,7 @@ impl Startup {
         }
         let swept = found.len();
         for (id, (_, v6)) in found {
-            // Only the public IPs are left: every step before their deletes holds already.
-            let mut lifecycle = OutboundLifecycle::new(Phase::DeletionInProgress, v6, outbound::DELETE.into());
-            lifecycle.whole = false;
-            lifecycle.nat_gateway_put = false;
-            to.egress.outbound.lifecycles.insert(id.clone(), lifecycle);
-            to.egress.outbound.work.runnable.insert(id);
+            to.egress.sweep_public_ips(id, v6);
         }
         swept
     }

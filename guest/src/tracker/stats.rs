@@ -34,9 +34,9 @@ impl FiguresView<'_> {
     #[inline(never)]
     fn pending_phase(&self, side: ServiceType, identity: &str) -> Option<Phase> {
         match side {
-            ServiceType::Inbound => self.inbound.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase),
+            ServiceType::Inbound => self.inbound.lifecycle(identity).filter(|l| pending(*l)).map(|l| l.phase),
             ServiceType::Outbound => {
-                self.egress.outbound.lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase)
+                self.egress.outbound().lifecycles.get(identity).filter(|l| pending(*l)).map(|l| l.phase)
             }
         }
     }
@@ -59,19 +59,19 @@ impl Figures {
         let mut candidates: Vec<(ServiceType, &str)> = Vec::new();
         if figures.seen_all {
             for (side, work) in
-                [(ServiceType::Inbound, &view.inbound.work), (ServiceType::Outbound, &view.egress.outbound.work)]
+                [(ServiceType::Inbound, view.inbound.work()), (ServiceType::Outbound, view.egress.outbound().work())]
             {
                 let sets = work.runnable.iter().chain(&work.draining).map(String::as_str);
                 candidates.extend(sets.chain(work.timers.iter().map(|(_, id)| id)).map(|id| (side, id)));
             }
-            candidates.extend(view.outbox.in_flight.values().filter_map(|what| match what {
+            candidates.extend(view.outbox.in_flight().values().filter_map(|what| match what {
                 InFlight::Service { identity, .. } => Some((ServiceType::Inbound, identity.as_str())),
                 InFlight::Outbound { identity, .. } => Some((ServiceType::Outbound, identity.as_str())),
                 _ => None,
             }));
         } else {
-            candidates.extend(view.inbound.lifecycles.keys().map(|id| (ServiceType::Inbound, id.as_str())));
-            candidates.extend(view.egress.outbound.lifecycles.keys().map(|id| (ServiceType::Outbound, id.as_str())));
+            candidates.extend(view.inbound.lifecycles().keys().map(|id| (ServiceType::Inbound, id.as_str())));
+            candidates.extend(view.egress.outbound().lifecycles.keys().map(|id| (ServiceType::Outbound, id.as_str())));
         }
         for (side, identity) in candidates {
             if let Some(phase) = view.pending_phase(side, identity) {
@@ -105,23 +105,23 @@ impl Figures {
         let mut deletions = 0;
         let mut blocked = 0;
         let mut provisioned = 0;
-        for (identity, life) in &view.inbound.lifecycles {
+        for (identity, life) in view.inbound.lifecycles() {
             provisioned += u32::from(life.desired.is_some() && !life.phase.is_deleting());
             if pending(life) {
                 count(ServiceType::Inbound, identity, life.phase);
             }
         }
-        for (identity, life) in &view.egress.outbound.lifecycles {
+        for (identity, life) in &view.egress.outbound().lifecycles {
             if pending(life) {
                 count(ServiceType::Outbound, identity, life.phase);
             }
         }
-        let draining = view.inbound.work.draining.iter().chain(&view.egress.outbound.work.draining);
+        let draining = view.inbound.work().draining.iter().chain(&view.egress.outbound().work().draining);
         for identity in draining {
             deletions += 1;
-            blocked += u32::from(!view.nrp.drained(&view.outbox.in_flight, identity));
+            blocked += u32::from(!view.nrp.drained(view.outbox.in_flight(), identity));
         }
-        let (locations, addresses) = view.nrp.diff.nrp_totals();
+        let (locations, addresses) = view.nrp.totals();
         let histograms = |of: &[Histogram; 6], bounds: &[u64]| {
             OPERATIONS
                 .iter()
@@ -132,11 +132,11 @@ impl Figures {
         let mut budgets: Vec<BudgetLevel> = [WriteKind::AddressLocations, WriteKind::Services, WriteKind::Arm]
             .into_iter()
             .map(|kind| {
-                let (tokens, per_minute) = view.budgets.buckets.level(kind, &view.budgets.shapes, now);
+                let (tokens, per_minute) = view.budgets.level(kind, now);
                 BudgetLevel { bucket: kind.name().to_owned(), tokens, per_minute }
             })
             .collect();
-        if let Some((tokens, per_minute)) = view.budgets.pace.as_ref().and_then(|p| p.level(now)) {
+        if let Some((tokens, per_minute)) = view.budgets.pace_level(now) {
             budgets.push(BudgetLevel { bucket: "arm-pace".to_owned(), tokens, per_minute });
         }
         let small = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -144,14 +144,14 @@ impl Figures {
             service_gateway_enabled: view.provisions,
             pending: pending_ops,
             k8s_services: provisioned,
-            nrp_load_balancers: small(view.nrp.diff.registered().len()),
-            nrp_nat_gateways: small(view.egress.identities.registered_count()),
+            nrp_load_balancers: small(view.nrp.registered().len()),
+            nrp_nat_gateways: small(view.egress.registered_count()),
             nrp_locations: small(locations),
             nrp_addresses: small(addresses),
             pending_deletions: deletions,
             blocked_by_locations: blocked,
-            pod_finalizers_held: small(view.egress.finalizers.held_count()),
-            commands_in_flight: small(view.outbox.in_flight.len()),
+            pod_finalizers_held: small(view.egress.finalizers_held()),
+            commands_in_flight: small(view.outbox.in_flight().len()),
             attempts: figures.attempts.clone(),
             durations: histograms(&figures.durations, &DURATION_BOUNDS_MS),
             retries: histograms(&figures.retries, &RETRY_BOUNDS),

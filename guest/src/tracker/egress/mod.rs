@@ -19,6 +19,7 @@ use crate::model::*;
 use finalizers::PodFinalizers;
 use identities::Egress;
 use outbound::{OutStep, Outbound, OutboundLifecycle};
+use std::collections::VecDeque;
 
 /// The egress side: pods and the identities they carry ([`Egress`]), the outbound lifecycle of
 /// each identity of ours ([`Outbound`]), and the finalizers held on egress pods
@@ -66,7 +67,7 @@ impl EgressSide {
             (true, Phase::DeletionPending) if lifecycle.whole => {
                 lifecycle.phase = Phase::Created;
                 self.outbound.work.draining.remove(identity);
-                out.nrp.diff.touch_identity(identity);
+                out.nrp.touch(identity);
             }
             (true, Phase::DeletionPending | Phase::DeletionInProgress) => lifecycle.recreate = true,
             (true, _) => {}
@@ -91,6 +92,87 @@ impl EgressSide {
         }
     }
 
+    /// The outbound lifecycles.
+    pub(super) fn outbound(&self) -> &Outbound {
+        &self.outbound
+    }
+
+    /// The egress identities NRP registers (as the mirror has them).
+    pub(super) fn registered_count(&self) -> usize {
+        self.identities.registered_count()
+    }
+
+    /// The egress pods whose finalizer is held.
+    pub(super) fn finalizers_held(&self) -> usize {
+        self.finalizers.held_count()
+    }
+
+    /// How an identity no inbound lifecycle claims takes part in a sync, as its pods say
+    /// ([`Egress::class`]).
+    pub(super) fn class(&self, identity: &str) -> Option<crate::difftracker::Class> {
+        self.identities.class(identity)
+    }
+
+    /// Whether the egress side knows the identity: an outbound lifecycle, a pod carrying it, or
+    /// NRP's registration of it.
+    pub(super) fn knows(&self, identity: &str) -> bool {
+        self.outbound.has(identity) || self.identities.carries(identity) || self.identities.is_registered(identity)
+    }
+
+    /// Start-up adoption of a NAT gateway of ours named `identity` (`Startup::adopt_from_arm`):
+    /// an identity being created whose public IPs and NAT gateway `holds` (ARM lists them as
+    /// they would be put) skips those writes; one carried and registered with no lifecycle is
+    /// ours, created; one no pod carries is torn down after a drain. `Some(true)`: adopted,
+    /// `Some(false)`: to tear down, `None`: nothing done.
+    pub(super) fn adopt_nat_gateway(
+        &mut self,
+        identity: &str,
+        v6: bool,
+        holds: impl FnOnce() -> bool,
+        nrp: &mut Nrp,
+    ) -> Option<bool> {
+        let (carried, registered) = (self.identities.carries(identity), self.identities.is_registered(identity));
+        match self.outbound.lifecycles.get_mut(identity) {
+            Some(lifecycle) if lifecycle.phase == Phase::NotStarted => {
+                if lifecycle.v6 != v6 || !holds() {
+                    return None;
+                }
+                lifecycle
+                    .steps
+                    .retain(|s| !matches!(s, OutStep::PutPublicIp | OutStep::PutPublicIpV6 | OutStep::PutNatGateway));
+                lifecycle.public_ips_put = true;
+                lifecycle.nat_gateway_put = true;
+                Some(true)
+            }
+            Some(_) => None,
+            None if carried && registered => {
+                let lifecycle = OutboundLifecycle::new(Phase::Created, v6, VecDeque::new());
+                self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                nrp.touch(identity);
+                Some(true)
+            }
+            None if carried => None,
+            None => {
+                let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
+                lifecycle.whole = false;
+                self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
+                self.outbound.work.draining.insert(identity.to_owned());
+                nrp.touch(identity);
+                Some(false)
+            }
+        }
+    }
+
+    /// Start-up's sweep of the public IPs a teardown cut short left (`Startup::adopt_from_arm`):
+    /// only their deletes are left of the identity's teardown (every step before holds already).
+    pub(super) fn sweep_public_ips(&mut self, identity: String, v6: bool) {
+        let mut lifecycle = OutboundLifecycle::new(Phase::DeletionInProgress, v6, outbound::DELETE.into());
+        lifecycle.whole = false;
+        lifecycle.nat_gateway_put = false;
+        self.outbound.lifecycles.insert(identity.clone(), lifecycle);
+        self.outbound.work.runnable.insert(identity);
+    }
+
     /// After every read of NRP: carried identities with no lifecycle (pods seen before the
     /// first read, or an identity whose registration by somebody else went away) are decided
     /// now, and one of ours that NRP lost is ensured again (every step is a PUT: idempotent).
@@ -109,7 +191,7 @@ impl EgressSide {
                 lifecycle.phase = Phase::UpdateInProgress;
                 lifecycle.steps = outbound::ENSURE.into();
                 self.outbound.work.runnable.insert(identity.clone());
-                out.nrp.diff.touch_identity(identity);
+                out.nrp.touch(identity);
             }
         }
         self.outbound.drain_again_where_referenced(out.nrp);
@@ -177,7 +259,7 @@ impl EgressSide {
         match op {
             OutStep::Register => {
                 self.identities.set_registered(identity, true);
-                nrp.diff.touch_identity(identity);
+                nrp.touch(identity);
             }
             OutStep::Unregister => self.identities.set_registered(identity, false),
             _ => {}
@@ -207,7 +289,7 @@ impl Peers<Outbound> for OutboundPeers<'_> {
             Phase::NotStarted | Phase::CreationInProgress | Phase::UpdateInProgress => {
                 lifecycle.phase = Phase::Created;
                 lifecycle.whole = true;
-                drive.nrp.diff.touch_identity(identity);
+                drive.nrp.touch(identity);
                 format!(
                     "egress identity {identity}: NAT gateway and public IP(s) in place, Outbound service registered"
                 )

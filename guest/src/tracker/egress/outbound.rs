@@ -243,6 +243,16 @@ impl Outbound {
         self.lifecycles.get(identity).map(|l| l.phase == Phase::Created && registered)
     }
 
+    /// Whether the identity has an outbound lifecycle (being created, serving or torn down).
+    pub fn has(&self, identity: &str) -> bool {
+        self.lifecycles.contains_key(identity)
+    }
+
+    /// The sets the lifecycle driver looks at for work.
+    pub(crate) fn work(&self) -> &WorkSets<String> {
+        &self.work
+    }
+
     /// Nothing to do but wait for the periodic resync.
     pub fn is_quiet(&self) -> bool {
         self.work.is_empty()

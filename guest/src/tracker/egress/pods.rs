@@ -28,9 +28,9 @@ impl EgressSide {
         }
         let carried_before = self.identities.carried_by(&key);
         let before = carried_before.as_ref().map(|(identity, _)| identity.clone());
-        let (lifecycles, service_by_identity) = (&inbound.lifecycles, &out.kube.service_by_identity);
-        let inbound = |id: &str| lifecycles.contains_key(id) || service_by_identity.contains_key(id);
-        for (regarding, warning) in self.identities.upsert(pod, inbound, &mut out.nrp.diff) {
+        let kube = out.kube;
+        let inbound = |id: &str| inbound.has(id) || kube.knows_identity(id);
+        for (regarding, warning) in self.identities.upsert(pod, inbound, out.nrp.desired()) {
             out.outbox.event(&regarding, EventType::Warning, warning.reason, warning.message, step);
         }
         let carried_after = self.identities.carried_by(&key);
@@ -39,7 +39,7 @@ impl EgressSide {
             // Held by our finalizer from before this state (a restart): what it carried drains.
             let named = finalizers::named_by(pod).filter(|(id, _)| !inbound(id));
             if let Some((identity, _)) = named.filter(|(id, _)| self.identities.know(id)) {
-                out.nrp.diff.touch_identity(&identity);
+                out.nrp.touch(&identity);
             }
         }
         let after = carried_after.map(|(identity, _)| identity);
@@ -54,7 +54,7 @@ impl EgressSide {
     /// are refused, as they would have been had it been known when they were read
     /// ([`super::identities::Egress::refuse_identity`]).
     pub(in super::super) fn refuse_colliding_pods(&mut self, identity: &str, out: &mut EgressOut<'_>, step: &mut Step) {
-        let refused = self.identities.refuse_identity(identity, &mut out.nrp.diff);
+        let refused = self.identities.refuse_identity(identity, out.nrp.desired());
         if !refused.is_empty() {
             self.carried_changed(identity, out);
         }
@@ -79,7 +79,7 @@ impl EgressSide {
             // batches in flight (the import check, `format::check`).
             let mut in_flight: Vec<&NrpLocation> = Vec::new();
             if due.iter().any(|(_, want)| *want == Want::Release) {
-                in_flight.extend(out.nrp.batches_in_flight(&out.outbox.in_flight).flatten());
+                in_flight.extend(out.nrp.batches_in_flight(out.outbox.in_flight()).flatten());
                 crate::keyed::sort_by(&mut in_flight, |a, b| a.location.cmp(&b.location));
             }
             due.into_iter()
@@ -92,7 +92,7 @@ impl EgressSide {
                 .collect()
         };
         for (key, present) in writes {
-            let id = out.outbox.next_command_id;
+            let id = out.outbox.next_id();
             let pod = self.finalizers.issued(&key, id, present);
             let what = InFlight::PodFinalizer { key, uid: pod.uid.to_string(), present };
             let finalizer = finalizers::FINALIZER.to_owned();
@@ -113,9 +113,9 @@ impl EgressSide {
             in_flight[at].addresses.iter().any(|a| a.address == address && a.services.iter().any(|s| s == identity))
         };
         held.left.iter().all(|(identity, location, address)| {
-            !nrp.diff.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
+            !nrp.awaits_drain(identity, location, address) && !in_batch(identity, location, address)
         }) && held.identities.iter().all(|id| self.identities.carries(id) || !self.outbound.lifecycles.contains_key(id))
-            && (!held.left.is_empty() || held.identities.iter().all(|id| !nrp.diff.awaits_any_drain(id)))
+            && (!held.left.is_empty() || held.identities.iter().all(|id| !nrp.awaits_any_drain(id)))
     }
 
     #[allow(clippy::too_many_arguments)]
