@@ -34,6 +34,11 @@ impl Budgets {
         kind == WriteKind::AddressLocations || self.fresh_pace(now).is_none()
     }
 
+    /// The writes ARM's remaining-writes figure keeps back (the config's).
+    pub(super) fn arm_write_reserve(&self) -> u32 {
+        self.shapes.arm_write_reserve
+    }
+
     /// The level of the fixed bucket of `kind` at `now`: (tokens, per minute).
     pub(super) fn level(&self, kind: WriteKind, now: u64) -> (i64, u32) {
         self.buckets.level(kind, &self.shapes, now)

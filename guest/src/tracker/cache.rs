@@ -59,6 +59,16 @@ impl KubeCache {
         self.service_by_identity.contains_key(identity)
     }
 
+    /// The record of a Service, by namespace and name.
+    pub(super) fn service(&self, namespace: &str, name: &str) -> Option<&ServiceRecord> {
+        self.services.get(&ObjectKey::new(namespace, name))
+    }
+
+    /// The host's initial lists are in.
+    pub(super) fn complete_lists(&mut self) {
+        self.lists_complete = true;
+    }
+
     /// The initial lists are complete: nothing is written before.
     pub(super) fn lists_complete(&self) -> bool {
         self.lists_complete

@@ -53,6 +53,8 @@ pub(super) trait Kind {
     /// Its side, for the figures.
     const TYPE: ServiceType;
     fn lifecycles(&self) -> &Map<String, Self::Life>;
+    /// The sets the driver looks at for work: runnable, on a timer, draining.
+    fn work(&self) -> &WorkSets<String>;
     fn sets(&mut self) -> (&mut Map<String, Self::Life>, &mut WorkSets<String>);
     /// It has no Kubernetes object: an orphan found in NRP or ARM.
     fn orphan(&self, _identity: &str) -> bool {
@@ -61,6 +63,22 @@ pub(super) trait Kind {
     /// The command that carries out `op`; called as it is sent.
     fn command(&mut self, identity: &str, op: OpOf<Self>) -> Command;
     fn in_flight(identity: &str, op: OpOf<Self>) -> InFlight;
+
+    /// Lifecycles whose timer is due become runnable.
+    fn fire(&mut self, now: u64) {
+        self.sets().1.fire(now);
+    }
+
+    /// Brings every timer, and each lifecycle's own deadline, in to `latest`
+    /// (`Tracker::bring_in_deadlines`).
+    fn bring_in(&mut self, latest: u64) {
+        let (lifecycles, work) = self.sets();
+        work.bring_in(latest, |identity| {
+            if let Some(lifecycle) = lifecycles.get_mut(identity) {
+                lifecycle.attempt_mut().bring_in(latest);
+            }
+        });
+    }
 
     /// Advances the runnable lifecycles while there is room in flight; those that must wait
     /// for a read of NRP or a token stay runnable.

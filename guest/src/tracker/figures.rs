@@ -178,6 +178,11 @@ pub(super) fn slot(operation: Operation, service_type: ServiceType) -> usize {
 }
 
 impl Figures {
+    /// Start-up has not been seen to end yet (`note` is told when it has).
+    pub(super) fn awaits_start_up_end(&self) -> bool {
+        self.initialized_after_ms.is_none()
+    }
+
     /// For a state import: what the counting relies on.
     pub(super) fn check(&self) -> Result<(), String> {
         let sorted = self.running.windows(2).all(|w| {

@@ -34,16 +34,6 @@ impl Inbound {
         self.lifecycles.get(identity)
     }
 
-    /// Every Service's lifecycle, by identity.
-    pub(super) fn lifecycles(&self) -> &Map<String, Lifecycle> {
-        &self.lifecycles
-    }
-
-    /// The sets the lifecycle driver looks at for work.
-    pub(super) fn work(&self) -> &WorkSets<String> {
-        &self.work
-    }
-
     /// Whether a Service's endpoints belong in the Kubernetes side of the DiffTracker.
     pub(super) fn programmable(&self, identity: &str) -> bool {
         self.lifecycles.get(identity).is_some_and(|l| !l.phase.is_deleting())
@@ -505,6 +495,9 @@ impl Kind for Inbound {
     const TYPE: ServiceType = ServiceType::Inbound;
     fn lifecycles(&self) -> &Map<String, Lifecycle> {
         &self.lifecycles
+    }
+    fn work(&self) -> &WorkSets<String> {
+        &self.work
     }
     fn sets(&mut self) -> (&mut Map<String, Lifecycle>, &mut WorkSets<String>) {
         (&mut self.lifecycles, &mut self.work)

@@ -61,7 +61,6 @@ pub use crate::lifecycle::{backoff_ms, timing};
 pub use crate::model::Phase;
 use cache::{KubeCache, programmable};
 use driver::{Drive, Kind};
-use egress::OutboundPeers;
 use egress::{EgressOut, EgressSide};
 pub use figures::{
     AttemptCount, BudgetLevel, DURATION_BOUNDS_MS, Histogram, Operation, Pending, RETRY_BOUNDS, ServiceType, Stats,
@@ -70,9 +69,9 @@ pub use format::{STATE_VERSION, StateError};
 use inbound::Inbound;
 use inbound::InboundPeers;
 use kube::Endpoints;
+use nrp::Nrp;
 use nrp::Readiness;
 pub use nrp::{MAX_BATCHES_IN_FLIGHT, MAX_LOCATIONS_PER_BATCH};
-use nrp::{Nrp, NrpSync};
 pub use outbox::MAX_SERVICE_COMMANDS_IN_FLIGHT;
 use outbox::*;
 pub use service::{FINALIZER, LbConfig, Lifecycle, OpStep, reason};
@@ -85,8 +84,7 @@ impl Tracker {
     /// A tracker with empty state; refuses a configuration [`validate_config`] refuses.
     pub fn create(config: Config) -> Result<Self, ConfigError> {
         let mode = validate_config(&config)?;
-        let nrp =
-            Nrp { sync: NrpSync { batch_limit: MAX_LOCATIONS_PER_BATCH, ..NrpSync::default() }, ..Nrp::default() };
+        let nrp = Nrp::new();
         let budgets = Budgets::full(config.write_budgets());
         Ok(Self {
             config,
@@ -109,7 +107,7 @@ impl Tracker {
     #[cfg(test)]
     pub(crate) fn create_with_arm_settled(config: Config) -> Result<Self, ConfigError> {
         let mut tracker = Self::create(config)?;
-        tracker.startup.arm = startup::ArmSync::settled();
+        tracker.startup.settle_arm();
         Ok(tracker)
     }
 
@@ -141,48 +139,47 @@ impl Tracker {
 
     /// The verdict last reached for a Service, if the tracker has seen it.
     pub fn verdict(&self, namespace: &str, name: &str) -> Option<&Verdict> {
-        self.kube.services.get(&ObjectKey::new(namespace, name)).map(|r| &r.verdict)
+        self.kube.service(namespace, name).map(|r| &r.verdict)
     }
 
     /// The spec the tracker provisions a Service with: the last one admitted.
     pub fn admitted_spec(&self, namespace: &str, name: &str) -> Option<&Service> {
-        self.kube.services.get(&ObjectKey::new(namespace, name)).and_then(|r| r.admitted.as_ref())
+        self.kube.service(namespace, name).and_then(|r| r.admitted.as_ref())
     }
 
     /// A Service's lifecycle phase, by identity (lower-cased UID).
     pub fn phase(&self, identity: &str) -> Option<Phase> {
-        self.inbound.lifecycles.get(identity).map(|l| l.phase)
+        self.inbound.lifecycle(identity).map(|l| l.phase)
     }
 
     /// The NRP mirror: what NRP has accepted, location → address → services.
     pub fn nrp_view(&self) -> View {
-        self.nrp.diff.nrp_view()
+        self.nrp.view()
     }
 
     /// Registered inbound services in the NRP mirror.
     pub fn registered(&self) -> &Set<Name> {
-        self.nrp.diff.registered()
+        self.nrp.registered()
     }
 
     /// What NRP should hold once quiet: the ready-filtered Kubernetes state.
     pub fn desired_view(&self) -> View {
-        let ready = self.readiness();
-        self.nrp.diff.desired_view(|id| self.nrp.class(&ready, id))
+        self.nrp.desired_view(&self.readiness())
     }
 
     /// Whether nothing is in flight, nothing is dirty and no Service has work left.
     pub fn is_quiet(&self) -> bool {
-        self.outbox.in_flight.is_empty() && self.is_quiet_after_events()
+        self.outbox.in_flight().is_empty() && self.is_quiet_after_events()
     }
 
     /// The egress side: the pods, the identities they carry and the reference counts (P4).
     pub fn egress(&self) -> &Egress {
-        &self.egress.identities
+        self.egress.identities()
     }
 
     /// The outbound side: the lifecycles of the egress identities this tracker provisions.
     pub fn outbound(&self) -> &Outbound {
-        &self.egress.outbound
+        self.egress.outbound()
     }
 
     /// What the tracker is doing (WIT `tracker.stats`). `now_ms` is when the write budgets'
@@ -223,17 +220,17 @@ impl Tracker {
                         );
                         step.logs.push(LogLine { level: LogLevel::Warn, message });
                     }
-                    self.kube.upsert_slice(slice, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
+                    self.kube.upsert_slice(slice, &mut Endpoints { diff: self.nrp.desired(), inbound: &self.inbound })
                 }
                 Observation::SliceDeleted(key) => {
-                    self.kube.remove_slice(&key, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
+                    self.kube.remove_slice(&key, &mut Endpoints { diff: self.nrp.desired(), inbound: &self.inbound })
                 }
                 Observation::NodeUpserted(node) => {
-                    let mut out = Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound };
+                    let mut out = Endpoints { diff: self.nrp.desired(), inbound: &self.inbound };
                     self.kube.upsert_node(node, &mut out, &mut step)
                 }
                 Observation::NodeDeleted(name) => {
-                    self.kube.remove_node(&name, &mut Endpoints { diff: &mut self.nrp.diff, inbound: &self.inbound })
+                    self.kube.remove_node(&name, &mut Endpoints { diff: self.nrp.desired(), inbound: &self.inbound })
                 }
                 Observation::PodUpserted(pod) => {
                     let enabled = self.egress_enabled();
@@ -241,15 +238,12 @@ impl Tracker {
                     egress.upsert_pod(&pod, inbound, &mut EgressOut { nrp, outbox, kube, enabled }, &mut step)
                 }
                 Observation::PodDeleted(key) => {
-                    let before = self.egress.identities.carried_by(&key);
-                    self.egress.identities.delete(&key, &mut self.nrp.diff);
-                    self.egress.finalizers.gone(&key, &before, true);
-                    if let Some((identity, _)) = before {
+                    if let Some((identity, _)) = self.egress.pod_deleted(&key, &mut self.nrp) {
                         self.carried_changed(&identity);
                     }
                 }
                 Observation::ListsComplete => {
-                    self.kube.lists_complete = true;
+                    self.kube.complete_lists();
                 }
             }
         }
@@ -275,29 +269,26 @@ impl Tracker {
         if let Some(remaining) = arm_remaining_writes {
             // The writes still unanswered after these answers: ARM may not have counted them.
             let answered = |id: &u64| results.iter().any(|(r, _)| r == id);
-            let in_flight =
-                self.outbox.in_flight.iter().filter(|(id, what)| what.writes_arm() && !answered(id)).count();
-            let reserve = self.budgets.shapes.arm_write_reserve;
+            let in_flight = self.outbox.arm_writes_unanswered(answered);
+            let reserve = self.budgets.arm_write_reserve();
             let in_flight = u32::try_from(in_flight).unwrap_or(u32::MAX);
             self.budgets.reported(remaining, reserve, in_flight, now);
         }
         for (id, outcome) in results {
             // An unknown id is a duplicate or stale answer: ignoring it is safe.
-            let Some(what) = self.outbox.in_flight.remove(&id) else { continue };
+            let Some(what) = self.outbox.answered(id) else { continue };
             match what {
                 InFlight::Service { identity, step: op } => {
-                    self.outbox.service_commands_in_flight -= 1;
                     if op.writes_nrp() {
-                        self.nrp.sync.service_writes_in_flight -= 1;
+                        self.nrp.write_answered();
                     }
                     let Tracker { outbox, budgets, nrp, figures, inbound, kube, .. } = self;
                     let mut drive = Drive { outbox, budgets, nrp, figures };
                     inbound.service_outcome(&identity, id, op, outcome, now, &mut drive, kube, &mut step);
                 }
                 InFlight::Outbound { identity, step: op } => {
-                    self.outbox.service_commands_in_flight -= 1;
                     if op.writes_nrp() {
-                        self.nrp.sync.service_writes_in_flight -= 1;
+                        self.nrp.write_answered();
                     }
                     let Tracker { outbox, budgets, nrp, figures, egress, .. } = self;
                     let mut drive = Drive { outbox, budgets, nrp, figures };
@@ -315,15 +306,14 @@ impl Tracker {
                 ),
                 InFlight::Locations(batch) => {
                     // What a pod's finalizer waits for may have left NRP.
-                    self.egress.finalizers.recheck();
+                    self.egress.locations_answered();
                     let (budgets, figures) = (&mut self.budgets, &mut self.figures);
                     self.nrp.locations_outcome(id, batch, outcome, now, budgets, figures, &mut step)
                 }
                 InFlight::ReadNrp => {
                     let Some(read) = self.nrp.read_outcome(outcome, now, &mut step) else { continue };
-                    self.egress.identities.nrp_read(&read.services, &self.nrp.diff);
-                    self.egress.finalizers.recheck();
-                    if self.startup.reconciled {
+                    self.egress.nrp_read(&read.services, &self.nrp);
+                    if self.startup.reconciled() {
                         self.reconcile_with_nrp(&mut step);
                     } else {
                         self.maybe_reconcile(&mut step);
@@ -371,20 +361,19 @@ impl Tracker {
     /// Whether the egress side decides outbound lifecycles: once start-up reconciliation has run
     /// (it decides for every carried identity then), and in CLB mode.
     fn egress_enabled(&self) -> bool {
-        self.startup.reconciled && self.mode == Mode::ContainerLoadBalancer
+        self.startup.reconciled() && self.mode == Mode::ContainerLoadBalancer
     }
 
     /// What the other parts say of an identity's readiness, for the NRP part.
     fn readiness(&self) -> Readiness<'_> {
-        let (egress, outbound) = (&self.egress.identities, &self.egress.outbound);
-        Readiness { lifecycles: &self.inbound.lifecycles, egress, outbound }
+        let (egress, outbound) = (self.egress.identities(), self.egress.outbound());
+        Readiness { lifecycles: self.inbound.lifecycles(), egress, outbound }
     }
 
     /// Start-up reconciliation runs once: when the lists are complete, NRP has been read and the
     /// ARM inventory is settled.
     fn maybe_reconcile(&mut self, step: &mut Step) {
-        if !self.startup.reconciled && self.kube.lists_complete && self.nrp.sync.loaded && self.startup.arm.settled {
-            self.startup.reconciled = true;
+        if self.startup.reconcile_now(&self.kube, &self.nrp) {
             self.reconcile_with_nrp(step);
         }
     }
@@ -410,14 +399,10 @@ impl Tracker {
     fn start_up_ended(&self) -> bool {
         self.ready_to_write()
             && !self.startup.inventory_wanted(&self.kube, &self.nrp)
-            && !self.startup.arm.read_in_flight
-            && self.inbound.work.runnable.is_empty()
-            && self.egress.outbound.work.runnable.is_empty()
-            && !self
-                .outbox
-                .in_flight
-                .values()
-                .any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
+            && !self.startup.reading_arm()
+            && self.inbound.work().runnable.is_empty()
+            && !self.egress.has_runnable()
+            && !self.outbox.has_service_command()
     }
 
     /// What the figures read of the other parts.
@@ -429,7 +414,7 @@ impl Tracker {
     }
 
     fn ready_to_write(&self) -> bool {
-        self.kube.lists_complete && self.nrp.sync.loaded && self.startup.reconciled
+        self.kube.lists_complete() && self.nrp.loaded() && self.startup.reconciled()
     }
 
     /// Starts whatever can start now (the tracker's time, [`Clock`]); sets when to be called
@@ -443,50 +428,37 @@ impl Tracker {
         }
         self.bring_in_deadlines(now);
         self.maybe_reconcile(step);
-        self.inbound.work.fire(now);
-        self.egress.outbound.work.fire(now);
-        // A read scheduled past the end of time (its deadline saturated at `u64::MAX`) never
-        // comes: at `now = u64::MAX` it would be due again after every read, a read per answer.
-        let scheduled = self.nrp.sync.next_read_ms < u64::MAX;
-        let read_due = !self.nrp.sync.loaded || (scheduled && now >= self.nrp.sync.next_read_ms);
-        if read_due
-            && !self.nrp.sync.read_in_flight
-            && self.nrp.sync.batches_in_flight.is_empty()
-            && self.nrp.sync.service_writes_in_flight == 0
-            && now >= self.nrp.sync.next_read_ms
-        {
-            self.nrp.sync.read_in_flight = true;
-            self.outbox.issue(Command::ReadNrp, InFlight::ReadNrp, step);
-        }
-        if self.startup.inventory_wanted(&self.kube, &self.nrp) && now >= self.startup.arm.next_read_ms {
-            self.startup.arm.read_in_flight = true;
-            self.outbox.issue(Command::ReadArm, InFlight::ReadArm, step);
-        }
+        self.inbound.fire(now);
+        self.egress.fire(now);
+        let hold_nrp_writes = self.nrp.read_if_due(now, &mut self.outbox, step);
+        self.startup.read_arm_if_due(now, &self.kube, &self.nrp, &mut self.outbox, step);
         if self.ready_to_write() {
-            let hold_nrp_writes = read_due || self.nrp.sync.read_in_flight;
             let Tracker { outbox, budgets, nrp, figures, inbound, egress, kube, .. } = self;
             let mut drive = Drive { outbox, budgets, nrp, figures };
             inbound.check_drained(&drive);
             // Outbound first: an inbound Service whose identity an egress identity of ours had
             // waits for that teardown (they share NRP's name and the `-pip` name), and the pass
             // that ends it must let the Service go.
-            egress.outbound.check_drained(&drive);
-            let (identities, finalizers) = (&egress.identities, &mut egress.finalizers);
-            let mut peers = OutboundPeers { identities, finalizers, kube };
-            egress.outbound.run(&mut drive, &mut peers, now, hold_nrp_writes, step);
-            inbound.run(&mut drive, &mut InboundPeers { outbound: &egress.outbound, kube }, now, hold_nrp_writes, step);
+            egress.run(&mut drive, kube, now, hold_nrp_writes, step);
+            inbound.run(
+                &mut drive,
+                &mut InboundPeers { outbound: egress.outbound(), kube },
+                now,
+                hold_nrp_writes,
+                step,
+            );
             if !hold_nrp_writes {
                 let ready = Readiness {
-                    lifecycles: &self.inbound.lifecycles,
-                    egress: &self.egress.identities,
-                    outbound: &self.egress.outbound,
+                    lifecycles: self.inbound.lifecycles(),
+                    egress: self.egress.identities(),
+                    outbound: self.egress.outbound(),
                 };
                 self.nrp.sync_locations(now, &ready, &mut self.outbox, &mut self.budgets, step);
             }
             let (egress, mut out) = self.egress_side();
             egress.advance_pod_finalizers(now, &mut out, step);
         }
-        let ended = self.figures.initialized_after_ms.is_none() && self.start_up_ended();
+        let ended = self.figures.awaits_start_up_end() && self.start_up_ended();
         // `self.view()` spelled out: it borrows all of `self`, and taking `figures` out around it
         // instead costs the component 1.4 KB (measured).
         let provisions = self.mode == Mode::ContainerLoadBalancer;
@@ -508,27 +480,11 @@ impl Tracker {
     /// deadline.
     fn bring_in_deadlines(&mut self, now: u64) {
         let latest = now.saturating_add(timing::MAX_DELAY_MS);
-        let nrp = &mut self.nrp.sync;
-        nrp.next_read_ms = nrp.next_read_ms.min(latest);
-        self.startup.arm.next_read_ms = self.startup.arm.next_read_ms.min(latest);
-        nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
+        self.nrp.bring_in(latest);
+        self.startup.bring_in(latest);
         self.budgets.bring_in(now);
-        for backoff in nrp.location_backoff.values_mut() {
-            backoff.not_before_ms = backoff.not_before_ms.min(latest);
-        }
-        let lifecycles = &mut self.inbound.lifecycles;
-        self.inbound.work.bring_in(latest, |identity| {
-            if let Some(lifecycle) = lifecycles.get_mut(identity) {
-                lifecycle.attempt.bring_in(latest);
-            }
-        });
-        self.egress.finalizers.bring_in(latest);
-        let lifecycles = &mut self.egress.outbound.lifecycles;
-        self.egress.outbound.work.bring_in(latest, |identity| {
-            if let Some(lifecycle) = lifecycles.get_mut(identity) {
-                lifecycle.attempt.bring_in(latest);
-            }
-        });
+        self.inbound.bring_in(latest);
+        self.egress.bring_in(latest);
     }
 
     /// Quiet once the Events just issued are counted as done (they need no answer to proceed).
@@ -536,43 +492,30 @@ impl Tracker {
     /// looking at those sets is enough: no scan of all Services.
     fn is_quiet_after_events(&self) -> bool {
         let quiet = self.ready_to_write()
-            && !self.nrp.diff.has_dirty()
-            && self.inbound.work.is_empty()
-            && self.egress.outbound.is_quiet()
-            && self.egress.finalizers.is_quiet()
-            && self.outbox.in_flight.values().all(|f| matches!(f, InFlight::Event));
+            && !self.nrp.has_dirty()
+            && self.inbound.work().is_empty()
+            && self.egress.is_quiet()
+            && self.outbox.only_events();
         // Also under the fuzz crate's `invariants` feature, so that fuzzing checks it.
         #[cfg(any(test, feature = "invariants"))]
         if quiet {
-            let settled = self.inbound.lifecycles.values().all(|l| !l.has_work_left());
-            assert!(settled, "a lifecycle with work left is in none of the work sets: {:#?}", self.inbound.lifecycles);
-            let settled = self.egress.outbound.lifecycles.values().all(|l| !l.has_work_left());
-            assert!(
-                settled,
-                "an outbound lifecycle with work left is in no work set: {:#?}",
-                self.egress.outbound.lifecycles
-            );
+            let lifecycles = self.inbound.lifecycles();
+            let settled = lifecycles.values().all(|l| !l.has_work_left());
+            assert!(settled, "a lifecycle with work left is in none of the work sets: {lifecycles:#?}");
+            let lifecycles = &self.egress.outbound().lifecycles;
+            let settled = lifecycles.values().all(|l| !l.has_work_left());
+            assert!(settled, "an outbound lifecycle with work left is in no work set: {lifecycles:#?}");
         }
         quiet
     }
 
     fn next_wake(&self, now: u64) -> Option<u64> {
-        let nrp = &self.nrp.sync;
         let mut wake = None;
         let mut consider = |at: u64| wake = Some(wake.map_or(at, |w: u64| w.min(at)));
-        let timers = [
-            self.inbound.work.next_timer(),
-            self.egress.outbound.work.next_timer(),
-            self.egress.finalizers.next_timer(),
-        ];
-        timers.into_iter().flatten().for_each(&mut consider);
-        if !nrp.read_in_flight {
-            consider(nrp.next_read_ms.max(now));
-        }
-        if self.startup.inventory_wanted(&self.kube, &self.nrp) {
-            consider(self.startup.arm.next_read_ms.max(now));
-        }
-        if !self.inbound.work.runnable.is_empty() || !self.egress.outbound.work.runnable.is_empty() {
+        let [outbound, pods] = self.egress.next_timers();
+        [self.inbound.work().next_timer(), outbound, pods].into_iter().flatten().for_each(&mut consider);
+        self.startup.next_read(now, &self.kube, &self.nrp).into_iter().for_each(&mut consider);
+        if !self.inbound.work().runnable.is_empty() || self.egress.has_runnable() {
             // A Service held for a token (or for a read of NRP, or for room in flight, which an
             // answer ends: waking for a token then is only early).
             for kind in [WriteKind::Services, WriteKind::Arm] {
@@ -581,24 +524,7 @@ impl Tracker {
                 }
             }
         }
-        if self.nrp.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
-            if nrp.batch_not_before_ms > now {
-                consider(nrp.batch_not_before_ms);
-            } else if let Some(at) = self.budgets.token_due(WriteKind::AddressLocations, now) {
-                consider(at);
-            } else {
-                // The next batch may go once the youngest in flight is slow, and a location
-                // backing off once its delay is over. Past either, only an answer or a change
-                // can make a batch: nothing to wake for.
-                let slow_at = nrp.batches_in_flight.values().max().map(|at| at.saturating_add(timing::SLOW_BATCH_MS));
-                if let Some(at) = slow_at.filter(|&at| at > now) {
-                    consider(at);
-                }
-                if let Some(due) = nrp.location_backoff.values().map(|b| b.not_before_ms).filter(|&at| at > now).min() {
-                    consider(due);
-                }
-            }
-        }
+        self.nrp.next_wake(now, &self.budgets, &mut consider);
         wake
     }
 }

@@ -10,7 +10,7 @@ use super::outbox::*;
 use super::service::*;
 use crate::budget::WriteKind;
 use crate::difftracker::Class;
-use crate::difftracker::DiffTracker;
+use crate::difftracker::{DiffTracker, View};
 use crate::keyed::{Map, Set};
 use crate::lifecycle::{retry_delay, timing};
 use crate::model::*;
@@ -36,6 +36,11 @@ impl Nrp {
     /// endpoints, the egress pods' addresses): what NRP was told stays this part's to change.
     pub(super) fn desired(&mut self) -> &mut DiffTracker {
         &mut self.diff
+    }
+
+    /// The DiffTracker, read.
+    pub(super) fn diff(&self) -> &DiffTracker {
+        &self.diff
     }
 
     /// The identity's addresses are looked at again in the next sync.
@@ -97,6 +102,92 @@ impl Nrp {
     /// NRP is read back as soon as nothing holds the read (its answer corrects the mirror).
     pub(super) fn read_now(&mut self, now: u64) {
         self.sync.next_read_ms = now;
+    }
+
+    /// A new tracker's NRP part: nothing read, nothing mirrored, batches of the full size.
+    pub(super) fn new() -> Self {
+        let mut nrp = Self::default();
+        nrp.sync.batch_limit = MAX_LOCATIONS_PER_BATCH;
+        nrp
+    }
+
+    /// The mirror: what NRP has accepted, location → address → services.
+    pub(super) fn view(&self) -> View {
+        self.diff.nrp_view()
+    }
+
+    /// What NRP should hold once quiet: the ready-filtered Kubernetes side.
+    pub(super) fn desired_view(&self, ready: &Readiness<'_>) -> View {
+        self.diff.desired_view(|id| self.class(ready, id))
+    }
+
+    /// Some location differs between what Kubernetes wants and what NRP was told.
+    pub(super) fn has_dirty(&self) -> bool {
+        self.diff.has_dirty()
+    }
+
+    /// A Service command that wrote NRP was answered.
+    pub(super) fn write_answered(&mut self) {
+        self.sync.service_writes_in_flight -= 1;
+    }
+
+    /// Issues the read of NRP when it is due and nothing holds it: no read, no batch and no
+    /// Service write that writes NRP in flight (a read would race them). Returns whether NRP
+    /// writes wait (a read is due or in flight: its answer may change what they would write).
+    pub(super) fn read_if_due(&mut self, now: u64, outbox: &mut Outbox, step: &mut Step) -> bool {
+        let nrp = &mut self.sync;
+        // A read scheduled past the end of time (its deadline saturated at `u64::MAX`) never
+        // comes: at `now = u64::MAX` it would be due again after every read, a read per answer.
+        let scheduled = nrp.next_read_ms < u64::MAX;
+        let read_due = !nrp.loaded || (scheduled && now >= nrp.next_read_ms);
+        if read_due
+            && !nrp.read_in_flight
+            && nrp.batches_in_flight.is_empty()
+            && nrp.service_writes_in_flight == 0
+            && now >= nrp.next_read_ms
+        {
+            nrp.read_in_flight = true;
+            outbox.issue(Command::ReadNrp, InFlight::ReadNrp, step);
+        }
+        read_due || nrp.read_in_flight
+    }
+
+    /// Brings every deadline of this part in to `latest` (`Tracker::bring_in_deadlines`).
+    pub(super) fn bring_in(&mut self, latest: u64) {
+        let nrp = &mut self.sync;
+        nrp.next_read_ms = nrp.next_read_ms.min(latest);
+        nrp.batch_not_before_ms = nrp.batch_not_before_ms.min(latest);
+        for backoff in nrp.location_backoff.values_mut() {
+            backoff.not_before_ms = backoff.not_before_ms.min(latest);
+        }
+    }
+
+    /// When this part next has something to do, told to `consider`: the next read, unless one
+    /// is out; and with a location dirty and room for a batch, when a batch may go (its throttle
+    /// over, a token, the youngest batch in flight slow, a location's backoff over).
+    pub(super) fn next_wake(&self, now: u64, budgets: &Budgets, mut consider: impl FnMut(u64)) {
+        let nrp = &self.sync;
+        if !nrp.read_in_flight {
+            consider(nrp.next_read_ms.max(now));
+        }
+        if self.diff.has_dirty() && nrp.batches_in_flight.len() < MAX_BATCHES_IN_FLIGHT {
+            if nrp.batch_not_before_ms > now {
+                consider(nrp.batch_not_before_ms);
+            } else if let Some(at) = budgets.token_due(WriteKind::AddressLocations, now) {
+                consider(at);
+            } else {
+                // The next batch may go once the youngest in flight is slow, and a location
+                // backing off once its delay is over. Past either, only an answer or a change
+                // can make a batch: nothing to wake for.
+                let slow_at = nrp.batches_in_flight.values().max().map(|at| at.saturating_add(timing::SLOW_BATCH_MS));
+                if let Some(at) = slow_at.filter(|&at| at > now) {
+                    consider(at);
+                }
+                if let Some(due) = nrp.location_backoff.values().map(|b| b.not_before_ms).filter(|&at| at > now).min() {
+                    consider(due);
+                }
+            }
+        }
     }
 
     /// No NRP address maps to the identity, nor may one in a batch whose answer is not in

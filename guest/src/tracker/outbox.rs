@@ -65,6 +65,32 @@ impl Outbox {
         &self.in_flight
     }
 
+    /// The answer to command `id` came: what it was for, if it was in flight (an unknown id is a
+    /// duplicate or stale answer). A Service or egress-identity command frees its room.
+    pub(super) fn answered(&mut self, id: u64) -> Option<InFlight> {
+        let what = self.in_flight.remove(&id)?;
+        if matches!(what, InFlight::Service { .. } | InFlight::Outbound { .. }) {
+            self.service_commands_in_flight -= 1;
+        }
+        Some(what)
+    }
+
+    /// The commands in flight that ARM counts as writes and whose answers are not among
+    /// `answered`: ARM may not have counted them in the figure it just sent.
+    pub(super) fn arm_writes_unanswered(&self, answered: impl Fn(&u64) -> bool) -> usize {
+        self.in_flight.iter().filter(|(id, what)| what.writes_arm() && !answered(id)).count()
+    }
+
+    /// A Service or egress-identity command is in flight.
+    pub(super) fn has_service_command(&self) -> bool {
+        self.in_flight.values().any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
+    }
+
+    /// Nothing is in flight but Events (which need no answer to proceed).
+    pub(super) fn only_events(&self) -> bool {
+        self.in_flight.values().all(|f| matches!(f, InFlight::Event))
+    }
+
     /// The id the next command takes.
     pub(super) fn next_id(&self) -> u64 {
         self.next_command_id

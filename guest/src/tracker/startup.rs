@@ -7,6 +7,7 @@ use super::egress::EgressSide;
 use super::egress::outbound;
 use super::inbound::Inbound;
 use super::nrp::*;
+use super::outbox::*;
 use super::service::*;
 use crate::keyed::Map;
 use crate::lifecycle::{retry_delay, timing};
@@ -80,6 +81,55 @@ impl Adoption<'_> {
 }
 
 impl Startup {
+    /// Start-up reconciliation has run: from then on the egress side decides, and writes go.
+    pub(super) fn reconciled(&self) -> bool {
+        self.reconciled
+    }
+
+    /// Start-up reconciliation runs once: when the lists are complete, NRP has been read and the
+    /// ARM inventory is settled. Returns whether it is to run now (it counts as run from here).
+    pub(super) fn reconcile_now(&mut self, kube: &KubeCache, nrp: &Nrp) -> bool {
+        let now = !self.reconciled && kube.lists_complete() && nrp.loaded() && self.arm.settled;
+        self.reconciled |= now;
+        now
+    }
+
+    /// Issues the read of ARM's inventory when it is wanted and due.
+    pub(super) fn read_arm_if_due(
+        &mut self,
+        now: u64,
+        kube: &KubeCache,
+        nrp: &Nrp,
+        outbox: &mut Outbox,
+        step: &mut Step,
+    ) {
+        if self.inventory_wanted(kube, nrp) && now >= self.arm.next_read_ms {
+            self.arm.read_in_flight = true;
+            outbox.issue(Command::ReadArm, InFlight::ReadArm, step);
+        }
+    }
+
+    /// The read of ARM's inventory is out.
+    pub(super) fn reading_arm(&self) -> bool {
+        self.arm.read_in_flight
+    }
+
+    /// When ARM's inventory is next to be read, if it is wanted.
+    pub(super) fn next_read(&self, now: u64, kube: &KubeCache, nrp: &Nrp) -> Option<u64> {
+        self.inventory_wanted(kube, nrp).then(|| self.arm.next_read_ms.max(now))
+    }
+
+    /// Brings the next read in to `latest` (`Tracker::bring_in_deadlines`).
+    pub(super) fn bring_in(&mut self, latest: u64) {
+        self.arm.next_read_ms = self.arm.next_read_ms.min(latest);
+    }
+
+    /// As a state from before version 4 imports: nothing to read, nothing to adopt.
+    #[cfg(test)]
+    pub(super) fn settle_arm(&mut self) {
+        self.arm = ArmSync::settled();
+    }
+
     /// The start-up inventory is to be read: not settled, not out, and asked for only once the
     /// lists are complete and NRP is read (start-up reconciliation uses it the moment it comes).
     pub(super) fn inventory_wanted(&self, kube: &KubeCache, nrp: &Nrp) -> bool {

@@ -3,6 +3,7 @@
 //! operation began.
 
 use super::budgets::Budgets;
+use super::driver::Kind;
 use super::egress::EgressSide;
 use super::figures::*;
 use super::inbound::Inbound;

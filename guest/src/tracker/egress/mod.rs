@@ -92,9 +92,78 @@ impl EgressSide {
         }
     }
 
+    /// The pods and the identities they carry.
+    pub(super) fn identities(&self) -> &Egress {
+        &self.identities
+    }
+
     /// The outbound lifecycles.
     pub(super) fn outbound(&self) -> &Outbound {
         &self.outbound
+    }
+
+    /// An egress pod left the API server: it carries nothing any more, and its finalizer is
+    /// gone with it. Returns what it carried, if anything (the identity and its addresses).
+    pub(super) fn pod_deleted(&mut self, key: &ObjectKey, nrp: &mut Nrp) -> Option<(String, Map<String, String>)> {
+        let before = self.identities.carried_by(key);
+        self.identities.delete(key, nrp.desired());
+        self.finalizers.gone(key, &before, true);
+        before
+    }
+
+    /// After a read of NRP: the identities NRP registers, and the pods' finalizers, which may
+    /// wait for what has left it.
+    pub(super) fn nrp_read(&mut self, services: &[NrpService], nrp: &Nrp) {
+        self.identities.nrp_read(services, nrp.diff());
+        self.finalizers.recheck();
+    }
+
+    /// An address-location batch was answered: what a pod's finalizer waits for may have left
+    /// NRP.
+    pub(super) fn locations_answered(&mut self) {
+        self.finalizers.recheck();
+    }
+
+    /// Timers that are due make their outbound lifecycles and pods runnable.
+    pub(super) fn fire(&mut self, now: u64) {
+        self.outbound.fire(now);
+    }
+
+    /// An outbound lifecycle is runnable (it may wait for a token).
+    pub(super) fn has_runnable(&self) -> bool {
+        !self.outbound.work().runnable.is_empty()
+    }
+
+    /// No outbound lifecycle has work left and no pod's finalizer is to be written.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.outbound.is_quiet() && self.finalizers.is_quiet()
+    }
+
+    /// When the next timer of an outbound lifecycle or a pod is due.
+    pub(super) fn next_timers(&self) -> [Option<u64>; 2] {
+        [self.outbound.work().next_timer(), self.finalizers.next_timer()]
+    }
+
+    /// Brings every deadline in to `latest` (`Tracker::bring_in_deadlines`).
+    pub(super) fn bring_in(&mut self, latest: u64) {
+        self.finalizers.bring_in(latest);
+        self.outbound.bring_in(latest);
+    }
+
+    /// Drives the outbound lifecycles: those drained start their teardown, the runnable
+    /// advance.
+    pub(super) fn run(
+        &mut self,
+        drive: &mut Drive<'_>,
+        kube: &KubeCache,
+        now: u64,
+        hold_nrp_writes: bool,
+        step: &mut Step,
+    ) {
+        self.outbound.check_drained(drive);
+        let (identities, finalizers) = (&self.identities, &mut self.finalizers);
+        let mut peers = OutboundPeers { identities, finalizers, kube };
+        self.outbound.run(drive, &mut peers, now, hold_nrp_writes, step);
     }
 
     /// The egress identities NRP registers (as the mirror has them).
@@ -318,6 +387,9 @@ impl Kind for Outbound {
     const TYPE: ServiceType = ServiceType::Outbound;
     fn lifecycles(&self) -> &Map<String, OutboundLifecycle> {
         &self.lifecycles
+    }
+    fn work(&self) -> &WorkSets<String> {
+        &self.work
     }
     fn sets(&mut self) -> (&mut Map<String, OutboundLifecycle>, &mut WorkSets<String>) {
         (&mut self.lifecycles, &mut self.work)

@@ -248,11 +248,6 @@ impl Outbound {
         self.lifecycles.contains_key(identity)
     }
 
-    /// The sets the lifecycle driver looks at for work.
-    pub(crate) fn work(&self) -> &WorkSets<String> {
-        &self.work
-    }
-
     /// Nothing to do but wait for the periodic resync.
     pub fn is_quiet(&self) -> bool {
         self.work.is_empty()
