@@ -18,14 +18,14 @@ use clb_sandbox::native::{
     component_verdict, config_to_model, native_verdict, observation_to_model, outcome_to_model, service_to_model,
     step_to_wit,
 };
-use clb_sandbox::{Limits, Logic, Runtime, Session};
+use clb_sandbox::{Limits, LoadedLogic, Runtime, Session};
 use std::sync::OnceLock;
 use wasmtime::component::ResourceAny;
 
 /// The built-in component, compiled once per process, with the production limits.
-pub fn logic() -> &'static Logic {
+pub fn logic() -> &'static LoadedLogic {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    static LOGIC: OnceLock<Logic> = OnceLock::new();
+    static LOGIC: OnceLock<LoadedLogic> = OnceLock::new();
     LOGIC.get_or_init(|| {
         let runtime = RUNTIME.get_or_init(|| Runtime::new().expect("the engine starts"));
         runtime.load(clb_sandbox::BUILTIN_GUEST, Limits::default()).expect("the built-in guest loads")

@@ -197,7 +197,7 @@ fn startup_native(
 
 /// [`startup_native`] through the component.
 fn startup_component(
-    logic: &clb_sandbox::Logic,
+    logic: &clb_sandbox::LoadedLogic,
     config: &wit::Config,
     lists: &[wit::Observation],
     snapshot: &wit::Outcome,
@@ -240,7 +240,8 @@ fn main() {
         black_box(tracker.complete(0, vec![(list, inventory)]));
         start.elapsed()
     });
-    let startup_through = |logic: &clb_sandbox::Logic| startup_component(logic, &config, &lists, &snapshot, &inventory);
+    let startup_through =
+        |logic: &clb_sandbox::LoadedLogic| startup_component(logic, &config, &lists, &snapshot, &inventory);
     let component_startup = startup_through(&logic);
 
     // Both trackers brought to the steady state: every Service Created, NRP in sync.

@@ -20,7 +20,7 @@ use clb_host::live::swap::SwapResult;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::supervisor::shadow::SHADOW_QUEUE;
 use clb_sandbox::supervisor::{CheckpointPolicy, ShadowOptions, Supervisor};
-use clb_sandbox::{Limits, Logic, Metering, Runtime};
+use clb_sandbox::{Limits, LoadedLogic, Metering, Runtime};
 use clb_tests::cluster::*;
 use clb_tests::*;
 use std::hint::black_box;
@@ -49,7 +49,7 @@ fn limits() -> Limits {
 }
 
 /// A supervisor over `logic` with the whole cluster created and NRP in sync.
-fn steady<'a>(logic: &'a Logic, policy: CheckpointPolicy, config: &wit::Config) -> Supervisor<'a> {
+fn steady<'a>(logic: &'a LoadedLogic, policy: CheckpointPolicy, config: &wit::Config) -> Supervisor<'a> {
     let mut supervisor = Supervisor::with_policy(logic, policy);
     supervisor.start(config).unwrap();
     let first = supervisor.observe(0, &lists()).unwrap();

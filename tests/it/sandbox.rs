@@ -1,16 +1,16 @@
 //! The host never trusts the guest: hostile components are stopped or refused, each with a
 //! typed error, and the host keeps serving.
 
-use clb_sandbox::{GuestError, Limits, LoadError, Logic};
+use clb_sandbox::{GuestError, Limits, LoadError, LoadedLogic};
 use clb_tests::*;
 use std::time::Duration;
 
-fn hostile(limits: Limits) -> Logic {
+fn hostile(limits: Limits) -> LoadedLogic {
     runtime().load(HOSTILE_GUEST, limits).expect("the hostile guest is a valid component")
 }
 
 /// Asks the hostile guest to misbehave as `name` says, then proves the host still serves.
-fn provoke(logic: &Logic, name: &str) -> GuestError {
+fn provoke(logic: &LoadedLogic, name: &str) -> GuestError {
     let config = read_config("clb.yaml");
     let mut service = read_service("etp-local.yaml");
     service.name = name.into();

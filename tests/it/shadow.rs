@@ -6,7 +6,7 @@ use super::supervisor::{next, service, slice, start};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::supervisor::shadow::differences;
 use clb_sandbox::supervisor::{CheckpointPolicy, ShadowOptions, ShadowState, ShadowStatus, Supervisor};
-use clb_sandbox::{Limits, Logic};
+use clb_sandbox::{Limits, LoadedLogic};
 use clb_tests::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -19,7 +19,7 @@ fn legacy(name: &str, uid: u32) -> wit::Observation {
     wit::Observation::ServiceUpserted(record)
 }
 
-fn own(bytes: &[u8]) -> Logic {
+fn own(bytes: &[u8]) -> LoadedLogic {
     runtime().load(bytes, Limits::default()).unwrap()
 }
 

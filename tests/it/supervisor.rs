@@ -5,14 +5,14 @@
 use clb_guest::tracker::STATE_VERSION;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::supervisor::{CheckpointPolicy, Supervisor, SupervisorError, self_check, version_name};
-use clb_sandbox::{Limits, LoadError, Logic};
+use clb_sandbox::{Limits, LoadError, LoadedLogic};
 use clb_simulator::scenario;
 use clb_simulator::simulate;
 use clb_tests::*;
 use std::sync::OnceLock;
 
-pub(crate) fn next() -> &'static Logic {
-    static LOGIC: OnceLock<Logic> = OnceLock::new();
+pub(crate) fn next() -> &'static LoadedLogic {
+    static LOGIC: OnceLock<LoadedLogic> = OnceLock::new();
     LOGIC.get_or_init(|| runtime().load(NEXT_GUEST, Limits::default()).expect("the next guest loads"))
 }
 
@@ -49,7 +49,7 @@ pub(crate) fn slice(service_name: &str, uid: u32, address: &str, node: &str) -> 
     })
 }
 
-fn started(logic: &'static Logic, policy: CheckpointPolicy) -> Supervisor<'static> {
+fn started(logic: &'static LoadedLogic, policy: CheckpointPolicy) -> Supervisor<'static> {
     start(Supervisor::with_policy(logic, policy))
 }
 
@@ -212,7 +212,7 @@ fn two_ticks_quarantined_roll_a_swapped_in_version_back_and_more_quarantines_may
 
 /// Swaps each refusal case on a supervisor (at `now_ms`), then proves the old version serves
 /// with its state.
-fn refused(start: &'static Logic, bytes: &[u8], now_ms: u64) -> SupervisorError {
+fn refused(start: &'static LoadedLogic, bytes: &[u8], now_ms: u64) -> SupervisorError {
     let mut supervisor = started(start, CheckpointPolicy::default());
     supervisor.observe(5, &[service("web", 1), slice("web", 1, "10.244.1.10", "n1")]).unwrap();
     let before = supervisor.export_state().unwrap();
@@ -281,7 +281,7 @@ fn a_swap_to_a_version_whose_first_tick_is_destructive_is_refused_and_the_old_in
 }
 
 /// A logic loaded for one test, so that its call counters are the test's own.
-fn own(bytes: &[u8]) -> Logic {
+fn own(bytes: &[u8]) -> LoadedLogic {
     runtime().load(bytes, Limits::default()).expect("the guest loads")
 }
 
@@ -304,7 +304,7 @@ fn a_swap_exports_only_when_the_checkpoint_is_stale_and_the_new_version_imports_
     }
 }
 
-fn calls(logic: &Logic) -> u64 {
+fn calls(logic: &LoadedLogic) -> u64 {
     logic.stats().calls.load(std::sync::atomic::Ordering::Relaxed)
 }
 

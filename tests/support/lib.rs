@@ -6,7 +6,7 @@ pub mod cluster;
 pub mod watch_proxy;
 
 use clb_sandbox::bindings::clb::reconciler::types as wit;
-use clb_sandbox::{Limits, Logic, Runtime};
+use clb_sandbox::{Limits, LoadedLogic, Runtime};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -58,8 +58,8 @@ pub fn runtime() -> &'static Runtime {
 }
 
 /// The built-in logic, compiled once.
-pub fn builtin() -> &'static Logic {
-    static LOGIC: OnceLock<Logic> = OnceLock::new();
+pub fn builtin() -> &'static LoadedLogic {
+    static LOGIC: OnceLock<LoadedLogic> = OnceLock::new();
     LOGIC.get_or_init(|| {
         runtime().load(clb_sandbox::BUILTIN_GUEST, Limits::default()).expect("the built-in guest loads")
     })

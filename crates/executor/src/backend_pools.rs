@@ -28,7 +28,7 @@ use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{
     ServiceAssignment, ServiceEvent, SlbConfiguration,
 };
 use clb_sandbox::trace::{Arg, Ended, Recorder, arg, lazy};
-use clb_sandbox::{GuestError, Logic, Session};
+use clb_sandbox::{GuestError, LoadedLogic, Session};
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
@@ -225,7 +225,7 @@ pub struct GuestQueue {
 
 impl GuestQueue {
     /// An empty queue in a new session of `logic`.
-    pub fn new(logic: &Logic, max_retries: u32) -> Result<Self, GuestError> {
+    pub fn new(logic: &LoadedLogic, max_retries: u32) -> Result<Self, GuestError> {
         let mut session = logic.session()?;
         let queue = session.pool_queue_create(max_retries)?;
         Ok(Self { session, queue })
@@ -315,7 +315,7 @@ fn failure_of(err: &AzureError) -> wit::Failure {
 impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// An updater with an empty queue in a new session of `logic`.
     pub fn new(
-        logic: &Logic,
+        logic: &LoadedLogic,
         azure: A,
         resource_lock: L,
         kube: K,

@@ -1,6 +1,6 @@
 //! The sandbox the guest runs in.
 //!
-//! One [`Runtime`] (one `Engine` and its epoch ticker) per process; one [`Logic`] (a compiled
+//! One [`Runtime`] (one `Engine` and its epoch ticker) per process; one [`LoadedLogic`] (a compiled
 //! `Component` with its `InstancePre`) per version of the logic; a [`Session`] (a `Store` and an
 //! instance) per run of calls. The host grants the guest nothing but the project's own
 //! `diagnostics` interface and refuses at load a component that imports anything else. Every
@@ -175,7 +175,7 @@ struct MemoryCapHit {
     cap: usize,
 }
 
-/// Counters of one [`Logic`]: what its calls cost and how they ended.
+/// Counters of one [`LoadedLogic`]: what its calls cost and how they ended.
 #[derive(Debug, Default)]
 pub struct GuestStats {
     pub calls: AtomicU64,
@@ -280,7 +280,7 @@ impl Runtime {
     }
 
     /// Compiles, checks and prepares a component for cheap instantiation.
-    pub fn load(&self, bytes: &[u8], limits: Limits) -> Result<Logic, LoadError> {
+    pub fn load(&self, bytes: &[u8], limits: Limits) -> Result<LoadedLogic, LoadError> {
         self.loader().load(bytes, limits)
     }
 
@@ -306,7 +306,7 @@ impl Loader {
     }
 
     /// See [`Runtime::load`].
-    pub fn load(&self, bytes: &[u8], limits: Limits) -> Result<Logic, LoadError> {
+    pub fn load(&self, bytes: &[u8], limits: Limits) -> Result<LoadedLogic, LoadError> {
         let component = self.compile(bytes)?;
         let info = ComponentInfo::of(&self.engine, &component, bytes);
         info.check()?;
@@ -315,7 +315,14 @@ impl Loader {
             .map_err(|e| LoadError::Link(format!("{e:#}")))?;
         let pre = linker.instantiate_pre(&component).map_err(|e| LoadError::Link(format!("{e:#}")))?;
         let pre = ClbPre::new(pre).map_err(|e| LoadError::Link(format!("{e:#}")))?;
-        Ok(Logic { engine: self.engine.clone(), metering: self.metering, pre, info, limits, stats: Arc::default() })
+        Ok(LoadedLogic {
+            engine: self.engine.clone(),
+            metering: self.metering,
+            pre,
+            info,
+            limits,
+            stats: Arc::default(),
+        })
     }
 }
 
@@ -405,7 +412,7 @@ fn is_granted(import: &str) -> bool {
 /// A loaded version of the logic. Cheap to clone: the compiled code and its counters are
 /// shared.
 #[derive(Clone)]
-pub struct Logic {
+pub struct LoadedLogic {
     engine: Engine,
     metering: Metering,
     pre: ClbPre<HostState>,
@@ -414,7 +421,7 @@ pub struct Logic {
     stats: Arc<GuestStats>,
 }
 
-impl Logic {
+impl LoadedLogic {
     pub fn info(&self) -> &ComponentInfo {
         &self.info
     }

@@ -48,7 +48,7 @@ use clb_sandbox::compression::Compression;
 use clb_sandbox::error_text::error_chain;
 use clb_sandbox::supervisor::shadow::SHADOW_QUEUE;
 use clb_sandbox::supervisor::{ShadowEvent, ShadowOptions, Staged, Supervisor, SupervisorError, SwapReport};
-use clb_sandbox::{Limits, Loader, Logic, Runtime, sha256_hex};
+use clb_sandbox::{Limits, LoadedLogic, Loader, Runtime, sha256_hex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -88,7 +88,7 @@ pub enum ControlError {
 
 /// A loaded version on its way to the run loop, and where the answer goes.
 pub struct SwapRequest {
-    logic: Logic,
+    logic: LoadedLogic,
     origin: String,
     reply: oneshot::Sender<SwapResult>,
     kind: RequestKind,
@@ -222,14 +222,14 @@ pub struct Control {
     again: Option<SwapRequest>,
     shadow_policy: ShadowPolicy,
     /// The candidate in shadow and where it came from, run again by each new term.
-    shadow: Option<(Logic, String)>,
+    shadow: Option<(LoadedLogic, String)>,
     /// A shadow's promotion became due (sent from its thread).
     promotions: (mpsc::UnboundedSender<()>, mpsc::UnboundedReceiver<()>),
 }
 
 /// A staged swap whose import runs on a blocking thread.
 struct InFlight {
-    /// The request, its version kept (a [`Logic`] clone is cheap) so that it can be staged again
+    /// The request, its version kept (a [`LoadedLogic`] clone is cheap) so that it can be staged again
     /// or swapped whole.
     request: SwapRequest,
     sha256: String,
@@ -295,7 +295,7 @@ impl Control {
     fn attach_shadow(
         &self,
         supervisor: &mut Supervisor<'_>,
-        logic: Logic,
+        logic: LoadedLogic,
         origin: &str,
     ) -> Result<clb_sandbox::supervisor::ShadowHandle, clb_sandbox::supervisor::ShadowError> {
         let (metrics, promotions, origin) = (self.metrics.clone(), self.promotions.0.clone(), origin.to_owned());
@@ -478,7 +478,7 @@ impl Control {
         request: SwapRequest,
         sha256: String,
         now_ms: u64,
-        swap: impl FnOnce(&mut Supervisor<'s>, Logic, u64) -> Result<SwapReport, SupervisorError>,
+        swap: impl FnOnce(&mut Supervisor<'s>, LoadedLogic, u64) -> Result<SwapReport, SupervisorError>,
     ) -> Option<wit::Step> {
         let SwapRequest { logic, origin, reply, .. } = request;
         let mut first_step = None;

@@ -7,7 +7,7 @@
 //! ask it; instead it publishes a [`Snapshot`] into [`Metrics`] (through
 //! [`Publish`](clb_sandbox::supervisor::Publish)) after every call (a mutex and a few small copies,
 //! nothing next to a guest call), and a scrape renders the last one through a collector. The
-//! guest's own counters are atomics shared with the [`Logic`](clb_sandbox::Logic); the
+//! guest's own counters are atomics shared with the [`LoadedLogic`](clb_sandbox::LoadedLogic); the
 //! snapshot reads them. Latencies are histograms observed as they happen: each delivered input's
 //! guest call (by version), each command `run` carries out (by command and result), each phase
 //! of a swap.

@@ -10,7 +10,7 @@ use crate::live::settings::{RunError, Settings};
 use crate::live::sources::LogicSource;
 use crate::live::swap::Sha256Pin;
 use clb_kube::KubeClient;
-use clb_sandbox::{Limits, Logic, Runtime};
+use clb_sandbox::{Limits, LoadedLogic, Runtime};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -121,7 +121,7 @@ impl Operations {
     /// Event reporter write what it holds.
     pub async fn run(
         self,
-        logic: &Logic,
+        logic: &LoadedLogic,
         settings: Settings,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RunError> {

@@ -33,7 +33,7 @@ use clb_executor::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Ti
 use clb_executor::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
 use clb_kube::KubeClient;
 use clb_kube::lease::{Leadership, LeaseLock};
-use clb_sandbox::Logic;
+use clb_sandbox::LoadedLogic;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{Placement, SlbConfiguration};
 use clb_sandbox::error_text::error_chain;
@@ -193,7 +193,7 @@ impl Drop for Ticking<'_> {
 impl Pools {
     /// The updater, if `settings.config` is multi-SLB local-service mode for `logic`; `None` in
     /// any other mode (a refused configuration is the supervisor's to report).
-    pub(crate) fn for_mode(logic: &Logic, settings: &Settings) -> Result<Option<Self>, RunError> {
+    pub(crate) fn for_mode(logic: &LoadedLogic, settings: &Settings) -> Result<Option<Self>, RunError> {
         let guest = |e| RunError::Pools(PoolUpdaterError::Guest(e));
         let mode = logic.session().map_err(guest)?.validate_config(&settings.config).map_err(guest)?;
         if mode != Ok(wit::Mode::MultiSlbLocalServices) {

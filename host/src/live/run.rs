@@ -59,7 +59,7 @@ use clb_executor::records;
 use clb_executor::{Executor, KubeApi, command_subject};
 use clb_kube::KubeClient;
 use clb_kube::lease::{Elector, Leadership};
-use clb_sandbox::Logic;
+use clb_sandbox::LoadedLogic;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::command_name;
 use clb_sandbox::error_text::error_chain;
@@ -420,20 +420,20 @@ fn absorb<A: AzureApi, K: KubeApi>(step: wit::Step, commands: &mut Commands<'_, 
 
 /// Runs `logic` until `shutdown` completes (then `Ok`, after [`Settings::shutdown_grace`] at
 /// most) or something fatal happens; with leader election, only while this replica leads.
-pub async fn run(logic: &Logic, settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+pub async fn run(logic: &LoadedLogic, settings: Settings, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     run_with(logic, settings, None, shutdown).await
 }
 
 /// [`run`], taking swap requests from `control` and publishing to its metrics.
 pub async fn run_with(
-    logic: &Logic,
+    logic: &LoadedLogic,
     settings: Settings,
     mut control: Option<Control>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     // The version serving, when a swap or a rollback replaced `logic`: the next term starts
     // with it, so a leadership change does not undo an accepted swap.
-    let active = std::cell::RefCell::new(None::<Logic>);
+    let active = std::cell::RefCell::new(None::<LoadedLogic>);
     let Some(election) = settings.leader_election.clone() else {
         return reconcile(logic, &active, &settings, Leadership::unconditional(), &mut control, shutdown).await;
     };
@@ -473,7 +473,7 @@ impl Drop for Term {
 }
 
 /// Records the supervisor's version as the active one when a swap or a rollback changed it.
-fn remember_active(active: &std::cell::RefCell<Option<Logic>>, supervisor: &Supervisor<'_>) {
+fn remember_active(active: &std::cell::RefCell<Option<LoadedLogic>>, supervisor: &Supervisor<'_>) {
     let serving = supervisor.logic();
     let known = active.borrow().as_ref().map(|logic| logic.info().sha256.clone());
     if known.as_deref() != Some(serving.info().sha256.as_str()) {
@@ -483,8 +483,8 @@ fn remember_active(active: &std::cell::RefCell<Option<Logic>>, supervisor: &Supe
 
 /// The loop of one term (or of the whole process without election).
 async fn reconcile(
-    logic: &Logic,
-    active: &std::cell::RefCell<Option<Logic>>,
+    logic: &LoadedLogic,
+    active: &std::cell::RefCell<Option<LoadedLogic>>,
     settings: &Settings,
     leadership: Leadership,
     control: &mut Option<Control>,

@@ -4,7 +4,7 @@
 
 use crate::bindings::clb::reconciler::types as wit;
 use crate::trace::{Arg, Ended, Recorder, arg};
-use crate::{GuestError, LoadError, Logic, Session};
+use crate::{GuestError, LoadError, LoadedLogic, Session};
 use std::sync::Arc;
 use wasmtime::component::ResourceAny;
 
@@ -208,7 +208,7 @@ impl Running {
 
     /// A fresh instance of `logic` holding `state`, with `journal` replayed into it.
     pub(super) fn rebuild(
-        logic: &Logic,
+        logic: &LoadedLogic,
         config: &wit::Config,
         state: &wit::VersionedState,
         journal: &[Input],

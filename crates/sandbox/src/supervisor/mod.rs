@@ -81,7 +81,7 @@ mod version;
 
 use crate::bindings::clb::reconciler::types as wit;
 use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
-use crate::{GuestError, Limits, Logic, Runtime};
+use crate::{GuestError, Limits, LoadedLogic, Runtime};
 use instance::{EXPORT_STAGE, Running, guest, record_input};
 pub use instance::{Input, SupervisorError};
 pub use journal::CheckpointPolicy;
@@ -211,7 +211,7 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    fn component_ref(&self, logic: &Logic) -> ComponentRef {
+    fn component_ref(&self, logic: &LoadedLogic) -> ComponentRef {
         let name = self.trace.as_ref().and_then(|t| t.names.get(&logic.info().sha256));
         ComponentRef::of(logic, name.map(String::as_str))
     }
@@ -255,7 +255,7 @@ impl<'a> Supervisor<'a> {
     }
 
     /// The version a rollback would return to, while the serving one is on probation.
-    pub fn previous_logic(&self) -> Option<&Logic> {
+    pub fn previous_logic(&self) -> Option<&LoadedLogic> {
         self.probation.as_ref().map(|p| &*p.previous)
     }
 
@@ -296,7 +296,7 @@ impl<'a> Supervisor<'a> {
     }
 
     /// The version serving now.
-    pub fn logic(&self) -> &Logic {
+    pub fn logic(&self) -> &LoadedLogic {
         &self.logic
     }
 
@@ -311,7 +311,7 @@ impl<'a> Supervisor<'a> {
 
     /// Runs `candidate` in shadow beside the serving version ([`shadow`]), replacing any shadow
     /// running. It starts from the serving state now, or from the next start's.
-    pub fn shadow(&mut self, candidate: Logic, options: ShadowOptions) -> Result<ShadowHandle, ShadowError> {
+    pub fn shadow(&mut self, candidate: LoadedLogic, options: ShadowOptions) -> Result<ShadowHandle, ShadowError> {
         self.stop_shadow();
         let tap = shadow::Tap::start(candidate, options)?;
         let handle = tap.handle();
@@ -337,7 +337,7 @@ impl<'a> Supervisor<'a> {
 
     /// When the shadow's promotion is due: ends the shadow (as promoted) and gives its candidate,
     /// for the caller to swap in.
-    pub fn take_promotion(&mut self) -> Option<Logic> {
+    pub fn take_promotion(&mut self) -> Option<LoadedLogic> {
         if !self.shadow.as_ref().is_some_and(|tap| tap.handle().promotion_due()) {
             return None;
         }
@@ -352,7 +352,7 @@ impl<'a> Supervisor<'a> {
         Some(shadow::SyncPoint {
             reason,
             config: self.config.clone()?,
-            serving: Logic::clone(&self.logic),
+            serving: LoadedLogic::clone(&self.logic),
             checkpoint: self.checkpoint.clone(),
             journal: self.journal.clone(),
         })
@@ -855,7 +855,7 @@ impl<'a> Supervisor<'a> {
 
     /// Everything a swap does before switching: the state move into a fresh instance of `new`,
     /// then [`Self::check_new`].
-    fn prepare_swap(&mut self, new: &Logic, now_ms: u64) -> Result<PreparedSwap, SupervisorError> {
+    fn prepare_swap(&mut self, new: &LoadedLogic, now_ms: u64) -> Result<PreparedSwap, SupervisorError> {
         let config = self.config.clone().ok_or(SupervisorError::NotStarted)?;
         let move_started = Instant::now();
         // With nothing delivered since the checkpoint, it is the state now.

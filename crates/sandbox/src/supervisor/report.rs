@@ -2,7 +2,7 @@
 //! registry, through [`Publish`]) and its counts.
 
 use super::shadow::ShadowHandle;
-use crate::Logic;
+use crate::LoadedLogic;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -21,7 +21,7 @@ pub struct VersionSnapshot {
 }
 
 impl VersionSnapshot {
-    pub fn of(logic: &Logic) -> Self {
+    pub fn of(logic: &LoadedLogic) -> Self {
         let stats = logic.stats();
         let read = |counter: &std::sync::atomic::AtomicU64| counter.load(Ordering::Relaxed);
         let failures = [

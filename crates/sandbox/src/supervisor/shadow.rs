@@ -38,7 +38,7 @@
 //!   with `--component` the candidate, differs at its last call.
 
 use super::instance::{Input, Running, guest, record_input};
-use crate::Logic;
+use crate::LoadedLogic;
 use crate::bindings::clb::reconciler::types as wit;
 use crate::command_name;
 use crate::trace::{ComponentRef, Ended, RecordOptions, Recorder, Signatures, lazy};
@@ -256,7 +256,7 @@ pub fn differences(serving: &wit::Step, candidate: &wit::Step) -> (Vec<String>, 
 /// What both sides of a shadow share: its status, a resync it asks for, whether its promotion
 /// is due, and the candidate itself.
 struct Shared {
-    candidate: Logic,
+    candidate: LoadedLogic,
     status: Mutex<ShadowStatus>,
     /// A resync the candidate's side asks the serving side for.
     wanted: Mutex<Option<Resync>>,
@@ -296,7 +296,7 @@ impl ShadowHandle {
         self.0.status().clone()
     }
 
-    pub fn candidate(&self) -> &Logic {
+    pub fn candidate(&self) -> &LoadedLogic {
         &self.0.candidate
     }
 
@@ -311,7 +311,7 @@ impl ShadowHandle {
 pub(super) struct SyncPoint {
     pub reason: Resync,
     pub config: wit::Config,
-    pub serving: Logic,
+    pub serving: LoadedLogic,
     pub checkpoint: Arc<wit::VersionedState>,
     pub journal: Vec<Input>,
 }
@@ -351,7 +351,7 @@ pub enum ShadowError {
 }
 
 impl Tap {
-    pub(super) fn start(candidate: Logic, options: ShadowOptions) -> Result<Self, ShadowError> {
+    pub(super) fn start(candidate: LoadedLogic, options: ShadowOptions) -> Result<Self, ShadowError> {
         if let Some(dir) = &options.record {
             std::fs::create_dir_all(dir)
                 .map_err(|source| ShadowError::RecordFolder { path: dir.display().to_string(), source })?;
@@ -517,7 +517,7 @@ impl Tap {
 
 /// The candidate's side.
 struct Runner {
-    candidate: Logic,
+    candidate: LoadedLogic,
     options: ShadowOptions,
     shared: Arc<Shared>,
     /// `None` while out of step.
@@ -535,7 +535,7 @@ const FIGURES_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 struct Base {
     config: wit::Config,
-    serving: Logic,
+    serving: LoadedLogic,
     state: Arc<wit::VersionedState>,
     inputs: Vec<(Input, wit::Step)>,
 }

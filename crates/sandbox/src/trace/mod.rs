@@ -17,11 +17,11 @@ pub mod schema;
 pub use recorder::{Arg, ComponentRef, Ended, Overflow, RecordOptions, RecordStats, Recorder, arg, lazy};
 pub use schema::Signatures;
 
-use crate::{Logic, PACKAGE};
+use crate::{LoadedLogic, PACKAGE};
 
 impl ComponentRef {
     /// `logic` as a trace names it; `name` is how the host knows it, else its short sha256.
-    pub fn of(logic: &Logic, name: Option<&str>) -> Self {
+    pub fn of(logic: &LoadedLogic, name: Option<&str>) -> Self {
         let info = logic.info();
         Self {
             name: name.map_or_else(|| info.sha256.chars().take(12).collect(), str::to_owned),
@@ -32,7 +32,7 @@ impl ComponentRef {
 }
 
 /// The schema file's text (`hosts/schema/clb-reconciler.json`).
-pub fn schema_text(logic: &Logic) -> String {
+pub fn schema_text(logic: &LoadedLogic) -> String {
     serde_json::to_string_pretty(&Signatures::of(logic).schema()).expect("a JSON value always prints")
 }
 
@@ -63,7 +63,7 @@ pub fn trace_paths(
 /// A whole-file recorder for one scenario run through `logic`.
 /// `component` is how the command line named the logic (`builtin` or its file).
 pub fn record_scenario(
-    logic: &Logic,
+    logic: &LoadedLogic,
     component: &str,
     path: &std::path::Path,
     name: &str,

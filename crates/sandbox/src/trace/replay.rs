@@ -5,7 +5,7 @@
 use super::canonical::{CodecError, to_val, write_str, write_val};
 use super::recorder::FORMAT_VERSION;
 use super::schema::{Signature, Signatures};
-use crate::{Logic, Session};
+use crate::{LoadedLogic, Session};
 use serde::Deserialize;
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
@@ -69,14 +69,14 @@ pub struct TraceReport {
 /// The components a replay uses.
 pub struct Components<'a> {
     /// Replays the trace (and every `swap` whose component is not named below).
-    pub primary: &'a Logic,
+    pub primary: &'a LoadedLogic,
     /// `--swap-component NAME=FILE`: what a `swap` to NAME uses.
-    pub named: &'a BTreeMap<String, Logic>,
+    pub named: &'a BTreeMap<String, LoadedLogic>,
 }
 
 /// A handle's resource, where it lives, and how to make it again.
 struct Held {
-    logic: Logic,
+    logic: LoadedLogic,
     signatures: Signatures,
     session: Session,
     resource: ResourceAny,
@@ -84,7 +84,7 @@ struct Held {
     /// did not trap, as this replay made them.
     lineage: Vec<Made>,
     /// Before a `swap`: the component and lineage a `rollback` returns to.
-    before_swap: Option<Box<(Logic, Vec<Made>)>>,
+    before_swap: Option<Box<(LoadedLogic, Vec<Made>)>>,
     /// Recorded command id → the id the replayed logic gave the same command.
     ids: BTreeMap<u64, u64>,
     /// Recorded command ids the replayed logic did not issue: their outcomes are not sent.
@@ -232,7 +232,7 @@ fn invoke(session: &mut Session, signature: &Signature, params: &[Val]) -> Resul
 }
 
 /// A fresh instance of `logic` holding the state `lineage` builds.
-fn build(logic: &Logic, signatures: &Signatures, lineage: &[Made]) -> Result<(Session, ResourceAny), String> {
+fn build(logic: &LoadedLogic, signatures: &Signatures, lineage: &[Made]) -> Result<(Session, ResourceAny), String> {
     let mut session = logic.session().map_err(|e| format!("instantiating: {e}"))?;
     let (root, rest) = lineage.split_first().ok_or("an empty lineage")?;
     let signature = signatures.get(&root.call).ok_or_else(|| format!("the component lacks {}", root.call))?;

@@ -32,7 +32,7 @@ pub struct Signatures {
 
 impl Signatures {
     /// The functions `logic` exports, with their WIT types.
-    pub fn of(logic: &crate::Logic) -> Self {
+    pub fn of(logic: &crate::LoadedLogic) -> Self {
         let (engine, component) = (logic.engine(), logic.component());
         let ty = component.component_type();
         let mut package = String::new();

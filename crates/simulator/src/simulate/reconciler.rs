@@ -120,7 +120,7 @@ pub struct ComponentReconciler<'a> {
 }
 
 impl<'a> ComponentReconciler<'a> {
-    pub fn new(logic: &'a clb_sandbox::Logic) -> Self {
+    pub fn new(logic: &'a clb_sandbox::LoadedLogic) -> Self {
         let builtin = clb_sandbox::sha256_hex(clb_sandbox::BUILTIN_GUEST);
         let names = BTreeMap::from([(builtin, "builtin".to_owned())]);
         Self { supervisor: Supervisor::new(logic), runtime: None, named: BTreeMap::new(), names }
