@@ -449,3 +449,79 @@ fn the_reach_check_finds_fields_of_other_parts_and_not_calls_or_a_parts_own_fiel
         assert_eq!(reaches_across(file, text), expected, "{file}: {text:?}");
     }
 }
+
+/// The product's source files (the guest, the host's crates, `clb-host`, the fuzz library and
+/// the build support), by path from the workspace, with their text up to an inline test module
+/// (tests kept in files of their own are not product files and count apart).
+fn product_sources() -> Vec<(String, String)> {
+    let root = workspace();
+    let mut roots = vec![root.join("guest/src"), root.join("host/src"), root.join("fuzz-lib/src")];
+    roots.push(root.join("build-support/src"));
+    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
+        roots.push(entry.unwrap().path().join("src"));
+    }
+    let mut out = Vec::new();
+    while let Some(folder) = roots.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() && name != "tests" {
+                roots.push(path);
+            } else if name.ends_with(".rs") && name != "tests.rs" {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let product = text.find("#[cfg(test)]\nmod tests {").map_or(text.as_str(), |at| &text[..at]);
+                let path = path.strip_prefix(&root).unwrap().to_string_lossy().into_owned();
+                out.push((path, product.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// A file of more than this many lines says why in its module doc; none has more than
+/// [`MOST_LINES`] (ARCHITECTURE.md, "Conventions").
+const LINES_WITHOUT_A_REASON: usize = 800;
+const MOST_LINES: usize = 1_000;
+
+/// What is wrong with a product file of `text` as to its length, if anything.
+fn length_problem(text: &str) -> Option<String> {
+    let lines = text.lines().count();
+    let says_why = text.lines().take_while(|l| l.starts_with("//!") || l.is_empty()).any(|l| {
+        l.contains(&format!("longer than {LINES_WITHOUT_A_REASON} lines because"))
+            || l.contains(&format!("longer than {LINES_WITHOUT_A_REASON} lines on purpose"))
+    });
+    if lines > MOST_LINES {
+        Some(format!("{lines} lines, more than {MOST_LINES}"))
+    } else if lines > LINES_WITHOUT_A_REASON && !says_why {
+        Some(format!("{lines} lines, and its module doc does not say why it is longer than {LINES_WITHOUT_A_REASON}"))
+    } else {
+        None
+    }
+}
+
+#[test]
+fn no_product_file_is_over_a_thousand_lines_nor_over_eight_hundred_without_saying_why() {
+    let sources = product_sources();
+    assert!(sources.len() > 50, "the product's sources were not found under {}", workspace().display());
+    let problems: Vec<String> =
+        sources.iter().filter_map(|(path, text)| length_problem(text).map(|p| format!("{path}: {p}"))).collect();
+    assert!(problems.is_empty(), "files to split (or, between 800 and 1,000 lines, to explain): {problems:#?}");
+}
+
+#[test]
+fn the_length_check_refuses_a_long_file_and_one_without_its_reason() {
+    let body = |n: usize| "fn f() {}\n".repeat(n);
+    let why = "//! A file.\n//!\n//! It is longer than 800 lines because its one table is read whole.\n\n";
+    let cases = [
+        (body(800), false),
+        (body(801), true),
+        (format!("{why}{}", body(900)), false),
+        (format!("//! A file.\n\n{}", body(900)), true),
+        (format!("{why}{}", body(1_001)), true),
+        // The reason counts only in the module doc, not in a comment further down.
+        (format!("//! A file.\n\nfn g() {{}}\n// It is longer than 800 lines because of this.\n{}", body(900)), true),
+    ];
+    for (text, refused) in cases {
+        assert_eq!(length_problem(&text).is_some(), refused, "{} lines", text.lines().count());
+    }
+}
