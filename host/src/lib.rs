@@ -10,12 +10,13 @@
 //! (`clb-kube`); and the simulator, which replays scenario files on virtual time against the
 //! emulator and an in-memory cluster (`clb-simulator`). Here: the [`live`] controller, which runs
 //! those pieces on real time against a cluster (watchers, the metrics endpoint, hot swaps), and
-//! [`cli`], the command line. It decides nothing about load balancers: every rule a reviewer
+//! [`cli`], the command line; and [`admission`], the logic's rules served as an admission webhook. It decides nothing about load balancers: every rule a reviewer
 //! could argue about lives in the guest (`clb-guest`).
 //!
 //! Crates and modules form layers, no module importing one above it (ARCHITECTURE.md,
 //! invariant 12).
 
+pub mod admission;
 pub mod cli;
 pub mod live;
 pub mod logging;

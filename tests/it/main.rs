@@ -20,3 +20,4 @@ mod shadow;
 mod supervisor;
 mod traces;
 mod tracker;
+mod webhook;

@@ -4,6 +4,7 @@
 //! This file is the parser's top and the dispatch. Output goes to the writers it is given, so
 //! tests run it in-process.
 
+mod admission;
 mod args;
 mod component;
 mod emulator;
@@ -16,6 +17,7 @@ mod swap;
 mod validate;
 
 use crate::logging::LogFormat;
+use admission::AdmissionArgs;
 use args::{BudgetArgs, LogicArgs};
 use clap::{Parser, Subcommand};
 use component::CompressArg;
@@ -118,6 +120,14 @@ enum Command {
     ///
     /// Prints `listening on http://ADDR` once bound; exits 2 when it cannot listen.
     Emulator(EmulatorArgs),
+    /// Serve the logic's admission rules as a ValidatingAdmissionWebhook: POST /validate takes
+    /// an admission.k8s.io/v1 AdmissionReview and answers with the verdict of `admit-service`
+    /// (only CREATE and UPDATE of a v1 Service are judged), over TLS; also /healthz, /readyz and
+    /// /metrics (docs/operations.md, "Admission").
+    ///
+    /// Prints `listening on https://ADDR/validate` once bound; exits 2 when an input cannot be
+    /// read or it cannot listen, 1 when the logic refuses the configuration.
+    Admission(Box<AdmissionArgs>),
     /// Reconcile a cluster: watch its Services, EndpointSlices and Nodes, and carry out what the
     /// logic asks on Azure (ARM, or the emulator) and on the cluster, until interrupted.
     ///
@@ -176,6 +186,7 @@ pub fn run_with_logging(
         Command::Schema { component } => schema::schema(component.as_deref(), out),
         Command::Component { out: path, compress } => component::write_component(&path, compress, out),
         Command::Emulator(args) => emulator::emulator(args, out),
+        Command::Admission(args) => admission::admission(*args, out, err),
         Command::Run(args) => run::run_reconciler(*args, out, err),
         Command::Swap(args) => swap::swap(args, out, err),
     };

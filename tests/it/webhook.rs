@@ -1,0 +1,426 @@
+//! `clb-host admission`, served in-process over TLS (the test certificates of
+//! `tests/fixtures/tls/`) and asked as the API server asks a `ValidatingAdmissionWebhook`:
+//! verdicts, hostile requests, a misbehaving logic and a rotated certificate.
+
+use clb_tests::*;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A webhook served until the test process ends, and a client that trusts its certificate.
+struct Webhook {
+    url: String,
+    client: reqwest::Client,
+    dir: PathBuf,
+}
+
+/// A folder of this test's own, with the serving pair copied in (a test may rotate it).
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("clb-webhook-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for file in ["webhook.crt", "webhook.key"] {
+        std::fs::copy(fixture(&format!("tls/{file}")), dir.join(file)).unwrap();
+    }
+    dir
+}
+
+fn client(ca: &Path) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Starts `clb-host admission` with `extra` flags in a folder named `name`.
+async fn webhook(name: &str, extra: &[&str]) -> Webhook {
+    let dir = scratch(name);
+    let (sender, lines) = std::sync::mpsc::channel();
+    let mut args: Vec<String> = ["clb-host", "admission", "--listen", "127.0.0.1:0"].map(String::from).into();
+    args.extend(["--cloud-config".into(), fixture("configs/clb.yaml").display().to_string()]);
+    args.extend(["--tls-cert-file".into(), dir.join("webhook.crt").display().to_string()]);
+    args.extend(["--tls-key-file".into(), dir.join("webhook.key").display().to_string()]);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    std::thread::spawn(move || {
+        let mut out = LineSender(sender, Vec::new());
+        let mut err = Vec::new();
+        let code = clb_host::cli::run(args, &mut out, &mut err);
+        panic!("clb-host admission ended with {code}: {}", String::from_utf8_lossy(&err));
+    });
+    let line = tokio::task::spawn_blocking(move || lines.recv_timeout(Duration::from_secs(120)).expect("a line"))
+        .await
+        .unwrap();
+    let url = line.strip_prefix("listening on ").unwrap_or_else(|| panic!("{line}")).to_owned();
+    let client = client(&fixture("tls/ca.crt"));
+    Webhook { url, client, dir }
+}
+
+/// Forwards each line written to it.
+struct LineSender(std::sync::mpsc::Sender<String>, Vec<u8>);
+
+impl std::io::Write for LineSender {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.1.extend_from_slice(bytes);
+        while let Some(end) = self.1.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.1.drain(..=end).collect();
+            let _ = self.0.send(String::from_utf8_lossy(&line).trim_end().to_owned());
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn service(name: &str, service_type: &str, policy: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"namespace": "shop", "name": name, "uid": "0b1c2d3e-0000-4000-8000-000000000001"},
+        "spec": {"type": service_type, "externalTrafficPolicy": policy,
+                 "ports": [{"port": 80, "protocol": "TCP", "targetPort": 8080}]}
+    })
+}
+
+fn review(operation: &str, object: Value, old: Value, dry_run: bool) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": "", "version": "v1", "kind": "Service"},
+            "resource": {"group": "", "version": "v1", "resource": "services"},
+            "name": object.get("metadata").or(old.get("metadata")).map_or(Value::Null, |m| m["name"].clone()),
+            "namespace": "shop", "operation": operation, "userInfo": {"username": "admin"},
+            "object": object, "oldObject": old, "dryRun": dry_run
+        }
+    })
+}
+
+impl Webhook {
+    async fn post(&self, body: impl Into<reqwest::Body>) -> (u16, String) {
+        let answer = self.client.post(&self.url).header("content-type", "application/json").body(body).send().await;
+        let answer = answer.expect("an answer");
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    }
+
+    /// The `response` of the review sent.
+    async fn judge(&self, review: &Value) -> Value {
+        let (status, body) = self.post(serde_json::to_vec(review).unwrap()).await;
+        assert_eq!(status, 200, "{body}");
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (answer["apiVersion"].as_str(), answer["kind"].as_str()),
+            (Some("admission.k8s.io/v1"), Some("AdmissionReview"))
+        );
+        assert_eq!(answer["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002", "{answer}");
+        answer["response"].clone()
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let url = self.url.replace("/validate", path);
+        let answer = self.client.get(url).send().await.expect("an answer");
+        (answer.status().as_u16(), answer.text().await.unwrap())
+    }
+}
+
+#[tokio::test]
+async fn the_webhook_denies_what_the_logic_rejects_and_allows_the_rest_as_the_api_server_asks() {
+    let hook = webhook("verdicts", &[]).await;
+    let (local, cluster) = (service("shop", "LoadBalancer", "Local"), service("legacy", "LoadBalancer", "Cluster"));
+    let mut deleting = cluster.clone();
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-12-06T00:00:00Z");
+    // (what, the review, allowed)
+    let cases = [
+        ("a Cluster-policy LoadBalancer Service created", review("CREATE", cluster.clone(), Value::Null, false), false),
+        ("the same as a server-side dry run", review("CREATE", cluster.clone(), Value::Null, true), false),
+        ("a Local one created", review("CREATE", local.clone(), Value::Null, false), true),
+        ("an update Local to Cluster", review("UPDATE", cluster.clone(), local.clone(), false), false),
+        (
+            "an update LoadBalancer to ClusterIP",
+            review("UPDATE", service("legacy", "ClusterIP", "Cluster"), cluster.clone(), false),
+            true,
+        ),
+        ("a deletion", review("DELETE", Value::Null, cluster.clone(), false), true),
+        ("an update that only finishes a deletion", review("UPDATE", deleting, cluster.clone(), false), true),
+    ];
+    for (what, review, allowed) in cases {
+        let response = hook.judge(&review).await;
+        assert_eq!(response["allowed"], allowed, "{what}: {response}");
+        if !allowed {
+            assert_eq!(response["status"]["code"], 403, "{what}");
+            assert_eq!(response["status"]["reason"], "UnsupportedExternalTrafficPolicy", "{what}");
+            let message = response["status"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with("UnsupportedExternalTrafficPolicy: service shop/legacy: "),
+                "{what}: {message}"
+            );
+        }
+    }
+    let (status, metrics) = hook.get("/metrics").await;
+    assert_eq!(status, 200);
+    let sha = &builtin().info().sha256;
+    for line in [
+        format!("clb_admission_requests_total{{operation=\"CREATE\",verdict=\"denied\",sha256=\"{sha}\"}} 2"),
+        format!("clb_admission_requests_total{{operation=\"DELETE\",verdict=\"skipped\",sha256=\"{sha}\"}} 1"),
+    ] {
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
+    assert_eq!(hook.get("/healthz").await.0, 200);
+}
+
+#[tokio::test]
+async fn hostile_requests_each_get_their_answer_and_the_webhook_keeps_serving() {
+    let hook = webhook("hostile", &[]).await;
+    // A 10 MB body declared is answered before a byte of it is sent.
+    let head = "POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 10485760\r\n\r\n";
+    let answer = raw(&hook.url, head).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("the body is over 3145728 bytes"), "{answer}");
+    let not_a_review = json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}});
+    let cases: [(Vec<u8>, u16, &str); 3] = [
+        (b"{ not json".to_vec(), 400, "not an AdmissionReview"),
+        (serde_json::to_vec(&not_a_review).unwrap(), 400, "admission.k8s.io/v1"),
+        (
+            serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"})).unwrap(),
+            400,
+            "no request",
+        ),
+    ];
+    for (body, expected, why) in cases {
+        let (status, text) = hook.post(body).await;
+        assert_eq!(status, expected, "{text}");
+        assert!(text.contains(why) && text.lines().count() == 1, "{text}");
+    }
+    let pod = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "name": "p", "operation": "CREATE",
+        "userInfo": {}, "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}}});
+    assert_eq!(hook.judge(&pod).await["allowed"], true, "another kind is allowed unjudged");
+    assert_eq!(hook.get("/validate").await.0, 405);
+    assert_eq!(hook.get("/nothing").await.0, 404);
+    // Still serving: a Service is judged after all of it.
+    let response =
+        hook.judge(&review("CREATE", service("legacy", "LoadBalancer", "Cluster"), Value::Null, false)).await;
+    assert_eq!(response["allowed"], false);
+}
+
+#[tokio::test]
+async fn a_logic_that_traps_or_spins_is_answered_by_the_failure_policy_within_the_timeout() {
+    let component = std::env::temp_dir().join(format!("clb-webhook-{}-hostile.wasm", std::process::id()));
+    std::fs::write(&component, HOSTILE_GUEST).unwrap();
+    let component = component.display().to_string();
+    let limits = ["--deadline-ms", "2000", "--admission-timeout-ms", "300"];
+    let open = webhook("open", &[&["--component", &component], &limits[..]].concat()).await;
+    let closed =
+        webhook("closed", &[&["--component", &component, "--admission-failure", "closed"], &limits[..]].concat()).await;
+    // (the Service's name, which the hostile guest acts on, and the cause the warning names)
+    for (name, cause) in [("panic", "panicked"), ("spin", "admission timeout")] {
+        let review = review("CREATE", service(name, "LoadBalancer", "Local"), Value::Null, false);
+        let response = open.judge(&review).await;
+        assert_eq!(response["allowed"], true, "{name}: {response}");
+        assert!(response["warnings"][0].as_str().unwrap().contains(cause), "{name}: {response}");
+        let response = closed.judge(&review).await;
+        assert_eq!((response["allowed"].as_bool(), response["status"]["code"].as_u64()), (Some(false), Some(500)));
+        assert!(response["status"]["message"].as_str().unwrap().contains(cause), "{name}: {response}");
+    }
+    // Each request had its own instance: the next is judged as ever.
+    let review = review("CREATE", service("fine", "LoadBalancer", "Local"), Value::Null, false);
+    let response = open.judge(&review).await;
+    assert_eq!((response["allowed"].as_bool(), response.get("warnings")), (Some(true), None), "{response}");
+    let metrics = open.get("/metrics").await.1;
+    for cause in ["panic", "timeout"] {
+        assert!(metrics.contains(&format!("clb_admission_failures_total{{cause=\"{cause}\"")), "{cause}: {metrics}");
+    }
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_from_the_next_connection_without_a_restart() {
+    let hook = webhook("rotate", &[]).await;
+    let review = review("CREATE", service("shop", "LoadBalancer", "Local"), Value::Null, false);
+    assert_eq!(hook.judge(&review).await["allowed"], true);
+    for file in ["crt", "key"] {
+        std::fs::copy(fixture(&format!("tls/rotated.{file}")), hook.dir.join(format!("webhook.{file}"))).unwrap();
+    }
+    // A client that trusts only the new certificate gets through; one trusting only the old no
+    // longer does (each request a new connection).
+    let rotated =
+        Webhook { client: client(&fixture("tls/rotated-ca.crt")), url: hook.url.clone(), dir: hook.dir.clone() };
+    assert_eq!(rotated.judge(&review).await["allowed"], true);
+    let old = client(&fixture("tls/ca.crt"));
+    assert!(old.post(&hook.url).body("{}").send().await.is_err(), "the old certificate is no longer served");
+}
+
+/// The example manifest (`examples/deploy/admission.yaml`) starts `clb-host admission` with flags
+/// it takes, serves the path and port its webhook configuration calls, and sends only CREATE and
+/// UPDATE of Services.
+#[test]
+fn the_example_webhook_manifest_runs_clb_host_admission_with_flags_it_takes_on_the_path_it_serves() {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy/admission.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let documents: Vec<Value> =
+        clb_executor::inputs::from_yaml_documents(&path, &text).unwrap_or_else(|e| panic!("{e}"));
+    let of_kind = |kind: &str| documents.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let container = &of_kind("Deployment")["spec"]["template"]["spec"]["containers"][0];
+    let mut args: Vec<String> = vec!["clb-host".into()];
+    args.extend(container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()));
+    assert_eq!(args[1], "admission");
+    // Every flag parses (an unknown one, or a bad value, is an error before `--help` is read).
+    args.push("--help".into());
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = clb_host::cli::run(args.clone(), &mut out, &mut err);
+    assert_eq!(code, clb_host::cli::EXIT_OK, "{args:?}: {}", String::from_utf8_lossy(&err));
+    let listen = args.iter().find_map(|a| a.strip_prefix("--listen=")).unwrap();
+    let port = container["ports"][0]["containerPort"].as_u64().unwrap();
+    assert!(listen.ends_with(&format!(":{port}")), "{listen} against {port}");
+    let webhook = &of_kind("ValidatingWebhookConfiguration")["webhooks"][0];
+    assert_eq!(webhook["clientConfig"]["service"]["path"], "/validate");
+    assert_eq!(webhook["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+    assert_eq!(webhook["rules"][0]["resources"], json!(["services"]));
+    assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]));
+    let timeout_ms = args.iter().find_map(|a| a.strip_prefix("--admission-timeout-ms=")).unwrap();
+    let below = timeout_ms.parse::<u64>().unwrap() < webhook["timeoutSeconds"].as_u64().unwrap() * 1000;
+    assert!(below, "the admission timeout is below the webhook's timeoutSeconds");
+}
+
+/// Posts `object` to the API server as `api` would, as admin; the API server's error message
+/// when it refuses.
+async fn create(api: &kube::Api<DynamicObject>, object: &Value, dry_run: bool) -> Result<(), String> {
+    let object: DynamicObject = serde_json::from_value(object.clone()).unwrap();
+    let params = kube::api::PostParams { dry_run, ..Default::default() };
+    api.create(&params, &object).await.map(|_| ()).map_err(|e| e.to_string())
+}
+
+use kube::api::DynamicObject;
+
+// The API server's side, end to end: a webhook registered with its CA bundle and the example's
+// match condition, then Services created and updated through the API as a user would.
+#[tokio::test]
+async fn the_api_server_refuses_at_the_door_what_the_logic_rejects_and_admits_the_rest() {
+    use base64::Engine as _;
+    use kube::api::{Api, ApiResource, DeleteParams, Patch, PatchParams};
+    let hook = webhook("apiserver", &[]).await;
+    let admin = clb_tests::apiserver::apiserver().admin().await;
+    let namespace = format!("clb-webhook-{}", std::process::id());
+    let namespaces: Api<DynamicObject> =
+        Api::all_with(admin.clone(), &ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&()));
+    let labelled = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {"clb-webhook-test": namespace}}});
+    namespaces.patch(&namespace, &PatchParams::apply("clb-tests").force(), &Patch::Apply(&labelled)).await.unwrap();
+    // The example's webhook, pointed at this test's server and scoped to this test's namespace
+    // (other tests share the API server).
+    let example = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy/admission.yaml");
+    let documents: Vec<Value> =
+        clb_executor::inputs::from_yaml_documents(&example, &std::fs::read_to_string(&example).unwrap()).unwrap();
+    let mut config = documents.into_iter().find(|d| d["kind"] == "ValidatingWebhookConfiguration").unwrap();
+    let name = format!("clb-webhook-test-{}", std::process::id());
+    config["metadata"] = json!({"name": name});
+    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(fixture("tls/ca.crt")).unwrap());
+    config["webhooks"][0]["clientConfig"] = json!({"url": hook.url, "caBundle": ca});
+    config["webhooks"][0]["namespaceSelector"] = json!({"matchLabels": {"clb-webhook-test": namespace}});
+    let configs: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &ApiResource::erase::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>(&()),
+    );
+    configs.patch(&name, &PatchParams::apply("clb-tests").force(), &Patch::Apply(&config)).await.unwrap();
+    let services: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        &namespace,
+        &ApiResource::erase::<k8s_openapi::api::core::v1::Service>(&()),
+    );
+    let with = |name: &str, service_type: &str, policy: &str| {
+        let mut object = service(name, service_type, policy);
+        object["metadata"] = json!({"name": name});
+        if service_type != "LoadBalancer" {
+            object["spec"].as_object_mut().unwrap().remove("externalTrafficPolicy");
+        }
+        object
+    };
+    // The API server picks a new webhook configuration up within moments: until it refuses.
+    let refused = async {
+        loop {
+            match create(&services, &with("legacy", "LoadBalancer", "Cluster"), true).await {
+                Err(message) => break message,
+                Ok(()) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    };
+    let message = tokio::time::timeout(Duration::from_secs(60), refused).await.expect("the webhook takes effect");
+    assert!(message.contains("UnsupportedExternalTrafficPolicy: service"), "{message}");
+    // (what, the Service, a dry run, whether the API server admits it)
+    let cases = [
+        ("a Cluster-policy LoadBalancer Service", with("legacy", "LoadBalancer", "Cluster"), false, false),
+        ("a Local one", with("shop", "LoadBalancer", "Local"), false, true),
+        (
+            "a ClusterIP Service (the match condition keeps it from the webhook)",
+            with("internal", "ClusterIP", ""),
+            false,
+            true,
+        ),
+    ];
+    let judged_before = judged(&hook).await;
+    for (what, object, dry_run, admitted) in &cases {
+        let created = create(&services, object, *dry_run).await;
+        assert_eq!(created.is_ok(), *admitted, "{what}: {created:?}");
+    }
+    assert_eq!(judged(&hook).await - judged_before, 2, "the ClusterIP Service never reached the webhook");
+    // An update Local → Cluster is refused.
+    let update = json!({"apiVersion": "v1", "kind": "Service", "spec": {"externalTrafficPolicy": "Cluster"}});
+    let updated = services.patch("shop", &PatchParams::default(), &Patch::Merge(&update)).await;
+    let message = updated.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("UnsupportedExternalTrafficPolicy"), "the update: {message:?}");
+    // The webhook down, with failurePolicy Ignore: the Service is created.
+    config["webhooks"][0]["clientConfig"]["url"] = json!(format!("https://127.0.0.1:{}/validate", closed_port()));
+    configs.patch(&name, &PatchParams::apply("clb-tests").force(), &Patch::Apply(&config)).await.unwrap();
+    let admitted = async {
+        loop {
+            if create(&services, &with("legacy", "LoadBalancer", "Cluster"), false).await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), admitted).await.expect("admitted with the webhook down");
+    let _ = configs.delete(&name, &DeleteParams::default()).await;
+    let _ = namespaces.delete(&namespace, &DeleteParams::default()).await;
+}
+
+/// Reviews the webhook judged (allowed or denied) so far.
+async fn judged(hook: &Webhook) -> u64 {
+    let metrics = hook.get("/metrics").await.1;
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("clb_admission_requests_total{") && (l.contains("\"allowed\"") || l.contains("\"denied\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Sends `head` over a TLS connection of its own to the server of `url` and reads the answer
+/// until the server closes or 5 s pass.
+async fn raw(url: &str, head: &str) -> String {
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(rustls::pki_types::CertificateDer::from_pem_file(fixture("tls/ca.crt")).unwrap()).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let address = url.trim_start_matches("https://").split('/').next().unwrap().to_owned();
+    let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.unwrap();
+    tls.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
