@@ -1050,30 +1050,12 @@ fn workload_identity_names_the_missing_environment_variable() {
 
 // ---- the command ----
 
-/// Forwards what the command prints, line by line.
-struct LineSender(std::sync::mpsc::Sender<String>, Vec<u8>);
-
-impl std::io::Write for LineSender {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.1.extend_from_slice(bytes);
-        while let Some(end) = self.1.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.1.drain(..=end).collect();
-            let _ = self.0.send(String::from_utf8_lossy(&line).trim_end().to_owned());
-        }
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn clb_host_emulator_prints_the_bound_address_and_serves_the_arm_routes_there() {
     let (sender, lines) = std::sync::mpsc::channel();
     // Serves until the test process ends, as it would until killed.
     std::thread::spawn(move || {
-        let mut out = LineSender(sender, Vec::new());
+        let mut out = clb_tests::LineSender(sender, Vec::new());
         let args =
             ["clb-host", "emulator", "--listen", "127.0.0.1:0", "--subscription", "sub-1", "--resource-group", "rg-1"];
         clb_host::cli::run(args, &mut out, &mut std::io::sink())

@@ -4,6 +4,7 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod watch_proxy;
+pub mod webhook;
 
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::{Limits, LoadedLogic, Runtime};
@@ -161,5 +162,24 @@ pub fn test_scope() -> clb_azure::Scope {
         vnet_resource_group: "rg-net".into(),
         vnet: "vnet-1".into(),
         service_gateway: clb_azure::DEFAULT_SERVICE_GATEWAY.into(),
+    }
+}
+
+/// Forwards each line written to it (a command's output, for a test that waits for a line
+/// such as `listening on …`).
+pub struct LineSender(pub std::sync::mpsc::Sender<String>, pub Vec<u8>);
+
+impl std::io::Write for LineSender {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.1.extend_from_slice(bytes);
+        while let Some(end) = self.1.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.1.drain(..=end).collect();
+            let _ = self.0.send(String::from_utf8_lossy(&line).trim_end().to_owned());
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
