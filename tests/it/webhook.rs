@@ -329,3 +329,69 @@ async fn raw(url: &str, head: &str) -> String {
     let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answer)).await;
     String::from_utf8_lossy(&answer).into_owned()
 }
+
+/// `clb-host admission` with `args` after the subcommand: its exit code and what it wrote to
+/// stderr (it returns only when it cannot serve).
+fn admission_exit(args: &[String]) -> (u8, String) {
+    let mut all = vec!["clb-host".to_owned(), "admission".to_owned()];
+    all.extend(args.iter().cloned());
+    let mut err = Vec::new();
+    let code = clb_host::cli::run(all, &mut std::io::sink(), &mut err);
+    (code, String::from_utf8_lossy(&err).into_owned())
+}
+
+#[test]
+fn clb_host_admission_exits_two_when_an_input_is_unreadable_or_it_cannot_listen_and_one_on_a_refused_configuration() {
+    use clb_host::cli::{EXIT_BAD_INPUT, EXIT_REFUSED};
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let path = |p: &str| fixture(p).display().to_string();
+    let flags = |config: &str, cert: &str, listen: &str| {
+        [
+            "--cloud-config",
+            config,
+            "--tls-cert-file",
+            cert,
+            "--tls-key-file",
+            &path("tls/webhook.key"),
+            "--listen",
+            listen,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let (clb, cert) = (path("configs/clb.yaml"), path("tls/webhook.crt"));
+    // (what, the flags, the exit code, what stderr says)
+    let cases = [
+        (
+            "a missing certificate",
+            flags(&clb, "/nonexistent/tls.crt", "127.0.0.1:0"),
+            EXIT_BAD_INPUT,
+            "/nonexistent/tls.crt",
+        ),
+        (
+            "a certificate file with none in it",
+            flags(&clb, &path("configs/clb.yaml"), "127.0.0.1:0"),
+            EXIT_BAD_INPUT,
+            "no certificate",
+        ),
+        (
+            "a missing configuration",
+            flags("/nonexistent/azure.json", &cert, "127.0.0.1:0"),
+            EXIT_BAD_INPUT,
+            "/nonexistent/azure.json",
+        ),
+        ("a port already taken", flags(&clb, &cert, &address), EXIT_BAD_INPUT, "cannot listen on"),
+        (
+            "a configuration the logic refuses",
+            flags(&path("configs/pod-ip-on-standard.yaml"), &cert, "127.0.0.1:0"),
+            EXIT_REFUSED,
+            "PodIPRequiresStandardV2",
+        ),
+    ];
+    for (what, args, code, says) in cases {
+        let (got, err) = admission_exit(&args);
+        assert_eq!(got, code, "{what}: {err}");
+        assert!(err.contains(says), "{what}: {err}");
+    }
+}

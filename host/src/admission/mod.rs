@@ -159,7 +159,7 @@ impl Server {
     async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         const TEXT: &str = "text/plain; charset=utf-8";
         let refused = |status: StatusCode, why: String| {
-            self.metrics.invalid.get_or_create(&vec![("code", status.as_u16().to_string())]).inc();
+            self.metrics.invalid.get_or_create(&self.labels(&[("code", &status.as_u16().to_string())])).inc();
             tracing::info!(status = status.as_u16(), "admission: a request refused: {why}");
             reply(status, TEXT, format!("{why}\n"))
         };
