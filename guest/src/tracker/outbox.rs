@@ -81,9 +81,10 @@ impl Outbox {
         self.in_flight.iter().filter(|(id, what)| what.writes_arm() && !answered(id)).count()
     }
 
-    /// A Service or egress-identity command is in flight.
+    /// A Service or egress-identity command is in flight (the count the import check holds to
+    /// the commands themselves).
     pub(super) fn has_service_command(&self) -> bool {
-        self.in_flight.values().any(|f| matches!(f, InFlight::Service { .. } | InFlight::Outbound { .. }))
+        self.service_commands_in_flight > 0
     }
 
     /// Nothing is in flight but Events (which need no answer to proceed).
