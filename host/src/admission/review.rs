@@ -73,12 +73,22 @@ impl Review {
     /// Reads an AdmissionReview. A review of another kind, or of an operation that is not
     /// judged, reads fine (and is allowed); one whose Service object does not parse is refused.
     pub fn read(body: &[u8]) -> Result<Review, ReviewError> {
-        // The version first: a review of another version would fail on its fields, saying less.
-        let types: TypeMeta = serde_json::from_slice(body).map_err(ReviewError::NotAReview)?;
-        if types.api_version != "admission.k8s.io/v1" || types.kind != "AdmissionReview" {
-            return Err(ReviewError::WrongVersion(format!("{}/{}", types.api_version, types.kind)));
+        let wrong_version = |types: &TypeMeta| {
+            let v1 = types.api_version == "admission.k8s.io/v1" && types.kind == "AdmissionReview";
+            (!v1).then(|| ReviewError::WrongVersion(format!("{}/{}", types.api_version, types.kind)))
+        };
+        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+            Ok(review) => review,
+            // A review of another version fails on its fields; its version says more. Read
+            // again only on this path, never for a review that parses.
+            Err(e) => {
+                let types = serde_json::from_slice::<TypeMeta>(body).ok();
+                return Err(types.as_ref().and_then(wrong_version).unwrap_or(ReviewError::NotAReview(e)));
+            }
+        };
+        if let Some(wrong) = wrong_version(&review.types) {
+            return Err(wrong);
         }
-        let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).map_err(ReviewError::NotAReview)?;
         let request: AdmissionRequest<DynamicObject> = review.try_into().map_err(|_| ReviewError::NoRequest)?;
         let judged = matches!(request.operation, Operation::Create | Operation::Update)
             && request.kind.group.is_empty()

@@ -1,7 +1,7 @@
 //! `clb-host admission`: serves the logic's admission rules as a `ValidatingAdmissionWebhook`
 //! until killed (`crate::admission`).
 
-use super::args::{EXIT_BAD_INPUT, EXIT_REFUSED, LogicArgs};
+use super::args::{EXIT_BAD_INPUT, EXIT_REFUSED, LogicArgs, refuses_config};
 use crate::admission::review::FailurePolicy;
 use crate::admission::tls::ReloadingCert;
 use crate::admission::{Settings, serve};
@@ -60,15 +60,7 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
     // The configuration is judged once, as `run` judges it: one the logic refuses would have
     // every Service rejected for the configuration's sake, which is no verdict on a Service.
-    if let Err(refusal) = logic.session()?.validate_config(&config)? {
-        writeln!(
-            err,
-            "error: {}: the configuration is refused: {} ({}): {}",
-            args.cloud_config.display(),
-            refusal.reason,
-            refusal.field,
-            refusal.message
-        )?;
+    if refuses_config(&logic, &config, &args.cloud_config, err)? {
         return Ok(EXIT_REFUSED);
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());

@@ -152,6 +152,26 @@ pub(super) struct LogicArgs {
     pub(super) memory_mib: usize,
 }
 
+/// Whether the logic refuses `config` (read from `path`), saying why on `err` when it does: a
+/// controller or a webhook cannot start on a configuration its logic refuses.
+pub(super) fn refuses_config(
+    logic: &clb_sandbox::LoadedLogic,
+    config: &clb_sandbox::bindings::clb::reconciler::types::Config,
+    path: &std::path::Path,
+    err: &mut dyn std::io::Write,
+) -> anyhow::Result<bool> {
+    let Err(refused) = logic.session()?.validate_config(config)? else { return Ok(false) };
+    writeln!(
+        err,
+        "error: {}: the logic refuses the configuration: {} ({}): {}",
+        path.display(),
+        refused.reason,
+        refused.field,
+        refused.message
+    )?;
+    Ok(true)
+}
+
 impl LogicArgs {
     pub(super) fn limits(&self) -> Limits {
         Limits {

@@ -1,7 +1,9 @@
 //! `clb-host run`: the live controller's flags, read into its settings, then the controller
 //! started (`crate::live`).
 
-use super::args::{BudgetArgs, EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs, duration, request_timeout};
+use super::args::{
+    BudgetArgs, EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs, duration, refuses_config, request_timeout,
+};
 use super::swap::read_token;
 use anyhow::Context as _;
 use clap::Args;
@@ -281,15 +283,7 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
     let runtime = Runtime::new()?;
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
     // A configuration the logic refuses cannot start a controller: say so before connecting.
-    if let Err(refused) = logic.session()?.validate_config(&config)? {
-        writeln!(
-            err,
-            "error: {}: the logic refuses the configuration: {} ({}): {}",
-            args.cloud_config.display(),
-            refused.reason,
-            refused.field,
-            refused.message
-        )?;
+    if refuses_config(&logic, &config, &args.cloud_config, err)? {
         return Ok(EXIT_BAD_INPUT);
     }
     let trace = match &args.record.record {
