@@ -47,14 +47,14 @@ pub(crate) fn go_env(command: &mut Command) -> &mut Command {
 
 /// Which host, and how to start its replay.
 #[derive(Clone, Copy)]
-enum Host {
+pub(crate) enum Host {
     Python,
     Js,
     Go,
 }
 
 /// Replays `traces` in `host` through the built-in logic, or `component`.
-fn replay(host: Host, traces: &[&Path], component: Option<&Path>, extra: &[&str]) -> (i32, String, String) {
+pub(crate) fn replay(host: Host, traces: &[&Path], component: Option<&Path>, extra: &[&str]) -> (i32, String, String) {
     let (builtin, next) = guest_files();
     let component = component.unwrap_or(builtin);
     let mut command = match host {

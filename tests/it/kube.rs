@@ -91,7 +91,7 @@ pub(crate) fn reconcilers_slot() -> MutexGuard<'static, ()> {
 
 /// Runs one end-to-end test: one at a time, on its own runtime, with a fresh [`Env`] that is
 /// cleaned up after the test passes.
-fn e2e(index: u8, test: impl AsyncFnOnce(&Env)) {
+pub(crate) fn e2e(index: u8, test: impl AsyncFnOnce(&Env)) {
     let _turn = reconcilers_slot();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
@@ -103,15 +103,15 @@ fn e2e(index: u8, test: impl AsyncFnOnce(&Env)) {
 
 /// One test's world: its namespace and Nodes in the test API server, its emulated Azure, and
 /// the controller's credentials.
-struct Env {
+pub(crate) struct Env {
     index: u8,
-    admin: ::kube::Client,
-    namespace: String,
+    pub(crate) admin: ::kube::Client,
+    pub(crate) namespace: String,
     /// The ServiceAccount's kubeconfig (`examples/deploy/rbac.yaml`).
-    controller_kubeconfig: PathBuf,
+    pub(crate) controller_kubeconfig: PathBuf,
     emulator: Arc<Emulator>,
-    azure: EmulatorServer,
-    cloud_config: String,
+    pub(crate) azure: EmulatorServer,
+    pub(crate) cloud_config: String,
 }
 
 impl Env {
@@ -1370,21 +1370,39 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
     });
 }
 
-/// Set in the child process of [`clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs`]:
-/// the command line it runs, as JSON.
+/// Set in a child process of [`clb_host_child`]: the command line it runs, as JSON.
 const CHILD_COMMAND_LINE: &str = "CLB_E2E_CHILD_COMMAND_LINE";
 
-// Upstream TestLocationsUpdater_StopWaitsForInFlightSync (differs: running commands get the shutdown grace,
-// then are dropped).
-#[test]
-fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
-    // The signal goes to a process of its own: this test binary run again for this test alone,
-    // which then runs the command line in-process and exits with its code.
+/// In a child of [`clb_host_child`]: runs its command line in-process and exits with its code.
+/// Called first by each test that starts one.
+pub(crate) fn run_if_child() {
     if let Ok(command_line) = std::env::var(CHILD_COMMAND_LINE) {
         let args: Vec<String> = serde_json::from_str(&command_line).expect("a JSON list of arguments");
         let code = clb_host::cli::run(args, &mut std::io::stdout(), &mut std::io::stderr());
         std::process::exit(code.into());
     }
+}
+
+/// `clb-host` with `command_line` in a process of its own (so that a signal reaches it alone, or
+/// so that it is stopped with the test): this test binary run again for `test` alone (a path
+/// such as `kube::name`), which calls [`run_if_child`] first; its stdout piped when `piped`.
+pub(crate) fn clb_host_child(test: &str, command_line: &[String], piped: bool) -> Child {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD_COMMAND_LINE, serde_json::to_string(command_line).unwrap());
+    if piped {
+        command.stdout(std::process::Stdio::piped());
+    }
+    Child(command.spawn().expect("starts the child"))
+}
+
+// Upstream TestLocationsUpdater_StopWaitsForInFlightSync (differs: running commands get the shutdown grace,
+// then are dropped).
+#[test]
+fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
+    // The signal goes to a process of its own: this test binary run again for this test alone.
+    run_if_child();
     e2e(8, async |env| {
         let cloud_config = std::env::temp_dir().join(format!("clb-e2e-{}-azure.json", std::process::id()));
         std::fs::write(&cloud_config, &env.cloud_config).unwrap();
@@ -1399,13 +1417,7 @@ fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
             "--shutdown-grace-secs=1".into(),
         ];
         let test = "kube::clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs";
-        let mut child = Child(
-            std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", test, "--nocapture", "--test-threads=1"])
-                .env(CHILD_COMMAND_LINE, serde_json::to_string(&command_line).unwrap())
-                .spawn()
-                .expect("starts the child"),
-        );
+        let mut child = clb_host_child(test, &command_line, false);
 
         // Once it has provisioned a Service, its signal handlers are in place (they come first).
         let uid = env.provisioned("web", &[(10, 1)]).await;
@@ -1431,7 +1443,7 @@ fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
 }
 
 /// A child process, killed if the test ends before it does.
-struct Child(std::process::Child);
+pub(crate) struct Child(pub(crate) std::process::Child);
 
 impl Drop for Child {
     fn drop(&mut self) {

@@ -60,6 +60,7 @@ impl Host {
             // Quick to notice a change, so the tests wait less; the product polls every 2 s.
             poll: Duration::from_millis(50),
             shadow,
+            admission: None,
         };
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (bound, listening) = tokio::sync::oneshot::channel();
@@ -218,7 +219,7 @@ fn churn(client: &::kube::Client, namespace: &str, name: &str, uid: &str, rounds
 }
 
 /// The value of the one sample of `name` whose line contains every fragment.
-fn sample(exposition: &str, name: &str, fragments: &[&str]) -> f64 {
+pub(crate) fn sample(exposition: &str, name: &str, fragments: &[&str]) -> f64 {
     let found: Vec<f64> = exposition
         .lines()
         .filter(|l| l.split(['{', ' ']).next() == Some(name) && fragments.iter().all(|f| l.contains(f)))
@@ -235,7 +236,7 @@ fn temp_dir(test: &str) -> PathBuf {
 }
 
 /// Replaces `path` the way an operator should: write beside it, then rename over it.
-fn replace_file(path: &Path, bytes: &[u8]) {
+pub(crate) fn replace_file(path: &Path, bytes: &[u8]) {
     let staged = path.with_extension("staged");
     std::fs::write(&staged, bytes).unwrap();
     std::fs::rename(&staged, path).unwrap();
@@ -516,9 +517,12 @@ fn with_an_admin_token_a_swap_is_taken_only_from_a_caller_presenting_it() {
 }
 
 #[test]
-fn run_refuses_two_logic_sources_a_pin_without_one_and_a_malformed_pin_or_reference_before_it_connects() {
-    let cases: [(&[&str], &str); 5] = [
+fn run_refuses_two_logic_sources_a_pin_without_one_a_malformed_pin_or_reference_and_half_a_webhook_before_it_connects()
+{
+    let cases: [(&[&str], &str); 7] = [
         (&["--logic-file", "a.wasm", "--logic-configmap", "ns/cm:key"], "cannot be used with"),
+        (&["--admission-listen", "127.0.0.1:0"], "--tls-cert-file <CERT>"),
+        (&["--tls-cert-file", "tls.crt", "--tls-key-file", "tls.key"], "--admission-listen <ADDR>"),
         (&["--logic-file", "a.wasm", "--logic-sha256", "abc"], "is not a sha256"),
         (&["--logic-sha256", &"ab".repeat(32)], "--logic-file <PATH>|--logic-configmap"),
         (&["--logic-configmap", "cm:key"], "does not name a ConfigMap key as NAMESPACE/NAME:KEY"),

@@ -2,6 +2,7 @@
 //! `tests/fixtures/tls/`) and asked as the API server asks a `ValidatingAdmissionWebhook`:
 //! verdicts, hostile requests, a misbehaving logic and a rotated certificate.
 
+use clb_sandbox::sha256_hex;
 use clb_tests::webhook::{Webhook, client, webhook};
 use clb_tests::*;
 use serde_json::{Value, json};
@@ -394,4 +395,193 @@ fn clb_host_admission_exits_two_when_an_input_is_unreadable_or_it_cannot_listen_
         assert_eq!(got, code, "{what}: {err}");
         assert!(err.contains(says), "{what}: {err}");
     }
+}
+
+// The traces: an admission server run with --record writes every review it judged as an
+// admit-service call, so clb-host replay and the other hosts reproduce its verdicts.
+#[tokio::test]
+async fn the_webhook_records_each_review_it_judged_as_a_call_that_replay_reproduces_in_every_host() {
+    use super::hosts::{Host, replay};
+    let dir = std::env::temp_dir().join(format!("clb-webhook-{}-recorded", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("admission.jsonl");
+    let hook = webhook("record", &["--record", trace.to_str().unwrap()]).await;
+    let mut marked = service("marked", "LoadBalancer", "Local");
+    marked["metadata"]["annotations"] = json!({"clb.test/denied-by-next": "true"});
+    let judged = [
+        service("shop", "LoadBalancer", "Local"),
+        service("legacy", "LoadBalancer", "Cluster"),
+        marked,
+        service("internal", "ClusterIP", ""),
+    ];
+    for object in judged {
+        hook.judge(&review("CREATE", object, Value::Null, false)).await;
+    }
+    // Not judged, so not a call: a DELETE.
+    hook.judge(&review("DELETE", Value::Null, service("shop", "LoadBalancer", "Local"), false)).await;
+    // Written in the background: wait for the header and the four calls.
+    let lines = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let text = std::fs::read_to_string(&trace).unwrap_or_default();
+            if text.lines().count() >= 5 {
+                break text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the trace is written");
+    let calls: Vec<Value> = lines.lines().skip(1).map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(calls.len(), 4, "{lines}");
+    assert!(calls.iter().all(|c| c["call"] == "admit-service"), "{lines}");
+    assert!(calls[1]["result"].to_string().contains("UnsupportedExternalTrafficPolicy"), "{lines}");
+    let (code, out, err) = super::traces::clb_replay(&[&trace], &[]);
+    assert_eq!(code, 0, "the same verdicts on replay: {out}{err}");
+    let next = super::traces::guest_files().1.display().to_string();
+    let (code, rust, err) = super::traces::clb_replay(&[&trace], &["--component", &next, "--json"]);
+    assert_eq!(code, 1, "the next guest judges the marked Service otherwise: {rust}{err}");
+    for host in [Host::Python, Host::Js, Host::Go] {
+        let (code, out, err) = replay(host, &[&trace], None, &[]);
+        assert_eq!(code, 0, "{out}{err}");
+        let (code, theirs, err) = replay(host, &[&trace], Some(&super::traces::guest_files().1), &["--json"]);
+        assert_eq!((code, theirs), (1, rust.clone()), "the same divergence as clb-host: {err}");
+    }
+}
+
+/// `clb-host run` with its webhook, the built-in logic serving from a watched file and the next
+/// guest in shadow, in a process of its own: its endpoint's and its webhook's URLs, and the
+/// process (stopped with the test).
+async fn run_with_webhook(env: &crate::kube::Env, dir: &std::path::Path) -> (String, String, crate::kube::Child) {
+    use std::io::BufRead as _;
+    std::fs::write(dir.join("azure.json"), &env.cloud_config).unwrap();
+    std::fs::write(dir.join("logic.wasm"), clb_sandbox::BUILTIN_GUEST).unwrap();
+    std::fs::write(dir.join("candidate.wasm"), NEXT_GUEST).unwrap();
+    let path = |name: &str| dir.join(name).display().to_string();
+    let command_line = [
+        "clb-host".to_owned(),
+        "run".into(),
+        format!("--kubeconfig={}", env.controller_kubeconfig.display()),
+        format!("--cloud-config={}", path("azure.json")),
+        format!("--azure-url={}", env.azure.url()),
+        "--credential=none".into(),
+        "--leader-elect=false".into(),
+        "--listen=127.0.0.1:0".into(),
+        format!("--swap-events-configmap={}/clb-swaps", env.namespace),
+        format!("--logic-file={}", path("logic.wasm")),
+        format!("--shadow-logic-file={}", path("candidate.wasm")),
+        format!("--shadow-record={}", path("divergences")),
+        "--admission-listen=127.0.0.1:0".into(),
+        format!("--tls-cert-file={}", fixture("tls/webhook.crt").display()),
+        format!("--tls-key-file={}", fixture("tls/webhook.key").display()),
+    ];
+    let test = "webhook::in_run_the_door_judges_with_the_version_that_reconciles_and_a_candidate_in_shadow_counts_admission_divergences";
+    let mut child = crate::kube::clb_host_child(test, &command_line, true);
+    let stdout = child.0.stdout.take().unwrap();
+    let urls = tokio::task::spawn_blocking(move || {
+        let (mut endpoint, mut hook) = (None, None);
+        for line in std::io::BufReader::new(stdout).lines() {
+            // The test harness's own "test … ... " has no line end of its own: it starts the
+            // child's first line.
+            let line = line.expect("the child's output");
+            if let Some((_, url)) = line.split_once("listening on ") {
+                endpoint = Some(url.to_owned());
+            }
+            if let Some((_, url)) = line.split_once("admission webhook on ") {
+                hook = Some(url.to_owned());
+            }
+            if let (Some(endpoint), Some(hook)) = (&endpoint, &hook) {
+                return (endpoint.clone(), hook.clone());
+            }
+        }
+        panic!("clb-host run ended before it said where it listens");
+    });
+    let (endpoint, hook) = tokio::time::timeout(Duration::from_secs(120), urls).await.expect("it starts").unwrap();
+    (endpoint, hook, child)
+}
+
+async fn get_json(url: String) -> Value {
+    let body = reqwest::get(url).await.expect("the endpoint answers").text().await.unwrap();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+// The "in run" test: a swap changes the verdict at the door without a restart, and a
+// candidate that would judge differently counts admission divergences.
+#[test]
+fn in_run_the_door_judges_with_the_version_that_reconciles_and_a_candidate_in_shadow_counts_admission_divergences() {
+    crate::kube::run_if_child();
+    crate::kube::e2e(20, async |env| {
+        let dir = std::env::temp_dir().join(format!("clb-webhook-{}-in-run", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (endpoint, url, _child) = run_with_webhook(env, &dir).await;
+        let hook = Webhook { url, client: client(&fixture("tls/ca.crt")), dir: dir.clone() };
+        let status = || get_json(format!("{endpoint}/status"));
+        let mut marked = service("marked", "LoadBalancer", "Local");
+        marked["metadata"]["annotations"] = json!({"clb.test/denied-by-next": "true"});
+        let marked = review("CREATE", marked, Value::Null, false);
+        crate::kube::eventually("the candidate in step", async || {
+            let status = status().await;
+            if status["shadow"]["state"] == "in-step" { Ok(()) } else { Err(status.to_string()) }
+        })
+        .await;
+
+        // The built-in logic serves: it allows what only the next guest refuses, and the
+        // candidate's different verdict is an admission divergence, with its trace.
+        let allowed = hook.judge(&marked).await;
+        assert_eq!(allowed["allowed"], true, "{allowed}");
+        let diverged = crate::kube::eventually("an admission divergence", async || {
+            let status = status().await;
+            let shadow = &status["shadow"];
+            if shadow["divergences"]["admission"].as_u64() >= Some(1) { Ok(status) } else { Err(status.to_string()) }
+        })
+        .await;
+        let last = &diverged["shadow"]["lastDivergence"];
+        assert_eq!(last["kinds"], json!(["admission"]), "{diverged}");
+        assert!(last["input"].as_str().is_some_and(|i| i.contains("CREATE of Service shop/marked")), "{diverged}");
+        assert!(last["candidate"]["only"].to_string().contains("DeniedByNextGuest"), "{diverged}");
+        assert!(last["serving"]["only"].to_string().to_lowercase().contains("admitted"), "{diverged}");
+        assert!(diverged["shadow"]["admissions"].as_u64() >= Some(1), "{diverged}");
+        let trace = last["trace"].as_str().expect("written to --shadow-record").to_owned();
+        let (code, out, err) = super::traces::clb_replay(&[std::path::Path::new(&trace)], &[]);
+        assert_eq!(code, 0, "the serving version answers its trace as recorded: {out}{err}");
+        let candidate = dir.join("candidate.wasm").display().to_string();
+        let (code, out, err) = super::traces::clb_replay(&[std::path::Path::new(&trace)], &["--component", &candidate]);
+        assert_eq!(code, 1, "the candidate does not: {out}{err}");
+        let exposition = reqwest::get(format!("{endpoint}/metrics")).await.unwrap().text().await.unwrap();
+        let builtin_sha = format!("sha256=\"{}\"", builtin().info().sha256);
+        let counted = ["operation=\"CREATE\"", "verdict=\"allowed\"", &builtin_sha[..]];
+        assert!(super::operations::sample(&exposition, "clb_admission_requests_total", &counted) >= 1.0);
+        assert!(super::operations::sample(&exposition, "clb_shadow_divergences_total", &["kind=\"admission\""]) >= 1.0);
+
+        // A swap to the next guest: the same request is denied from then on, without a restart,
+        // with the rule's message, and the page's last denials name it.
+        super::operations::replace_file(&dir.join("logic.wasm"), NEXT_GUEST);
+        crate::kube::eventually("the next guest serving", async || {
+            let status = status().await;
+            if status["active"]["sha256"] == sha256_hex(NEXT_GUEST) { Ok(()) } else { Err(status.to_string()) }
+        })
+        .await;
+        let denied = hook.judge(&marked).await;
+        assert_eq!(denied["allowed"], false, "{denied}");
+        assert_eq!(denied["status"]["code"], 403, "{denied}");
+        assert_eq!(denied["status"]["reason"], "DeniedByNextGuest", "{denied}");
+        let message = denied["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with("DeniedByNextGuest: service shop/marked: "), "{message}");
+        let status = status().await;
+        let denial = &status["lastDenials"][0];
+        assert_eq!(
+            (denial["reason"].as_str(), denial["service"].as_str()),
+            (Some("DeniedByNextGuest"), Some("shop/marked"))
+        );
+        assert_eq!(denial["version"], sha256_hex(NEXT_GUEST)[..12], "{status}");
+        let page = reqwest::get(format!("{endpoint}/")).await.unwrap().text().await.unwrap();
+        assert!(page.contains("<td>DeniedByNextGuest</td>"), "{page}");
+        // A rule both versions share still holds.
+        let cluster =
+            hook.judge(&review("CREATE", service("legacy", "LoadBalancer", "Cluster"), Value::Null, false)).await;
+        assert_eq!(cluster["status"]["reason"], "UnsupportedExternalTrafficPolicy", "{cluster}");
+        let exposition = reqwest::get(format!("{endpoint}/metrics")).await.unwrap().text().await.unwrap();
+        let next_sha = format!("sha256=\"{}\"", sha256_hex(NEXT_GUEST));
+        let counted = ["operation=\"CREATE\"", "verdict=\"denied\"", &next_sha[..]];
+        assert_eq!(super::operations::sample(&exposition, "clb_admission_requests_total", &counted), 2.0);
+    });
 }

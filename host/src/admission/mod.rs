@@ -14,12 +14,22 @@
 //!   denied), and counted.
 //! * **One instance per request**, from the loaded component's `InstancePre` (microseconds): a
 //!   request that traps poisons nothing for the next.
+//! * **The versions come from a [`Door`]**: `clb-host admission` serves the one it loaded; in
+//!   `run` (`--admission-listen`) the loop moves the door along with every swap and rollback,
+//!   and a candidate in shadow judges each request too, after the answer is sent (its different
+//!   verdicts are the shadow's `admission` divergences).
 
+pub mod door;
 pub mod review;
 pub mod tls;
 
-use clb_sandbox::LoadedLogic;
+pub use door::Door;
+
 use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::exports::clb::reconciler::validation::Verdict;
+use clb_sandbox::supervisor::version_name;
+use clb_sandbox::trace::{self, ComponentRef, Ended, Recorder, lazy};
+use door::{Denial, Judges};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
@@ -44,18 +54,22 @@ pub const MAX_JUDGING: usize = 16;
 
 /// What the server judges with and how.
 pub struct Settings {
-    pub logic: LoadedLogic,
+    pub door: Arc<Door>,
     pub config: wit::Config,
     pub timeout: Duration,
     pub failure: FailurePolicy,
+    /// Where every `admit-service` call is recorded (`clb-host admission --record`): a new file
+    /// whenever the version judging changes, so each file replays with the component it names.
+    pub record: Option<Arc<Recorder>>,
 }
 
 /// A metric's labels.
 type Labels = Vec<(&'static str, String)>;
 
-/// The server's counters, served on `/metrics`.
-struct Metrics {
-    registry: Registry,
+/// The server's counters, served on its `/metrics` (and, in `run`, on the controller's too:
+/// [`Metrics::register`] into its registry as well).
+#[derive(Clone)]
+pub struct Metrics {
     requests: Family<Labels, Counter>,
     failures: Family<Labels, Counter>,
     invalid: Family<Labels, Counter>,
@@ -63,55 +77,70 @@ struct Metrics {
 }
 
 impl Metrics {
-    fn new() -> Self {
-        let mut registry = Registry::default();
-        let requests = Family::default();
-        let failures = Family::default();
-        let invalid = Family::default();
+    pub fn new() -> Self {
         let seconds: Family<_, _, fn() -> Histogram> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_1, 3.0, 12)));
+        Self { requests: Family::default(), failures: Family::default(), invalid: Family::default(), seconds }
+    }
+
+    /// Shows the counters in `registry` too (they are shared, not copied).
+    pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "clb_admission_requests",
             "AdmissionReviews answered, by operation and verdict (allowed, denied, skipped: not judged, failed: the failure policy answered)",
-            requests.clone(),
+            self.requests.clone(),
         );
         registry.register(
             "clb_admission_failures",
             "AdmissionReviews the logic did not judge, by cause (trap, fuel, deadline, timeout, …)",
-            failures.clone(),
+            self.failures.clone(),
         );
         registry.register(
             "clb_admission_invalid",
             "Requests refused before judging: 400 (not an AdmissionReview), 404, 405, 413 (too large)",
-            invalid.clone(),
+            self.invalid.clone(),
         );
         registry.register(
             "clb_admission_request_duration_seconds",
             "Time from a request's body read to its answer, by verdict",
-            seconds.clone(),
+            self.seconds.clone(),
         );
-        Self { registry, requests, failures, invalid, seconds }
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
 /// The server's shared state.
 struct Server {
     settings: Settings,
-    sha256: String,
+    /// The sha256 of the component the trace's current file names (with `record`); held while a
+    /// line is recorded, so that a new file and its lines keep their order.
+    recording: std::sync::Mutex<String>,
     judging: Arc<Semaphore>,
+    /// Its own `/metrics`: the counters of `metrics` alone.
+    registry: Registry,
     metrics: Metrics,
 }
 
 /// Serves `/validate` (and the probes and metrics) on `listener`, over TLS with `tls`, until
-/// the task is dropped.
+/// the task is dropped; counting into `metrics` when given (`run`'s, registered with its
+/// own), else into counters of its own.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
     settings: Settings,
+    metrics: Option<Metrics>,
 ) -> std::convert::Infallible {
-    let sha256 = settings.logic.info().sha256.clone();
-    let server =
-        Arc::new(Server { settings, sha256, judging: Arc::new(Semaphore::new(MAX_JUDGING)), metrics: Metrics::new() });
+    let mut registry = Registry::default();
+    let metrics = metrics.unwrap_or_default();
+    metrics.register(&mut registry);
+    let recording = std::sync::Mutex::new(settings.door.sha256());
+    let judging = Arc::new(Semaphore::new(MAX_JUDGING));
+    let server = Arc::new(Server { settings, recording, judging, registry, metrics });
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let mut connections = tokio::task::JoinSet::new();
     loop {
@@ -159,7 +188,10 @@ impl Server {
     async fn handle(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
         const TEXT: &str = "text/plain; charset=utf-8";
         let refused = |status: StatusCode, why: String| {
-            self.metrics.invalid.get_or_create(&self.labels(&[("code", &status.as_u16().to_string())])).inc();
+            self.metrics
+                .invalid
+                .get_or_create(&labels(&self.settings.door.sha256(), &[("code", &status.as_u16().to_string())]))
+                .inc();
             tracing::info!(status = status.as_u16(), "admission: a request refused: {why}");
             reply(status, TEXT, format!("{why}\n"))
         };
@@ -169,7 +201,7 @@ impl Server {
             (&Method::GET, "/healthz" | "/readyz") => reply(StatusCode::OK, TEXT, "ok\n"),
             (&Method::GET, "/metrics") => {
                 let mut out = String::new();
-                let _ = encode(&mut out, &self.metrics.registry);
+                let _ = encode(&mut out, &self.registry);
                 reply(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", out)
             }
             (_, path) => refused(StatusCode::NOT_FOUND, format!("no route {path}")),
@@ -200,12 +232,33 @@ impl Server {
             Ok(review) => review,
             Err(error) => return refused(StatusCode::BAD_REQUEST, error.to_string()),
         };
+        let judges = self.settings.door.judges();
+        let sha256 = judges.serving.info().sha256.clone();
         let (answer, outcome) = match review.service() {
             None => review.skip(),
-            Some(service) => match self.judge(service.clone()).await {
-                Ok(verdict) => review.answer(&verdict),
+            Some(service) => match self.judge(&judges, service.clone()).await {
+                Ok(verdict) => {
+                    self.record(&judges, service, || Ended::Returned(lazy(verdict.clone())));
+                    let answered = review.answer(&verdict);
+                    if let Verdict::Rejected(rejection) = &verdict {
+                        self.settings.door.denied(Denial {
+                            at_ms: epoch_ms(),
+                            operation: review.operation(),
+                            service: review.subject(),
+                            reason: rejection.reason.clone(),
+                            message: rejection.message.clone(),
+                            version: version_name(&judges.serving),
+                        });
+                    }
+                    self.ask_shadow(&judges, service, &review, verdict);
+                    answered
+                }
                 Err((cause, why)) => {
-                    self.metrics.failures.get_or_create(&self.labels(&[("cause", cause)])).inc();
+                    // A call the host gave up on has no outcome to record; one the guest ended has.
+                    if !matches!(cause, "timeout" | "panic") {
+                        self.record(&judges, service, || Ended::Trapped(why.clone()));
+                    }
+                    self.metrics.failures.get_or_create(&labels(&sha256, &[("cause", cause)])).inc();
                     tracing::warn!(subject = %review.subject(), cause, "admission: the logic did not judge: {why}");
                     review.failed(self.settings.failure, &why)
                 }
@@ -214,31 +267,57 @@ impl Server {
         if outcome == Outcome::Denied {
             tracing::info!(subject = %review.subject(), operation = review.operation(), "admission: denied");
         }
-        let labels = self.labels(&[("operation", review.operation()), ("verdict", outcome.label())]);
-        self.metrics.requests.get_or_create(&labels).inc();
-        let verdict = self.labels(&[("verdict", outcome.label())]);
+        let counted = labels(&sha256, &[("operation", review.operation()), ("verdict", outcome.label())]);
+        self.metrics.requests.get_or_create(&counted).inc();
+        let verdict = labels(&sha256, &[("verdict", outcome.label())]);
         self.metrics.seconds.get_or_create(&verdict).observe(started.elapsed().as_secs_f64());
         let body = serde_json::to_vec(&answer).expect("an AdmissionReview encodes");
         reply(StatusCode::OK, "application/json", body)
     }
 
-    fn labels(&self, pairs: &[(&'static str, &str)]) -> Labels {
-        let mut labels: Vec<_> = pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
-        labels.push(("sha256", self.sha256.clone()));
-        labels
+    /// Records the call that judged `service` (with `--record`), in a file of the version that
+    /// judged it.
+    fn record(&self, judges: &Judges, service: &wit::Service, ended: impl FnOnce() -> Ended) {
+        let Some(recorder) = &self.settings.record else { return };
+        let mut current = self.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let sha256 = &judges.serving.info().sha256;
+        if (*current != *sha256 || recorder.needs_state())
+            && recorder.begin_file(&ComponentRef::of(&judges.serving, None))
+        {
+            current.clone_from(sha256);
+        }
+        if *current != *sha256 {
+            // No new file for this version yet (the writer's queue was full): not in the trace.
+            return;
+        }
+        let args = vec![trace::arg(self.settings.config.clone()), trace::arg(service.clone())];
+        recorder.call("admit-service", args, ended());
+    }
+
+    /// Has the candidate in shadow, if one runs, judge `service` too, on a blocking thread after
+    /// the answer is sent; only when a slot is free, so that the shadow never makes a request
+    /// wait (a request it skips is only not compared).
+    fn ask_shadow(&self, judges: &Judges, service: &wit::Service, review: &Review, verdict: Verdict) {
+        let Some(shadow) = judges.shadow.clone() else { return };
+        let Ok(slot) = self.judging.clone().try_acquire_owned() else {
+            return tracing::debug!(subject = %review.subject(), "admission: no free slot; the shadow does not judge this request");
+        };
+        let (serving, config, service) = (judges.serving.clone(), self.settings.config.clone(), service.clone());
+        let input = format!("AdmissionReview {} of Service {}", review.operation(), review.subject());
+        tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            shadow.admit_service(&serving, &config, &service, &verdict, || input);
+        });
     }
 
     /// The logic's verdict on `service`, within the timeout; else the cause and why.
-    async fn judge(
-        &self,
-        service: wit::Service,
-    ) -> Result<clb_sandbox::bindings::exports::clb::reconciler::validation::Verdict, (&'static str, String)> {
+    async fn judge(&self, judges: &Judges, service: wit::Service) -> Result<Verdict, (&'static str, String)> {
         let timeout = self.settings.timeout;
         let work = async {
             // Held until the call ends, not until the answer is given up on: a call past the
             // timeout still runs to its own deadline, and counts against the bound until then.
             let slot = self.judging.clone().acquire_owned().await.expect("the semaphore is never closed");
-            let (logic, config) = (self.settings.logic.clone(), self.settings.config.clone());
+            let (logic, config) = (judges.serving.clone(), self.settings.config.clone());
             let judged = tokio::task::spawn_blocking(move || {
                 let _slot = slot;
                 logic.session()?.admit_service(&config, &service)
@@ -253,4 +332,16 @@ impl Server {
             Err(_) => Err(("timeout", format!("no verdict within the admission timeout of {timeout:?}"))),
         }
     }
+}
+
+/// A metric's labels: `pairs`, and the sha256 of the version that judged.
+fn labels(sha256: &str, pairs: &[(&'static str, &str)]) -> Labels {
+    let mut labels: Vec<_> = pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
+    labels.push(("sha256", sha256.to_owned()));
+    labels
+}
+
+fn epoch_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }

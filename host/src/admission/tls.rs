@@ -60,6 +60,19 @@ impl ReloadingCert {
         let pair = Arc::new(load(&cert, &key)?);
         Ok(Self { cert, key, loaded: Mutex::new((at, pair)) })
     }
+
+    /// The webhook's TLS: rustls' safe defaults, no client certificates (the API server does
+    /// not present one), HTTP/1.1, this pair.
+    pub fn server_config(self) -> Arc<rustls::ServerConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports rustls' default protocol versions")
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(self));
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(tls)
+    }
 }
 
 impl ResolvesServerCert for ReloadingCert {

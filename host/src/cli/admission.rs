@@ -4,11 +4,12 @@
 use super::args::{EXIT_BAD_INPUT, EXIT_REFUSED, LogicArgs, refuses_config};
 use crate::admission::review::FailurePolicy;
 use crate::admission::tls::ReloadingCert;
-use crate::admission::{Settings, serve};
+use crate::admission::{Door, Settings, serve};
 use anyhow::Context as _;
 use clap::Args;
 use clb_executor::inputs;
 use clb_sandbox::Runtime;
+use clb_sandbox::bindings::clb::reconciler::types as wit;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,6 +30,17 @@ pub(super) struct AdmissionArgs {
     /// The address to listen on; port 0 picks a free one.
     #[arg(long, default_value = "0.0.0.0:10271")]
     pub(super) listen: std::net::SocketAddr,
+    #[command(flatten)]
+    pub(super) judging: JudgingArgs,
+    #[command(flatten)]
+    pub(super) record: super::args::RecordArgs,
+    #[command(flatten)]
+    pub(super) logic: LogicArgs,
+}
+
+/// How a request is judged: shared by `admission` and `run --admission-listen`.
+#[derive(Args)]
+pub(super) struct JudgingArgs {
     /// Milliseconds a request may wait for its verdict (below the webhook's `timeoutSeconds`);
     /// past it the failure policy answers.
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=30_000))]
@@ -37,8 +49,18 @@ pub(super) struct AdmissionArgs {
     /// gets: `open` allows it with a warning naming the cause, `closed` denies it.
     #[arg(long, value_enum, default_value_t = FailurePolicy::Open)]
     pub(super) admission_failure: FailurePolicy,
-    #[command(flatten)]
-    pub(super) logic: LogicArgs,
+}
+
+impl JudgingArgs {
+    pub(super) fn settings(&self, door: Arc<Door>, config: wit::Config) -> Settings {
+        Settings {
+            door,
+            config,
+            timeout: Duration::from_millis(self.admission_timeout_ms),
+            failure: self.admission_failure,
+            record: None,
+        }
+    }
 }
 
 pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
@@ -63,19 +85,17 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
     if refuses_config(&logic, &config, &args.cloud_config, err)? {
         return Ok(EXIT_REFUSED);
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("the TLS protocol versions")?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(certified));
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let settings = Settings {
-        logic,
-        config,
-        timeout: Duration::from_millis(args.admission_timeout_ms),
-        failure: args.admission_failure,
+    let record = match &args.record.record {
+        Some(path) => {
+            let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
+            let options = args.record.options(path.clone(), "admission");
+            let component = clb_sandbox::trace::ComponentRef::of(&logic, Some(&name));
+            let signatures = clb_sandbox::trace::Signatures::of(&logic);
+            Some(clb_sandbox::trace::Recorder::start(options, signatures, &component)?)
+        }
+        None => None,
     };
+    let settings = Settings { record, ..args.judging.settings(Arc::new(Door::new(logic)), config) };
     let threads =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     threads.block_on(async {
@@ -88,6 +108,6 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
         };
         writeln!(out, "listening on https://{}/validate", listener.local_addr()?)?;
         out.flush()?;
-        match serve(listener, Arc::new(tls), settings).await {}
+        match serve(listener, certified.server_config(), settings, None).await {}
     })
 }

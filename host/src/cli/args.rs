@@ -135,6 +135,34 @@ pub(super) fn parse_write_budget(text: &str) -> Result<(BudgetOperation, Budget)
     Ok((operation, Budget { per_minute, burst }))
 }
 
+/// `--record` of `run` and `admission`: a trace of every call into the logic (docs/traces.md,
+/// docs/operations.md).
+#[derive(Args)]
+pub(super) struct RecordArgs {
+    /// Record a trace to this file (off by default). Written in the background: a slow or full
+    /// disk costs trace lines (dropped and counted), never an answer.
+    #[arg(long, value_name = "FILE")]
+    pub(super) record: Option<PathBuf>,
+    /// Start a new file once the current one holds this many MiB.
+    #[arg(long, value_name = "MIB", default_value_t = 256, requires = "record", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub(super) record_max_file_mib: u64,
+    /// Older files kept (FILE.1 the newest); 0 keeps only the current one.
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "record", value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub(super) record_keep_files: u32,
+}
+
+impl RecordArgs {
+    /// A live trace's options at `path`, its header saying `source` recorded it.
+    pub(super) fn options(&self, path: PathBuf, source: &str) -> clb_sandbox::trace::RecordOptions {
+        clb_sandbox::trace::RecordOptions {
+            max_file_bytes: self.record_max_file_mib << 20,
+            keep_files: self.record_keep_files,
+            source: source.to_owned(),
+            ..clb_sandbox::trace::RecordOptions::live(path)
+        }
+    }
+}
+
 /// Which logic to run and under which limits.
 #[derive(Args)]
 pub(super) struct LogicArgs {

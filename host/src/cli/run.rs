@@ -72,7 +72,73 @@ pub(super) struct RunArgs {
     #[command(flatten)]
     pub(super) shadow: ShadowArgs,
     #[command(flatten)]
-    pub(super) record: RecordArgs,
+    pub(super) record: super::args::RecordArgs,
+    #[command(flatten)]
+    pub(super) admission: RunAdmissionArgs,
+}
+
+/// `run`'s admission webhook (docs/operations.md, "Admission"): the serving version's rules at
+/// the door.
+#[derive(Args)]
+pub(super) struct RunAdmissionArgs {
+    /// Serve the admission webhook (`POST /validate`, over TLS) on this address, judged by the
+    /// version serving and by a candidate in shadow; off by default.
+    #[arg(long, value_name = "ADDR", requires_all = ["tls_cert_file", "tls_key_file"])]
+    pub(super) admission_listen: Option<std::net::SocketAddr>,
+    /// The webhook's serving certificate (PEM; the chain, leaf first), re-read when it changes.
+    #[arg(long, value_name = "CERT", requires = "admission_listen")]
+    pub(super) tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM), re-read when it changes.
+    #[arg(long, value_name = "KEY", requires = "admission_listen")]
+    pub(super) tls_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) judging: super::admission::JudgingArgs,
+}
+
+/// The webhook `run` serves: on a runtime of its own, so that a long call of the loop's (a
+/// start-up's lists) never holds a request past its timeout.
+struct Webhook {
+    _threads: tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    door: std::sync::Arc<crate::admission::Door>,
+    metrics: crate::admission::Metrics,
+}
+
+impl Webhook {
+    /// Reads the pair and binds the address: `Err` is the line to print (exit 2).
+    fn start(
+        args: &RunAdmissionArgs,
+        logic: &clb_sandbox::LoadedLogic,
+        config: &clb_sandbox::bindings::clb::reconciler::types::Config,
+    ) -> anyhow::Result<Result<Option<Self>, String>> {
+        let (Some(listen), Some(cert), Some(key)) = (args.admission_listen, &args.tls_cert_file, &args.tls_key_file)
+        else {
+            return Ok(Ok(None));
+        };
+        let certified = match crate::admission::tls::ReloadingCert::new(cert.clone(), key.clone()) {
+            Ok(certified) => certified,
+            Err(e) => return Ok(Err(e.to_string())),
+        };
+        let threads = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("clb-admission")
+            .enable_all()
+            .build()
+            .context("starting the admission webhook's runtime")?;
+        let listener = match threads.block_on(tokio::net::TcpListener::bind(listen)) {
+            Ok(listener) => listener,
+            Err(e) => return Ok(Err(format!("cannot listen on {listen} for the admission webhook: {e}"))),
+        };
+        let addr = listener.local_addr()?;
+        let door = std::sync::Arc::new(crate::admission::Door::new(logic.clone()));
+        let metrics = crate::admission::Metrics::new();
+        let settings = args.judging.settings(door.clone(), config.clone());
+        let served = metrics.clone();
+        threads.spawn(async move {
+            match crate::admission::serve(listener, certified.server_config(), settings, Some(served)).await {}
+        });
+        Ok(Ok(Some(Self { _threads: threads, addr, door, metrics })))
+    }
 }
 
 /// `run`'s candidate in shadow (docs/operations.md, "Canary a version by shadow").
@@ -112,21 +178,6 @@ pub(super) fn shadow_kind(text: &str) -> Result<String, String> {
         let known: Vec<&str> = crate::live::control::shadow_kinds().collect();
         Err(format!("`{text}` is not a divergence kind; one of: {}", known.join(", ")))
     }
-}
-
-/// `run --record`: a trace of every call into the logic (docs/traces.md, docs/operations.md).
-#[derive(Args)]
-pub(super) struct RecordArgs {
-    /// Record a trace to this file (off by default). Written in the background: a slow or full
-    /// disk costs trace lines (counted in clb_trace_lines_total), never a reconcile.
-    #[arg(long, value_name = "FILE")]
-    pub(super) record: Option<PathBuf>,
-    /// Start a new file once the current one holds this many MiB.
-    #[arg(long, value_name = "MIB", default_value_t = 256, requires = "record", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
-    pub(super) record_max_file_mib: u64,
-    /// Older files kept (FILE.1 the newest); 0 keeps only the current one.
-    #[arg(long, value_name = "N", default_value_t = 4, requires = "record", value_parser = clap::value_parser!(u32).range(0..=1000))]
-    pub(super) record_keep_files: u32,
 }
 
 /// The endpoint and the sources of new logic versions of `run`.
@@ -286,13 +337,16 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
     if refuses_config(&logic, &config, &args.cloud_config, err)? {
         return Ok(EXIT_BAD_INPUT);
     }
+    let webhook = match Webhook::start(&args.admission, &logic, &config)? {
+        Ok(webhook) => webhook,
+        Err(line) => {
+            writeln!(err, "error: {line}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
     let trace = match &args.record.record {
         Some(path) => {
-            let options = clb_sandbox::trace::RecordOptions {
-                max_file_bytes: args.record.record_max_file_mib << 20,
-                keep_files: args.record.record_keep_files,
-                ..clb_sandbox::trace::RecordOptions::live(path.clone())
-            };
+            let options = args.record.options(path.clone(), "run");
             let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
             let component = clb_sandbox::trace::ComponentRef::of(&logic, Some(&name));
             Some(clb_sandbox::trace::Recorder::start(options, clb_sandbox::trace::Signatures::of(&logic), &component)?)
@@ -335,6 +389,7 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
         events: ops.swap_events_configmap,
         limits: args.logic.limits(),
         poll: crate::live::sources::FILE_POLL,
+        admission: webhook.as_ref().map(|webhook| (webhook.metrics.clone(), webhook.door.clone())),
     };
     tokio.block_on(async {
         let interrupted = crate::live::settings::stop_signal().context("installing the SIGTERM/SIGINT handlers")?;
@@ -352,6 +407,7 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
         };
         let settings = crate::live::settings::Settings {
             stats: crate::live::metrics::RunStats { trace, ..settings.stats.clone() },
+            door: webhook.as_ref().map(|webhook| webhook.door.clone()),
             ..settings
         };
         let operations = match crate::live::operations::Operations::start(&runtime, &settings, operations).await {
@@ -362,6 +418,9 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
             }
         };
         writeln!(out, "listening on http://{}", operations.local_addr())?;
+        if let Some(webhook) = &webhook {
+            writeln!(out, "admission webhook on https://{}/validate", webhook.addr)?;
+        }
         out.flush()?;
         match operations.run(&logic, settings, interrupted).await {
             Ok(()) => Ok(EXIT_OK),

@@ -101,6 +101,8 @@ struct Shared {
     memories: std::sync::OnceLock<Arc<clb_sandbox::linear_memory::RecyclingMemories>>,
     /// `run`'s leases and backend-pool updater, once [`Metrics::track_run`] names them.
     run: std::sync::OnceLock<RunStats>,
+    /// The admission webhook's versions and denials, once [`Metrics::track_door`] names them.
+    door: std::sync::OnceLock<Arc<crate::admission::Door>>,
 }
 
 impl Shared {
@@ -201,6 +203,8 @@ pub struct Overview {
     pub figures: Option<(String, TrackerStats, u64)>,
     /// The oldest first.
     pub series: Vec<Sample>,
+    /// The admission webhook's last denials, the newest first; `None` without the webhook.
+    pub denials: Option<Vec<crate::admission::door::Denial>>,
 }
 
 /// Pushes `item` onto a list of at most `cap`, dropping the oldest.
@@ -312,14 +316,23 @@ pub struct Status {
     /// The candidate in shadow, or the last one (stopped or promoted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shadow: Option<clb_sandbox::supervisor::ShadowStatus>,
+    /// The admission webhook's last denials, the newest first (with `--admission-listen`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_denials: Option<Vec<crate::admission::door::Denial>>,
 }
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
+        Self::registering(|_| {})
+    }
+
+    /// Metrics whose registry `extra` adds to: the admission webhook's counters, in `run`.
+    pub fn registering(extra: impl FnOnce(&mut Registry)) -> Arc<Self> {
         let shared = Arc::new(Shared::default());
         let mut registry = Registry::default();
         registry.register_collector(Box::new(SnapshotCollector(shared.clone())));
         let latency = Latency::register(&mut registry);
+        extra(&mut registry);
         Arc::new(Self { shared, registry, latency })
     }
 
@@ -337,6 +350,16 @@ impl Metrics {
     /// Shows the counters of `run`'s leases and backend-pool updater (the first ones named stay).
     pub fn track_run(&self, stats: RunStats) {
         let _ = self.shared.run.set(stats);
+    }
+
+    /// Shows the admission webhook's last denials in `/status` and on the page (the first door
+    /// named stays).
+    pub fn track_door(&self, door: Arc<crate::admission::Door>) {
+        let _ = self.shared.door.set(door);
+    }
+
+    fn last_denials(&self) -> Option<Vec<crate::admission::door::Denial>> {
+        self.shared.door.get().map(|door| door.last_denials())
     }
 
     pub fn publish(&self, snapshot: Snapshot) {
@@ -467,6 +490,7 @@ impl Metrics {
             command_errors: published.command_errors.iter().rev().cloned().collect(),
             figures: Self::figures_of(&published),
             series: published.series.iter().cloned().collect(),
+            denials: self.last_denials(),
         }
     }
 
@@ -531,7 +555,7 @@ impl Metrics {
 
     /// What `/status` shows.
     pub fn status(&self) -> Status {
-        Self::status_of(&self.lock())
+        Status { last_denials: self.last_denials(), ..Self::status_of(&self.lock()) }
     }
 
     fn status_of(published: &Published) -> Status {
@@ -549,6 +573,7 @@ impl Metrics {
             state_bytes: last.supervisor.last_checkpoint_bytes,
             inputs: last.supervisor.inputs,
             shadow: last.shadow.as_ref().map(|shadow| shadow.status()),
+            last_denials: None,
         }
     }
 

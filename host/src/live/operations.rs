@@ -37,6 +37,9 @@ pub struct OperationsConfig {
     pub poll: Duration,
     /// A watched source of a candidate to run in shadow.
     pub shadow: Option<ShadowSource>,
+    /// The admission webhook's counters and door, when `run` serves it: shown on `/metrics`,
+    /// `/status` and the page.
+    pub admission: Option<(crate::admission::Metrics, std::sync::Arc<crate::admission::Door>)>,
 }
 
 /// Where a candidate in shadow comes from, and how it is run and promoted.
@@ -68,7 +71,14 @@ impl Operations {
         settings: &Settings,
         config: OperationsConfig,
     ) -> Result<Self, EndpointError> {
-        let metrics = Metrics::new();
+        let metrics = match &config.admission {
+            Some((admission, door)) => {
+                let metrics = Metrics::registering(|registry| admission.register(registry));
+                metrics.track_door(door.clone());
+                metrics
+            }
+            None => Metrics::new(),
+        };
         #[cfg(unix)]
         metrics.track_memories(runtime.memories().clone());
         metrics.track_run(settings.stats.clone());

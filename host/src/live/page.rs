@@ -114,6 +114,7 @@ svg {{ background: #fafafa; border: 1px solid #ddd; }}
     swaps(&mut page, overview);
     quarantined(&mut page, overview);
     figures(&mut page, overview);
+    denials(&mut page, overview);
     command_errors(&mut page, overview);
     charts(&mut page, &overview.series);
     page.push_str("</body>\n</html>\n");
@@ -232,13 +233,30 @@ fn swaps(page: &mut String, overview: &Overview) {
     page.push_str("</table>\n</section>\n");
 }
 
-fn quarantined(page: &mut String, overview: &Overview) {
-    page.push_str("<section id=\"quarantined\">\n<h2>Quarantined inputs</h2>\n");
-    if overview.quarantined.is_empty() {
+/// Opens the section `id` titled `title` and its table with `columns`; `false` when there are
+/// no rows (the section then says so and is closed).
+fn open_table(page: &mut String, id: &str, title: &str, rows: usize, columns: &[&str]) -> bool {
+    let _ = writeln!(page, "<section id=\"{id}\">\n<h2>{title}</h2>");
+    if rows == 0 {
         page.push_str("<p class=\"dim\">none since this process started</p>\n</section>\n");
+        return false;
+    }
+    let header: String = columns.iter().map(|c| format!("<th>{c}</th>")).collect();
+    let _ = writeln!(page, "<table>\n<tr>{header}</tr>");
+    true
+}
+
+/// One row of cells already escaped.
+fn row(page: &mut String, cells: impl IntoIterator<Item = String>) {
+    let cells: String = cells.into_iter().map(|c| format!("<td>{c}</td>")).collect();
+    let _ = writeln!(page, "<tr>{cells}</tr>");
+}
+
+fn quarantined(page: &mut String, overview: &Overview) {
+    let columns = ["at", "version", "objects", "input", "trap"];
+    if !open_table(page, "quarantined", "Quarantined inputs", overview.quarantined.len(), &columns) {
         return;
     }
-    page.push_str("<table>\n<tr><th>at</th><th>version</th><th>objects</th><th>input</th><th>trap</th></tr>\n");
     for q in &overview.quarantined {
         let objects = if q.objects.is_empty() {
             "—".to_owned()
@@ -328,22 +346,28 @@ fn figures(page: &mut String, overview: &Overview) {
     page.push_str("</table>\n</section>\n");
 }
 
-fn command_errors(page: &mut String, overview: &Overview) {
-    page.push_str("<section id=\"errors\">\n<h2>Last failed commands</h2>\n");
-    if overview.command_errors.is_empty() {
-        page.push_str("<p class=\"dim\">none since this process started</p>\n</section>\n");
+/// The admission webhook's last denials (with `--admission-listen`).
+fn denials(page: &mut String, overview: &Overview) {
+    let Some(denials) = &overview.denials else { return };
+    let columns = ["at", "request", "Service", "reason", "message", "version"];
+    if !open_table(page, "denials", "Last denials at the door", denials.len(), &columns) {
         return;
     }
-    page.push_str("<table>\n<tr><th>at</th><th>command</th><th>subject</th><th>error</th></tr>\n");
+    for d in denials {
+        let version = format!("<code>{}</code>", escape(&d.version));
+        let cells = [escape(d.operation), escape(&d.service), escape(&d.reason), escape(&d.message), version];
+        row(page, [when(d.at_ms, overview.now_ms)].into_iter().chain(cells));
+    }
+    page.push_str("</table>\n</section>\n");
+}
+
+fn command_errors(page: &mut String, overview: &Overview) {
+    let columns = ["at", "command", "subject", "error"];
+    if !open_table(page, "errors", "Last failed commands", overview.command_errors.len(), &columns) {
+        return;
+    }
     for e in &overview.command_errors {
-        let _ = writeln!(
-            page,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            when(e.at_ms, overview.now_ms),
-            escape(e.command),
-            escape(&e.subject),
-            escape(&e.error),
-        );
+        row(page, [when(e.at_ms, overview.now_ms), escape(e.command), escape(&e.subject), escape(&e.error)]);
     }
     page.push_str("</table>\n</section>\n");
 }
@@ -546,6 +570,7 @@ mod tests {
                 state_bytes: 4096,
                 inputs: 900,
                 shadow: None,
+                last_denials: None,
             },
             serving_since_ms: Some(NOW - 60_000),
             state_version: Some(7),
@@ -566,6 +591,14 @@ mod tests {
             }],
             figures: Some((SERVING.into(), stats(), NOW - 500)),
             series,
+            denials: Some(vec![crate::admission::door::Denial {
+                at_ms: NOW - 3000,
+                operation: "UPDATE",
+                service: format!("shop/{hostile}"),
+                reason: "UnsupportedExternalTrafficPolicy".into(),
+                message: format!("service shop/{hostile}: externalTrafficPolicy is Cluster"),
+                version: SERVING[..12].into(),
+            }]),
         }
     }
 
@@ -574,7 +607,8 @@ mod tests {
         let page = render(&overview());
         assert!(page.starts_with("<!DOCTYPE html>"), "{page}");
         assert!(page.contains(r#"<meta http-equiv="refresh" content="5">"#));
-        for section in ["serving", "swaps", "quarantined", "services", "nrp", "budgets", "errors", "charts"] {
+        for section in ["serving", "swaps", "quarantined", "services", "nrp", "budgets", "denials", "errors", "charts"]
+        {
             assert!(page.contains(&format!("<section id=\"{section}\">")), "section {section}: {page}");
         }
         for shown in [
@@ -598,6 +632,8 @@ mod tests {
             r#"<svg id="sync-lag""#,
             r#"<svg id="calls""#,
             "put-load-balancer (now 3)",
+            "<td>UPDATE</td>",
+            "<td>UnsupportedExternalTrafficPolicy</td>",
         ] {
             assert!(page.contains(shown), "{shown:?} in:\n{page}");
         }
@@ -611,7 +647,7 @@ mod tests {
         let page = render(&overview());
         assert!(!page.contains("<script>") && !page.contains("<b>busy</b>"), "{page}");
         let escaped = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;";
-        for context in ["configmap ns/", "deletes ", "Service shop/", "lb "] {
+        for context in ["configmap ns/", "deletes ", "Service shop/", "lb ", "<td>shop/", "service shop/"] {
             assert!(page.contains(&format!("{context}{escaped}")), "{context:?} escaped in:\n{page}");
         }
         assert!(page.contains("&lt;b&gt;busy&lt;/b&gt; &amp; retry"), "{page}");
@@ -626,11 +662,15 @@ mod tests {
         overview.swaps.clear();
         overview.status.active = None;
         overview.status.previous = None;
+        overview.denials = Some(Vec::new());
         let page = render(&overview);
         assert!(page.contains("none serving"), "{page}");
         assert!(page.contains("the logic's figures are not read yet"), "{page}");
         assert!(page.contains("not enough samples yet"), "{page}");
         assert!(!page.contains("<svg"), "{page}");
         assert!(page.contains("<section id=\"swaps\">\n<h2>Last swaps and rollbacks</h2>\n<p class=\"dim\">none"));
+        assert!(page.contains("<h2>Last denials at the door</h2>\n<p class=\"dim\">none"), "{page}");
+        overview.denials = None;
+        assert!(!render(&overview).contains("id=\"denials\""), "no webhook, no section");
     }
 }

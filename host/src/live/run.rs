@@ -33,6 +33,11 @@
 //!   one across leadership terms, and a swap still staging when a term ends is staged again by
 //!   the next one ([`Control::start_term`]).
 //!
+//! * **Admission** (`--admission-listen`): after every step the webhook's [`Door`](crate::admission::Door)
+//!   follows the supervisor's serving version and candidate in shadow, so a swap, a rollback
+//!   or a promotion changes the verdicts at the door with the step that made it. A standby
+//!   replica's door keeps the version it last served (or the start one).
+//!
 //! * **Leader election** (docs/design.md §6, [`clb_kube::lease`]): with [`Settings::leader_election`] set,
 //!   a replica that does not lead watches nothing and runs no logic; when it becomes the leader
 //!   it starts all of the above afresh — watches, a new supervisor, the start-up reconcile that
@@ -481,6 +486,14 @@ fn remember_active(active: &std::cell::RefCell<Option<LoadedLogic>>, supervisor:
     }
 }
 
+/// Moves the admission webhook's door, if it serves, to the supervisor's versions: what
+/// reconciles judges at the door from the step that swapped it in.
+fn follow_door(settings: &Settings, supervisor: &Supervisor<'_>) {
+    if let Some(door) = &settings.door {
+        door.follow(supervisor.logic(), supervisor.shadow_handle());
+    }
+}
+
 /// The loop of one term (or of the whole process without election).
 async fn reconcile(
     logic: &LoadedLogic,
@@ -521,6 +534,7 @@ async fn reconcile(
     if let Some(control) = control.as_mut() {
         control.resume_shadow(&mut supervisor);
     }
+    follow_door(settings, &supervisor);
     // Multi-SLB local-service mode: the backend-pool producer sees every batch the guest sees,
     // and the updater ticks alongside the loop (`run_pools`).
     let pools = Pools::for_mode(supervisor.logic(), settings)?;
@@ -596,7 +610,12 @@ async fn reconcile(
             }
             event = next_swap(control) => {
                 let Some(control) = control.as_mut() else { continue };
-                let Some(first_step) = control.handle(&mut supervisor, event, now_ms()) else { continue };
+                let first_step = control.handle(&mut supervisor, event, now_ms());
+                // A shadow started or stopped without a step: the door follows it now.
+                let Some(first_step) = first_step else {
+                    follow_door(settings, &supervisor);
+                    continue;
+                };
                 Ok(first_step)
             }
             () = timer => {
@@ -610,6 +629,7 @@ async fn reconcile(
             control.metrics().record_quarantined(quarantined);
         }
         remember_active(active, &supervisor);
+        follow_door(settings, &supervisor);
         figures_stale = true;
         if figures_at.elapsed() >= FIGURES_EVERY {
             read_figures(&mut supervisor, control.as_ref(), now_ms());

@@ -123,6 +123,9 @@ pub struct Settings {
     pub pool_updater: PoolUpdaterConfig,
     /// Where every term's leases and updater count (clones share them).
     pub stats: RunStats,
+    /// The admission webhook's versions (`--admission-listen`): the loop moves them along with
+    /// the serving version and the candidate in shadow.
+    pub door: Option<std::sync::Arc<crate::admission::Door>>,
 }
 
 impl Settings {
@@ -143,6 +146,7 @@ impl Settings {
             cluster_name: clb_executor::inputs::DEFAULT_CLUSTER_NAME.to_owned(),
             pool_updater: PoolUpdaterConfig::default(),
             stats: RunStats::default(),
+            door: None,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! A second version of the logic, for the hot-swap and trap-recovery tests: the real tracker
-//! (the guest's own sources) wrapped so that it differs from the built-in logic in exactly four
+//! (the guest's own sources) wrapped so that it differs from the built-in logic in exactly five
 //! ways:
 //!
 //! * **its state version is the real tracker's plus one**: an envelope around the real
@@ -7,6 +7,8 @@
 //!   itself); it imports every version the real tracker imports and refuses newer ones;
 //! * **one changed rule**: a Service carrying [`tracker::LEGACY_ANNOTATION`] gets an extra
 //!   Warning Event [`tracker::LEGACY_REASON`] each time it is observed;
+//! * **one changed admission rule** ([`admission`]): a Service carrying
+//!   [`admission::DENIED_ANNOTATION`] is rejected, at the webhook's door and by the tracker;
 //! * **two trap triggers**: observing a Service carrying [`tracker::PANIC_ANNOTATION`] panics,
 //!   and so does a tick at a time from [`tracker::PANIC_TICK_FROM_MS`] (below the destructive
 //!   tick's), so the host's trap recovery and rollback can be tested on inputs the real guest
@@ -29,7 +31,34 @@
 //! Never built into the product: only `tests/build.rs` builds it.
 
 #[path = "../../../guest/src/admission.rs"]
-pub mod admission;
+mod real_admission;
+
+/// The real admission rules and the changed rule at the door: a LoadBalancer Service carrying
+/// [`admission::DENIED_ANNOTATION`] is refused, by `admit-service` (the webhook) and by the
+/// tracker alike, as the real tracker asks `crate::admission` what to do with a Service.
+pub mod admission {
+    pub use crate::real_admission::*;
+
+    use crate::config::Config;
+    use crate::model::Service;
+
+    pub const DENIED_ANNOTATION: &str = "clb.test/denied-by-next";
+    pub const DENIED_REASON: &str = "DeniedByNextGuest";
+
+    pub fn admit_service(config: &Config, service: &Service) -> Verdict {
+        let marked = service.annotations.iter().any(|(key, _)| key == DENIED_ANNOTATION);
+        match crate::real_admission::admit_service(config, service) {
+            Verdict::Admitted | Verdict::NothingToProvision if marked => Verdict::Rejected(Rejection {
+                reason: DENIED_REASON.to_owned(),
+                message: format!(
+                    "service {}/{}: the annotation {DENIED_ANNOTATION} is refused by this version",
+                    service.namespace, service.name
+                ),
+            }),
+            verdict => verdict,
+        }
+    }
+}
 #[path = "../../../guest/src/backend_pools.rs"]
 pub mod backend_pools;
 #[path = "../../../guest/src/budget.rs"]

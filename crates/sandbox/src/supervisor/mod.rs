@@ -88,7 +88,7 @@ pub use journal::CheckpointPolicy;
 pub use probation::{PROBATION_INPUTS, PROBATION_QUARANTINES, PROBATION_TICK_QUARANTINES, Quarantined};
 use probation::{Probation, to_deliver};
 pub use report::{ProbationSnapshot, Publish, Snapshot, SupervisorStats, VersionSnapshot};
-pub use shadow::{ShadowError, ShadowEvent, ShadowHandle, ShadowOptions, ShadowState, ShadowStatus};
+pub use shadow::{ADMISSION, ShadowError, ShadowEvent, ShadowHandle, ShadowOptions, ShadowState, ShadowStatus};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -32,15 +32,23 @@
 //!   ([`ShadowHandle::promotion_due`], [`ShadowEvent::PromotionDue`]); the caller swaps it in by the
 //!   normal swap, and it then serves its probation. A divergence of another kind starts the
 //!   count again.
+//! * **At the door too.** The admission webhook served by `run` asks the candidate each
+//!   AdmissionReview's verdict after the serving version answered it ([`ShadowHandle::admit_service`]):
+//!   a different verdict is a divergence of kind [`ADMISSION`], held against a promotion like a
+//!   step's, though a verdict is no input and is not counted towards one.
 //! * **Evidence.** With a record folder, each divergence is written as a trace (docs/traces.md):
 //!   the serving version's state at the last resync imported, then every input since with the
 //!   serving version's answers. `clb-host replay` of it is identical on the serving version and,
 //!   with `--component` the candidate, differs at its last call.
 
+mod compare;
+
+pub use compare::{Answer, Divergence, differences};
+
 use super::instance::{Input, Running, guest, record_input};
 use crate::LoadedLogic;
 use crate::bindings::clb::reconciler::types as wit;
-use crate::command_name;
+use crate::bindings::exports::clb::reconciler::validation::Verdict;
 use crate::trace::{ComponentRef, Ended, RecordOptions, Recorder, Signatures, lazy};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -56,10 +64,11 @@ pub const SHADOW_QUEUE: usize = 1_024;
 pub const REBASE_AFTER: usize = 4_096;
 /// Divergence traces written at most by one shadow.
 pub const MAX_DIVERGENCE_TRACES: u64 = 100;
+/// The divergence kind of an AdmissionReview the candidate judged differently
+/// ([`ShadowHandle::admit_service`]).
+pub const ADMISSION: &str = "admission";
 /// Syncs that fail in a row before the shadow stops (the candidate refuses the serving state).
 const MAX_FAILED_SYNCS: u32 = 3;
-/// Commands shown per side of a divergence in `/status`.
-const SHOWN_COMMANDS: usize = 8;
 
 /// Why the candidate is (re)started from the serving version's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -140,6 +149,9 @@ pub struct ShadowStatus {
     pub promote_after: Option<u64>,
     /// Inputs not compared because the candidate was out of step.
     pub resyncing: u64,
+    /// AdmissionReviews both versions judged ([`ShadowHandle::admit_service`]): not inputs, so
+    /// neither in `compared` nor in a promotion's count.
+    pub admissions: u64,
     /// Divergences by kind.
     pub divergences: BTreeMap<String, u64>,
     /// Resyncs by reason ([`Resync::as_str`]).
@@ -156,103 +168,6 @@ pub struct ShadowStatus {
     pub figures: Option<wit::TrackerStats>,
 }
 
-/// One input the two versions answered differently.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Divergence {
-    /// The input, as the logs describe it.
-    pub input: String,
-    pub kinds: Vec<String>,
-    pub serving: Answer,
-    pub candidate: Answer,
-    /// The trace it was written to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub trace: Option<String>,
-}
-
-/// One side of a [`Divergence`]: the commands only it proposed (the first few, by content in the
-/// canonical JSON of WIT values' serde form), and its wake-up and idleness.
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Answer {
-    pub only: Vec<serde_json::Value>,
-    /// Commands only it proposed beyond those shown.
-    pub more: usize,
-    pub wake_at_ms: Option<u64>,
-    pub idle: bool,
-}
-
-/// A step's commands keyed by content, sorted.
-fn keyed(step: &wit::Step) -> Vec<(String, u64, &wit::Command)> {
-    let mut keyed: Vec<_> = step
-        .commands
-        .iter()
-        .map(|issued| {
-            let key = serde_json::to_string(&issued.command).expect("bindgen types serialize");
-            (key, issued.id, &issued.command)
-        })
-        .collect();
-    keyed.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
-    keyed
-}
-
-/// The kinds by which two steps differ; empty when they agree (see the module documentation).
-pub fn differences(serving: &wit::Step, candidate: &wit::Step) -> (Vec<String>, Answer, Answer) {
-    let (ours, theirs) = (keyed(serving), keyed(candidate));
-    // A multiset difference over the sorted keys.
-    let (mut only_serving, mut only_candidate) = (Vec::new(), Vec::new());
-    let (mut i, mut j) = (0, 0);
-    let mut same_ids = true;
-    while i < ours.len() || j < theirs.len() {
-        match (ours.get(i), theirs.get(j)) {
-            (Some(a), Some(b)) if a.0 == b.0 => {
-                same_ids &= a.1 == b.1;
-                i += 1;
-                j += 1;
-            }
-            (Some(a), Some(b)) if a.0 < b.0 => {
-                only_serving.push(a.2);
-                i += 1;
-            }
-            (Some(_), Some(b)) => {
-                only_candidate.push(b.2);
-                j += 1;
-            }
-            (Some(a), None) => {
-                only_serving.push(a.2);
-                i += 1;
-            }
-            (None, Some(b)) => {
-                only_candidate.push(b.2);
-                j += 1;
-            }
-            (None, None) => break,
-        }
-    }
-    let mut kinds: BTreeSet<String> =
-        only_serving.iter().chain(&only_candidate).map(|c| command_name(c).to_owned()).collect();
-    if only_serving.is_empty() && only_candidate.is_empty() && !same_ids {
-        kinds.insert("command-order".into());
-    }
-    if serving.wake_at_ms != candidate.wake_at_ms {
-        kinds.insert("wake-at".into());
-    }
-    if serving.idle != candidate.idle {
-        kinds.insert("idle".into());
-    }
-    let answer = |only: Vec<&wit::Command>, step: &wit::Step| Answer {
-        more: only.len().saturating_sub(SHOWN_COMMANDS),
-        only: only
-            .into_iter()
-            .take(SHOWN_COMMANDS)
-            .map(|c| serde_json::to_value(c).expect("bindgen types serialize"))
-            .collect(),
-        wake_at_ms: step.wake_at_ms,
-        idle: step.idle,
-    };
-    (kinds.into_iter().collect(), answer(only_serving, serving), answer(only_candidate, candidate))
-}
-
 /// What both sides of a shadow share: its status, a resync it asks for, whether its promotion
 /// is due, and the candidate itself.
 struct Shared {
@@ -264,6 +179,12 @@ struct Shared {
     /// Feeds sent to the candidate's thread and not yet taken: the serving side builds no
     /// resync (a copy of the journal) for a queue that has no room for it.
     queued: AtomicUsize,
+    /// Whether it has diverged yet: only the first divergence is told.
+    diverged: AtomicBool,
+    /// How it is judged: the allowed kinds, the promotion's count, the record folder, who is told.
+    /// Shared, because a divergence may be found on either side: a step's on the candidate's
+    /// thread, an admission verdict's by the webhook ([`ShadowHandle::admit_service`]).
+    options: ShadowOptions,
 }
 
 impl Shared {
@@ -277,6 +198,76 @@ impl Shared {
 
     fn take_wanted(&self) -> Option<Resync> {
         self.wanted.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+
+    /// Counts `divergence`, holds the promotion back unless its kinds are allowed, and tells
+    /// the first one. `input`: whether it was one of the tracker's inputs, which a promotion
+    /// counts (an admission verdict is not).
+    fn diverged(&self, divergence: Divergence, input: bool) {
+        let allowed = divergence.kinds.iter().all(|kind| self.options.allow.contains(kind));
+        tracing::warn!(input = %divergence.input, kinds = %divergence.kinds.join(","), allowed, "the candidate diverged from the serving version");
+        let first = {
+            let mut status = self.status();
+            if input {
+                status.compared += 1;
+            } else {
+                status.admissions += 1;
+            }
+            for kind in &divergence.kinds {
+                *status.divergences.entry(kind.clone()).or_default() += 1;
+            }
+            status.clean = match (allowed, input) {
+                (false, _) => 0,
+                (true, true) => status.clean + 1,
+                (true, false) => status.clean,
+            };
+            status.last_divergence = Some(divergence);
+            (!self.diverged.swap(true, Ordering::Relaxed)).then(|| status.clone())
+        };
+        if let (Some(status), Some(on_event)) = (first, &self.options.on_event) {
+            on_event(ShadowEvent::FirstDivergence(status));
+        }
+        self.check_promotion();
+    }
+
+    fn check_promotion(&self) {
+        let Some(after) = self.options.promote_after else { return };
+        let status = self.status().clone();
+        if status.clean >= after && !self.promotion_due.swap(true, Ordering::Relaxed) {
+            tracing::info!(candidate = %status.version, clean = status.clean, "the candidate compared enough inputs without a divergence; its promotion is due");
+            if let Some(on_event) = &self.options.on_event {
+                on_event(ShadowEvent::PromotionDue(status));
+            }
+        }
+    }
+
+    /// Where the next divergence trace goes, if there is a record folder and room for one.
+    fn next_trace(&self) -> Option<PathBuf> {
+        let dir = self.options.record.as_ref()?;
+        let status = self.status();
+        if status.traces_written >= MAX_DIVERGENCE_TRACES {
+            return None;
+        }
+        Some(dir.join(format!("shadow-{}-divergence-{:04}.jsonl", status.version, status.traces_written + 1)))
+    }
+
+    /// Starts the trace at `path` as `serving` recorded it; counted once written.
+    fn start_trace(&self, path: &std::path::Path, serving: &LoadedLogic) -> Option<Arc<Recorder>> {
+        let version = self.status().version.clone();
+        let options = RecordOptions::whole(path.to_owned(), format!("shadow of {version}"));
+        let component = ComponentRef::of(serving, None);
+        match Recorder::start(options, Signatures::of(serving), &component) {
+            Ok(recorder) => Some(recorder),
+            Err(error) => {
+                tracing::warn!(%error, "cannot write the divergence trace");
+                None
+            }
+        }
+    }
+
+    fn trace_written(&self, recorder: &Recorder) {
+        recorder.flush();
+        self.status().traces_written += 1;
     }
 }
 
@@ -303,6 +294,59 @@ impl ShadowHandle {
     /// Whether it compared enough clean inputs to be swapped in.
     pub fn promotion_due(&self) -> bool {
         self.0.promotion_due.load(Ordering::Relaxed)
+    }
+
+    /// Whether it still runs beside the serving version (neither stopped nor promoted).
+    pub fn is_running(&self) -> bool {
+        matches!(self.0.status().state, ShadowState::InStep | ShadowState::Resyncing)
+    }
+
+    /// Asks the candidate to judge the Service `serving` judged `verdict` under `config`
+    /// (`admit-service`, on the caller's thread, in an instance of its own) and compares: a
+    /// different verdict, or a trap, is a divergence of kind [`ADMISSION`] (`input` names what
+    /// was judged), counted and told like a step's and holding a promotion back unless allowed;
+    /// with a record folder its trace is the one `admit-service` call with the serving
+    /// version's verdict. The verdict is a pure function of its arguments, so nothing is resynced;
+    /// nor does a verdict count towards a promotion, which counts the tracker's inputs. Returns
+    /// whether they agreed.
+    pub fn admit_service(
+        &self,
+        serving: &LoadedLogic,
+        config: &wit::Config,
+        service: &wit::Service,
+        verdict: &Verdict,
+        input: impl FnOnce() -> String,
+    ) -> bool {
+        let judged = self.0.candidate.session().and_then(|mut session| session.admit_service(config, service));
+        let candidate = match &judged {
+            Ok(theirs) if theirs == verdict => {
+                self.0.status().admissions += 1;
+                return true;
+            }
+            Ok(theirs) => serde_json::to_value(theirs).expect("bindgen types serialize"),
+            Err(error) => serde_json::json!({ "trap": error.to_string() }),
+        };
+        let trace = self.0.next_trace().and_then(|path| {
+            let recorder = self.0.start_trace(&path, serving)?;
+            recorder.call(
+                "admit-service",
+                vec![crate::trace::arg(config.clone()), crate::trace::arg(service.clone())],
+                Ended::Returned(lazy(verdict.clone())),
+            );
+            self.0.trace_written(&recorder);
+            Some(path.display().to_string())
+        });
+        let answer = |verdict: serde_json::Value| Answer { only: vec![verdict], more: 0, wake_at_ms: None, idle: None };
+        let serving = serde_json::to_value(verdict).expect("bindgen types serialize");
+        let divergence = Divergence {
+            input: input(),
+            kinds: vec![ADMISSION.to_owned()],
+            serving: answer(serving),
+            candidate: answer(candidate),
+            trace,
+        };
+        self.0.diverged(divergence, false);
+        false
     }
 }
 
@@ -365,6 +409,7 @@ impl Tap {
             clean: 0,
             promote_after: options.promote_after,
             resyncing: 0,
+            admissions: 0,
             divergences: BTreeMap::new(),
             resyncs: BTreeMap::new(),
             last_divergence: None,
@@ -372,22 +417,22 @@ impl Tap {
             stopped: None,
             figures: None,
         };
+        let queue = options.queue;
         let shared = Arc::new(Shared {
             candidate: candidate.clone(),
             status: Mutex::new(status),
             wanted: Mutex::new(None),
             promotion_due: AtomicBool::new(false),
             queued: AtomicUsize::new(0),
+            diverged: AtomicBool::new(false),
+            options,
         });
-        let queue = options.queue;
         let runner = Box::new(Runner {
             candidate,
-            options,
             shared: shared.clone(),
             running: None,
             base: None,
             failed_syncs: 0,
-            diverged: false,
             figures_at: None,
         });
         let link = match queue {
@@ -518,14 +563,12 @@ impl Tap {
 /// The candidate's side.
 struct Runner {
     candidate: LoadedLogic,
-    options: ShadowOptions,
     shared: Arc<Shared>,
     /// `None` while out of step.
     running: Option<Running>,
     /// With a record folder: the serving state at the last resync and the inputs since.
     base: Option<Base>,
     failed_syncs: u32,
-    diverged: bool,
     /// When its figures were last read.
     figures_at: Option<std::time::Instant>,
 }
@@ -585,7 +628,7 @@ impl Runner {
                 self.running = Some(running);
                 self.failed_syncs = 0;
                 self.shared.status().state = ShadowState::InStep;
-                if self.options.record.is_some() {
+                if self.shared.options.record.is_some() {
                     self.base = Some(Base { config, serving, state, inputs: Vec::new() });
                 }
                 tracing::debug!(reason = reason.as_str(), "shadow in step with the serving version");
@@ -653,34 +696,14 @@ impl Runner {
                     self.shared.want(Resync::Rebase);
                 }
             }
-            self.check_promotion();
+            self.shared.check_promotion();
             return;
         }
         let trace = self.write_trace(&input, &serving);
-        let allowed = kinds.iter().all(|kind| self.options.allow.contains(kind));
-        let divergence = Divergence {
-            input: input.describe(),
-            kinds: kinds.clone(),
-            serving: serving_only,
-            candidate: candidate_only,
-            trace,
-        };
-        tracing::warn!(input = %divergence.input, kinds = %kinds.join(","), allowed, "the candidate diverged from the serving version; resyncing it");
-        let first = {
-            let mut status = self.shared.status();
-            status.compared += 1;
-            for kind in &kinds {
-                *status.divergences.entry(kind.clone()).or_default() += 1;
-            }
-            status.clean = if allowed { status.clean + 1 } else { 0 };
-            status.last_divergence = Some(divergence);
-            (!std::mem::replace(&mut self.diverged, true)).then(|| status.clone())
-        };
-        if let (Some(status), Some(on_event)) = (first, &self.options.on_event) {
-            on_event(ShadowEvent::FirstDivergence(status));
-        }
+        let divergence =
+            Divergence { input: input.describe(), kinds, serving: serving_only, candidate: candidate_only, trace };
+        self.shared.diverged(divergence, true);
         self.out_of_step(Resync::Divergence);
-        self.check_promotion();
     }
 
     fn out_of_step(&mut self, reason: Resync) {
@@ -690,36 +713,11 @@ impl Runner {
         self.shared.want(reason);
     }
 
-    fn check_promotion(&mut self) {
-        let Some(after) = self.options.promote_after else { return };
-        let status = self.shared.status().clone();
-        if status.clean >= after && !self.shared.promotion_due.swap(true, Ordering::Relaxed) {
-            tracing::info!(candidate = %status.version, clean = status.clean, "the candidate compared enough inputs without a divergence; its promotion is due");
-            if let Some(on_event) = &self.options.on_event {
-                on_event(ShadowEvent::PromotionDue(status));
-            }
-        }
-    }
-
     /// Writes the divergence on `input` as a trace; its path.
     fn write_trace(&mut self, input: &Input, serving: &wit::Step) -> Option<String> {
-        let dir = self.options.record.as_ref()?;
         let base = self.base.as_ref()?;
-        let n = self.shared.status().traces_written;
-        if n >= MAX_DIVERGENCE_TRACES {
-            return None;
-        }
-        let version = self.shared.status().version.clone();
-        let path = dir.join(format!("shadow-{version}-divergence-{:04}.jsonl", n + 1));
-        let options = RecordOptions::whole(path.clone(), format!("shadow of {version}"));
-        let component = ComponentRef::of(&base.serving, None);
-        let recorder = match Recorder::start(options, Signatures::of(&base.serving), &component) {
-            Ok(recorder) => recorder,
-            Err(error) => {
-                tracing::warn!(%error, "cannot write the divergence trace");
-                return None;
-            }
-        };
+        let path = self.shared.next_trace()?;
+        let recorder = self.shared.start_trace(&path, &base.serving)?;
         let handle = recorder.new_handle();
         recorder.call(
             "tracker.import-state",
@@ -729,8 +727,7 @@ impl Runner {
         for (earlier, step) in base.inputs.iter().map(|(i, s)| (i, s)).chain([(input, serving)]) {
             record_input(&recorder, handle, earlier, Ended::Returned(lazy(step.clone())));
         }
-        recorder.flush();
-        self.shared.status().traces_written += 1;
+        self.shared.trace_written(&recorder);
         Some(path.display().to_string())
     }
 }

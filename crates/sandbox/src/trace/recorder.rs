@@ -288,6 +288,20 @@ impl Recorder {
         Some(handle)
     }
 
+    /// Starts a new file whose header names `component`, for calls that need no state (the pure
+    /// functions, such as the webhook's `admit-service`): its trace begins one when the version
+    /// judging changes, or when lines were lost or the file is full ([`Self::needs_state`]).
+    /// `false` when the writer's queue was full (the next call tries again).
+    pub fn begin_file(&self, component: &ComponentRef) -> bool {
+        if !self.send(Item::Rotate(header(component, &self.source))) {
+            return false;
+        }
+        self.shared.live.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shared.broken.store(false, Ordering::Relaxed);
+        self.shared.rotate_due.store(false, Ordering::Relaxed);
+        true
+    }
+
     /// Records a call to a function of the world. Calls on a handle the current file does not
     /// hold are left out.
     pub fn call(&self, call: &'static str, args: Vec<Arg>, ended: Ended) {
