@@ -342,7 +342,8 @@ fn admission_exit(args: &[String]) -> (u8, String) {
 }
 
 #[test]
-fn clb_host_admission_exits_two_when_an_input_is_unreadable_or_it_cannot_listen_and_one_on_a_refused_configuration() {
+fn clb_host_admission_exits_two_when_an_input_is_unreadable_a_flag_is_wrong_or_it_cannot_listen_and_one_on_a_refused_configuration()
+ {
     use clb_host::cli::{EXIT_BAD_INPUT, EXIT_REFUSED};
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
@@ -388,6 +389,22 @@ fn clb_host_admission_exits_two_when_an_input_is_unreadable_or_it_cannot_listen_
             flags(&path("configs/pod-ip-on-standard.yaml"), &cert, "127.0.0.1:0"),
             EXIT_REFUSED,
             "PodIPRequiresStandardV2",
+        ),
+        (
+            "a pin without a source",
+            [flags(&clb, &cert, "127.0.0.1:0"), vec!["--logic-sha256".into(), "ab".repeat(32)]].concat(),
+            EXIT_BAD_INPUT,
+            "--logic-file <PATH>|--logic-configmap",
+        ),
+        (
+            "two sources",
+            [
+                flags(&clb, &cert, "127.0.0.1:0"),
+                ["--logic-file", "a.wasm", "--logic-configmap", "ns/cm:k"].map(str::to_owned).to_vec(),
+            ]
+            .concat(),
+            EXIT_BAD_INPUT,
+            "cannot be used with",
         ),
     ];
     for (what, args, code, says) in cases {
@@ -446,6 +463,37 @@ async fn the_webhook_records_each_review_it_judged_as_a_call_that_replay_reprodu
         let (code, theirs, err) = replay(host, &[&trace], Some(&super::traces::guest_files().1), &["--json"]);
         assert_eq!((code, theirs), (1, rust.clone()), "the same divergence as clb-host: {err}");
     }
+}
+
+// The "same logic flags as run": the policy swapped by a watched file, without a restart.
+#[tokio::test]
+async fn the_webhook_judges_with_each_new_version_of_its_watched_file_from_the_next_request_on() {
+    let dir = std::env::temp_dir().join(format!("clb-webhook-{}-source", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let logic = dir.join("logic.wasm");
+    std::fs::write(&logic, clb_sandbox::BUILTIN_GUEST).unwrap();
+    let pin = sha256_hex(NEXT_GUEST);
+    let hook = webhook("source", &["--logic-file", logic.to_str().unwrap()]).await;
+    let mut marked = service("marked", "LoadBalancer", "Local");
+    marked["metadata"]["annotations"] = json!({"clb.test/denied-by-next": "true"});
+    let marked = review("CREATE", marked, Value::Null, false);
+    assert_eq!(hook.judge(&marked).await["allowed"], true, "the built-in logic allows it");
+    super::operations::replace_file(&logic, NEXT_GUEST);
+    let denied = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let response = hook.judge(&marked).await;
+            if response["allowed"] == false {
+                break response;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the next guest judges");
+    assert_eq!(denied["status"]["reason"], "DeniedByNextGuest", "{denied}");
+    let metrics = hook.get("/metrics").await.1;
+    let labels = ["verdict=\"denied\"", &format!("sha256=\"{pin}\"")[..]];
+    assert!(super::operations::sample(&metrics, "clb_admission_requests_total", &labels) >= 1.0, "{metrics}");
 }
 
 /// `clb-host run` with its webhook, the built-in logic serving from a watched file and the next

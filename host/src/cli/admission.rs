@@ -5,6 +5,8 @@ use super::args::{EXIT_BAD_INPUT, EXIT_REFUSED, LogicArgs, refuses_config};
 use crate::admission::review::FailurePolicy;
 use crate::admission::tls::ReloadingCert;
 use crate::admission::{Door, Settings, serve};
+use crate::live::control::{Control, ControlEvent};
+use crate::live::sources::LogicSource;
 use anyhow::Context as _;
 use clap::Args;
 use clb_executor::inputs;
@@ -34,6 +36,12 @@ pub(super) struct AdmissionArgs {
     pub(super) judging: JudgingArgs,
     #[command(flatten)]
     pub(super) record: super::args::RecordArgs,
+    #[command(flatten)]
+    pub(super) source: super::args::LogicSourceArgs,
+    /// The kubeconfig, for --logic-configmap; default: the in-cluster configuration, else
+    /// `KUBECONFIG` or `~/.kube/config`.
+    #[arg(long, value_name = "FILE")]
+    pub(super) kubeconfig: Option<PathBuf>,
     #[command(flatten)]
     pub(super) logic: LogicArgs,
 }
@@ -95,7 +103,8 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
         }
         None => None,
     };
-    let settings = Settings { record, ..args.judging.settings(Arc::new(Door::new(logic)), config) };
+    let door = Arc::new(Door::new(logic));
+    let settings = Settings { record, ..args.judging.settings(door.clone(), config.clone()) };
     let threads =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     threads.block_on(async {
@@ -106,8 +115,60 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
                 return Ok(EXIT_BAD_INPUT);
             }
         };
+        if let Some(source) = args.source.source() {
+            let client = match &source {
+                LogicSource::ConfigMap(_) => match crate::live::settings::connect(args.kubeconfig.as_deref()).await {
+                    Ok(client) => Some(client),
+                    Err(e) => {
+                        writeln!(err, "error: {:#}", anyhow::Error::new(e))?;
+                        return Ok(EXIT_BAD_INPUT);
+                    }
+                },
+                LogicSource::File(_) => None,
+            };
+            let pin = args.source.logic_sha256.clone();
+            follow_source(source, pin, client, &runtime, args.logic.limits(), door, config);
+        }
         writeln!(out, "listening on https://{}/validate", listener.local_addr()?)?;
         out.flush()?;
         match serve(listener, certified.server_config(), settings, None).await {}
     })
+}
+
+/// Watches `source` (as `run` does) and has each version it offers judge from the next request
+/// on, once the version takes the configuration: `run`'s decompression, pin and load checks,
+/// then [`Control::adopt`], as there is no tracker whose state would move.
+fn follow_source(
+    source: LogicSource,
+    pin: Option<crate::live::swap::Sha256Pin>,
+    client: Option<kube::Client>,
+    runtime: &Runtime,
+    limits: clb_sandbox::Limits,
+    door: Arc<Door>,
+    config: wit::Config,
+) {
+    // Where the sources' refusals are counted; the webhook's own `/metrics` does not show them,
+    // its log does.
+    let (mut control, swaps) = Control::new(runtime, limits, crate::live::metrics::Metrics::new());
+    tokio::spawn(source.watch(client, pin, swaps, crate::live::sources::FILE_POLL));
+    tokio::spawn(async move {
+        loop {
+            let ControlEvent::Request(request) = control.next().await else { continue };
+            let serving = door.judges().serving;
+            control.adopt(request, &serving, |logic| {
+                let refused = match logic.session().and_then(|mut session| session.validate_config(&config)) {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(refused)) => {
+                        Some(format!("it refuses the configuration: {}: {}", refused.reason, refused.message))
+                    }
+                    Err(error) => Some(format!("validate-config failed: {error}")),
+                };
+                if let Some(why) = refused {
+                    return Err(why);
+                }
+                door.follow(logic, None);
+                Ok(())
+            });
+        }
+    });
 }

@@ -163,6 +163,34 @@ impl RecordArgs {
     }
 }
 
+/// A watched source of new versions (`run`'s, `admission`'s): swapped to at start and whenever
+/// its content changes (docs/operations.md, "Swapping the logic").
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("logic_source").args(["logic_file", "logic_configmap"])))]
+pub(super) struct LogicSourceArgs {
+    /// Watch this component file and swap to it at start and whenever its content changes.
+    #[arg(long, value_name = "PATH")]
+    pub(super) logic_file: Option<PathBuf>,
+    /// Watch this ConfigMap key (binaryData, or base64 in data) and swap to it at start and
+    /// whenever it changes.
+    #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
+    pub(super) logic_configmap: Option<crate::live::sources::ConfigMapKey>,
+    /// Refuse, before loading, any version from the source whose sha256 is not this one (the
+    /// sha256 of the decompressed component, when the source holds it compressed).
+    #[arg(long, value_name = "HEX", requires = "logic_source")]
+    pub(super) logic_sha256: Option<crate::live::swap::Sha256Pin>,
+}
+
+impl LogicSourceArgs {
+    pub(super) fn source(&self) -> Option<crate::live::sources::LogicSource> {
+        match (&self.logic_file, &self.logic_configmap) {
+            (Some(path), _) => Some(crate::live::sources::LogicSource::File(path.clone())),
+            (None, Some(key)) => Some(crate::live::sources::LogicSource::ConfigMap(key.clone())),
+            (None, None) => None,
+        }
+    }
+}
+
 /// Which logic to run and under which limits.
 #[derive(Args)]
 pub(super) struct LogicArgs {

@@ -182,7 +182,6 @@ pub(super) fn shadow_kind(text: &str) -> Result<String, String> {
 
 /// The endpoint and the sources of new logic versions of `run`.
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("logic_source").args(["logic_file", "logic_configmap"])))]
 pub(super) struct OperationsArgs {
     /// Where to serve / (the operator page), /metrics, /healthz, /readyz, /status and POST /swap; port 0 picks a free one.
     #[arg(long, default_value = DEFAULT_LISTEN)]
@@ -191,17 +190,8 @@ pub(super) struct OperationsArgs {
     /// `Authorization: Bearer TOKEN` (and only then); without it, only from loopback.
     #[arg(long, value_name = "FILE")]
     pub(super) admin_token_file: Option<PathBuf>,
-    /// Watch this component file and swap to it at start and whenever its content changes.
-    #[arg(long, value_name = "PATH")]
-    pub(super) logic_file: Option<PathBuf>,
-    /// Watch this ConfigMap key (binaryData, or base64 in data) and swap to it at start and
-    /// whenever it changes.
-    #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
-    pub(super) logic_configmap: Option<crate::live::sources::ConfigMapKey>,
-    /// Refuse, before loading, any version from the source whose sha256 is not this one (the
-    /// sha256 of the decompressed component, when the source holds it compressed).
-    #[arg(long, value_name = "HEX", requires = "logic_source")]
-    pub(super) logic_sha256: Option<crate::live::swap::Sha256Pin>,
+    #[command(flatten)]
+    pub(super) source: super::args::LogicSourceArgs,
     /// The ConfigMap swap Events regard; default: the --logic-configmap one, else
     /// kube-system/clb-reconciler.
     #[arg(long, value_name = "NAMESPACE/NAME")]
@@ -360,11 +350,7 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
         Some(path) => Some(read_token(path)?),
         None => None,
     };
-    let source = match (ops.logic_file, ops.logic_configmap) {
-        (Some(path), _) => Some(crate::live::sources::LogicSource::File(path)),
-        (None, Some(key)) => Some(crate::live::sources::LogicSource::ConfigMap(key)),
-        (None, None) => None,
-    };
+    let source = ops.source.source();
     let shadow_args = args.shadow;
     let shadow_source = match (shadow_args.shadow_logic_file, shadow_args.shadow_logic_configmap) {
         (Some(path), _) => Some(crate::live::sources::LogicSource::File(path)),
@@ -385,7 +371,7 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
         listen: ops.listen,
         admin_token,
         source,
-        pin: ops.logic_sha256,
+        pin: ops.source.logic_sha256,
         events: ops.swap_events_configmap,
         limits: args.logic.limits(),
         poll: crate::live::sources::FILE_POLL,

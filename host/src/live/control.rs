@@ -47,7 +47,9 @@ use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::compression::Compression;
 use clb_sandbox::error_text::error_chain;
 use clb_sandbox::supervisor::shadow::SHADOW_QUEUE;
-use clb_sandbox::supervisor::{ShadowEvent, ShadowOptions, Staged, Supervisor, SupervisorError, SwapReport};
+use clb_sandbox::supervisor::{
+    ShadowEvent, ShadowOptions, Staged, Supervisor, SupervisorError, SwapReport, version_name,
+};
 use clb_sandbox::{Limits, LoadedLogic, Loader, Runtime, sha256_hex};
 use k8s_openapi::api::core::v1::ConfigMap;
 use std::collections::BTreeSet;
@@ -406,6 +408,37 @@ impl Control {
             ControlEvent::Imported(imported) => self.finish(supervisor, imported, now_ms),
             ControlEvent::Promote => self.promote(supervisor, now_ms),
         }
+    }
+
+    /// Answers `request` without a supervisor, for a host whose versions only judge
+    /// (`clb-host admission`): `serving` is the version judging now, and `adopt` takes the new one
+    /// or says why not (kind `config`: it refuses the configuration). Logged and answered as a
+    /// swap is; nothing to stage, as no state moves.
+    pub fn adopt(
+        &self,
+        request: SwapRequest,
+        serving: &LoadedLogic,
+        adopt: impl FnOnce(&LoadedLogic) -> Result<(), String>,
+    ) -> SwapResult {
+        let SwapRequest { logic, origin, reply, .. } = request;
+        let sha256 = logic.info().sha256.clone();
+        let result = if serving.info().sha256 == sha256 {
+            SwapResult::Unchanged { version: version_name(&logic), sha256 }
+        } else {
+            match adopt(&logic) {
+                Ok(()) => {
+                    tracing::info!(%origin, from = %version_name(serving), to = %version_name(&logic), "the new version judges from the next request on");
+                    SwapResult::Adopted { from: version_name(serving), to: version_name(&logic), sha256 }
+                }
+                Err(reason) => {
+                    tracing::warn!(%origin, %reason, "the new version refused; the running version keeps judging");
+                    SwapResult::Refused { kind: "config".into(), reason, sha256 }
+                }
+            }
+        };
+        self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
+        let _ = reply.send(result.clone());
+        result
     }
 
     /// Starts the request's swap: answers `unchanged` for the version serving, else stages it

@@ -96,11 +96,11 @@ impl Operations {
         };
         let kube = KubeClient::new(settings.kube.clone(), settings.instance.clone());
         let events = tokio::spawn(report_events(kube, target.clone(), metrics.clone(), metrics.subscribe_swaps()));
-        let source = config
-            .source
-            .map(|source| tokio::spawn(source.watch(settings.kube.clone(), config.pin, swaps.clone(), config.poll)));
+        let source = config.source.map(|source| {
+            tokio::spawn(source.watch(Some(settings.kube.clone()), config.pin, swaps.clone(), config.poll))
+        });
         let shadow_source = config.shadow.map(|shadow| {
-            let watch = shadow.source.watch(settings.kube.clone(), shadow.pin, swaps.for_shadow(), config.poll);
+            let watch = shadow.source.watch(Some(settings.kube.clone()), shadow.pin, swaps.for_shadow(), config.poll);
             tokio::spawn(watch)
         });
         // On its own timer rather than the loop's: a quiet controller still draws its flat line,

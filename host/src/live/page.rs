@@ -198,6 +198,9 @@ fn describe_swap(result: &SwapResult) -> (&'static str, String, String) {
             )
         }
         SwapResult::Unchanged { version, .. } => ("unchanged", escape(version), "already serving".to_owned()),
+        SwapResult::Adopted { from, to, .. } => {
+            ("adopted", format!("{} → {}", escape(from), escape(to)), "judges at the door".to_owned())
+        }
         SwapResult::Refused { kind, reason, sha256 } => {
             ("refused", short(sha256), format!("{}: {}", escape(kind), escape(reason)))
         }
@@ -221,8 +224,14 @@ fn swaps(page: &mut String, overview: &Overview) {
     page.push_str("<table>\n<tr><th>at</th><th>result</th><th>versions</th><th>from</th><th>details</th></tr>\n");
     for SwapRecord { at, origin, result } in &overview.swaps {
         let (name, versions, details) = describe_swap(result);
-        let class =
-            if matches!(result, SwapResult::Accepted { .. } | SwapResult::Unchanged { .. }) { "ok" } else { "bad" };
+        let class = if matches!(
+            result,
+            SwapResult::Accepted { .. } | SwapResult::Unchanged { .. } | SwapResult::Adopted { .. }
+        ) {
+            "ok"
+        } else {
+            "bad"
+        };
         let _ = writeln!(
             page,
             "<tr class=\"swap\"><td>{}</td><td class=\"{class}\">{name}</td><td>{versions}</td><td>{}</td><td>{details}</td></tr>",

@@ -136,12 +136,17 @@ impl LogicSource {
 
     /// Watches the source and offers its content through `swaps` (to serve, or to run in shadow)
     /// until the run loop stops.
-    pub async fn watch(self, client: kube::Client, pin: Option<Sha256Pin>, swaps: SwapSender, poll: Duration) {
+    /// A ConfigMap is watched through `client`; without one (`clb-host admission` with no
+    /// Kubernetes configuration) it is not watched, and that is logged.
+    pub async fn watch(self, client: Option<kube::Client>, pin: Option<Sha256Pin>, swaps: SwapSender, poll: Duration) {
         let origin = if swaps.is_shadow() { format!("shadow {}", self.origin()) } else { self.origin() };
         let mut offer = Offer { origin, pin, swaps, offered: None, last_problem: None };
-        match self {
-            LogicSource::File(path) => watch_file(path, poll, &mut offer).await,
-            LogicSource::ConfigMap(key) => watch_configmap(client, key, &mut offer).await,
+        match (self, client) {
+            (LogicSource::File(path), _) => watch_file(path, poll, &mut offer).await,
+            (LogicSource::ConfigMap(key), Some(client)) => watch_configmap(client, key, &mut offer).await,
+            (LogicSource::ConfigMap(key), None) => {
+                return tracing::error!(configmap = %key, "no Kubernetes client: the ConfigMap is not watched");
+            }
         }
         tracing::debug!(origin = %offer.origin, "the run loop stopped; no longer watching the logic source");
     }

@@ -86,6 +86,9 @@ pub enum SwapResult {
     },
     /// The bytes are the serving version: nothing to do.
     Unchanged { version: String, sha256: String },
+    /// The new version judges at the door (`clb-host admission`, which holds no tracker: no
+    /// state moved).
+    Adopted { from: String, to: String, sha256: String },
     /// The running version keeps serving; `kind` is the supervisor's refusal kind, or `digest`.
     Refused { kind: String, reason: String, sha256: String },
     /// The supervisor rolled a swapped-in version back after repeated traps.
@@ -195,7 +198,7 @@ impl SwapResult {
                     kinds.join(", ")
                 ),
             ),
-            SwapResult::Unchanged { .. } => return None,
+            SwapResult::Unchanged { .. } | SwapResult::Adopted { .. } => return None,
         })
     }
 }
