@@ -84,6 +84,19 @@ async fn hostile_requests_each_get_their_answer_and_the_webhook_keeps_serving() 
     let answer = raw(&hook.url, head).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("the body is over 3145728 bytes"), "{answer}");
+    // One streamed in chunks, its length said nowhere, is cut at the limit as it is read.
+    let mut chunked =
+        b"POST /validate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    for _ in 0..64 {
+        chunked.extend_from_slice(b"10000\r\n");
+        chunked.extend(std::iter::repeat_n(b' ', 0x10000));
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let answer = raw(&hook.url, chunked).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("the body is over 3145728 bytes"), "{answer}");
     let not_a_review = json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}});
     let cases: [(Vec<u8>, u16, &str); 3] = [
         (b"{ not json".to_vec(), 400, "not an AdmissionReview"),
@@ -310,7 +323,7 @@ fn closed_port() -> u16 {
 
 /// Sends `head` over a TLS connection of its own to the server of `url` and reads the answer
 /// until the server closes or 5 s pass.
-async fn raw(url: &str, head: &str) -> String {
+async fn raw(url: &str, request: impl Into<Vec<u8>>) -> String {
     use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut roots = rustls::RootCertStore::empty();
@@ -324,10 +337,17 @@ async fn raw(url: &str, head: &str) -> String {
     let address = url.trim_start_matches("https://").split('/').next().unwrap().to_owned();
     let tcp = tokio::net::TcpStream::connect(&address).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.unwrap();
-    tls.write_all(head.as_bytes()).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)).connect(name, tcp).await.unwrap();
+    let (mut reader, mut writer) = tokio::io::split(tls);
+    let request = request.into();
+    // Written beside the reading: a server that answers before the body ends stops reading it.
+    let writing = tokio::spawn(async move {
+        let _ = writer.write_all(&request).await;
+        writer
+    });
     let mut answer = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answer)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), reader.read_to_end(&mut answer)).await;
+    writing.abort();
     String::from_utf8_lossy(&answer).into_owned()
 }
 
