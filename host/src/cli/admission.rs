@@ -1,7 +1,7 @@
 //! `clb-host admission`: serves the logic's admission rules as a `ValidatingAdmissionWebhook`
 //! until killed (`crate::admission`).
 
-use super::args::{EXIT_BAD_INPUT, EXIT_REFUSED, LogicArgs, refuses_config};
+use super::args::{EXIT_BAD_INPUT, EXIT_REFUSED, LogicArgs, config_refusal, refuses_config};
 use crate::admission::review::FailurePolicy;
 use crate::admission::tls::ReloadingCert;
 use crate::admission::{Door, Settings, serve};
@@ -93,16 +93,7 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
     if refuses_config(&logic, &config, &args.cloud_config, err)? {
         return Ok(EXIT_REFUSED);
     }
-    let record = match &args.record.record {
-        Some(path) => {
-            let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
-            let options = args.record.options(path.clone(), "admission");
-            let component = clb_sandbox::trace::ComponentRef::of(&logic, Some(&name));
-            let signatures = clb_sandbox::trace::Signatures::of(&logic);
-            Some(clb_sandbox::trace::Recorder::start(options, signatures, &component)?)
-        }
-        None => None,
-    };
+    let record = args.record.start(&logic, &args.logic, "admission")?;
     let door = Arc::new(Door::new(logic));
     let settings = Settings { record, ..args.judging.settings(door.clone(), config.clone()) };
     let threads =
@@ -155,19 +146,13 @@ fn follow_source(
         loop {
             let ControlEvent::Request(request) = control.next().await else { continue };
             let serving = door.judges().serving;
-            control.adopt(request, &serving, |logic| {
-                let refused = match logic.session().and_then(|mut session| session.validate_config(&config)) {
-                    Ok(Ok(_)) => None,
-                    Ok(Err(refused)) => {
-                        Some(format!("it refuses the configuration: {}: {}", refused.reason, refused.message))
-                    }
-                    Err(error) => Some(format!("validate-config failed: {error}")),
-                };
-                if let Some(why) = refused {
-                    return Err(why);
+            control.adopt(request, &serving, |logic| match config_refusal(logic, &config) {
+                Ok(None) => {
+                    door.follow(logic, None);
+                    Ok(())
                 }
-                door.follow(logic, None);
-                Ok(())
+                Ok(Some(refused)) => Err(refused),
+                Err(error) => Err(format!("validate-config failed: {error}")),
             });
         }
     });

@@ -152,14 +152,25 @@ pub(super) struct RecordArgs {
 }
 
 impl RecordArgs {
-    /// A live trace's options at `path`, its header saying `source` recorded it.
-    pub(super) fn options(&self, path: PathBuf, source: &str) -> clb_sandbox::trace::RecordOptions {
-        clb_sandbox::trace::RecordOptions {
+    /// The live recorder `--record` asks for, if it does: its header says `source` recorded
+    /// `logic`, named as `--component` named it (`builtin` without one).
+    pub(super) fn start(
+        &self,
+        logic: &clb_sandbox::LoadedLogic,
+        args: &LogicArgs,
+        source: &str,
+    ) -> anyhow::Result<Option<std::sync::Arc<clb_sandbox::trace::Recorder>>> {
+        use clb_sandbox::trace::{ComponentRef, RecordOptions, Recorder, Signatures};
+        let Some(path) = &self.record else { return Ok(None) };
+        let options = RecordOptions {
             max_file_bytes: self.record_max_file_mib << 20,
             keep_files: self.record_keep_files,
             source: source.to_owned(),
-            ..clb_sandbox::trace::RecordOptions::live(path)
-        }
+            ..RecordOptions::live(path.clone())
+        };
+        let name = args.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
+        let component = ComponentRef::of(logic, Some(&name));
+        Ok(Some(Recorder::start(options, Signatures::of(logic), &component)?))
     }
 }
 
@@ -216,16 +227,21 @@ pub(super) fn refuses_config(
     path: &std::path::Path,
     err: &mut dyn std::io::Write,
 ) -> anyhow::Result<bool> {
-    let Err(refused) = logic.session()?.validate_config(config)? else { return Ok(false) };
-    writeln!(
-        err,
-        "error: {}: the logic refuses the configuration: {} ({}): {}",
-        path.display(),
-        refused.reason,
-        refused.field,
-        refused.message
-    )?;
+    let Some(refused) = config_refusal(logic, config)? else { return Ok(false) };
+    writeln!(err, "error: {}: {refused}", path.display())?;
     Ok(true)
+}
+
+/// Why `logic` refuses `config` (`validate-config`), in one line; `None` when it takes it.
+pub(super) fn config_refusal(
+    logic: &clb_sandbox::LoadedLogic,
+    config: &clb_sandbox::bindings::clb::reconciler::types::Config,
+) -> Result<Option<String>, clb_sandbox::GuestError> {
+    let Err(refused) = logic.session()?.validate_config(config)? else { return Ok(None) };
+    Ok(Some(format!(
+        "the logic refuses the configuration: {} ({}): {}",
+        refused.reason, refused.field, refused.message
+    )))
 }
 
 impl LogicArgs {

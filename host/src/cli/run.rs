@@ -334,15 +334,7 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
             return Ok(EXIT_BAD_INPUT);
         }
     };
-    let trace = match &args.record.record {
-        Some(path) => {
-            let options = args.record.options(path.clone(), "run");
-            let name = args.logic.component.as_ref().map_or_else(|| "builtin".into(), |p| p.display().to_string());
-            let component = clb_sandbox::trace::ComponentRef::of(&logic, Some(&name));
-            Some(clb_sandbox::trace::Recorder::start(options, clb_sandbox::trace::Signatures::of(&logic), &component)?)
-        }
-        None => None,
-    };
+    let trace = args.record.start(&logic, &args.logic, "run")?;
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let ops = args.operations;

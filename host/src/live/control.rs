@@ -419,7 +419,7 @@ impl Control {
         request: SwapRequest,
         serving: &LoadedLogic,
         adopt: impl FnOnce(&LoadedLogic) -> Result<(), String>,
-    ) -> SwapResult {
+    ) {
         let SwapRequest { logic, origin, reply, .. } = request;
         let sha256 = logic.info().sha256.clone();
         let result = if serving.info().sha256 == sha256 {
@@ -437,8 +437,7 @@ impl Control {
             }
         };
         self.metrics.record_swap(SwapRecord::now(origin, result.clone()));
-        let _ = reply.send(result.clone());
-        result
+        let _ = reply.send(result);
     }
 
     /// Starts the request's swap: answers `unchanged` for the version serving, else stages it

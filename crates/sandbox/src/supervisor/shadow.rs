@@ -307,8 +307,7 @@ impl ShadowHandle {
     /// was judged), counted and told like a step's and holding a promotion back unless allowed;
     /// with a record folder its trace is the one `admit-service` call with the serving
     /// version's verdict. The verdict is a pure function of its arguments, so nothing is resynced;
-    /// nor does a verdict count towards a promotion, which counts the tracker's inputs. Returns
-    /// whether they agreed.
+    /// nor does a verdict count towards a promotion, which counts the tracker's inputs.
     pub fn admit_service(
         &self,
         serving: &LoadedLogic,
@@ -316,12 +315,12 @@ impl ShadowHandle {
         service: &wit::Service,
         verdict: &Verdict,
         input: impl FnOnce() -> String,
-    ) -> bool {
+    ) {
         let judged = self.0.candidate.session().and_then(|mut session| session.admit_service(config, service));
         let candidate = match &judged {
             Ok(theirs) if theirs == verdict => {
                 self.0.status().admissions += 1;
-                return true;
+                return;
             }
             Ok(theirs) => serde_json::to_value(theirs).expect("bindgen types serialize"),
             Err(error) => serde_json::json!({ "trap": error.to_string() }),
@@ -346,7 +345,6 @@ impl ShadowHandle {
             trace,
         };
         self.0.diverged(divergence, false);
-        false
     }
 }
 
