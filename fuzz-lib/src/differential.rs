@@ -15,7 +15,7 @@ use crate::program::{Answer, Program, Step, Time};
 use clb_guest::tracker::{StateError, Tracker};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::native::{
-    component_verdict, config_to_model, native_verdict, observation_to_model, outcome_to_model, service_to_model,
+    component_admission, config_to_model, native_admission, observation_to_model, outcome_to_model, service_to_model,
     step_to_wit,
 };
 use clb_sandbox::{Limits, LoadedLogic, Runtime, Session};
@@ -99,9 +99,9 @@ impl Sides {
     }
 
     fn admit(&mut self, service: &wit::Service) {
-        let native = clb_guest::admit_service(&config_to_model(&self.config), &service_to_model(service));
+        let native = native_admission(&config_to_model(&self.config), &service_to_model(service));
         let component = ok("admit-service", self.session.admit_service(&self.config, service));
-        assert_eq!(native_verdict(&native), component_verdict(&component), "admit-service differs");
+        assert_eq!(native, component_admission(&component), "admit-service differs");
     }
 
     fn round_trip(&mut self) {

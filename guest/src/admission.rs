@@ -56,24 +56,77 @@ fn reject(reason: &str, service: &Service, detail: String) -> Verdict {
 /// Deletion is never blocked by validation (upstream A blocked cleanup of `Cluster` Services,
 /// docs/upstream.md §d.1): a deleting LoadBalancer Service always gets `Cleanup`.
 pub fn admit_service(config: &Config, service: &Service) -> Verdict {
+    match judged_in_clb_mode(config, service) {
+        Err(verdict) => verdict,
+        Ok(()) => check_service(service).unwrap_or(Verdict::Admitted),
+    }
+}
+
+/// Whether the Service's own rules decide it: a LoadBalancer Service of no other class, not
+/// being deleted, under a configuration in CLB mode. Otherwise the verdict that ends it there.
+fn judged_in_clb_mode(config: &Config, service: &Service) -> Result<(), Verdict> {
     if let Some(class) = service.load_balancer_class.as_deref().filter(|c| !c.is_empty()) {
-        return Verdict::Ignored(format!("spec.loadBalancerClass is {class:?}: another controller's Service"));
+        return Err(Verdict::Ignored(format!("spec.loadBalancerClass is {class:?}: another controller's Service")));
     }
     let service_type = service.service_type.as_deref().unwrap_or("ClusterIP");
     if service_type != "LoadBalancer" {
-        return Verdict::Ignored(format!("spec.type is {service_type}, not LoadBalancer"));
+        return Err(Verdict::Ignored(format!("spec.type is {service_type}, not LoadBalancer")));
     }
     if service.deleting {
-        return Verdict::Cleanup;
+        return Err(Verdict::Cleanup);
     }
     match validate_config(config) {
-        Err(err) => return Verdict::Rejected(Rejection { reason: err.reason, message: err.message }),
-        Ok(Mode::ContainerLoadBalancer) => {}
+        Err(err) => Err(Verdict::Rejected(Rejection { reason: err.reason, message: err.message })),
+        Ok(Mode::ContainerLoadBalancer) => Ok(()),
         Ok(mode) => {
-            return Verdict::Ignored(format!("the configuration is in {mode:?} mode, not Container Load Balancer"));
+            Err(Verdict::Ignored(format!("the configuration is in {mode:?} mode, not Container Load Balancer")))
         }
     }
-    check_service(service).unwrap_or(Verdict::Admitted)
+}
+
+/// The cloud provider's Service annotations are those under these prefixes (its per-port ones
+/// are `service.beta.kubernetes.io/port_<port>_…`).
+const PROVIDER_ANNOTATION_PREFIXES: [&str; 2] =
+    ["service.beta.kubernetes.io/azure-", "service.beta.kubernetes.io/port_"];
+
+/// The provider's annotations the Container Load Balancer reads; it reads no other, as
+/// upstream's CLB path reads no other (docs/upstream.md §d.2).
+const ANNOTATIONS_ACTED_ON: [&str; 2] = [ANNOTATION_INTERNAL_LB, ANNOTATION_IDLE_TIMEOUT];
+
+/// The most warnings one Service gets: the API server keeps a response's warnings small, and a
+/// person reads the first few.
+pub const MAX_WARNINGS: usize = 10;
+
+/// The soft findings on a Service that do not change its verdict: each provider annotation it
+/// carries that the Container Load Balancer does not act on, in the order of the annotations
+/// (sorted by key), at most [`MAX_WARNINGS`] (the last then counts the rest). None for a
+/// Service not judged in CLB mode (another class, not a LoadBalancer, being deleted, or a
+/// configuration not in CLB mode or refused): its author has nothing to change for this logic.
+pub fn warnings(config: &Config, service: &Service) -> Vec<String> {
+    if judged_in_clb_mode(config, service).is_err() {
+        return Vec::new();
+    }
+    let mut warnings = Vec::new();
+    let mut more = 0;
+    for (key, _) in &service.annotations {
+        let provider = PROVIDER_ANNOTATION_PREFIXES.iter().any(|prefix| key.starts_with(prefix));
+        if !provider || ANNOTATIONS_ACTED_ON.contains(&key.as_str()) {
+            continue;
+        }
+        if warnings.len() < MAX_WARNINGS {
+            warnings.push(format!("annotation {key} is ignored: the Container Load Balancer does not act on it"));
+        } else {
+            more += 1;
+        }
+    }
+    if more > 0 {
+        // The tenth warning counts itself and the rest.
+        warnings[MAX_WARNINGS - 1] = format!(
+            "{} more annotations of the cloud provider are ignored: the Container Load Balancer does not act on them",
+            more + 1
+        );
+    }
+    warnings
 }
 
 /// The per-Service rules of CLB mode, in contract order; `None` means admitted.

@@ -33,9 +33,10 @@ impl wit_validation::Guest for Component {
         config::validate_config(&config.into()).map(Into::into).map_err(Into::into)
     }
 
-    fn admit_service(config: wit::Config, service: wit::Service) -> wit_validation::Verdict {
+    fn admit_service(config: wit::Config, service: wit::Service) -> wit_validation::Admission {
         install_panic_hook();
-        match admission::admit_service(&config.into(), &service.into()) {
+        let (config, service) = (config.into(), service.into());
+        let verdict = match admission::admit_service(&config, &service) {
             admission::Verdict::Admitted => wit_validation::Verdict::Admitted,
             admission::Verdict::NothingToProvision => wit_validation::Verdict::NothingToProvision,
             admission::Verdict::Cleanup => wit_validation::Verdict::Cleanup,
@@ -43,7 +44,8 @@ impl wit_validation::Guest for Component {
             admission::Verdict::Rejected(r) => {
                 wit_validation::Verdict::Rejected(wit_validation::Rejection { reason: r.reason, message: r.message })
             }
-        }
+        };
+        wit_validation::Admission { verdict, warnings: admission::warnings(&config, &service) }
     }
 }
 

@@ -61,13 +61,14 @@ func (c *Component) ValidateConfig(config map[string]any) (Variant, error) {
 	return v.(Variant), nil
 }
 
-// AdmitService is `admit-service`: the verdict (Variant{"admitted", nil}, …).
-func (c *Component) AdmitService(config, service map[string]any) (Variant, error) {
+// AdmitService is `admit-service`: the admission, a record of the verdict
+// (`"verdict"`: Variant{"admitted", nil}, …) and the warnings (`"warnings"`: []any of strings).
+func (c *Component) AdmitService(config, service map[string]any) (map[string]any, error) {
 	v, err := c.callPure("admit-service", config, service)
 	if err != nil {
-		return Variant{}, err
+		return nil, err
 	}
-	return v.(Variant), nil
+	return v.(map[string]any), nil
 }
 
 // PlaceService is `place-service` (upstream's placement): Variant{"not-local", nil},

@@ -35,7 +35,7 @@ func config() map[string]any {
 
 func TestATrackerAnswersItsFirstObservationWithAReadOfNRP(t *testing.T) {
 	c := component(t, "CLB_COMPONENT")
-	if c.Package != "clb:reconciler@0.13.0" {
+	if c.Package != "clb:reconciler@0.14.0" {
 		t.Errorf("package %q", c.Package)
 	}
 	mode, err := c.ValidateConfig(config())

@@ -55,7 +55,7 @@ func loadErr(format string, a ...any) error { return &LoadError{fmt.Sprintf(form
 const (
 	packageName = "clb:reconciler"
 	hostMajor   = 0
-	hostMinor   = 13
+	hostMinor   = 14
 )
 
 var grantedInterfaces = []string{"diagnostics", "types"}

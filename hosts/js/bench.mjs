@@ -79,5 +79,5 @@ const schema = clb.schema;
 const admit = schema.get('admit-service');
 const jsConfig = admit.params[0].codec.decode(config, '', null);
 const jsService = admit.params[1].codec.decode(service, '', null);
-const raw = clb.loaded.instantiate().root['clb:reconciler/validation@0.13.0'];
+const raw = clb.loaded.instantiate().root['clb:reconciler/validation@0.14.0'];
 timeIt('admit-service (raw jco, no codec)', N, () => raw.admitService(jsConfig, jsService));

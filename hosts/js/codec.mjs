@@ -389,7 +389,7 @@ function mentionsOwn(type) {
  * One function of the world, compiled.
  * @typedef {object} SchemaFunction
  * @property {string} call `tracker.observe`, `validate-config`, …
- * @property {string} interface `clb:reconciler/reconciler@0.13.0`
+ * @property {string} interface `clb:reconciler/reconciler@0.14.0`
  * @property {string} export `[method]tracker.observe`, `[static]tracker.create`, `validate-config`
  * @property {'func'|'method'|'static'|'constructor'} kind
  * @property {string|null} resource the resource the function belongs to (`tracker`), if any

@@ -37,6 +37,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  *   annotations:[string,string][], finalizers:string[], deleting:boolean, 'ingress-ips':string[],
  *   labels:[string,string][]}} Service
  * @typedef {{tag:'admitted'}|{tag:'nothing-to-provision'}|{tag:'cleanup'}|{tag:'ignored', val:string}|{tag:'rejected', val:{reason:string, message:string}}} Verdict
+ * @typedef {{verdict: Verdict, warnings: string[]}} Admission
  * @typedef {{tag:string, val?:any}} Observation `service-upserted`, `service-deleted`, `slice-upserted`, `slice-deleted`, `node-upserted`, `node-deleted`, `pod-upserted`, `pod-deleted`, `lists-complete`
  * @typedef {{tag:'ok'}|{tag:'public-ip-address', val:string}|{tag:'nrp-snapshot', val:any}|{tag:'failed', val:{status:number, code:string|null, 'retry-after-ms':U64|null, message:string}}} Outcome
  * @typedef {{id: U64, command: {tag:string, val?:any}}} Issued
@@ -80,7 +81,7 @@ export const HOST_NAME = 'clb-host-js 0.1.0';
  */
 
 /**
- * Loads a component (any candidate of `clb:reconciler@0.13.0`): transpiles it with jco (cached by
+ * Loads a component (any candidate of `clb:reconciler@0.14.0`): transpiles it with jco (cached by
  * its sha256), checks it exports every function of the schema, and readies an instance for the
  * pure functions. Trackers and pool queues each get an instance of their own.
  * @param {string} path the component's `.wasm`
@@ -168,8 +169,8 @@ export class Component {
   }
 
   /**
-   * What the logic does with one Service under a configuration.
-   * @param {Config} config @param {Service} service @returns {Verdict}
+   * What the logic does with one Service under a configuration, and the warnings for its author.
+   * @param {Config} config @param {Service} service @returns {Admission}
    */
   admitService(config, service) {
     return this._callPure('admit-service', [config, service]);

@@ -219,7 +219,7 @@ export class LoadedComponent {
     };
     const imports = {
       'clb:reconciler/diagnostics': diagnostics,
-      'clb:reconciler/diagnostics@0.13.0': diagnostics,
+      'clb:reconciler/diagnostics@0.14.0': diagnostics,
     };
     const getCoreModule = (name) => {
       const m = this._modules.get(name);

@@ -1,5 +1,6 @@
-//! Every configuration and admission rule of docs/design.md §3, from the case tables in
-//! `tests/fixtures/{configs,admission}.yaml`, run natively and through the component.
+//! Every configuration and admission rule of docs/design.md §3 and the warnings beside the
+//! verdicts, from the case tables in `tests/fixtures/{configs,admission}.yaml`, run natively and
+//! through the component.
 
 use clb_tests::*;
 use serde::Deserialize;
@@ -20,6 +21,10 @@ struct AdmissionCase {
     service: String,
     verdict: String,
     reason: Option<String>,
+    #[serde(default)]
+    warned: Vec<String>,
+    #[serde(default)]
+    more: usize,
 }
 
 fn cases<T: serde::de::DeserializeOwned>(table: &str) -> Vec<T> {
@@ -93,15 +98,18 @@ fn clb_guest_mode_name(mode: clb_sandbox::bindings::clb::reconciler::types::Mode
 // and an unset one are rejected with UnsupportedExternalTrafficPolicy, docs/design.md §3; a deleting Cluster Service is
 // still cleaned up).
 #[test]
-fn every_admission_case_gets_its_expected_verdict_natively_and_through_the_component() {
+fn every_admission_case_gets_its_expected_verdict_and_warnings_natively_and_through_the_component() {
     let mut session = builtin().session().unwrap();
     let mut failures = Vec::new();
     let mut reasons_seen = std::collections::BTreeSet::new();
     for case in cases::<AdmissionCase>("admission.yaml") {
         let config = read_config(&case.config);
         let service = read_service(&case.service);
-        let native = native_verdict(&clb_guest::admit_service(&config_to_model(&config), &service_to_model(&service)));
-        let component = component_verdict(&session.admit_service(&config, &service).unwrap());
+        let admission = native_admission(&config_to_model(&config), &service_to_model(&service));
+        let component = component_admission(&session.admit_service(&config, &service).unwrap());
+        let mut lines = admission.lines();
+        let native = lines.next().unwrap_or_default().to_owned();
+        let warnings: Vec<&str> = lines.collect();
         let expected = match &case.reason {
             Some(reason) => format!("{}:{reason}:", case.verdict),
             None => case.verdict.clone(),
@@ -112,9 +120,16 @@ fn every_admission_case_gets_its_expected_verdict_natively_and_through_the_compo
         } else {
             native == expected || native.starts_with(&format!("{expected}:"))
         };
-        if !holds || native != component {
-            failures
-                .push(format!("{}:\n  expected {expected}\n  native    {native}\n  component {component}", case.case));
+        // Each warning names its annotation and says it is ignored; the last counts the rest.
+        let counted = (case.more > 0).then(|| format!("{} more annotations", case.more));
+        let warned = warnings.len() == case.warned.len() + usize::from(counted.is_some())
+            && warnings.iter().zip(&case.warned).all(|(w, key)| w.contains(&format!("annotation {key} is ignored")))
+            && counted.is_none_or(|counted| warnings.last().is_some_and(|w| w.starts_with(&counted)));
+        if !holds || !warned || admission != component {
+            failures.push(format!(
+                "{}:\n  expected {expected}, warned of {:?} and {} more\n  native    {admission}\n  component {component}",
+                case.case, case.warned, case.more
+            ));
         }
         if let Some(reason) = case.reason {
             reasons_seen.insert(reason);
@@ -144,7 +159,7 @@ fn every_admission_case_gets_its_expected_verdict_natively_and_through_the_compo
 fn a_rejection_message_names_the_service_and_what_would_be_accepted() {
     let mut session = builtin().session().unwrap();
     let verdict = session.admit_service(&read_config("clb.yaml"), &read_service("etp-unset.yaml")).unwrap();
-    let text = component_verdict(&verdict);
+    let text = component_admission(&verdict);
     assert!(text.contains("service shop/etp-unset"), "{text}");
     assert!(text.contains("needs spec.externalTrafficPolicy Local"), "{text}");
     assert!(text.contains("defaults it to Cluster"), "{text}");

@@ -1,4 +1,5 @@
-//! `clb-host inspect` and `clb-host validate`, run in-process: output and exit codes.
+//! `clb-host inspect` and `clb-host validate`, run in-process: output and exit codes, and the
+//! README's `validate` example as it shows it.
 
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
 use clb_tests::*;
@@ -23,8 +24,8 @@ fn inspect_shows_the_digest_exports_and_that_the_built_in_guest_imports_only_gra
     let (code, out, _) = clb_host(&["inspect", path.to_str().unwrap()]);
     assert_eq!(code, EXIT_OK, "{out}");
     assert!(out.contains(&format!("sha256:   {}", builtin().info().sha256)), "{out}");
-    assert!(out.contains("package:  clb:reconciler@0.13.0"), "{out}");
-    assert!(out.contains("clb:reconciler/validation@0.13.0"), "{out}");
+    assert!(out.contains("package:  clb:reconciler@0.14.0"), "{out}");
+    assert!(out.contains("clb:reconciler/validation@0.14.0"), "{out}");
     assert!(!out.contains("NOT GRANTED"), "{out}");
     assert!(out.contains("verdict:  this host loads it"), "{out}");
 }
@@ -443,4 +444,29 @@ fn run_refuses_an_unknown_divergence_kind_and_shadow_flags_without_a_candidate_w
         ),
     ];
     run_exits_two_before_connecting(cases);
+}
+
+#[test]
+fn the_readmes_validate_example_prints_what_the_readme_shows() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let command =
+        "$ cargo run --release -q -p clb-host -- validate examples/cloud-config.yaml examples/services/*.yaml";
+    let shown: Vec<&str> =
+        readme.lines().skip_while(|l| *l != command).skip(1).take_while(|l| !l.starts_with("```")).collect();
+    assert!(!shown.is_empty(), "README.md shows `{command}` and its output");
+    // The shell's glob, sorted as the shell sorts these names.
+    let mut services: Vec<_> = std::fs::read_dir(root.join("examples/services"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    services.sort();
+    let mut args = vec![root.join("examples/cloud-config.yaml")];
+    args.extend(services);
+    let args: Vec<&str> = std::iter::once("validate").chain(args.iter().map(|p| p.to_str().unwrap())).collect();
+    let (code, out, err) = clb_host(&args);
+    assert_eq!(code, EXIT_REFUSED, "the README says it exits 1: {out}{err}");
+    let printed = out.replace(&format!("{}/", root.display()), "");
+    assert_eq!(printed.lines().collect::<Vec<_>>(), shown);
 }

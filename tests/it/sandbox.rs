@@ -22,7 +22,7 @@ fn provoke(logic: &LoadedLogic, name: &str) -> GuestError {
     // ... and a fresh instance of the same logic serves normally.
     let mut fresh = logic.session().unwrap();
     let verdict = fresh.admit_service(&config, &read_service("etp-local.yaml")).unwrap();
-    assert_eq!(component_verdict(&verdict), "admitted");
+    assert_eq!(component_admission(&verdict), "admitted");
     err
 }
 
@@ -87,9 +87,12 @@ fn a_component_of_another_package_version_or_none_is_refused() {
     let empty = wat::parse_str("(component)").unwrap();
     let err = runtime().load(&empty, Limits::default()).err().expect("refused");
     assert!(matches!(err, LoadError::MissingExport { .. }), "{err}");
-    let newer = wat::parse_str(r#"(component (import "clb:reconciler/diagnostics@0.14.0" (instance)))"#).unwrap();
-    let err = runtime().load(&newer, Limits::default()).err().expect("refused");
-    assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{err}");
+    // Before 1.0 the minor version is the compatibility line: a newer one and an older one.
+    for version in ["0.15.0", "0.13.0"] {
+        let wat = format!(r#"(component (import "clb:reconciler/diagnostics@{version}" (instance)))"#);
+        let err = runtime().load(&wat::parse_str(&wat).unwrap(), Limits::default()).err().expect("refused");
+        assert!(matches!(err, LoadError::ForbiddenImport { .. }), "{version}: {err}");
+    }
 }
 
 #[test]
@@ -103,7 +106,7 @@ fn the_built_in_guest_imports_only_what_the_host_grants() {
     let info = builtin().info();
     assert!(info.imports.iter().all(|(_, granted)| *granted), "{:?}", info.imports);
     assert!(info.imports.iter().all(|(name, _)| name.starts_with("clb:reconciler/")), "{:?}", info.imports);
-    assert_eq!(info.package_version().map(|v| v.to_string()).as_deref(), Some("0.13.0"));
+    assert_eq!(info.package_version().map(|v| v.to_string()).as_deref(), Some("0.14.0"));
 }
 
 #[test]

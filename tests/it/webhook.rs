@@ -32,7 +32,8 @@ fn review(operation: &str, object: Value, old: Value, dry_run: bool) -> Value {
 }
 
 #[tokio::test]
-async fn the_webhook_denies_what_the_logic_rejects_and_allows_the_rest_as_the_api_server_asks() {
+async fn the_webhook_denies_what_the_logic_rejects_allows_the_rest_and_warns_of_what_it_ignores_as_the_api_server_asks()
+{
     let hook = webhook("verdicts", &[]).await;
     let (local, cluster) = (service("shop", "LoadBalancer", "Local"), service("legacy", "LoadBalancer", "Cluster"));
     let mut deleting = cluster.clone();
@@ -54,6 +55,7 @@ async fn the_webhook_denies_what_the_logic_rejects_and_allows_the_rest_as_the_ap
     for (what, review, allowed) in cases {
         let response = hook.judge(&review).await;
         assert_eq!(response["allowed"], allowed, "{what}: {response}");
+        assert!(response.get("warnings").is_none_or(Value::is_null), "{what}: nothing to warn of: {response}");
         if !allowed {
             assert_eq!(response["status"]["code"], 403, "{what}");
             assert_eq!(response["status"]["reason"], "UnsupportedExternalTrafficPolicy", "{what}");
@@ -64,12 +66,26 @@ async fn the_webhook_denies_what_the_logic_rejects_and_allows_the_rest_as_the_ap
             );
         }
     }
+    // Soft findings go to `response.warnings`, allowed or denied.
+    for (policy, allowed) in [("Local", true), ("Cluster", false)] {
+        let mut annotated = service("annotated", "LoadBalancer", policy);
+        annotated["metadata"]["annotations"] = json!({
+            "service.beta.kubernetes.io/azure-load-balancer-tcp-idle-timeout": "10",
+            "service.beta.kubernetes.io/azure-pip-tags": "cost-center=shop",
+        });
+        let response = hook.judge(&review("UPDATE", annotated, local.clone(), false)).await;
+        assert_eq!(response["allowed"], allowed, "{policy}: {response}");
+        let warnings = response["warnings"].as_array().unwrap_or_else(|| panic!("{policy}: warned: {response}"));
+        assert_eq!(warnings.len(), 1, "the idle timeout is read, not warned of: {response}");
+        assert!(warnings[0].as_str().unwrap().contains("service.beta.kubernetes.io/azure-pip-tags is ignored"));
+    }
     let (status, metrics) = hook.get("/metrics").await;
     assert_eq!(status, 200);
     let sha = &builtin().info().sha256;
     for line in [
         format!("clb_admission_requests_total{{operation=\"CREATE\",verdict=\"denied\",sha256=\"{sha}\"}} 2"),
         format!("clb_admission_requests_total{{operation=\"DELETE\",verdict=\"skipped\",sha256=\"{sha}\"}} 1"),
+        format!("clb_admission_warnings_total{{sha256=\"{sha}\"}} 2"),
     ] {
         assert!(metrics.contains(&line), "{line} in\n{metrics}");
     }
@@ -292,6 +308,18 @@ async fn refused_at_the_door() {
         assert_eq!(created.is_ok(), *admitted, "{what}: {created:?}");
     }
     assert_eq!(judged(&hook).await - judged_before, 2, "the ClusterIP Service never reached the webhook");
+    // A Local Service carrying an annotation the CLB does not act on is created, and the API
+    // server hands the webhook's warning on as a `Warning` header, which kubectl prints.
+    let mut annotated = with("annotated", "LoadBalancer", "Local");
+    annotated["metadata"]["annotations"] = json!({"service.beta.kubernetes.io/azure-dns-label-name": "shop"});
+    let request = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/services"))
+        .create(&kube::api::PostParams::default(), serde_json::to_vec(&annotated).unwrap())
+        .unwrap();
+    let response = admin.send(request.map(kube::client::Body::from)).await.unwrap();
+    assert_eq!(response.status(), 201, "created");
+    let warnings: Vec<&str> = response.headers().get_all("warning").iter().map(|v| v.to_str().unwrap()).collect();
+    let warned = "annotation service.beta.kubernetes.io/azure-dns-label-name is ignored";
+    assert!(warnings.iter().any(|w| w.contains(warned)), "{warnings:?}");
     // An update Local → Cluster is refused.
     let update = json!({"apiVersion": "v1", "kind": "Service", "spec": {"externalTrafficPolicy": "Cluster"}});
     let updated = services.patch("shop", &PatchParams::default(), &Patch::Merge(&update)).await;
@@ -454,12 +482,10 @@ async fn the_webhook_records_each_review_it_judged_as_a_call_that_replay_reprodu
     let hook = webhook("record", &["--record", trace.to_str().unwrap()]).await;
     let mut marked = service("marked", "LoadBalancer", "Local");
     marked["metadata"]["annotations"] = json!({"clb.test/denied-by-next": "true"});
-    let judged = [
-        service("shop", "LoadBalancer", "Local"),
-        service("legacy", "LoadBalancer", "Cluster"),
-        marked,
-        service("internal", "ClusterIP", ""),
-    ];
+    // Warned of an annotation it ignores: every host replays the warnings with the verdict.
+    let mut shop = service("shop", "LoadBalancer", "Local");
+    shop["metadata"]["annotations"] = json!({"service.beta.kubernetes.io/azure-dns-label-name": "shop"});
+    let judged = [shop, service("legacy", "LoadBalancer", "Cluster"), marked, service("internal", "ClusterIP", "")];
     for object in judged {
         hook.judge(&review("CREATE", object, Value::Null, false)).await;
     }
@@ -480,6 +506,7 @@ async fn the_webhook_records_each_review_it_judged_as_a_call_that_replay_reprodu
     let calls: Vec<Value> = lines.lines().skip(1).map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(calls.len(), 4, "{lines}");
     assert!(calls.iter().all(|c| c["call"] == "admit-service"), "{lines}");
+    assert!(calls[0]["result"]["warnings"][0].as_str().unwrap().contains("azure-dns-label-name"), "{lines}");
     assert!(calls[1]["result"].to_string().contains("UnsupportedExternalTrafficPolicy"), "{lines}");
     let (code, out, err) = super::traces::clb_replay(&[&trace], &[]);
     assert_eq!(code, 0, "the same verdicts on replay: {out}{err}");

@@ -86,8 +86,8 @@ pub fn read_config(file: &str) -> wit::Config {
 // library behind the simulator's trait in `clb_simulator::native` (the fuzz crate's differential
 // target uses them too); re-exported here under their old names.
 pub use clb_sandbox::native::{
-    command_to_wit, component_verdict, config_to_model, native_verdict, observation_to_model, outcome_to_model,
-    service_to_model, step_to_wit,
+    command_to_wit, component_admission, component_verdict, config_to_model, native_admission, native_verdict,
+    observation_to_model, outcome_to_model, service_to_model, step_to_wit,
 };
 pub use clb_simulator::native::NativeReconciler;
 

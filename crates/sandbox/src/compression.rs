@@ -393,11 +393,13 @@ mod tests {
         // and by reading the keyed maps and sets through a `Vec` (−19,404, to 800,441), and by
         // the tracker's parts asking each other by methods (−155, to 800,228), and by start-up's
         // end reading the count of Service commands in flight instead of scanning them (−164, to
-        // 800,064). The 700,000-byte
-        // goal of earlier was withdrawn: its measured road (binaryen in every build) costs more
-        // than it buys, and the component fits a ConfigMap raw. Where the bytes go and how it
-        // was measured: BENCHMARKS.md, "Where the component's bytes go".
-        const CEILING: usize = 800_100;
+        // 800,064); raised for `admit-service`'s warnings (WIT 0.14), +2,381 (the `admission`
+        // record's lifting +378 in the core module, the annotations' scan and its two messages
+        // the rest), to 802,445. The 700,000-byte goal of earlier was withdrawn: its measured
+        // road (binaryen in every build) costs more than it buys, and the component fits a
+        // ConfigMap raw. Where the bytes go and how it was measured: BENCHMARKS.md, "Where the
+        // component's bytes go".
+        const CEILING: usize = 802_500;
         let raw = crate::BUILTIN_GUEST.len();
         assert!(
             raw <= CEILING,

@@ -49,7 +49,7 @@ use bindings::exports::clb::reconciler::backend_pools::{
     GroupOutcome, GroupReport, Placement, PlacementFacts, PoolGroup, PoolOperation, QueueStatus, ServiceAssignment,
     SlbConfiguration,
 };
-use bindings::exports::clb::reconciler::validation::Verdict;
+use bindings::exports::clb::reconciler::validation::Admission;
 use bindings::{Clb, ClbPre};
 
 /// Every name [`command_name`] gives: the WIT's names of the `command` cases.
@@ -88,7 +88,7 @@ pub fn command_name(command: &bindings::clb::reconciler::types::Command) -> &'st
 /// The WIT package this host speaks.
 pub const PACKAGE: &str = "clb:reconciler";
 /// Its version; a component is compatible when its package version is semver-compatible.
-pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 13, 0);
+pub const PACKAGE_VERSION: semver::Version = semver::Version::new(0, 14, 0);
 /// Interfaces of [`PACKAGE`] a component may import. `types` has no functions: it is imported
 /// implicitly by interfaces that `use` it.
 pub const GRANTED_INTERFACES: &[&str] = &["diagnostics", "types"];
@@ -568,7 +568,7 @@ impl Session {
         &mut self,
         config: &Config,
         service: &bindings::clb::reconciler::types::Service,
-    ) -> Result<Verdict, GuestError> {
+    ) -> Result<Admission, GuestError> {
         self.call("admit-service", |b, s| b.clb_reconciler_validation().call_admit_service(s, config, service))
     }
 

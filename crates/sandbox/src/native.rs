@@ -34,6 +34,19 @@ pub fn native_verdict(v: &clb_guest::Verdict) -> String {
     }
 }
 
+/// What the library answers `admit-service` with, as comparable text: [`native_verdict`], then
+/// each warning on a line of its own.
+pub fn native_admission(config: &clb_guest::Config, service: &model::Service) -> String {
+    let verdict = native_verdict(&clb_guest::admit_service(config, service));
+    let warnings = clb_guest::admission::warnings(config, service);
+    std::iter::once(verdict).chain(warnings).collect::<Vec<_>>().join("\n")
+}
+
+/// The component's answer, as [`native_admission`] writes the library's.
+pub fn component_admission(a: &wit_validation::Admission) -> String {
+    std::iter::once(component_verdict(&a.verdict)).chain(a.warnings.iter().cloned()).collect::<Vec<_>>().join("\n")
+}
+
 pub fn component_verdict(v: &wit_validation::Verdict) -> String {
     match v {
         wit_validation::Verdict::Admitted => "admitted".into(),

@@ -26,7 +26,7 @@ pub mod tls;
 pub use door::Door;
 
 use clb_sandbox::bindings::clb::reconciler::types as wit;
-use clb_sandbox::bindings::exports::clb::reconciler::validation::Verdict;
+use clb_sandbox::bindings::exports::clb::reconciler::validation::{Admission, Verdict};
 use clb_sandbox::supervisor::version_name;
 use clb_sandbox::trace::{self, ComponentRef, Ended, Recorder, lazy};
 use door::{Denial, Judges};
@@ -72,6 +72,7 @@ type Labels = Vec<(&'static str, String)>;
 pub struct Metrics {
     requests: Family<Labels, Counter>,
     failures: Family<Labels, Counter>,
+    warnings: Family<Labels, Counter>,
     invalid: Family<Labels, Counter>,
     seconds: Family<Labels, Histogram, fn() -> Histogram>,
 }
@@ -80,7 +81,13 @@ impl Metrics {
     pub fn new() -> Self {
         let seconds: Family<_, _, fn() -> Histogram> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.000_1, 3.0, 12)));
-        Self { requests: Family::default(), failures: Family::default(), invalid: Family::default(), seconds }
+        Self {
+            requests: Family::default(),
+            failures: Family::default(),
+            warnings: Family::default(),
+            invalid: Family::default(),
+            seconds,
+        }
     }
 
     /// Shows the counters in `registry` too (they are shared, not copied).
@@ -94,6 +101,11 @@ impl Metrics {
             "clb_admission_failures",
             "AdmissionReviews the logic did not judge, by cause (trap, fuel, deadline, timeout, …)",
             self.failures.clone(),
+        );
+        registry.register(
+            "clb_admission_warnings",
+            "Warnings given with answers (an annotation the Container Load Balancer does not act on, …)",
+            self.warnings.clone(),
         );
         registry.register(
             "clb_admission_invalid",
@@ -237,10 +249,14 @@ impl Server {
         let (answer, outcome) = match review.service() {
             None => review.skip(),
             Some(service) => match self.judge(&judges, service.clone()).await {
-                Ok(verdict) => {
-                    self.record(&judges, service, || Ended::Returned(lazy(verdict.clone())));
-                    let answered = review.answer(&verdict);
-                    if let Verdict::Rejected(rejection) = &verdict {
+                Ok(judged) => {
+                    self.record(&judges, service, || Ended::Returned(lazy(judged.clone())));
+                    let answered = review.answer(&judged);
+                    let warned = judged.warnings.len().min(review::MAX_WARNINGS) as u64;
+                    if warned > 0 {
+                        self.metrics.warnings.get_or_create(&labels(&sha256, &[])).inc_by(warned);
+                    }
+                    if let Verdict::Rejected(rejection) = &judged.verdict {
                         self.settings.door.denied(Denial {
                             at_ms: epoch_ms(),
                             operation: review.operation(),
@@ -250,7 +266,7 @@ impl Server {
                             version: version_name(&judges.serving),
                         });
                     }
-                    self.ask_shadow(&judges, service, &review, verdict);
+                    self.ask_shadow(&judges, service, &review, judged);
                     answered
                 }
                 Err((cause, why)) => {
@@ -297,7 +313,7 @@ impl Server {
     /// Has the candidate in shadow, if one runs, judge `service` too, on a blocking thread after
     /// the answer is sent; only when a slot is free, so that the shadow never makes a request
     /// wait (a request it skips is only not compared).
-    fn ask_shadow(&self, judges: &Judges, service: &wit::Service, review: &Review, verdict: Verdict) {
+    fn ask_shadow(&self, judges: &Judges, service: &wit::Service, review: &Review, judged: Admission) {
         let Some(shadow) = judges.shadow.clone() else { return };
         let Ok(slot) = self.judging.clone().try_acquire_owned() else {
             return tracing::debug!(subject = %review.subject(), "admission: no free slot; the shadow does not judge this request");
@@ -306,12 +322,12 @@ impl Server {
         let input = format!("AdmissionReview {} of Service {}", review.operation(), review.subject());
         tokio::task::spawn_blocking(move || {
             let _slot = slot;
-            shadow.admit_service(&serving, &config, &service, &verdict, || input);
+            shadow.admit_service(&serving, &config, &service, &judged, || input);
         });
     }
 
     /// The logic's verdict on `service`, within the timeout; else the cause and why.
-    async fn judge(&self, judges: &Judges, service: wit::Service) -> Result<Verdict, (&'static str, String)> {
+    async fn judge(&self, judges: &Judges, service: wit::Service) -> Result<Admission, (&'static str, String)> {
         let timeout = self.settings.timeout;
         let work = async {
             // Held until the call ends, not until the answer is given up on: a call past the

@@ -12,7 +12,7 @@
 
 use clb_executor::records;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
-use clb_sandbox::bindings::exports::clb::reconciler::validation::Verdict;
+use clb_sandbox::bindings::exports::clb::reconciler::validation::{Admission, Verdict};
 use k8s_openapi::api::core::v1::Service;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use kube::core::response::Status;
@@ -139,10 +139,16 @@ impl Review {
         (AdmissionResponse::from(&self.request).into_review(), Outcome::Skipped)
     }
 
-    /// The answer the logic's verdict gives: denied only when it rejects the Service.
-    pub fn answer(&self, verdict: &Verdict) -> (AdmissionReview<DynamicObject>, Outcome) {
-        let response = AdmissionResponse::from(&self.request);
-        match verdict {
+    /// The answer the logic's verdict gives: denied only when it rejects the Service; its
+    /// warnings, allowed or denied, go to `response.warnings` (which `kubectl` prints), at
+    /// most [`MAX_WARNINGS`] of at most [`MAX_WARNING_CHARS`] characters each whatever a
+    /// component returns.
+    pub fn answer(&self, judged: &Admission) -> (AdmissionReview<DynamicObject>, Outcome) {
+        let mut response = AdmissionResponse::from(&self.request);
+        if !judged.warnings.is_empty() {
+            response.warnings = Some(judged.warnings.iter().take(MAX_WARNINGS).map(|w| bounded(w)).collect());
+        }
+        match &judged.verdict {
             Verdict::Rejected(rejection) => {
                 let message = format!("{}: {}", rejection.reason, rejection.message);
                 let mut response = response.deny(&message);
@@ -168,6 +174,23 @@ impl Review {
             }
         }
         (response.into_review(), Outcome::Failed)
+    }
+}
+
+/// The most warnings an answer carries: the built-in logic gives at most ten; another
+/// component is held to the same.
+pub const MAX_WARNINGS: usize = 10;
+
+/// The longest warning an answer carries, in characters: the API server shortens longer ones in
+/// the `Warning` header it sends on, so a longer one is cut here, where the cut is visible.
+pub const MAX_WARNING_CHARS: usize = 256;
+
+/// One warning on one line, at most [`MAX_WARNING_CHARS`] characters (a cut one ends in `…`).
+fn bounded(warning: &str) -> String {
+    let line: String = warning.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    match line.char_indices().nth(MAX_WARNING_CHARS - 1) {
+        Some((cut, _)) if line.chars().count() > MAX_WARNING_CHARS => format!("{}…", &line[..cut]),
+        _ => line,
     }
 }
 

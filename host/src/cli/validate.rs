@@ -83,8 +83,8 @@ pub(super) fn validate(
     }
     for (path, service) in &services {
         let record = records::service(service);
-        let verdict = session.admit_service(&config, &record)?;
-        let what = match &verdict {
+        let judged = session.admit_service(&config, &record)?;
+        let what = match &judged.verdict {
             Verdict::Admitted => "admitted".to_owned(),
             Verdict::NothingToProvision => "admitted, nothing to provision (no ports)".to_owned(),
             Verdict::Cleanup => "being deleted: cleanup proceeds".to_owned(),
@@ -95,6 +95,9 @@ pub(super) fn validate(
             }
         };
         writeln!(out, "{}: service {}/{}: {what}", path.display(), record.namespace, record.name)?;
+        for warning in &judged.warnings {
+            writeln!(out, "{}: service {}/{}: warning: {warning}", path.display(), record.namespace, record.name)?;
+        }
     }
     Ok(if all_admitted { EXIT_OK } else { EXIT_REFUSED })
 }

@@ -10,7 +10,7 @@ const ctx = { handleIn: (_r, n) => n, handleOut: (_r, n) => n };
 const roundTrip = (codec, json) => JSON.stringify(codec.encode(codec.decode(json, '', ctx), ctx, ''));
 
 test('the schema describes the world', () => {
-  assert.equal(schema.package, 'clb:reconciler@0.13.0');
+  assert.equal(schema.package, 'clb:reconciler@0.14.0');
   for (const call of ['validate-config', 'admit-service', 'tracker.create', 'tracker.observe', 'tracker.complete', 'tracker.tick', 'tracker.import-state', 'tracker.export-state', 'tracker.state-version', 'tracker.stats', 'place-service', 'pool-queue.create', 'pool-queue.enqueue', 'pool-queue.remove-operations', 'pool-queue.status', 'pool-queue.drain-and-group', 'pool-queue.report']) {
     assert.ok(fn(call), call);
   }

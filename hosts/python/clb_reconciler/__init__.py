@@ -1,4 +1,4 @@
-"""The Python host of the CLB reconciler component (``clb:reconciler@0.13.0``).
+"""The Python host of the CLB reconciler component (``clb:reconciler@0.14.0``).
 
 * :mod:`clb_reconciler.codec`: the canonical JSON encoding of WIT values, driven by the schema.
 * :mod:`clb_reconciler.host`: the integrator API (:class:`Component`, :class:`Tracker`,

@@ -125,7 +125,7 @@ class Component:
 
     @property
     def package(self) -> Optional[str]:
-        """The package the component exports, e.g. ``clb:reconciler@0.13.0``."""
+        """The package the component exports, e.g. ``clb:reconciler@0.14.0``."""
         return self._loaded.package
 
     @property
@@ -170,7 +170,8 @@ class Component:
         return self._call_pure("validate-config", [config])
 
     def admit_service(self, config: Dict[str, Any], service: Dict[str, Any]) -> Dict[str, Any]:
-        """``admit-service``: the verdict, ``{"tag": "admitted"}``, ``{"tag": "ignored", "val": why}``,
+        """``admit-service``: the admission, ``{"verdict": …, "warnings": [str, …]}``, whose verdict is
+        ``{"tag": "admitted"}``, ``{"tag": "ignored", "val": why}``,
         ``{"tag": "rejected", "val": {"reason": …, "message": …}}``, …"""
         return self._call_pure("admit-service", [config, service])
 

@@ -57,7 +57,7 @@ EPOCH_TICK_S = 0.005
 
 #: The package this host speaks, and the interfaces a component may import / must export.
 PACKAGE = "clb:reconciler"
-PACKAGE_VERSION = (0, 13, 0)
+PACKAGE_VERSION = (0, 14, 0)
 GRANTED_INTERFACES = ("diagnostics", "types")
 REQUIRED_EXPORTS = ("validation", "reconciler", "backend-pools")
 
@@ -307,12 +307,12 @@ class LoadedComponent:
             if not (parts and parts[0] == PACKAGE and parts[1] in GRANTED_INTERFACES and _compatible(parts[2])):
                 raise LoadError(
                     f"{where}: the component imports `{name}`, which this host does not grant "
-                    f"(it grants only {PACKAGE}/{{{','.join(GRANTED_INTERFACES)}}}@0.13.x)"
+                    f"(it grants only {PACKAGE}/{{{','.join(GRANTED_INTERFACES)}}}@0.14.x)"
                 )
             granted[parts[1]] = name
         # The exports: each schema interface, at a compatible version.
         self.interface_names: Dict[str, str] = {}
-        for iface in schema.interfaces + [f"{PACKAGE}/{e}@0.13.0" for e in REQUIRED_EXPORTS]:
+        for iface in schema.interfaces + [f"{PACKAGE}/{e}@0.14.0" for e in REQUIRED_EXPORTS]:
             want = _split_interface(iface)
             if want is None:
                 raise LoadError(f"{where}: the schema names the interface `{iface}`, which is not ns:pkg/iface@x.y.z")

@@ -18,7 +18,7 @@ use exports::clb::reconciler::backend_pools::{
     PoolOperation, PoolQueue, QueueStatus, ServiceAssignment, SlbConfiguration,
 };
 use exports::clb::reconciler::reconciler::{Guest as ReconcilerGuest, GuestTracker, Tracker};
-use exports::clb::reconciler::validation::{Guest as ValidationGuest, Verdict};
+use exports::clb::reconciler::validation::{Admission, Guest as ValidationGuest, Verdict};
 
 struct Hostile;
 // Only a wasm build exports: the export names (`clb:reconciler/...#admit-service`) are not
@@ -35,7 +35,7 @@ impl ValidationGuest for Hostile {
         Ok(Mode::Inactive)
     }
 
-    fn admit_service(_config: Config, service: Service) -> Verdict {
+    fn admit_service(_config: Config, service: Service) -> Admission {
         report_panics();
         match service.name.as_str() {
             "spin" => {
@@ -51,7 +51,7 @@ impl ValidationGuest for Hostile {
                 }
             }
             "panic" => panic!("hostile guest: asked to panic by service {}/{}", service.namespace, service.name),
-            _ => Verdict::Admitted,
+            _ => Admission { verdict: Verdict::Admitted, warnings: Vec::new() },
         }
     }
 }

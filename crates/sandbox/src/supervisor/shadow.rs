@@ -34,7 +34,7 @@
 //!   count again.
 //! * **At the door too.** The admission webhook served by `run` asks the candidate each
 //!   AdmissionReview's verdict after the serving version answered it ([`ShadowHandle::admit_service`]):
-//!   a different verdict is a divergence of kind [`ADMISSION`], held against a promotion like a
+//!   a different verdict (or warnings) is a divergence of kind [`ADMISSION`], held against a promotion like a
 //!   step's, though a verdict is no input and is not counted towards one.
 //! * **Evidence.** With a record folder, each divergence is written as a trace (docs/traces.md):
 //!   the serving version's state at the last resync imported, then every input since with the
@@ -48,7 +48,7 @@ pub use compare::{Answer, Divergence, differences};
 use super::instance::{Input, Running, guest, record_input};
 use crate::LoadedLogic;
 use crate::bindings::clb::reconciler::types as wit;
-use crate::bindings::exports::clb::reconciler::validation::Verdict;
+use crate::bindings::exports::clb::reconciler::validation::Admission;
 use crate::trace::{ComponentRef, Ended, RecordOptions, Recorder, Signatures, lazy};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -301,24 +301,24 @@ impl ShadowHandle {
         matches!(self.0.status().state, ShadowState::InStep | ShadowState::Resyncing)
     }
 
-    /// Asks the candidate to judge the Service `serving` judged `verdict` under `config`
-    /// (`admit-service`, on the caller's thread, in an instance of its own) and compares: a
-    /// different verdict, or a trap, is a divergence of kind [`ADMISSION`] (`input` names what
-    /// was judged), counted and told like a step's and holding a promotion back unless allowed;
-    /// with a record folder its trace is the one `admit-service` call with the serving
-    /// version's verdict. The verdict is a pure function of its arguments, so nothing is resynced;
+    /// Asks the candidate to judge the Service to which `serving` answered `answered` under
+    /// `config` (`admit-service`, on the caller's thread, in an instance of its own) and
+    /// compares: a different verdict or different warnings (both reach the user), or a trap, is
+    /// a divergence of kind [`ADMISSION`] (`input` names what was judged), counted and told like
+    /// a step's and holding a promotion back unless allowed; with a record folder its trace is
+    /// the one `admit-service` call with the serving version's answer. The verdict is a pure function of its arguments, so nothing is resynced;
     /// nor does a verdict count towards a promotion, which counts the tracker's inputs.
     pub fn admit_service(
         &self,
         serving: &LoadedLogic,
         config: &wit::Config,
         service: &wit::Service,
-        verdict: &Verdict,
+        answered: &Admission,
         input: impl FnOnce() -> String,
     ) {
         let judged = self.0.candidate.session().and_then(|mut session| session.admit_service(config, service));
         let candidate = match &judged {
-            Ok(theirs) if theirs == verdict => {
+            Ok(theirs) if theirs == answered => {
                 self.0.status().admissions += 1;
                 return;
             }
@@ -330,13 +330,13 @@ impl ShadowHandle {
             recorder.call(
                 "admit-service",
                 vec![crate::trace::arg(config.clone()), crate::trace::arg(service.clone())],
-                Ended::Returned(lazy(verdict.clone())),
+                Ended::Returned(lazy(answered.clone())),
             );
             self.0.trace_written(&recorder);
             Some(path.display().to_string())
         });
-        let answer = |verdict: serde_json::Value| Answer { only: vec![verdict], more: 0, wake_at_ms: None, idle: None };
-        let serving = serde_json::to_value(verdict).expect("bindgen types serialize");
+        let answer = |judged: serde_json::Value| Answer { only: vec![judged], more: 0, wake_at_ms: None, idle: None };
+        let serving = serde_json::to_value(answered).expect("bindgen types serialize");
         let divergence = Divergence {
             input: input(),
             kinds: vec![ADMISSION.to_owned()],

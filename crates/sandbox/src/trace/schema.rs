@@ -13,7 +13,7 @@ use wasmtime::component::types::Type;
 pub struct Signature {
     /// The trace name: the WIT name, with its resource's in front (`tracker.observe`).
     pub call: String,
-    /// The exporting interface, as the component names it (`clb:reconciler/reconciler@0.13.0`).
+    /// The exporting interface, as the component names it (`clb:reconciler/reconciler@0.14.0`).
     pub interface: String,
     /// The export's own name (`[method]tracker.observe`).
     pub export: String,

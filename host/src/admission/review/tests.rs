@@ -89,13 +89,14 @@ fn only_a_rejection_denies_with_code_403_the_rules_reason_and_the_request_uid_ec
         (Verdict::Ignored("spec.type is ClusterIP, not LoadBalancer".into()), Outcome::Allowed),
     ];
     for (verdict, outcome) in cases {
-        let (answer, got) = review.answer(&verdict);
+        let (answer, got) = review.answer(&Admission { verdict: verdict.clone(), warnings: Vec::new() });
         assert_eq!(got, outcome, "{verdict:?}");
         let answer = serde_json::to_value(&answer).unwrap();
         assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
         assert_eq!(answer["kind"], "AdmissionReview");
         let response = &answer["response"];
         assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert!(response.get("warnings").is_none_or(Value::is_null), "no warnings to give: {answer}");
         assert_eq!(response["allowed"], outcome == Outcome::Allowed, "{answer}");
         if outcome == Outcome::Denied {
             assert_eq!(response["status"]["code"], 403);
@@ -106,6 +107,33 @@ fn only_a_rejection_denies_with_code_403_the_rules_reason_and_the_request_uid_ec
             );
         }
     }
+}
+
+#[test]
+fn the_logics_warnings_go_to_response_warnings_allowed_or_denied_bounded_in_number_and_length() {
+    let review = Review::read(&review("CREATE", SERVICE, service("Local"))).unwrap();
+    let rejected = Verdict::Rejected(Rejection { reason: "InvalidPort".into(), message: "port 0".into() });
+    for verdict in [Verdict::Admitted, rejected] {
+        let warnings = vec!["annotation a is ignored".to_owned(), "annotation b is ignored".to_owned()];
+        let (answer, _) = review.answer(&Admission { verdict: verdict.clone(), warnings: warnings.clone() });
+        let answer = serde_json::to_value(&answer).unwrap();
+        assert_eq!(answer["response"]["warnings"], json!(warnings), "{verdict:?}");
+    }
+    // A component other than the built-in one may return anything: the answer stays small.
+    let flood =
+        Admission { verdict: Verdict::Admitted, warnings: vec![format!("{}\nnext line", "é".repeat(1000)); 50] };
+    let (answer, _) = review.answer(&flood);
+    let warnings = serde_json::to_value(&answer).unwrap()["response"]["warnings"].clone();
+    let warnings = warnings.as_array().unwrap();
+    assert_eq!(warnings.len(), MAX_WARNINGS);
+    for warning in warnings {
+        let warning = warning.as_str().unwrap();
+        assert_eq!(warning.chars().count(), MAX_WARNING_CHARS, "cut, with an ellipsis: {warning}");
+        assert!(warning.ends_with('…') && !warning.contains('\n'), "{warning}");
+    }
+    let short = "a warning\twith a tab";
+    let (answer, _) = review.answer(&Admission { verdict: Verdict::Admitted, warnings: vec![short.into()] });
+    assert_eq!(serde_json::to_value(&answer).unwrap()["response"]["warnings"], json!(["a warning with a tab"]));
 }
 
 #[test]
