@@ -1233,6 +1233,50 @@ fn an_egress_pod_gets_its_finalizer_and_its_nat_gateway_and_is_released_only_aft
     });
 }
 
+// Found by `clb-host explore`: an egress pod whose label came off while no controller ran kept
+// the pod finalizer for good, as the label's watch never selects it again. The next controller
+// lists the pods holding the finalizer without the label at start-up, drains the address,
+// releases the finalizer and tears the identity down.
+#[test]
+fn a_pod_whose_egress_label_came_off_while_no_controller_ran_has_its_finalizer_released_by_the_next() {
+    e2e(21, async |env| {
+        let finalizer = clb_executor::records::EGRESS_POD_FINALIZER;
+        assert_eq!(
+            finalizer,
+            clb_guest::tracker::egress::finalizers::FINALIZER,
+            "the host lists what the logic writes"
+        );
+        let controller = env.start();
+        env.egress_pod("job-0", Some("egress-21"), 30, 1).await;
+        let finalizers = async || env.pods().get("job-0").await.map(|p| p.metadata.finalizers.unwrap_or_default());
+        eventually("the pod finalizer on job-0 and its address in NRP", async || {
+            let held = finalizers().await.map_err(|e| e.to_string())?;
+            let bound = env.bound("egress-21");
+            if held.iter().any(|f| f == finalizer) && !bound.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("finalizers {held:?}, bound {bound:?}"))
+            }
+        })
+        .await;
+        controller.stop().await;
+
+        env.egress_pod("job-0", None, 30, 1).await;
+        let controller = env.start();
+        eventually("the finalizer released, the address drained and the identity torn down", async || {
+            let held = finalizers().await.map_err(|e| e.to_string())?;
+            let (bound, resources) = (env.bound("egress-21"), env.emulator.resources());
+            if held.is_empty() && bound.is_empty() && !resources.nat_gateways.contains_key("egress-21") {
+                Ok(())
+            } else {
+                Err(format!("finalizers {held:?}, bound {bound:?}"))
+            }
+        })
+        .await;
+        controller.stop().await;
+    });
+}
+
 /// What `examples/deploy/rbac.yaml` must grant the controller's ServiceAccount, and some of what
 /// it must not: `(verb, group, resource, namespace, allowed)`.
 const RIGHTS: &[(&str, &str, &str, &str, bool)] = &[

@@ -81,6 +81,19 @@ pub fn endpoint_slice(slice: &EndpointSlice) -> wit::EndpointSlice {
 /// (a label selector on the key) and copies its value; what the value means is the guest's call.
 pub const EGRESS_LABEL: &str = "kubernetes.azure.com/service-egress-gateway";
 
+/// The finalizer the logic holds egress pods with (its `set-finalizer` commands name it). A pod
+/// whose egress label came off while no controller ran keeps it, and the label's watch never
+/// selects that pod again: at start-up the host also lists the pods that hold it without the
+/// label, so that the logic hears of them and releases it.
+pub const EGRESS_POD_FINALIZER: &str = "servicegateway.azure.com/pod-cleanup";
+
+/// Whether a pod holds [`EGRESS_POD_FINALIZER`] without the egress label: what start-up lists
+/// beside the label's selection.
+pub fn holds_finalizer_unlabelled(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    let labelled = meta.labels.as_ref().is_some_and(|labels| labels.contains_key(EGRESS_LABEL));
+    !labelled && meta.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == EGRESS_POD_FINALIZER))
+}
+
 /// Whether a pod carries the egress label (any value): what the watch's label selector selects.
 pub fn has_egress_label(pod: &Pod) -> bool {
     pod.metadata.labels.as_ref().is_some_and(|labels| labels.contains_key(EGRESS_LABEL))

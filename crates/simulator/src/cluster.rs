@@ -271,7 +271,8 @@ impl Cluster {
         self.lock().watch.clear();
     }
 
-    /// What a fresh list of Services, EndpointSlices, Nodes and egress Pods delivers, then
+    /// What a fresh list of Services, EndpointSlices, Nodes and egress Pods delivers (the pods
+    /// the label selects, and those that hold the egress finalizer without it), then
     /// `lists-complete`.
     pub fn list(&self) -> Vec<wit::Observation> {
         let inner = self.lock();
@@ -279,7 +280,10 @@ impl Cluster {
             inner.nodes.values().map(|n| wit::Observation::NodeUpserted(records::node(n))).collect();
         observations.extend(inner.services.values().map(|s| wit::Observation::ServiceUpserted(records::service(s))));
         observations.extend(inner.slices.values().map(|s| wit::Observation::SliceUpserted(records::endpoint_slice(s))));
-        let labelled = inner.pods.values().filter(|p| records::has_egress_label(p));
+        let labelled = inner
+            .pods
+            .values()
+            .filter(|p| records::has_egress_label(p) || records::holds_finalizer_unlabelled(&p.metadata));
         observations.extend(labelled.map(|p| wit::Observation::PodUpserted(records::pod(p))));
         observations.push(wit::Observation::ListsComplete);
         observations

@@ -4,7 +4,9 @@
 //!
 //! * **Watching.** Services, EndpointSlices, Nodes and the Pods that carry the egress label
 //!   (a label selector on its key, [`records::EGRESS_LABEL`]: a pod that loses the label leaves
-//!   the selection and is seen deleted) are watched with
+//!   the selection and is seen deleted; at start the pods that hold the egress finalizer without
+//!   the label are listed once too, [`held_pods`], so that the logic releases a finalizer whose
+//!   pod lost its label while no controller ran) are watched with
 //!   [`kube::runtime::watcher`] (it re-lists after a 410 and backs off on errors). Each kind has
 //!   a [`Mirror`] of the keys the guest has been told about: a (re-)list is buffered until its
 //!   `InitDone`, then delivered as upserts of everything listed and deletions of whatever the
@@ -92,6 +94,9 @@ enum Change {
     Slice(Box<watcher::Event<EndpointSlice>>),
     Node(Box<watcher::Event<Node>>),
     Pod(Box<watcher::Event<Pod>>),
+    /// The pods that hold the egress finalizer without the label, listed once at start
+    /// ([`held_pods`]).
+    HeldPods(Vec<Pod>),
     Failed(&'static str, watcher::Error),
 }
 
@@ -209,6 +214,8 @@ struct Mirrors {
     slices: Mirror<EndpointSlice>,
     nodes: Mirror<Node>,
     pods: Mirror<Pod>,
+    /// Whether the pods holding the egress finalizer without the label were listed.
+    held_listed: bool,
 }
 
 impl Mirrors {
@@ -218,6 +225,15 @@ impl Mirrors {
             Change::Slice(event) => self.slices.apply(*event, out),
             Change::Node(event) => self.nodes.apply(*event, out),
             Change::Pod(event) => self.pods.apply(*event, out),
+            Change::HeldPods(pods) => {
+                // Not in the pods' mirror: the label's watch never shows them, so its re-lists
+                // must not report them deleted. Once released, the logic forgets them.
+                out.extend(pods.iter().map(|pod| wit::Observation::PodUpserted(records::pod(pod))));
+                if !pods.is_empty() {
+                    tracing::info!(pods = pods.len(), "pods holding the egress finalizer without the label listed");
+                }
+                self.held_listed = true;
+            }
             Change::Failed(kind, error) => {
                 tracing::warn!(kind, error = %error_chain(&error), "watch failed; retrying with backoff");
             }
@@ -225,7 +241,48 @@ impl Mirrors {
     }
 
     fn listed(&self) -> bool {
-        self.services.listed && self.slices.listed && self.nodes.listed && self.pods.listed
+        self.services.listed && self.slices.listed && self.nodes.listed && self.pods.listed && self.held_listed
+    }
+}
+
+/// Lists, once, the pods that hold the egress finalizer without the egress label (by pages of
+/// their metadata: a label selector cannot select by finalizer); a failed list is retried with
+/// backoff, as a watch's is.
+fn held_pods(api: Api<Pod>) -> BoxStream<'static, Change> {
+    futures::stream::once(async move {
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            match list_held_pods(&api).await {
+                Ok(pods) => return Change::HeldPods(pods),
+                Err(error) => {
+                    tracing::warn!(
+                        error = %error_chain(&error),
+                        "listing the pods that hold the egress finalizer failed; retrying with backoff"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+async fn list_held_pods(api: &Api<Pod>) -> Result<Vec<Pod>, ::kube::Error> {
+    let mut held = Vec::new();
+    let mut params = ::kube::api::ListParams::default().limit(500);
+    loop {
+        let page = api.list_metadata(&params).await?;
+        held.extend(
+            page.items
+                .into_iter()
+                .filter(|pod| records::holds_finalizer_unlabelled(&pod.metadata))
+                .map(|pod| Pod { metadata: pod.metadata, ..Pod::default() }),
+        );
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(held),
+        }
     }
 }
 
@@ -512,7 +569,8 @@ async fn reconcile(
         watch(Api::<Service>::all(client.clone()), watcher::Config::default(), Change::Service),
         watch(Api::<EndpointSlice>::all(client.clone()), watcher::Config::default(), Change::Slice),
         watch(Api::<Node>::all(client.clone()), watcher::Config::default(), Change::Node),
-        watch(Api::<Pod>::all(client), watcher::Config::default().labels(records::EGRESS_LABEL), Change::Pod),
+        watch(Api::<Pod>::all(client.clone()), watcher::Config::default().labels(records::EGRESS_LABEL), Change::Pod),
+        held_pods(Api::<Pod>::all(client)),
     ]);
     let mut supervisor = match active.borrow().clone() {
         Some(swapped) => Supervisor::new(swapped),
