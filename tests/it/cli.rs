@@ -4,7 +4,8 @@
 use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
 use clb_tests::*;
 
-fn clb_host(args: &[&str]) -> (u8, String, String) {
+/// Runs `clb-host` in-process: the exit code, stdout and stderr.
+pub(crate) fn clb_host(args: &[&str]) -> (u8, String, String) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = run(std::iter::once("clb-host").chain(args.iter().copied()), &mut out, &mut err);
     (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())

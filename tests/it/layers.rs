@@ -271,7 +271,7 @@ const HOST_CRATES: [(&str, usize); 8] = [
     ("crates/emulator/src", 9),
     ("crates/executor/src", 5),
     ("crates/kube/src", 2),
-    ("crates/simulator/src", 8),
+    ("crates/simulator/src", 9),
     ("host/src", 20),
 ];
 

@@ -7,6 +7,7 @@ mod backend_pools;
 mod cli;
 mod conformance;
 mod examples;
+mod explore;
 mod hosts;
 mod kube;
 mod layers;

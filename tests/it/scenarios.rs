@@ -2,11 +2,12 @@
 //! the component, the native library issues the very same commands, bad files are refused with
 //! the line, and the executor hands every Azure and Kubernetes error to the guest unchanged.
 
+use super::cli::clb_host;
 use clb_azure::{AzureError, ErrorKind, Operation};
 use clb_emulator::scope;
 use clb_emulator::{AsyncOutcome, Emulator, Fault, FaultMode};
 use clb_executor::{Executor, INVALID_COMMAND, MAX_BATCH, UID_MISMATCH, azure_failure};
-use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, run};
+use clb_host::cli::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_simulator::cluster::{Cluster, Object};
 use clb_simulator::scenario;
@@ -555,12 +556,6 @@ fn bad_scenario_files_are_refused_with_the_file_the_line_and_why() {
         assert!(error.starts_with(&format!("{}:{line}: ", path.display())), "{error}");
         assert!(error.contains(reason), "{error}");
     }
-}
-
-fn clb_host(args: &[&str]) -> (u8, String, String) {
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run(std::iter::once("clb-host").chain(args.iter().copied()), &mut out, &mut err);
-    (code, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
 }
 
 #[test]

@@ -3,9 +3,12 @@
 //!
 //! * [`cluster`] — the in-memory cluster: objects, watch events, the writes the executor makes;
 //! * [`scenario`] — the scenario file format and its checks;
-//! * [`simulate`] — the driver: a scenario's steps on virtual time, expectations checked.
+//! * [`simulate`] — the driver: a scenario's steps on virtual time, expectations checked;
+//! * [`explore`] — fault exploration: a scenario perturbed at every point, each run's world
+//!   compared with the unperturbed one's.
 
 pub mod cluster;
+pub mod explore;
 #[cfg(feature = "native")]
 pub mod native;
 pub mod scenario;

@@ -8,6 +8,7 @@ mod admission;
 mod args;
 mod component;
 mod emulator;
+mod explore;
 mod inspect;
 mod replay;
 mod run;
@@ -22,6 +23,7 @@ use args::{BudgetArgs, LogicArgs};
 use clap::{Parser, Subcommand};
 use component::CompressArg;
 use emulator::EmulatorArgs;
+use explore::ExploreArgs;
 use replay::ReplayArgs;
 use run::RunArgs;
 use std::ffi::OsString;
@@ -90,6 +92,13 @@ enum Command {
         #[command(flatten)]
         budgets: BudgetArgs,
     },
+    /// Run scenario files once as written and once per perturbation (a crash at every command
+    /// boundary, the logic rebuilt from its own state at every input), and compare the world
+    /// each run leaves with the unperturbed run's (docs/testing.md, "Exploration").
+    ///
+    /// Exits 0 when no perturbation changes the world, 1 when one does (each with the command
+    /// that reproduces it) or a scenario's own run fails, 2 when an input or flag is invalid.
+    Explore(ExploreArgs),
     /// Replay traces through a component and compare every result with the recorded one (the
     /// shadow check; docs/traces.md).
     ///
@@ -182,6 +191,7 @@ pub fn run_with_logging(
         Command::Simulate { files, json, record, logic, budgets } => {
             simulate::simulate(&files, json, record.as_deref(), &logic, &budgets, out, err)
         }
+        Command::Explore(args) => explore::explore(&args, out, err),
         Command::Replay(args) => replay::replay(&args, out, err),
         Command::Schema { component } => schema::schema(component.as_deref(), out),
         Command::Component { out: path, compress } => component::write_component(&path, compress, out),

@@ -77,6 +77,58 @@ pub enum SimulateError {
 
 /// Runs one scenario through `logic` against a fresh emulator and cluster.
 pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioReport, SimulateError> {
+    run_with(scenario, logic, &RunOptions::default()).map(|ran| ran.report)
+}
+
+/// A fault `explore` injects into one run (`crate::explore`). Points are counted over the whole
+/// run, from 0, in the order the run reaches them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Perturbation {
+    /// The controller dies just before it sends its n-th command, and a new one starts from the
+    /// cluster and Azure alone (a `restart`): that command and those issued with it are never
+    /// sent.
+    CrashBefore(u64),
+    /// The n-th command is applied, and the controller dies before its answer reaches the logic.
+    CrashAfter(u64),
+    /// Just before the n-th call into the logic (`observe`, `complete`, `tick`), the logic is
+    /// swapped to a rebuilt copy of itself: its state exported and imported into a fresh instance.
+    Swap(u64),
+    /// Multi-SLB local-service mode: the controller dies just before the n-th tick of the
+    /// backend-pool updater (its queue dies with it).
+    CrashBeforePoolTick(u64),
+}
+
+/// How [`run_with`] runs a scenario.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    pub perturbation: Option<Perturbation>,
+    /// After the last step, run the system until it is idle or this much virtual time passed,
+    /// so that a run perturbed near its end gets the time to finish what it began.
+    pub settle_at_end_ms: Option<u64>,
+}
+
+/// The points of a run where a perturbation can be injected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Points {
+    /// Commands sent (or about to be: a crash before one counts it).
+    pub commands: u64,
+    /// Calls into the logic.
+    pub inputs: u64,
+    /// Ticks of the backend-pool updater.
+    pub pool_ticks: u64,
+}
+
+/// A run's report, its points, whether its perturbation was reached, and the world it left.
+pub struct Ran {
+    pub report: ScenarioReport,
+    pub points: Points,
+    pub perturbed: bool,
+    pub emulator: Arc<Emulator>,
+    pub cluster: Arc<Cluster>,
+}
+
+/// Runs one scenario as [`run`] does, with `options`.
+pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOptions) -> Result<Ran, SimulateError> {
     let runtime = tokio::runtime::Builder::new_current_thread().build().map_err(SimulateError::Runtime)?;
     // Azure as the scenario found it is not the controller's doing: it is set up unthrottled,
     // and ARM's limits start, buckets full, with the first step.
@@ -95,6 +147,10 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         pool_lines: Vec::new(),
         early_releases: Vec::new(),
         figures: Default::default(),
+        scenario,
+        perturbation: options.perturbation,
+        points: Points::default(),
+        perturbed: false,
     };
     let mut steps = Vec::new();
     let mut aborted = sim
@@ -186,6 +242,11 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         steps.push(report);
         aborted = result.err();
     }
+    if aborted.is_none()
+        && let Some(within) = options.settle_at_end_ms
+    {
+        aborted = sim.settle(within).err();
+    }
     let figures = match aborted {
         None => sim.logic.stats(sim.now).map(Some).unwrap_or_else(|error| {
             aborted = Some(error);
@@ -195,7 +256,7 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
     };
     let passed = aborted.is_none() && steps.iter().flat_map(|s| &s.checks).all(|c| c.ok);
     let state = sim.emulator.state();
-    Ok(ScenarioReport {
+    let report = ScenarioReport {
         name: scenario.name.clone(),
         path: scenario.path.display().to_string(),
         steps,
@@ -207,7 +268,8 @@ pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioRe
         figures,
         aborted: aborted.map(|e| e.to_string()),
         passed,
-    })
+    };
+    Ok(Ran { report, points: sim.points, perturbed: sim.perturbed, emulator: sim.emulator, cluster: sim.cluster })
 }
 
 /// The backend-pool updater of multi-SLB local-service mode and its producer's memory.
@@ -242,12 +304,33 @@ struct Simulation<'l> {
     early_releases: Vec<String>,
     /// The logic's figures as `expect.metrics` last read them.
     figures: clb_sandbox::figures::Figures,
+    scenario: &'l Scenario,
+    perturbation: Option<Perturbation>,
+    points: Points,
+    /// Whether the perturbation was reached.
+    perturbed: bool,
 }
 
 impl Simulation<'_> {
     /// The supervisor around the logic, for a step that needs one (`what`).
     fn supervised(&mut self, what: &'static str) -> Result<&mut dyn Supervised, LogicError> {
         self.logic.supervised().ok_or(LogicError::Unsupervised(what))
+    }
+
+    /// Counts a call into the logic about to be made; the swap class's rebuild happens here.
+    fn before_input(&mut self) -> Result<(), LogicError> {
+        let index = self.points.inputs;
+        self.points.inputs += 1;
+        if self.perturbation != Some(Perturbation::Swap(index)) {
+            return Ok(());
+        }
+        self.perturbed = true;
+        let now = self.now;
+        match self.supervised("a rebuild")?.rebuild(now)? {
+            SwapResult::Accepted { first_step, .. } => self.absorb(first_step),
+            SwapResult::Refused(why) => return Err(LogicError::RebuildRefused(why)),
+        }
+        Ok(())
     }
 
     fn absorb(&mut self, step: wit::Step) {
@@ -331,6 +414,7 @@ impl Simulation<'_> {
         self.pending.clear();
         self.pools = None;
         self.logic.start(&scenario.config)?;
+        self.before_input()?;
         let step = self.logic.observe(self.now, &self.cluster.list())?;
         self.absorb(step);
         if !scenario.config.multiple_standard_load_balancers.is_empty() {
@@ -448,6 +532,18 @@ impl Simulation<'_> {
 
     /// One tick of the backend-pool updater at the current instant.
     fn pool_tick(&mut self) -> Result<(), LogicError> {
+        if self.pools.is_none() {
+            return Ok(());
+        }
+        // Every tick is a point, with work queued or not: asking the queue would be a call into
+        // the logic, which a run's trace would record.
+        let index = self.points.pool_ticks;
+        self.points.pool_ticks += 1;
+        if self.perturbation == Some(Perturbation::CrashBeforePoolTick(index)) {
+            self.perturbed = true;
+            let scenario = self.scenario;
+            return self.restart(scenario);
+        }
         let Some(pools) = self.pools.as_mut() else { return Ok(()) };
         pools.next_tick = self.now.saturating_add(pools.interval);
         self.emulator.set_now_ms(self.now);
@@ -489,6 +585,7 @@ impl Simulation<'_> {
             let events = self.cluster.take_watch_events();
             if !events.is_empty() {
                 self.produce_pool_operations()?;
+                self.before_input()?;
                 let step = self.logic.observe(self.now, &events)?;
                 self.absorb(step);
                 continue;
@@ -502,7 +599,14 @@ impl Simulation<'_> {
             let (emulator, cluster) = (self.emulator.clone(), self.cluster.clone());
             let executor = Executor::new(&*emulator, &*cluster);
             let mut results = Vec::with_capacity(issued.len());
+            let mut crashed = false;
             for command in issued {
+                let index = self.points.commands;
+                self.points.commands += 1;
+                if self.perturbation == Some(Perturbation::CrashBefore(index)) {
+                    crashed = true;
+                    break;
+                }
                 let released = self.pod_release(&command.command);
                 let outcome = self.runtime.block_on(executor.execute(&command.command));
                 if let (Some(pod), wit::Outcome::Ok) = (released, &outcome) {
@@ -515,9 +619,22 @@ impl Simulation<'_> {
                     outcome: describe_outcome(&outcome),
                     detail: format!("{} {:?}", command.id, command.command),
                 });
+                if self.perturbation == Some(Perturbation::CrashAfter(index)) {
+                    crashed = true;
+                    break;
+                }
                 results.push((command.id, outcome));
             }
+            if crashed {
+                // What the dead controller issued and had not sent dies with it; the new one
+                // starts from the cluster and Azure, as `restart` does.
+                self.perturbed = true;
+                let scenario = self.scenario;
+                self.restart(scenario)?;
+                continue;
+            }
             let figure = self.emulator.take_arm_remaining_writes();
+            self.before_input()?;
             let step = self.logic.complete(self.now, &results, figure)?;
             self.absorb(step);
         }
@@ -544,6 +661,7 @@ impl Simulation<'_> {
             *ticks_now = 0;
             self.now = at;
         }
+        self.before_input()?;
         let step = self.logic.tick(self.now)?;
         self.absorb(step);
         Ok(true)

@@ -36,6 +36,8 @@ pub enum LogicError {
     Pools(#[from] PoolUpdaterError),
     #[error("setting up Azure: {0}")]
     AzureSetup(String),
+    #[error("the logic refused to be rebuilt from its own state: {0}")]
+    RebuildRefused(String),
     #[error(
         "no component is known by the name {0:?} (a path needs a `/` or the `.wasm`, `.wasm.gz` or `.wasm.zst` ending)"
     )]
@@ -87,6 +89,9 @@ pub trait Supervised {
     /// Replaces the logic, keeping the state. An error aborts the run (the scenario names what
     /// cannot be found); a refusal is a result, checked against the step's `expect`.
     fn swap(&mut self, now_ms: u64, component: &ComponentSource) -> Result<SwapResult, LogicError>;
+    /// Swaps the serving version to a copy of itself in a fresh instance (its state exported and
+    /// imported, nothing else changed), as `explore`'s swap class does at every input.
+    fn rebuild(&mut self, now_ms: u64) -> Result<SwapResult, LogicError>;
     /// Runs a candidate in shadow beside the serving logic: `Ok(Err(why))` when it cannot load.
     fn shadow(&mut self, step: &scenario::ShadowStep) -> Result<Result<String, String>, LogicError>;
     /// What the candidate in shadow, or the last one, found; `None`: none ran.
@@ -201,6 +206,15 @@ impl Supervised for ComponentReconciler<'_> {
         };
         let limits = self.supervisor.logic().limits();
         match self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms) {
+            Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
+            Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
+            Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),
+        }
+    }
+
+    fn rebuild(&mut self, now_ms: u64) -> Result<SwapResult, LogicError> {
+        let same = self.supervisor.logic().clone();
+        match self.supervisor.swap(same, now_ms) {
             Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
             Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
             Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),

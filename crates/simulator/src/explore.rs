@@ -1,0 +1,338 @@
+//! `clb-host explore`: deterministic fault exploration. A scenario runs once as written (the
+//! reference), then once per perturbation, each a fresh run through a fresh logic, and the world
+//! each run leaves is compared with the reference's.
+//!
+//! The classes built (docs/testing.md, "Exploration"):
+//!
+//! * **crash** — at every command boundary the controller dies and a new one starts from the
+//!   cluster and Azure alone: before the command is sent ([`Perturbation::CrashBefore`]), or
+//!   after Azure (or the API server) applied it and before its answer reached the logic
+//!   ([`Perturbation::CrashAfter`]). A Kubernetes follow-up (finalizer, status, Event) is a
+//!   command of its own, so a crash between an Azure write and its follow-up is among them. In
+//!   multi-SLB local-service mode, where the backend-pool updater writes, also before every tick
+//!   of it ([`Perturbation::CrashBeforePoolTick`]);
+//! * **swap** — at every call into the logic, the logic is swapped to a rebuilt copy of itself
+//!   ([`Perturbation::Swap`]): the state move must be invisible.
+//!
+//! Every point is explored up to `budget` per class and scenario; past it, `budget` points drawn
+//! by the seed. The oracle: the perturbed run ends (it may not abort), and after both runs had
+//! the time to settle, Azure's resources and the Kubernetes objects the controller writes equal
+//! the reference's ([`World`]). A scenario's `expect` steps are not the oracle: a crash makes
+//! retries that change counts and timings mid-run, which is allowed; what the world ends as is
+//! not.
+
+use crate::scenario::Scenario;
+use crate::simulate::{Perturbation, Ran, Reconciler, RunOptions, SimulateError, run_with};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// A kind of perturbation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Class {
+    Crash,
+    Swap,
+}
+
+impl Class {
+    pub const ALL: [Class; 2] = [Class::Crash, Class::Swap];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Crash => "crash",
+            Class::Swap => "swap",
+        }
+    }
+
+    /// The class a perturbation belongs to.
+    pub fn of(perturbation: Perturbation) -> Class {
+        match perturbation {
+            Perturbation::CrashBefore(_) | Perturbation::CrashAfter(_) | Perturbation::CrashBeforePoolTick(_) => {
+                Class::Crash
+            }
+            Perturbation::Swap(_) => Class::Swap,
+        }
+    }
+}
+
+/// Why a class or a perturbation named on the command line is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum ExploreError {
+    #[error("unknown class {0:?}: the classes are crash and swap")]
+    UnknownClass(String),
+    #[error(
+        "the class {0:?} is not built yet (stale lists, unobserved events and failover need the simulator's \
+         watch and lease to be perturbed); the classes are crash and swap"
+    )]
+    NotBuilt(String),
+    #[error("{0:?} is not a perturbation: crash-before:N, crash-after:N, crash-before-pool-tick:N or swap:N")]
+    BadPerturbation(String),
+    #[error(transparent)]
+    Simulate(#[from] SimulateError),
+}
+
+impl std::str::FromStr for Class {
+    type Err = ExploreError;
+
+    fn from_str(s: &str) -> Result<Class, ExploreError> {
+        match s.trim() {
+            "crash" => Ok(Class::Crash),
+            "swap" => Ok(Class::Swap),
+            other @ ("stale" | "unobserved" | "failover") => Err(ExploreError::NotBuilt(other.to_owned())),
+            other => Err(ExploreError::UnknownClass(other.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for Perturbation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Perturbation::CrashBefore(n) => write!(f, "crash-before:{n}"),
+            Perturbation::CrashAfter(n) => write!(f, "crash-after:{n}"),
+            Perturbation::Swap(n) => write!(f, "swap:{n}"),
+            Perturbation::CrashBeforePoolTick(n) => write!(f, "crash-before-pool-tick:{n}"),
+        }
+    }
+}
+
+/// Reads `crash-before:N`, `crash-after:N`, `crash-before-pool-tick:N` or `swap:N`, as
+/// [`Perturbation`]'s `Display` writes it.
+pub fn parse_perturbation(s: &str) -> Result<Perturbation, ExploreError> {
+    let bad = || ExploreError::BadPerturbation(s.to_owned());
+    let (kind, n) = s.split_once(':').ok_or_else(bad)?;
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    match kind {
+        "crash-before" => Ok(Perturbation::CrashBefore(n)),
+        "crash-after" => Ok(Perturbation::CrashAfter(n)),
+        "swap" => Ok(Perturbation::Swap(n)),
+        "crash-before-pool-tick" => Ok(Perturbation::CrashBeforePoolTick(n)),
+        _ => Err(bad()),
+    }
+}
+
+/// How to explore.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub classes: Vec<Class>,
+    /// Perturbations per class and scenario; past it, a sample drawn by `seed`.
+    pub budget: usize,
+    pub seed: u64,
+    /// The virtual time every run gets after its last step to settle.
+    pub settle_ms: u64,
+    /// Only this perturbation (a reproducer), whatever the classes and budget say.
+    pub only: Option<Perturbation>,
+}
+
+/// The default settling time after the last step: longer than any retry's backoff.
+pub const DEFAULT_SETTLE_MS: u64 = 30 * 60 * 1000;
+
+/// What one class found on one scenario.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ClassFigures {
+    /// Points of the reference run where a perturbation of the class fits.
+    pub points: u64,
+    /// Perturbations run.
+    pub explored: u64,
+    pub divergences: u64,
+}
+
+/// A perturbed run whose world is not the reference's, or that did not end.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Divergence {
+    pub perturbation: String,
+    /// What differs, one line each (at most [`MAX_DIFFERENCES`]), or why the run did not end.
+    pub differences: Vec<String>,
+}
+
+/// The most differences a divergence lists.
+pub const MAX_DIFFERENCES: usize = 20;
+
+/// One scenario explored.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Exploration {
+    pub scenario: String,
+    pub path: String,
+    /// Why the reference run itself failed (aborted, a check failed): nothing was explored.
+    pub reference_failed: Option<String>,
+    pub classes: BTreeMap<&'static str, ClassFigures>,
+    pub divergences: Vec<Divergence>,
+}
+
+/// Explores one scenario; `logic` makes a fresh logic for each run.
+pub fn explore<R: Reconciler>(
+    scenario: &Scenario,
+    mut logic: impl FnMut() -> R,
+    options: &Options,
+) -> Result<Exploration, ExploreError> {
+    let settle = RunOptions { perturbation: None, settle_at_end_ms: Some(options.settle_ms) };
+    let reference = run_with(scenario, &mut logic(), &settle)?;
+    let mut exploration = Exploration {
+        scenario: scenario.name.clone(),
+        path: scenario.path.display().to_string(),
+        reference_failed: None,
+        classes: BTreeMap::new(),
+        divergences: Vec::new(),
+    };
+    if let Some(why) = failed(&reference) {
+        exploration.reference_failed = Some(why);
+        return Ok(exploration);
+    }
+    let expected = World::of(&reference);
+    let chosen: Vec<Perturbation> = match options.only {
+        Some(only) => vec![only],
+        None => options.classes.iter().flat_map(|class| choose(*class, &reference, options)).collect(),
+    };
+    for class in &options.classes {
+        let figures = exploration.classes.entry(class.name()).or_default();
+        figures.points = points(*class, &reference).len() as u64;
+    }
+    for perturbation in chosen {
+        let options = RunOptions { perturbation: Some(perturbation), ..settle.clone() };
+        let ran = run_with(scenario, &mut logic(), &options)?;
+        let figures = exploration.classes.entry(Class::of(perturbation).name()).or_default();
+        figures.explored += 1;
+        let differences = match failed(&ran) {
+            Some(why) if ran.report.aborted.is_some() => vec![why],
+            _ if !ran.perturbed => vec![format!("the run never reached {perturbation}")],
+            _ => expected.differences(&World::of(&ran)),
+        };
+        if !differences.is_empty() {
+            figures.divergences += 1;
+            exploration.divergences.push(Divergence { perturbation: perturbation.to_string(), differences });
+        }
+    }
+    Ok(exploration)
+}
+
+/// Why a run failed: it aborted, or (for the reference) a check failed.
+fn failed(ran: &Ran) -> Option<String> {
+    if let Some(aborted) = &ran.report.aborted {
+        return Some(format!("aborted: {aborted}"));
+    }
+    let failed: Vec<String> = ran
+        .report
+        .steps
+        .iter()
+        .flat_map(|s| s.checks.iter().filter(|c| !c.ok).map(move |c| format!("step {}: {}", s.index, c.what)))
+        .collect();
+    (!failed.is_empty()).then(|| format!("checks failed: {}", failed.join("; ")))
+}
+
+/// Every perturbation of `class` the reference run has a point for.
+fn points(class: Class, reference: &Ran) -> Vec<Perturbation> {
+    match class {
+        Class::Crash => (0..reference.points.commands)
+            .flat_map(|n| [Perturbation::CrashBefore(n), Perturbation::CrashAfter(n)])
+            .chain((0..reference.points.pool_ticks).map(Perturbation::CrashBeforePoolTick))
+            .collect(),
+        Class::Swap => (0..reference.points.inputs).map(Perturbation::Swap).collect(),
+    }
+}
+
+/// The points of `class` to explore: all of them within the budget, else `budget` drawn by the
+/// seed (a partial Fisher–Yates shuffle on splitmix64), in the order of the run.
+fn choose(class: Class, reference: &Ran, options: &Options) -> Vec<Perturbation> {
+    let mut all = points(class, reference);
+    if all.len() <= options.budget {
+        return all;
+    }
+    let mut state = options.seed ^ (class as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    for i in 0..options.budget {
+        let j = i + (next() % (all.len() - i) as u64) as usize;
+        all.swap(i, j);
+    }
+    all.truncate(options.budget);
+    all.sort();
+    all
+}
+
+/// What the oracle compares, one line per fact: Azure's resources as the emulator holds them
+/// (etags, which every write changes, left out; a public IP's address too, which the order of
+/// allocation decides), and the Kubernetes objects the controller writes (each Service's and
+/// Pod's finalizers, whether it is being deleted, and a Service's `status.loadBalancer` as the
+/// names of the public IPs its addresses belong to).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct World(BTreeSet<String>);
+
+impl World {
+    pub fn of(ran: &Ran) -> World {
+        let resources = ran.emulator.resources();
+        let mut lines = BTreeSet::new();
+        for (name, service) in &resources.services {
+            lines.insert(format!("nrp service {name}: {}", json(service)));
+        }
+        for (location, addresses) in &resources.locations {
+            for (address, services) in addresses {
+                lines.insert(format!("nrp location {location} address {address}: {services:?}"));
+            }
+        }
+        let mut ip_names = BTreeMap::new();
+        for (name, ip) in &resources.public_ips {
+            ip_names.insert(ip.ip_address.clone(), name.clone());
+            lines.insert(format!("public ip {name}: {:?} tags {:?}", ip.version, ip.tags));
+        }
+        for (name, lb) in &resources.load_balancers {
+            let (frontends, pools, rules) = (json(&lb.frontends), json(&lb.backend_pools), json(&lb.rules));
+            lines.insert(format!(
+                "load balancer {name} ({}): frontends {frontends} pools {pools} rules {rules}",
+                lb.sku
+            ));
+        }
+        for (key, pool) in &resources.backend_pools {
+            lines.insert(format!("backend pool {key}: {} {}", json(&pool.addresses), json(&pool.other_properties)));
+        }
+        for (name, gateway) in &resources.nat_gateways {
+            lines.insert(format!(
+                "nat gateway {name} ({}): {:?} {:?} associated {}",
+                gateway.sku, gateway.public_ips, gateway.public_ips_v6, gateway.associated
+            ));
+        }
+        for service in ran.cluster.services() {
+            let meta = &service.metadata;
+            let ingress: Vec<String> = service
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .map(|i| {
+                    let ip = i.ip.clone().unwrap_or_default();
+                    ip_names.get(&ip).cloned().unwrap_or_else(|| format!("{ip} (no public IP has it)"))
+                })
+                .collect();
+            lines.insert(format!("{} ingress {ingress:?}", object_line("service", meta)));
+        }
+        lines.extend(ran.cluster.pods().iter().map(|pod| object_line("pod", &pod.metadata)));
+        World(lines)
+    }
+
+    /// What differs from `other`, at most [`MAX_DIFFERENCES`] lines.
+    pub fn differences(&self, other: &World) -> Vec<String> {
+        let missing = self.0.difference(&other.0).map(|l| format!("only in the reference: {l}"));
+        let extra = other.0.difference(&self.0).map(|l| format!("only after the perturbation: {l}"));
+        missing.chain(extra).take(MAX_DIFFERENCES).collect()
+    }
+}
+
+/// What the controller writes on a Kubernetes object, as the start of one line of [`World`].
+fn object_line(kind: &str, meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    format!(
+        "{kind} {}/{}: finalizers {:?} deleting {}",
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or(""),
+        meta.finalizers.as_deref().unwrap_or_default(),
+        meta.deletion_timestamp.is_some()
+    )
+}
+
+/// A record of the emulator's as one line of [`World`].
+fn json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| format!("<{e}>"))
+}

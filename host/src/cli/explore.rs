@@ -1,0 +1,139 @@
+//! `clb-host explore`: scenario files run once as written and once per perturbation (a crash at
+//! every command boundary, a rebuild of the logic at every input), each run's world compared with
+//! the unperturbed one's (`clb_simulator::explore`; docs/testing.md, "Exploration").
+
+use super::args::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs};
+use clb_sandbox::Runtime;
+use clb_simulator::explore::{self, Class, Exploration, Options};
+use clb_simulator::{scenario, simulate};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub(super) struct ExploreArgs {
+    /// Scenario files (docs/scenarios.md).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// The classes of perturbation, comma-separated: `crash` (the controller dies before a
+    /// command is sent, or after it was applied and before its answer arrived) and `swap` (the
+    /// logic rebuilt from its own state before a call).
+    #[arg(long, value_delimiter = ',', default_value = "crash,swap")]
+    classes: Vec<String>,
+    /// Perturbations per class and scenario; a scenario with more points gets this many, drawn
+    /// by --seed.
+    #[arg(long, default_value_t = 200)]
+    budget: usize,
+    /// The seed that draws the points past the budget.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Run only this perturbation (`crash-before:N`, `crash-after:N`, `swap:N`), as a
+    /// divergence's reproducer says, and print its run's report.
+    #[arg(long, value_name = "PERTURBATION")]
+    only: Option<String>,
+    /// Print `{"classes": {"<class>": {"explored": N, "divergences": D}}, "scenarios": […]}`.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    logic: LogicArgs,
+}
+
+pub(super) fn explore(args: &ExploreArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
+    let classes: Result<Vec<Class>, _> = args.classes.iter().map(|c| c.parse()).collect();
+    let only = args.only.as_deref().map(explore::parse_perturbation).transpose();
+    let (classes, only) = match (classes, only) {
+        (Ok(classes), Ok(only)) => (classes, only),
+        (Err(e), _) | (_, Err(e)) => {
+            writeln!(err, "error: {e}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let mut scenarios = Vec::new();
+    for path in &args.files {
+        match scenario::read(path) {
+            Ok(s) => scenarios.push(s),
+            Err(e) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        }
+    }
+    let runtime = Runtime::new()?;
+    let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
+    let options =
+        Options { classes, budget: args.budget, seed: args.seed, settle_ms: explore::DEFAULT_SETTLE_MS, only };
+    let mut explorations = Vec::new();
+    for scenario in &scenarios {
+        let fresh = || simulate::ComponentReconciler::new(&logic).with_components(&runtime, BTreeMap::new());
+        let exploration = match explore::explore(scenario, fresh, &options) {
+            Ok(exploration) => exploration,
+            Err(e @ explore::ExploreError::Simulate(simulate::SimulateError::Cluster { .. })) => {
+                writeln!(err, "error: {e}")?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let (Some(only), false) = (only, args.json) {
+            // The reproducer's run, as `simulate` reports it.
+            let run = simulate::RunOptions { perturbation: Some(only), settle_at_end_ms: Some(options.settle_ms) };
+            let mut reconciler = fresh();
+            let ran = simulate::run_with(scenario, &mut reconciler, &run)?;
+            simulate::render(&ran.report, out)?;
+            writeln!(out)?;
+        }
+        if !args.json {
+            render(&exploration, out)?;
+        }
+        explorations.push(exploration);
+    }
+    let mut totals: BTreeMap<&str, explore::ClassFigures> = BTreeMap::new();
+    for (class, figures) in explorations.iter().flat_map(|e| &e.classes) {
+        let total = totals.entry(class).or_default();
+        total.points += figures.points;
+        total.explored += figures.explored;
+        total.divergences += figures.divergences;
+    }
+    let failed = explorations.iter().filter(|e| e.reference_failed.is_some() || !e.divergences.is_empty()).count();
+    if args.json {
+        let json = serde_json::json!({ "classes": totals, "scenarios": explorations });
+        serde_json::to_writer_pretty(&mut *out, &json)?;
+        writeln!(out)?;
+    } else {
+        for (class, figures) in &totals {
+            writeln!(
+                out,
+                "{class}: {} of {} points explored, {} divergences",
+                figures.explored, figures.points, figures.divergences
+            )?;
+        }
+        writeln!(
+            out,
+            "{} of {} scenarios explored without a divergence",
+            explorations.len() - failed,
+            explorations.len()
+        )?;
+    }
+    Ok(if failed == 0 { EXIT_OK } else { EXIT_REFUSED })
+}
+
+fn render(exploration: &Exploration, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(out, "{} ({})", exploration.scenario, exploration.path)?;
+    if let Some(why) = &exploration.reference_failed {
+        return writeln!(out, "  the reference run failed, so nothing was explored: {why}");
+    }
+    for (class, figures) in &exploration.classes {
+        writeln!(
+            out,
+            "  {class}: {} of {} points explored, {} divergences",
+            figures.explored, figures.points, figures.divergences
+        )?;
+    }
+    for divergence in &exploration.divergences {
+        writeln!(out, "  DIVERGES at {}:", divergence.perturbation)?;
+        for line in &divergence.differences {
+            writeln!(out, "    {line}")?;
+        }
+        writeln!(out, "    reproduce: clb-host explore {} --only {}", exploration.path, divergence.perturbation)?;
+    }
+    Ok(())
+}
