@@ -207,6 +207,9 @@ pub enum Step {
     Settle(Option<VirtualDuration>),
     /// The controller restarts: a new tracker with no state; Azure and the cluster keep theirs.
     Restart,
+    /// A restart whose first lists miss the objects named (a stale cache), until an event brings
+    /// them.
+    RestartWithStaleLists(StaleListsStep),
     /// The logic is hot-swapped to another component, keeping its state.
     Swap(SwapStep),
     /// A candidate runs in shadow beside the serving logic: compared, never carried out, and
@@ -239,6 +242,10 @@ impl Step {
             Step::Advance(d) => format!("advance {d}"),
             Step::Settle(within) => format!("settle (within {})", within.unwrap_or(VirtualDuration(DEFAULT_SETTLE_MS))),
             Step::Restart => "restart".into(),
+            Step::RestartWithStaleLists(stale) => {
+                let missed: Vec<String> = stale.missing.iter().map(|o| format!("{:?} {}", o.kind, o.key())).collect();
+                format!("restart, its first lists missing {}", missed.join(", "))
+            }
             Step::Swap(swap) => format!("swap to {} (expect {})", swap.component, swap.expect),
             Step::Shadow(shadow) => match shadow.promote_after {
                 Some(n) => format!("shadow {} (promote after {n} clean inputs)", shadow.component),
@@ -374,10 +381,45 @@ pub struct DeleteStep {
 
 impl DeleteStep {
     pub fn namespace(&self) -> &str {
-        match (self.kind, self.namespace.is_empty()) {
-            (Kind::Node | Kind::Namespace, _) => "",
-            (_, true) => "default",
-            (_, false) => &self.namespace,
+        namespace_of(self.kind, &self.namespace)
+    }
+}
+
+/// The namespace a step's object is in: none for Nodes and Namespaces, `default` when unsaid.
+fn namespace_of(kind: Kind, namespace: &str) -> &str {
+    match (kind, namespace.is_empty()) {
+        (Kind::Node | Kind::Namespace, _) => "",
+        (_, true) => "default",
+        (_, false) => namespace,
+    }
+}
+
+/// `restart-with-stale-lists: {missing: [{kind: EndpointSlice, namespace: shop, name: web-abc12}]}`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaleListsStep {
+    /// Objects the restarted controller's first lists leave out, as an informer cache behind the
+    /// API server does; the watch brings them with their next change.
+    pub missing: Vec<ObjectOfKind>,
+}
+
+/// An object by kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectOfKind {
+    pub kind: Kind,
+    /// Ignored for Nodes; default `default` for the others.
+    #[serde(default)]
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectOfKind {
+    /// `namespace/name`, or the name alone for a Node.
+    pub fn key(&self) -> String {
+        match namespace_of(self.kind, &self.namespace) {
+            "" => self.name.clone(),
+            namespace => format!("{namespace}/{}", self.name),
         }
     }
 }

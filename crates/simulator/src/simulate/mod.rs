@@ -148,6 +148,7 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
         early_releases: Vec::new(),
         figures: Default::default(),
         scenario,
+        lists_miss: Vec::new(),
         perturbation: options.perturbation,
         points: Points::default(),
         perturbed: false,
@@ -207,6 +208,10 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
                 sim.settle(within).map(|check| report.checks.push(check))
             }
             Step::Restart => sim.restart(scenario),
+            Step::RestartWithStaleLists(stale) => {
+                sim.lists_miss.clone_from(&stale.missing);
+                sim.restart(scenario)
+            }
             Step::Swap(swap) => {
                 let now = sim.now;
                 sim.supervised("a swap").and_then(|logic| logic.swap(now, &swap.component))
@@ -305,6 +310,8 @@ struct Simulation<'l> {
     /// The logic's figures as `expect.metrics` last read them.
     figures: clb_sandbox::figures::Figures,
     scenario: &'l Scenario,
+    /// What the next restart's lists leave out (`restart-with-stale-lists`).
+    lists_miss: Vec<scenario::ObjectOfKind>,
     perturbation: Option<Perturbation>,
     points: Points,
     /// Whether the perturbation was reached.
@@ -414,8 +421,11 @@ impl Simulation<'_> {
         self.pending.clear();
         self.pools = None;
         self.logic.start(&scenario.config)?;
+        let missing = std::mem::take(&mut self.lists_miss);
+        let mut lists = self.cluster.list();
+        lists.retain(|o| !missing.iter().any(|m| listed_as(o, m)));
         self.before_input()?;
-        let step = self.logic.observe(self.now, &self.cluster.list())?;
+        let step = self.logic.observe(self.now, &lists)?;
         self.absorb(step);
         if !scenario.config.multiple_standard_load_balancers.is_empty() {
             let recorder = self.logic.supervised().and_then(|logic| logic.recorder());
@@ -716,6 +726,19 @@ impl Simulation<'_> {
             .map(|e| format!("{} [{}] → {}", e.operation, e.resources.join(", "), e.outcome))
             .collect()
     }
+}
+
+/// Whether a listed observation is of the object `name` names.
+fn listed_as(observation: &wit::Observation, name: &scenario::ObjectOfKind) -> bool {
+    use crate::cluster::Kind;
+    let (kind, key) = match observation {
+        wit::Observation::ServiceUpserted(s) => (Kind::Service, format!("{}/{}", s.namespace, s.name)),
+        wit::Observation::SliceUpserted(s) => (Kind::EndpointSlice, format!("{}/{}", s.namespace, s.name)),
+        wit::Observation::NodeUpserted(n) => (Kind::Node, n.name.clone()),
+        wit::Observation::PodUpserted(p) => (Kind::Pod, format!("{}/{}", p.namespace, p.name)),
+        _ => return false,
+    };
+    kind == name.kind && key == name.key()
 }
 
 fn livelock(at: u64) -> LogicError {
