@@ -18,5 +18,6 @@
 
 pub mod admission;
 pub mod cli;
+pub mod clock;
 pub mod live;
 pub mod logging;

@@ -25,6 +25,7 @@ pub mod tls;
 
 pub use door::Door;
 
+use crate::clock::epoch_ms;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::bindings::exports::clb::reconciler::validation::{Admission, Verdict};
 use clb_sandbox::supervisor::version_name;
@@ -355,9 +356,4 @@ fn labels(sha256: &str, pairs: &[(&'static str, &str)]) -> Labels {
     let mut labels: Vec<_> = pairs.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
     labels.push(("sha256", sha256.to_owned()));
     labels
-}
-
-fn epoch_ms() -> u64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }

@@ -227,12 +227,7 @@ fn bounded_text(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
-/// Now, in ms since the epoch.
-pub fn epoch_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+use crate::clock::epoch_ms;
 
 #[derive(Default)]
 struct Published {

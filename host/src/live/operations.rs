@@ -2,9 +2,10 @@
 //! operator page's sampler and the swap Event reporter started around the loop ([`run_with`]) with its [`Control`]. The top of
 //! the live controller: nothing in it is imported by the parts it assembles.
 
+use crate::clock::epoch_ms;
 use crate::live::control::{Control, EventTarget, ShadowPolicy, report_events};
 use crate::live::endpoint::{Admin, EndpointError, MetricsServer};
-use crate::live::metrics::{Metrics, SAMPLE_EVERY, epoch_ms};
+use crate::live::metrics::{Metrics, SAMPLE_EVERY};
 use crate::live::run::run_with;
 use crate::live::settings::{RunError, Settings};
 use crate::live::sources::LogicSource;

@@ -721,10 +721,7 @@ fn read_figures(supervisor: &mut Supervisor, control: Option<&Control>, now_ms: 
     let sha256 = supervisor.logic().info().sha256.clone();
     match supervisor.logic_stats(now_ms) {
         Ok(stats) => {
-            let epoch_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-            control.metrics().publish_figures(&sha256, stats, epoch_ms, now_ms);
+            control.metrics().publish_figures(&sha256, stats, crate::clock::epoch_ms(), now_ms);
         }
         Err(error) => {
             tracing::warn!(%error, version = %&sha256[..12.min(sha256.len())], "reading the logic's figures failed")
