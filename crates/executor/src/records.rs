@@ -6,6 +6,7 @@
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 pub fn service(svc: &Service) -> wit::Service {
@@ -89,14 +90,17 @@ pub const EGRESS_POD_FINALIZER: &str = "servicegateway.azure.com/pod-cleanup";
 
 /// Whether a pod holds [`EGRESS_POD_FINALIZER`] without the egress label: what start-up lists
 /// beside the label's selection.
-pub fn holds_finalizer_unlabelled(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
-    let labelled = meta.labels.as_ref().is_some_and(|labels| labels.contains_key(EGRESS_LABEL));
-    !labelled && meta.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == EGRESS_POD_FINALIZER))
+pub fn holds_finalizer_unlabelled(meta: &ObjectMeta) -> bool {
+    !labelled(meta) && meta.finalizers.as_ref().is_some_and(|f| f.iter().any(|f| f == EGRESS_POD_FINALIZER))
 }
 
 /// Whether a pod carries the egress label (any value): what the watch's label selector selects.
 pub fn has_egress_label(pod: &Pod) -> bool {
-    pod.metadata.labels.as_ref().is_some_and(|labels| labels.contains_key(EGRESS_LABEL))
+    labelled(&pod.metadata)
+}
+
+fn labelled(meta: &ObjectMeta) -> bool {
+    meta.labels.as_ref().is_some_and(|labels| labels.contains_key(EGRESS_LABEL))
 }
 
 pub fn pod(pod: &Pod) -> wit::Pod {

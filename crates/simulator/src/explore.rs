@@ -155,6 +155,9 @@ pub struct Exploration {
     pub reference_failed: Option<String>,
     pub classes: BTreeMap<&'static str, ClassFigures>,
     pub divergences: Vec<Divergence>,
+    /// With [`Options::only`], that run's report, as `simulate` shows it.
+    #[serde(skip)]
+    pub only_report: Option<crate::simulate::ScenarioReport>,
 }
 
 /// Explores one scenario; `logic` makes a fresh logic for each run.
@@ -171,6 +174,7 @@ pub fn explore<R: Reconciler>(
         reference_failed: None,
         classes: BTreeMap::new(),
         divergences: Vec::new(),
+        only_report: None,
     };
     if let Some(why) = failed(&reference) {
         exploration.reference_failed = Some(why);
@@ -186,24 +190,27 @@ pub fn explore<R: Reconciler>(
         figures.points = points(*class, &reference).len() as u64;
     }
     for perturbation in chosen {
-        let options = RunOptions { perturbation: Some(perturbation), ..settle.clone() };
-        let ran = run_with(scenario, &mut logic(), &options)?;
+        let run = RunOptions { perturbation: Some(perturbation), ..settle.clone() };
+        let ran = run_with(scenario, &mut logic(), &run)?;
         let figures = exploration.classes.entry(Class::of(perturbation).name()).or_default();
         figures.explored += 1;
-        let differences = match failed(&ran) {
-            Some(why) if ran.report.aborted.is_some() => vec![why],
-            _ if !ran.perturbed => vec![format!("the run never reached {perturbation}")],
-            _ => expected.differences(&World::of(&ran)),
+        let differences = match &ran.report.aborted {
+            Some(aborted) => vec![format!("aborted: {aborted}")],
+            None if !ran.perturbed => vec![format!("the run never reached {perturbation}")],
+            None => expected.differences(&World::of(&ran)),
         };
         if !differences.is_empty() {
             figures.divergences += 1;
             exploration.divergences.push(Divergence { perturbation: perturbation.to_string(), differences });
         }
+        if options.only.is_some() {
+            exploration.only_report = Some(ran.report);
+        }
     }
     Ok(exploration)
 }
 
-/// Why a run failed: it aborted, or (for the reference) a check failed.
+/// Why the reference run failed: it aborted, or one of its checks failed.
 fn failed(ran: &Ran) -> Option<String> {
     if let Some(aborted) = &ran.report.aborted {
         return Some(format!("aborted: {aborted}"));

@@ -73,12 +73,9 @@ pub(super) fn explore(args: &ExploreArgs, out: &mut dyn Write, err: &mut dyn Wri
             }
             Err(e) => return Err(e.into()),
         };
-        if let (Some(only), false) = (only, args.json) {
+        if let (Some(report), false) = (&exploration.only_report, args.json) {
             // The reproducer's run, as `simulate` reports it.
-            let run = simulate::RunOptions { perturbation: Some(only), settle_at_end_ms: Some(options.settle_ms) };
-            let mut reconciler = fresh();
-            let ran = simulate::run_with(scenario, &mut reconciler, &run)?;
-            simulate::render(&ran.report, out)?;
+            simulate::render(report, out)?;
             writeln!(out)?;
         }
         if !args.json {

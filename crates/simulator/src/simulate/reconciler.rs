@@ -205,20 +205,12 @@ impl Supervised for ComponentReconciler<'_> {
             Err(why) => return Ok(SwapResult::Refused(why)),
         };
         let limits = self.supervisor.logic().limits();
-        match self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms) {
-            Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
-            Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
-            Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),
-        }
+        swap_result(self.supervisor.swap_bytes(runtime, &bytes, limits, now_ms))
     }
 
     fn rebuild(&mut self, now_ms: u64) -> Result<SwapResult, LogicError> {
         let same = self.supervisor.logic().clone();
-        match self.supervisor.swap(same, now_ms) {
-            Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
-            Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
-            Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),
-        }
+        swap_result(self.supervisor.swap(same, now_ms))
     }
 
     fn shadow(&mut self, step: &scenario::ShadowStep) -> Result<Result<String, String>, LogicError> {
@@ -324,5 +316,16 @@ impl ComponentReconciler<'_> {
             Err(_) => {}
         }
         Ok(step)
+    }
+}
+
+/// A supervisor's swap as a step's result: a refusal is a result, a tracker not started an error.
+fn swap_result(
+    swapped: Result<clb_sandbox::supervisor::SwapReport, SupervisorError>,
+) -> Result<SwapResult, LogicError> {
+    match swapped {
+        Ok(report) => Ok(SwapResult::Accepted { what: report.to_string(), first_step: report.first_step }),
+        Err(SupervisorError::NotStarted) => Err(LogicError::NotStarted),
+        Err(refusal) => Ok(SwapResult::Refused(refusal.to_string())),
     }
 }
