@@ -403,6 +403,25 @@ impl Env {
         .await
     }
 
+    /// `clb-host run` against this test's API server and emulator as a command line (for
+    /// [`clb_host_child`]), then `extra`; its cloud config written to a file named after `tag`,
+    /// which is returned for the test to remove.
+    fn run_command_line(&self, tag: &str, extra: &[String]) -> (PathBuf, Vec<String>) {
+        let cloud_config = std::env::temp_dir().join(format!("clb-e2e-{}-{tag}-azure.json", std::process::id()));
+        std::fs::write(&cloud_config, &self.cloud_config).unwrap();
+        let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
+        let mut command_line = vec![
+            "clb-host".to_owned(),
+            "run".into(),
+            format!("--kubeconfig={}", path(&self.controller_kubeconfig)),
+            format!("--cloud-config={}", path(&cloud_config)),
+            format!("--azure-url={}", self.azure.url()),
+            "--credential=none".into(),
+        ];
+        command_line.extend_from_slice(extra);
+        (cloud_config, command_line)
+    }
+
     /// Starts `clb-host run` under the ServiceAccount's token against this test's emulator.
     fn start(&self) -> Controller {
         self.start_through(self.controller_kubeconfig.clone())
@@ -1448,18 +1467,7 @@ fn clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs() {
     // The signal goes to a process of its own: this test binary run again for this test alone.
     run_if_child();
     e2e(8, async |env| {
-        let cloud_config = std::env::temp_dir().join(format!("clb-e2e-{}-azure.json", std::process::id()));
-        std::fs::write(&cloud_config, &env.cloud_config).unwrap();
-        let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
-        let command_line = [
-            "clb-host".to_owned(),
-            "run".into(),
-            format!("--kubeconfig={}", path(&env.controller_kubeconfig)),
-            format!("--cloud-config={}", path(&cloud_config)),
-            format!("--azure-url={}", env.azure.url()),
-            "--credential=none".into(),
-            "--shutdown-grace-secs=1".into(),
-        ];
+        let (cloud_config, command_line) = env.run_command_line("sigterm", &["--shutdown-grace-secs=1".into()]);
         let test = "kube::clb_host_run_stops_with_exit_code_0_on_sigterm_while_a_call_hangs";
         let mut child = clb_host_child(test, &command_line, false);
 
@@ -1829,5 +1837,128 @@ fn in_multi_slb_mode_a_shutdown_during_a_pool_write_lets_the_tick_finish_and_rel
         let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
         assert_eq!(holder, "", "the tick finished and released the resource lock");
         assert_eq!(env.pool_ips(&pool).await, BTreeSet::from([env.location(1)]), "the write completed");
+    });
+}
+
+/// Rounds of [`clb_host_run_killed_with_sigkill_at_seeded_points_leaves_the_world_an_uninterrupted_run_would`]:
+/// `CLB_KILL_ROUNDS` (default 3, CI's), its points drawn by `CLB_KILL_SEED` (default 0).
+fn kill_rounds_and_seed() -> (u8, u64) {
+    let read = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    (read("CLB_KILL_ROUNDS", 3).clamp(1, 100) as u8, read("CLB_KILL_SEED", 0))
+}
+
+// Fault exploration's crash class against real processes: two replicas of `clb-host run` (each
+// its own process, leader election on a short Lease) against the test API server and the
+// emulator over HTTP. Each round changes the cluster (a Service created, the previous one scaled
+// down, the one before deleted), and once the emulator has answered a seeded number of further
+// requests the leader is killed with SIGKILL — wherever it is: between an Azure write and its
+// answer, between a write and its finalizer or status — and a new standby started; the other
+// replica takes over once the Lease expires. In the end every live Service is provisioned with
+// exactly its endpoints, every deleted one is released and gone from NRP, and Azure holds no
+// public IP or load balancer that no live Service accounts for.
+#[test]
+fn clb_host_run_killed_with_sigkill_at_seeded_points_leaves_the_world_an_uninterrupted_run_would() {
+    run_if_child();
+    e2e(22, async |env| {
+        env.node(2).await;
+        let lease_name = format!("clb-kill-{}", env.namespace);
+        let mut cloud_config = PathBuf::new();
+        let mut replica = |identity: String| {
+            let (written, command_line) = env.run_command_line(
+                "kill",
+                &[
+                    "--listen=127.0.0.1:0".into(),
+                    format!("--leader-elect-resource-name={lease_name}"),
+                    format!("--leader-elect-identity={identity}"),
+                    "--leader-elect-lease-duration=2s".into(),
+                    "--leader-elect-renew-deadline=1200ms".into(),
+                    "--leader-elect-retry-period=200ms".into(),
+                ],
+            );
+            cloud_config = written;
+            let test =
+                "kube::clb_host_run_killed_with_sigkill_at_seeded_points_leaves_the_world_an_uninterrupted_run_would";
+            (identity, clb_host_child(test, &command_line, false))
+        };
+        let leases = Api::<Lease>::namespaced(env.admin.clone(), "kube-system");
+        let requests = || env.emulator.state().requests.values().sum::<u64>();
+        let (rounds, seed) = kill_rounds_and_seed();
+        let mut replicas = vec![replica("replica-0".into()), replica("replica-1".into())];
+        // Name → (UID, its endpoints now); and the deleted ones.
+        let mut live: BTreeMap<String, (String, Vec<(u8, u8)>)> = BTreeMap::new();
+        let mut deleted: Vec<(String, String)> = Vec::new();
+        let mut kills = Vec::new();
+        for round in 0..rounds {
+            let before = requests();
+            let name = format!("web-{round}");
+            let uid = env.service(&name, "Local").await;
+            let endpoints = vec![(2 * round + 1, 1), (2 * round + 2, 2)];
+            env.endpoints(&name, &uid, &endpoints).await;
+            live.insert(name, (uid, endpoints));
+            if round >= 1 {
+                let previous = format!("web-{}", round - 1);
+                let (uid, endpoints) = live.get_mut(&previous).expect("created a round before");
+                endpoints.truncate(1);
+                env.endpoints(&previous, &uid.clone(), &endpoints.clone()).await;
+            }
+            if round >= 2 {
+                let gone = format!("web-{}", round - 2);
+                let (uid, _) = live.remove(&gone).expect("created two rounds before");
+                env.delete(&gone).await;
+                deleted.push((gone, uid));
+            }
+            // A new Service takes at least four writes (public IP, load balancer, registration,
+            // locations): the leader reaches the point whichever it is.
+            let draw = clb_simulator::explore::splitmix64(seed.wrapping_add(u64::from(round) << 32));
+            let after = 1 + draw % 4;
+            let started = Instant::now();
+            while requests() < before + after {
+                assert!(
+                    started.elapsed() < CONVERGE,
+                    "round {round}: {after} requests not answered within {CONVERGE:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let holder = leases
+                .get_opt(&lease_name)
+                .await
+                .expect("reads the Lease")
+                .and_then(|l| l.spec?.holder_identity)
+                .unwrap_or_default();
+            for (identity, child) in &mut replicas {
+                let exited = child.0.try_wait().expect("asks after the replica");
+                assert_eq!(exited, None, "round {round}: {identity} is running");
+            }
+            let leader = replicas.iter().position(|(identity, _)| *identity == holder);
+            let leader = leader.unwrap_or_else(|| panic!("round {round}: the Lease's holder {holder:?} is no replica"));
+            let (identity, mut child) = replicas.remove(leader);
+            child.0.kill().expect("sends SIGKILL");
+            child.0.wait().expect("the killed replica is reaped");
+            kills.push(format!("round {round}: {identity} after {after} requests"));
+            replicas.push(replica(format!("replica-{}", round + 2)));
+        }
+        for (name, (uid, endpoints)) in &live {
+            env.nrp_binds(uid, endpoints).await;
+            env.ingress_ip(name).await;
+        }
+        for (name, uid) in &deleted {
+            env.released(name, uid).await;
+        }
+        let accounted: BTreeSet<String> = live.values().map(|(uid, _)| uid.clone()).collect();
+        eventually(&format!("Azure holds only what the live Services account for (kills: {kills:?})"), async || {
+            let resources = env.emulator.resources();
+            let ips: BTreeSet<String> = resources.public_ips.keys().cloned().collect();
+            let lbs: BTreeSet<String> = resources.load_balancers.keys().cloned().collect();
+            let want_ips: BTreeSet<String> = accounted.iter().map(|uid| format!("{uid}-pip")).collect();
+            if ips == want_ips && lbs == accounted {
+                Ok(())
+            } else {
+                Err(format!("public IPs {ips:?}, load balancers {lbs:?}"))
+            }
+        })
+        .await;
+        drop(replicas);
+        let _ = leases.delete(&lease_name, &DeleteParams::default()).await;
+        let _ = std::fs::remove_file(cloud_config);
     });
 }

@@ -35,7 +35,7 @@ pub enum Object {
 }
 
 /// The kinds of objects the cluster holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum Kind {
     Service,
     EndpointSlice,

@@ -2,111 +2,57 @@
 //! reference), then once per perturbation, each a fresh run through a fresh logic, and the world
 //! each run leaves is compared with the reference's.
 //!
-//! The classes built (docs/testing.md, "Exploration"):
+//! The classes (docs/testing.md, "Exploration"; each perturbation is described in
+//! [`crate::perturbation`]):
 //!
 //! * **crash** — at every command boundary the controller dies and a new one starts from the
-//!   cluster and Azure alone: before the command is sent ([`Perturbation::CrashBefore`]), or
-//!   after Azure (or the API server) applied it and before its answer reached the logic
-//!   ([`Perturbation::CrashAfter`]). A Kubernetes follow-up (finalizer, status, Event) is a
-//!   command of its own, so a crash between an Azure write and its follow-up is among them. In
-//!   multi-SLB local-service mode, where the backend-pool updater writes, also before every tick
-//!   of it ([`Perturbation::CrashBeforePoolTick`]);
-//! * **swap** — at every call into the logic, the logic is swapped to a rebuilt copy of itself
-//!   ([`Perturbation::Swap`]): the state move must be invisible.
+//!   cluster and Azure alone: before the command is sent, or after Azure (or the API server)
+//!   applied it and before its answer reached the logic. A Kubernetes follow-up (finalizer,
+//!   status, Event) is a command of its own, so a crash between an Azure write and its follow-up
+//!   is among them. In multi-SLB local-service mode, where the backend-pool updater writes, also
+//!   before every tick of it;
+//! * **stale** — the controller dies before a delivery of watch events and the new one's lists
+//!   are the cluster as it was at any earlier delivery; the watch then brings what changed since;
+//! * **unobserved** — a delivery held back and coalesced with the next (intermediate states
+//!   never seen), one event lost and a re-list bringing the truth later, a delivery twice, the
+//!   objects of a delivery in reverse order;
+//! * **swap** — at every call into the logic, the logic is swapped to a rebuilt copy of itself:
+//!   the state move must be invisible;
+//! * **failover** — at every command boundary the leader loses its lease with that command in
+//!   flight; the other replica takes over from the cluster and Azure, and the command lands after
+//!   it did.
 //!
 //! Every point is explored up to `budget` per class and scenario; past it, `budget` points drawn
-//! by the seed. The oracle: the perturbed run ends (it may not abort), and after both runs had
-//! the time to settle, Azure's resources and the Kubernetes objects the controller writes equal
-//! the reference's ([`World`]). A scenario's `expect` steps are not the oracle: a crash makes
-//! retries that change counts and timings mid-run, which is allowed; what the world ends as is
-//! not.
+//! by the seed. The oracle: the perturbed run ends (it may not abort); after both runs had the
+//! time to settle, Azure's resources and the Kubernetes objects the controller writes equal the
+//! reference's ([`World`]); and every invariant of `expect: {invariants: true}` that holds after
+//! the reference holds after the perturbed run too (those over the run's history — the outbound
+//! order, no service unregistered while addresses reference it, no egress pod released before
+//! its addresses left NRP — cover every step, not only the end). A scenario's `expect` steps are
+//! not the oracle: a crash makes retries that change counts and timings mid-run, which is
+//! allowed; what the world ends as is not.
 
+pub use crate::perturbation::{Class, Perturbation, PerturbationError};
 use crate::scenario::Scenario;
-use crate::simulate::{Perturbation, Ran, Reconciler, RunOptions, SimulateError, run_with};
+use crate::simulate::{Check, Ran, Reconciler, RunOptions, SimulateError, run_with};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
+use std::path::{Path, PathBuf};
 
-/// A kind of perturbation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Class {
-    Crash,
-    Swap,
-}
-
-impl Class {
-    pub const ALL: [Class; 2] = [Class::Crash, Class::Swap];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Class::Crash => "crash",
-            Class::Swap => "swap",
-        }
-    }
-
-    /// The class a perturbation belongs to.
-    pub fn of(perturbation: Perturbation) -> Class {
-        match perturbation {
-            Perturbation::CrashBefore(_) | Perturbation::CrashAfter(_) | Perturbation::CrashBeforePoolTick(_) => {
-                Class::Crash
-            }
-            Perturbation::Swap(_) => Class::Swap,
-        }
-    }
-}
-
-/// Why a class or a perturbation named on the command line is not one.
+/// Why an exploration could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ExploreError {
-    #[error("unknown class {0:?}: the classes are crash and swap")]
-    UnknownClass(String),
-    #[error(
-        "the class {0:?} is not built yet (stale lists, unobserved events and failover need the simulator's \
-         watch and lease to be perturbed); the classes are crash and swap"
-    )]
-    NotBuilt(String),
-    #[error("{0:?} is not a perturbation: crash-before:N, crash-after:N, crash-before-pool-tick:N or swap:N")]
-    BadPerturbation(String),
+    #[error(transparent)]
+    Perturbation(#[from] PerturbationError),
     #[error(transparent)]
     Simulate(#[from] SimulateError),
-}
-
-impl std::str::FromStr for Class {
-    type Err = ExploreError;
-
-    fn from_str(s: &str) -> Result<Class, ExploreError> {
-        match s.trim() {
-            "crash" => Ok(Class::Crash),
-            "swap" => Ok(Class::Swap),
-            other @ ("stale" | "unobserved" | "failover") => Err(ExploreError::NotBuilt(other.to_owned())),
-            other => Err(ExploreError::UnknownClass(other.to_owned())),
-        }
-    }
-}
-
-impl fmt::Display for Perturbation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Perturbation::CrashBefore(n) => write!(f, "crash-before:{n}"),
-            Perturbation::CrashAfter(n) => write!(f, "crash-after:{n}"),
-            Perturbation::Swap(n) => write!(f, "swap:{n}"),
-            Perturbation::CrashBeforePoolTick(n) => write!(f, "crash-before-pool-tick:{n}"),
-        }
-    }
-}
-
-/// Reads `crash-before:N`, `crash-after:N`, `crash-before-pool-tick:N` or `swap:N`, as
-/// [`Perturbation`]'s `Display` writes it.
-pub fn parse_perturbation(s: &str) -> Result<Perturbation, ExploreError> {
-    let bad = || ExploreError::BadPerturbation(s.to_owned());
-    let (kind, n) = s.split_once(':').ok_or_else(bad)?;
-    let n: u64 = n.parse().map_err(|_| bad())?;
-    match kind {
-        "crash-before" => Ok(Perturbation::CrashBefore(n)),
-        "crash-after" => Ok(Perturbation::CrashAfter(n)),
-        "swap" => Ok(Perturbation::Swap(n)),
-        "crash-before-pool-tick" => Ok(Perturbation::CrashBeforePoolTick(n)),
-        _ => Err(bad()),
-    }
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the reproducer {0} does not read back as a scenario naming its perturbation: {1}")]
+    Reproducer(PathBuf, String),
 }
 
 /// How to explore.
@@ -122,7 +68,8 @@ pub struct Options {
     pub only: Option<Perturbation>,
 }
 
-/// The default settling time after the last step: longer than any retry's backoff.
+/// The default settling time after the last step: longer than any retry's backoff, and six of
+/// the logic's periodic reads of NRP.
 pub const DEFAULT_SETTLE_MS: u64 = 30 * 60 * 1000;
 
 /// What one class found on one scenario.
@@ -181,11 +128,15 @@ pub fn explore<R: Reconciler>(
         return Ok(exploration);
     }
     let expected = World::of(&reference);
-    let chosen: Vec<Perturbation> = match options.only {
+    let chosen: Vec<Perturbation> = match options.only.or(scenario.perturbation) {
         Some(only) => vec![only],
         None => options.classes.iter().flat_map(|class| choose(*class, &reference, options)).collect(),
     };
-    for class in &options.classes {
+    let classes = match options.only.or(scenario.perturbation) {
+        Some(only) => vec![Class::of(only)],
+        None => options.classes.clone(),
+    };
+    for class in &classes {
         let figures = exploration.classes.entry(class.name()).or_default();
         figures.points = points(*class, &reference).len() as u64;
     }
@@ -197,17 +148,72 @@ pub fn explore<R: Reconciler>(
         let differences = match &ran.report.aborted {
             Some(aborted) => vec![format!("aborted: {aborted}")],
             None if !ran.perturbed => vec![format!("the run never reached {perturbation}")],
-            None => expected.differences(&World::of(&ran)),
+            None => {
+                let mut differences = broken_invariants(&reference.invariants, &ran.invariants);
+                differences.extend(expected.differences(&World::of(&ran)));
+                differences.truncate(MAX_DIFFERENCES);
+                differences
+            }
         };
         if !differences.is_empty() {
             figures.divergences += 1;
             exploration.divergences.push(Divergence { perturbation: perturbation.to_string(), differences });
         }
-        if options.only.is_some() {
+        if options.only.or(scenario.perturbation).is_some() {
             exploration.only_report = Some(ran.report);
         }
     }
     Ok(exploration)
+}
+
+/// A divergence's reproducer: the scenario's own text, `perturbation:` added, under a comment
+/// that says what it reproduces. `clb-host explore` of it runs that perturbation alone; fixed,
+/// it is the defect's regression scenario.
+pub fn reproducer(exploration: &Exploration, divergence: &Divergence, scenario_text: &str) -> String {
+    let mut text =
+        format!("# Reproduces what `clb-host explore` found in {} at {}:\n", exploration.path, divergence.perturbation);
+    for line in &divergence.differences {
+        text.push_str(&format!("#   {}\n", line.replace('\n', " ")));
+    }
+    text.push_str(
+        "# `clb-host explore` of this file runs that perturbation alone and compares the world with the\n\
+         # unperturbed run's; `clb-host simulate` of it shows the perturbed run step by step.\n",
+    );
+    text.push_str(scenario_text.trim_end());
+    text.push_str(&format!("\nperturbation: {}\n", divergence.perturbation));
+    text
+}
+
+/// Writes each divergence's [`reproducer`] into `dir` (created if missing), as
+/// `<scenario file's stem>.<perturbation>.yaml`, and checks that it reads back as a scenario
+/// naming its perturbation.
+pub fn write_reproducers(dir: &Path, exploration: &Exploration) -> Result<Vec<PathBuf>, ExploreError> {
+    if exploration.divergences.is_empty() {
+        return Ok(Vec::new());
+    }
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| ExploreError::Io { path, source }
+    };
+    let source = Path::new(&exploration.path);
+    let text = std::fs::read_to_string(source).map_err(io(source))?;
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let stem = source.file_stem().and_then(|s| s.to_str()).unwrap_or("scenario");
+    let mut written = Vec::new();
+    for divergence in &exploration.divergences {
+        let path = dir.join(format!("{stem}.{}.yaml", divergence.perturbation.replace(':', "-")));
+        std::fs::write(&path, reproducer(exploration, divergence, &text)).map_err(io(&path))?;
+        let named = crate::scenario::read(&path)
+            .map_err(|e| ExploreError::Reproducer(path.clone(), e.to_string()))?
+            .perturbation
+            .map(|p| p.to_string());
+        if named.as_deref() != Some(divergence.perturbation.as_str()) {
+            let why = format!("it names {named:?} (does the scenario end inside a block?)");
+            return Err(ExploreError::Reproducer(path, why));
+        }
+        written.push(path);
+    }
+    Ok(written)
 }
 
 /// Why the reference run failed: it aborted, or one of its checks failed.
@@ -224,14 +230,36 @@ fn failed(ran: &Ran) -> Option<String> {
     (!failed.is_empty()).then(|| format!("checks failed: {}", failed.join("; ")))
 }
 
+/// The invariants that held after the reference and not after the perturbed run.
+fn broken_invariants(reference: &[Check], perturbed: &[Check]) -> Vec<String> {
+    let held: BTreeSet<&str> = reference.iter().filter(|c| c.ok).map(|c| c.what.as_str()).collect();
+    perturbed
+        .iter()
+        .filter(|c| !c.ok && held.contains(c.what.as_str()))
+        .map(|c| format!("invariant broken: {}: {}", c.what, c.detail.as_deref().unwrap_or("")))
+        .collect()
+}
+
 /// Every perturbation of `class` the reference run has a point for.
 fn points(class: Class, reference: &Ran) -> Vec<Perturbation> {
+    use Perturbation::*;
+    let points = &reference.points;
+    let deliveries = points.deliveries.len() as u64;
     match class {
-        Class::Crash => (0..reference.points.commands)
-            .flat_map(|n| [Perturbation::CrashBefore(n), Perturbation::CrashAfter(n)])
-            .chain((0..reference.points.pool_ticks).map(Perturbation::CrashBeforePoolTick))
+        Class::Crash => (0..points.commands)
+            .flat_map(|n| [CrashBefore(n), CrashAfter(n)])
+            .chain((0..points.pool_ticks).map(CrashBeforePoolTick))
             .collect(),
-        Class::Swap => (0..reference.points.inputs).map(Perturbation::Swap).collect(),
+        Class::Stale => (0..deliveries).flat_map(|at| (0..=at).map(move |listed_at| Stale { at, listed_at })).collect(),
+        Class::Unobserved => (0..deliveries)
+            .zip(&points.deliveries)
+            .flat_map(|(n, delivery)| {
+                let drops = (0..delivery.events).map(move |event| Drop { delivery: n, event });
+                [Coalesce(n), Duplicate(n)].into_iter().chain((delivery.objects > 1).then_some(Reorder(n))).chain(drops)
+            })
+            .collect(),
+        Class::Swap => (0..points.inputs).map(Swap).collect(),
+        Class::Failover => (0..points.commands).map(Failover).collect(),
     }
 }
 
@@ -245,10 +273,7 @@ fn choose(class: Class, reference: &Ran, options: &Options) -> Vec<Perturbation>
     let mut state = options.seed ^ (class as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let mut next = move || {
         state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        splitmix64(state)
     };
     for i in 0..options.budget {
         let j = i + (next() % (all.len() - i) as u64) as usize;
@@ -257,6 +282,13 @@ fn choose(class: Class, reference: &Ran, options: &Options) -> Vec<Perturbation>
     all.truncate(options.budget);
     all.sort();
     all
+}
+
+/// splitmix64's finaliser: a well-mixed draw from a seed, the same on every machine.
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// What the oracle compares, one line per fact: Azure's resources as the emulator holds them

@@ -3,6 +3,7 @@
 //!
 //! * [`cluster`] — the in-memory cluster: objects, watch events, the writes the executor makes;
 //! * [`scenario`] — the scenario file format and its checks;
+//! * [`perturbation`] — the faults `explore` injects into a run, their classes and their text;
 //! * [`simulate`] — the driver: a scenario's steps on virtual time, expectations checked;
 //! * [`explore`] — fault exploration: a scenario perturbed at every point, each run's world
 //!   compared with the unperturbed one's.
@@ -11,5 +12,6 @@ pub mod cluster;
 pub mod explore;
 #[cfg(feature = "native")]
 pub mod native;
+pub mod perturbation;
 pub mod scenario;
 pub mod simulate;

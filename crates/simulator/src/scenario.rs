@@ -12,6 +12,7 @@
 //! key added or changed shows in one diff.
 
 use crate::cluster::{Kind, Object};
+use crate::perturbation::Perturbation;
 use clb_azure::Operation;
 use clb_emulator::{ArmLimits, BucketLimits, Fault, FaultMode};
 use clb_executor::inputs::{self, CloudConfig, InputError};
@@ -57,6 +58,10 @@ pub struct Scenario {
     /// What Azure holds before the first step.
     pub azure: AzureSetup,
     pub steps: Vec<Step>,
+    /// A fault to inject into the run (`perturbation: crash-after:17`), as `clb-host explore`
+    /// writes a divergence's reproducer: `simulate` runs the scenario with it, `explore` runs it
+    /// alone and compares the world with the unperturbed run's.
+    pub perturbation: Option<Perturbation>,
 }
 
 /// `azure:` — the emulated Azure before the first step, and the backend-pool updater's knobs.
@@ -884,6 +889,8 @@ struct RawScenario {
     azure: AzureSetup,
     /// `- apply: …` (a map of one key), or the step's name alone when it takes nothing.
     steps: Vec<Step>,
+    #[serde(default)]
+    perturbation: Option<String>,
 }
 
 /// Reads and checks a scenario file, and that each file a `swap` step names is one (a scenario
@@ -964,7 +971,12 @@ pub fn parse(path: &Path, text: &str) -> Result<Scenario, ScenarioError> {
         };
         *file = folder.join(&*file);
     }
+    let perturbation = match raw.perturbation.as_deref().map(str::parse::<Perturbation>).transpose() {
+        Ok(perturbation) => perturbation,
+        Err(error) => return Err(invalid(&format!("perturbation: {error}"))),
+    };
     Ok(Scenario {
+        perturbation,
         path: path.to_owned(),
         name: raw.name,
         description: raw.description,

@@ -1,6 +1,7 @@
 //! `clb-host explore`: scenario files run once as written and once per perturbation (a crash at
-//! every command boundary, a rebuild of the logic at every input), each run's world compared with
-//! the unperturbed one's (`clb_simulator::explore`; docs/testing.md, "Exploration").
+//! every command boundary, stale lists at a restart, watch events coalesced, lost, doubled or
+//! reordered, a rebuild of the logic at every input, a deposed leader's late write), each run's
+//! world compared with the unperturbed one's (`clb_simulator::explore`; docs/testing.md, "Exploration").
 
 use super::args::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, LogicArgs};
 use clb_sandbox::Runtime;
@@ -16,9 +17,12 @@ pub(super) struct ExploreArgs {
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// The classes of perturbation, comma-separated: `crash` (the controller dies before a
-    /// command is sent, or after it was applied and before its answer arrived) and `swap` (the
-    /// logic rebuilt from its own state before a call).
-    #[arg(long, value_delimiter = ',', default_value = "crash,swap")]
+    /// command is sent, after it was applied and before its answer arrived, or before a
+    /// backend-pool tick), `stale` (a restart whose lists are an earlier state of the cluster),
+    /// `unobserved` (watch events coalesced, lost until a re-list, twice, reordered), `swap`
+    /// (the logic rebuilt from its own state before a call) and `failover` (the leader loses its
+    /// lease with a command in flight, which lands after the other replica took over).
+    #[arg(long, value_delimiter = ',', default_value = "crash,stale,unobserved,swap,failover")]
     classes: Vec<String>,
     /// Perturbations per class and scenario; a scenario with more points gets this many, drawn
     /// by --seed.
@@ -27,10 +31,15 @@ pub(super) struct ExploreArgs {
     /// The seed that draws the points past the budget.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Run only this perturbation (`crash-before:N`, `crash-after:N`, `swap:N`), as a
-    /// divergence's reproducer says, and print its run's report.
+    /// Run only this perturbation (`crash-after:17`, `stale:9:4`, `drop:3:0`, …), as a
+    /// divergence's reproducer says, and print its run's report. A scenario file with a
+    /// `perturbation:` of its own (one --write-repro wrote) runs that one.
     #[arg(long, value_name = "PERTURBATION")]
     only: Option<String>,
+    /// Write each divergence's reproducer into this directory: the scenario with the
+    /// perturbation added, `<scenario file's stem>.<perturbation>.yaml`.
+    #[arg(long, value_name = "DIR")]
+    write_repro: Option<PathBuf>,
     /// Print `{"classes": {"<class>": {"explored": N, "divergences": D}}, "scenarios": […]}`.
     #[arg(long)]
     json: bool,
@@ -40,7 +49,7 @@ pub(super) struct ExploreArgs {
 
 pub(super) fn explore(args: &ExploreArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     let classes: Result<Vec<Class>, _> = args.classes.iter().map(|c| c.parse()).collect();
-    let only = args.only.as_deref().map(explore::parse_perturbation).transpose();
+    let only = args.only.as_deref().map(str::parse::<explore::Perturbation>).transpose();
     let (classes, only) = match (classes, only) {
         (Ok(classes), Ok(only)) => (classes, only),
         (Err(e), _) | (_, Err(e)) => {
@@ -80,6 +89,11 @@ pub(super) fn explore(args: &ExploreArgs, out: &mut dyn Write, err: &mut dyn Wri
         }
         if !args.json {
             render(&exploration, out)?;
+        }
+        if let Some(dir) = &args.write_repro {
+            for path in explore::write_reproducers(dir, &exploration)? {
+                writeln!(err, "wrote {}", path.display())?;
+            }
         }
         explorations.push(exploration);
     }

@@ -158,7 +158,8 @@ impl Input {
     }
 }
 
-fn describe_observation(observation: &wit::Observation) -> String {
+/// One observation, for a person: its kind, key and, for a deletion, "deleted".
+pub fn describe_observation(observation: &wit::Observation) -> String {
     match observation {
         wit::Observation::ServiceUpserted(s) => format!("Service {}/{}", s.namespace, s.name),
         wit::Observation::ServiceDeleted((ns, name)) => format!("Service {ns}/{name} deleted"),

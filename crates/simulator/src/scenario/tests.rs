@@ -58,3 +58,14 @@ fn an_arm_spend_step_reads_its_writes_and_reads_with_zero_for_the_one_not_given(
     assert_eq!(scenario.steps, vec![Step::ArmSpend(ArmSpendStep { writes: 150, reads: 0 })]);
     assert!(scenario_with("  armLimits: {}", "arm-spend: {write: 1}").is_err());
 }
+
+#[test]
+fn a_scenario_names_a_perturbation_as_explore_writes_it_and_a_malformed_one_is_refused_with_the_forms() {
+    let text = |p: &str| {
+        format!("name: repro\nconfig:\n  loadBalancerSku: standardV2\nsteps:\n  - settle:\nperturbation: {p}\n")
+    };
+    let read = parse(Path::new("repro.yaml"), &text("stale:4:1")).expect("valid");
+    assert_eq!(read.perturbation, Some(Perturbation::Stale { at: 4, listed_at: 1 }));
+    let error = parse(Path::new("repro.yaml"), &text("crash:4")).expect_err("not a perturbation").to_string();
+    assert!(error.contains("perturbation: \"crash:4\" is not a perturbation: crash-before:N"), "{error}");
+}

@@ -24,8 +24,10 @@
 //! every Service whenever anything changed, which a scenario's size makes cheap.
 
 mod expect;
+mod perturb;
 mod reconciler;
 mod report;
+mod watch;
 
 pub use reconciler::{
     ComponentReconciler, LogicError, LogicStatus, PoolReconciler, Reconciler, Supervised, SwapResult,
@@ -37,6 +39,7 @@ pub use report::{
 use report::{Ms, locations_text};
 
 use crate::cluster::{Cluster, ClusterError};
+pub use crate::perturbation::Perturbation;
 use crate::scenario::{
     self, EventTypeName, Expectation, PodFinalizersExpectation, PoolExpectation, Scenario, StatusExpectation, Step,
     SwapExpect,
@@ -77,38 +80,23 @@ pub enum SimulateError {
 
 /// Runs one scenario through `logic` against a fresh emulator and cluster.
 pub fn run(scenario: &Scenario, logic: &mut dyn Reconciler) -> Result<ScenarioReport, SimulateError> {
-    run_with(scenario, logic, &RunOptions::default()).map(|ran| ran.report)
-}
-
-/// A fault `explore` injects into one run (`crate::explore`). Points are counted over the whole
-/// run, from 0, in the order the run reaches them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Perturbation {
-    /// The controller dies just before it sends its n-th command, and a new one starts from the
-    /// cluster and Azure alone (a `restart`): that command and those issued with it are never
-    /// sent.
-    CrashBefore(u64),
-    /// The n-th command is applied, and the controller dies before its answer reaches the logic.
-    CrashAfter(u64),
-    /// Just before the n-th call into the logic (`observe`, `complete`, `tick`), the logic is
-    /// swapped to a rebuilt copy of itself: its state exported and imported into a fresh instance.
-    Swap(u64),
-    /// Multi-SLB local-service mode: the controller dies just before the n-th tick of the
-    /// backend-pool updater (its queue dies with it).
-    CrashBeforePoolTick(u64),
+    let options = RunOptions { perturbation: scenario.perturbation, settle_at_end_ms: None };
+    run_with(scenario, logic, &options).map(|ran| ran.report)
 }
 
 /// How [`run_with`] runs a scenario.
 #[derive(Clone, Debug, Default)]
 pub struct RunOptions {
     pub perturbation: Option<Perturbation>,
-    /// After the last step, run the system until it is idle or this much virtual time passed,
-    /// so that a run perturbed near its end gets the time to finish what it began.
+    /// After the last step, run the system for this much virtual time and then until it is idle
+    /// (or as long again), so that a run perturbed near its end gets the time to finish what it
+    /// began, and the logic's periodic reads of NRP (which repair what a write it did not make
+    /// changed) happen.
     pub settle_at_end_ms: Option<u64>,
 }
 
 /// The points of a run where a perturbation can be injected.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Points {
     /// Commands sent (or about to be: a crash before one counts it).
     pub commands: u64,
@@ -116,6 +104,16 @@ pub struct Points {
     pub inputs: u64,
     /// Ticks of the backend-pool updater.
     pub pool_ticks: u64,
+    /// The watch's deliveries after the start-up lists, in order.
+    pub deliveries: Vec<Delivery>,
+}
+
+/// One delivery of watch events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delivery {
+    pub events: u64,
+    /// The objects its events are about.
+    pub objects: u64,
 }
 
 /// A run's report, its points, whether its perturbation was reached, and the world it left.
@@ -123,6 +121,10 @@ pub struct Ran {
     pub report: ScenarioReport,
     pub points: Points,
     pub perturbed: bool,
+    /// With [`RunOptions::settle_at_end_ms`], the invariants of `expect: {invariants: true}` once
+    /// the run settled (those over the run's history, such as the outbound order and no egress
+    /// pod released early, cover every step).
+    pub invariants: Vec<Check>,
     pub emulator: Arc<Emulator>,
     pub cluster: Arc<Cluster>,
 }
@@ -149,15 +151,22 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
         figures: Default::default(),
         scenario,
         lists_miss: Vec::new(),
+        watch: watch::Watch::default(),
         perturbation: options.perturbation,
         points: Points::default(),
         perturbed: false,
+        perturbed_lines: Vec::new(),
+        late: None,
+        excused: Vec::new(),
     };
     let mut steps = Vec::new();
     let mut aborted = sim
         .set_up_azure(scenario)
         .and_then(|()| {
             sim.emulator.set_arm_limits(scenario.azure.arm_limits.0);
+            if let Some(Perturbation::Stale { listed_at: 0, .. }) = sim.perturbation {
+                sim.watch.snapshot = Some(sim.cluster.list());
+            }
             sim.restart(scenario)
         })
         .err();
@@ -172,6 +181,7 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
             at_ms: sim.now,
             commands: Vec::new(),
             faults_hit: Vec::new(),
+            perturbed: Vec::new(),
             quarantined: Vec::new(),
             backend_pools: Vec::new(),
             checks: Vec::new(),
@@ -242,15 +252,18 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
         };
         report.commands = std::mem::take(&mut sim.records);
         report.faults_hit = sim.faults_since(requests_before);
+        report.perturbed = std::mem::take(&mut sim.perturbed_lines);
         report.quarantined = sim.logic.supervised().map(Supervised::take_quarantined).unwrap_or_default();
         report.backend_pools = std::mem::take(&mut sim.pool_lines);
         steps.push(report);
         aborted = result.err();
     }
+    let mut invariants = Vec::new();
     if aborted.is_none()
         && let Some(within) = options.settle_at_end_ms
     {
-        aborted = sim.settle(within).err();
+        aborted = sim.advance(within).and_then(|()| sim.settle(within)).err();
+        invariants = sim.invariants(&nrp_view(&sim.emulator.resources()));
     }
     let figures = match aborted {
         None => sim.logic.stats(sim.now).map(Some).unwrap_or_else(|error| {
@@ -274,7 +287,8 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
         aborted: aborted.map(|e| e.to_string()),
         passed,
     };
-    Ok(Ran { report, points: sim.points, perturbed: sim.perturbed, emulator: sim.emulator, cluster: sim.cluster })
+    let (points, perturbed, emulator, cluster) = (sim.points, sim.perturbed, sim.emulator, sim.cluster);
+    Ok(Ran { report, points, perturbed, invariants, emulator, cluster })
 }
 
 /// The backend-pool updater of multi-SLB local-service mode and its producer's memory.
@@ -312,32 +326,24 @@ struct Simulation<'l> {
     scenario: &'l Scenario,
     /// What the next restart's lists leave out (`restart-with-stale-lists`).
     lists_miss: Vec<scenario::ObjectOfKind>,
+    watch: watch::Watch,
     perturbation: Option<Perturbation>,
     points: Points,
     /// Whether the perturbation was reached.
     perturbed: bool,
+    /// What it did, for the step's report.
+    perturbed_lines: Vec<String>,
+    /// A deposed leader's command in flight, and when Azure applies it (the failover class).
+    late: Option<(wit::Command, u64)>,
+    /// The emulator's log entries of that command, which the invariants do not hold against
+    /// this controller.
+    excused: Vec<std::ops::Range<usize>>,
 }
 
 impl Simulation<'_> {
     /// The supervisor around the logic, for a step that needs one (`what`).
     fn supervised(&mut self, what: &'static str) -> Result<&mut dyn Supervised, LogicError> {
         self.logic.supervised().ok_or(LogicError::Unsupervised(what))
-    }
-
-    /// Counts a call into the logic about to be made; the swap class's rebuild happens here.
-    fn before_input(&mut self) -> Result<(), LogicError> {
-        let index = self.points.inputs;
-        self.points.inputs += 1;
-        if self.perturbation != Some(Perturbation::Swap(index)) {
-            return Ok(());
-        }
-        self.perturbed = true;
-        let now = self.now;
-        match self.supervised("a rebuild")?.rebuild(now)? {
-            SwapResult::Accepted { first_step, .. } => self.absorb(first_step),
-            SwapResult::Refused(why) => return Err(LogicError::RebuildRefused(why)),
-        }
-        Ok(())
     }
 
     fn absorb(&mut self, step: wit::Step) {
@@ -417,16 +423,20 @@ impl Simulation<'_> {
     /// multi-SLB local-service mode a new backend-pool updater too: the queue and the
     /// producer's memory die with the process.
     fn restart(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
-        self.cluster.drop_watch_events();
-        self.pending.clear();
-        self.pools = None;
-        self.logic.start(&scenario.config)?;
         let missing = std::mem::take(&mut self.lists_miss);
         let mut lists = self.cluster.list();
         lists.retain(|o| !missing.iter().any(|m| listed_as(o, m)));
-        self.before_input()?;
-        let step = self.logic.observe(self.now, &lists)?;
-        self.absorb(step);
+        self.start_from(scenario, &lists)
+    }
+
+    /// [`Simulation::restart`] with the lists the new controller reads.
+    fn start_from(&mut self, scenario: &Scenario, lists: &[wit::Observation]) -> Result<(), LogicError> {
+        self.cluster.drop_watch_events();
+        self.watch.restarted();
+        self.pending.clear();
+        self.pools = None;
+        self.logic.start(&scenario.config)?;
+        self.observe(lists)?;
         if !scenario.config.multiple_standard_load_balancers.is_empty() {
             let recorder = self.logic.supervised().and_then(|logic| logic.recorder());
             let pools = self.logic.pools().ok_or(LogicError::PoolsUnsupported)?;
@@ -550,7 +560,7 @@ impl Simulation<'_> {
         let index = self.points.pool_ticks;
         self.points.pool_ticks += 1;
         if self.perturbation == Some(Perturbation::CrashBeforePoolTick(index)) {
-            self.perturbed = true;
+            self.perturb("the controller dies before the backend-pool tick; a new one starts".to_owned());
             let scenario = self.scenario;
             return self.restart(scenario);
         }
@@ -589,15 +599,24 @@ impl Simulation<'_> {
         }
     }
 
+    /// Hands the logic a batch of observations.
+    fn observe(&mut self, batch: &[wit::Observation]) -> Result<(), LogicError> {
+        self.before_input()?;
+        self.watch.told(batch);
+        let step = self.logic.observe(self.now, batch)?;
+        self.absorb(step);
+        Ok(())
+    }
+
     /// Runs everything due at this instant: watch events, then commands and their outcomes.
     fn run_instant(&mut self) -> Result<(), LogicError> {
         for _ in 0..MAX_CALLS_PER_INSTANT {
-            let events = self.cluster.take_watch_events();
+            self.land_late()?;
+            let fresh = self.cluster.take_watch_events();
+            let events = self.watch.take(fresh, self.now, &self.cluster);
             if !events.is_empty() {
                 self.produce_pool_operations()?;
-                self.before_input()?;
-                let step = self.logic.observe(self.now, &events)?;
-                self.absorb(step);
+                self.deliver(events)?;
                 continue;
             }
             if self.pending.is_empty() {
@@ -614,6 +633,11 @@ impl Simulation<'_> {
                 let index = self.points.commands;
                 self.points.commands += 1;
                 if self.perturbation == Some(Perturbation::CrashBefore(index)) {
+                    crashed = true;
+                    break;
+                }
+                if self.perturbation == Some(Perturbation::Failover(index)) {
+                    self.in_flight(command.command);
                     crashed = true;
                     break;
                 }
@@ -638,7 +662,9 @@ impl Simulation<'_> {
             if crashed {
                 // What the dead controller issued and had not sent dies with it; the new one
                 // starts from the cluster and Azure, as `restart` does.
-                self.perturbed = true;
+                if !matches!(self.perturbation, Some(Perturbation::Failover(_))) {
+                    self.perturb("the controller dies; a new one starts from the cluster and Azure".to_owned());
+                }
                 let scenario = self.scenario;
                 self.restart(scenario)?;
                 continue;
@@ -656,6 +682,15 @@ impl Simulation<'_> {
     fn wake_before(&mut self, until: u64, ticks_now: &mut usize) -> Result<bool, LogicError> {
         let guest_at = self.wake.filter(|at| *at <= until);
         let pool_at = self.pools.as_ref().map(|p| p.next_tick).filter(|at| *at <= until);
+        // A perturbed watch's held events or re-list, or a deposed leader's late write, before
+        // anything else due with them.
+        let late_at = self.late.as_ref().map(|(_, at)| *at);
+        let watch_at = self.watch.due_at().into_iter().chain(late_at).min().filter(|at| *at <= until);
+        if let Some(watch_at) = watch_at.filter(|w| guest_at.is_none_or(|g| *w <= g) && pool_at.is_none_or(|p| *w <= p))
+        {
+            self.now = self.now.max(watch_at);
+            return Ok(true);
+        }
         if let Some(pool_at) = pool_at.filter(|p| guest_at.is_none_or(|g| *p < g)) {
             self.now = self.now.max(pool_at);
             self.pool_tick()?;
@@ -693,7 +728,7 @@ impl Simulation<'_> {
         let mut ticks_now = 0;
         loop {
             self.run_instant()?;
-            if self.idle && self.pools_idle()? {
+            if self.idle && self.pools_idle()? && self.watch.quiet() && self.late.is_none() {
                 let took = Ms(self.now - start);
                 return Ok(Check { what: format!("settled after {took}"), ok: true, detail: None });
             }
@@ -730,15 +765,10 @@ impl Simulation<'_> {
 
 /// Whether a listed observation is of the object `name` names.
 fn listed_as(observation: &wit::Observation, name: &scenario::ObjectOfKind) -> bool {
-    use crate::cluster::Kind;
-    let (kind, key) = match observation {
-        wit::Observation::ServiceUpserted(s) => (Kind::Service, format!("{}/{}", s.namespace, s.name)),
-        wit::Observation::SliceUpserted(s) => (Kind::EndpointSlice, format!("{}/{}", s.namespace, s.name)),
-        wit::Observation::NodeUpserted(n) => (Kind::Node, n.name.clone()),
-        wit::Observation::PodUpserted(p) => (Kind::Pod, format!("{}/{}", p.namespace, p.name)),
-        _ => return false,
-    };
-    kind == name.kind && key == name.key()
+    watch::object_of(observation).is_some_and(|(kind, namespace, object)| {
+        let key = if namespace.is_empty() { object } else { format!("{namespace}/{object}") };
+        kind == name.kind && key == name.key()
+    })
 }
 
 fn livelock(at: u64) -> LogicError {

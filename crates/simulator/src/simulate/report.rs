@@ -44,6 +44,9 @@ pub struct StepReport {
     pub commands: Vec<CommandRecord>,
     /// Emulator requests a fault (or ARM's throttling) answered.
     pub faults_hit: Vec<String>,
+    /// What `explore`'s perturbation did in this step (`crate::perturbation`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub perturbed: Vec<String>,
     /// Inputs the logic trapped on, dropped so that the rest could go on.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub quarantined: Vec<String>,
@@ -307,6 +310,9 @@ pub fn render(report: &ScenarioReport, out: &mut dyn std::io::Write) -> std::io:
         }
         for fault in &step.faults_hit {
             writeln!(out, "      fault hit: {fault}")?;
+        }
+        for line in &step.perturbed {
+            writeln!(out, "      perturbed: {line}")?;
         }
         for input in &step.quarantined {
             writeln!(out, "      quarantined: {input}")?;
