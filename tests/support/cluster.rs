@@ -3,19 +3,20 @@
 //! holds all of it, and answers to every command. Shared by `benches/difftracker.rs` and
 //! `benches/swap.rs` so both measure the same cluster.
 
-use crate::{read_service, scaled};
+use crate::{bench_scale, read_service, scaled};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 
 pub const PODS_PER_SERVICE: usize = 30;
 
 /// The cluster is 1,000 nodes and 1,000 Services, divided by `CLB_BENCH_SHRINK` ([`scaled`]):
-/// to check that the cost of one change does not grow with the cluster, and CI's small mode.
+/// to check that the cost of one change does not grow with the cluster, and CI's small mode;
+/// then multiplied by `CLB_BENCH_SCALE` ([`bench_scale`]), for AKS's sizes.
 pub fn node_count() -> usize {
-    scaled(1_000)
+    scaled(1_000) * bench_scale()
 }
 
 pub fn service_count() -> usize {
-    scaled(1_000)
+    scaled(1_000) * bench_scale()
 }
 
 /// `config` with every write budget at its largest: for a benchmark that measures something

@@ -117,6 +117,21 @@ pub fn shrink() -> usize {
     }
 }
 
+/// `CLB_BENCH_SCALE=N` (default 1): the benchmark cluster ([`cluster`]) multiplied by N — nodes
+/// and Services × N, 30 pods per Service — for the figures at AKS's sizes (5× is 5,000 nodes and
+/// 150,000 pods). Applied after [`shrink`]. A value that is not a positive integer up to 20 is
+/// refused, not read as 1.
+pub fn bench_scale() -> usize {
+    match std::env::var("CLB_BENCH_SCALE") {
+        Err(_) => 1,
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (1..=20).contains(n))
+            .unwrap_or_else(|| panic!("CLB_BENCH_SCALE={v}: a positive integer up to 20")),
+    }
+}
+
 /// `n` divided by [`shrink`], at least 1.
 pub fn scaled(n: usize) -> usize {
     (n / shrink()).max(1)
