@@ -256,6 +256,8 @@ fn main() {
     let component_commands = drive(&mut component, first);
     assert_eq!(native_commands, component_commands, "both trackers sent the same commands");
     let (restart_writes, restart_events) = writes_and_events(&component_commands);
+    // What `clb_guest_memory_bytes` shows once the cluster is in: for `--memory-mib`.
+    let guest_memory = component.session.memory_bytes();
     // The same restart as before the inventory existed: a host that cannot list ARM (answered
     // with something else, which the logic takes as "no inventory").
     let mut blind = Native(Tracker::create(config_to_model(&config)).unwrap());
@@ -316,6 +318,7 @@ fn main() {
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!("{}", describe(state_size));
+    println!("Guest linear memory after the start-up: {:.1} MiB.", guest_memory as f64 / 1_048_576.0);
     println!();
     println!("| measure | native | component | component / native |");
     println!("|---|---|---|---|");

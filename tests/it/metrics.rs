@@ -169,7 +169,7 @@ fn the_counters_move_with_inputs_and_carry_the_serving_version_and_its_digest() 
     let (_runtime, server) = serve(metrics.clone());
     let addr = server.local_addr();
     let policy = CheckpointPolicy { every_inputs: 2, journal_items: 100 };
-    let mut supervisor = start(Supervisor::with_policy(builtin(), policy).with_metrics(metrics));
+    let mut supervisor = start(Supervisor::with_policy(builtin(), policy).with_metrics(metrics.clone()));
     let sha = builtin().info().sha256.clone();
     let labels = [format!("version=\"{}\"", &sha[..12]), format!("sha256=\"{sha}\"")];
     let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
@@ -196,6 +196,11 @@ fn the_counters_move_with_inputs_and_carry_the_serving_version_and_its_digest() 
     assert!(state > 0.0);
     assert!(value(&after, "clb_supervisor_checkpoint_bytes_total", &labels) >= state, "the last one included");
     assert_eq!(value(&after, "clb_ready", &[]), 1.0);
+    // The serving tracker's linear memory: whole 64 KiB pages, and it only grows.
+    let memory = |text: &str| value(text, "clb_guest_memory_bytes", &labels);
+    assert!(memory(&before) > 0.0 && memory(&before) % 65_536.0 == 0.0, "{before}");
+    assert!(memory(&after) >= memory(&before), "{after}");
+    assert_eq!(metrics.status().guest_memory_bytes, Some(memory(&after) as u64), "/status says the same");
 }
 
 #[test]

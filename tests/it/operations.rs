@@ -287,6 +287,9 @@ fn a_logic_file_is_swapped_in_at_start_and_a_change_the_running_version_cannot_t
         assert!(last["at"].as_str().is_some_and(|at| at.ends_with('Z')), "{status}");
         assert_eq!(status["quarantinedInputs"], 0);
         assert!(status["stateBytes"].as_u64().is_some_and(|b| b > 0), "{status}");
+        // A wasm memory grows by 64 KiB pages.
+        let memory = status["guestMemoryBytes"].as_u64().expect("the serving tracker's memory");
+        assert!(memory > 0 && memory % 65_536 == 0, "{status}");
         let swapped = event_on(client, ns, "clb-swaps", "LogicSwapped", None).await;
         assert_eq!(swapped.type_.as_deref(), Some("Normal"));
         assert!(swapped.message.as_deref().is_some_and(|m| m.contains(&next_sha)), "{swapped:?}");

@@ -555,6 +555,11 @@ impl Session {
         })
     }
 
+    /// Bytes of the instance's linear memory (a guest's memory only grows).
+    pub fn memory_bytes(&self) -> usize {
+        self.store.data().limiter.size
+    }
+
     /// Fuel the last call left unused.
     pub fn fuel_left(&self) -> u64 {
         self.store.get_fuel().unwrap_or(0)
@@ -696,13 +701,17 @@ pub struct HostState {
 
 impl HostState {
     fn new(memory_cap: usize) -> Self {
-        Self { limiter: MemoryLimiter { cap: memory_cap }, panic: None }
+        Self { limiter: MemoryLimiter { cap: memory_cap, size: 0 }, panic: None }
     }
 }
 
-/// Caps linear memory with a typed error (wasmtime's `StoreLimits` only makes growth fail).
+/// Caps linear memory with a typed error (wasmtime's `StoreLimits` only makes growth fail), and
+/// keeps the size it let the memory grow to.
 struct MemoryLimiter {
     cap: usize,
+    /// Bytes of linear memory: the initial allocation (which wasmtime asks for too) and every
+    /// growth since.
+    size: usize,
 }
 
 /// Tables hold function references; a guest has no reason to grow one past this.
@@ -713,6 +722,7 @@ impl wasmtime::ResourceLimiter for MemoryLimiter {
         if desired > self.cap {
             return Err(wasmtime::Error::new(MemoryCapHit { requested: desired, cap: self.cap }));
         }
+        self.size = desired;
         Ok(true)
     }
 

@@ -307,6 +307,9 @@ pub struct Status {
     pub quarantined_inputs: u64,
     /// The tracker's state at the last checkpoint.
     pub state_bytes: usize,
+    /// Bytes of linear memory of the instance the serving version's tracker runs in
+    /// (`clb_guest_memory_bytes`); none before a tracker runs.
+    pub guest_memory_bytes: Option<u64>,
     pub inputs: u64,
     /// The candidate in shadow, or the last one (stopped or promoted).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -566,6 +569,7 @@ impl Metrics {
             rollbacks: last.supervisor.rollbacks,
             quarantined_inputs: last.supervisor.quarantined,
             state_bytes: last.supervisor.last_checkpoint_bytes,
+            guest_memory_bytes: last.serving.as_ref().and_then(|v| v.memory_bytes),
             inputs: last.supervisor.inputs,
             shadow: last.shadow.as_ref().map(|shadow| shadow.status()),
             last_denials: None,
@@ -726,6 +730,12 @@ impl Collector for SnapshotCollector {
             "clb_logic_serving",
             "1 for the logic version serving now.",
             last.serving.iter().map(|v| (version_labels(v, &[]), 1)),
+        )?;
+        gauges(
+            out,
+            "clb_guest_memory_bytes",
+            "Bytes of linear memory of the instance the serving version's tracker runs in.",
+            last.serving.iter().filter_map(|v| Some((version_labels(v, &[]), i64::try_from(v.memory_bytes?).ok()?))),
         )?;
         let ready = i64::from(Shared::is_ready(&published));
         gauges(out, "clb_ready", "1 once the tracker has reported idle since it started.", [(Labels::new(), ready)])?;

@@ -145,9 +145,12 @@ fn versions(page: &mut String, overview: &Overview) {
     let _ = write!(
         page,
         "<tr><th>state</th><td>{state_version}, {bytes} bytes at the last checkpoint</td></tr>\n\
+         <tr><th>guest memory</th><td>{memory}</td></tr>\n\
          <tr><th>serving since</th><td>{since}</td></tr>\n\
          <tr><th>inputs</th><td>{inputs} delivered, {quarantined} quarantined, {rollbacks} rollbacks</td></tr>\n",
         bytes = status.state_bytes,
+        memory =
+            status.guest_memory_bytes.map_or_else(|| "—".to_owned(), |b| format!("{:.1} MiB", b as f64 / 1048576.0)),
         inputs = status.inputs,
         quarantined = status.quarantined_inputs,
         rollbacks = status.rollbacks,
@@ -577,6 +580,7 @@ mod tests {
                 rollbacks: 0,
                 quarantined_inputs: 1,
                 state_bytes: 4096,
+                guest_memory_bytes: Some(36 << 20),
                 inputs: 900,
                 shadow: None,
                 last_denials: None,
@@ -623,6 +627,7 @@ mod tests {
         for shown in [
             &format!("<code id=\"serving-sha256\">{SERVING}</code>")[..],
             "v7, 4096 bytes",
+            "<tr><th>guest memory</th><td>36.0 MiB</td></tr>",
             "(1 min 0 s ago)",
             "on probation: 12 of 1000 inputs served, 1 of 3 quarantines allowed",
             PREVIOUS,

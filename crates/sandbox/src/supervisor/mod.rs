@@ -271,7 +271,10 @@ impl<'a> Supervisor<'a> {
 
     /// What `/metrics` shows: the counters of the versions held and of the supervisor.
     pub fn snapshot(&self) -> Snapshot {
-        let mut versions = vec![VersionSnapshot::of(&self.logic)];
+        let mut versions = vec![VersionSnapshot {
+            memory_bytes: self.running.as_ref().map(|r| r.session.memory_bytes() as u64),
+            ..VersionSnapshot::of(&self.logic)
+        }];
         versions.extend(self.previous_logic().map(VersionSnapshot::of));
         Snapshot {
             serving: self.is_serving().then(|| versions[0].clone()),

@@ -18,6 +18,9 @@ pub struct VersionSnapshot {
     /// By [`GuestError::kind`](crate::GuestError::kind) (`poisoned` and `instantiate`
     /// are counted together as `other`).
     pub failures: BTreeMap<&'static str, u64>,
+    /// Bytes of the linear memory of the instance its tracker runs in: the serving version's,
+    /// while a tracker runs; none for a version held for a rollback.
+    pub memory_bytes: Option<u64>,
 }
 
 impl VersionSnapshot {
@@ -40,6 +43,7 @@ impl VersionSnapshot {
             calls: read(&stats.calls),
             fuel_used: read(&stats.fuel_used),
             failures,
+            memory_bytes: None,
         }
     }
 }
