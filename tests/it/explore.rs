@@ -108,6 +108,25 @@ fn a_deposed_leaders_late_write_is_applied_after_the_successor_took_over_and_sai
     assert_eq!(lines.len(), 2, "{lines:#?}");
     assert!(lines[0].contains("loses its lease with update-services egress-b unlink in flight"), "{lines:#?}");
     assert_eq!(lines[1], "the deposed leader's update-services egress-b unlink lands → ok");
+
+    // The command line writes it as a scenario file, whose exploration finds it again; a
+    // directory it cannot write is a clear error.
+    let dir = std::env::temp_dir().join(format!("clb-explore-cli-repro-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = path.to_str().unwrap();
+    let (code, out, err) =
+        clb_host(&["explore", path, "--classes", "failover", "--write-repro", dir.to_str().unwrap()]);
+    assert_eq!(code, clb_host::cli::EXIT_REFUSED, "{out}{err}");
+    let written: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(written.len(), found.divergences.len(), "{err}");
+    assert!(err.contains(&format!("wrote {}", written[0].display())), "{err}");
+    let (code, out, _) = clb_host(&["explore", written[0].to_str().unwrap()]);
+    assert_eq!(code, clb_host::cli::EXIT_REFUSED, "{out}");
+    assert!(out.contains("failover: 1 of ") && out.contains("DIVERGES at failover:"), "{out}");
+    let (code, _, err) = clb_host(&["explore", path, "--classes", "failover", "--write-repro", "/proc/no-such-dir"]);
+    assert_eq!(code, EXIT_BAD_INPUT, "{err}");
+    assert!(err.contains("reproducer file /proc/no-such-dir"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// What a deliberately broken logic gets wrong: it filters what the real one is told.

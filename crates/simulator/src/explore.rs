@@ -45,7 +45,7 @@ pub enum ExploreError {
     Perturbation(#[from] PerturbationError),
     #[error(transparent)]
     Simulate(#[from] SimulateError),
-    #[error("{path}: {source}")]
+    #[error("reproducer file {path}")]
     Io {
         path: PathBuf,
         #[source]
