@@ -31,8 +31,9 @@ pub enum Perturbation {
     /// truth [`RELIST_AFTER_MS`] later.
     Coalesce(u64),
     /// The `event`-th event of the `delivery`-th delivery is lost; a re-list [`RELIST_AFTER_MS`]
-    /// later delivers the truth: every object listed, and the deletion of every object the logic
-    /// was told of that is gone (as `clb-host run` turns a watch's re-list into observations).
+    /// later delivers the truth: every object the watches select, and the deletion of every
+    /// object they had brought that they no longer select (as `clb-host run` turns a watch's
+    /// re-list into observations).
     Drop { delivery: u64, event: u64 },
     /// The n-th delivery arrives twice, the second right after the first.
     Duplicate(u64),

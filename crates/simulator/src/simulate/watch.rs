@@ -2,8 +2,8 @@
 //! and coalesced with the next, a lost event made good by a re-list, stale lists made good by the
 //! changes since. Unperturbed, it hands the cluster's events through untouched.
 //!
-//! A re-list is delivered as `clb-host run` delivers a watch's: every object listed, and the
-//! deletion of every object the logic was told of that the list no longer holds.
+//! A re-list is delivered as `clb-host run` delivers a watch's: every object the watches select,
+//! and the deletion of every object they had brought that the list no longer holds.
 
 use crate::cluster::{Cluster, Kind};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
@@ -43,6 +43,13 @@ fn deletion((kind, namespace, name): ObjectId) -> Option<wit::Observation> {
         Kind::Pod => Some(O::PodDeleted((namespace, name))),
         Kind::Namespace => None,
     }
+}
+
+/// Whether an observation is one of the watches' — not a pod that holds the egress finalizer
+/// without the label, which start-up lists once and no watch selects (as in `clb-host run`,
+/// whose re-lists neither bring such a pod nor report it deleted).
+fn watched(observation: &wit::Observation) -> bool {
+    !matches!(observation, wit::Observation::PodUpserted(pod) if pod.egress_label.is_none())
 }
 
 /// The objects a batch is about.
@@ -98,7 +105,7 @@ pub(super) struct Watch {
 impl Watch {
     /// The logic was handed `batch`.
     pub(super) fn told(&mut self, batch: &[wit::Observation]) {
-        for observation in batch {
+        for observation in batch.iter().filter(|o| watched(o)) {
             if let Some(id) = object_of(observation) {
                 if is_deletion(observation) {
                     self.known.remove(&id);
@@ -146,7 +153,7 @@ impl Watch {
     pub(super) fn take(&mut self, fresh: Vec<wit::Observation>, now: u64, cluster: &Cluster) -> Vec<wit::Observation> {
         if self.relist_at.is_some_and(|at| at <= now) {
             let mut listed = cluster.list();
-            listed.retain(|o| !matches!(o, wit::Observation::ListsComplete));
+            listed.retain(|o| !matches!(o, wit::Observation::ListsComplete) && watched(o));
             let listed_ids: BTreeSet<ObjectId> = listed.iter().filter_map(object_of).collect();
             let gone = self.known.iter().filter(|id| !listed_ids.contains(*id)).cloned().filter_map(deletion);
             let relist: Vec<wit::Observation> = gone.collect::<Vec<_>>().into_iter().chain(listed).collect();
@@ -192,6 +199,37 @@ mod tests {
         let events = vec![deleted_node("a"), deleted_pod("p"), deleted_node("a"), deleted_node("b")];
         let reordered = reorder(events);
         assert_eq!(reordered, vec![deleted_node("b"), deleted_pod("p"), deleted_node("a"), deleted_node("a")]);
+    }
+
+    fn pod(name: &str, label: Option<&str>, finalizer: bool) -> crate::cluster::Object {
+        let labels = label.map(|value| serde_json::json!({(clb_executor::records::EGRESS_LABEL): value}));
+        let finalizers = finalizer.then(|| vec![clb_executor::records::EGRESS_POD_FINALIZER]);
+        let pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "uid": name, "labels": labels, "finalizers": finalizers},
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.244.0.5"}], "hostIPs": [{"ip": "10.224.0.4"}]},
+        }))
+        .unwrap();
+        crate::cluster::Object::Pod(Box::new(pod))
+    }
+
+    // Regression: the simulator's re-list took the pods start-up lists for holding the egress
+    // finalizer without the label for the watch's. It brought such a pod again, which
+    // `clb-host run`'s re-list never does; and with those left out of the upserts but still
+    // counted as listed, a pod whose label came off (the event lost) was never reported deleted.
+    #[test]
+    fn a_relist_reports_a_pod_whose_label_came_off_deleted_and_leaves_a_held_pod_to_start_up() {
+        let cluster = Cluster::new();
+        cluster.apply(pod("labelled", Some("egress-a"), true)).unwrap();
+        cluster.apply(pod("held", None, true)).unwrap();
+        let mut watch = Watch::default();
+        watch.told(&cluster.list());
+        // The label comes off; the event saying so is lost.
+        cluster.apply(pod("labelled", None, true)).unwrap();
+        cluster.take_watch_events();
+        watch.relist_at(10);
+        assert_eq!(watch.take(Vec::new(), 9, &cluster), Vec::new(), "not due yet");
+        assert_eq!(watch.take(Vec::new(), 10, &cluster), vec![deleted_pod("labelled")]);
+        assert!(watch.quiet());
     }
 
     #[test]
