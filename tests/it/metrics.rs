@@ -440,6 +440,11 @@ fn a_candidate_in_shadow_shows_its_figures_beside_the_serving_versions_and_never
         let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
         assert!(value(&text, "clb_logic_write_budget_per_minute", &labels) > 0.0, "{sha256}:\n{text}");
     }
+    // Both guests' memory: the shadow holds a second one.
+    for sha256 in [&builtin().info().sha256, &next().info().sha256] {
+        let memory = value(&text, "clb_guest_memory_bytes", &[&format!("sha256=\"{sha256}\"")]);
+        assert!(memory > 0.0 && memory % 65_536.0 == 0.0, "{sha256}:\n{text}");
+    }
     let upstream = text.lines().filter(|l| l.starts_with("difftracker_engine_servicegateway_enabled ")).count();
     assert_eq!(upstream, 1, "{text}");
     assert!(!text.lines().any(|l| l.starts_with("difftracker_engine_") && l.contains("sha256=")), "{text}");

@@ -44,7 +44,7 @@
 use crate::live::swap::{SwapRecord, SwapResult};
 use clb_sandbox::bindings::clb::reconciler::types::TrackerStats;
 use clb_sandbox::figures::{counters, family_of as family};
-use clb_sandbox::supervisor::{Snapshot, VersionSnapshot};
+use clb_sandbox::supervisor::{ShadowState, ShadowStatus, Snapshot, VersionSnapshot};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::ConstCounter;
@@ -731,11 +731,21 @@ impl Collector for SnapshotCollector {
             "1 for the logic version serving now.",
             last.serving.iter().map(|v| (version_labels(v, &[]), 1)),
         )?;
+        // The candidate in shadow's beside the serving version's while it runs (a shadow of the
+        // serving version itself would repeat its labels: left out).
+        let serving_memory =
+            last.serving.iter().filter_map(|v| Some((version_labels(v, &[]), i64::try_from(v.memory_bytes?).ok()?)));
+        let running = |s: &ShadowStatus| matches!(s.state, ShadowState::InStep | ShadowState::Resyncing);
+        let shadow = last.shadow.as_ref().map(|s| s.status()).filter(running);
+        let shadow_memory =
+            shadow.filter(|s| last.serving.as_ref().is_none_or(|v| v.sha256 != s.sha256)).and_then(|s| {
+                Some((vec![("version", s.version), ("sha256", s.sha256)], i64::try_from(s.memory_bytes?).ok()?))
+            });
         gauges(
             out,
             "clb_guest_memory_bytes",
-            "Bytes of linear memory of the instance the serving version's tracker runs in.",
-            last.serving.iter().filter_map(|v| Some((version_labels(v, &[]), i64::try_from(v.memory_bytes?).ok()?))),
+            "Bytes of linear memory of the instance the serving version's tracker runs in, and the candidate in shadow's.",
+            serving_memory.chain(shadow_memory),
         )?;
         let ready = i64::from(Shared::is_ready(&published));
         gauges(out, "clb_ready", "1 once the tracker has reported idle since it started.", [(Labels::new(), ready)])?;

@@ -166,6 +166,10 @@ pub struct ShadowStatus {
     /// input: `/metrics` shows them under its version beside the serving one's.
     #[serde(skip)]
     pub figures: Option<wit::TrackerStats>,
+    /// Bytes of the linear memory of the instance the candidate's tracker runs in, read with
+    /// its figures: a shadow holds a second guest's memory beside the serving one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 /// What both sides of a shadow share: its status, a resync it asks for, whether its promotion
@@ -414,6 +418,7 @@ impl Tap {
             traces_written: 0,
             stopped: None,
             figures: None,
+            memory_bytes: None,
         };
         let queue = options.queue;
         let shared = Arc::new(Shared {
@@ -654,7 +659,9 @@ impl Runner {
         self.figures_at = Some(std::time::Instant::now());
         match running.session.tracker_stats(running.tracker, now_ms) {
             Ok(stats) => {
-                self.shared.status().figures = Some(stats);
+                let mut status = self.shared.status();
+                status.figures = Some(stats);
+                status.memory_bytes = Some(running.session.memory_bytes() as u64);
                 true
             }
             Err(error) => {
