@@ -169,7 +169,12 @@ fn writes_and_events(commands: &[wit::Command]) -> (usize, usize) {
 
 /// The median of three runs ([`scaled`]).
 fn median_of_3(run: &mut dyn FnMut() -> Duration) -> Duration {
-    let mut samples: Vec<Duration> = (0..scaled(3)).map(|_| run()).collect();
+    median_of(3, run)
+}
+
+/// The median of `runs` runs ([`scaled`]), each timing itself.
+fn median_of(runs: usize, run: &mut dyn FnMut() -> Duration) -> Duration {
+    let mut samples: Vec<Duration> = (0..scaled(runs)).map(|_| run()).collect();
     samples.sort();
     samples[samples.len() / 2]
 }
@@ -304,17 +309,13 @@ fn main() {
     let state_size = component.session.tracker_export(component.tracker).unwrap().payload.len();
     // Each import into an instance of its own, made before the clock starts and dropped after:
     // imports kept alive in one instance would fill its memory at 5× and beyond.
-    let mut samples: Vec<Duration> = (0..scaled(15))
-        .map(|_| {
-            let mut fresh = logic.session().unwrap();
-            let start = Instant::now();
-            let state = component.session.tracker_export(component.tracker).unwrap();
-            black_box(fresh.tracker_import(&config, &state).unwrap().unwrap());
-            start.elapsed()
-        })
-        .collect();
-    samples.sort();
-    let component_export_import = samples[samples.len() / 2];
+    let component_export_import = median_of(15, &mut || {
+        let mut fresh = logic.session().unwrap();
+        let start = Instant::now();
+        let state = component.session.tracker_export(component.tracker).unwrap();
+        black_box(fresh.tracker_import(&config, &state).unwrap().unwrap());
+        start.elapsed()
+    });
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!("{}", describe(state_size));

@@ -35,13 +35,26 @@ pub enum Object {
 }
 
 /// The kinds of objects the cluster holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Kind {
     Service,
     EndpointSlice,
     Node,
     Pod,
     Namespace,
+}
+
+impl Kind {
+    /// The kind as Kubernetes names it (and `clb_sandbox::supervisor::observed_object`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+            Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
+        }
+    }
 }
 
 /// Why a change to the cluster was refused.

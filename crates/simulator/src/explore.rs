@@ -42,8 +42,6 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ExploreError {
     #[error(transparent)]
-    Perturbation(#[from] PerturbationError),
-    #[error(transparent)]
     Simulate(#[from] SimulateError),
     #[error("reproducer file {path}")]
     Io {
@@ -128,13 +126,13 @@ pub fn explore<R: Reconciler>(
         return Ok(exploration);
     }
     let expected = World::of(&reference);
-    let chosen: Vec<Perturbation> = match options.only.or(scenario.perturbation) {
-        Some(only) => vec![only],
-        None => options.classes.iter().flat_map(|class| choose(*class, &reference, options)).collect(),
-    };
-    let classes = match options.only.or(scenario.perturbation) {
-        Some(only) => vec![Class::of(only)],
-        None => options.classes.clone(),
+    let only = options.only.or(scenario.perturbation);
+    let (chosen, classes): (Vec<Perturbation>, Vec<Class>) = match only {
+        Some(only) => (vec![only], vec![Class::of(only)]),
+        None => (
+            options.classes.iter().flat_map(|class| choose(*class, &reference, options)).collect(),
+            options.classes.clone(),
+        ),
     };
     for class in &classes {
         let figures = exploration.classes.entry(class.name()).or_default();
@@ -159,7 +157,7 @@ pub fn explore<R: Reconciler>(
             figures.divergences += 1;
             exploration.divergences.push(Divergence { perturbation: perturbation.to_string(), differences });
         }
-        if options.only.or(scenario.perturbation).is_some() {
+        if only.is_some() {
             exploration.only_report = Some(ran.report);
         }
     }

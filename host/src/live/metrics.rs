@@ -41,6 +41,7 @@
 //!   the commands carried out by name. Text from outside (a trap's message, Azure's error) is
 //!   cut at [`MAX_TEXT`] bytes.
 
+use crate::clock::epoch_ms;
 use crate::live::swap::{SwapRecord, SwapResult};
 use clb_sandbox::bindings::clb::reconciler::types::TrackerStats;
 use clb_sandbox::figures::{counters, family_of as family};
@@ -226,8 +227,6 @@ fn bounded_text(text: &str) -> String {
     }
     format!("{}…", &text[..end])
 }
-
-use crate::clock::epoch_ms;
 
 #[derive(Default)]
 struct Published {

@@ -137,24 +137,31 @@ impl Input {
         }
     }
 
-    /// The objects it observes, by kind and key.
+    /// The objects it observes, by kind and key (`namespace/name`, a Node's name alone).
     pub fn objects(&self) -> Vec<(&'static str, String)> {
         let Input::Observe { batch, .. } = self else { return Vec::new() };
-        let key = |ns: &str, name: &str| format!("{ns}/{name}");
         batch
             .iter()
-            .filter_map(|observation| match observation {
-                wit::Observation::ServiceUpserted(s) => Some(("Service", key(&s.namespace, &s.name))),
-                wit::Observation::ServiceDeleted((ns, name)) => Some(("Service", key(ns, name))),
-                wit::Observation::SliceUpserted(s) => Some(("EndpointSlice", key(&s.namespace, &s.name))),
-                wit::Observation::SliceDeleted((ns, name)) => Some(("EndpointSlice", key(ns, name))),
-                wit::Observation::NodeUpserted(n) => Some(("Node", n.name.clone())),
-                wit::Observation::NodeDeleted(name) => Some(("Node", name.clone())),
-                wit::Observation::PodUpserted(p) => Some(("Pod", key(&p.namespace, &p.name))),
-                wit::Observation::PodDeleted((ns, name)) => Some(("Pod", key(ns, name))),
-                wit::Observation::ListsComplete => None,
-            })
+            .filter_map(observed_object)
+            .map(|(kind, ns, name)| (kind, if ns.is_empty() { name.to_owned() } else { format!("{ns}/{name}") }))
             .collect()
+    }
+}
+
+/// The object an observation is about: its kind (`Service`, `EndpointSlice`, `Node`, `Pod`), its
+/// namespace (empty for a Node) and its name; `None` for `lists-complete`.
+pub fn observed_object(observation: &wit::Observation) -> Option<(&'static str, &str, &str)> {
+    use wit::Observation as O;
+    match observation {
+        O::ServiceUpserted(s) => Some(("Service", &s.namespace, &s.name)),
+        O::ServiceDeleted((ns, name)) => Some(("Service", ns, name)),
+        O::SliceUpserted(s) => Some(("EndpointSlice", &s.namespace, &s.name)),
+        O::SliceDeleted((ns, name)) => Some(("EndpointSlice", ns, name)),
+        O::NodeUpserted(n) => Some(("Node", "", &n.name)),
+        O::NodeDeleted(name) => Some(("Node", "", name)),
+        O::PodUpserted(p) => Some(("Pod", &p.namespace, &p.name)),
+        O::PodDeleted((ns, name)) => Some(("Pod", ns, name)),
+        O::ListsComplete => None,
     }
 }
 

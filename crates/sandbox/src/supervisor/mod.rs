@@ -83,7 +83,7 @@ use crate::bindings::clb::reconciler::types as wit;
 use crate::trace::{Arg, ComponentRef, Ended, Recorder, arg, lazy};
 use crate::{GuestError, Limits, LoadedLogic, Runtime};
 use instance::{EXPORT_STAGE, Running, guest, record_input};
-pub use instance::{Input, SupervisorError, describe_observation};
+pub use instance::{Input, SupervisorError, describe_observation, observed_object};
 pub use journal::CheckpointPolicy;
 pub use probation::{PROBATION_INPUTS, PROBATION_QUARANTINES, PROBATION_TICK_QUARANTINES, Quarantined};
 use probation::{Probation, to_deliver};

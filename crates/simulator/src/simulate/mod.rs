@@ -60,6 +60,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What a crash of the crash class says in the step's report.
+const CRASHED: &str = "the controller dies; a new one starts from the cluster and Azure";
+
 /// Calls at one instant after which the run is declared a livelock (a guest bug).
 const MAX_CALLS_PER_INSTANT: usize = 10_000;
 
@@ -167,7 +170,7 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
             if let Some(Perturbation::Stale { listed_at: 0, .. }) = sim.perturbation {
                 sim.watch.snapshot = Some(sim.cluster.list());
             }
-            sim.restart(scenario)
+            sim.restart()
         })
         .err();
     for (index, step) in scenario.steps.iter().enumerate() {
@@ -217,10 +220,10 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
                 let within = within.map_or(scenario::DEFAULT_SETTLE_MS, |d| d.0);
                 sim.settle(within).map(|check| report.checks.push(check))
             }
-            Step::Restart => sim.restart(scenario),
+            Step::Restart => sim.restart(),
             Step::RestartWithStaleLists(stale) => {
                 sim.lists_miss.clone_from(&stale.missing);
-                sim.restart(scenario)
+                sim.restart()
             }
             Step::Swap(swap) => {
                 let now = sim.now;
@@ -422,15 +425,16 @@ impl Simulation<'_> {
     /// A new tracker; undelivered watch events are dropped and the lists replayed instead. In
     /// multi-SLB local-service mode a new backend-pool updater too: the queue and the
     /// producer's memory die with the process.
-    fn restart(&mut self, scenario: &Scenario) -> Result<(), LogicError> {
+    fn restart(&mut self) -> Result<(), LogicError> {
         let missing = std::mem::take(&mut self.lists_miss);
         let mut lists = self.cluster.list();
         lists.retain(|o| !missing.iter().any(|m| listed_as(o, m)));
-        self.start_from(scenario, &lists)
+        self.start_from(&lists)
     }
 
     /// [`Simulation::restart`] with the lists the new controller reads.
-    fn start_from(&mut self, scenario: &Scenario, lists: &[wit::Observation]) -> Result<(), LogicError> {
+    fn start_from(&mut self, lists: &[wit::Observation]) -> Result<(), LogicError> {
+        let scenario = self.scenario;
         self.cluster.drop_watch_events();
         self.watch.restarted();
         self.pending.clear();
@@ -561,8 +565,7 @@ impl Simulation<'_> {
         self.points.pool_ticks += 1;
         if self.perturbation == Some(Perturbation::CrashBeforePoolTick(index)) {
             self.perturb("the controller dies before the backend-pool tick; a new one starts".to_owned());
-            let scenario = self.scenario;
-            return self.restart(scenario);
+            return self.restart();
         }
         let Some(pools) = self.pools.as_mut() else { return Ok(()) };
         pools.next_tick = self.now.saturating_add(pools.interval);
@@ -633,6 +636,7 @@ impl Simulation<'_> {
                 let index = self.points.commands;
                 self.points.commands += 1;
                 if self.perturbation == Some(Perturbation::CrashBefore(index)) {
+                    self.perturb(CRASHED.to_owned());
                     crashed = true;
                     break;
                 }
@@ -654,6 +658,7 @@ impl Simulation<'_> {
                     detail: format!("{} {:?}", command.id, command.command),
                 });
                 if self.perturbation == Some(Perturbation::CrashAfter(index)) {
+                    self.perturb(CRASHED.to_owned());
                     crashed = true;
                     break;
                 }
@@ -662,11 +667,7 @@ impl Simulation<'_> {
             if crashed {
                 // What the dead controller issued and had not sent dies with it; the new one
                 // starts from the cluster and Azure, as `restart` does.
-                if !matches!(self.perturbation, Some(Perturbation::Failover(_))) {
-                    self.perturb("the controller dies; a new one starts from the cluster and Azure".to_owned());
-                }
-                let scenario = self.scenario;
-                self.restart(scenario)?;
+                self.restart()?;
                 continue;
             }
             let figure = self.emulator.take_arm_remaining_writes();
@@ -685,10 +686,9 @@ impl Simulation<'_> {
         // A perturbed watch's held events or re-list, or a deposed leader's late write, before
         // anything else due with them.
         let late_at = self.late.as_ref().map(|(_, at)| *at);
-        let watch_at = self.watch.due_at().into_iter().chain(late_at).min().filter(|at| *at <= until);
-        if let Some(watch_at) = watch_at.filter(|w| guest_at.is_none_or(|g| *w <= g) && pool_at.is_none_or(|p| *w <= p))
-        {
-            self.now = self.now.max(watch_at);
+        let perturbed_at = self.watch.due_at().into_iter().chain(late_at).min().filter(|at| *at <= until);
+        if let Some(at) = perturbed_at.filter(|w| guest_at.is_none_or(|g| *w <= g) && pool_at.is_none_or(|p| *w <= p)) {
+            self.now = self.now.max(at);
             return Ok(true);
         }
         if let Some(pool_at) = pool_at.filter(|p| guest_at.is_none_or(|g| *p < g)) {
@@ -765,9 +765,9 @@ impl Simulation<'_> {
 
 /// Whether a listed observation is of the object `name` names.
 fn listed_as(observation: &wit::Observation, name: &scenario::ObjectOfKind) -> bool {
-    watch::object_of(observation).is_some_and(|(kind, namespace, object)| {
-        let key = if namespace.is_empty() { object } else { format!("{namespace}/{object}") };
-        kind == name.kind && key == name.key()
+    clb_sandbox::supervisor::observed_object(observation).is_some_and(|(kind, namespace, object)| {
+        let key = if namespace.is_empty() { object.to_owned() } else { format!("{namespace}/{object}") };
+        kind == name.kind.name() && key == name.key()
     })
 }
 

@@ -83,8 +83,7 @@ impl Simulation<'_> {
                     "the controller dies; the new one lists an earlier cluster, and the watch then brings {}",
                     described(&since)
                 ));
-                let scenario = self.scenario;
-                self.start_from(scenario, &stale)?;
+                self.start_from(&stale)?;
                 self.watch.hold(since, self.now);
                 return Ok(());
             }

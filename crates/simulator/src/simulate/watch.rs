@@ -5,28 +5,18 @@
 //! A re-list is delivered as `clb-host run` delivers a watch's: every object the watches select,
 //! and the deletion of every object they had brought that the list no longer holds.
 
-use crate::cluster::{Cluster, Kind};
+use crate::cluster::Cluster;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::supervisor::observed_object;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// An object as the logic knows it: its kind, namespace (empty for a Node) and name.
-pub(super) type ObjectId = (Kind, String, String);
+/// An object as the logic knows it: its kind, namespace (empty for a Node) and name
+/// ([`observed_object`]'s, owned).
+pub(super) type ObjectId = (&'static str, String, String);
 
 /// The object an observation is about; `None` for `lists-complete`.
 pub(super) fn object_of(observation: &wit::Observation) -> Option<ObjectId> {
-    use wit::Observation as O;
-    let id = |kind, (namespace, name): &(String, String)| Some((kind, namespace.clone(), name.clone()));
-    match observation {
-        O::ServiceUpserted(s) => Some((Kind::Service, s.namespace.clone(), s.name.clone())),
-        O::SliceUpserted(s) => Some((Kind::EndpointSlice, s.namespace.clone(), s.name.clone())),
-        O::NodeUpserted(n) => Some((Kind::Node, String::new(), n.name.clone())),
-        O::PodUpserted(p) => Some((Kind::Pod, p.namespace.clone(), p.name.clone())),
-        O::ServiceDeleted(key) => id(Kind::Service, key),
-        O::SliceDeleted(key) => id(Kind::EndpointSlice, key),
-        O::NodeDeleted(name) => Some((Kind::Node, String::new(), name.clone())),
-        O::PodDeleted(key) => id(Kind::Pod, key),
-        O::ListsComplete => None,
-    }
+    observed_object(observation).map(|(kind, namespace, name)| (kind, namespace.to_owned(), name.to_owned()))
 }
 
 fn is_deletion(observation: &wit::Observation) -> bool {
@@ -37,11 +27,11 @@ fn is_deletion(observation: &wit::Observation) -> bool {
 fn deletion((kind, namespace, name): ObjectId) -> Option<wit::Observation> {
     use wit::Observation as O;
     match kind {
-        Kind::Service => Some(O::ServiceDeleted((namespace, name))),
-        Kind::EndpointSlice => Some(O::SliceDeleted((namespace, name))),
-        Kind::Node => Some(O::NodeDeleted(name)),
-        Kind::Pod => Some(O::PodDeleted((namespace, name))),
-        Kind::Namespace => None,
+        "Service" => Some(O::ServiceDeleted((namespace, name))),
+        "EndpointSlice" => Some(O::SliceDeleted((namespace, name))),
+        "Node" => Some(O::NodeDeleted(name)),
+        "Pod" => Some(O::PodDeleted((namespace, name))),
+        _ => None,
     }
 }
 
