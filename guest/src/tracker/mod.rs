@@ -314,16 +314,16 @@ impl Tracker {
                     let Some(read) = self.nrp.read_outcome(outcome, now, &mut step) else { continue };
                     self.egress.nrp_read(&read.services, &self.nrp);
                     if self.startup.reconciled() {
-                        self.reconcile_with_nrp(&mut step);
+                        self.reconcile_with_nrp(now, &mut step);
                     } else {
-                        self.maybe_reconcile(&mut step);
+                        self.maybe_reconcile(now, &mut step);
                     }
                 }
                 InFlight::ReadArm => {
                     let inventory = self.startup.arm_outcome(outcome, now, &mut step);
                     // Issued only once the lists are complete and NRP is read: start-up
                     // reconciliation runs now, with the inventory (or without it, given up on).
-                    self.maybe_reconcile(&mut step);
+                    self.maybe_reconcile(now, &mut step);
                     if let Some(inventory) = inventory {
                         let Tracker { inbound, egress, kube, nrp, .. } = self;
                         Startup::adopt_from_arm(&inventory, &mut Adoption { inbound, egress, kube, nrp }, &mut step);
@@ -372,18 +372,18 @@ impl Tracker {
 
     /// Start-up reconciliation runs once: when the lists are complete, NRP has been read and the
     /// ARM inventory is settled.
-    fn maybe_reconcile(&mut self, step: &mut Step) {
+    fn maybe_reconcile(&mut self, now: u64, step: &mut Step) {
         if self.startup.reconcile_now(&self.kube, &self.nrp) {
-            self.reconcile_with_nrp(step);
+            self.reconcile_with_nrp(now, step);
         }
     }
 
     /// After a read of NRP: re-register what NRP lost, adopt or clean up what it has that
     /// Kubernetes does not explain (docs/upstream.md §c.2.4): the egress side first, then the
     /// inbound one, whose orphans refuse the egress pods that carry their identity.
-    fn reconcile_with_nrp(&mut self, step: &mut Step) {
+    fn reconcile_with_nrp(&mut self, now: u64, step: &mut Step) {
         let (egress, mut out) = self.egress_side();
-        egress.reconcile_outbound(&mut out);
+        egress.reconcile_outbound(&mut out, now, step);
         let enabled = self.egress_enabled();
         let Tracker { inbound, egress, kube, nrp, outbox, .. } = self;
         inbound.reconcile_with_nrp(kube, nrp, |identity, nrp| {
@@ -427,7 +427,7 @@ impl Tracker {
             return;
         }
         self.bring_in_deadlines(now);
-        self.maybe_reconcile(step);
+        self.maybe_reconcile(now, step);
         self.inbound.fire(now);
         self.egress.fire(now);
         let hold_nrp_writes = self.nrp.read_if_due(now, &mut self.outbox, step);

@@ -266,9 +266,14 @@ impl Startup {
     /// The public IPs a teardown cut short left after deleting their NAT gateway (upstream
     /// `TestGuardEgressPublicIPsAreSweptOnceNATGatewayIsGone`): `<id>-pip` / `<id>-pip-v6` of our
     /// shape (StandardV2, static, of their family) for a valid identity that is no Service's, has no
-    /// outbound lifecycle (a NAT gateway of ours above made one), no pod carries, NRP neither
-    /// registers nor references, and that no load balancer or NAT gateway of the resource group
-    /// uses. They go through the outbound teardown, whose other steps hold already. The RP's
+    /// outbound lifecycle (a NAT gateway of ours above made one), no pod carries, NRP does not
+    /// reference, and that no load balancer or NAT gateway of the resource group uses. NRP may
+    /// register it only when the resource group has no NAT gateway of its name: no controller's
+    /// creation or teardown leaves an identity so (each registers only with its NAT gateway in
+    /// place and unregisters before deleting it), only a write of a teardown that landed after
+    /// the teardown had unregistered it (a deposed leader's unlink, found by `clb-host explore`),
+    /// so the teardown unregisters it again. They go through the outbound teardown, whose other
+    /// steps hold already. The RP's
     /// `default-natgw-pip` is never one (`default-natgw` is no valid identity); UID-shaped names
     /// are the inbound sweep's. Returns how many identities are swept.
     fn sweep_egress_public_ips(inventory: &ArmInventory, to: &mut Adoption<'_>) -> usize {
@@ -290,13 +295,19 @@ impl Startup {
                 (None, Some(id)) if ip.version == IpVersion::Ipv4 => (id, false),
                 _ => continue,
             };
-            let ours = super::egress::identities::is_valid_identity(id)
+            let unexplained = super::egress::identities::is_valid_identity(id)
                 && !looks_like_uid(id)
                 && !to.is_inbound(id)
-                && !to.egress.knows(id)
-                && !to.nrp.is_foreign(id)
+                && !to.egress.outbound().has(id)
+                && !to.egress.identities().carries(id)
                 && !to.nrp.references(id)
                 && !used(&name);
+            let ours = unexplained
+                && if to.egress.identities().is_registered(id) {
+                    !inventory.nat_gateways.iter().any(|n| n.name.eq_ignore_ascii_case(id))
+                } else {
+                    !to.nrp.is_foreign(id)
+                };
             if ours {
                 let entry = found.entry(id.to_owned()).or_default();
                 if v6 { entry.1 = true } else { entry.0 = true }

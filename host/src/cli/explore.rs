@@ -67,6 +67,14 @@ pub(super) fn explore(args: &ExploreArgs, out: &mut dyn Write, err: &mut dyn Wri
             }
         }
     }
+    if let Some(dir) = &args.write_repro {
+        // Before the exploration, which may take minutes: a directory that cannot be made is
+        // said at once, not after the work whose reproducers it was to hold.
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            writeln!(err, "error: reproducer directory {}: {e}", dir.display())?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    }
     let runtime = Runtime::new()?;
     let logic = runtime.load(&args.logic.bytes()?, args.logic.limits())?;
     let options =

@@ -18,17 +18,18 @@ use crate::lifecycle::{Op, WorkSets};
 use crate::model::*;
 use finalizers::PodFinalizers;
 use identities::Egress;
-use outbound::{OutStep, Outbound, OutboundLifecycle};
+use outbound::{OutStep, Outbound, OutboundLifecycle, TornDown};
 use std::collections::VecDeque;
 
 /// The egress side: pods and the identities they carry ([`Egress`]), the outbound lifecycle of
-/// each identity of ours ([`Outbound`]), and the finalizers held on egress pods
-/// ([`PodFinalizers`]).
+/// each identity of ours ([`Outbound`]), the finalizers held on egress pods
+/// ([`PodFinalizers`]), and the identities whose teardown ended lately ([`TornDown`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct EgressSide {
     pub(super) identities: Egress,
     pub(super) outbound: Outbound,
     pub(super) finalizers: PodFinalizers,
+    pub(super) torn_down: TornDown,
 }
 
 /// What the egress side writes through, and what it reads of the rest of the tracker: the NRP
@@ -55,6 +56,7 @@ impl EgressSide {
         let Some(lifecycle) = self.outbound.lifecycles.get_mut(identity) else {
             // An identity NRP already lists is somebody else's: programmed, never provisioned.
             if carried && !self.identities.is_registered(identity) {
+                self.torn_down.forget(identity);
                 let lifecycle = OutboundLifecycle::creating(out.kube.has_ipv6());
                 self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
                 self.outbound.work.runnable.insert(identity.to_owned());
@@ -148,6 +150,7 @@ impl EgressSide {
     pub(super) fn bring_in(&mut self, latest: u64) {
         self.finalizers.bring_in(latest);
         self.outbound.bring_in(latest);
+        self.torn_down.bring_in(latest);
     }
 
     /// Drives the outbound lifecycles: those drained start their teardown, the runnable
@@ -161,8 +164,8 @@ impl EgressSide {
         step: &mut Step,
     ) {
         self.outbound.check_drained(drive);
-        let (identities, finalizers) = (&self.identities, &mut self.finalizers);
-        let mut peers = OutboundPeers { identities, finalizers, kube };
+        let (identities, finalizers, torn_down) = (&self.identities, &mut self.finalizers, &mut self.torn_down);
+        let mut peers = OutboundPeers { identities, finalizers, torn_down, kube, now };
         self.outbound.run(drive, &mut peers, now, hold_nrp_writes, step);
     }
 
@@ -180,12 +183,6 @@ impl EgressSide {
     /// ([`Egress::class`]).
     pub(super) fn class(&self, identity: &str) -> Option<crate::difftracker::Class> {
         self.identities.class(identity)
-    }
-
-    /// Whether the egress side knows the identity: an outbound lifecycle, a pod carrying it, or
-    /// NRP's registration of it.
-    pub(super) fn knows(&self, identity: &str) -> bool {
-        self.outbound.has(identity) || self.identities.carries(identity) || self.identities.is_registered(identity)
     }
 
     /// Start-up adoption of a NAT gateway of ours named `identity` (`Startup::adopt_from_arm`):
@@ -244,8 +241,10 @@ impl EgressSide {
 
     /// After every read of NRP: carried identities with no lifecycle (pods seen before the
     /// first read, or an identity whose registration by somebody else went away) are decided
-    /// now, and one of ours that NRP lost is ensured again (every step is a PUT: idempotent).
-    pub(super) fn reconcile_outbound(&mut self, out: &mut EgressOut<'_>) {
+    /// now, one of ours that NRP lost is ensured again (every step is a PUT: idempotent), and
+    /// one this tracker tore down lately that NRP registers again with no pod carrying it (a
+    /// late write of ours, [`TornDown`]) is torn down again.
+    pub(super) fn reconcile_outbound(&mut self, out: &mut EgressOut<'_>, now: u64, step: &mut Step) {
         let undecided: Vec<String> = self
             .identities
             .carried()
@@ -263,7 +262,37 @@ impl EgressSide {
                 out.nrp.touch(identity);
             }
         }
+        self.tear_down_late_registrations(out.nrp, now, step);
         self.outbound.drain_again_where_referenced(out.nrp);
+    }
+
+    /// A registration NRP holds again of an identity whose teardown this tracker finished
+    /// lately, that no pod carries and no lifecycle claims, was made by a write of ours that
+    /// landed after the teardown. It goes the way of an identity whose last pod went: drained
+    /// (a late address-location write may reference it too), then unlinked and unregistered;
+    /// the NAT gateway and public IPs are not written again (the teardown deleted them, and a
+    /// disassociating PUT would create the NAT gateway anew).
+    fn tear_down_late_registrations(&mut self, nrp: &mut Nrp, now: u64, step: &mut Step) {
+        let late: Vec<String> = self
+            .torn_down
+            .identities()
+            .filter(|id| self.identities.is_registered(id) && !self.identities.carries(id) && !self.outbound.has(id))
+            .map(str::to_owned)
+            .collect();
+        for identity in late {
+            self.torn_down.forget(&identity);
+            let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, false, VecDeque::new());
+            (lifecycle.whole, lifecycle.public_ips_put, lifecycle.nat_gateway_put) = (false, false, false);
+            self.outbound.lifecycles.insert(identity.clone(), lifecycle);
+            self.outbound.work.draining.insert(identity.clone());
+            nrp.touch(&identity);
+            let message = format!(
+                "egress identity {identity}: NRP registers it again after its teardown ended, and no pod carries it \
+                 (a write of ours that landed late: a previous leader's, or a retried command's); unregistering it again"
+            );
+            step.logs.push(LogLine { level: LogLevel::Warn, message });
+        }
+        self.torn_down.expire(now);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -344,7 +373,10 @@ impl EgressSide {
 pub(super) struct OutboundPeers<'a> {
     pub(super) identities: &'a Egress,
     pub(super) finalizers: &'a mut PodFinalizers,
+    /// Where a finished teardown is remembered, with the time it finished.
+    pub(super) torn_down: &'a mut TornDown,
     pub(super) kube: &'a KubeCache,
+    pub(super) now: u64,
 }
 
 impl Peers<Outbound> for OutboundPeers<'_> {
@@ -371,6 +403,8 @@ impl Peers<Outbound> for OutboundPeers<'_> {
                     let lifecycle = OutboundLifecycle::creating(self.kube.has_ipv6());
                     side.lifecycles.insert(identity.to_owned(), lifecycle);
                     side.work.runnable.insert(identity.to_owned());
+                } else {
+                    self.torn_down.record(identity, self.now);
                 }
                 format!("egress identity {identity}: unregistered, NAT gateway and public IP(s) deleted")
             }

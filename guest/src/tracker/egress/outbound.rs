@@ -23,7 +23,7 @@
 
 use crate::budget::WriteKind;
 use crate::keyed::Map;
-use crate::lifecycle::{Attempt, Life, Op, WorkSets, life_fields};
+use crate::lifecycle::{Attempt, Life, Op, WorkSets, life_fields, timing};
 use crate::model::{
     Command, IpVersion, NatGateway, NrpServiceRequest, NrpServiceType, Phase, PublicIp, ResourceKind, ResourceRef,
 };
@@ -262,6 +262,92 @@ impl Outbound {
             }
         }
         self.work.check(&self.lifecycles, "outbound lifecycle")
+    }
+}
+
+/// How long an identity this tracker tore down is remembered ([`TornDown`]): a read interval
+/// beyond the longest delay the tracker schedules, so that at least one periodic read of NRP
+/// falls after any write of the teardown's time could still land (a write in flight when its
+/// writer lost the lease is answered, or given up, within the host's request timeout, far less).
+pub const TORN_DOWN_WINDOW_MS: u64 = timing::MAX_DELAY_MS + timing::RESYNC_INTERVAL_MS;
+
+/// The most identities remembered as torn down at once; past it the first recorded goes
+/// first. Teardowns are paced by the write budgets (six writes each), so the window holds far
+/// fewer at the default budgets.
+pub const TORN_DOWN_CAP: usize = 1024;
+
+/// The egress identities whose teardown this tracker finished lately, each with when it is
+/// forgotten (state version 10's addition). A write of ours that lands after the teardown —
+/// the unlink of a leader that lost its lease with it in flight, which NRP takes as an upsert
+/// of the registration — would leave the identity registered with no NAT gateway and no pod,
+/// which nothing else would ever undo: a registration this tracker did not make when a pod
+/// first carried the identity is somebody else's and is left alone. A read of NRP that finds
+/// one of these registered and carried by no pod tears it down again
+/// (`EgressSide::reconcile_outbound`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TornDown {
+    /// (identity, when it is forgotten), in the order the teardowns ended, so by when each is
+    /// forgotten too (the clock does not go back, and [`Self::bring_in`] keeps the order): a
+    /// list, not a map, because it is short, and a map of a new value type costs the component
+    /// kilobytes.
+    until: Vec<(String, u64)>,
+}
+
+impl TornDown {
+    /// `identity`'s teardown finished at `now`.
+    pub fn record(&mut self, identity: &str, now: u64) {
+        self.forget(identity);
+        if self.until.len() >= TORN_DOWN_CAP {
+            self.until.remove(0);
+        }
+        self.until.push((identity.to_owned(), now.saturating_add(TORN_DOWN_WINDOW_MS)));
+    }
+
+    /// The identity is ours again (a pod carries it, or its teardown starts again).
+    pub fn forget(&mut self, identity: &str) {
+        if let Some(at) = self.until.iter().position(|(id, _)| id == identity) {
+            self.until.remove(at);
+        }
+    }
+
+    /// The identities remembered.
+    pub fn identities(&self) -> impl Iterator<Item = &str> {
+        self.until.iter().map(|(id, _)| id.as_str())
+    }
+
+    /// Forgets those whose window has passed at `now`.
+    pub fn expire(&mut self, now: u64) {
+        let passed = self.until.iter().take_while(|(_, until)| *until <= now).count();
+        self.until.drain(..passed);
+    }
+
+    /// No window ends later than a teardown finished at the latest time now allows would
+    /// (`Tracker::bring_in_deadlines`: a state from a clock ahead of this one).
+    pub fn bring_in(&mut self, latest: u64) {
+        let cap = latest.saturating_add(timing::RESYNC_INTERVAL_MS);
+        for (_, until) in &mut self.until {
+            *until = (*until).min(cap);
+        }
+    }
+
+    /// For a state import: at most [`TORN_DOWN_CAP`] identities, each a valid identity, none
+    /// twice, in the order they are forgotten.
+    pub fn check(&self) -> Result<(), String> {
+        if self.until.len() > TORN_DOWN_CAP {
+            return Err(format!("{} identities remembered as torn down, over {TORN_DOWN_CAP}", self.until.len()));
+        }
+        for (i, (id, until)) in self.until.iter().enumerate() {
+            let before = &self.until[..i];
+            if !super::identities::is_valid_identity(id)
+                || before.iter().any(|(seen, _)| seen == id)
+                || before.last().is_some_and(|(_, last)| last > until)
+            {
+                return Err(format!(
+                    "{id:?}, remembered as torn down, is not a valid egress identity, is there twice or out of order"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -10,7 +10,7 @@ mod record;
 
 use super::egress::finalizers::PodFinalizers;
 use super::egress::identities::Egress;
-use super::egress::outbound::Outbound;
+use super::egress::outbound::{Outbound, TornDown};
 use crate::budget::Buckets;
 use crate::config::{Config, ConfigError, validate_config};
 use crate::model::Clock;
@@ -42,7 +42,10 @@ use record::{Core, CoreRef, NrpSyncV2};
 /// payload; an older state imports with none (the fixed budgets pace until ARM's next answer).
 /// Version 9 adds the figures of `tracker.stats` ([`Figures`]) after the version-8 payload; an
 /// older state imports with none (counters at zero, pending operations aged from the next call).
-pub const STATE_VERSION: u32 = 9;
+/// Version 10 adds the egress identities whose teardown ended lately ([`TornDown`]) after the
+/// version-9 payload; an older state imports with none (a late write of its time is left as
+/// before).
+pub const STATE_VERSION: u32 = 10;
 
 /// Why state could not be imported.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +74,7 @@ pub(super) fn export(tracker: &Tracker) -> Vec<u8> {
         &egress.finalizers,
         &budgets.pace,
         &tracker.figures,
+        &egress.torn_down,
     );
     postcard::to_allocvec(&parts).expect("the state is plain data and always encodes")
 }
@@ -88,7 +92,7 @@ pub(super) fn import(config: Config, version: u32, payload: &[u8]) -> Result<Tra
     // Each part the version has, one after the other, then nothing: one decoder per part for
     // every version. A part a version lacks starts as that version implies: no egress pods, the
     // ARM inventory settled, full write budgets, no outbound lifecycles, no pod held, no pace set
-    // by ARM's figures, no figures counted.
+    // by ARM's figures, no figures counted, no identity remembered as torn down.
     let mut rest = payload;
     let core = if version <= 2 {
         take::<Core<NrpSyncV2>>(&mut rest).map_err(corrupt)?.upgrade()
@@ -103,6 +107,7 @@ pub(super) fn import(config: Config, version: u32, payload: &[u8]) -> Result<Tra
     let finalizers = if version >= 7 { take(&mut rest).map_err(corrupt)? } else { PodFinalizers::default() };
     let pace = if version >= 8 { take(&mut rest).map_err(corrupt)? } else { None };
     let figures: Figures = if version >= 9 { take(&mut rest).map_err(corrupt)? } else { Figures::default() };
+    let torn_down: TornDown = if version >= 10 { take(&mut rest).map_err(corrupt)? } else { TornDown::default() };
     if !rest.is_empty() {
         return Err(corrupt(format!("{} byte(s) after the payload", rest.len())));
     }
@@ -128,7 +133,7 @@ pub(super) fn import(config: Config, version: u32, payload: &[u8]) -> Result<Tra
         kube,
         inbound: Inbound { lifecycles: core.lifecycles, work: core.work },
         nrp: Nrp { diff: core.diff, sync: core.nrp },
-        egress: EgressSide { identities, outbound, finalizers },
+        egress: EgressSide { identities, outbound, finalizers, torn_down },
         budgets: Budgets { shapes, buckets, pace },
         startup: Startup { arm, reconciled: core.reconciled },
         figures,
@@ -136,11 +141,12 @@ pub(super) fn import(config: Config, version: u32, payload: &[u8]) -> Result<Tra
     check::check(&tracker).map_err(corrupt)?;
     tracker.egress.identities.check().map_err(corrupt)?;
     tracker.egress.outbound.check().map_err(corrupt)?;
+    tracker.egress.torn_down.check().map_err(corrupt)?;
     tracker.figures.check().map_err(corrupt)?;
     Ok(tracker)
 }
 
-/// The payload `tracker` would have had under an older `version` (1 to 8), for the tests of
+/// The payload `tracker` would have had under an older `version` (1 to 9), for the tests of
 /// older payloads: the parts that version has, its NRP bookkeeping in its shape (versions 1 and 2
 /// hold at most one batch in flight and no per-location backoff; a state holding more has no
 /// such form, and this panics).
@@ -163,6 +169,7 @@ pub(super) fn export_older(tracker: &Tracker, version: u32) -> Vec<u8> {
         6 => bytes(&(core, identities, arm, &budgets.buckets, outbound)),
         7 => bytes(&(core, identities, arm, &budgets.buckets, outbound, finalizers)),
         8 => bytes(&(core, identities, arm, &budgets.buckets, outbound, finalizers, &budgets.pace)),
+        9 => bytes(&(core, identities, arm, &budgets.buckets, outbound, finalizers, &budgets.pace, &tracker.figures)),
         _ => panic!("no older version {version}"),
     }
 }

@@ -3,7 +3,7 @@
 
 use super::super::egress::finalizers::PodFinalizers;
 use super::super::egress::identities::Egress;
-use super::super::egress::outbound::Outbound;
+use super::super::egress::outbound::{Outbound, TornDown};
 use super::*;
 
 // Regression: after the clock stepped back, a stale backoff deadline held back the end of a
@@ -190,10 +190,10 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
     assert!(tracker.nrp_view().len() > 1, "the fixture holds a cluster");
     let (version, payload) = tracker.export_state();
     assert_eq!(version, STATE_VERSION);
-    // Version 9 writes the same state with its NRP bookkeeping reshaped, then no pods, then
+    // Version 10 writes the same state with its NRP bookkeeping reshaped, then no pods, then
     // an ARM inventory with nothing left to read or adopt, then full write budgets, then no
     // outbound lifecycles, then no pod held by its finalizer, then no pace set by ARM, then no
-    // figures counted.
+    // figures counted, then no identity remembered as torn down.
     assert_eq!(tracker.export_state_as(1), before, "version 1 written again is the fixture");
     assert_eq!(tracker.egress.identities, Egress::default());
     let budget = Buckets::full(&clb().write_budgets());
@@ -205,6 +205,7 @@ fn a_state_exported_before_the_compact_keys_imports_and_exports_to_the_same_byte
         &PodFinalizers::default(),
         None::<crate::budget::ArmPace>,
         &figures,
+        &TornDown::default(),
     );
     let expected = [tracker.export_state_as(3), postcard::to_allocvec(&after_egress).unwrap()].concat();
     assert_eq!(payload, expected);

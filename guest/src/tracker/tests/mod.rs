@@ -778,6 +778,7 @@ fn with_address_budget(locations: crate::budget::Budget, nodes: u8) -> (Tracker,
 
 mod arm_pace;
 mod clock_and_state;
+mod late_writes;
 mod phases_and_startup;
 mod provisioning;
 mod retries;

@@ -1309,8 +1309,11 @@ fn at_start_up_our_nat_gateways_are_adopted_or_torn_down_by_their_pods_and_no_ot
 // failed read is retried before anything is swept): after a restart, the public IPs a teardown cut short left
 // without their NAT gateway (both families, with or without an address) are deleted, as is a Service's public
 // IP left alone; the RP's default's, one a pod's identity still needs, one a load balancer or NAT gateway uses,
-// one NRP references, one not of our shape and one of another name are not touched, nor are both
-// families of public IP still attached to a NAT gateway (not ours, so never torn down itself).
+// one whose identity NRP registers beside a NAT gateway of its name (somebody else's), one not of our shape and
+// one of another name are not touched, nor are both families of public IP still attached to a NAT gateway (not
+// ours, so never torn down itself). Beyond upstream: one whose identity NRP registers with no NAT gateway of its
+// name in the resource group (what a teardown's unlink landing after its unregister leaves) is swept and the
+// registration unregistered again.
 #[test]
 fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_nothing_else_is() {
     let mut tracker = Tracker::create(clb()).unwrap();
@@ -1323,7 +1326,8 @@ fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_no
         backend_pools: vec![],
         is_default: false,
     };
-    let snapshot = NrpState { services: vec![theirs], locations: vec![] };
+    let late = NrpService { name: "egress-late".into(), ..theirs.clone() };
+    let snapshot = NrpState { services: vec![theirs, late], locations: vec![] };
     let step = tracker.complete(NOW, vec![(read, Outcome::NrpSnapshot(snapshot))]);
     let inventory_read = step.commands.iter().find(|c| c.command == Command::ReadArm).expect("the inventory").id;
     let failed =
@@ -1344,6 +1348,7 @@ fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_no
             ip("default-natgw-pip", IpVersion::Ipv4, Some("20.0.0.6"), true),
             ip("egress-live-pip", IpVersion::Ipv4, Some("20.0.0.7"), true),
             ip("egress-theirs-pip", IpVersion::Ipv4, Some("20.0.0.8"), true),
+            ip("egress-late-pip", IpVersion::Ipv4, Some("20.0.0.13"), true),
             ip("egress-basic-pip", IpVersion::Ipv4, Some("20.0.0.9"), false),
             ip("egress-used-pip", IpVersion::Ipv4, Some("20.0.0.10"), true),
             ip("frontend", IpVersion::Ipv4, Some("20.0.0.11"), true),
@@ -1351,13 +1356,22 @@ fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_no
             ip("still-in-use-pip", IpVersion::Ipv4, Some("20.0.0.12"), true),
             ip("still-in-use-pip-v6", IpVersion::Ipv6, Some("2001:db8::12"), true),
         ],
-        nat_gateways: vec![ListedNatGateway {
-            name: "still-in-use".into(),
-            public_ips: vec!["still-in-use-pip".into()],
-            public_ips_v6: vec!["still-in-use-pip-v6".into()],
-            associated: false,
-            as_put: false,
-        }],
+        nat_gateways: vec![
+            ListedNatGateway {
+                name: "still-in-use".into(),
+                public_ips: vec!["still-in-use-pip".into()],
+                public_ips_v6: vec!["still-in-use-pip-v6".into()],
+                associated: false,
+                as_put: false,
+            },
+            ListedNatGateway {
+                name: "egress-theirs".into(),
+                public_ips: vec!["theirs-elsewhere".into()],
+                public_ips_v6: vec![],
+                associated: true,
+                as_put: false,
+            },
+        ],
         load_balancers: vec![ListedLoadBalancer {
             name: "someone-elses-lb".into(),
             shape: Some(LoadBalancer {
@@ -1381,8 +1395,17 @@ fn at_start_up_egress_public_ips_left_without_their_nat_gateway_are_swept_and_no
             _ => None,
         })
         .collect();
-    let want = ["egress-old-pip", "egress-old-pip-v6", &format!("{gone_service}-pip")].map(|s| s.to_owned());
+    let want = ["egress-old-pip", "egress-old-pip-v6", "egress-late-pip", &format!("{gone_service}-pip")]
+        .map(|s| s.to_owned());
     assert_eq!(deleted, BTreeSet::from(want), "{issued:?}");
+    let unregistered: Vec<&str> = issued
+        .iter()
+        .filter_map(|c| match c {
+            Command::UpdateServices(r) => r.iter().find(|r| r.is_delete).map(|r| r.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(unregistered, ["egress-late"], "{issued:?}");
     assert!(!issued.iter().any(|c| matches!(c, Command::DeleteResource(r) if r.kind == ResourceKind::NatGateway)));
     assert!(!tracker.outbound().lifecycles.contains_key("egress-old"), "the sweep ended");
     assert!(tracker.outbound().lifecycles.contains_key("egress-live"), "the live pod's identity is created");
