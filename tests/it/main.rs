@@ -9,6 +9,7 @@ mod conformance;
 mod examples;
 mod explore;
 mod hosts;
+mod image;
 mod kube;
 mod layers;
 mod lease;

@@ -148,16 +148,39 @@ impl ApiServer {
 /// Applies every document of a YAML file as `clb-tests` (server-side apply, forced), finding
 /// each kind through discovery.
 pub async fn apply_file(client: &kube::Client, path: &Path) {
-    use kube::api::{DynamicObject, Patch, PatchParams};
+    let params = kube::api::PatchParams::apply("clb-tests").force();
+    let unserved = apply_file_with(client, path, params).await;
+    assert!(unserved.is_empty(), "{}: the API server does not serve {unserved:?}", path.display());
+}
+
+/// [`apply_file`] as a server-side dry run: the API server decodes, defaults, validates and
+/// admits every object of a kind it serves as it would store it, and stores nothing. Panics with
+/// the server's refusal; returns the kinds it does not serve (`group/version Kind`), whose
+/// objects it could not judge.
+pub async fn dry_run_file(client: &kube::Client, path: &Path) -> Vec<String> {
+    let mut params = kube::api::PatchParams::apply("clb-tests").force();
+    params.dry_run = true;
+    apply_file_with(client, path, params).await
+}
+
+async fn apply_file_with(client: &kube::Client, path: &Path, params: kube::api::PatchParams) -> Vec<String> {
+    use kube::api::{DynamicObject, Patch};
     use kube::discovery::{Scope, pinned_kind};
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let params = PatchParams::apply("clb-tests").force();
     let objects: Vec<DynamicObject> = clb_executor::inputs::from_yaml_documents(path, &text)
         .unwrap_or_else(|e| panic!("Kubernetes objects in {}: {e}", path.display()));
+    let mut unserved = Vec::new();
     for object in objects {
         let types = object.types.clone().expect("apiVersion and kind");
         let gvk = kube::api::GroupVersionKind::try_from(&types).expect("a valid apiVersion");
-        let (resource, capabilities) = pinned_kind(client, &gvk).await.expect("the API server serves the kind");
+        let (resource, capabilities) = match pinned_kind(client, &gvk).await {
+            Ok(found) => found,
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                unserved.push(format!("{} {}", types.api_version, types.kind));
+                continue;
+            }
+            Err(e) => panic!("{}: discovering {gvk:?}: {e}", path.display()),
+        };
         let name = object.metadata.name.clone().expect("a name");
         let api: Api<DynamicObject> = match capabilities.scope {
             Scope::Namespaced => Api::namespaced_with(
@@ -171,4 +194,5 @@ pub async fn apply_file(client: &kube::Client, path: &Path) {
             .await
             .unwrap_or_else(|e| panic!("{}: applying {} {name}: {e}", path.display(), types.kind));
     }
+    unserved
 }
