@@ -793,3 +793,19 @@ async fn random_interleavings_of_ticks_reconciles_and_producers_never_deadlock()
         assert!(f.updater.service_lock().try_lock().is_ok(), "seed {seed}: the service lock ends free");
     }
 }
+
+// What `clb-host explore`'s crash-in-pool-tick leaves: a tick that dies after its first group
+// carried out that group (GET and PUT), wrote nothing for the other it drained, and still holds
+// the resource lock, as a process that died would.
+#[tokio::test]
+async fn a_tick_whose_controller_dies_after_one_group_writes_only_that_group_and_keeps_the_lock() {
+    let f = fixture().await;
+    assign(&f.updater, "ns/b", Some("lb2")).await;
+    f.updater.enqueue(&[add("lb1", &["10.0.0.4"]), op("ns/b", "lb2", OperationKind::Add, &["10.0.0.5"])]).unwrap();
+    let summary = ran(f.updater.tick_dying_after(1_000, 1).await.unwrap());
+    assert_eq!((summary.groups, summary.written, summary.left), (2, 1, 1), "{summary:?}");
+    assert_eq!(requests(&f.emulator, Operation::PutBackendPool), 1);
+    let written: Vec<Vec<String>> = ["lb1", "lb2"].iter().map(|lb| pool_ips(&f.emulator, lb)).collect();
+    assert_eq!(written.iter().filter(|ips| ips.is_empty()).count(), 1, "one pool written, one not: {written:?}");
+    assert!(f.lock.is_held(), "a dead controller releases nothing");
+}

@@ -288,6 +288,35 @@ fn a_logic_that_depends_on_the_order_of_watch_events_is_found_by_the_unobserved_
     assert!(fine.divergences.is_empty() && fine.classes["unobserved"].explored == 1, "{fine:#?}");
 }
 
+/// A crash between two groups' writes of a backend-pool tick: the dual-stack local Service's
+/// first tick creates three pools (IPv4 and IPv6 on the public load balancer, and one more), and a
+/// controller that dies after writing one or two of them leaves a new one to finish from the
+/// cluster and Azure alone. Every such point is explored and none changes the world; the run's
+/// report says how many groups were written.
+#[test]
+fn a_crash_between_two_groups_writes_of_a_backend_pool_tick_is_explored_and_the_next_controller_finishes_the_pools() {
+    let path = example_scenarios()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("a-dual-stack-local-service-gets-an-ipv4-and-an-ipv6-pool"))
+        .unwrap();
+    let scenario = scenario::read(&path).unwrap();
+    let crash = Options { classes: vec![Class::Crash], ..options(usize::MAX) };
+    let all = explore::explore(&scenario, component, &crash).unwrap();
+    assert!(all.divergences.is_empty(), "{:?}", all.divergences);
+    for after in [1, 2] {
+        let only = Options { only: Some(format!("crash-in-pool-tick:0:{after}").parse().unwrap()), ..crash.clone() };
+        let run = explore::explore(&scenario, component, &only).unwrap();
+        assert!(run.divergences.is_empty(), "{:?}", run.divergences);
+        let report = run.only_report.expect("the perturbed run's report");
+        let lines: Vec<&String> = report.steps.iter().flat_map(|s| &s.perturbed).collect();
+        assert_eq!(lines.len(), 1, "{lines:#?}");
+        assert!(
+            lines[0].contains(&format!("dies during the backend-pool tick, {after} of its 3 group(s) carried out")),
+            "{lines:#?}"
+        );
+    }
+}
+
 #[test]
 fn a_reference_run_that_fails_is_reported_as_such_and_nothing_is_explored() {
     let broken = || ForgetsSlicesAtStart::new(true);

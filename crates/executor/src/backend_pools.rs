@@ -197,6 +197,9 @@ pub struct TickSummary {
     pub abandoned: usize,
     /// The resource lock could not be released (the pools were written all the same).
     pub unlock_failed: bool,
+    /// Groups drained but never carried out: the controller died in the tick
+    /// ([`PoolUpdater::tick_dying_after`]); 0 for every other tick.
+    pub left: usize,
 }
 
 /// The logic the updater drives: the `backend-pools` interface's `place-service` and one
@@ -485,16 +488,24 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// One tick: service lock → resource lock → drain and group → per group GET, PUT if changed,
     /// report. Completes when unlocking fails.
     pub async fn tick(&self) -> Result<Tick, PoolUpdaterError> {
-        self.tick_with(now_ms).await
+        self.tick_with(now_ms, None).await
     }
 
     /// [`tick`](Self::tick) at a given instant of the caller's clock (virtual time in
     /// `simulate`): every guest call of the tick is made at `now_ms`.
     pub async fn tick_at(&self, now_ms: u64) -> Result<Tick, PoolUpdaterError> {
-        self.tick_with(move || now_ms).await
+        self.tick_with(move || now_ms, None).await
     }
 
-    async fn tick_with(&self, clock: impl Fn() -> u64) -> Result<Tick, PoolUpdaterError> {
+    /// What a controller that dies in the middle of a tick leaves (`clb-host explore`'s
+    /// `crash-in-pool-tick`): [`tick_at`](Self::tick_at) that carries out the first `groups`
+    /// groups it drained and stops there, the resource lock still held, the rest of the drained
+    /// groups never written. The updater is not to be ticked again: its process is dead.
+    pub async fn tick_dying_after(&self, now_ms: u64, groups: usize) -> Result<Tick, PoolUpdaterError> {
+        self.tick_with(move || now_ms, Some(groups)).await
+    }
+
+    async fn tick_with(&self, clock: impl Fn() -> u64, dies_after: Option<usize>) -> Result<Tick, PoolUpdaterError> {
         let _reconciling = self.service_lock.lock().await;
         self.stats.ticks.fetch_add(1, Ordering::Relaxed);
         let now = clock();
@@ -508,7 +519,10 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             tracing::warn!(error = %err, "backend-pool tick skipped: the Azure resource lock is not available; operations stay queued");
             return Ok(Tick::LockFailed(err));
         }
-        let result = self.drain_and_apply(now, &clock).await;
+        let result = self.drain_and_apply(now, &clock, dies_after).await;
+        if dies_after.is_some() {
+            return result.map(Tick::Ran);
+        }
         let unlock_failed = match self.resource_lock.unlock().await {
             Ok(()) => false,
             Err(err) => {
@@ -520,7 +534,12 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         result.map(|summary| Tick::Ran(TickSummary { unlock_failed, ..summary }))
     }
 
-    async fn drain_and_apply(&self, now: u64, clock: &impl Fn() -> u64) -> Result<TickSummary, PoolUpdaterError> {
+    async fn drain_and_apply(
+        &self,
+        now: u64,
+        clock: &impl Fn() -> u64,
+        dies_after: Option<usize>,
+    ) -> Result<TickSummary, PoolUpdaterError> {
         let assignment: Vec<ServiceAssignment> = plain(&self.assignment)
             .values()
             .map(|(service, lb)| ServiceAssignment { service: service.clone(), load_balancer: lb.clone() })
@@ -528,8 +547,10 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         let groups = self.with_guest(|q| q.drain_and_group(now, &assignment));
         let groups =
             self.traced("pool-queue.drain-and-group", true, || vec![arg(now), arg(assignment.clone())], groups)?;
-        let mut summary = TickSummary { groups: groups.len(), ..TickSummary::default() };
-        for group in &groups {
+        let carried_out = groups.len().min(dies_after.unwrap_or(usize::MAX));
+        let mut summary =
+            TickSummary { groups: groups.len(), left: groups.len() - carried_out, ..TickSummary::default() };
+        for group in &groups[..carried_out] {
             let outcome = self.apply(group).await;
             match &outcome {
                 GroupOutcome::Updated | GroupOutcome::Created | GroupOutcome::Deleted => {

@@ -247,6 +247,11 @@ fn points(class: Class, reference: &Ran) -> Vec<Perturbation> {
         Class::Crash => (0..points.commands)
             .flat_map(|n| [CrashBefore(n), CrashAfter(n)])
             .chain((0..points.pool_ticks).map(CrashBeforePoolTick))
+            .chain(
+                (0..)
+                    .zip(&points.pool_groups)
+                    .flat_map(|(tick, &groups)| (1..groups).map(move |after| CrashInPoolTick { tick, after })),
+            )
             .collect(),
         Class::Stale => (0..deliveries).flat_map(|at| (0..=at).map(move |listed_at| Stale { at, listed_at })).collect(),
         Class::Unobserved => (0..deliveries)

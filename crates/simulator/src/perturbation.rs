@@ -20,6 +20,12 @@ pub enum Perturbation {
     /// Multi-SLB local-service mode: the controller dies just before the n-th tick of the
     /// backend-pool updater (its queue dies with it).
     CrashBeforePoolTick(u64),
+    /// Multi-SLB local-service mode: the controller dies during the `tick`-th tick of the
+    /// backend-pool updater, once the first `after` groups it drained are carried out (each
+    /// pool's GET and PUT or DELETE done): the tick's other groups are never written, and the queue and
+    /// the Azure resource lock die with it. `after` ≥ 1 (0 is [`Self::CrashBeforePoolTick`]'s
+    /// point, the queue drained or not).
+    CrashInPoolTick { tick: u64, after: u64 },
     /// The controller dies just before the `at`-th delivery, and the new one's lists are the
     /// cluster as it was at an earlier moment (an informer cache behind the API server): at the
     /// first start if `listed_at` is 0, else at the (`listed_at` − 1)-th delivery, so
@@ -84,7 +90,7 @@ impl Class {
     pub fn of(perturbation: Perturbation) -> Class {
         use Perturbation::*;
         match perturbation {
-            CrashBefore(_) | CrashAfter(_) | CrashBeforePoolTick(_) => Class::Crash,
+            CrashBefore(_) | CrashAfter(_) | CrashBeforePoolTick(_) | CrashInPoolTick { .. } => Class::Crash,
             Stale { .. } => Class::Stale,
             Coalesce(_) | Drop { .. } | Duplicate(_) | Reorder(_) => Class::Unobserved,
             Swap(_) => Class::Swap,
@@ -99,8 +105,9 @@ pub enum PerturbationError {
     #[error("unknown class {0:?}: the classes are crash, stale, unobserved, swap and failover")]
     UnknownClass(String),
     #[error(
-        "{0:?} is not a perturbation: crash-before:N, crash-after:N, crash-before-pool-tick:N, stale:N:M, \
-         coalesce:N, drop:N:K, duplicate:N, reorder:N, swap:N or failover:N"
+        "{0:?} is not a perturbation: crash-before:N, crash-after:N, crash-before-pool-tick:N, \
+         crash-in-pool-tick:N:K (K ≥ 1), stale:N:M (M ≤ N), coalesce:N, drop:N:K, duplicate:N, reorder:N, swap:N or \
+         failover:N"
     )]
     Bad(String),
 }
@@ -121,6 +128,7 @@ impl fmt::Display for Perturbation {
             CrashBefore(n) => write!(f, "crash-before:{n}"),
             CrashAfter(n) => write!(f, "crash-after:{n}"),
             CrashBeforePoolTick(n) => write!(f, "crash-before-pool-tick:{n}"),
+            CrashInPoolTick { tick, after } => write!(f, "crash-in-pool-tick:{tick}:{after}"),
             Stale { at, listed_at } => write!(f, "stale:{at}:{listed_at}"),
             Coalesce(n) => write!(f, "coalesce:{n}"),
             Drop { delivery, event } => write!(f, "drop:{delivery}:{event}"),
@@ -146,6 +154,7 @@ impl std::str::FromStr for Perturbation {
             ("crash-before", &[n]) => CrashBefore(n),
             ("crash-after", &[n]) => CrashAfter(n),
             ("crash-before-pool-tick", &[n]) => CrashBeforePoolTick(n),
+            ("crash-in-pool-tick", &[tick, after]) if after >= 1 => CrashInPoolTick { tick, after },
             ("stale", &[at, listed_at]) if listed_at <= at => Stale { at, listed_at },
             ("coalesce", &[n]) => Coalesce(n),
             ("drop", &[delivery, event]) => Drop { delivery, event },
@@ -170,6 +179,7 @@ mod tests {
             CrashBefore(3),
             CrashAfter(0),
             CrashBeforePoolTick(7),
+            CrashInPoolTick { tick: 4, after: 2 },
             Stale { at: 5, listed_at: 2 },
             Coalesce(1),
             Drop { delivery: 4, event: 9 },
@@ -181,7 +191,19 @@ mod tests {
         for p in all {
             assert_eq!(p.to_string().parse::<Perturbation>(), Ok(p));
         }
-        for bad in ["crash:3", "swap", "swap:x", "stale:3", "stale:2:3", "drop:1", "swap:1:2", "", "coalesce:-1"] {
+        for bad in [
+            "crash:3",
+            "swap",
+            "swap:x",
+            "stale:3",
+            "stale:2:3",
+            "drop:1",
+            "swap:1:2",
+            "",
+            "coalesce:-1",
+            "crash-in-pool-tick:3",
+            "crash-in-pool-tick:3:0",
+        ] {
             assert_eq!(bad.parse::<Perturbation>(), Err(PerturbationError::Bad(bad.to_owned())), "{bad}");
         }
     }

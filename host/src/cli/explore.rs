@@ -17,8 +17,8 @@ pub(super) struct ExploreArgs {
     #[arg(required = true)]
     files: Vec<PathBuf>,
     /// The classes of perturbation, comma-separated: `crash` (the controller dies before a
-    /// command is sent, after it was applied and before its answer arrived, or before a
-    /// backend-pool tick), `stale` (a restart whose lists are an earlier state of the cluster),
+    /// command is sent, after it was applied and before its answer arrived, before a
+    /// backend-pool tick, or within one between two groups' writes), `stale` (a restart whose lists are an earlier state of the cluster),
     /// `unobserved` (watch events coalesced, lost until a re-list, twice, reordered), `swap`
     /// (the logic rebuilt from its own state before a call) and `failover` (the leader loses its
     /// lease with a command in flight, which lands after the other replica took over).

@@ -107,6 +107,9 @@ pub struct Points {
     pub inputs: u64,
     /// Ticks of the backend-pool updater.
     pub pool_ticks: u64,
+    /// How many groups each tick drained, by the tick's index (0 for a tick with nothing to
+    /// do): a tick with more than one has a point between two groups' writes.
+    pub pool_groups: Vec<u64>,
     /// The watch's deliveries after the start-up lists, in order.
     pub deliveries: Vec<Delivery>,
 }
@@ -570,7 +573,17 @@ impl Simulation<'_> {
         let Some(pools) = self.pools.as_mut() else { return Ok(()) };
         pools.next_tick = self.now.saturating_add(pools.interval);
         self.emulator.set_now_ms(self.now);
-        match self.runtime.block_on(pools.updater.tick_at(self.now))? {
+        if let Some(Perturbation::CrashInPoolTick { tick, after }) = self.perturbation
+            && tick == index
+        {
+            return self.die_in_pool_tick(after);
+        }
+        let tick = self.runtime.block_on(pools.updater.tick_at(self.now))?;
+        self.points.pool_groups.push(match &tick {
+            Tick::Ran(s) => s.groups as u64,
+            Tick::Idle | Tick::LockFailed(_) => 0,
+        });
+        match tick {
             Tick::Idle => {}
             Tick::LockFailed(err) => self.pool_lines.push(format!("tick at {}: {err}", Ms(self.now))),
             Tick::Ran(s) => {

@@ -1,13 +1,15 @@
 //! The run's perturbation applied (`crate::perturbation`), where it is not a crash of the loop
 //! itself (`run_instant` and `pool_tick` restart there): a rebuild of the logic before a call,
-//! a delivery of watch events as the stale or unobserved class changes it, and a deposed
-//! leader's write landing late. Each says what it did in the step's report.
+//! a backend-pool tick cut short by the controller's death, a delivery of watch events as the
+//! stale or unobserved class changes it, and a deposed leader's write landing late. Each says
+//! what it did in the step's report.
 
 use super::report::Ms;
 use super::watch::{changes_since, objects, reorder};
 use super::{Delivery, LogicError, Simulation, SwapResult};
 use crate::perturbation::{FAILOVER_LATE_MS, Perturbation, RELIST_AFTER_MS};
 use clb_executor::Executor;
+use clb_executor::backend_pools::Tick;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::supervisor::describe_observation;
 
@@ -26,6 +28,25 @@ impl Simulation<'_> {
             SwapResult::Refused(why) => return Err(LogicError::RebuildRefused(why)),
         }
         Ok(())
+    }
+
+    /// `crash-in-pool-tick`: the backend-pool tick due now carries out its first `after` groups
+    /// and the controller dies (the rest of what it drained is never written, its queue and the
+    /// resource lock die with it); a new one starts.
+    pub(super) fn die_in_pool_tick(&mut self, after: u64) -> Result<(), LogicError> {
+        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
+        let tick = pools.updater.tick_dying_after(self.now, usize::try_from(after).unwrap_or(usize::MAX));
+        let (groups, left) = match self.runtime.block_on(tick)? {
+            Tick::Ran(s) => (s.groups, s.left),
+            Tick::Idle | Tick::LockFailed(_) => (0, 0),
+        };
+        self.points.pool_groups.push(groups as u64);
+        let carried_out = groups - left;
+        self.perturb(format!(
+            "the controller dies during the backend-pool tick, {carried_out} of its {groups} group(s) carried out; a \
+             new one starts"
+        ));
+        self.restart()
     }
 
     /// The perturbation is reached; `what` it does goes into the step's report.
