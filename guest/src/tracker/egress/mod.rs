@@ -219,11 +219,9 @@ impl EgressSide {
             }
             None if carried => None,
             None => {
-                let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
-                lifecycle.whole = false;
+                let lifecycle = OutboundLifecycle::new(Phase::DeletionPending, v6, VecDeque::new());
                 self.outbound.lifecycles.insert(identity.to_owned(), lifecycle);
-                self.outbound.work.draining.insert(identity.to_owned());
-                nrp.touch(identity);
+                self.outbound.start_drain(nrp, identity);
                 Some(false)
             }
         }
@@ -282,10 +280,10 @@ impl EgressSide {
         for identity in late {
             self.torn_down.forget(&identity);
             let mut lifecycle = OutboundLifecycle::new(Phase::DeletionPending, false, VecDeque::new());
-            (lifecycle.whole, lifecycle.public_ips_put, lifecycle.nat_gateway_put) = (false, false, false);
+            // Nothing of it is left in ARM: no NAT gateway to disassociate or delete, no public IP.
+            (lifecycle.public_ips_put, lifecycle.nat_gateway_put) = (false, false);
             self.outbound.lifecycles.insert(identity.clone(), lifecycle);
-            self.outbound.work.draining.insert(identity.clone());
-            nrp.touch(&identity);
+            self.outbound.start_drain(nrp, &identity);
             let message = format!(
                 "egress identity {identity}: NRP registers it again after its teardown ended, and no pod carries it \
                  (a write of ours that landed late: a previous leader's, or a retried command's); unregistering it again"
