@@ -26,8 +26,7 @@ fn main() {
         std::hint::black_box(session.admit_service(&config, &service).unwrap());
     });
 
-    let dir = std::env::temp_dir().join(format!("clb-bench-traces-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("bench-traces");
     // Wall time per change, and the reconcile thread's own CPU time per change (what recording
     // adds to the loop, whatever other threads and processes take the cores for).
     let change = |record: bool| -> (Duration, Duration) {

@@ -951,8 +951,7 @@ fn a_listed_address_without_services_is_bound_to_none_and_a_null_address_is_skip
 // ---- credentials ----
 
 fn temp_dir() -> std::path::PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("clb-azure-tests-{}-{:?}", std::process::id(), std::thread::current().id()));
+    let dir = clb_tests::process_dir().join(format!("azure-{:?}", std::thread::current().id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

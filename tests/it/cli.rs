@@ -12,7 +12,7 @@ pub(crate) fn clb_host(args: &[&str]) -> (u8, String, String) {
 }
 
 fn temp_file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("clb-tests-{}", std::process::id()));
+    let dir = process_dir().join("cli");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();

@@ -8,9 +8,9 @@
 //! Rust example is the body of a test below, compared line by line with the README's block.
 
 use super::hosts::{go_env, python, root};
-use super::traces::scratch;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
-use std::path::{Path, PathBuf};
+use clb_tests::scratch;
+use std::path::Path;
 use std::process::Command;
 
 /// The fenced blocks of `language` in `markdown`: (the line of the opening fence, the code).
@@ -33,7 +33,7 @@ fn fenced(markdown: &str, language: &str) -> Vec<(usize, String)> {
 }
 
 /// A folder as the READMEs assume the user's to be.
-fn users_folder(name: &str) -> PathBuf {
+fn users_folder(name: &str) -> clb_tests::Scratch {
     let dir = scratch(&format!("examples-{name}"));
     std::fs::write(dir.join("clb_guest.wasm"), clb_sandbox::BUILTIN_GUEST).unwrap();
     std::os::unix::fs::symlink(root().join("hosts"), dir.join("hosts")).unwrap();

@@ -98,8 +98,8 @@ fn a_deposed_leaders_late_unlink_lands_after_the_successor_took_over_says_so_and
 
     // The command line: the scenario's perturbation alone, its run printed; nothing diverges,
     // so --write-repro writes nothing; a directory it cannot make is refused before any work.
-    let dir = std::env::temp_dir().join(format!("clb-explore-cli-repro-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = scratch("explore-cli");
+    let dir = scratch.join("repro");
     let path = path.to_str().unwrap();
     let (code, out, err) = clb_host(&["explore", path, "--write-repro", dir.to_str().unwrap()]);
     assert_eq!(code, EXIT_OK, "{out}{err}");
@@ -268,8 +268,8 @@ fn a_logic_that_depends_on_the_order_of_watch_events_is_found_by_the_unobserved_
     assert!(!reordered.is_empty(), "{found:#?}");
     assert!(reordered[0].differences.iter().any(|d| d.contains("nrp location")), "NRP lost the pods: {found:#?}");
     // --write-repro: the scenario with the perturbation added, which `explore` runs alone.
-    let dir = std::env::temp_dir().join(format!("clb-explore-repro-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = scratch("explore-repro");
+    let dir = scratch.join("repro");
     let written = explore::write_reproducers(&dir, &found).unwrap();
     assert_eq!(written.len(), found.divergences.len());
     let repro_path = written.iter().find(|p| p.to_string_lossy().contains(".reorder-")).unwrap();

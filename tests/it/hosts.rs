@@ -5,7 +5,8 @@
 //! they need nothing set up by hand — only python3 with pip, Node with npm, Go, and the package
 //! registries and module proxy.
 
-use super::traces::{golden_traces, guest_files, scratch, with_one_result_changed};
+use super::traces::{golden_traces, guest_files, with_one_result_changed};
+use clb_tests::scratch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -108,8 +109,7 @@ fn without_trap_texts(report: &str) -> serde_json::Value {
 }
 
 fn a_changed_trace_is_reported_as_clb_host_reports_it(host: Host) {
-    let dir = std::env::temp_dir().join(format!("clb-hosts-{}-{}", std::process::id(), host as u8));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch(&format!("hosts-{}", host as u8));
     let (path, seq) = with_one_result_changed(&dir);
     let (code, out, err) = replay(host, &[&path], None, &["--json"]);
     assert_eq!(code, 1, "{out}{err}");

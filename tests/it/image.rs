@@ -160,7 +160,7 @@ fn label<'a>(image: &'a serde_json::Value, key: &str) -> &'a str {
 #[test]
 fn the_image_runs_the_readme_scenario_as_user_65532_with_its_labels_and_comes_back_from_a_registry_by_digest() {
     let root = workspace();
-    let scratch = std::env::temp_dir().join(format!("clb-image-test-{}", std::process::id()));
+    let scratch = clb_tests::scratch("image-test");
     let buildah = Buildah { root: scratch.join("buildah") };
     let image = format!("{NAME}:{TAG}");
 
@@ -223,5 +223,4 @@ fn the_image_runs_the_readme_scenario_as_user_65532_with_its_labels_and_comes_ba
     assert!(output.contains("result: PASS"), "{output}");
     drop(registry);
     drop(buildah);
-    let _ = std::fs::remove_dir_all(&scratch);
 }

@@ -407,7 +407,7 @@ impl Env {
     /// [`clb_host_child`]), then `extra`; its cloud config written to a file named after `tag`,
     /// which is returned for the test to remove.
     fn run_command_line(&self, tag: &str, extra: &[String]) -> (PathBuf, Vec<String>) {
-        let cloud_config = std::env::temp_dir().join(format!("clb-e2e-{}-{tag}-azure.json", std::process::id()));
+        let cloud_config = clb_tests::process_dir().join(format!("e2e-{tag}-azure.json"));
         std::fs::write(&cloud_config, &self.cloud_config).unwrap();
         let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
         let mut command_line = vec![
@@ -1358,8 +1358,7 @@ fn a_controller_run_with_record_writes_a_trace_that_replays_identically_and_an_u
     use clb_sandbox::trace::{ComponentRef, RecordOptions, Recorder};
     use std::sync::atomic::Ordering;
     e2e(14, async |env| {
-        let dir = std::env::temp_dir().join(format!("clb-e2e-record-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = clb_tests::scratch("e2e-record");
         let path = dir.join("run.jsonl");
         let logic = clb_tests::builtin();
         let start = |path: PathBuf| {

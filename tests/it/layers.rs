@@ -293,8 +293,7 @@ fn guest_modules_form_layers_no_module_imports_one_above_it() {
 
 #[test]
 fn the_layer_check_finds_an_import_cycle_through_a_child_a_parent_and_a_grouped_use() {
-    let dir = std::env::temp_dir().join(format!("clb-layers-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = clb_tests::scratch("layers");
     std::fs::create_dir_all(dir.join("outer")).unwrap();
     let write = |path: &str, text: &str| std::fs::write(dir.join(path), text).unwrap();
     write("lib.rs", "pub mod low;\npub mod outer;\n");
@@ -524,4 +523,25 @@ fn the_length_check_refuses_a_long_file_and_one_without_its_reason() {
     for (text, refused) in cases {
         assert_eq!(length_problem(&text).is_some(), refused, "{} lines", text.lines().count());
     }
+}
+
+// The suite runs again and again on one machine's disk: what it writes must not outlive it.
+#[test]
+fn a_scratch_folder_goes_when_its_test_drops_it_and_an_ended_processs_folder_at_the_next_processs_start() {
+    let dir = clb_tests::scratch("scratch-itself");
+    std::fs::write(dir.join("file"), b"x").unwrap();
+    let kept = dir.to_path_buf();
+    drop(dir);
+    assert!(!kept.exists(), "{} is left behind", kept.display());
+
+    let temp = clb_tests::scratch("scratch-sweep");
+    // No process has a pid above the kernel's pid_max (at most 2^22).
+    let ended = temp.join("clb-tests-4000000000");
+    let alive = temp.join(format!("clb-tests-{}", std::process::id()));
+    let other = temp.join("clb-testsuite");
+    for dir in [&ended, &alive, &other] {
+        std::fs::create_dir_all(dir.join("inner")).unwrap();
+    }
+    clb_tests::scratch::remove_ended(&temp);
+    assert!(!ended.exists() && alive.exists() && other.exists());
 }

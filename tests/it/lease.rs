@@ -371,7 +371,7 @@ struct Replica {
 impl Replica {
     fn start(client: &::kube::Client, azure_url: &str, namespace: &str, identity: &str) -> Self {
         let token = format!("token-of-{identity}");
-        let dir = std::env::temp_dir().join(format!("clb-tests-{}", std::process::id()));
+        let dir = clb_tests::process_dir().join("lease");
         std::fs::create_dir_all(&dir).unwrap();
         let token_file = dir.join(format!("{namespace}-{identity}.token"));
         std::fs::write(&token_file, &token).unwrap();

@@ -230,7 +230,7 @@ pub(crate) fn sample(exposition: &str, name: &str, fragments: &[&str]) -> f64 {
 }
 
 fn temp_dir(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("clb-ops-{test}-{}", std::process::id()));
+    let dir = process_dir().join(format!("ops-{test}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

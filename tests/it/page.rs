@@ -117,7 +117,7 @@ fn the_operator_page_renders_in_chromium_with_the_serving_version_the_provisione
     in_namespace("page", async |client, ns| {
         let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
         let host = Host::start(client, Options { events: Some(events), ..Default::default() }).await;
-        let profile = std::env::temp_dir().join(format!("clb-page-chromium-{}", std::process::id()));
+        let profile = scratch("page-chromium");
         let (builtin_sha, next_sha) = (builtin().info().sha256.clone(), sha256_hex(NEXT_GUEST));
 
         create_service(client, ns, "page-web", json!({})).await;
@@ -163,7 +163,7 @@ fn the_operator_page_renders_in_chromium_with_the_serving_version_the_provisione
 
         let screenshot = screenshot_path();
         let shot = format!("--screenshot={}", screenshot.display());
-        let (addr, shot_profile) = (host.addr, profile.clone());
+        let (addr, shot_profile) = (host.addr, profile.to_path_buf());
         tokio::task::spawn_blocking(move || chromium(addr, &shot_profile, &[&shot, "--window-size=1280,1600"]))
             .await
             .unwrap();

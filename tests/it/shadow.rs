@@ -267,9 +267,9 @@ fn replay(trace: &Path, component: Option<&Path>) -> (u8, String) {
 #[test]
 fn a_divergence_recorded_by_the_shadow_replays_identically_on_the_serving_version_and_differs_at_its_last_call_on_the_candidate()
  {
-    let dir = super::traces::scratch("shadow-record");
+    let dir = clb_tests::scratch("shadow-record");
     let mut supervisor = started();
-    let options = ShadowOptions { record: Some(dir.clone()), ..Default::default() };
+    let options = ShadowOptions { record: Some(dir.to_path_buf()), ..Default::default() };
     supervisor.shadow(next().clone(), options).unwrap();
     churn(&mut supervisor, 100, &services(&["web"]));
     churn(&mut supervisor, 10_000, &[legacy("api", 101)]);

@@ -507,8 +507,7 @@ fn a_swap_step_expecting_the_wrong_result_fails_the_scenario() {
 #[test]
 fn a_swap_step_takes_a_zstd_or_gzip_file_and_refuses_a_truncated_one() {
     let path = scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
-    let dir = std::env::temp_dir().join(format!("clb-compressed-swap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("compressed-swap");
     let truncated = gzip(HOSTILE_GUEST);
     std::fs::write(dir.join("next.wasm.zst"), zstd(NEXT_GUEST)).unwrap();
     std::fs::write(dir.join("destructive.wasm.gz"), gzip(DESTRUCTIVE_GUEST)).unwrap();

@@ -21,19 +21,12 @@ fn golden(scenario: &Path) -> PathBuf {
     golden_dir().join(format!("{}.jsonl", scenario.file_stem().unwrap().to_string_lossy()))
 }
 
-/// A scratch directory of this test binary, fresh per name.
-pub(crate) fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("clb-traces-{}-{name}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// The test guests as files, for `--swap-component` (one copy per process).
 pub fn guest_files() -> &'static (PathBuf, PathBuf) {
     static FILES: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
     FILES.get_or_init(|| {
-        let dir = scratch("guests");
+        let dir = process_dir().join("guests");
+        std::fs::create_dir_all(&dir).unwrap();
         let (builtin, next) = (dir.join("clb_guest.wasm"), dir.join("next_guest.wasm"));
         std::fs::write(&builtin, clb_sandbox::BUILTIN_GUEST).unwrap();
         std::fs::write(&next, NEXT_GUEST).unwrap();
@@ -207,7 +200,8 @@ pub fn legacy_annotation_trace() -> PathBuf {
                 scenario_files().into_iter().find(|p| p.to_string_lossy().contains("a-hot-swap-mid-stream")).unwrap();
             let text = std::fs::read_to_string(source).unwrap();
             let text: Vec<&str> = text.lines().filter(|l| !l.trim_start().starts_with("- swap:")).collect();
-            let dir = scratch("legacy");
+            let dir = process_dir().join("legacy");
+            std::fs::create_dir_all(&dir).unwrap();
             let scenario_path = dir.join("legacy.yaml");
             std::fs::write(&scenario_path, text.join("\n") + "\n").unwrap();
             let out = dir.join("legacy.jsonl");

@@ -143,7 +143,7 @@ async fn hostile_requests_each_get_their_answer_and_the_webhook_keeps_serving() 
 
 #[tokio::test]
 async fn a_logic_that_traps_or_spins_is_answered_by_the_failure_policy_within_the_timeout() {
-    let component = std::env::temp_dir().join(format!("clb-webhook-{}-hostile.wasm", std::process::id()));
+    let component = process_dir().join("webhook-hostile.wasm");
     std::fs::write(&component, HOSTILE_GUEST).unwrap();
     let component = component.display().to_string();
     let limits = ["--deadline-ms", "2000", "--admission-timeout-ms", "300"];
@@ -501,7 +501,8 @@ fn clb_host_admission_exits_two_when_an_input_is_unreadable_a_flag_is_wrong_or_i
 #[tokio::test]
 async fn the_webhook_records_each_review_it_judged_as_a_call_that_replay_reproduces_in_every_host() {
     use super::hosts::{Host, replay};
-    let dir = std::env::temp_dir().join(format!("clb-webhook-{}-recorded", std::process::id()));
+    // The webhook serves until the process ends: its folders are the process's.
+    let dir = process_dir().join("webhook-recorded");
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("admission.jsonl");
     let hook = webhook("record", &["--record", trace.to_str().unwrap()]).await;
@@ -549,7 +550,7 @@ async fn the_webhook_records_each_review_it_judged_as_a_call_that_replay_reprodu
 // The "same logic flags as run": the policy swapped by a watched file, without a restart.
 #[tokio::test]
 async fn the_webhook_judges_with_each_new_version_of_its_watched_file_from_the_next_request_on() {
-    let dir = std::env::temp_dir().join(format!("clb-webhook-{}-source", std::process::id()));
+    let dir = process_dir().join("webhook-source");
     std::fs::create_dir_all(&dir).unwrap();
     let logic = dir.join("logic.wasm");
     std::fs::write(&logic, clb_sandbox::BUILTIN_GUEST).unwrap();
@@ -639,10 +640,9 @@ async fn get_json(url: String) -> Value {
 fn in_run_the_door_judges_with_the_version_that_reconciles_and_a_candidate_in_shadow_counts_admission_divergences() {
     crate::kube::run_if_child();
     crate::kube::e2e(20, async |env| {
-        let dir = std::env::temp_dir().join(format!("clb-webhook-{}-in-run", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch("webhook-in-run");
         let (endpoint, url, _child) = run_with_webhook(env, &dir).await;
-        let hook = Webhook { url, client: client(&fixture("tls/ca.crt")), dir: dir.clone() };
+        let hook = Webhook { url, client: client(&fixture("tls/ca.crt")), dir: dir.to_path_buf() };
         let status = || get_json(format!("{endpoint}/status"));
         let mut marked = service("marked", "LoadBalancer", "Local");
         marked["metadata"]["annotations"] = json!({"clb.test/denied-by-next": "true"});

@@ -52,7 +52,7 @@ fn start() -> anyhow::Result<ApiServer> {
     anyhow::ensure!(built.status.success(), "{} failed: {}", script.display(), built.status);
     let stdout = String::from_utf8(built.stdout).context("build.sh printed something that is not UTF-8")?;
     let binary = stdout.lines().last().map(str::trim).filter(|l| !l.is_empty()).context("build.sh printed no path")?;
-    let log = std::env::temp_dir().join(format!("clb-test-apiserver-{}.log", std::process::id()));
+    let log = crate::process_dir().join("apiserver.log");
     let mut child = Command::new(binary)
         .arg("-log")
         .arg(&log)
@@ -135,11 +135,7 @@ impl ApiServer {
              current-context: clb-test\n",
         );
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "clb-test-{}-controller-{}.kubeconfig",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let path = crate::process_dir().join(format!("controller-{}.kubeconfig", NEXT.fetch_add(1, Ordering::Relaxed)));
         std::fs::write(&path, kubeconfig).expect("writes the controller's kubeconfig");
         path
     }

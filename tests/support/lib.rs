@@ -3,8 +3,11 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod scratch;
 pub mod watch_proxy;
 pub mod webhook;
+
+pub use scratch::{Scratch, process_dir, scratch};
 
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::{Limits, LoadedLogic, Runtime};

@@ -17,7 +17,7 @@ pub struct Webhook {
 
 /// A folder of this test's own, with the serving pair copied in (a test may rotate it).
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("clb-webhook-{}-{name}", std::process::id()));
+    let dir = crate::process_dir().join(format!("webhook-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     for file in ["webhook.crt", "webhook.key"] {
         std::fs::copy(fixture(&format!("tls/{file}")), dir.join(file)).unwrap();

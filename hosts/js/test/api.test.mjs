@@ -73,11 +73,13 @@ test('values in, values out', { skip: !existsSync(component) }, async () => {
 
 const next = process.env.CLB_NEXT_COMPONENT || '/tmp/clb-artifacts/next_guest.wasm';
 
-test('swap and rollback through the API, recorded, replay identically', { skip: !existsSync(component) || !existsSync(next) }, async () => {
-  const { mkdtempSync } = await import('node:fs');
+test('swap and rollback through the API, recorded, replay identically', { skip: !existsSync(component) || !existsSync(next) }, async (t) => {
+  const { mkdtempSync, rmSync } = await import('node:fs');
   const { tmpdir } = await import('node:os');
   const { spawnSync } = await import('node:child_process');
-  const trace = join(mkdtempSync(join(tmpdir(), 'clb-api-')), 'swap.jsonl');
+  const dir = mkdtempSync(join(tmpdir(), 'clb-api-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  const trace = join(dir, 'swap.jsonl');
   const clb = await loadComponent(component, { record: trace, source: 'test' });
   const candidate = await loadComponent(next);
   // The built-in version's state schema, read from an instance the trace does not record.
@@ -147,8 +149,8 @@ test('stats reads only: twice the same answer, and the next step as without it',
   assert.deepEqual(asked.exportState(), unasked.exportState());
 });
 
-test('a recorded trace with stats calls replays identically, and a changed stats result diverges', { skip: !existsSync(component) }, async () => {
-  const { mkdtempSync, writeFileSync } = await import('node:fs');
+test('a recorded trace with stats calls replays identically, and a changed stats result diverges', { skip: !existsSync(component) }, async (t) => {
+  const { mkdtempSync, rmSync, writeFileSync } = await import('node:fs');
   const { tmpdir } = await import('node:os');
   const { spawnSync } = await import('node:child_process');
   const lines = [];
@@ -161,6 +163,7 @@ test('a recorded trace with stats calls replays identically, and a changed stats
   const i = lines.findIndex((l) => l.includes('"call":"tracker.stats"'));
   assert.ok(i > 0 && lines[i].includes('"k8s-services":1,'), lines[i]);
   const dir = mkdtempSync(join(tmpdir(), 'clb-stats-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
   const replay = (text) => {
     const trace = join(dir, 'stats.jsonl');
     writeFileSync(trace, text.join('\n') + '\n');

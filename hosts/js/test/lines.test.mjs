@@ -1,12 +1,13 @@
 // The bounded line reader.
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { test } from 'node:test';
+import { after, test } from 'node:test';
 import { LineError, readLines } from '../lines.mjs';
 
 const dir = mkdtempSync(join(tmpdir(), 'clb-lines-'));
+after(() => rmSync(dir, { recursive: true, force: true }));
 const file = (name, content) => {
   const p = join(dir, name);
   writeFileSync(p, content);

@@ -4,10 +4,10 @@
 // skipped when they are missing.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, writeFileSync, openSync, writeSync, closeSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, openSync, writeSync, closeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { test } from 'node:test';
+import { after, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 const here = fileURLToPath(new URL('.', import.meta.url));
@@ -18,6 +18,8 @@ const next = process.env.CLB_NEXT_COMPONENT || '/tmp/clb-artifacts/next_guest.wa
 const have = existsSync(component);
 const traces = existsSync(tracesDir) ? readdirSync(tracesDir).filter((f) => f.endsWith('.jsonl')).sort().map((f) => join(tracesDir, f)) : [];
 const tmp = mkdtempSync(join(tmpdir(), 'clb-replay-'));
+// The long trace alone is tens of megabytes: nothing is left behind.
+after(() => rmSync(tmp, { recursive: true, force: true }));
 
 function run(args) {
   const r = spawnSync(process.execPath, [replay, ...args, '--component', component, ...(existsSync(next) ? ['--swap-component', `next-guest=${next}`] : [])], { encoding: 'utf8', maxBuffer: 1 << 28 });
