@@ -6,10 +6,10 @@
 //! first use by `harness/image/tools.sh`; where they cannot be, the test fails saying why: an
 //! image test that skips itself proves nothing.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use clb_tests::registry::Registry;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output, Stdio};
+use std::time::Instant;
 
 /// The README's first scenario, which the image runs.
 const FIRST_SCENARIO: &str =
@@ -95,63 +95,6 @@ impl Drop for Buildah {
     }
 }
 
-/// The CNCF distribution registry on a free loopback port, its storage in a folder of its own;
-/// stopped and removed at the end.
-struct Registry {
-    child: Child,
-    address: SocketAddr,
-    dir: PathBuf,
-}
-
-impl Registry {
-    fn start(dir: PathBuf) -> Registry {
-        let address = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        std::fs::create_dir_all(dir.join("storage")).unwrap();
-        let config = dir.join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {address}\n  secret: clb-image-test\n",
-                dir.join("storage").display()
-            ),
-        )
-        .unwrap();
-        // Its log (a HEAD for each blob before the upload is logged as an error) is printed only
-        // when the test fails.
-        let log = std::fs::File::create(dir.join("registry.log")).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("docker-registry");
-        let registry = Registry { child, address, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(address).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not listen on {address} within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        registry
-    }
-
-    fn reference(&self, suffix: &str) -> String {
-        format!("docker://{}/{NAME}{suffix}", self.address)
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.join("registry.log")).unwrap_or_default();
-            eprintln!("the registry's log:\n{log}");
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The label `key` of an image's OCI config, as `buildah inspect` reports it.
 fn label<'a>(image: &'a serde_json::Value, key: &str) -> &'a str {
     image["OCIv1"]["config"]["Labels"][key].as_str().unwrap_or_else(|| panic!("no label {key}: {image:#}"))
@@ -200,14 +143,14 @@ fn the_image_runs_the_readme_scenario_as_user_65532_with_its_labels_and_comes_ba
     // Pushed to a registry, pulled back by its digest, and the same image.
     let registry = Registry::start(scratch.join("registry"));
     let digest_file = scratch.join("digest");
-    let destination = registry.reference(&format!(":{TAG}"));
+    let destination = format!("docker://{}/{NAME}:{TAG}", registry.address);
     buildah.run(
         "buildah push",
         &["push", "--tls-verify=false", "--digestfile", digest_file.to_str().unwrap(), &image, &destination],
     );
     let digest = std::fs::read_to_string(&digest_file).unwrap().trim().to_owned();
     assert!(digest.starts_with("sha256:") && digest.len() == 71, "a digest: {digest}");
-    let by_digest = registry.reference(&format!("@{digest}"));
+    let by_digest = format!("docker://{}/{NAME}@{digest}", registry.address);
     let remote: serde_json::Value = serde_json::from_str(&stdout(&run(
         "skopeo inspect",
         Command::new("skopeo").args(["inspect", "--tls-verify=false", &by_digest]),

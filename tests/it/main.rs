@@ -14,6 +14,7 @@ mod kube;
 mod layers;
 mod lease;
 mod metrics;
+mod oci;
 mod operations;
 mod page;
 mod sandbox;

@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod registry;
 pub mod scratch;
 pub mod watch_proxy;
 pub mod webhook;

@@ -273,3 +273,31 @@ pub(super) fn read_component_file(path: &std::path::Path) -> anyhow::Result<comp
 pub(super) fn read_component(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     Ok(read_component_file(path)?.bytes)
 }
+
+/// How the controller reaches OCI registries (`component --push`, `inspect oci://`).
+#[derive(Args, Clone, Default)]
+pub(super) struct RegistryArgs {
+    /// A docker config file holding the registry's login (`.dockerconfigjson`, as an image pull
+    /// Secret mounted as a file gives it); without it, registries are asked anonymously.
+    #[arg(long, value_name = "FILE")]
+    pub(super) registry_config: Option<PathBuf>,
+    /// Speak plain HTTP to this registry (`HOST[:PORT]`; repeat for several). Loopback
+    /// registries (`localhost`, 127.0.0.0/8, `::1`) always are, as docker treats them.
+    #[arg(long, value_name = "HOST")]
+    pub(super) registry_insecure: Vec<String>,
+}
+
+impl RegistryArgs {
+    pub(super) fn client(&self) -> anyhow::Result<clb_oci::Client> {
+        let credentials = match &self.registry_config {
+            Some(path) => clb_oci::Credentials::from_file(path)?,
+            None => clb_oci::Credentials::anonymous(),
+        };
+        let options = clb_oci::ClientOptions {
+            credentials,
+            insecure: self.registry_insecure.iter().cloned().collect(),
+            ..Default::default()
+        };
+        Ok(clb_oci::Client::new(options)?)
+    }
+}

@@ -1,9 +1,13 @@
-//! `clb-host component`: writes the built-in component, plain or gzip-compressed.
+//! `clb-host component`: writes the built-in component, plain or gzip-compressed, or pushes it
+//! (or `--component FILE`) to an OCI registry as the CNCF wasm artifact ([`clb_oci::artifact`]).
 
-use super::args::EXIT_OK;
+use super::args::{EXIT_BAD_INPUT, EXIT_OK, RegistryArgs, read_component};
 use anyhow::Context as _;
-use clb_sandbox::{BUILTIN_GUEST, compression};
+use clap::Args;
+use clb_sandbox::supervisor::Supervisor;
+use clb_sandbox::{BUILTIN_GUEST, ComponentInfo, Limits, PACKAGE, Runtime, compression};
 use std::io::Write;
+use std::path::PathBuf;
 
 /// How `component --compress` writes the built-in component.
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -11,13 +15,40 @@ pub(super) enum CompressArg {
     Gzip,
 }
 
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("destination").args(["out", "push"]).required(true)))]
+pub(super) struct ComponentArgs {
+    /// Where to write it.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Write it compressed (gzip: level 9), e.g. for a ConfigMap's binaryData; every way
+    /// in takes it so. For zstd, compress the plain file with `zstd -19`.
+    #[arg(long, value_enum, value_name = "FORMAT", requires = "out")]
+    compress: Option<CompressArg>,
+    /// Push it to this OCI reference (`REGISTRY/REPOSITORY:TAG`) as a wasm artifact (config
+    /// `application/vnd.wasm.config.v0+json`, one `application/wasm` layer, annotated with its
+    /// WIT package and state version) and print the manifest's digest (`sha256:…`).
+    #[arg(long, value_name = "REF")]
+    push: Option<String>,
+    /// Push this component (gzip or zstd compressed or not) instead of the built-in one; it
+    /// must be one this host loads.
+    #[arg(long, value_name = "FILE", requires = "push")]
+    component: Option<PathBuf>,
+    #[command(flatten)]
+    registry: RegistryArgs,
+}
+
+pub(super) fn component(args: &ComponentArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
+    match (&args.out, &args.push) {
+        (Some(path), _) => write_component(path, args.compress, out),
+        (None, Some(reference)) => push(args, reference, out, err),
+        (None, None) => unreachable!("clap requires --out or --push"),
+    }
+}
+
 /// `component --out FILE [--compress FORMAT]`: the sha256 printed is the component's, which a pin
 /// names whether it travels compressed or not.
-pub(super) fn write_component(
-    path: &std::path::Path,
-    compress: Option<CompressArg>,
-    out: &mut dyn Write,
-) -> anyhow::Result<u8> {
+fn write_component(path: &std::path::Path, compress: Option<CompressArg>, out: &mut dyn Write) -> anyhow::Result<u8> {
     let sha256 = clb_sandbox::sha256_hex(BUILTIN_GUEST);
     let written = match compress {
         None => std::borrow::Cow::Borrowed(BUILTIN_GUEST),
@@ -35,4 +66,51 @@ pub(super) fn write_component(
         )?,
     }
     Ok(EXIT_OK)
+}
+
+/// `component --push REF`: what is pushed is uncompressed (a registry compresses nothing, and a
+/// digest names the component itself), and only a component this host loads.
+fn push(args: &ComponentArgs, text: &str, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
+    let reference = clb_oci::Reference::parse(text)?;
+    let component = match &args.component {
+        Some(path) => read_component(path)?,
+        None => BUILTIN_GUEST.to_vec(),
+    };
+    let description = match describe(&component) {
+        Ok(description) => description,
+        Err(refusal) => {
+            writeln!(err, "error: not pushed: {refusal:#}")?;
+            return Ok(EXIT_BAD_INPUT);
+        }
+    };
+    let client = args.registry.client()?;
+    let tokio =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let digest = tokio.block_on(clb_oci::artifact::push(&client, &reference, &component, &description))?;
+    writeln!(out, "{digest}")?;
+    tracing::info!(%reference, %digest, bytes = component.len(), "pushed the component");
+    Ok(EXIT_OK)
+}
+
+/// What the artifact says of `component`: its imports and exports, its WIT package, and the
+/// state version a tracker of it writes (asked of a tracker started on a minimal configuration).
+pub(super) fn describe(component: &[u8]) -> anyhow::Result<clb_oci::Description> {
+    let runtime = Runtime::new()?;
+    let compiled = runtime.compile(component)?;
+    let info = ComponentInfo::of(runtime.engine(), &compiled, component);
+    info.check().map_err(|refusal| anyhow::anyhow!("this host would refuse it: {refusal}"))?;
+    let logic = runtime.load(component, Limits::default())?;
+    let config = clb_executor::inputs::parse_config(
+        std::path::Path::new("<minimal configuration>"),
+        "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n",
+    )?;
+    let mut supervisor = Supervisor::new(&logic);
+    supervisor.start(&config).context("starting a tracker to ask its state version")?;
+    let state_version = supervisor.export_state().context("asking the tracker's state version")?.version;
+    Ok(clb_oci::Description {
+        imports: info.imports.iter().map(|(name, _)| name.clone()).collect(),
+        exports: info.exports.clone(),
+        package: info.package_version().map(|v| format!("{PACKAGE}@{v}")),
+        state_version: Some(state_version),
+    })
 }

@@ -1,20 +1,72 @@
-//! `clb-host inspect`: what a component is and whether this host loads it.
+//! `clb-host inspect`: what a component is and whether this host loads it, from a file or from
+//! an OCI registry (`oci://REF`).
 
-use super::args::{EXIT_OK, EXIT_REFUSED, read_component_file};
+use super::args::{EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, RegistryArgs, read_component_file};
 use anyhow::Context as _;
-use clb_sandbox::{ComponentInfo, PACKAGE, Runtime};
+use clb_sandbox::{ComponentInfo, PACKAGE, Runtime, compression};
 use std::io::Write;
 
-pub(super) fn inspect(file: &std::path::Path, out: &mut dyn Write) -> anyhow::Result<u8> {
-    let read = read_component_file(file)?;
-    let bytes = read.bytes;
+pub(super) fn inspect(
+    target: &std::path::Path,
+    registry: &RegistryArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    if let Some(reference) = target.to_str().and_then(|t| t.strip_prefix("oci://")) {
+        return inspect_oci(reference, registry, out, err);
+    }
+    let read = read_component_file(target)?;
+    writeln!(out, "file:     {}", target.display())?;
+    describe(&read.bytes, read.compressed, out).with_context(|| target.display().to_string())
+}
+
+/// Pulls the component (capped as every component source is) and describes it; exits 1 when
+/// what the reference names is no component this host loads, 2 when it cannot be pulled.
+fn inspect_oci(text: &str, registry: &RegistryArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
+    let reference = clb_oci::Reference::parse(text)?;
+    let client = registry.client()?;
+    let tokio =
+        tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
+    let pulled =
+        match tokio.block_on(clb_oci::artifact::pull(&client, &reference, compression::MAX_COMPONENT_BYTES as u64)) {
+            Ok(pulled) => pulled,
+            // Pulled, and not what this host loads: refused, as a file that is no component is.
+            Err(error @ (clb_oci::OciError::NotAComponent { .. } | clb_oci::OciError::TooLarge { .. })) => {
+                writeln!(out, "reference: {reference}")?;
+                writeln!(out, "verdict:  refused: {}", clb_sandbox::error_text::error_chain(&error))?;
+                return Ok(EXIT_REFUSED);
+            }
+            Err(error) => {
+                writeln!(err, "error: {}", clb_sandbox::error_text::error_chain(&error))?;
+                return Ok(EXIT_BAD_INPUT);
+            }
+        };
+    writeln!(out, "reference: {reference}")?;
+    writeln!(out, "digest:   {}", pulled.digest)?;
+    for (key, value) in &pulled.annotations {
+        writeln!(out, "annotation: {key}={value}")?;
+    }
+    match describe(&pulled.component, None, out) {
+        Ok(code) => Ok(code),
+        Err(error) => {
+            writeln!(out, "verdict:  refused: {error:#}")?;
+            Ok(EXIT_REFUSED)
+        }
+    }
+}
+
+/// Its figures and whether this host loads it (exit 0 or 1); an error when it does not compile.
+fn describe(
+    bytes: &[u8],
+    compressed: Option<(compression::Compression, usize)>,
+    out: &mut dyn Write,
+) -> anyhow::Result<u8> {
     let runtime = Runtime::new()?;
-    let component = runtime.compile(&bytes).with_context(|| file.display().to_string())?;
-    let info = ComponentInfo::of(runtime.engine(), &component, &bytes);
-    writeln!(out, "file:     {}", file.display())?;
+    let component = runtime.compile(bytes)?;
+    let info = ComponentInfo::of(runtime.engine(), &component, bytes);
     writeln!(out, "sha256:   {}", info.sha256)?;
     writeln!(out, "size:     {} bytes", info.size)?;
-    if let Some((format, size)) = read.compressed {
+    if let Some((format, size)) = compressed {
         writeln!(out, "compressed: {format}, {size} bytes (sha256 and size are the decompressed component's)")?;
     }
     match info.package_version() {

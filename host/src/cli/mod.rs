@@ -21,7 +21,7 @@ use crate::logging::LogFormat;
 use admission::AdmissionArgs;
 use args::{BudgetArgs, LogicArgs};
 use clap::{Parser, Subcommand};
-use component::CompressArg;
+use component::ComponentArgs;
 use emulator::EmulatorArgs;
 use explore::ExploreArgs;
 use replay::ReplayArgs;
@@ -49,13 +49,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print a component's sha256, exported interfaces and version, and its imports.
+    /// Print a component's sha256, exported interfaces and version, and its imports; from a file
+    /// or pulled from an OCI registry (`oci://REF`, with the artifact's digest and annotations).
     ///
-    /// Exits 0 when this host would load it, 1 when it would refuse it, 2 when the file cannot
-    /// be read or is not a component.
+    /// Exits 0 when this host would load it, 1 when it would refuse it (or the reference names
+    /// no wasm component), 2 when the file cannot be read or is not a component, or the
+    /// registry cannot be reached, lacks it or serves other bytes than its digest.
     Inspect {
-        /// The component (.wasm).
+        /// The component (.wasm), or `oci://REF` (`REGISTRY/REPOSITORY:TAG` or `@sha256:…`).
         file: PathBuf,
+        #[command(flatten)]
+        registry: args::RegistryArgs,
     },
     /// Run the validation rules on a cloud configuration and Services through the component.
     ///
@@ -107,16 +111,10 @@ enum Command {
     /// (with the file, the line and why).
     Replay(ReplayArgs),
     /// Write the built-in component (the .wasm this host runs by default) to FILE, for other
-    /// hosts (hosts/python, hosts/js) or a ConfigMap.
-    Component {
-        /// Where to write it.
-        #[arg(long, value_name = "FILE")]
-        out: PathBuf,
-        /// Write it compressed (gzip: level 9), e.g. for a ConfigMap's binaryData; every way
-        /// in takes it so. For zstd, compress the plain file with `zstd -19`.
-        #[arg(long, value_enum, value_name = "FORMAT")]
-        compress: Option<CompressArg>,
-    },
+    /// hosts (hosts/python, hosts/js) or a ConfigMap; or push it (or another) to an OCI registry.
+    ///
+    /// Exits 0 when written or pushed (a push prints the manifest's digest), 2 when it cannot be.
+    Component(ComponentArgs),
     /// Print the schema of the component's functions that other hosts read
     /// (hosts/schema/clb-reconciler.json; docs/traces.md).
     Schema {
@@ -186,7 +184,7 @@ pub fn run_with_logging(
     };
     init_logging(cli.log_format);
     let result = match cli.command {
-        Command::Inspect { file } => inspect::inspect(&file, out),
+        Command::Inspect { file, registry } => inspect::inspect(&file, &registry, out, err),
         Command::Validate { config, services, logic } => validate::validate(&config, &services, &logic, out, err),
         Command::Simulate { files, json, record, logic, budgets } => {
             simulate::simulate(&files, json, record.as_deref(), &logic, &budgets, out, err)
@@ -194,7 +192,7 @@ pub fn run_with_logging(
         Command::Explore(args) => explore::explore(&args, out, err),
         Command::Replay(args) => replay::replay(&args, out, err),
         Command::Schema { component } => schema::schema(component.as_deref(), out),
-        Command::Component { out: path, compress } => component::write_component(&path, compress, out),
+        Command::Component(args) => component::component(&args, out, err),
         Command::Emulator(args) => emulator::emulator(args, out),
         Command::Admission(args) => admission::admission(*args, out, err),
         Command::Run(args) => run::run_reconciler(*args, out, err),

@@ -1,0 +1,56 @@
+//! Components in OCI registries, the way the ecosystem ships wasm: [`reference`] parses where
+//! one is, [`auth`] says who the controller is to the registry, [`client`] speaks the
+//! distribution API's few calls a component needs, [`artifact`] lays a component out as the CNCF
+//! wasm OCI artifact and reads one back.
+//!
+//! Nothing here loads or trusts what it pulls: the bytes go to the sandbox's checks like a file's.
+//! Every read is capped and every digest checked; every failure is an [`OciError`] naming the URL.
+
+pub mod artifact;
+pub mod auth;
+pub mod client;
+pub mod reference;
+
+pub use artifact::{Description, Pulled};
+pub use auth::Credentials;
+pub use client::{Client, ClientOptions};
+pub use reference::Reference;
+
+/// Why a registry could not give or take a component.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("`{reference}` is not an image reference: {why}")]
+    BadReference { reference: String, why: String },
+    #[error("{path}: not registry credentials: {why}")]
+    Credentials { path: String, why: String },
+    #[error("{url}: the registry cannot be reached")]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{url}: answered {status}: {body}")]
+    Status { url: String, status: u16, body: String },
+    #[error("{url}: unauthorized: {why}")]
+    Unauthorized { url: String, why: String },
+    #[error("{url}: more than {cap} bytes")]
+    TooLarge { url: String, cap: u64 },
+    #[error("{url}: served {actual}, not the {expected} asked")]
+    DigestMismatch { url: String, expected: String, actual: String },
+    #[error("{url}: {why}")]
+    Protocol { url: String, why: String },
+    #[error("{reference} is not a wasm component artifact: {why}")]
+    NotAComponent { reference: String, why: String },
+}
+
+impl OciError {
+    /// Whether the registry could not be reached or answered as no registry does (a retry may
+    /// succeed), as against an answer that says no.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            OciError::Http { .. } | OciError::Protocol { .. } => true,
+            OciError::Status { status, .. } => *status >= 500 || *status == 429,
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The logic as an OCI artifact: `clb-host component --push` writes the CNCF wasm layout to a
+//! real registry (Debian's `docker-registry`, the CNCF distribution registry, on loopback), a
+//! third tool (`skopeo`) reads it as that layout, and `clb-host inspect oci://` pulls it back by
+//! tag and by digest. What goes wrong is said and exits as documented: a registry that is down, a
+//! tag it lacks, an artifact that is no component, a registry serving other bytes than the
+//! digest asked.
+
+use super::cli::clb_host;
+use clb_guest::tracker::STATE_VERSION;
+use clb_sandbox::sha256_hex;
+use clb_tests::registry::Registry;
+use clb_tests::*;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::process::Command;
+
+fn is_digest(text: &str) -> bool {
+    text.strip_prefix("sha256:").is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// What `skopeo inspect --raw` reads at `reference` (plain HTTP: the registry is loopback).
+fn skopeo_raw(reference: &str) -> serde_json::Value {
+    let output = Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false", &format!("docker://{reference}")])
+        .output()
+        .expect("skopeo");
+    assert!(output.status.success(), "skopeo: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+#[test]
+fn the_built_in_component_pushed_to_a_registry_is_the_cncf_wasm_artifact_and_inspect_pulls_it_by_tag_and_by_digest() {
+    let scratch = scratch("oci-push");
+    let registry = Registry::start(scratch.join("registry"));
+    let reference = format!("{}/clb/logic:v1", registry.address);
+
+    let (code, out, err) = clb_host(&["component", "--push", &reference]);
+    assert_eq!(code, 0, "{out}{err}");
+    let digest = out.trim().to_owned();
+    assert!(is_digest(&digest), "the push prints the manifest's digest: {out}");
+    let (code, again, err) = clb_host(&["component", "--push", &reference]);
+    assert_eq!((code, again.trim()), (0, digest.as_str()), "one component is one digest: {err}");
+
+    // Another tool reads the layout the issue names.
+    let manifest = skopeo_raw(&reference);
+    assert_eq!(manifest["config"]["mediaType"], "application/vnd.wasm.config.v0+json", "{manifest:#}");
+    let layers = manifest["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 1, "{manifest:#}");
+    assert_eq!(layers[0]["mediaType"], "application/wasm");
+    assert_eq!(layers[0]["digest"].as_str().unwrap(), format!("sha256:{}", sha256_hex(clb_sandbox::BUILTIN_GUEST)));
+    assert_eq!(manifest["annotations"]["io.github.clb-reconciler.state-version"], STATE_VERSION.to_string());
+    let package = manifest["annotations"]["io.github.clb-reconciler.wit-package"].as_str().unwrap();
+    assert!(package.starts_with("clb:reconciler@"), "{package}");
+
+    for at in [reference.clone(), format!("{}/clb/logic@{digest}", registry.address)] {
+        let (code, out, err) = clb_host(&["inspect", &format!("oci://{at}")]);
+        assert_eq!(code, 0, "{at}: {out}{err}");
+        assert!(out.contains(&format!("digest:   {digest}")), "{out}");
+        assert!(out.contains(&format!("sha256:   {}", sha256_hex(clb_sandbox::BUILTIN_GUEST))), "{out}");
+        assert!(out.contains(&format!("annotation: io.github.clb-reconciler.state-version={STATE_VERSION}")), "{out}");
+        assert!(out.contains("verdict:  this host loads it"), "{out}");
+    }
+
+    // Another component, from a file (compressed as a ConfigMap would hold it), is another digest.
+    let file = scratch.join("next.wasm.gz");
+    std::fs::write(&file, gzip(NEXT_GUEST)).unwrap();
+    let next = format!("{}/clb/logic:v2", registry.address);
+    let (code, out, err) = clb_host(&["component", "--push", &next, "--component", file.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(is_digest(out.trim()) && out.trim() != digest, "{out}");
+    let layer = &skopeo_raw(&next)["layers"][0];
+    assert_eq!(layer["digest"].as_str().unwrap(), format!("sha256:{}", sha256_hex(NEXT_GUEST)), "pushed decompressed");
+}
+
+#[test]
+fn inspect_oci_exits_2_for_a_registry_down_a_tag_it_lacks_or_a_bad_reference_and_1_for_an_artifact_that_is_no_component()
+ {
+    let scratch = scratch("oci-errors");
+    let registry = Registry::start(scratch.join("registry"));
+
+    let down = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (code, _, err) = clb_host(&["inspect", &format!("oci://{down}/clb/logic:v1")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cannot be reached"), "{err}");
+
+    let (code, _, err) = clb_host(&["inspect", &format!("oci://{}/clb/logic:missing", registry.address)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("answered 404"), "{err}");
+
+    let (code, _, err) = clb_host(&["inspect", &format!("oci://{}/clb/logic", registry.address)]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("neither a tag nor a digest"), "{err}");
+
+    // An image (an OCI image config, a tar layer) where a component was expected.
+    let image = format!("{}/clb/image:v1", registry.address);
+    let reference = clb_oci::Reference::parse(&image).unwrap();
+    let client = clb_oci::Client::new(clb_oci::ClientOptions::default()).unwrap();
+    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    tokio.block_on(async {
+        let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let layer = b"not a tar, and no component";
+        let config_digest = client.push_blob(&reference, config).await.unwrap();
+        let layer_digest = client.push_blob(&reference, layer).await.unwrap();
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config.len()},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer.len()}],
+        });
+        let bytes = serde_json::to_vec(&manifest).unwrap();
+        client.push_manifest(&reference, "v1", "application/vnd.oci.image.manifest.v1+json", &bytes).await.unwrap();
+    });
+    let (code, out, err) = clb_host(&["inspect", &format!("oci://{image}")]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("verdict:  refused") && out.contains("not `application/vnd.wasm.config.v0+json`"), "{out}");
+}
+
+/// A registry that answers every manifest request with `body` and a `Docker-Content-Digest`
+/// header of `said`, for as long as the test runs.
+fn lying_registry(body: &'static [u8], said: String) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                line.clear();
+            }
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nDocker-Content-Digest: {said}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(body);
+        }
+    });
+    address
+}
+
+#[test]
+fn a_registry_serving_other_bytes_than_the_digest_asked_is_refused_naming_both_digests() {
+    let asked = format!("sha256:{}", "0".repeat(64));
+    let body: &'static [u8] = br#"{"schemaVersion":2,"config":{},"layers":[]}"#;
+    // Its header agrees with what it asked: the bytes themselves are checked.
+    let address = lying_registry(body, asked.clone());
+    let (code, _, err) = clb_host(&["inspect", &format!("oci://{address}/clb/logic@{asked}")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("not the {asked} asked")), "{err}");
+    assert!(err.contains(&format!("sha256:{}", sha256_hex(body))), "{err}");
+
+    // By tag: the header says a digest the bytes do not have.
+    let address = lying_registry(body, asked.clone());
+    let (code, _, err) = clb_host(&["inspect", &format!("oci://{address}/clb/logic:v1")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("served sha256:{}", sha256_hex(body))), "{err}");
+}
+
+/// The registry token flow in front of a real registry: a request without the token is answered
+/// `401` with a Bearer challenge naming `/token` here; `/token` hands the token out only for the
+/// HTTP Basic login `robot:s3cret`, counting each time; a request with the token is forwarded.
+struct TokenGate {
+    address: std::net::SocketAddr,
+    tokens_issued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+const TOKEN: &str = "token-for-robot";
+
+impl TokenGate {
+    fn start(registry: std::net::SocketAddr) -> TokenGate {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let tokens_issued = std::sync::Arc::new(AtomicUsize::new(0));
+        let issued = tokens_issued.clone();
+        let basic = format!("Basic {}", base64_of("robot:s3cret"));
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut client) = stream else { continue };
+                let Some((head, body)) = read_request(&mut client) else { continue };
+                let header = |name: &str| {
+                    head.lines().find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                    })
+                };
+                let target = head.split_whitespace().nth(1).unwrap_or_default().to_owned();
+                if target.starts_with("/token") {
+                    let answer = if header("authorization").as_deref() == Some(basic.as_str()) {
+                        issued.fetch_add(1, Ordering::SeqCst);
+                        let body = format!(r#"{{"token":"{TOKEN}"}}"#);
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                    } else {
+                        "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
+                    };
+                    let _ = client.write_all(answer.as_bytes());
+                } else if header("authorization").as_deref() != Some(&format!("Bearer {TOKEN}")) {
+                    let challenge = format!(
+                        "Bearer realm=\"http://{address}/token\",service=\"clb-test\",scope=\"repository:clb/logic:pull\""
+                    );
+                    let answer = format!(
+                        "HTTP/1.1 401 Unauthorized\r\nWWW-Authenticate: {challenge}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
+                    let _ = client.write_all(answer.as_bytes());
+                } else {
+                    // Forwarded as it came (its Host is this gate's, so the registry's Locations
+                    // point here), answered as the registry answers until it closes.
+                    let mut upstream = std::net::TcpStream::connect(registry).unwrap();
+                    let head: String = head
+                        .lines()
+                        .filter(|l| !l.to_ascii_lowercase().starts_with("connection:"))
+                        .map(|l| format!("{l}\r\n"))
+                        .collect();
+                    upstream.write_all(format!("{head}Connection: close\r\n\r\n").as_bytes()).unwrap();
+                    upstream.write_all(&body).unwrap();
+                    let _ = std::io::copy(&mut upstream, &mut client);
+                }
+            }
+        });
+        TokenGate { address, tokens_issued }
+    }
+}
+
+fn base64_of(text: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+/// A request's head (without its blank line) and its body (by Content-Length).
+fn read_request(stream: &mut std::net::TcpStream) -> Option<(String, Vec<u8>)> {
+    use std::io::Read as _;
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).ok()? == 0 {
+            return None;
+        }
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(line.trim_end_matches(['\r', '\n']));
+        head.push('\n');
+    }
+    let length = head
+        .lines()
+        .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-length")))
+        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).ok()?;
+    Some((head.trim_end().to_owned(), body))
+}
+
+#[test]
+fn a_registry_behind_the_token_flow_is_pushed_to_and_pulled_from_with_a_docker_config_login_and_refuses_none() {
+    use std::sync::atomic::Ordering;
+    let scratch = scratch("oci-token");
+    let registry = Registry::start(scratch.join("registry"));
+    let gate = TokenGate::start(registry.address);
+    let config = scratch.join("config.json");
+    // The gate is on loopback: plain HTTP, as for the registry itself.
+    std::fs::write(
+        &config,
+        format!(r#"{{"auths": {{"{}": {{"auth": "{}"}}}}}}"#, gate.address, base64_of("robot:s3cret")),
+    )
+    .unwrap();
+    let reference = format!("{}/clb/logic:v1", gate.address);
+    let login = ["--registry-config", config.to_str().unwrap()];
+
+    let (code, out, err) = clb_host(&[&["component", "--push", &reference][..], &login].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    let digest = out.trim().to_owned();
+    // One token for the push's every request (its HEADs, uploads, the manifest): it is kept per
+    // registry and scope.
+    let issued = gate.tokens_issued.load(Ordering::SeqCst);
+    assert_eq!(issued, 1, "the push went through the token service once");
+    let (code, out, err) = clb_host(&[&["inspect", &format!("oci://{reference}")][..], &login].concat());
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains(&format!("digest:   {digest}")), "{out}");
+    assert_eq!(
+        gate.tokens_issued.load(Ordering::SeqCst),
+        issued + 1,
+        "one token for the whole pull, kept across its requests"
+    );
+
+    // Without the login the token service refuses, and so the pull is refused, saying so.
+    let (code, _, err) = clb_host(&["inspect", &format!("oci://{reference}")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unauthorized") && err.contains("token service answered 401"), "{err}");
+}
