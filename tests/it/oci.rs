@@ -293,3 +293,77 @@ fn a_registry_behind_the_token_flow_is_pushed_to_and_pulled_from_with_a_docker_c
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("unauthorized") && err.contains("token service answered 401"), "{err}");
 }
+
+/// `clb-host component --push` from within a test's runtime (it makes its own).
+async fn push(component: Option<std::path::PathBuf>, reference: String) -> String {
+    tokio::task::spawn_blocking(move || {
+        let mut args = vec!["component".to_owned(), "--push".into(), reference];
+        if let Some(file) = component {
+            args.extend(["--component".into(), file.display().to_string()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, out, err) = clb_host(&args);
+        assert_eq!(code, 0, "{out}{err}");
+        out.trim().to_owned()
+    })
+    .await
+    .unwrap()
+}
+
+#[test]
+fn run_with_logic_oci_swaps_when_the_tag_moves_and_keeps_serving_through_a_registry_missing_the_tag_or_away() {
+    use super::operations::{Host, Options, event_on, in_namespace, sample};
+    use clb_host::live::control::EventTarget;
+    use clb_host::live::sources::{LogicSource, OciSource};
+    in_namespace("oci", async |client, ns| {
+        let scratch = scratch("oci-run");
+        let mut registry = Registry::start(scratch.join("registry"));
+        let tag = format!("{}/clb/logic:live", registry.address);
+        let next_file = scratch.join("next.wasm");
+        std::fs::write(&next_file, NEXT_GUEST).unwrap();
+        let source = LogicSource::Oci(OciSource {
+            reference: clb_oci::Reference::parse(&tag).unwrap(),
+            client: std::sync::Arc::new(clb_oci::Client::new(clb_oci::ClientOptions::default()).unwrap()),
+            // Quick to notice, so the test waits less; the product resolves every 30 s.
+            poll: std::time::Duration::from_millis(100),
+        });
+        let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
+        let host =
+            Host::start(client, Options { source: Some(source), events: Some(events), ..Default::default() }).await;
+        let (builtin_sha, next_sha) = (builtin().info().sha256.clone(), sha256_hex(NEXT_GUEST));
+
+        // No artifact at the tag yet: said once, as an Event and a count; the built-in serves.
+        let status = host.last_swap("refused", Some("source")).await;
+        assert_eq!(status["active"]["sha256"], builtin_sha, "{status}");
+        assert!(status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("answered 404")), "{status}");
+        let refused = event_on(client, ns, "clb-swaps", "LogicSwapRefused", None).await;
+        assert!(
+            refused.message.as_deref().is_some_and(|m| m.contains(&format!("no version from oci {tag}"))),
+            "{refused:?}"
+        );
+
+        // The tag is pushed: pulled and swapped in.
+        push(Some(next_file), tag.clone()).await;
+        let status = host.last_swap("accepted", None).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        assert_eq!(status["lastSwap"]["origin"], format!("oci {tag}"), "{status}");
+
+        // The registry goes away: said, and the next guest keeps serving.
+        registry.stop();
+        let status = host.last_swap("refused", Some("source")).await;
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        assert!(status["lastSwap"]["reason"].as_str().is_some_and(|r| r.contains("cannot be reached")), "{status}");
+        let metrics = host.get("/metrics").await.1;
+        let serving = format!("sha256=\"{next_sha}\"");
+        assert_eq!(sample(&metrics, "clb_supervisor_swaps_total", &[&serving, "result=\"source\""]), 2.0, "{metrics}");
+
+        // Back, and the tag moved to a version the next guest's state cannot go to: pulled and
+        // offered (and refused by the swap's own check, as from any source).
+        registry.restart();
+        push(None, tag.clone()).await;
+        let status = host.last_swap("refused", Some("state-refused")).await;
+        assert_eq!(status["lastSwap"]["sha256"], builtin_sha, "the moved tag's component was pulled: {status}");
+        assert_eq!(status["active"]["sha256"], next_sha, "{status}");
+        host.stop().await;
+    });
+}

@@ -114,7 +114,13 @@ impl Host {
 }
 
 /// Waits for an Event `reason` regarding the ConfigMap `name` and returns its message.
-async fn event_on(client: &::kube::Client, namespace: &str, name: &str, reason: &str, with_uid: Option<&str>) -> Event {
+pub(crate) async fn event_on(
+    client: &::kube::Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+    with_uid: Option<&str>,
+) -> Event {
     let events = Api::<Event>::namespaced(client.clone(), namespace);
     eventually(&format!("an Event {reason} regarding ConfigMap {namespace}/{name}"), async || {
         let listed = events.list(&Default::default()).await.map_err(|e| e.to_string())?;

@@ -547,6 +547,22 @@ async fn the_webhook_records_each_review_it_judged_as_a_call_that_replay_reprodu
     }
 }
 
+/// The first answer to `review` that denies it, asked every 100 ms for up to a minute: a new
+/// version judges from the request after its swap on.
+async fn first_denial(hook: &Webhook, review: &Value) -> Value {
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let response = hook.judge(review).await;
+            if response["allowed"] == false {
+                break response;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a new version judges within a minute")
+}
+
 // The "same logic flags as run": the policy swapped by a watched file, without a restart.
 #[tokio::test]
 async fn the_webhook_judges_with_each_new_version_of_its_watched_file_from_the_next_request_on() {
@@ -561,21 +577,34 @@ async fn the_webhook_judges_with_each_new_version_of_its_watched_file_from_the_n
     let marked = review("CREATE", marked, Value::Null, false);
     assert_eq!(hook.judge(&marked).await["allowed"], true, "the built-in logic allows it");
     super::operations::replace_file(&logic, NEXT_GUEST);
-    let denied = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let response = hook.judge(&marked).await;
-            if response["allowed"] == false {
-                break response;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await
-    .expect("the next guest judges");
+    let denied = first_denial(&hook, &marked).await;
     assert_eq!(denied["status"]["reason"], "DeniedByNextGuest", "{denied}");
     let metrics = hook.get("/metrics").await.1;
     let labels = ["verdict=\"denied\"", &format!("sha256=\"{pin}\"")[..]];
     assert!(super::operations::sample(&metrics, "clb_admission_requests_total", &labels) >= 1.0, "{metrics}");
+}
+
+// `admission` takes run's sources, an OCI reference among them.
+#[tokio::test]
+async fn the_webhook_with_logic_oci_judges_with_the_component_its_tag_names() {
+    let registry = clb_tests::registry::Registry::start(process_dir().join("webhook-oci-registry"));
+    let tag = format!("{}/clb/policy:v1", registry.address);
+    let file = process_dir().join("webhook-oci-next.wasm");
+    std::fs::write(&file, NEXT_GUEST).unwrap();
+    let pushed = {
+        let (tag, file) = (tag.clone(), file.display().to_string());
+        tokio::task::spawn_blocking(move || super::cli::clb_host(&["component", "--push", &tag, "--component", &file]))
+            .await
+            .unwrap()
+    };
+    assert_eq!(pushed.0, 0, "{pushed:?}");
+    let hook = webhook("oci", &["--logic-oci", &tag, "--logic-poll", "1"]).await;
+    let mut marked = service("marked", "LoadBalancer", "Local");
+    marked["metadata"]["annotations"] = json!({"clb.test/denied-by-next": "true"});
+    let marked = review("CREATE", marked, Value::Null, false);
+    let denied = first_denial(&hook, &marked).await;
+    assert_eq!(denied["status"]["reason"], "DeniedByNextGuest", "{denied}");
+    drop(registry);
 }
 
 /// `clb-host run` with its webhook, the built-in logic serving from a watched file and the next

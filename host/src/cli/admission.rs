@@ -106,7 +106,7 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
                 return Ok(EXIT_BAD_INPUT);
             }
         };
-        if let Some(source) = args.source.source() {
+        if let Some(source) = args.source.source()? {
             let client = match &source {
                 LogicSource::ConfigMap(_) => match crate::live::settings::connect(args.kubeconfig.as_deref()).await {
                     Ok(client) => Some(client),
@@ -115,7 +115,7 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
                         return Ok(EXIT_BAD_INPUT);
                     }
                 },
-                LogicSource::File(_) => None,
+                LogicSource::File(_) | LogicSource::Oci(_) => None,
             };
             let pin = args.source.logic_sha256.clone();
             follow_source(source, pin, client, &runtime, args.logic.limits(), door, config);

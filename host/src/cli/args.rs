@@ -177,7 +177,7 @@ impl RecordArgs {
 /// A watched source of new versions (`run`'s, `admission`'s): swapped to at start and whenever
 /// its content changes (docs/operations.md, "Swapping the logic").
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("logic_source").args(["logic_file", "logic_configmap"])))]
+#[command(group(clap::ArgGroup::new("logic_source").args(["logic_file", "logic_configmap", "logic_oci"])))]
 pub(super) struct LogicSourceArgs {
     /// Watch this component file and swap to it at start and whenever its content changes.
     #[arg(long, value_name = "PATH")]
@@ -186,6 +186,16 @@ pub(super) struct LogicSourceArgs {
     /// whenever it changes.
     #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
     pub(super) logic_configmap: Option<crate::live::sources::ConfigMapKey>,
+    /// Pull the component at this OCI reference (`REGISTRY/REPOSITORY:TAG`, or `@sha256:…`) and
+    /// swap to it at start and whenever the digest the tag names changes (resolved every
+    /// --logic-poll seconds).
+    #[arg(long, value_name = "REF", value_parser = oci_reference)]
+    pub(super) logic_oci: Option<clb_oci::Reference>,
+    /// Seconds between two resolutions of an OCI reference (--logic-oci, --shadow-logic-oci).
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(super) logic_poll: u64,
+    #[command(flatten)]
+    pub(super) registry: RegistryArgs,
     /// Refuse, before loading, any version from the source whose sha256 is not this one (the
     /// sha256 of the decompressed component, when the source holds it compressed).
     #[arg(long, value_name = "HEX", requires = "logic_source")]
@@ -193,13 +203,28 @@ pub(super) struct LogicSourceArgs {
 }
 
 impl LogicSourceArgs {
-    pub(super) fn source(&self) -> Option<crate::live::sources::LogicSource> {
-        match (&self.logic_file, &self.logic_configmap) {
-            (Some(path), _) => Some(crate::live::sources::LogicSource::File(path.clone())),
-            (None, Some(key)) => Some(crate::live::sources::LogicSource::ConfigMap(key.clone())),
-            (None, None) => None,
-        }
+    pub(super) fn source(&self) -> anyhow::Result<Option<crate::live::sources::LogicSource>> {
+        use crate::live::sources::LogicSource;
+        Ok(match (&self.logic_file, &self.logic_configmap, &self.logic_oci) {
+            (Some(path), _, _) => Some(LogicSource::File(path.clone())),
+            (None, Some(key), _) => Some(LogicSource::ConfigMap(key.clone())),
+            (None, None, Some(reference)) => Some(self.oci(reference)?),
+            (None, None, None) => None,
+        })
     }
+
+    /// `reference` as a source, through a registry client of these flags.
+    pub(super) fn oci(&self, reference: &clb_oci::Reference) -> anyhow::Result<crate::live::sources::LogicSource> {
+        Ok(crate::live::sources::LogicSource::Oci(crate::live::sources::OciSource {
+            reference: reference.clone(),
+            client: std::sync::Arc::new(self.registry.client()?),
+            poll: Duration::from_secs(self.logic_poll),
+        }))
+    }
+}
+
+pub(super) fn oci_reference(text: &str) -> Result<clb_oci::Reference, String> {
+    clb_oci::Reference::parse(text).map_err(|e| e.to_string())
 }
 
 /// Which logic to run and under which limits.

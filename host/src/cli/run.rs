@@ -143,7 +143,7 @@ impl Webhook {
 
 /// `run`'s candidate in shadow (docs/operations.md, "Canary a version by shadow").
 #[derive(Args)]
-#[command(group(clap::ArgGroup::new("shadow_source").args(["shadow_logic_file", "shadow_logic_configmap"])))]
+#[command(group(clap::ArgGroup::new("shadow_source").args(["shadow_logic_file", "shadow_logic_configmap", "shadow_logic_oci"])))]
 pub(super) struct ShadowArgs {
     /// Run this component file in shadow beside the serving version: it is given every input and
     /// its answers are compared, but nothing it asks for is carried out. Watched like
@@ -153,6 +153,10 @@ pub(super) struct ShadowArgs {
     /// Run the component in this ConfigMap key in shadow (as --logic-configmap reads it).
     #[arg(long, value_name = "NAMESPACE/NAME:KEY")]
     pub(super) shadow_logic_configmap: Option<crate::live::sources::ConfigMapKey>,
+    /// Run the component at this OCI reference in shadow (as --logic-oci pulls it, with the
+    /// same registry flags and --logic-poll).
+    #[arg(long, value_name = "REF", value_parser = super::args::oci_reference)]
+    pub(super) shadow_logic_oci: Option<clb_oci::Reference>,
     /// Refuse any candidate whose sha256 (decompressed) is not this one.
     #[arg(long, value_name = "HEX", requires = "shadow_source")]
     pub(super) shadow_sha256: Option<crate::live::swap::Sha256Pin>,
@@ -342,13 +346,15 @@ pub(super) fn run_reconciler(args: RunArgs, out: &mut dyn Write, err: &mut dyn W
         Some(path) => Some(read_token(path)?),
         None => None,
     };
-    let source = ops.source.source();
+    let source = ops.source.source()?;
     let shadow_args = args.shadow;
-    let shadow_source = match (shadow_args.shadow_logic_file, shadow_args.shadow_logic_configmap) {
-        (Some(path), _) => Some(crate::live::sources::LogicSource::File(path)),
-        (None, Some(key)) => Some(crate::live::sources::LogicSource::ConfigMap(key)),
-        (None, None) => None,
-    };
+    let shadow_source =
+        match (shadow_args.shadow_logic_file, shadow_args.shadow_logic_configmap, shadow_args.shadow_logic_oci) {
+            (Some(path), _, _) => Some(crate::live::sources::LogicSource::File(path)),
+            (None, Some(key), _) => Some(crate::live::sources::LogicSource::ConfigMap(key)),
+            (None, None, Some(reference)) => Some(ops.source.oci(&reference)?),
+            (None, None, None) => None,
+        };
     let shadow = shadow_source.map(|source| crate::live::operations::ShadowSource {
         source,
         pin: shadow_args.shadow_sha256,

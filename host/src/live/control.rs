@@ -40,7 +40,7 @@
 //!   `LogicRolledBack`, `LogicRollbackFailed` (Warning).
 
 use crate::live::metrics::{Metrics, SwapPhase};
-use crate::live::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
+use crate::live::swap::{PinError, REFUSED_DECOMPRESS, REFUSED_SOURCE, Sha256Pin, SwapRecord, SwapResult};
 use clb_executor::{KubeApi, KubeError};
 use clb_kube::{KubeClient, api_error};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
@@ -196,6 +196,12 @@ impl SwapSender {
         let request = SwapRequest { logic, origin, reply, kind: self.kind };
         self.requests.send(request).await.map_err(|_| ControlError::LoopGone)?;
         answer.await.map_err(|_| ControlError::LoopGone)
+    }
+
+    /// A source that gave no component (unreadable, a registry down): recorded as a swap refused
+    /// at its `source`, so that it is an Event and counted, and the version serving keeps serving.
+    pub fn source_failed(&self, origin: String, reason: String) -> SwapResult {
+        self.refused_before_the_loop(origin, REFUSED_SOURCE, reason, String::new())
     }
 
     /// A refusal the supervisor never sees: logged, counted and recorded like its own.

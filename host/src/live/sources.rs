@@ -1,11 +1,14 @@
 //! Where new versions of the logic come from while `clb-host run` runs (docs/design.md §7): a file
-//! (`--logic-file`) or a ConfigMap key (`--logic-configmap NAMESPACE/NAME:KEY`), each watched, each
-//! optionally pinned by sha256 (`--logic-sha256`). The built-in logic (or `--component`) serves
+//! (`--logic-file`), a ConfigMap key (`--logic-configmap NAMESPACE/NAME:KEY`) or an OCI reference
+//! (`--logic-oci REF`), each watched, each optionally pinned by sha256 (`--logic-sha256`). The built-in logic (or `--component`) serves
 //! from the start; a source's content is then offered as a swap, and so is every change of it.
 //!
 //! * **A file** is polled ([`FILE_POLL`]): when its modification time or size changes it is read,
 //!   and when its sha256 differs from the last one offered, it is offered. Polling needs no
 //!   dependency and works the same on every filesystem (a ConfigMap volume swaps a symlink).
+//! * **An OCI reference** is resolved every `--logic-poll` (a `HEAD` of its manifest; a registry
+//!   counts no pull for it) and, when the digest it names changes, the component is pulled at that
+//!   digest ([`clb_oci::artifact::pull`]: capped, every digest checked) and offered.
 //! * **A ConfigMap** is watched through the API server with a [`kube::runtime::watcher()`] on its
 //!   name (it re-lists and backs off on errors). The key is read from `binaryData`, else from
 //!   `data` as base64. A missing object or key is logged and waited out.
@@ -16,8 +19,9 @@
 //!
 //! Each source offers a given sha256 (of the content as found) once: a refused (or rolled back) version is not retried
 //! until the content changes. A source never stops the running version: everything that goes
-//! wrong — unreadable, missing, not base64, refused — is logged with the source, and the version
-//! serving keeps serving. The swap itself, the pin check and the records are [`crate::live::control`]'s.
+//! wrong — unreadable, missing, not base64, a registry down or lying, refused — is logged with
+//! the source and recorded as a swap refused at its `source` (an Event, `clb_swaps_total`), once
+//! per distinct problem, and the version serving keeps serving. The swap itself, the pin check and the records are [`crate::live::control`]'s.
 
 use crate::live::control::{ControlError, SwapSender};
 use crate::live::swap::{Sha256Pin, SwapResult};
@@ -30,6 +34,7 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, watcher};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// How often a file source is looked at.
@@ -62,6 +67,12 @@ pub enum SourceError {
         configmap: String,
         #[source]
         source: watcher::Error,
+    },
+    #[error("{reference}: no component from the registry")]
+    Registry {
+        reference: String,
+        #[source]
+        source: clb_oci::OciError,
     },
 }
 
@@ -118,11 +129,27 @@ impl std::fmt::Display for ConfigMapKey {
     }
 }
 
+/// A component in an OCI registry: a tag, polled, or a digest.
+#[derive(Clone)]
+pub struct OciSource {
+    pub reference: clb_oci::Reference,
+    pub client: Arc<clb_oci::Client>,
+    /// How often the reference is resolved.
+    pub poll: Duration,
+}
+
+impl std::fmt::Debug for OciSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OciSource").field("reference", &self.reference).field("poll", &self.poll).finish()
+    }
+}
+
 /// A watched source of the logic.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum LogicSource {
     File(PathBuf),
     ConfigMap(ConfigMapKey),
+    Oci(OciSource),
 }
 
 impl LogicSource {
@@ -131,6 +158,7 @@ impl LogicSource {
         match self {
             LogicSource::File(path) => format!("file {}", path.display()),
             LogicSource::ConfigMap(key) => format!("configmap {key}"),
+            LogicSource::Oci(source) => format!("oci {}", source.reference),
         }
     }
 
@@ -143,6 +171,7 @@ impl LogicSource {
         let mut offer = Offer { origin, pin, swaps, offered: None, last_problem: None };
         match (self, client) {
             (LogicSource::File(path), _) => watch_file(path, poll, &mut offer).await,
+            (LogicSource::Oci(source), _) => watch_oci(source, &mut offer).await,
             (LogicSource::ConfigMap(key), Some(client)) => watch_configmap(client, key, &mut offer).await,
             (LogicSource::ConfigMap(key), None) => {
                 return tracing::error!(configmap = %key, "no Kubernetes client: the ConfigMap is not watched");
@@ -180,13 +209,20 @@ impl Offer {
         Ok(())
     }
 
-    /// Logs `error` unless it is the one logged last (a file stays missing for many polls).
+    /// Logs and records `error` unless it is the one reported last (a file stays missing, a
+    /// registry down, for many polls).
     fn problem(&mut self, error: &SourceError) {
         let text = error_chain(error);
         if self.last_problem.as_ref() != Some(&text) {
             tracing::warn!(origin = %self.origin, error = %text, "the logic source gives no component; the running version keeps serving");
+            self.swaps.source_failed(self.origin.clone(), text.clone());
             self.last_problem = Some(text);
         }
+    }
+
+    /// The source gives what it gave before: a later problem is reported even if it is the last.
+    fn recovered(&mut self) {
+        self.last_problem = None;
     }
 }
 
@@ -223,6 +259,38 @@ async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
         }
         tokio::time::sleep(poll).await;
     }
+}
+
+async fn watch_oci(source: OciSource, offer: &mut Offer) {
+    let mut pulled: Option<String> = None;
+    loop {
+        match pull_if_moved(&source, pulled.as_deref()).await {
+            Ok(Some((digest, bytes))) => {
+                tracing::info!(origin = %offer.origin, %digest, "the reference names a new artifact; pulled");
+                pulled = Some(digest);
+                if offer.offer(bytes).await.is_err() {
+                    return;
+                }
+            }
+            Ok(None) => offer.recovered(),
+            Err(source_error) => {
+                offer.problem(&SourceError::Registry { reference: source.reference.to_string(), source: source_error })
+            }
+        }
+        tokio::time::sleep(source.poll).await;
+    }
+}
+
+/// The digest the reference names now and the component at it, unless it is `last`. Pulled at
+/// the digest resolved, so that a tag moving between the two calls cannot mix two artifacts.
+async fn pull_if_moved(source: &OciSource, last: Option<&str>) -> Result<Option<(String, Vec<u8>)>, clb_oci::OciError> {
+    let digest = source.client.resolve(&source.reference).await?;
+    if last == Some(digest.as_str()) {
+        return Ok(None);
+    }
+    let cap = clb_sandbox::compression::MAX_COMPONENT_BYTES as u64;
+    let pulled = clb_oci::artifact::pull(&source.client, &source.reference.at_digest(&digest), cap).await?;
+    Ok(Some((pulled.digest, pulled.component)))
 }
 
 async fn watch_configmap(client: kube::Client, key: ConfigMapKey, offer: &mut Offer) {

@@ -20,6 +20,10 @@ pub const REASON_SHADOW_DIVERGED: &str = "LogicShadowDiverged";
 /// large decompressed, compressed twice): nothing was compiled.
 pub const REFUSED_DECOMPRESS: &str = "decompress";
 
+/// The refusal kind of a source that gave no component at all (a file unreadable, a ConfigMap
+/// key missing, a registry down or serving what it should not): nothing was offered.
+pub const REFUSED_SOURCE: &str = "source";
+
 /// Why a pin could not be read, or a component does not match it.
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
@@ -164,6 +168,11 @@ impl SwapResult {
                     ),
                 )
             }
+            SwapResult::Refused { kind, reason, sha256 } if sha256.is_empty() => (
+                REASON_REFUSED,
+                Warning,
+                format!("no version from {origin} ({kind}); the running version keeps serving: {reason}"),
+            ),
             SwapResult::Refused { kind, reason, sha256 } => (
                 REASON_REFUSED,
                 Warning,
