@@ -1433,7 +1433,7 @@ fn the_example_rbac_grants_the_controller_what_it_needs_and_no_more() {
 }
 
 /// Set in a child process of [`clb_host_child`]: the command line it runs, as JSON.
-const CHILD_COMMAND_LINE: &str = "CLB_E2E_CHILD_COMMAND_LINE";
+pub(crate) const CHILD_COMMAND_LINE: &str = "CLB_E2E_CHILD_COMMAND_LINE";
 
 /// In a child of [`clb_host_child`]: runs its command line in-process and exits with its code.
 /// Called first by each test that starts one.

@@ -20,6 +20,7 @@ mod page;
 mod sandbox;
 mod scenarios;
 mod shadow;
+mod signatures;
 mod supervisor;
 mod traces;
 mod tracker;

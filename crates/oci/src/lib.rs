@@ -1,7 +1,7 @@
 //! Components in OCI registries, the way the ecosystem ships wasm: [`reference`] parses where
 //! one is, [`auth`] says who the controller is to the registry, [`client`] speaks the
 //! distribution API's few calls a component needs, [`artifact`] lays a component out as the CNCF
-//! wasm OCI artifact and reads one back.
+//! wasm OCI artifact and reads one back, [`signature`] signs and verifies it as cosign does.
 //!
 //! Nothing here loads or trusts what it pulls: the bytes go to the sandbox's checks like a file's.
 //! Every read is capped and every digest checked; every failure is an [`OciError`] naming the URL.
@@ -10,6 +10,7 @@ pub mod artifact;
 pub mod auth;
 pub mod client;
 pub mod reference;
+pub mod signature;
 
 pub use artifact::{Description, Pulled};
 pub use auth::Credentials;

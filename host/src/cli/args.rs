@@ -196,6 +196,11 @@ pub(super) struct LogicSourceArgs {
     pub(super) logic_poll: u64,
     #[command(flatten)]
     pub(super) registry: RegistryArgs,
+    /// Pull an artifact from an OCI source (--logic-oci, --shadow-logic-oci) only once a cosign
+    /// signature of its digest by this public key verifies (`cosign.pub`, or a PKIX P-256 key);
+    /// an unsigned one, or one signed by another key, is refused and not swapped to.
+    #[arg(long, value_name = "KEY")]
+    pub(super) logic_verify_key: Option<PathBuf>,
     /// Refuse, before loading, any version from the source whose sha256 is not this one (the
     /// sha256 of the decompressed component, when the source holds it compressed).
     #[arg(long, value_name = "HEX", requires = "logic_source")]
@@ -205,6 +210,11 @@ pub(super) struct LogicSourceArgs {
 impl LogicSourceArgs {
     pub(super) fn source(&self) -> anyhow::Result<Option<crate::live::sources::LogicSource>> {
         use crate::live::sources::LogicSource;
+        if self.logic_verify_key.is_some() && (self.logic_file.is_some() || self.logic_configmap.is_some()) {
+            anyhow::bail!(
+                "--logic-verify-key checks signatures in a registry: it takes --logic-oci (or --shadow-logic-oci), not a file or a ConfigMap"
+            );
+        }
         Ok(match (&self.logic_file, &self.logic_configmap, &self.logic_oci) {
             (Some(path), _, _) => Some(LogicSource::File(path.clone())),
             (None, Some(key), _) => Some(LogicSource::ConfigMap(key.clone())),
@@ -219,6 +229,7 @@ impl LogicSourceArgs {
             reference: reference.clone(),
             client: std::sync::Arc::new(self.registry.client()?),
             poll: Duration::from_secs(self.logic_poll),
+            verify: self.logic_verify_key.as_deref().map(read_public_key).transpose()?,
         }))
     }
 }
@@ -325,4 +336,21 @@ impl RegistryArgs {
         };
         Ok(clb_oci::Client::new(options)?)
     }
+}
+
+/// The most a key file may be: a PEM key is a few hundred bytes.
+const MAX_KEY_BYTES: u64 = 64 << 10;
+
+/// A cosign public key (`cosign.pub`, or a PKIX P-256 key as `openssl pkey -pubout` writes it).
+pub(super) fn read_public_key(path: &std::path::Path) -> anyhow::Result<clb_oci::signature::PublicKey> {
+    let text = clb_sandbox::bounded::read(path, MAX_KEY_BYTES)?;
+    Ok(clb_oci::signature::PublicKey::from_pem(&path.display().to_string(), &text)?)
+}
+
+/// A signing key: cosign's encrypted one (opened with `COSIGN_PASSWORD`, as cosign opens it) or
+/// a PKCS#8 P-256 key as `openssl genpkey` writes it.
+pub(super) fn read_signing_key(path: &std::path::Path) -> anyhow::Result<clb_oci::signature::SigningKey> {
+    let text = clb_sandbox::bounded::read(path, MAX_KEY_BYTES)?;
+    let password = std::env::var_os("COSIGN_PASSWORD").map(|p| p.into_encoded_bytes());
+    Ok(clb_oci::signature::SigningKey::from_pem(&path.display().to_string(), &text, password.as_deref())?)
 }

@@ -34,6 +34,11 @@ pub(super) struct ComponentArgs {
     /// must be one this host loads.
     #[arg(long, value_name = "FILE", requires = "push")]
     component: Option<PathBuf>,
+    /// Sign the pushed artifact's digest with this key and push the signature as cosign does
+    /// (`cosign verify --key` accepts it): cosign's encrypted key (its password in
+    /// `COSIGN_PASSWORD`) or a PKCS#8 EC P-256 key (`openssl genpkey`).
+    #[arg(long, value_name = "KEY", requires = "push")]
+    sign_key: Option<PathBuf>,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -83,12 +88,19 @@ fn push(args: &ComponentArgs, text: &str, out: &mut dyn Write, err: &mut dyn Wri
             return Ok(EXIT_BAD_INPUT);
         }
     };
+    // A key that cannot be read stops the push before anything is written.
+    let key = args.sign_key.as_deref().map(super::args::read_signing_key).transpose()?;
     let client = args.registry.client()?;
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
     let digest = tokio.block_on(clb_oci::artifact::push(&client, &reference, &component, &description))?;
     writeln!(out, "{digest}")?;
     tracing::info!(%reference, %digest, bytes = component.len(), "pushed the component");
+    if let Some(key) = key {
+        let tag = clb_oci::signature::signature_tag(&digest);
+        tokio.block_on(clb_oci::signature::push_signature(&client, &reference, &digest, &key))?;
+        tracing::info!(%reference, %tag, "pushed its signature");
+    }
     Ok(EXIT_OK)
 }
 

@@ -8,12 +8,16 @@ use std::io::Write;
 
 pub(super) fn inspect(
     target: &std::path::Path,
+    verify_key: Option<&std::path::Path>,
     registry: &RegistryArgs,
     out: &mut dyn Write,
     err: &mut dyn Write,
 ) -> anyhow::Result<u8> {
     if let Some(reference) = target.to_str().and_then(|t| t.strip_prefix("oci://")) {
-        return inspect_oci(reference, registry, out, err);
+        return inspect_oci(reference, verify_key, registry, out, err);
+    }
+    if verify_key.is_some() {
+        anyhow::bail!("--verify-key checks a signature in a registry: name the component as oci://REF");
     }
     let read = read_component_file(target)?;
     writeln!(out, "file:     {}", target.display())?;
@@ -22,8 +26,15 @@ pub(super) fn inspect(
 
 /// Pulls the component (capped as every component source is) and describes it; exits 1 when
 /// what the reference names is no component this host loads, 2 when it cannot be pulled.
-fn inspect_oci(text: &str, registry: &RegistryArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
+fn inspect_oci(
+    text: &str,
+    verify_key: Option<&std::path::Path>,
+    registry: &RegistryArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
     let reference = clb_oci::Reference::parse(text)?;
+    let key = verify_key.map(super::args::read_public_key).transpose()?;
     let client = registry.client()?;
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
@@ -46,10 +57,25 @@ fn inspect_oci(text: &str, registry: &RegistryArgs, out: &mut dyn Write, err: &m
     for (key, value) in &pulled.annotations {
         writeln!(out, "annotation: {key}={value}")?;
     }
-    match describe(&pulled.component, None, out) {
-        Ok(code) => Ok(code),
+    let loadable = match describe(&pulled.component, None, out) {
+        Ok(code) => code,
         Err(error) => {
             writeln!(out, "verdict:  refused: {error:#}")?;
+            return Ok(EXIT_REFUSED);
+        }
+    };
+    let (Some(key), Some(key_path)) = (key, verify_key) else { return Ok(loadable) };
+    match tokio.block_on(clb_oci::signature::verify(&client, &reference, &pulled.digest, &key)) {
+        Ok(()) => {
+            writeln!(out, "signature: verified with {}", key_path.display())?;
+            Ok(loadable)
+        }
+        Err(clb_oci::signature::SignatureError::Registry(error)) => {
+            writeln!(err, "error: reading the signatures: {}", clb_sandbox::error_text::error_chain(&error))?;
+            Ok(EXIT_BAD_INPUT)
+        }
+        Err(error) => {
+            writeln!(out, "signature: NOT verified: {}", clb_sandbox::error_text::error_chain(&error))?;
             Ok(EXIT_REFUSED)
         }
     }

@@ -58,6 +58,10 @@ enum Command {
     Inspect {
         /// The component (.wasm), or `oci://REF` (`REGISTRY/REPOSITORY:TAG` or `@sha256:…`).
         file: PathBuf,
+        /// With `oci://`: also check that a cosign signature of the artifact's digest by this
+        /// public key is in the registry (exits 1 when none verifies).
+        #[arg(long, value_name = "KEY")]
+        verify_key: Option<PathBuf>,
         #[command(flatten)]
         registry: args::RegistryArgs,
     },
@@ -184,7 +188,9 @@ pub fn run_with_logging(
     };
     init_logging(cli.log_format);
     let result = match cli.command {
-        Command::Inspect { file, registry } => inspect::inspect(&file, &registry, out, err),
+        Command::Inspect { file, verify_key, registry } => {
+            inspect::inspect(&file, verify_key.as_deref(), &registry, out, err)
+        }
         Command::Validate { config, services, logic } => validate::validate(&config, &services, &logic, out, err),
         Command::Simulate { files, json, record, logic, budgets } => {
             simulate::simulate(&files, json, record.as_deref(), &logic, &budgets, out, err)

@@ -40,7 +40,7 @@
 //!   `LogicRolledBack`, `LogicRollbackFailed` (Warning).
 
 use crate::live::metrics::{Metrics, SwapPhase};
-use crate::live::swap::{PinError, REFUSED_DECOMPRESS, REFUSED_SOURCE, Sha256Pin, SwapRecord, SwapResult};
+use crate::live::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
 use clb_executor::{KubeApi, KubeError};
 use clb_kube::{KubeClient, api_error};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
@@ -198,10 +198,11 @@ impl SwapSender {
         answer.await.map_err(|_| ControlError::LoopGone)
     }
 
-    /// A source that gave no component (unreadable, a registry down): recorded as a swap refused
-    /// at its `source`, so that it is an Event and counted, and the version serving keeps serving.
-    pub fn source_failed(&self, origin: String, reason: String) -> SwapResult {
-        self.refused_before_the_loop(origin, REFUSED_SOURCE, reason, String::new())
+    /// A source that gave no component (unreadable, a registry down: kind `source`; unsigned:
+    /// `signature`): recorded as a refused swap, so that it is an Event and counted, and the
+    /// version serving keeps serving.
+    pub fn source_failed(&self, origin: String, kind: &'static str, reason: String) -> SwapResult {
+        self.refused_before_the_loop(origin, kind, reason, String::new())
     }
 
     /// A refusal the supervisor never sees: logged, counted and recorded like its own.

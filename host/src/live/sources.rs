@@ -74,6 +74,24 @@ pub enum SourceError {
         #[source]
         source: clb_oci::OciError,
     },
+    #[error("{reference}: the artifact {digest} is not loaded")]
+    Unverified {
+        reference: String,
+        digest: String,
+        #[source]
+        source: clb_oci::signature::SignatureError,
+    },
+}
+
+impl SourceError {
+    /// The refusal kind it is recorded with: `signature` for an artifact whose signature does not
+    /// verify, `source` for everything else.
+    fn kind(&self) -> &'static str {
+        match self {
+            SourceError::Unverified { .. } => crate::live::swap::REFUSED_SIGNATURE,
+            _ => crate::live::swap::REFUSED_SOURCE,
+        }
+    }
 }
 
 /// A ConfigMap key holding a component.
@@ -136,11 +154,18 @@ pub struct OciSource {
     pub client: Arc<clb_oci::Client>,
     /// How often the reference is resolved.
     pub poll: Duration,
+    /// When set, an artifact is pulled only once a cosign signature of its digest by this key
+    /// verifies ([`clb_oci::signature::verify`]).
+    pub verify: Option<clb_oci::signature::PublicKey>,
 }
 
 impl std::fmt::Debug for OciSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OciSource").field("reference", &self.reference).field("poll", &self.poll).finish()
+        f.debug_struct("OciSource")
+            .field("reference", &self.reference)
+            .field("poll", &self.poll)
+            .field("verify", &self.verify.is_some())
+            .finish()
     }
 }
 
@@ -215,7 +240,7 @@ impl Offer {
         let text = error_chain(error);
         if self.last_problem.as_ref() != Some(&text) {
             tracing::warn!(origin = %self.origin, error = %text, "the logic source gives no component; the running version keeps serving");
-            self.swaps.source_failed(self.origin.clone(), text.clone());
+            self.swaps.source_failed(self.origin.clone(), error.kind(), text.clone());
             self.last_problem = Some(text);
         }
     }
@@ -273,23 +298,31 @@ async fn watch_oci(source: OciSource, offer: &mut Offer) {
                 }
             }
             Ok(None) => offer.recovered(),
-            Err(source_error) => {
-                offer.problem(&SourceError::Registry { reference: source.reference.to_string(), source: source_error })
-            }
+            Err(error) => offer.problem(&error),
         }
         tokio::time::sleep(source.poll).await;
     }
 }
 
 /// The digest the reference names now and the component at it, unless it is `last`. Pulled at
-/// the digest resolved, so that a tag moving between the two calls cannot mix two artifacts.
-async fn pull_if_moved(source: &OciSource, last: Option<&str>) -> Result<Option<(String, Vec<u8>)>, clb_oci::OciError> {
-    let digest = source.client.resolve(&source.reference).await?;
+/// the digest resolved, so that a tag moving between the two calls cannot mix two artifacts; with
+/// a key, only once its signature verifies (an artifact signed after it was pushed is pulled at
+/// the first poll that finds the signature).
+async fn pull_if_moved(source: &OciSource, last: Option<&str>) -> Result<Option<(String, Vec<u8>)>, SourceError> {
+    let reference = source.reference.to_string();
+    let registry = |source| SourceError::Registry { reference: reference.clone(), source };
+    let digest = source.client.resolve(&source.reference).await.map_err(registry)?;
     if last == Some(digest.as_str()) {
         return Ok(None);
     }
+    if let Some(key) = &source.verify {
+        clb_oci::signature::verify(&source.client, &source.reference, &digest, key).await.map_err(|error| {
+            SourceError::Unverified { reference: reference.clone(), digest: digest.clone(), source: error }
+        })?;
+    }
     let cap = clb_sandbox::compression::MAX_COMPONENT_BYTES as u64;
-    let pulled = clb_oci::artifact::pull(&source.client, &source.reference.at_digest(&digest), cap).await?;
+    let pulled =
+        clb_oci::artifact::pull(&source.client, &source.reference.at_digest(&digest), cap).await.map_err(registry)?;
     Ok(Some((pulled.digest, pulled.component)))
 }
 

@@ -24,6 +24,10 @@ pub const REFUSED_DECOMPRESS: &str = "decompress";
 /// key missing, a registry down or serving what it should not): nothing was offered.
 pub const REFUSED_SOURCE: &str = "source";
 
+/// The refusal kind of an artifact whose signature by the operator's key does not verify (none
+/// in the registry, or none by that key): nothing was pulled.
+pub const REFUSED_SIGNATURE: &str = "signature";
+
 /// Why a pin could not be read, or a component does not match it.
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
