@@ -3,7 +3,8 @@
 # buildah (builds the image from deploy/Containerfile as root without a daemon), skopeo
 # (inspects and copies images between registries), docker-registry (the CNCF distribution
 # registry, served on loopback by the image test), musl-tools (musl-gcc, for the C parts of the
-# static build: ring, zstd) and the Rust target x86_64-unknown-linux-musl. The image test
+# static build: ring, zstd), openssl (the signature tests' second kind of key pair) and the Rust
+# target x86_64-unknown-linux-musl. The image test
 # (tests/it/image.rs) and deploy/image.sh call this, and .ci/run too, so `cargo test --release`
 # passes on a machine where nothing was installed by hand.
 #
@@ -18,9 +19,10 @@ pins=(
   "skopeo=1.9.3+ds1-1+b10"
   "docker-registry=2.8.2+ds1-1"
   "musl-tools=1.2.3-1"
+  "openssl=3.0.19-1~deb12u2"
 )
 # The command each package puts on PATH.
-declare -A command_of=([buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry [musl-tools]=musl-gcc)
+declare -A command_of=([buildah]=buildah [skopeo]=skopeo [docker-registry]=docker-registry [musl-tools]=musl-gcc [openssl]=openssl)
 
 missing=()
 for pin in "${pins[@]}"; do

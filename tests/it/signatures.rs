@@ -41,7 +41,9 @@ fn cosign(dir: &Path, args: &[&str]) -> Output {
         .expect("cosign")
 }
 
+/// `openssl ARGS` in `dir` (installed where missing, with the registry's tools).
 fn openssl(dir: &Path, args: &[&str]) {
+    clb_tests::registry::install_tools();
     let output = Command::new("openssl").args(args).current_dir(dir).output().expect("openssl");
     assert!(output.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
 }
