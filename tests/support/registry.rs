@@ -30,9 +30,8 @@ impl Registry {
         install_tools();
         let address = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         std::fs::create_dir_all(dir.join("storage")).unwrap();
-        let config = dir.join("config.yml");
         std::fs::write(
-            &config,
+            dir.join("config.yml"),
             format!(
                 "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {address}\n  secret: clb-registry-test\n",
                 dir.join("storage").display()
@@ -41,21 +40,9 @@ impl Registry {
         .unwrap();
         // Its log (a HEAD for each blob before the upload is logged as an error) is printed only
         // when the test fails.
-        let log = std::fs::File::create(dir.join("registry.log")).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("docker-registry");
-        let registry = Registry { child, address, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(address).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not listen on {address} within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        registry
+        std::fs::File::create(dir.join("registry.log")).unwrap();
+        let child = serve(&dir, address);
+        Registry { child, address, dir }
     }
 
     /// Stops it (a registry going away); [`Registry::restart`] brings it back on the same port
@@ -67,20 +54,30 @@ impl Registry {
 
     pub fn restart(&mut self) {
         self.stop();
-        let log = std::fs::OpenOptions::new().append(true).open(self.dir.join("registry.log")).unwrap();
-        self.child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(self.dir.join("config.yml"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("docker-registry");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while TcpStream::connect(self.address).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not listen again on {} within 30 s", self.address);
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.child = serve(&self.dir, self.address);
     }
+}
+
+/// `docker-registry serve` of the configuration in `dir`, its log appended to `dir`'s, once it
+/// listens on `address`.
+fn serve(dir: &Path, address: SocketAddr) -> Child {
+    let log = std::fs::OpenOptions::new().append(true).open(dir.join("registry.log")).unwrap();
+    let mut child = Command::new("docker-registry")
+        .arg("serve")
+        .arg(dir.join("config.yml"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("docker-registry");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(address).is_err() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the registry did not listen on {address} within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
 }
 
 impl Drop for Registry {

@@ -17,12 +17,6 @@ const PREFIX: &str = "clb-tests-";
 #[derive(Debug)]
 pub struct Scratch(PathBuf);
 
-impl Scratch {
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
 impl std::ops::Deref for Scratch {
     type Target = Path;
     fn deref(&self) -> &Path {

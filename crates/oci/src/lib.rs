@@ -43,15 +43,3 @@ pub enum OciError {
     #[error("{reference} is not a wasm component artifact: {why}")]
     NotAComponent { reference: String, why: String },
 }
-
-impl OciError {
-    /// Whether the registry could not be reached or answered as no registry does (a retry may
-    /// succeed), as against an answer that says no.
-    pub fn is_unreachable(&self) -> bool {
-        match self {
-            OciError::Http { .. } | OciError::Protocol { .. } => true,
-            OciError::Status { status, .. } => *status >= 500 || *status == 429,
-            _ => false,
-        }
-    }
-}

@@ -5,7 +5,7 @@ use super::args::{EXIT_BAD_INPUT, EXIT_OK, RegistryArgs, read_component};
 use anyhow::Context as _;
 use clap::Args;
 use clb_sandbox::supervisor::Supervisor;
-use clb_sandbox::{BUILTIN_GUEST, ComponentInfo, Limits, PACKAGE, Runtime, compression};
+use clb_sandbox::{BUILTIN_GUEST, Limits, PACKAGE, Runtime, compression};
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -28,8 +28,8 @@ pub(super) struct ComponentArgs {
     /// Push it to this OCI reference (`REGISTRY/REPOSITORY:TAG`) as a wasm artifact (config
     /// `application/vnd.wasm.config.v0+json`, one `application/wasm` layer, annotated with its
     /// WIT package and state version) and print the manifest's digest (`sha256:…`).
-    #[arg(long, value_name = "REF")]
-    push: Option<String>,
+    #[arg(long, value_name = "REF", value_parser = super::args::oci_reference)]
+    push: Option<clb_oci::Reference>,
     /// Push this component (gzip or zstd compressed or not) instead of the built-in one; it
     /// must be one this host loads.
     #[arg(long, value_name = "FILE", requires = "push")]
@@ -75,8 +75,12 @@ fn write_component(path: &std::path::Path, compress: Option<CompressArg>, out: &
 
 /// `component --push REF`: what is pushed is uncompressed (a registry compresses nothing, and a
 /// digest names the component itself), and only a component this host loads.
-fn push(args: &ComponentArgs, text: &str, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
-    let reference = clb_oci::Reference::parse(text)?;
+fn push(
+    args: &ComponentArgs,
+    reference: &clb_oci::Reference,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> anyhow::Result<u8> {
     let component = match &args.component {
         Some(path) => read_component(path)?,
         None => BUILTIN_GUEST.to_vec(),
@@ -93,12 +97,12 @@ fn push(args: &ComponentArgs, text: &str, out: &mut dyn Write, err: &mut dyn Wri
     let client = args.registry.client()?;
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
-    let digest = tokio.block_on(clb_oci::artifact::push(&client, &reference, &component, &description))?;
+    let digest = tokio.block_on(clb_oci::artifact::push(&client, reference, &component, &description))?;
     writeln!(out, "{digest}")?;
     tracing::info!(%reference, %digest, bytes = component.len(), "pushed the component");
     if let Some(key) = key {
         let tag = clb_oci::signature::signature_tag(&digest);
-        tokio.block_on(clb_oci::signature::push_signature(&client, &reference, &digest, &key))?;
+        tokio.block_on(clb_oci::signature::push_signature(&client, reference, &digest, &key))?;
         tracing::info!(%reference, %tag, "pushed its signature");
     }
     Ok(EXIT_OK)
@@ -108,10 +112,11 @@ fn push(args: &ComponentArgs, text: &str, out: &mut dyn Write, err: &mut dyn Wri
 /// state version a tracker of it writes (asked of a tracker started on a minimal configuration).
 pub(super) fn describe(component: &[u8]) -> anyhow::Result<clb_oci::Description> {
     let runtime = Runtime::new()?;
-    let compiled = runtime.compile(component)?;
-    let info = ComponentInfo::of(runtime.engine(), &compiled, component);
-    info.check().map_err(|refusal| anyhow::anyhow!("this host would refuse it: {refusal}"))?;
-    let logic = runtime.load(component, Limits::default())?;
+    // Loading compiles it and checks its imports and exports, as every way in does.
+    let logic = runtime
+        .load(component, Limits::default())
+        .map_err(|refusal| anyhow::anyhow!("this host would refuse it: {refusal}"))?;
+    let info = logic.info();
     let config = clb_executor::inputs::parse_config(
         std::path::Path::new("<minimal configuration>"),
         "loadBalancerBackendPoolConfigurationType: podIP\nloadBalancerSku: standardV2\n",
