@@ -166,7 +166,11 @@ fn main() {
         let mut serving = steady(&a, CheckpointPolicy::default(), &config);
         let (mut control, sender) = Control::new(runtime, limits(), clb_host::live::metrics::Metrics::new());
         tokio.block_on(async {
-            let asked = tokio::spawn(async move { sender.swap(NEXT_GUEST.to_vec(), None, "bench").await });
+            let asked = tokio::spawn(async move {
+                sender
+                    .swap(NEXT_GUEST.to_vec(), clb_host::live::swap::Signed::detached(None, "the bench"), None, "bench")
+                    .await
+            });
             let ControlEvent::Request(request) = control.next().await else { unreachable!("nothing staged yet") };
             let before = serving.stats().checkpoints;
             let start = Instant::now();

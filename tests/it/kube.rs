@@ -109,7 +109,7 @@ pub(crate) struct Env {
     pub(crate) namespace: String,
     /// The ServiceAccount's kubeconfig (`examples/deploy/rbac.yaml`).
     pub(crate) controller_kubeconfig: PathBuf,
-    emulator: Arc<Emulator>,
+    pub(crate) emulator: Arc<Emulator>,
     pub(crate) azure: EmulatorServer,
     pub(crate) cloud_config: String,
 }
@@ -325,7 +325,7 @@ impl Env {
 
     /// A `Local` Service with these endpoints, once NRP binds them and it has its ingress IP;
     /// its UID.
-    async fn provisioned(&self, name: &str, endpoints: &[(u8, u8)]) -> String {
+    pub(crate) async fn provisioned(&self, name: &str, endpoints: &[(u8, u8)]) -> String {
         let uid = self.service(name, "Local").await;
         self.endpoints(name, &uid, endpoints).await;
         self.nrp_binds(&uid, endpoints).await;
@@ -406,7 +406,7 @@ impl Env {
     /// `clb-host run` against this test's API server and emulator as a command line (for
     /// [`clb_host_child`]), then `extra`; its cloud config written to a file named after `tag`,
     /// which is returned for the test to remove.
-    fn run_command_line(&self, tag: &str, extra: &[String]) -> (PathBuf, Vec<String>) {
+    pub(crate) fn run_command_line(&self, tag: &str, extra: &[String]) -> (PathBuf, Vec<String>) {
         let cloud_config = clb_tests::process_dir().join(format!("e2e-{tag}-azure.json"));
         std::fs::write(&cloud_config, &self.cloud_config).unwrap();
         let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();

@@ -326,7 +326,6 @@ fn run_with_logic_oci_swaps_when_the_tag_moves_and_keeps_serving_through_a_regis
             client: std::sync::Arc::new(clb_oci::Client::new(clb_oci::ClientOptions::default()).unwrap()),
             // Quick to notice, so the test waits less; the product resolves every 30 s.
             poll: std::time::Duration::from_millis(100),
-            verify: None,
         });
         let events = EventTarget { namespace: ns.to_owned(), name: "clb-swaps".into() };
         let host =

@@ -9,7 +9,7 @@ use clb_guest::tracker::STATE_VERSION;
 use clb_host::live::control::EventTarget;
 use clb_host::live::operations::{Operations, OperationsConfig, ShadowSource};
 use clb_host::live::sources::{ConfigMapKey, LogicSource};
-use clb_host::live::swap::Sha256Pin;
+use clb_host::live::swap::{Sha256Pin, Signed};
 use clb_sandbox::sha256_hex;
 use clb_tests::apiserver::apiserver;
 use clb_tests::*;
@@ -19,9 +19,68 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The HTTP endpoint of a `clb-host run` (in-process or a child process): `/status`, `/metrics`.
+pub(crate) struct Endpoint {
+    pub(crate) addr: SocketAddr,
+}
+
+impl Endpoint {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://{}{path}", self.addr)).await.expect("the endpoint answers");
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    pub(crate) async fn status(&self) -> Value {
+        let (code, body) = self.get("/status").await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("/status is JSON")
+    }
+
+    /// `/status`, or why not (a child process not listening yet).
+    async fn try_status(&self) -> Result<Value, String> {
+        let response = reqwest::get(format!("http://{}/status", self.addr)).await.map_err(|e| e.to_string())?;
+        let text = response.text().await.map_err(|e| e.to_string())?;
+        serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+    }
+
+    /// Waits until `/status` says the last swap's reason contains `what`.
+    pub(crate) async fn last_reason(&self, what: &str) -> Value {
+        eventually(&format!("a last swap saying {what:?} in /status"), async || {
+            let status = self.try_status().await?;
+            let said = status["lastSwap"]["reason"].as_str().is_some_and(|reason| reason.contains(what));
+            if said { Ok(status) } else { Err(status.to_string()) }
+        })
+        .await
+    }
+
+    /// `clb_supervisor_swaps_total` with `result` while the version `sha256` serves.
+    pub(crate) async fn swaps_counted(&self, sha256: &str, result: &str) -> f64 {
+        let metrics = self.get("/metrics").await.1;
+        sample(
+            &metrics,
+            "clb_supervisor_swaps_total",
+            &[&format!("sha256=\"{sha256}\""), &format!("result=\"{result}\"")],
+        )
+    }
+
+    /// Waits until `/status` says the last swap had `result` (and `kind`, for a refusal).
+    pub(crate) async fn last_swap(&self, result: &str, kind: Option<&str>) -> Value {
+        eventually(&format!("a last swap {result} {kind:?} in /status"), async || {
+            let status = self.try_status().await?;
+            let last = &status["lastSwap"];
+            if last["result"] == result && kind.is_none_or(|k| last["kind"] == k) {
+                Ok(status)
+            } else {
+                Err(status.to_string())
+            }
+        })
+        .await
+    }
+}
+
 /// A `clb-host run` with its endpoint, on its own thread and runtime as in the binary.
 pub(crate) struct Host {
-    pub(crate) addr: SocketAddr,
+    endpoint: Endpoint,
     stop: tokio::sync::oneshot::Sender<()>,
     thread: std::thread::JoinHandle<Result<(), clb_host::live::settings::RunError>>,
     _azure: clb_emulator::EmulatorServer,
@@ -40,11 +99,13 @@ pub(crate) struct Options {
     pub(crate) probation_inputs: Option<usize>,
     /// `--shadow-logic-file` or `--shadow-logic-configmap`, and its policy.
     pub(crate) shadow: Option<clb_host::live::operations::ShadowSource>,
+    /// `--logic-verify-key`.
+    pub(crate) verify_key: Option<clb_oci::signature::PublicKey>,
 }
 
 impl Host {
     pub(crate) async fn start(client: &::kube::Client, options: Options) -> Self {
-        let Options { source, pin, events, admin_token, probation_inputs, shadow } = options;
+        let Options { source, pin, events, admin_token, probation_inputs, shadow, verify_key } = options;
         let (emulator, azure, arm, config) = emulated_azure().await;
         let mut settings = clb_host::live::settings::Settings::new(client.clone(), arm, config, "clb-ops-test");
         if let Some(inputs) = probation_inputs {
@@ -55,6 +116,7 @@ impl Host {
             admin_token,
             source,
             pin,
+            verify_key,
             events,
             limits: Default::default(),
             // Quick to notice a change, so the tests wait less; the product polls every 2 s.
@@ -77,32 +139,7 @@ impl Host {
             })
         });
         let addr = listening.await.expect("the host starts");
-        Self { addr, stop, thread, _azure: azure, emulator }
-    }
-
-    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
-        let response = reqwest::get(format!("http://{}{path}", self.addr)).await.expect("the endpoint answers");
-        (response.status().as_u16(), response.text().await.unwrap())
-    }
-
-    pub(crate) async fn status(&self) -> Value {
-        let (code, body) = self.get("/status").await;
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str(&body).expect("/status is JSON")
-    }
-
-    /// Waits until `/status` says the last swap had `result` (and `kind`, for a refusal).
-    pub(crate) async fn last_swap(&self, result: &str, kind: Option<&str>) -> Value {
-        eventually(&format!("a last swap {result} {kind:?} in /status"), async || {
-            let status = self.status().await;
-            let last = &status["lastSwap"];
-            if last["result"] == result && kind.is_none_or(|k| last["kind"] == k) {
-                Ok(status)
-            } else {
-                Err(status.to_string())
-            }
-        })
-        .await
+        Self { endpoint: Endpoint { addr }, stop, thread, _azure: azure, emulator }
     }
 
     pub(crate) async fn stop(self) {
@@ -110,6 +147,13 @@ impl Host {
         let thread = self.thread;
         let result = tokio::task::spawn_blocking(move || thread.join()).await.unwrap();
         result.expect("the host thread did not panic").expect("the host stopped cleanly");
+    }
+}
+
+impl std::ops::Deref for Host {
+    type Target = Endpoint;
+    fn deref(&self) -> &Endpoint {
+        &self.endpoint
     }
 }
 
@@ -424,7 +468,7 @@ fn a_logic_configmap_swaps_through_the_api_server_and_a_version_the_self_check_r
 }
 
 /// `clb-host swap ARGS`, in-process on a blocking thread (it runs its own runtime).
-async fn clb_host_swap(args: Vec<String>) -> (u8, String, String) {
+pub(crate) async fn clb_host_swap(args: Vec<String>) -> (u8, String, String) {
     tokio::task::spawn_blocking(move || {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let args = ["clb-host".to_owned(), "swap".to_owned()].into_iter().chain(args);
@@ -745,7 +789,9 @@ fn a_swap_staging_when_its_term_ends_is_staged_again_by_the_next_term_and_answer
     tokio.block_on(async {
         let metrics = clb_host::live::metrics::Metrics::new();
         let (mut control, sender) = Control::new(clb_tests::runtime(), Default::default(), metrics.clone());
-        let asked = tokio::spawn(async move { sender.swap(NEXT_GUEST.to_vec(), None, "test").await });
+        let asked = tokio::spawn(async move {
+            sender.swap(NEXT_GUEST.to_vec(), Signed::detached(None, "the test"), None, "test").await
+        });
 
         // A term stages the swap and ends (leadership lost) before the import comes back.
         let mut first = crate::supervisor::start(Supervisor::new(builtin()));

@@ -118,7 +118,11 @@ pub(super) fn admission(args: AdmissionArgs, out: &mut dyn Write, err: &mut dyn 
                 LogicSource::File(_) | LogicSource::Oci(_) => None,
             };
             let pin = args.source.logic_sha256.clone();
-            follow_source(source, pin, client, &runtime, args.logic.limits(), door, config);
+            // Where the sources' refusals are counted; the webhook's own `/metrics` does not show
+            // them, its log does.
+            let (control, swaps) = Control::new(&runtime, args.logic.limits(), crate::live::metrics::Metrics::new());
+            let swaps = swaps.verifying(args.source.verify_key()?);
+            follow_source(source, pin, client, control, swaps, door, config);
         }
         writeln!(out, "listening on https://{}/validate", listener.local_addr()?)?;
         out.flush()?;
@@ -133,14 +137,11 @@ fn follow_source(
     source: LogicSource,
     pin: Option<crate::live::swap::Sha256Pin>,
     client: Option<kube::Client>,
-    runtime: &Runtime,
-    limits: clb_sandbox::Limits,
+    mut control: Control,
+    swaps: crate::live::control::SwapSender,
     door: Arc<Door>,
     config: wit::Config,
 ) {
-    // Where the sources' refusals are counted; the webhook's own `/metrics` does not show them,
-    // its log does.
-    let (mut control, swaps) = Control::new(runtime, limits, crate::live::metrics::Metrics::new());
     tokio::spawn(source.watch(client, pin, swaps, crate::live::sources::FILE_POLL));
     tokio::spawn(async move {
         loop {

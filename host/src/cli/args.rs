@@ -196,9 +196,11 @@ pub(super) struct LogicSourceArgs {
     pub(super) logic_poll: u64,
     #[command(flatten)]
     pub(super) registry: RegistryArgs,
-    /// Pull an artifact from an OCI source (--logic-oci, --shadow-logic-oci) only once a cosign
-    /// signature of its digest by this public key verifies (`cosign.pub`, or a PKIX P-256 key);
-    /// an unsigned one, or one signed by another key, is refused and not swapped to.
+    /// Take only versions signed by this public key (`cosign.pub`, or a PKIX P-256 key), from
+    /// every source and `POST /swap`: from a registry, a cosign signature of the artifact's digest
+    /// (checked before it is pulled); from a file, its detached signature `PATH.sig` (`cosign
+    /// sign-blob`); from a ConfigMap, the key `KEY.sig` beside it; through `POST /swap`, the
+    /// x-clb-signature header. An unsigned version, or one signed by another key, is refused.
     #[arg(long, value_name = "KEY")]
     pub(super) logic_verify_key: Option<PathBuf>,
     /// Refuse, before loading, any version from the source whose sha256 is not this one (the
@@ -210,11 +212,6 @@ pub(super) struct LogicSourceArgs {
 impl LogicSourceArgs {
     pub(super) fn source(&self) -> anyhow::Result<Option<crate::live::sources::LogicSource>> {
         use crate::live::sources::LogicSource;
-        if self.logic_verify_key.is_some() && (self.logic_file.is_some() || self.logic_configmap.is_some()) {
-            anyhow::bail!(
-                "--logic-verify-key checks signatures in a registry: it takes --logic-oci (or --shadow-logic-oci), not a file or a ConfigMap"
-            );
-        }
         Ok(match (&self.logic_file, &self.logic_configmap, &self.logic_oci) {
             (Some(path), _, _) => Some(LogicSource::File(path.clone())),
             (None, Some(key), _) => Some(LogicSource::ConfigMap(key.clone())),
@@ -229,8 +226,12 @@ impl LogicSourceArgs {
             reference: reference.clone(),
             client: std::sync::Arc::new(self.registry.client()?),
             poll: Duration::from_secs(self.logic_poll),
-            verify: self.logic_verify_key.as_deref().map(read_public_key).transpose()?,
         }))
+    }
+
+    /// The key every version must be signed by (`--logic-verify-key`), read.
+    pub(super) fn verify_key(&self) -> anyhow::Result<Option<clb_oci::signature::PublicKey>> {
+        self.logic_verify_key.as_deref().map(read_public_key).transpose()
     }
 }
 

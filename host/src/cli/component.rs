@@ -34,10 +34,12 @@ pub(super) struct ComponentArgs {
     /// must be one this host loads.
     #[arg(long, value_name = "FILE", requires = "push")]
     component: Option<PathBuf>,
-    /// Sign the pushed artifact's digest with this key and push the signature as cosign does
-    /// (`cosign verify --key` accepts it): cosign's encrypted key (its password in
-    /// `COSIGN_PASSWORD`) or a PKCS#8 EC P-256 key (`openssl genpkey`).
-    #[arg(long, value_name = "KEY", requires = "push")]
+    /// Sign with this key: with --push, the pushed artifact's digest, the signature pushed as
+    /// cosign does (`cosign verify --key` accepts it); with --out, the file as written, the
+    /// signature written beside it as FILE.sig (`cosign verify-blob --key` accepts it). Cosign's
+    /// encrypted key (its password in `COSIGN_PASSWORD`) or a PKCS#8 EC P-256 key (`openssl
+    /// genpkey`).
+    #[arg(long, value_name = "KEY")]
     sign_key: Option<PathBuf>,
     #[command(flatten)]
     registry: RegistryArgs,
@@ -45,7 +47,7 @@ pub(super) struct ComponentArgs {
 
 pub(super) fn component(args: &ComponentArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     match (&args.out, &args.push) {
-        (Some(path), _) => write_component(path, args.compress, out),
+        (Some(path), _) => write_component(path, args.compress, args.sign_key.as_deref(), out),
         (None, Some(reference)) => push(args, reference, out, err),
         (None, None) => unreachable!("clap requires --out or --push"),
     }
@@ -53,7 +55,14 @@ pub(super) fn component(args: &ComponentArgs, out: &mut dyn Write, err: &mut dyn
 
 /// `component --out FILE [--compress FORMAT]`: the sha256 printed is the component's, which a pin
 /// names whether it travels compressed or not.
-fn write_component(path: &std::path::Path, compress: Option<CompressArg>, out: &mut dyn Write) -> anyhow::Result<u8> {
+fn write_component(
+    path: &std::path::Path,
+    compress: Option<CompressArg>,
+    sign_key: Option<&std::path::Path>,
+    out: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    // A key that cannot be read stops before anything is written.
+    let key = sign_key.map(super::args::read_signing_key).transpose()?;
     let sha256 = clb_sandbox::sha256_hex(BUILTIN_GUEST);
     let written = match compress {
         None => std::borrow::Cow::Borrowed(BUILTIN_GUEST),
@@ -69,6 +78,11 @@ fn write_component(path: &std::path::Path, compress: Option<CompressArg>, out: &
             written.len(),
             BUILTIN_GUEST.len()
         )?,
+    }
+    if let Some(key) = key {
+        let beside = crate::live::sources::detached_signature_path(path);
+        std::fs::write(&beside, key.sign(&written)).with_context(|| format!("{}: cannot write", beside.display()))?;
+        writeln!(out, "{}: its signature", beside.display())?;
     }
     Ok(EXIT_OK)
 }

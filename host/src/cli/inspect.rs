@@ -16,12 +16,26 @@ pub(super) fn inspect(
     if let Some(reference) = target.to_str().and_then(|t| t.strip_prefix("oci://")) {
         return inspect_oci(reference, verify_key, registry, out, err);
     }
-    if verify_key.is_some() {
-        anyhow::bail!("--verify-key checks a signature in a registry: name the component as oci://REF");
-    }
+    let key = verify_key.map(super::args::read_public_key).transpose()?;
     let read = read_component_file(target)?;
     writeln!(out, "file:     {}", target.display())?;
-    describe(&read.bytes, read.compressed, out).with_context(|| target.display().to_string())
+    let loadable = describe(&read.bytes, read.compressed, out).with_context(|| target.display().to_string())?;
+    let (Some(key), Some(key_path)) = (key, verify_key) else { return Ok(loadable) };
+    // The detached signature is of the file as it is (compressed or not), as `run` checks it.
+    let raw = clb_sandbox::bounded::read(target, compression::MAX_COMPONENT_BYTES as u64)?;
+    let beside = crate::live::sources::detached_signature_path(target);
+    let signature = std::fs::read(&beside).ok();
+    let signed = crate::live::swap::Signed::detached(signature.as_deref(), beside.display().to_string());
+    match signed.refusal(&key, &raw) {
+        None => {
+            writeln!(out, "signature: verified with {} ({})", key_path.display(), beside.display())?;
+            Ok(loadable)
+        }
+        Some(refusal) => {
+            writeln!(out, "signature: NOT verified: {refusal}")?;
+            Ok(EXIT_REFUSED)
+        }
+    }
 }
 
 /// Pulls the component (capped as every component source is) and describes it; exits 1 when

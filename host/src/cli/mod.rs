@@ -58,8 +58,9 @@ enum Command {
     Inspect {
         /// The component (.wasm), or `oci://REF` (`REGISTRY/REPOSITORY:TAG` or `@sha256:…`).
         file: PathBuf,
-        /// With `oci://`: also check that a cosign signature of the artifact's digest by this
-        /// public key is in the registry (exits 1 when none verifies).
+        /// Also check that a signature by this public key vouches for it (exits 1 when none
+        /// verifies): with `oci://`, a cosign signature of the artifact's digest in the registry;
+        /// for a file, its detached signature `FILE.sig` (`cosign sign-blob`).
         #[arg(long, value_name = "KEY")]
         verify_key: Option<PathBuf>,
         #[command(flatten)]

@@ -23,6 +23,10 @@ pub(super) struct SwapArgs {
     /// The endpoint of the running host (its --listen).
     #[arg(long, value_name = "URL", default_value = DEFAULT_ENDPOINT)]
     pub(super) endpoint: String,
+    /// A detached signature of the file as sent (`cosign sign-blob`), for a host that takes only
+    /// signed versions (--logic-verify-key); default: `TO.sig` when there is one.
+    #[arg(long, value_name = "FILE")]
+    pub(super) signature: Option<PathBuf>,
     /// A file holding the admin token, when the host was started with --admin-token-file.
     #[arg(long, value_name = "FILE")]
     pub(super) token_file: Option<PathBuf>,
@@ -37,6 +41,13 @@ pub(super) fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
     Ok(token.to_owned())
 }
 
+/// A detached signature file's base64, without the newline an editor or `echo` adds.
+fn read_signature(path: &std::path::Path) -> anyhow::Result<String> {
+    let text = clb_sandbox::bounded::read(path, 4 << 10)?;
+    let text = String::from_utf8(text).with_context(|| format!("{}: not a signature (not text)", path.display()))?;
+    Ok(text.trim().to_owned())
+}
+
 pub(super) fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> anyhow::Result<u8> {
     use crate::live::swap::SwapResult;
     let bytes = clb_sandbox::bounded::read(&args.to, compression::MAX_COMPONENT_BYTES as u64)?;
@@ -46,6 +57,13 @@ pub(super) fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> 
         compression::decompress(bytes.clone()).with_context(|| format!("{}: not a component", args.to.display()))?;
     }
     let token = args.token_file.as_deref().map(read_token).transpose()?;
+    let signature = match &args.signature {
+        Some(path) => Some(read_signature(path)?),
+        None => {
+            let beside = crate::live::sources::detached_signature_path(&args.to);
+            beside.exists().then(|| read_signature(&beside)).transpose()?
+        }
+    };
     let url = format!("{}/swap", args.endpoint.trim_end_matches('/'));
     let tokio =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")?;
@@ -56,6 +74,9 @@ pub(super) fn swap(args: SwapArgs, out: &mut dyn Write, err: &mut dyn Write) -> 
         }
         if let Some(token) = &token {
             request = request.bearer_auth(token);
+        }
+        if let Some(signature) = &signature {
+            request = request.header(crate::live::endpoint::SIGNATURE_HEADER, signature);
         }
         let response = request.send().await.with_context(|| format!("{url}: no answer"))?;
         let status = response.status();

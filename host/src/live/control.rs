@@ -19,7 +19,8 @@
 //!   ([`Control::start_term`]) drops the stale import and takes that request first, staging it
 //!   again against its own supervisor, so the requester gets the answer of the replica that
 //!   then leads, as any request still queued does.
-//! * **Before the loop.** The sender decompresses gzip or zstd bytes on a blocking thread
+//! * **Before the loop.** With `--logic-verify-key`, the sender first refuses bytes no signature
+//!   by the key vouches for (kind `signature`: [`Signed`]). It decompresses gzip or zstd bytes on a blocking thread
 //!   ([`clb_sandbox::compression`], refusing a bad stream with kind `decompress`), refuses a component
 //!   whose sha256 — the decompressed one's — differs from the pin (kind `digest`) before anything
 //!   compiles it, answers bytes that are the serving version
@@ -40,9 +41,10 @@
 //!   `LogicRolledBack`, `LogicRollbackFailed` (Warning).
 
 use crate::live::metrics::{Metrics, SwapPhase};
-use crate::live::swap::{PinError, REFUSED_DECOMPRESS, Sha256Pin, SwapRecord, SwapResult};
+use crate::live::swap::{PinError, REFUSED_DECOMPRESS, REFUSED_SIGNATURE, Sha256Pin, Signed, SwapRecord, SwapResult};
 use clb_executor::{KubeApi, KubeError};
 use clb_kube::{KubeClient, api_error};
+use clb_oci::signature::PublicKey;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::compression::Compression;
 use clb_sandbox::error_text::error_chain;
@@ -132,9 +134,23 @@ pub struct SwapSender {
     limits: Limits,
     metrics: Arc<Metrics>,
     kind: RequestKind,
+    /// When set (`--logic-verify-key`), only versions signed by this key are taken.
+    verify: Option<Arc<PublicKey>>,
 }
 
 impl SwapSender {
+    /// The same sender, taking only versions signed by `key` (from every source, and `POST
+    /// /swap`); `None` takes every version.
+    pub fn verifying(self, key: Option<PublicKey>) -> Self {
+        Self { verify: key.map(Arc::new), ..self }
+    }
+
+    /// The key versions must be signed by, if any: an OCI source checks its registry's signatures
+    /// with it, the others look for a detached signature beside the component.
+    pub fn verify_key(&self) -> Option<&PublicKey> {
+        self.verify.as_deref()
+    }
+
     /// The same sender, asking for a shadow instead of a swap (the shadow's source).
     pub fn for_shadow(&self) -> Self {
         Self { kind: RequestKind::Shadow, ..self.clone() }
@@ -145,29 +161,36 @@ impl SwapSender {
         self.kind == RequestKind::Shadow
     }
 
-    /// Asks for a swap to `bytes` and waits for the answer.
+    /// Asks for a swap to `bytes` and waits for the answer. With a key ([`Self::verifying`]),
+    /// `signed` must vouch for the bytes as they came, else they are refused with kind
+    /// `signature` before anything else is done with them.
     pub async fn swap(
         &self,
         bytes: Vec<u8>,
+        signed: Signed,
         pin: Option<Sha256Pin>,
         origin: impl Into<String>,
     ) -> Result<SwapResult, ControlError> {
         let origin = origin.into();
         let span = tracing::info_span!("swap", %origin);
         let started = Instant::now();
+        let key = self.verify.clone();
         let decompressed = tokio::task::spawn_blocking(move || {
             let _origin = span.entered();
+            // The signature is of the bytes as they came (`cosign sign-blob` of the file).
+            if let Some(refusal) = key.and_then(|key| signed.refusal(&key, &bytes)) {
+                return Err((REFUSED_SIGNATURE, refusal, sha256_hex(&bytes)));
+            }
             // The sha256 a refusal names: of the bytes as they came, when they are not the component.
             let received = Compression::detect(&bytes).map(|_| sha256_hex(&bytes));
-            clb_sandbox::compression::decompress(bytes).map_err(|error| (error, received.unwrap_or_default()))
+            clb_sandbox::compression::decompress(bytes)
+                .map_err(|error| (REFUSED_DECOMPRESS, error_chain(&error), received.unwrap_or_default()))
         })
         .await
         .map_err(ControlError::LoadAborted)?;
         let bytes = match decompressed {
             Ok(decompressed) => decompressed.bytes,
-            Err((error, received)) => {
-                return Ok(self.refused_before_the_loop(origin, REFUSED_DECOMPRESS, error_chain(&error), received));
-            }
+            Err((kind, reason, received)) => return Ok(self.refused_before_the_loop(origin, kind, reason, received)),
         };
         // The pin, as every sha256 of a version, is of the decompressed component.
         let sha256 = sha256_hex(&bytes);
@@ -274,6 +297,7 @@ impl Control {
             limits,
             metrics: metrics.clone(),
             kind: RequestKind::Swap,
+            verify: None,
         };
         let control = Self {
             requests: receiver,

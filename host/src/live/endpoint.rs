@@ -5,7 +5,8 @@
 //!
 //! * `POST /swap` (only with an [`Admin`]): the body is a component, gzip- or zstd-compressed or
 //!   not ([`clb_sandbox::compression`]); the optional header [`SHA256_HEADER`] pins the digest of the
-//!   decompressed component. Accepted only from a loopback peer, or — when the admin
+//!   decompressed component, and [`SIGNATURE_HEADER`] a detached signature of the body (needed
+//!   with `--logic-verify-key`). Accepted only from a loopback peer, or — when the admin
 //!   has a token — from any peer presenting `Authorization: Bearer <token>`. The request goes to
 //!   the run loop through the [`SwapSender`]; the answer is a [`SwapResult`] as JSON: 200 when
 //!   accepted or unchanged, 409 when refused, 400 when refused as compressed bytes that give no
@@ -13,7 +14,7 @@
 
 use crate::live::control::SwapSender;
 use crate::live::metrics::Metrics;
-use crate::live::swap::{REFUSED_DECOMPRESS, Sha256Pin, SwapResult};
+use crate::live::swap::{REFUSED_DECOMPRESS, Sha256Pin, Signed, SwapResult};
 use clb_sandbox::compression::MAX_COMPONENT_BYTES;
 use http_body_util::{BodyExt as _, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -35,6 +36,11 @@ pub enum EndpointError {
 
 /// The header of `POST /swap` that pins the component's sha256.
 pub const SHA256_HEADER: &str = "x-clb-sha256";
+
+/// The header of `POST /swap` that carries a detached signature of the body as sent (what
+/// `cosign sign-blob` writes): needed when the host takes only signed versions
+/// (`--logic-verify-key`).
+pub const SIGNATURE_HEADER: &str = "x-clb-signature";
 
 /// What `POST /swap` needs: where requests go, and who may send them.
 #[derive(Clone)]
@@ -159,6 +165,8 @@ async fn swap(metrics: &Metrics, admin: &Admin, peer: SocketAddr, request: Reque
             }
         },
     };
+    let signature = request.headers().get(SIGNATURE_HEADER).map(|v| v.as_bytes().to_vec());
+    let signed = Signed::detached(signature.as_deref(), format!("the {SIGNATURE_HEADER} header"));
     let bytes = match Limited::new(request.into_body(), MAX_COMPONENT_BYTES).collect().await {
         Ok(body) => body.to_bytes().to_vec(),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => {
@@ -170,7 +178,7 @@ async fn swap(metrics: &Metrics, admin: &Admin, peer: SocketAddr, request: Reque
         }
         Err(error) => return reply(StatusCode::BAD_REQUEST, text, format!("reading the body: {error}\n")),
     };
-    match admin.swaps.swap(bytes, pin, format!("endpoint {peer}")).await {
+    match admin.swaps.swap(bytes, signed, pin, format!("endpoint {peer}")).await {
         Ok(result) => {
             let status = match &result {
                 // Compressed, but not a component: the request is wrong, not the version.

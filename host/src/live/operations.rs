@@ -30,6 +30,9 @@ pub struct OperationsConfig {
     pub source: Option<LogicSource>,
     /// The sha256 every version from the source must have.
     pub pin: Option<Sha256Pin>,
+    /// When set, every version (from the sources and `POST /swap`) must be signed by this key
+    /// ([`crate::live::control::SwapSender::verifying`]).
+    pub verify_key: Option<clb_oci::signature::PublicKey>,
     /// Where swap Events go; default: the ConfigMap source, else [`EventTarget::DEFAULT`].
     pub events: Option<EventTarget>,
     /// Limits of the versions swapped in.
@@ -84,6 +87,7 @@ impl Operations {
         metrics.track_memories(runtime.memories().clone());
         metrics.track_run(settings.stats.clone());
         let (control, swaps) = Control::new(runtime, config.limits, metrics.clone());
+        let swaps = swaps.verifying(config.verify_key);
         let policy = config.shadow.as_ref().map(|shadow| shadow.policy.clone()).unwrap_or_default();
         let control = control.with_shadow_policy(policy);
         let admin = Admin { swaps: swaps.clone(), token: config.admin_token };

@@ -13,6 +13,12 @@
 //!   name (it re-lists and backs off on errors). The key is read from `binaryData`, else from
 //!   `data` as base64. A missing object or key is logged and waited out.
 //!
+//! * **Signatures.** When the sender takes only signed versions (`--logic-verify-key`,
+//!   [`SwapSender::verifying`]), a file is offered with its detached signature `PATH.sig` (a
+//!   change of either is a change), a ConfigMap key with the key `KEY.sig` beside it, and an OCI
+//!   reference only once its registry holds a signature of the digest by the key (checked before
+//!   the pull). The check of a detached signature is the sender's ([`Signed`]).
+//!
 //! The content may be gzip- or zstd-compressed (a ConfigMap holds 1 MiB): it is offered as it is
 //! found, and [`SwapSender::swap`] decompresses it ([`clb_sandbox::compression`]) before the pin — the
 //! sha256 of the decompressed component — is checked.
@@ -24,7 +30,7 @@
 //! per distinct problem, and the version serving keeps serving. The swap itself, the pin check and the records are [`crate::live::control`]'s.
 
 use crate::live::control::{ControlError, SwapSender};
-use crate::live::swap::{Sha256Pin, SwapResult};
+use crate::live::swap::{Sha256Pin, Signed, SwapResult};
 use base64::Engine as _;
 use clb_sandbox::error_text::error_chain;
 use clb_sandbox::sha256_hex;
@@ -134,6 +140,17 @@ impl ConfigMapKey {
     }
 }
 
+impl ConfigMapKey {
+    /// The detached signature beside the component in `configmap`: the key `KEY.sig`, as text in
+    /// `data` or bytes in `binaryData`.
+    pub fn signature(&self, configmap: &ConfigMap) -> Signed {
+        let name = format!("{}.sig", self.key);
+        let text = configmap.data.as_ref().and_then(|d| d.get(&name)).map(|text| text.as_bytes());
+        let bytes = configmap.binary_data.as_ref().and_then(|d| d.get(&name)).map(|bytes| bytes.0.as_slice());
+        Signed::detached(text.or(bytes), format!("ConfigMap {} key {name}", self.object()))
+    }
+}
+
 impl std::str::FromStr for ConfigMapKey {
     type Err = SourceError;
     fn from_str(text: &str) -> Result<Self, Self::Err> {
@@ -154,18 +171,11 @@ pub struct OciSource {
     pub client: Arc<clb_oci::Client>,
     /// How often the reference is resolved.
     pub poll: Duration,
-    /// When set, an artifact is pulled only once a cosign signature of its digest by this key
-    /// verifies ([`clb_oci::signature::verify`]).
-    pub verify: Option<clb_oci::signature::PublicKey>,
 }
 
 impl std::fmt::Debug for OciSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OciSource")
-            .field("reference", &self.reference)
-            .field("poll", &self.poll)
-            .field("verify", &self.verify.is_some())
-            .finish()
+        f.debug_struct("OciSource").field("reference", &self.reference).field("poll", &self.poll).finish()
     }
 }
 
@@ -216,16 +226,24 @@ struct Offer {
 }
 
 impl Offer {
-    /// `Err` when the run loop is gone.
-    async fn offer(&mut self, bytes: Vec<u8>) -> Result<(), ControlError> {
+    /// Offers `bytes` and what vouches for them, unless they were offered last with the same
+    /// signature (a signature arriving after its component is a change). `Err` when the run loop
+    /// is gone.
+    async fn offer(&mut self, bytes: Vec<u8>, signed: Signed) -> Result<(), ControlError> {
         self.last_problem = None;
         let sha256 = sha256_hex(&bytes);
-        if self.offered.as_ref() == Some(&sha256) {
+        let offered = match &signed {
+            Signed::Detached { signature: Some(signature), .. } if self.swaps.verify_key().is_some() => {
+                format!("{sha256} {signature}")
+            }
+            _ => sha256.clone(),
+        };
+        if self.offered.as_ref() == Some(&offered) {
             return Ok(());
         }
-        self.offered = Some(sha256.clone());
+        self.offered = Some(offered);
         tracing::info!(origin = %self.origin, %sha256, "the logic source changed; offering its content");
-        match self.swaps.swap(bytes, self.pin.clone(), self.origin.clone()).await? {
+        match self.swaps.swap(bytes, signed, self.pin.clone(), self.origin.clone()).await? {
             SwapResult::Refused { kind, .. } => {
                 tracing::debug!(origin = %self.origin, %sha256, %kind, "not retried until the source changes")
             }
@@ -251,26 +269,38 @@ impl Offer {
     }
 }
 
+/// What a file's metadata says of it: changed when either differs.
+type Stamp = (Option<SystemTime>, u64);
+
 async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
-    let mut seen: Option<(Option<SystemTime>, u64)> = None;
+    let signature_path = detached_signature_path(&path);
+    let signed = offer.swaps.verify_key().is_some();
+    let mut seen: Option<(Stamp, Option<Stamp>)> = None;
     loop {
-        let read_path = path.clone();
+        let (read_path, read_signature) = (path.clone(), signature_path.clone());
         let known = seen;
-        // Metadata first: the file is read only when it looks changed.
+        // Metadata first: the file (and its signature) is read only when it looks changed.
         let read = tokio::task::spawn_blocking(move || -> Result<Option<_>, std::io::Error> {
-            let meta = std::fs::metadata(&read_path)?;
-            let stamp = (meta.modified().ok(), meta.len());
-            if known == Some(stamp) {
+            let stamp = |path: &std::path::Path| {
+                std::fs::metadata(path).map(|meta| -> Stamp { (meta.modified().ok(), meta.len()) })
+            };
+            let stamps = (stamp(&read_path)?, if signed { stamp(&read_signature).ok() } else { None });
+            if known == Some(stamps) {
                 return Ok(None);
             }
             let limit = clb_sandbox::compression::MAX_COMPONENT_BYTES as u64;
-            Ok(Some((stamp, clb_sandbox::bounded::read(&read_path, limit).map_err(std::io::Error::other)?)))
+            let bytes = clb_sandbox::bounded::read(&read_path, limit).map_err(std::io::Error::other)?;
+            // A signature that cannot be read is none: the version is refused, saying so.
+            let signature =
+                stamps.1.and_then(|_| clb_sandbox::bounded::read(&read_signature, MAX_SIGNATURE_BYTES).ok());
+            Ok(Some((stamps, bytes, signature)))
         })
         .await;
         match read {
-            Ok(Ok(Some((stamp, bytes)))) => {
-                seen = Some(stamp);
-                if offer.offer(bytes).await.is_err() {
+            Ok(Ok(Some((stamps, bytes, signature)))) => {
+                seen = Some(stamps);
+                let signed = Signed::detached(signature.as_deref(), signature_path.display().to_string());
+                if offer.offer(bytes, signed).await.is_err() {
                     return;
                 }
             }
@@ -286,14 +316,25 @@ async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
     }
 }
 
+/// A detached signature is base64 of ~72 bytes; a file much larger is not one.
+const MAX_SIGNATURE_BYTES: u64 = 4 << 10;
+
+/// Where a file's detached signature is looked for: `PATH.sig`, as `cosign sign-blob
+/// --output-signature` is told to write it.
+pub fn detached_signature_path(path: &std::path::Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".sig");
+    PathBuf::from(name)
+}
+
 async fn watch_oci(source: OciSource, offer: &mut Offer) {
     let mut pulled: Option<String> = None;
     loop {
-        match pull_if_moved(&source, pulled.as_deref()).await {
+        match pull_if_moved(&source, offer.swaps.verify_key(), pulled.as_deref()).await {
             Ok(Some((digest, bytes))) => {
                 tracing::info!(origin = %offer.origin, %digest, "the reference names a new artifact; pulled");
                 pulled = Some(digest);
-                if offer.offer(bytes).await.is_err() {
+                if offer.offer(bytes, Signed::InRegistry).await.is_err() {
                     return;
                 }
             }
@@ -308,14 +349,18 @@ async fn watch_oci(source: OciSource, offer: &mut Offer) {
 /// the digest resolved, so that a tag moving between the two calls cannot mix two artifacts; with
 /// a key, only once its signature verifies (an artifact signed after it was pushed is pulled at
 /// the first poll that finds the signature).
-async fn pull_if_moved(source: &OciSource, last: Option<&str>) -> Result<Option<(String, Vec<u8>)>, SourceError> {
+async fn pull_if_moved(
+    source: &OciSource,
+    verify: Option<&clb_oci::signature::PublicKey>,
+    last: Option<&str>,
+) -> Result<Option<(String, Vec<u8>)>, SourceError> {
     let reference = source.reference.to_string();
     let registry = |source| SourceError::Registry { reference: reference.clone(), source };
     let digest = source.client.resolve(&source.reference).await.map_err(registry)?;
     if last == Some(digest.as_str()) {
         return Ok(None);
     }
-    if let Some(key) = &source.verify {
+    if let Some(key) = verify {
         clb_oci::signature::verify(&source.client, &source.reference, &digest, key).await.map_err(|error| {
             SourceError::Unverified { reference: reference.clone(), digest: digest.clone(), source: error }
         })?;
@@ -332,14 +377,16 @@ async fn watch_configmap(client: kube::Client, key: ConfigMapKey, offer: &mut Of
     let mut events = watcher(api, config).default_backoff().boxed();
     while let Some(event) = events.next().await {
         let found = match event {
-            Ok(watcher::Event::Apply(configmap) | watcher::Event::InitApply(configmap)) => key.component(&configmap),
+            Ok(watcher::Event::Apply(configmap) | watcher::Event::InitApply(configmap)) => {
+                key.component(&configmap).map(|bytes| (bytes, key.signature(&configmap)))
+            }
             Ok(watcher::Event::Delete(_)) => Err(SourceError::Deleted { configmap: key.object() }),
             Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
             Err(source) => Err(SourceError::Watch { configmap: key.object(), source }),
         };
         match found {
-            Ok(bytes) => {
-                if offer.offer(bytes).await.is_err() {
+            Ok((bytes, signed)) => {
+                if offer.offer(bytes, signed).await.is_err() {
                     return;
                 }
             }

@@ -28,6 +28,45 @@ pub const REFUSED_SOURCE: &str = "source";
 /// in the registry, or none by that key): nothing was pulled.
 pub const REFUSED_SIGNATURE: &str = "signature";
 
+/// What vouches for a version's bytes when the controller takes only signed versions
+/// (`--logic-verify-key`): checked by [`crate::live::control::SwapSender::swap`] before anything
+/// else, and ignored when no key is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signed {
+    /// A detached signature of the bytes as they came (compressed or not), as `cosign sign-blob`
+    /// writes it (base64 of an ASN.1 DER ECDSA P-256 signature), found `beside` them (a file
+    /// `PATH.sig`, a ConfigMap key `KEY.sig`, the `POST /swap` header); `None` when none is there.
+    Detached { signature: Option<String>, beside: String },
+    /// The source checked its digest's signature in the registry with the same key before it
+    /// pulled the artifact ([`clb_oci::signature::verify`]).
+    InRegistry,
+}
+
+impl Signed {
+    /// The detached signature in `text` (a `.sig` file's bytes), or none; surrounding whitespace
+    /// (a newline an editor added) is not part of it.
+    pub fn detached(text: Option<&[u8]>, beside: impl Into<String>) -> Self {
+        let signature = text.map(|text| String::from_utf8_lossy(text).trim().to_owned());
+        Signed::Detached { signature, beside: beside.into() }
+    }
+
+    /// Why `bytes` are not taken under `key`, if they are not.
+    pub fn refusal(&self, key: &clb_oci::signature::PublicKey, bytes: &[u8]) -> Option<String> {
+        match self {
+            Signed::InRegistry => None,
+            Signed::Detached { signature: None, beside } => {
+                Some(format!("no signature: {beside} holds none, and --logic-verify-key takes only signed versions"))
+            }
+            Signed::Detached { signature: Some(signature), beside } if !key.verifies(bytes, signature) => {
+                Some(format!(
+                    "the signature in {beside} does not verify with the key (a signature by another key, of other bytes, or not a signature)"
+                ))
+            }
+            Signed::Detached { .. } => None,
+        }
+    }
+}
+
 /// Why a pin could not be read, or a component does not match it.
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
