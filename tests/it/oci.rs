@@ -115,12 +115,14 @@ fn inspect_oci_exits_2_for_a_registry_down_a_tag_it_lacks_or_a_bad_reference_and
     assert!(out.contains("verdict:  refused") && out.contains("not `application/vnd.wasm.config.v0+json`"), "{out}");
 }
 
-/// A registry that answers every manifest request with `body` and a `Docker-Content-Digest`
-/// header of `said`, for as long as the test runs.
-fn lying_registry(body: &'static [u8], said: String) -> std::net::SocketAddr {
+/// A fake registry on loopback, for as long as the test runs: each connection's request head is
+/// read, then `answer` writes what it will to it; the connection is kept open afterwards only
+/// when `answer` says so.
+fn fake_registry(answer: impl Fn(&mut std::net::TcpStream) -> bool + Send + 'static) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let address = listener.local_addr().unwrap();
     std::thread::spawn(move || {
+        let mut held = Vec::new();
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let mut reader = BufReader::new(stream.try_clone().unwrap());
@@ -128,15 +130,29 @@ fn lying_registry(body: &'static [u8], said: String) -> std::net::SocketAddr {
             while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
                 line.clear();
             }
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nDocker-Content-Digest: {said}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = stream.write_all(head.as_bytes());
-            let _ = stream.write_all(body);
+            if answer(&mut stream) {
+                held.push(stream);
+            }
         }
     });
     address
+}
+
+/// The head of a manifest answer whose `Docker-Content-Digest` is `said`.
+fn manifest_head(said: &str, length: usize, close: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\nDocker-Content-Digest: {said}\r\nContent-Length: {length}\r\n{close}\r\n"
+    )
+}
+
+/// A registry that answers every manifest request with `body` and a `Docker-Content-Digest`
+/// header of `said`.
+fn lying_registry(body: &'static [u8], said: String) -> std::net::SocketAddr {
+    fake_registry(move |stream| {
+        let _ = stream.write_all(manifest_head(&said, body.len(), "Connection: close\r\n").as_bytes());
+        let _ = stream.write_all(body);
+        false
+    })
 }
 
 #[test]
@@ -155,6 +171,41 @@ fn a_registry_serving_other_bytes_than_the_digest_asked_is_refused_naming_both_d
     let (code, _, err) = clb_host(&["inspect", &format!("oci://{address}/clb/logic:v1")]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(&format!("served sha256:{}", sha256_hex(body))), "{err}");
+}
+
+/// A registry that takes connections and then stalls: it reads each request and answers
+/// nothing, or (with `head`) the head of a manifest whose body never comes, and keeps the
+/// connection open, so the client sees a peer that is there and says nothing more.
+fn stalled_registry(head: bool) -> std::net::SocketAddr {
+    fake_registry(move |stream| {
+        if head {
+            let digest = format!("sha256:{}", "0".repeat(64));
+            let _ = stream.write_all((manifest_head(&digest, 4096, "") + "{").as_bytes());
+        }
+        true
+    })
+}
+
+#[test]
+fn a_registry_that_stalls_before_answering_or_in_the_body_is_a_typed_error_at_the_request_timeout_not_a_hang() {
+    let options = clb_oci::ClientOptions { timeout: std::time::Duration::from_millis(300), ..Default::default() };
+    let client = clb_oci::Client::new(options).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    for head in [false, true] {
+        let address = stalled_registry(head);
+        let reference = clb_oci::Reference::parse(&format!("{address}/clb/logic:v1")).unwrap();
+        let error = runtime
+            .block_on(clb_oci::artifact::pull(&client, &reference, 1 << 20))
+            .expect_err("a stalled registry gives no component");
+        let text = clb_sandbox::error_text::error_chain(&error);
+        let typed = if head {
+            matches!(error, clb_oci::OciError::Body { .. })
+        } else {
+            matches!(error, clb_oci::OciError::Http { .. })
+        };
+        assert!(typed, "head {head}: {text}");
+        assert!(text.contains(&address.to_string()) && text.contains("timed out"), "head {head}: {text}");
+    }
 }
 
 /// The registry token flow in front of a real registry: a request without the token is answered

@@ -326,7 +326,9 @@ async fn read_capped(mut response: reqwest::Response, cap: u64, url: &str) -> Re
         return Err(OciError::TooLarge { url: url.to_owned(), cap });
     }
     let mut bytes = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(http_error)? {
+    // A body error carries no URL of its own.
+    let broke_off = |source| OciError::Body { url: url.to_owned(), source };
+    while let Some(chunk) = response.chunk().await.map_err(broke_off)? {
         if bytes.len() as u64 + chunk.len() as u64 > cap {
             return Err(OciError::TooLarge { url: url.to_owned(), cap });
         }

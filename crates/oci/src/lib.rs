@@ -30,6 +30,12 @@ pub enum OciError {
         #[source]
         source: reqwest::Error,
     },
+    #[error("{url}: the answer broke off (the body did not come whole within the request's time)")]
+    Body {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("{url}: answered {status}: {body}")]
     Status { url: String, status: u16, body: String },
     #[error("{url}: unauthorized: {why}")]

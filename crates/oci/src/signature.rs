@@ -120,6 +120,16 @@ impl SigningKey {
         Ok(SigningKey { pair })
     }
 
+    /// A new key from the system's randomness (for tests and benchmarks: an operator's key is
+    /// made by `cosign generate-key-pair` or `openssl genpkey` and kept off the cluster).
+    pub fn generate() -> Self {
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &rng).expect("the system RNG");
+        let pair = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, pkcs8.as_ref(), &rng)
+            .expect("a key ring just made");
+        SigningKey { pair }
+    }
+
     pub fn public(&self) -> PublicKey {
         use ring::signature::KeyPair as _;
         PublicKey { point: self.pair.public_key().as_ref().to_vec() }
