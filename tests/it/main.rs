@@ -13,6 +13,7 @@ mod image;
 mod kube;
 mod layers;
 mod lease;
+mod manifests;
 mod metrics;
 mod oci;
 mod operations;

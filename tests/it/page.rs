@@ -14,34 +14,14 @@ use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A browser run gets this long; a first start on a cold disk takes a few seconds.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The browser's path, installed by `harness/browser/chromium.sh` where it is missing (once for
-/// the test binary: the script serialises installs across binaries itself).
-fn browser() -> &'static Path {
-    static BROWSER: OnceLock<PathBuf> = OnceLock::new();
-    BROWSER.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/browser/chromium.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|error| panic!("running {}: {error}", script.display()));
-        assert!(
-            output.status.success(),
-            "{} could not provide chromium ({}); see its message above",
-            script.display(),
-            output.status
-        );
-        let stdout = String::from_utf8(output.stdout).expect("chromium.sh prints a path");
-        PathBuf::from(
-            stdout.lines().last().map(str::trim).filter(|line| !line.is_empty()).expect("chromium.sh printed no path"),
-        )
-    })
+/// The browser's path, installed by `harness/browser/chromium.sh` where it is missing.
+fn browser() -> PathBuf {
+    clb_tests::harness_tool("browser/chromium.sh")
 }
 
 /// Runs `chromium --headless` on the page with `extra` arguments; its standard output.

@@ -14,23 +14,11 @@ use clb_tests::*;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 const PASSWORD: &str = "correct horse battery staple";
 
-fn cosign_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness/cosign/build.sh");
-        let output = Command::new("bash")
-            .arg(&script)
-            .env("CLB_CACHE", cache_dir())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .expect("harness/cosign/build.sh");
-        assert!(output.status.success(), "harness/cosign/build.sh: {}", output.status);
-        PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
-    })
+fn cosign_binary() -> PathBuf {
+    harness_tool("cosign/build.sh")
 }
 
 /// `cosign ARGS` in `dir`, with the key pair's password; offline (no transparency log).

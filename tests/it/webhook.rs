@@ -187,31 +187,6 @@ async fn a_rotated_certificate_is_served_from_the_next_connection_without_a_rest
     assert!(old.post(&hook.url).body("{}").send().await.is_err(), "the old certificate is no longer served");
 }
 
-/// Every manifest of `examples/deploy/` as an operator applies it: the test API server decodes,
-/// defaults, validates and admits each object (a server-side dry run, so nothing is stored and
-/// the namespace's real objects are untouched). A field the API does not have or a value it
-/// refuses fails here rather than at `kubectl apply`. The one kind it cannot judge is
-/// cert-manager's (the webhook's certificate in admission.yaml): the test API server has no
-/// cert-manager CRDs, and the project does not vendor them.
-#[tokio::test]
-async fn every_built_in_object_of_the_manifests_in_examples_deploy_is_accepted_by_a_real_api_server() {
-    let admin = clb_tests::apiserver::apiserver().admin().await;
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
-    let mut manifests: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    manifests.sort();
-    let names: Vec<_> = manifests.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
-    assert_eq!(names, ["admission.yaml", "deployment.yaml", "rbac.yaml"], "every manifest, and no other");
-    let mut unserved = Vec::new();
-    for manifest in &manifests {
-        unserved.extend(clb_tests::apiserver::dry_run_file(&admin, manifest).await);
-    }
-    assert_eq!(unserved, ["cert-manager.io/v1 Issuer", "cert-manager.io/v1 Certificate"], "the kinds not judged");
-}
-
 /// The example manifest (`examples/deploy/admission.yaml`) starts `clb-host admission` with flags
 /// it takes, serves the path and port its webhook configuration calls, and sends only CREATE and
 /// UPDATE of Services.

@@ -144,8 +144,7 @@ impl ApiServer {
 /// Applies every document of a YAML file as `clb-tests` (server-side apply, forced), finding
 /// each kind through discovery.
 pub async fn apply_file(client: &kube::Client, path: &Path) {
-    let params = kube::api::PatchParams::apply("clb-tests").force();
-    let unserved = apply_file_with(client, path, params).await;
+    let unserved = apply_documents(client, &path.display().to_string(), &read(path), false).await;
     assert!(unserved.is_empty(), "{}: the API server does not serve {unserved:?}", path.display());
 }
 
@@ -154,17 +153,23 @@ pub async fn apply_file(client: &kube::Client, path: &Path) {
 /// the server's refusal; returns the kinds it does not serve (`group/version Kind`), whose
 /// objects it could not judge.
 pub async fn dry_run_file(client: &kube::Client, path: &Path) -> Vec<String> {
-    let mut params = kube::api::PatchParams::apply("clb-tests").force();
-    params.dry_run = true;
-    apply_file_with(client, path, params).await
+    apply_documents(client, &path.display().to_string(), &read(path), true).await
 }
 
-async fn apply_file_with(client: &kube::Client, path: &Path, params: kube::api::PatchParams) -> Vec<String> {
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Applies every document of `text` (from `origin`) as `clb-tests` (server-side apply, forced;
+/// a dry run when `dry_run`), finding each kind through discovery. Panics with the server's
+/// refusal; returns the kinds it does not serve (`group/version Kind`), whose objects it skipped.
+pub async fn apply_documents(client: &kube::Client, origin: &str, text: &str, dry_run: bool) -> Vec<String> {
     use kube::api::{DynamicObject, Patch};
     use kube::discovery::{Scope, pinned_kind};
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let objects: Vec<DynamicObject> = clb_executor::inputs::from_yaml_documents(path, &text)
-        .unwrap_or_else(|e| panic!("Kubernetes objects in {}: {e}", path.display()));
+    let mut params = kube::api::PatchParams::apply("clb-tests").force();
+    params.dry_run = dry_run;
+    let objects: Vec<DynamicObject> = clb_executor::inputs::from_yaml_documents(Path::new(origin), text)
+        .unwrap_or_else(|e| panic!("Kubernetes objects in {origin}: {e}"));
     let mut unserved = Vec::new();
     for object in objects {
         let types = object.types.clone().expect("apiVersion and kind");
@@ -175,7 +180,7 @@ async fn apply_file_with(client: &kube::Client, path: &Path, params: kube::api::
                 unserved.push(format!("{} {}", types.api_version, types.kind));
                 continue;
             }
-            Err(e) => panic!("{}: discovering {gvk:?}: {e}", path.display()),
+            Err(e) => panic!("{origin}: discovering {gvk:?}: {e}"),
         };
         let name = object.metadata.name.clone().expect("a name");
         let api: Api<DynamicObject> = match capabilities.scope {
@@ -188,7 +193,7 @@ async fn apply_file_with(client: &kube::Client, path: &Path, params: kube::api::
         };
         api.patch(&name, &params, &Patch::Apply(&object))
             .await
-            .unwrap_or_else(|e| panic!("{}: applying {} {name}: {e}", path.display(), types.kind));
+            .unwrap_or_else(|e| panic!("{origin}: applying {} {name}: {e}", types.kind));
     }
     unserved
 }

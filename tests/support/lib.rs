@@ -95,6 +95,42 @@ pub use clb_sandbox::native::{
 };
 pub use clb_simulator::native::NativeReconciler;
 
+/// The tool a harness script provides (`harness/cosign/build.sh`, `harness/kustomize/build.sh`,
+/// `harness/browser/chromium.sh`: it builds or installs the tool where it is missing and prints
+/// its path last), run once per script for the test binary; the scripts serialise builds across
+/// binaries themselves. Panics, with the script's own message above, when it cannot.
+pub fn harness_tool(script: &str) -> PathBuf {
+    static TOOLS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut tools = TOOLS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, path)) = tools.iter().find(|(name, _)| name == script) {
+        return path.clone();
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../harness").join(script);
+    let output = std::process::Command::new("bash")
+        .arg(&path)
+        .env("CLB_CACHE", cache_dir())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|error| panic!("running {}: {error}", path.display()));
+    assert!(
+        output.status.success(),
+        "{} could not provide its tool ({}); see its message above",
+        path.display(),
+        output.status
+    );
+    let stdout = String::from_utf8(output.stdout).expect("a path");
+    let tool = PathBuf::from(
+        stdout
+            .lines()
+            .last()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .unwrap_or_else(|| panic!("{script} printed no path")),
+    );
+    tools.push((script.to_owned(), tool.clone()));
+    tool
+}
+
 /// Where the tests' caches are: `$CLB_CACHE`, else the user's own
 /// `${XDG_CACHE_HOME:-~/.cache}/clb-reconciler`, as `harness/apiserver/build.sh` and
 /// `hosts/setup.sh` decide it (CI sets `/var/cache/clb-reconciler`).
