@@ -330,6 +330,17 @@ fn main() {
     row("(b) one endpoint change: its sync completing", native_sync, component_sync);
     row("(b) one endpoint change: total", native_observe + native_sync, component_observe + component_sync);
     row("(c) state export + import", native_export_import, component_export_import);
+    // One line for harness/upstream-go/side-by-side.py, which runs this bench beside upstream's.
+    let (ms, us) = (|d: Duration| d.as_secs_f64() * 1e3, |d: Duration| d.as_secs_f64() * 1e6);
+    println!(
+        "RUST_RESULT nodes={} services={} startup_native_ms={:.3} startup_component_ms={:.3} change_native_us={:.3} change_component_us={:.3}",
+        node_count(),
+        service_count(),
+        ms(native_startup),
+        ms(component_startup),
+        us(native_observe + native_sync),
+        us(component_observe + component_sync)
+    );
     println!();
     println!(
         "Restart with nothing changed (the start-up above, answered until idle): {} commands, of which {restart_writes} \
