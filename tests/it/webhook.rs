@@ -582,6 +582,31 @@ async fn the_webhook_with_logic_oci_judges_with_the_component_its_tag_names() {
     drop(registry);
 }
 
+// `admission --logic-verify-key`: a version from the webhook's source judges only once a
+// signature by the key is beside it (the refusal itself is `run`'s path, tested in signatures.rs).
+#[tokio::test]
+async fn the_webhook_with_logic_verify_key_judges_with_a_watched_file_once_its_signature_by_the_key_is_beside_it() {
+    let dir = process_dir().join("webhook-signed");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = clb_oci::signature::SigningKey::generate();
+    let (public, logic) = (dir.join("release.pub"), dir.join("logic.wasm"));
+    std::fs::write(&public, key.public().to_pem()).unwrap();
+    std::fs::write(&logic, NEXT_GUEST).unwrap();
+    let args = ["--logic-file", logic.to_str().unwrap(), "--logic-verify-key", public.to_str().unwrap()];
+    let hook = webhook("signed", &args).await;
+    let mut marked = service("marked", "LoadBalancer", "Local");
+    marked["metadata"]["annotations"] = json!({"clb.test/denied-by-next": "true"});
+    let marked = review("CREATE", marked, Value::Null, false);
+    // Unsigned, through two polls of the file: the built-in logic still judges.
+    for _ in 0..2 {
+        tokio::time::sleep(clb_host::live::sources::FILE_POLL).await;
+        assert_eq!(hook.judge(&marked).await["allowed"], true, "an unsigned version does not judge");
+    }
+    std::fs::write(dir.join("logic.wasm.sig"), key.sign(NEXT_GUEST)).unwrap();
+    let denied = first_denial(&hook, &marked).await;
+    assert_eq!(denied["status"]["reason"], "DeniedByNextGuest", "{denied}");
+}
+
 /// `clb-host run` with its webhook, the built-in logic serving from a watched file and the next
 /// guest in shadow, in a process of its own: its endpoint's and its webhook's URLs, and the
 /// process (stopped with the test).
