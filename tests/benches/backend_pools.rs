@@ -4,7 +4,6 @@
 //! removes that partly cancel out. Run with `cargo bench -p clb-tests --bench backend_pools`.
 
 use clb_guest::backend_pools as native;
-use clb_sandbox::Limits;
 use clb_sandbox::bindings::exports::clb::reconciler::backend_pools as wit;
 use clb_tests::*;
 use std::hint::black_box;
@@ -61,11 +60,6 @@ fn to_wit(op: &native::PoolOperation) -> wit::PoolOperation {
     }
 }
 
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
 fn main() {
     let operations = operations();
     let assignment = assignment();
@@ -89,8 +83,7 @@ fn main() {
         black_box(result);
     }
 
-    let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
-    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
+    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, bench_limits()).unwrap();
     let (mut component_enqueue, mut component_group, mut component_groups) = (Vec::new(), Vec::new(), 0);
     for _ in 0..5 {
         let mut session = logic.session().unwrap();

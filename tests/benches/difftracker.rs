@@ -15,7 +15,7 @@
 use clb_guest::model;
 use clb_guest::tracker::Tracker;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
-use clb_sandbox::{Limits, Metering, Runtime, Session};
+use clb_sandbox::{Metering, Runtime, Session};
 use clb_tests::cluster::*;
 use clb_tests::*;
 use std::hint::black_box;
@@ -266,7 +266,7 @@ fn main() {
     let native_snapshot = outcome_to_model(&snapshot);
     let inventory = arm_in_sync();
     let native_inventory = outcome_to_model(&inventory);
-    let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
+    let limits = bench_limits();
     let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
 
     // (a) Start-up rebuild: the lists, then NRP's answer (3 runs each, median).

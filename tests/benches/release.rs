@@ -14,8 +14,8 @@
 use clb_host::live::control::{Control, ControlEvent};
 use clb_host::live::sources::{LogicSource, OciSource};
 use clb_oci::signature::{SigningKey, push_signature};
+use clb_sandbox::LoadedLogic;
 use clb_sandbox::supervisor::Supervisor;
-use clb_sandbox::{Limits, LoadedLogic};
 use clb_tests::cluster::*;
 use clb_tests::registry::Registry;
 use clb_tests::*;
@@ -29,16 +29,6 @@ fn releases() -> usize {
 
 /// `--logic-poll`'s least value: the poll's wait is at most this.
 const POLL: Duration = Duration::from_secs(1);
-
-/// Limits that never stop the benchmark, while still being metered.
-fn limits() -> Limits {
-    Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 }
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
@@ -59,7 +49,7 @@ fn steady<'a>(
 fn main() {
     let config = unbounded(&read_config("clb.yaml"));
     let runtime = runtime();
-    let builtin = runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
+    let builtin = runtime.load(clb_sandbox::BUILTIN_GUEST, bench_limits()).unwrap();
     let scratch = scratch("bench-release");
     let registry = Registry::start(scratch.join("registry"));
     let key = SigningKey::generate();
@@ -90,7 +80,7 @@ fn main() {
         let metrics = clb_host::live::metrics::Metrics::new();
         // What the run loop publishes: the sender answers the version serving `unchanged`.
         metrics.publish(serving.snapshot());
-        let (mut control, sender) = Control::new(runtime, limits(), metrics);
+        let (mut control, sender) = Control::new(runtime, bench_limits(), metrics);
         let sender = sender.verifying(Some(key.public()));
         let source = LogicSource::Oci(OciSource { reference: stable.clone(), client: client.clone(), poll: POLL });
         let (moved, request, answered) = tokio.block_on(async {
@@ -141,7 +131,7 @@ fn main() {
             let pulled = clb_oci::artifact::pull(&client, &stable.at_digest(&digest), cap).await.unwrap();
             pull.push(start.elapsed());
             let start = Instant::now();
-            runtime.load(&pulled.component, limits()).unwrap();
+            runtime.load(&pulled.component, bench_limits()).unwrap();
             compile.push(start.elapsed());
         });
     }

@@ -20,7 +20,7 @@ use clb_host::live::swap::SwapResult;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::supervisor::shadow::SHADOW_QUEUE;
 use clb_sandbox::supervisor::{CheckpointPolicy, ShadowOptions, Supervisor};
-use clb_sandbox::{Limits, LoadedLogic, Metering, Runtime};
+use clb_sandbox::{LoadedLogic, Metering, Runtime};
 use clb_tests::cluster::*;
 use clb_tests::*;
 use std::hint::black_box;
@@ -41,11 +41,6 @@ fn product_swaps() -> usize {
 /// default policy's period even in the small mode, so that it checkpoints.
 fn changes() -> usize {
     scaled(4_096).max(2 * CheckpointPolicy::default().every_inputs)
-}
-
-/// Limits that never stop the benchmark, while still being metered.
-fn limits() -> Limits {
-    Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 }
 }
 
 /// A supervisor over `logic` with the whole cluster created and NRP in sync.
@@ -81,11 +76,6 @@ fn shadow_blocks() -> (usize, usize) {
     (scaled(200).max(20), 10)
 }
 
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
-
 fn main() {
     // The changes come faster than any budget refills: they would wait for tokens.
     let config = unbounded(&read_config("clb.yaml"));
@@ -93,9 +83,9 @@ fn main() {
     // Two loads of the same bytes are two versions to the supervisor: a swap between them does
     // all the work of a real one. `Runtime::load` (compilation) is done beforehand, as in
     // production, where the new component is precompiled off the serving path.
-    let a = runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
-    let b = runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
-    let next = runtime.load(NEXT_GUEST, limits()).unwrap();
+    let a = runtime.load(clb_sandbox::BUILTIN_GUEST, bench_limits()).unwrap();
+    let b = runtime.load(clb_sandbox::BUILTIN_GUEST, bench_limits()).unwrap();
+    let next = runtime.load(NEXT_GUEST, bench_limits()).unwrap();
 
     let never = CheckpointPolicy { every_inputs: usize::MAX, journal_items: usize::MAX };
     let mut supervisor = steady(&a, never, &config);
@@ -164,7 +154,7 @@ fn main() {
     let mut stage_checkpoints = 0;
     for _ in 0..product_swaps() {
         let mut serving = steady(&a, CheckpointPolicy::default(), &config);
-        let (mut control, sender) = Control::new(runtime, limits(), clb_host::live::metrics::Metrics::new());
+        let (mut control, sender) = Control::new(runtime, bench_limits(), clb_host::live::metrics::Metrics::new());
         tokio.block_on(async {
             let asked = tokio::spawn(async move {
                 sender
@@ -214,7 +204,7 @@ fn main() {
     // The import again on freshly mapped memory: a runtime of its own (its own memories) whose
     // sessions all stay alive, so that none is recycled.
     let cold_runtime = Runtime::new().unwrap();
-    let cold_logic = cold_runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
+    let cold_logic = cold_runtime.load(clb_sandbox::BUILTIN_GUEST, bench_limits()).unwrap();
     let state = steady_a.export_state().unwrap();
     let (mut cold_import, mut alive) = (Vec::new(), Vec::new());
     for _ in 0..5 {
@@ -254,7 +244,7 @@ fn main() {
         |supervisor: &mut Supervisor| median((0..scaled(400)).map(|round| change(supervisor, round, 40)).collect());
     let metered = change_median(&mut steady_a);
     let bare_runtime = Runtime::with_metering(Metering { fuel: false, epoch: false }).unwrap();
-    let bare_logic = bare_runtime.load(clb_sandbox::BUILTIN_GUEST, limits()).unwrap();
+    let bare_logic = bare_runtime.load(clb_sandbox::BUILTIN_GUEST, bench_limits()).unwrap();
     let mut bare = steady(&bare_logic, never, &config);
     let unmetered = change_median(&mut bare);
 

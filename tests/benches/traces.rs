@@ -8,7 +8,6 @@
 //!     EndpointSlice change, loading the component), run here so that none rots.
 //! Run with `cargo bench -p clb-tests --bench traces`; prints a Markdown table.
 
-use clb_sandbox::Limits;
 use clb_sandbox::supervisor::Supervisor;
 use clb_sandbox::trace::{ComponentRef, RecordOptions, Recorder};
 use clb_tests::cluster::*;
@@ -18,8 +17,7 @@ use std::time::{Duration, Instant};
 
 fn main() {
     let config = read_config("clb.yaml");
-    let limits = Limits { fuel: u64::MAX / 4, deadline: Duration::from_secs(600), memory_bytes: 4 << 30 };
-    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
+    let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, bench_limits()).unwrap();
     let service = read_service("etp-local.yaml");
     let mut session = logic.session().unwrap();
     let admit = median_per_iteration(2_000, || {

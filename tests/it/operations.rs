@@ -31,24 +31,33 @@ impl Endpoint {
     }
 
     pub(crate) async fn status(&self) -> Value {
-        let (code, body) = self.get("/status").await;
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str(&body).expect("/status is JSON")
+        self.try_status().await.unwrap_or_else(|why| panic!("/status: {why}"))
     }
 
-    /// `/status`, or why not (a child process not listening yet).
+    /// `/status`, or why not (a child process not listening yet, an answer other than 200).
     async fn try_status(&self) -> Result<Value, String> {
         let response = reqwest::get(format!("http://{}/status", self.addr)).await.map_err(|e| e.to_string())?;
+        let code = response.status().as_u16();
         let text = response.text().await.map_err(|e| e.to_string())?;
-        serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+        if code != 200 {
+            return Err(format!("{code}: {text}"));
+        }
+        serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}: {text}"))
+    }
+
+    /// Waits until `/status` satisfies `done` (said as `what`) and returns it.
+    pub(crate) async fn status_where(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        eventually(what, async || {
+            let status = self.try_status().await?;
+            if done(&status) { Ok(status) } else { Err(status.to_string()) }
+        })
+        .await
     }
 
     /// Waits until `/status` says the last swap's reason contains `what`.
     pub(crate) async fn last_reason(&self, what: &str) -> Value {
-        eventually(&format!("a last swap saying {what:?} in /status"), async || {
-            let status = self.try_status().await?;
-            let said = status["lastSwap"]["reason"].as_str().is_some_and(|reason| reason.contains(what));
-            if said { Ok(status) } else { Err(status.to_string()) }
+        self.status_where(&format!("a last swap saying {what:?} in /status"), |status| {
+            status["lastSwap"]["reason"].as_str().is_some_and(|reason| reason.contains(what))
         })
         .await
     }
@@ -65,14 +74,9 @@ impl Endpoint {
 
     /// Waits until `/status` says the last swap had `result` (and `kind`, for a refusal).
     pub(crate) async fn last_swap(&self, result: &str, kind: Option<&str>) -> Value {
-        eventually(&format!("a last swap {result} {kind:?} in /status"), async || {
-            let status = self.try_status().await?;
+        self.status_where(&format!("a last swap {result} {kind:?} in /status"), |status| {
             let last = &status["lastSwap"];
-            if last["result"] == result && kind.is_none_or(|k| last["kind"] == k) {
-                Ok(status)
-            } else {
-                Err(status.to_string())
-            }
+            last["result"] == result && kind.is_none_or(|k| last["kind"] == k)
         })
         .await
     }
@@ -934,11 +938,7 @@ fn shadow_of(ns: &str, bytes: &[u8], policy: clb_host::live::control::ShadowPoli
 
 /// Waits until `/status` shows a shadow for which `done` holds, and returns that status.
 async fn shadow_until(host: &Host, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-    eventually(what, async || {
-        let status = host.status().await;
-        if done(&status["shadow"]) { Ok(status) } else { Err(status.to_string()) }
-    })
-    .await
+    host.status_where(what, |status| done(&status["shadow"])).await
 }
 
 /// The Events in `namespace` with this reason.

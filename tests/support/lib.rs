@@ -182,7 +182,7 @@ pub fn scaled(n: usize) -> usize {
 pub fn median_per_iteration(iterations: u32, mut f: impl FnMut()) -> std::time::Duration {
     let batches = scaled(15);
     let iterations = scaled(iterations as usize) as u32;
-    let mut samples: Vec<std::time::Duration> = (0..batches)
+    let samples: Vec<std::time::Duration> = (0..batches)
         .map(|_| {
             let start = std::time::Instant::now();
             for _ in 0..iterations {
@@ -191,8 +191,18 @@ pub fn median_per_iteration(iterations: u32, mut f: impl FnMut()) -> std::time::
             start.elapsed() / iterations
         })
         .collect();
+    median(samples)
+}
+
+/// The median of `samples` (the upper one of an even count).
+pub fn median(mut samples: Vec<std::time::Duration>) -> std::time::Duration {
     samples.sort();
-    samples[batches / 2]
+    samples[samples.len() / 2]
+}
+
+/// Limits that never stop a benchmark, while still being metered as the product meters.
+pub fn bench_limits() -> Limits {
+    Limits { fuel: u64::MAX / 4, deadline: std::time::Duration::from_secs(600), memory_bytes: 4 << 30 }
 }
 
 /// Every scenario file under `examples/scenarios/` and `tests/scenarios/`, sorted.

@@ -24,7 +24,7 @@ pub(super) fn inspect(
     // The detached signature is of the file as it is (compressed or not), as `run` checks it.
     let raw = clb_sandbox::bounded::read(target, compression::MAX_COMPONENT_BYTES as u64)?;
     let beside = crate::live::sources::detached_signature_path(target);
-    let signature = std::fs::read(&beside).ok();
+    let signature = crate::live::sources::read_detached_signature(&beside);
     let signed = crate::live::swap::Signed::detached(signature.as_deref(), beside.display().to_string());
     match signed.refusal(&key, &raw) {
         None => {

@@ -43,7 +43,7 @@ pub(super) fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
 
 /// A detached signature file's base64, without the newline an editor or `echo` adds.
 fn read_signature(path: &std::path::Path) -> anyhow::Result<String> {
-    let text = clb_sandbox::bounded::read(path, 4 << 10)?;
+    let text = clb_sandbox::bounded::read(path, crate::live::sources::MAX_SIGNATURE_BYTES)?;
     let text = String::from_utf8(text).with_context(|| format!("{}: not a signature (not text)", path.display()))?;
     Ok(text.trim().to_owned())
 }

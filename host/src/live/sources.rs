@@ -138,9 +138,7 @@ impl ConfigMapKey {
             source,
         })
     }
-}
 
-impl ConfigMapKey {
     /// The detached signature beside the component in `configmap`: the key `KEY.sig`, as text in
     /// `data` or bytes in `binaryData`.
     pub fn signature(&self, configmap: &ConfigMap) -> Signed {
@@ -317,7 +315,13 @@ async fn watch_file(path: PathBuf, poll: Duration, offer: &mut Offer) {
 }
 
 /// A detached signature is base64 of ~72 bytes; a file much larger is not one.
-const MAX_SIGNATURE_BYTES: u64 = 4 << 10;
+pub const MAX_SIGNATURE_BYTES: u64 = 4 << 10;
+
+/// The detached signature in `path`, or none when it cannot be read (missing, too large): the
+/// version is then refused as unsigned, saying where the signature was looked for.
+pub fn read_detached_signature(path: &std::path::Path) -> Option<Vec<u8>> {
+    clb_sandbox::bounded::read(path, MAX_SIGNATURE_BYTES).ok()
+}
 
 /// Where a file's detached signature is looked for: `PATH.sig`, as `cosign sign-blob
 /// --output-signature` is told to write it.
