@@ -24,6 +24,12 @@ pub enum Class {
 
 type Services = VecSet<Name>;
 
+/// The most addresses of one location kept dirty one by one; one more makes the whole location
+/// dirty. Past this, syncing the location whole costs about what syncing the addresses would,
+/// and a start-up (where every address is new) keeps no set of every pod's address. The update
+/// either way makes NRP equal the desired view.
+const MAX_DIRTY_ADDRESSES: usize = 16;
+
 /// A view of NRP (location → address → services) in plain strings, for tests and reports.
 pub type View = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
@@ -163,6 +169,9 @@ impl DiffTracker {
     fn mark_address_dirty(&mut self, location: &str, address: &str) {
         match self.dirty.get_mut(location) {
             Some(None) => {}
+            Some(Some(addresses)) if addresses.len() >= MAX_DIRTY_ADDRESSES && !addresses.contains(address) => {
+                self.dirty.insert(Name::new(location), None);
+            }
             Some(Some(addresses)) => {
                 if !addresses.contains(address) {
                     addresses.insert(Name::new(address));

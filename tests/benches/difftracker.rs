@@ -83,6 +83,18 @@ fn run_until_idle(
     }
 }
 
+/// `lists` observed at time 0 as the hosts hand them over ([`clb_sandbox::logic::calls`]):
+/// one step with every call's commands, and the last call's wake-up.
+fn observe_lists(driver: &mut dyn Driver, lists: &[wit::Observation]) -> wit::Step {
+    let mut step = wit::Step { commands: Vec::new(), wake_at_ms: None, idle: false };
+    for call in clb_sandbox::logic::calls(lists) {
+        let next = driver.observe(0, call);
+        step.commands.extend(next.commands);
+        (step.wake_at_ms, step.idle) = (next.wake_at_ms, next.idle);
+    }
+    step
+}
+
 /// [`run_until_idle`] from time 1 with the benchmark's answers; the commands only.
 fn drive(driver: &mut dyn Driver, step: wit::Step) -> Vec<wit::Command> {
     run_until_idle(driver, 1, step, answer).0.into_iter().map(|(_, c)| c).collect()
@@ -179,7 +191,8 @@ fn median_of(runs: usize, run: &mut dyn FnMut() -> Duration) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// (a): the lists, then NRP's answer, then ARM's, natively (median of 3). Both sides start from
+/// (a): the lists (in the calls the hosts make, [`clb_sandbox::logic::calls`]), then NRP's
+/// answer, then ARM's, natively (median of 3). Both sides start from
 /// the host's records: the component's call copies them into the guest (lowering), the native
 /// side builds the library's records from them, as a native host would. Without that copy the
 /// native side would skip work the component cannot.
@@ -192,8 +205,12 @@ fn startup_native(
     median_of_3(&mut || {
         let mut tracker = Tracker::create(config_to_model(config)).unwrap();
         let start = Instant::now();
-        let step = tracker.observe(0, lists.iter().map(observation_to_model).collect());
-        let read = step.commands.iter().find(|c| c.command == model::Command::ReadNrp).unwrap().id;
+        let mut read = None;
+        for call in clb_sandbox::logic::calls(lists) {
+            let step = tracker.observe(0, call.iter().map(observation_to_model).collect());
+            read = read.or(step.commands.iter().find(|c| c.command == model::Command::ReadNrp).map(|c| c.id));
+        }
+        let read = read.unwrap();
         let step = tracker.complete(0, vec![(read, outcome_to_model(snapshot))]);
         let list = step.commands.iter().find(|c| c.command == model::Command::ReadArm).unwrap().id;
         black_box(tracker.complete(0, vec![(list, outcome_to_model(inventory))]));
@@ -213,8 +230,12 @@ fn startup_component(
         let mut session = logic.session().unwrap();
         let tracker = session.tracker_create(config).unwrap().unwrap();
         let start = Instant::now();
-        let step = session.tracker_observe(tracker, 0, lists).unwrap();
-        let read = step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).unwrap().id;
+        let mut read = None;
+        for call in clb_sandbox::logic::calls(lists) {
+            let step = session.tracker_observe(tracker, 0, call).unwrap();
+            read = read.or(step.commands.iter().find(|c| c.command == wit::Command::ReadNrp).map(|c| c.id));
+        }
+        let read = read.unwrap();
         let step = session.tracker_complete(tracker, 0, &[(read, snapshot.clone())], None).unwrap();
         let list = step.commands.iter().find(|c| c.command == wit::Command::ReadArm).unwrap().id;
         black_box(session.tracker_complete(tracker, 0, &[(list, inventory.clone())], None).unwrap());
@@ -222,16 +243,15 @@ fn startup_component(
     })
 }
 
-/// The start-up of [`startup_component`] with the lists handed over in calls of at most `batch`
-/// observations: the total, and each kind of call's longest (the lists' calls, NRP's answer,
-/// ARM's), medians of 3.
+/// The start-up of [`startup_component`] with the lists handed over as `clb-host run` hands them,
+/// in calls of at most `MAX_OBJECTS_PER_CALL` objects ([`clb_sandbox::logic::calls`]): the
+/// total, and each kind of call's longest (the lists' calls, NRP's answer, ARM's), medians of 3.
 fn startup_batched(
     logic: &clb_sandbox::LoadedLogic,
     config: &wit::Config,
     lists: &[wit::Observation],
     snapshot: &wit::Outcome,
     inventory: &wit::Outcome,
-    batch: usize,
 ) -> [Duration; 4] {
     let mut runs: Vec<[Duration; 4]> = (0..3)
         .map(|_| {
@@ -239,7 +259,7 @@ fn startup_batched(
             let tracker = session.tracker_create(config).unwrap().unwrap();
             let start = Instant::now();
             let (mut longest_list, mut read) = (Duration::ZERO, None);
-            for chunk in lists.chunks(batch) {
+            for chunk in clb_sandbox::logic::calls(lists) {
                 let call = Instant::now();
                 let step = session.tracker_observe(tracker, 0, chunk).unwrap();
                 longest_list = longest_list.max(call.elapsed());
@@ -285,17 +305,17 @@ fn main() {
     let startup_through =
         |logic: &clb_sandbox::LoadedLogic| startup_component(logic, &config, &lists, &snapshot, &inventory);
     let component_startup = startup_through(&logic);
-    // The same with the lists in calls of at most 1,000 observations.
-    let batched = startup_batched(&logic, &config, &lists, &snapshot, &inventory, 1_000);
+    // The same with the lists in calls of bounded size, as `clb-host run` hands them over.
+    let batched = startup_batched(&logic, &config, &lists, &snapshot, &inventory);
 
     // Both trackers brought to the steady state: every Service Created, NRP in sync.
     let mut native = Native(Tracker::create(config_to_model(&config)).unwrap());
-    let first = native.observe(0, &lists);
+    let first = observe_lists(&mut native, &lists);
     let native_commands = drive(&mut native, first);
     let mut session = logic.session().unwrap();
     let tracker = session.tracker_create(&config).unwrap().unwrap();
     let mut component = Component { session, tracker };
-    let first = component.observe(0, &lists);
+    let first = observe_lists(&mut component, &lists);
     let component_commands = drive(&mut component, first);
     assert_eq!(native_commands, component_commands, "both trackers sent the same commands");
     let (restart_writes, restart_events) = writes_and_events(&component_commands);
@@ -304,7 +324,7 @@ fn main() {
     // The same restart as before the inventory existed: a host that cannot list ARM (answered
     // with something else, which the logic takes as "no inventory").
     let mut blind = Native(Tracker::create(config_to_model(&config)).unwrap());
-    let first = blind.observe(0, &lists);
+    let first = observe_lists(&mut blind, &lists);
     let no_inventory = |c: &wit::Command| if *c == wit::Command::ReadArm { wit::Outcome::Ok } else { answer(c) };
     let (blind_sent, _) = run_until_idle(&mut blind, 1, first, no_inventory);
     let blind_commands: Vec<wit::Command> = blind_sent.into_iter().map(|(_, c)| c).collect();
@@ -345,6 +365,8 @@ fn main() {
         black_box(Tracker::import_state(config_to_model(&config), version, &payload).unwrap());
     });
     let state_size = component.session.tracker_export(component.tracker).unwrap().payload.len();
+    // And once it has exported its state, as every checkpoint and swap has it do.
+    let guest_memory_exported = component.session.memory_bytes();
     // Each import into an instance of its own, made before the clock starts and dropped after:
     // imports kept alive in one instance would fill its memory at 5× and beyond.
     let component_export_import = median_of(15, &mut || {
@@ -357,7 +379,12 @@ fn main() {
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!("{}", describe(state_size));
-    println!("Guest linear memory after the start-up: {:.1} MiB.", guest_memory as f64 / 1_048_576.0);
+    let mib = |bytes: usize| bytes as f64 / 1_048_576.0;
+    println!(
+        "Guest linear memory after the start-up: {:.1} MiB; after a checkpoint (an export of the state): {:.1} MiB.",
+        mib(guest_memory),
+        mib(guest_memory_exported)
+    );
     println!();
     println!("| measure | native | component | component / native |");
     println!("|---|---|---|---|");
@@ -369,8 +396,12 @@ fn main() {
     row("(b) one endpoint change: total", native_observe + native_sync, component_observe + component_sync);
     row("(c) state export + import", native_export_import, component_export_import);
     println!(
-        "| (a) start-up, the lists in calls of at most 1,000 observations: total / the longest list call / NRP's answer / ARM's | | {:.2?} / {:.2?} / {:.2?} / {:.2?} | |",
-        batched[0], batched[1], batched[2], batched[3]
+        "| (a) start-up, the lists in calls of at most {} objects: total / the longest list call / NRP's answer / ARM's | | {:.2?} / {:.2?} / {:.2?} / {:.2?} | |",
+        clb_sandbox::logic::MAX_OBJECTS_PER_CALL,
+        batched[0],
+        batched[1],
+        batched[2],
+        batched[3]
     );
     // One line for harness/upstream-go/side-by-side.py, which runs this bench beside upstream's.
     let (ms, us) = (|d: Duration| d.as_secs_f64() * 1e3, |d: Duration| d.as_secs_f64() * 1e6);
@@ -402,7 +433,7 @@ fn main() {
     let changes = scaled(3_000);
     let budgeted = burst(&mut native, burst_from, changes, 5_000);
     let mut free = Native(Tracker::create(config_to_model(&unbounded)).unwrap());
-    let first = free.observe(0, &lists);
+    let first = observe_lists(&mut free, &lists);
     drive(&mut free, first);
     let free = burst(&mut free, burst_from, changes, 5_000);
     let default_budget = clb_guest::budget::WriteBudgets::DEFAULT.update_address_locations;
@@ -434,7 +465,7 @@ fn main() {
     let native_egress = startup_native(&config, &egress_lists, &egress_snapshot, &egress_inventory);
     let component_egress = startup_component(&logic, &config, &egress_lists, &egress_snapshot, &egress_inventory);
     let mut egress_tracker = Native(Tracker::create(config_to_model(&config)).unwrap());
-    let first = egress_tracker.observe(0, &egress_lists);
+    let first = observe_lists(&mut egress_tracker, &egress_lists);
     let (egress_sent, _) = run_until_idle(&mut egress_tracker, 1, first, answer_with_egress);
     let egress_commands: Vec<wit::Command> = egress_sent.into_iter().map(|(_, c)| c).collect();
     let (egress_writes, egress_events) = writes_and_events(&egress_commands);

@@ -581,3 +581,88 @@ fn the_self_check_counts_a_repeated_destructive_command_once_per_occurrence() {
         .expect_err("the second unregister is not matched by the old version");
     assert!(matches!(&err, SupervisorError::SwapSelfCheck { destructive } if destructive.len() == 1), "{err}");
 }
+
+/// Counts what each `observe` call carries, in objects, on its way to `logic`.
+struct Counting<'l, L> {
+    logic: &'l mut L,
+    calls: Vec<usize>,
+}
+
+impl<L: clb_sandbox::logic::Logic> clb_sandbox::logic::Logic for Counting<'_, L> {
+    type Error = L::Error;
+    fn start(&mut self, config: &wit::Config) -> Result<(), L::Error> {
+        self.logic.start(config)
+    }
+    fn observe(&mut self, now_ms: u64, batch: &[wit::Observation]) -> Result<wit::Step, L::Error> {
+        self.calls.push(batch.iter().map(clb_sandbox::logic::objects).sum());
+        self.logic.observe(now_ms, batch)
+    }
+    fn complete(
+        &mut self,
+        now_ms: u64,
+        results: &[(u64, wit::Outcome)],
+        arm_remaining_writes: Option<u32>,
+    ) -> Result<wit::Step, L::Error> {
+        self.logic.complete(now_ms, results, arm_remaining_writes)
+    }
+    fn tick(&mut self, now_ms: u64) -> Result<wit::Step, L::Error> {
+        self.logic.tick(now_ms)
+    }
+    fn stats(&mut self, now_ms: u64) -> Result<wit::TrackerStats, L::Error> {
+        self.logic.stats(now_ms)
+    }
+}
+
+/// A restart of the benchmark cluster × 20 (20,000 nodes, 20,000 Services, 600,000 pods; four
+/// times AKS's 5,000 nodes), through the supervisor, the lists handed over as `clb-host run` and
+/// `simulate` hand them: no call into the guest carries more than `MAX_OBJECTS_PER_CALL`
+/// objects, and the start-up (lists, NRP's answer, ARM's) and a checkpoint of the whole state
+/// end with no call that ran out of fuel, time or memory (the supervisor would have recovered
+/// it), under the default fuel and deadline and the 1 GiB `--memory-mib` docs/operations.md
+/// gives for this size (the default 512 MiB holds the start-up, not the checkpoint after it).
+/// Pins too that a state over wasmtime's default 128 MiB per call reaches the host: with that
+/// default every checkpoint of this cluster failed.
+#[test]
+fn a_start_up_at_twenty_times_the_benchmark_cluster_makes_no_call_over_the_bound_and_checkpoints_in_the_documented_memory()
+ {
+    use clb_sandbox::logic::{MAX_OBJECTS_PER_CALL, objects, observe_in_calls};
+    cluster::at_scale(20, || {
+        let lists = cluster::lists();
+        let total: usize = lists.iter().map(objects).sum();
+        let limits = Limits { memory_bytes: 1 << 30, ..Limits::default() };
+        let logic = runtime().load(clb_sandbox::BUILTIN_GUEST, limits).unwrap();
+        let mut supervisor = Supervisor::new(&logic);
+        supervisor.start(&read_config("clb.yaml")).unwrap();
+        let started = std::time::Instant::now();
+        let mut counting = Counting { logic: &mut supervisor, calls: Vec::new() };
+        let mut issued = Vec::new();
+        let last = observe_in_calls(&mut counting, 0, &lists, |step| issued.extend(step.commands)).unwrap();
+        issued.extend(last.commands);
+        let calls = counting.calls;
+        assert!(calls.iter().all(|&n| n <= MAX_OBJECTS_PER_CALL), "largest call: {:?}", calls.iter().max());
+        assert!(calls.len() >= total / MAX_OBJECTS_PER_CALL, "{total} objects in {} calls", calls.len());
+        drop(lists);
+        let answered =
+            cluster::settle_commands(wit::Step { commands: issued, wake_at_ms: None, idle: false }, |results| {
+                supervisor.complete(0, results).unwrap()
+            });
+        assert!(answered.contains(&wit::Command::ReadNrp) && answered.contains(&wit::Command::ReadArm));
+        let start_up = started.elapsed();
+        let memory_started = supervisor.snapshot().serving.and_then(|v| v.memory_bytes).unwrap();
+        // A checkpoint of the whole state (as the next policy point or a swap takes it).
+        let state = supervisor.export_state().unwrap();
+        let errors: Vec<String> = supervisor.take_quarantined().into_iter().map(|q| q.error).collect();
+        assert_eq!((supervisor.stats().recoveries, errors.len()), (0, 0), "no call failed: {errors:?}");
+        let memory = supervisor.snapshot().serving.and_then(|v| v.memory_bytes).unwrap();
+        assert!(memory <= limits.memory_bytes as u64, "{memory} bytes");
+        // The figures docs/operations.md gives for this size (informative: nothing here is timed).
+        eprintln!(
+            "20x start-up: {total} objects in {} calls, {start_up:.1?} (checkpoints included); guest memory {} MiB, \
+             {} MiB after a checkpoint of its {} MB state",
+            calls.len(),
+            memory_started >> 20,
+            memory >> 20,
+            state.payload.len() / 1_000_000,
+        );
+    });
+}

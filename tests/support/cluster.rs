@@ -12,11 +12,30 @@ pub const PODS_PER_SERVICE: usize = 30;
 /// to check that the cost of one change does not grow with the cluster, and CI's small mode;
 /// then multiplied by `CLB_BENCH_SCALE` ([`bench_scale`]), for AKS's sizes.
 pub fn node_count() -> usize {
-    scaled(1_000) * bench_scale()
+    scaled(1_000) * scale()
 }
 
 pub fn service_count() -> usize {
-    scaled(1_000) * bench_scale()
+    scaled(1_000) * scale()
+}
+
+thread_local! {
+    /// [`at_scale`]'s multiplier on this thread, if one is running.
+    static SCALE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// The multiplier: [`at_scale`]'s on this thread, else `CLB_BENCH_SCALE` ([`bench_scale`]).
+fn scale() -> usize {
+    SCALE.get().unwrap_or_else(bench_scale)
+}
+
+/// Runs `f` with the cluster multiplied by `n` on this thread (a test of a size of its own; the
+/// other tests' threads keep theirs).
+pub fn at_scale<R>(n: usize, f: impl FnOnce() -> R) -> R {
+    let before = SCALE.replace(Some(n));
+    let result = f();
+    SCALE.set(before);
+    result
 }
 
 /// `config` with every write budget at its largest: for a benchmark that measures something

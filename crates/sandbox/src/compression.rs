@@ -399,12 +399,15 @@ mod tests {
         // leader's late unlink), +6,467 (state version 10's remembered teardowns: their
         // encoding, the re-teardown after a read of NRP, the start-up sweep's wider rule; a list
         // rather than a map, no sort of its own and the driver's own start of a drain saved
-        // 4,107 of the first cut), to 808,912.
+        // 4,107 of the first cut), to 808,912; raised for the memory of large clusters, +3,390
+        // (the state exported into a buffer of its exact size, counted by a first pass through
+        // the same serializer, +3,276: at 20,000 nodes a checkpoint peaked 196 MiB lower; a
+        // location's dirty addresses bounded, +114), to 812,302.
         // The 700,000-byte goal of earlier was withdrawn: its measured
         // road (binaryen in every build) costs more than it buys, and the component fits a
         // ConfigMap raw. Where the bytes go and how it was measured: BENCHMARKS.md, "Where the
         // component's bytes go".
-        const CEILING: usize = 808_950;
+        const CEILING: usize = 812_350;
         let raw = crate::BUILTIN_GUEST.len();
         assert!(
             raw <= CEILING,

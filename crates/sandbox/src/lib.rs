@@ -448,6 +448,11 @@ impl LoadedLogic {
         let mut store = Store::new(&self.engine, HostState::new(self.limits.memory_bytes));
         store.limiter(|state| &mut state.limiter);
         store.epoch_deadline_trap();
+        // What one call may hand the host (wasmtime's "hostcall fuel", 128 MiB by default): as
+        // much as the guest may hold. The default refused the exported state of a cluster of
+        // 20,000 nodes and 600,000 pods (about 150 MB), so every checkpoint and swap failed; the
+        // memory cap already bounds what the guest can hand over.
+        store.set_hostcall_fuel(self.limits.memory_bytes);
         // Instantiation runs guest code (start functions, data segments) under the same limits.
         set_budget(&mut store, self.limits, self.metering).map_err(|e| GuestError::Instantiate(format!("{e:#}")))?;
         let instance = self

@@ -81,7 +81,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Observations delivered in one `observe` call at most.
+/// Watch events gathered into one batch at most before it is handed over (a list arrives as one
+/// event: [`logic::observe_in_calls`] bounds what each call into the guest carries).
 const MAX_BATCH: usize = 1_000;
 /// Commands running at once, at most. The guest keeps at most 16 Service commands in flight,
 /// plus one NRP read or address batch, plus Events; this bounds the requests a burst of Events
@@ -664,7 +665,8 @@ async fn reconcile(
                 if let Some(pools) = &pools {
                     pools.observe(&batch);
                 }
-                logic::Logic::observe(&mut supervisor, now_ms(), &batch)
+                // A (re-)list arrives whole: it reaches the guest in calls of bounded size.
+                logic::observe_in_calls(&mut supervisor, now_ms(), &batch, |step| absorb(step, &mut commands, &mut wake))
             }
             event = next_swap(control) => {
                 let Some(control) = control.as_mut() else { continue };

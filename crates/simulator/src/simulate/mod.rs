@@ -619,8 +619,13 @@ impl Simulation<'_> {
     fn observe(&mut self, batch: &[wit::Observation]) -> Result<(), LogicError> {
         self.before_input()?;
         self.watch.told(batch);
-        let step = self.logic.observe(self.now, batch)?;
-        self.absorb(step);
+        // In calls of bounded size, as `clb-host run` hands them over (a restart's lists are the
+        // whole cluster).
+        let mut steps = Vec::new();
+        let last = clb_sandbox::logic::observe_in_calls(&mut *self.logic, self.now, batch, |step| steps.push(step))?;
+        for step in steps.into_iter().chain([last]) {
+            self.absorb(step);
+        }
         Ok(())
     }
 
