@@ -68,7 +68,10 @@ fn every_example_scenario_is_explored_with_every_class_and_no_perturbation_chang
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     assert!(failover_explored > 1_000, "{failover_explored} failover points explored");
-    assert!(own >= 2, "the regression scenarios of the late unlink carry their perturbation");
+    assert!(
+        own >= 3,
+        "the regression scenarios of the late unlink and the late pool creation carry their perturbation"
+    );
 }
 
 /// The regression scenario of the one divergence exploration found in the product: a deposed
@@ -110,6 +113,38 @@ fn a_deposed_leaders_late_unlink_lands_after_the_successor_took_over_says_so_and
     assert_eq!(code, EXIT_BAD_INPUT, "{err}");
     assert!(err.contains("reproducer directory /proc/no-such-dir") && out.is_empty(), "{out}{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// Regression: a deposed leader's pool creation (a PUT without If-Match) landing after its
+// successor wrote the pool replaced the pool's content until the Service changed again (found by
+// the failover class within backend-pool ticks).
+#[test]
+fn a_deposed_leaders_pool_creation_lands_after_the_successors_first_tick_and_the_successors_recheck_puts_the_pool_right()
+ {
+    let path = example_scenarios()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("a-deposed-leaders-pool-creation-landing-after"))
+        .unwrap();
+    let scenario = scenario::read(&path).unwrap();
+    let found = explore::explore(&scenario, component, &options(CI_BUDGET)).unwrap();
+    assert!(found.divergences.is_empty(), "{:?}", found.divergences);
+    assert_eq!(found.classes.get("failover").map(|f| f.explored), Some(1), "{:?}", found.classes);
+    let report = found.only_report.expect("the scenario's own perturbation's report");
+    let perturbed: Vec<&String> = report.steps.iter().flat_map(|s| &s.perturbed).collect();
+    assert_eq!(perturbed.len(), 2, "{perturbed:#?}");
+    assert!(
+        perturbed[0].contains("its PUT of pool lb2/shop-web [10.224.0.4] (creating it) in flight, applied at 61s"),
+        "{perturbed:#?}"
+    );
+    assert_eq!(
+        perturbed[1],
+        "the deposed leader's PUT of pool lb2/shop-web [10.224.0.4] (creating it) lands → written without If-Match \
+         (created or replaced)"
+    );
+    let pools = report.pool_stream();
+    let recheck = pools.iter().position(|l| l.contains("holds [10.224.0.4] in Azure, not [10.224.0.4, 10.224.0.5]"));
+    let tick = pools.iter().position(|l| l.starts_with("tick at 2m: 1 group(s): 1 written"));
+    assert!(recheck.is_some() && recheck < tick, "the recheck, then the tick that puts the pool right: {pools:#?}");
 }
 
 /// What a deliberately broken logic gets wrong: it filters what the real one is told.

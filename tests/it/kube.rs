@@ -9,7 +9,9 @@
 
 use ::kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use clb_arm::{ArmClient, ArmConfig, Credential};
-use clb_azure::{self as azure, AzureApi as _, IpVersion, LoadBalancerSpec, Operation, PoolRef, PublicIpSpec};
+use clb_azure::{
+    self as azure, AzureApi as _, BackendPool, IpVersion, LoadBalancerSpec, Operation, PoolRef, PublicIpSpec,
+};
 use clb_emulator::{Emulator, EmulatorServer, Fault, FaultMode};
 use clb_host::live::settings::RunError;
 use clb_kube::lease::{LeaseLockConfig, RESOURCE_LOCK_NAMESPACE};
@@ -1518,6 +1520,9 @@ fn in_multi_slb_mode_a_local_services_endpoints_on_two_nodes_put_both_node_ips_i
         let uid = env.service("web", "Local").await;
         env.endpoints("web", &uid, &[(10, 1), (11, 2)]).await;
         env.pool_holds(&pool, &[1, 2]).await;
+        // The term rechecks its pools against Azure after its second tick (a GET each); ticks
+        // come every second, so three seconds from here that is behind us.
+        tokio::time::sleep(Duration::from_secs(3)).await;
         let pool_calls = || (env.calls(Operation::GetBackendPool, ""), env.calls(Operation::PutBackendPool, ""));
         let before = pool_calls();
 
@@ -1534,6 +1539,33 @@ fn in_multi_slb_mode_a_local_services_endpoints_on_two_nodes_put_both_node_ips_i
         let after = pool_calls();
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1), "one GET and one PUT for the move");
         env.pool_holds(&pool, &[1, 3]).await;
+        controller.stop().await;
+    });
+}
+
+// Regression: a pool write the previous leader had in flight (a creation or a DELETE carries no
+// If-Match) could land after the new leader wrote the same pool, and nothing noticed until the
+// Service changed again. Against the real API server: once the controller's first tick wrote the
+// pool, the test writes it as such a late write would, and the controller's recheck after its
+// second tick (the updater ticking every 4 s) puts it right at the third.
+#[test]
+fn in_multi_slb_mode_a_pool_changed_behind_the_controller_after_its_first_tick_is_put_right_after_its_second() {
+    e2e(24, async |env| {
+        let pool = env.slb_pool("web").await;
+        let uid = env.service("web", "Local").await;
+        env.endpoints("web", &uid, &[(10, 1)]).await;
+        let cloud_config = env.multi_slb_cloud_config().replace(
+            "loadBalancerBackendPoolUpdateIntervalInSeconds: 1",
+            "loadBalancerBackendPoolUpdateIntervalInSeconds: 4",
+        );
+        let controller =
+            env.start_with(env.controller_kubeconfig.clone(), &cloud_config, Some(env.resource_lock()), None);
+        env.pool_holds(&pool, &[1]).await;
+        // The late write: the pool as the previous leader last wanted it, empty, written
+        // without If-Match, well before the second tick (4 s after the first).
+        env.emulator.put_backend_pool(&pool, &BackendPool::default(), None).await.expect("writes the pool");
+        assert!(env.pool_ips(&pool).await.is_empty());
+        env.pool_holds(&pool, &[1]).await;
         controller.stop().await;
     });
 }

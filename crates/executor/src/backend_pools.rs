@@ -21,7 +21,7 @@
 //! (its Service went or moved: upstream's `cleanupLocalServiceBackendPool`) deletes it.
 
 use crate::KubeApi;
-use clb_azure::{AzureApi, AzureError, BackendAddress, BackendPool, PoolRef};
+use clb_azure::{AzureApi, AzureError, BackendAddress, BackendPool, ETag, PoolRef};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
 use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{
     Disposition, GroupOutcome, GroupReport, Placement, PlacementFacts, PoolGroup, PoolOperation, QueueStatus,
@@ -198,8 +198,54 @@ pub struct TickSummary {
     /// The resource lock could not be released (the pools were written all the same).
     pub unlock_failed: bool,
     /// Groups drained but never carried out: the controller died in the tick
-    /// ([`PoolUpdater::tick_dying_after`]); 0 for every other tick.
+    /// ([`PoolUpdater::tick_dying_after`]), or lost its lease with one of them in flight
+    /// ([`PoolUpdater::tick_losing_lease_at`], that one counted); 0 for every other tick.
     pub left: usize,
+}
+
+/// Where a tick stops short of its drained groups (`clb-host explore`'s perturbations).
+#[derive(Clone, Copy, Debug)]
+enum Cut {
+    /// The controller dies once this many groups are carried out.
+    DiesAfter(usize),
+    /// The leader loses its lease once this many groups are carried out, the next one's write
+    /// in flight.
+    LosesLeaseAt(usize),
+}
+
+/// One group's write to Azure, as the tick sends it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PoolWrite {
+    /// The pool deleted.
+    Delete(PoolRef),
+    /// The pool written whole: with `If-Match` of the `etag` its GET read, or created (no etag).
+    Put { at: PoolRef, pool: BackendPool, etag: Option<ETag> },
+}
+
+impl PoolWrite {
+    /// The pool the write is to.
+    pub fn pool(&self) -> &PoolRef {
+        match self {
+            PoolWrite::Delete(at) | PoolWrite::Put { at, .. } => at,
+        }
+    }
+
+    /// Sends the write. A DELETE of a pool already gone (ARM's 204) and one whose load balancer
+    /// is gone (404) leave it unchanged.
+    pub async fn send<A: AzureApi>(&self, azure: &A) -> GroupOutcome {
+        match self {
+            PoolWrite::Delete(at) => match azure.delete_backend_pool(at).await {
+                Ok(()) => GroupOutcome::Deleted,
+                Err(err) if err.status == 404 => GroupOutcome::Unchanged,
+                Err(err) => GroupOutcome::Failed(failure_of(&err)),
+            },
+            PoolWrite::Put { at, pool, etag } => match azure.put_backend_pool(at, pool, etag.as_ref()).await {
+                Ok(()) if etag.is_none() => GroupOutcome::Created,
+                Ok(()) => GroupOutcome::Updated,
+                Err(err) => GroupOutcome::Failed(failure_of(&err)),
+            },
+        }
+    }
 }
 
 /// The logic the updater drives: the `backend-pools` interface's `place-service` and one
@@ -279,6 +325,9 @@ pub struct PoolUpdater<A, L, K> {
     assignment: Mutex<BTreeMap<String, (String, String)>>,
     /// Canonical node IP → the node's name, as the producer last read the Nodes.
     node_names: Mutex<BTreeMap<String, String>>,
+    /// Lower-cased `namespace/name` of the Services whose writes the queue abandoned (retries
+    /// spent) and that nothing was enqueued for since: left alone until they change.
+    abandoned: Mutex<BTreeSet<String>>,
     stats: Arc<PoolUpdaterStats>,
     /// The trace its guest calls go to, and the queue's handle there.
     trace: Option<(Arc<Recorder>, u64)>,
@@ -347,6 +396,7 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             guest: Mutex::new(logic),
             assignment: Mutex::new(BTreeMap::new()),
             node_names: Mutex::new(BTreeMap::new()),
+            abandoned: Mutex::new(BTreeSet::new()),
             stats: Arc::default(),
             trace: None,
         }
@@ -415,6 +465,12 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         *plain(&self.node_names) = names.collect();
     }
 
+    /// Whether the queue abandoned the writes of `service` (any case) and nothing was
+    /// enqueued for it since.
+    pub fn abandoned(&self, service: &str) -> bool {
+        plain(&self.abandoned).contains(&service.to_ascii_lowercase())
+    }
+
     /// The lock this updater shares with reconciles.
     pub fn service_lock(&self) -> &ServiceLock {
         &self.service_lock
@@ -431,6 +487,12 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// Queues operations (EndpointSlice changes, the end of a reconcile). Waits for at most one
     /// short guest call, never for a tick's Azure calls.
     pub fn enqueue(&self, operations: &[PoolOperation]) -> Result<(), PoolUpdaterError> {
+        {
+            let mut abandoned = plain(&self.abandoned);
+            for op in operations {
+                abandoned.remove(&op.service.to_ascii_lowercase());
+            }
+        }
         let result = self.with_guest(|q| q.enqueue(operations));
         if let Some((recorder, handle)) = &self.trace {
             let ended = match &result {
@@ -488,13 +550,13 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// One tick: service lock → resource lock → drain and group → per group GET, PUT if changed,
     /// report. Completes when unlocking fails.
     pub async fn tick(&self) -> Result<Tick, PoolUpdaterError> {
-        self.tick_with(now_ms, None).await
+        self.tick_with(now_ms, None).await.map(|(tick, _)| tick)
     }
 
     /// [`tick`](Self::tick) at a given instant of the caller's clock (virtual time in
     /// `simulate`): every guest call of the tick is made at `now_ms`.
     pub async fn tick_at(&self, now_ms: u64) -> Result<Tick, PoolUpdaterError> {
-        self.tick_with(move || now_ms, None).await
+        self.tick_with(move || now_ms, None).await.map(|(tick, _)| tick)
     }
 
     /// What a controller that dies in the middle of a tick leaves (`clb-host explore`'s
@@ -502,26 +564,42 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
     /// groups it drained and stops there, the resource lock still held, the rest of the drained
     /// groups never written. The updater is not to be ticked again: its process is dead.
     pub async fn tick_dying_after(&self, now_ms: u64, groups: usize) -> Result<Tick, PoolUpdaterError> {
-        self.tick_with(move || now_ms, Some(groups)).await
+        self.tick_with(move || now_ms, Some(Cut::DiesAfter(groups))).await.map(|(tick, _)| tick)
     }
 
-    async fn tick_with(&self, clock: impl Fn() -> u64, dies_after: Option<usize>) -> Result<Tick, PoolUpdaterError> {
+    /// What a leader that loses its lease in the middle of a tick leaves (`clb-host explore`'s
+    /// `failover-in-pool-tick`): [`tick_dying_after`](Self::tick_dying_after) `group` groups,
+    /// with the next group's write (its GET done) handed back unsent — in flight, for the caller
+    /// to land in Azure later — if it has one. The updater is not to be ticked again.
+    pub async fn tick_losing_lease_at(
+        &self,
+        now_ms: u64,
+        group: usize,
+    ) -> Result<(Tick, Option<PoolWrite>), PoolUpdaterError> {
+        self.tick_with(move || now_ms, Some(Cut::LosesLeaseAt(group))).await
+    }
+
+    async fn tick_with(
+        &self,
+        clock: impl Fn() -> u64,
+        cut: Option<Cut>,
+    ) -> Result<(Tick, Option<PoolWrite>), PoolUpdaterError> {
         let _reconciling = self.service_lock.lock().await;
         self.stats.ticks.fetch_add(1, Ordering::Relaxed);
         let now = clock();
         // An idle (or wholly parked) queue costs no lock traffic (upstream `countOperations`).
         if !self.status_at(now)?.ready {
             self.stats.idle_ticks.fetch_add(1, Ordering::Relaxed);
-            return Ok(Tick::Idle);
+            return Ok((Tick::Idle, None));
         }
         if let Err(err) = self.resource_lock.lock().await {
             self.stats.lock_failures.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(error = %err, "backend-pool tick skipped: the Azure resource lock is not available; operations stay queued");
-            return Ok(Tick::LockFailed(err));
+            return Ok((Tick::LockFailed(err), None));
         }
-        let result = self.drain_and_apply(now, &clock, dies_after).await;
-        if dies_after.is_some() {
-            return result.map(Tick::Ran);
+        let result = self.drain_and_apply(now, &clock, cut).await;
+        if cut.is_some() {
+            return result.map(|(summary, in_flight)| (Tick::Ran(summary), in_flight));
         }
         let unlock_failed = match self.resource_lock.unlock().await {
             Ok(()) => false,
@@ -531,15 +609,15 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
                 true
             }
         };
-        result.map(|summary| Tick::Ran(TickSummary { unlock_failed, ..summary }))
+        result.map(|(summary, _)| (Tick::Ran(TickSummary { unlock_failed, ..summary }), None))
     }
 
     async fn drain_and_apply(
         &self,
         now: u64,
         clock: &impl Fn() -> u64,
-        dies_after: Option<usize>,
-    ) -> Result<TickSummary, PoolUpdaterError> {
+        cut: Option<Cut>,
+    ) -> Result<(TickSummary, Option<PoolWrite>), PoolUpdaterError> {
         let assignment: Vec<ServiceAssignment> = plain(&self.assignment)
             .values()
             .map(|(service, lb)| ServiceAssignment { service: service.clone(), load_balancer: lb.clone() })
@@ -547,11 +625,17 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
         let groups = self.with_guest(|q| q.drain_and_group(now, &assignment));
         let groups =
             self.traced("pool-queue.drain-and-group", true, || vec![arg(now), arg(assignment.clone())], groups)?;
-        let carried_out = groups.len().min(dies_after.unwrap_or(usize::MAX));
+        let carried_out = groups.len().min(match cut {
+            Some(Cut::DiesAfter(n) | Cut::LosesLeaseAt(n)) => n,
+            None => usize::MAX,
+        });
         let mut summary =
             TickSummary { groups: groups.len(), left: groups.len() - carried_out, ..TickSummary::default() };
         for group in &groups[..carried_out] {
-            let outcome = self.apply(group).await;
+            let outcome = match self.prepare(group).await {
+                Ok(write) => write.send(&self.azure).await,
+                Err(outcome) => outcome,
+            };
             match &outcome {
                 GroupOutcome::Updated | GroupOutcome::Created | GroupOutcome::Deleted => {
                     summary.written += 1;
@@ -589,35 +673,38 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
                 Disposition::Done => {}
                 Disposition::Dropped => summary.dropped += 1,
                 Disposition::Requeued => summary.requeued += 1,
-                Disposition::Abandoned => summary.abandoned += 1,
+                Disposition::Abandoned => {
+                    summary.abandoned += 1;
+                    plain(&self.abandoned).extend(group.services.iter().map(|s| s.to_ascii_lowercase()));
+                }
             }
             for event in &report.events {
                 self.record(event).await;
             }
         }
-        Ok(summary)
+        let in_flight = match (cut, groups.get(carried_out)) {
+            (Some(Cut::LosesLeaseAt(_)), Some(group)) => self.prepare(group).await.ok(),
+            _ => None,
+        };
+        Ok((summary, in_flight))
     }
 
-    /// GET the pool, apply the group's change, PUT with `If-Match` only when it changed; a pool
-    /// that is not there is created when the group adds to it or ensures it (a PUT without
-    /// `If-Match`, empty included), and a group that deletes with nothing to add and nothing to
-    /// ensure deletes it (ARM answers 204 for one already gone; a 404, its load balancer gone, is
-    /// unchanged too).
-    async fn apply(&self, group: &PoolGroup) -> GroupOutcome {
+    /// The group's write: GET the pool, apply the group's change, PUT with `If-Match` only when
+    /// it changed; a pool that is not there is created when the group adds to it or ensures it
+    /// (a PUT without `If-Match`, empty included), and a group that deletes with nothing to add
+    /// and nothing to ensure deletes it. `Err` is the group's outcome when there is nothing to
+    /// write (unchanged) or the GET failed.
+    async fn prepare(&self, group: &PoolGroup) -> Result<PoolWrite, GroupOutcome> {
         let pool_ref = PoolRef { load_balancer: group.load_balancer.clone(), pool: group.pool.clone() };
         if group.delete && group.add.is_empty() && !group.ensure {
-            return match self.azure.delete_backend_pool(&pool_ref).await {
-                Ok(()) => GroupOutcome::Deleted,
-                Err(err) if err.status == 404 => GroupOutcome::Unchanged,
-                Err(err) => GroupOutcome::Failed(failure_of(&err)),
-            };
+            return Ok(PoolWrite::Delete(pool_ref));
         }
         let (mut pool, etag) = match self.azure.get_backend_pool(&pool_ref).await {
             Ok((pool, etag)) => (pool, Some(etag)),
             // Not there, and the group has something for it or ensures it: made now. Were its
             // load balancer gone, the PUT answers 404 too, and the guest drops the group.
             Err(err) if err.status == 404 && (!group.add.is_empty() || group.ensure) => (BackendPool::default(), None),
-            Err(err) => return GroupOutcome::Failed(failure_of(&err)),
+            Err(err) => return Err(GroupOutcome::Failed(failure_of(&err))),
         };
         let before = pool.addresses.len();
         if group.delete {
@@ -642,13 +729,9 @@ impl<A: AzureApi, L: ResourceLock, K: KubeApi> PoolUpdater<A, L, K> {
             }
         }
         if !changed {
-            return GroupOutcome::Unchanged;
+            return Err(GroupOutcome::Unchanged);
         }
-        match self.azure.put_backend_pool(&pool_ref, &pool, etag.as_ref()).await {
-            Ok(()) if etag.is_none() => GroupOutcome::Created,
-            Ok(()) => GroupOutcome::Updated,
-            Err(err) => GroupOutcome::Failed(failure_of(&err)),
-        }
+        Ok(PoolWrite::Put { at: pool_ref, pool, etag })
     }
 
     /// A local Service that cannot be placed (`message`: upstream's words): logged, counted, and

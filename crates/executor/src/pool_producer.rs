@@ -13,7 +13,8 @@
 //! ran) are deleted. The queue does these writes in the updater's tick, under its locks.
 //!
 //! Shared by `simulate` (which recomputes every Service when the cluster changes) and `run`
-//! (`clb_host::live::pools`, which recomputes only the Services a change touched). Both call it under
+//! (`clb_host::live::pools`, which recomputes only the Services a change touched); both read the
+//! cluster as the logic was told it ([`WatchedCluster`]). Both call it under
 //! the service reconcile lock, as upstream's reconcile writes its local-service map.
 
 use crate::KubeApi;
@@ -108,6 +109,152 @@ pub fn ready_node_ips<'s>(
         .flatten()
         .cloned()
         .collect()
+}
+
+/// The tick of a term (counted from 1) after which its producer [rechecks](PoolProducer::recheck)
+/// the pools it knows against Azure, once: its first tick wrote what its start-up found to do,
+/// the second what came since, and a write its predecessor had in flight has had two intervals
+/// to land. Right after a tick the queue holds only what failed and waits for a retry, so a
+/// difference found is, but for those, a write this term did not make.
+pub const RECHECK_AT_TICK: u64 = 2;
+
+/// `(namespace, name)` of a Service or an EndpointSlice.
+pub type ObjectKey = (String, String);
+
+/// What the producer reads of the cluster: the Services, EndpointSlices and Nodes' InternalIPs
+/// as the watches delivered them to the logic — the same batches, so a stale list or a lost
+/// event misleads the producer exactly as it misleads the logic, and the next event or re-list
+/// mends both — and which Services a batch touched since the producer last ran.
+#[derive(Default)]
+pub struct WatchedCluster {
+    services: BTreeMap<ObjectKey, wit::Service>,
+    /// Lower-cased UID → Service, to find the owner of a slice.
+    by_uid: BTreeMap<String, ObjectKey>,
+    slices: BTreeMap<ObjectKey, wit::EndpointSlice>,
+    /// Node name → its InternalIPs, both families, canonical.
+    nodes: BTreeMap<String, Vec<String>>,
+    /// The IPs of [`nodes`](Self::nodes) changed since they were last taken.
+    nodes_changed: bool,
+    /// Services to recompute.
+    changed: BTreeSet<ObjectKey>,
+    /// Whether the initial lists are complete.
+    listed: bool,
+}
+
+impl WatchedCluster {
+    fn mark_owner(&mut self, slice: Option<&wit::EndpointSlice>) {
+        let owner = slice.and_then(|s| s.owner_service_uid.as_ref()).map(|uid| uid.to_ascii_lowercase());
+        if let Some(key) = owner.and_then(|uid| self.by_uid.get(&uid)) {
+            self.changed.insert(key.clone());
+        }
+    }
+
+    /// Marks the owners of the slices with an endpoint on `node`.
+    fn mark_on_node(&mut self, node: &str) {
+        let owners: Vec<ObjectKey> = self
+            .slices
+            .values()
+            .filter(|s| s.endpoints.iter().any(|e| e.node_name.as_deref() == Some(node)))
+            .filter_map(|s| s.owner_service_uid.as_ref())
+            .filter_map(|uid| self.by_uid.get(&uid.to_ascii_lowercase()).cloned())
+            .collect();
+        self.changed.extend(owners);
+    }
+
+    /// Takes in one observation the logic is given, marking the Services it touches: the
+    /// Service itself, the owner of a changed slice, the owners of slices with endpoints on a
+    /// Node whose IPs changed; all of them once the initial lists are complete.
+    pub fn apply(&mut self, observation: &wit::Observation) {
+        match observation {
+            wit::Observation::ServiceUpserted(service) => {
+                let key = (service.namespace.clone(), service.name.clone());
+                if let Some(before) = self.services.insert(key.clone(), service.clone()) {
+                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
+                }
+                self.by_uid.insert(service.uid.to_ascii_lowercase(), key.clone());
+                self.changed.insert(key);
+            }
+            wit::Observation::ServiceDeleted(key) => {
+                if let Some(before) = self.services.remove(key) {
+                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
+                }
+                self.changed.insert(key.clone());
+            }
+            wit::Observation::SliceUpserted(slice) => {
+                let before = self.slices.insert((slice.namespace.clone(), slice.name.clone()), slice.clone());
+                self.mark_owner(before.as_ref());
+                self.mark_owner(Some(slice));
+            }
+            wit::Observation::SliceDeleted(key) => {
+                let before = self.slices.remove(key);
+                self.mark_owner(before.as_ref());
+            }
+            wit::Observation::NodeUpserted(node) => {
+                let ips = node_ips(node);
+                // Nodes change at every status heartbeat; only their IPs matter here.
+                if self.nodes.get(&node.name) != Some(&ips) {
+                    self.nodes.insert(node.name.clone(), ips);
+                    self.nodes_changed = true;
+                    self.mark_on_node(&node.name);
+                }
+            }
+            wit::Observation::NodeDeleted(name) => {
+                if self.nodes.remove(name).is_some() {
+                    self.nodes_changed = true;
+                    self.mark_on_node(name);
+                }
+            }
+            // Egress pods do not place Services.
+            wit::Observation::PodUpserted(_) | wit::Observation::PodDeleted(_) => {}
+            wit::Observation::ListsComplete => {
+                self.listed = true;
+                self.changed.extend(self.services.keys().cloned());
+            }
+        }
+    }
+
+    /// Whether the initial lists are complete: nothing is to be produced before (a pool must
+    /// not lose the IPs of Nodes not listed yet).
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
+    /// The Services touched since this was last called.
+    pub fn take_changed(&mut self) -> BTreeSet<ObjectKey> {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// Marks a Service to be recomputed next time (what placing it needed could not be read).
+    pub fn mark(&mut self, key: ObjectKey) {
+        self.changed.insert(key);
+    }
+
+    /// Whether a batch touched any Service since [`take_changed`](Self::take_changed).
+    pub fn any_changed(&self) -> bool {
+        !self.changed.is_empty()
+    }
+
+    /// The Nodes' IPs, if they changed since this was last called (the updater names pool
+    /// addresses after them).
+    pub fn nodes_if_changed(&mut self) -> Option<&BTreeMap<String, Vec<String>>> {
+        std::mem::take(&mut self.nodes_changed).then_some(&self.nodes)
+    }
+
+    /// The keys of the Services known, in order.
+    pub fn services(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.services.keys()
+    }
+
+    /// The Service's record, if it exists, and the node IPs of its ready endpoints.
+    pub fn service(&self, key: &ObjectKey) -> Option<(wit::Service, BTreeSet<String>)> {
+        let service = self.services.get(key)?;
+        let in_namespace = self
+            .slices
+            .range((key.0.clone(), String::new())..)
+            .take_while(|((namespace, _), _)| *namespace == key.0)
+            .map(|(_, slice)| slice);
+        Some((service.clone(), ready_node_ips(&service.uid, in_namespace, &self.nodes)))
+    }
 }
 
 /// The pools of `placement` as `<lb>:<pool>` text, for notes.
@@ -257,6 +404,78 @@ impl PoolProducer {
         self.known.keys().map(String::as_str)
     }
 
+    /// The pools of every Service it knows, as `(load balancer, pool)`: what
+    /// [`recheck`](Self::recheck) reads.
+    pub fn pools_known(&self) -> BTreeSet<(String, String)> {
+        let pools = self.known.values().flat_map(|p| p.placement.pools.iter().map(move |pool| (p, pool)));
+        pools.map(|(p, pool)| (p.placement.load_balancer.clone(), pool.name.clone())).collect()
+    }
+
+    /// Compares every pool of every Service it knows (but those whose writes the queue
+    /// abandoned) with what it enqueued for it last, and
+    /// enqueues what makes Azure's match again: an add of the whole list (a pool gone is ensured
+    /// first), a remove of what should not be there. `pool_contents(load balancer, pool)` is the
+    /// pool's canonical IPs in Azure (`None`: no such pool). A new term does it once, after its
+    /// [`RECHECK_AT_TICK`]-th tick: a write its predecessor had in flight when it lost its lease
+    /// may land after this term wrote the same pool — a creation carries no `If-Match`, and a
+    /// DELETE none either — and nothing else would notice until the Service changes again.
+    /// Called right after that tick.
+    /// Returns the number of pools found different; one line each goes to `notes`.
+    pub fn recheck<A: AzureApi, L: ResourceLock, K: KubeApi>(
+        &self,
+        updater: &PoolUpdater<A, L, K>,
+        _reconciling: &tokio::sync::MutexGuard<'_, ()>,
+        mut pool_contents: impl FnMut(&str, &str) -> Option<BTreeSet<String>>,
+        notes: &mut Vec<String>,
+    ) -> Result<usize, PoolUpdaterError> {
+        let mut operations = Vec::new();
+        let mut different = 0;
+        // A Service whose writes were abandoned stays as it is until it changes, as at run time.
+        for produced in self.known.values().filter(|p| !updater.abandoned(&p.service)) {
+            let load_balancer = &produced.placement.load_balancer;
+            for pool in &produced.placement.pools {
+                let operation = |kind, node_ips| PoolOperation {
+                    service: produced.service.clone(),
+                    load_balancer: load_balancer.clone(),
+                    pool: pool.name.clone(),
+                    kind,
+                    node_ips,
+                };
+                let wanted = produced.ips.get(&pool.name.to_ascii_lowercase()).cloned().unwrap_or_default();
+                let held = pool_contents(load_balancer, &pool.name);
+                if held.as_ref() == Some(&wanted) {
+                    continue;
+                }
+                different += 1;
+                let held_text = held.as_ref().map_or("nothing (no such pool)".to_owned(), |ips| {
+                    ip_list(&ips.iter().cloned().collect::<Vec<_>>())
+                });
+                notes.push(format!(
+                    "{} {load_balancer}:{} holds {held_text} in Azure, not {} as enqueued",
+                    produced.service,
+                    pool.name,
+                    ip_list(&wanted.iter().cloned().collect::<Vec<_>>())
+                ));
+                let held = held.unwrap_or_else(|| {
+                    operations.push(operation(OperationKind::EnsurePool, Vec::new()));
+                    BTreeSet::new()
+                });
+                let extra: Vec<String> = held.difference(&wanted).cloned().collect();
+                if !extra.is_empty() {
+                    operations.push(operation(OperationKind::Remove, extra));
+                }
+                if !wanted.is_empty() && !wanted.is_subset(&held) {
+                    operations.push(operation(OperationKind::Add, wanted.iter().cloned().collect()));
+                }
+            }
+        }
+        if !operations.is_empty() {
+            updater.enqueue(&operations)?;
+            notes.extend(operations.iter().map(enqueued));
+        }
+        Ok(different)
+    }
+
     /// Records that `service` (`namespace/name`) is a local Service at `placement` whose ready
     /// endpoints are on the nodes with `ips` (both families), and enqueues the change of each of
     /// its pools against what was enqueued for it last; `pool_contents` (a pool's canonical IPs
@@ -368,6 +587,7 @@ impl PoolProducer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     // Ports upstream TestEndpointSlicesInformerDeduplicatesNodeIPs: several ready endpoints on
     // one node, in one slice or in two, put that node's IP in the Service's pool once; not-ready
@@ -402,5 +622,110 @@ mod tests {
             (1..=5).map(|n| (format!("n{n}"), vec![format!("10.224.0.{n}")])).collect();
         let ips = ready_node_ips("uid-1", &slices, &node_ips);
         assert_eq!(ips.into_iter().collect::<Vec<_>>(), ["10.224.0.1", "10.224.0.3"]);
+    }
+
+    fn service(name: &str) -> wit::Observation {
+        let service = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": name, "uid": format!("uid-{name}")},
+            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"},
+        }))
+        .unwrap();
+        wit::Observation::ServiceUpserted(crate::records::service(&service))
+    }
+
+    fn slice(service: &str, node: &str) -> wit::Observation {
+        let slice = serde_json::from_value(json!({
+            "metadata": {
+                "namespace": "ns", "name": format!("{service}-1"),
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": format!("UID-{service}")}],
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": node}],
+        }))
+        .unwrap();
+        wit::Observation::SliceUpserted(crate::records::endpoint_slice(&slice))
+    }
+
+    fn node(name: &str, ip: &str) -> wit::Observation {
+        wit::Observation::NodeUpserted(wit::Node { name: name.into(), internal_ips: vec![ip.into()] })
+    }
+
+    fn key(name: &str) -> ObjectKey {
+        ("ns".into(), name.into())
+    }
+
+    /// A store with Services a (endpoint on n1) and b (endpoint on n2), listed, nothing marked.
+    fn listed() -> WatchedCluster {
+        let mut store = WatchedCluster::default();
+        let initial = [
+            service("a"),
+            service("b"),
+            slice("a", "n1"),
+            slice("b", "n2"),
+            node("n1", "10.0.0.1"),
+            node("n2", "10.0.0.2"),
+            wit::Observation::ListsComplete,
+        ];
+        for observation in &initial {
+            store.apply(observation);
+        }
+        assert_eq!(store.changed, BTreeSet::from([key("a"), key("b")]), "the initial lists mark every Service");
+        store.changed.clear();
+        store
+    }
+
+    fn marked_by(observation: wit::Observation) -> BTreeSet<ObjectKey> {
+        let mut store = listed();
+        store.apply(&observation);
+        store.changed
+    }
+
+    #[test]
+    fn a_change_marks_only_the_services_it_touches() {
+        assert_eq!(
+            marked_by(slice("a", "n2")),
+            BTreeSet::from([key("a")]),
+            "a slice marks its owner (UIDs in any case)"
+        );
+        assert_eq!(marked_by(wit::Observation::SliceDeleted(("ns".into(), "b-1".into()))), BTreeSet::from([key("b")]));
+        assert_eq!(
+            marked_by(node("n2", "10.0.0.9")),
+            BTreeSet::from([key("b")]),
+            "new node IPs mark the Services on it"
+        );
+        assert_eq!(marked_by(wit::Observation::NodeDeleted("n1".into())), BTreeSet::from([key("a")]));
+        assert_eq!(marked_by(service("a")), BTreeSet::from([key("a")]));
+        assert_eq!(marked_by(wit::Observation::ServiceDeleted(key("b"))), BTreeSet::from([key("b")]));
+    }
+
+    // Upstream TestEndpointSlicesInformer: its "skip non-local services" and "skip an endpoint slice that don't
+    // belong to a service" cases, a slice whose owner is not a known Service or that has no owner touches no pool.
+    #[test]
+    fn a_slice_of_an_unknown_service_or_of_none_marks_nothing() {
+        assert!(marked_by(slice("unknown", "n1")).is_empty());
+        let orphan = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "orphan-1"},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": "n1"}],
+        }))
+        .unwrap();
+        let orphan = crate::records::endpoint_slice(&orphan);
+        assert_eq!(orphan.owner_service_uid, None);
+        assert!(marked_by(wit::Observation::SliceUpserted(orphan)).is_empty());
+    }
+
+    #[test]
+    fn a_node_heartbeat_with_the_same_ips_marks_nothing() {
+        assert!(marked_by(node("n1", "10.0.0.1")).is_empty());
+    }
+
+    #[test]
+    fn a_services_node_ips_are_those_of_its_ready_endpoints_in_its_namespace() {
+        let mut store = listed();
+        store.apply(&slice("a", "n2"));
+        let (record, ips) = store.service(&key("a")).expect("a is known");
+        assert_eq!(record.name, "a");
+        assert_eq!(ips, BTreeSet::from(["10.0.0.2".to_owned()]));
+        assert!(store.service(&key("gone")).is_none());
     }
 }

@@ -20,7 +20,8 @@
 //!   the state move must be invisible;
 //! * **failover** — at every command boundary the leader loses its lease with that command in
 //!   flight; the other replica takes over from the cluster and Azure, and the command lands after
-//!   it did.
+//!   it did. In multi-SLB local-service mode also at every group of every backend-pool tick,
+//!   with that group's write in flight, landing after the successor's first tick.
 //!
 //! Every point is explored up to `budget` per class and scenario; past it, `budget` points drawn
 //! by the seed. The oracle: the perturbed run ends (it may not abort); after both runs had the
@@ -262,7 +263,14 @@ fn points(class: Class, reference: &Ran) -> Vec<Perturbation> {
             })
             .collect(),
         Class::Swap => (0..points.inputs).map(Swap).collect(),
-        Class::Failover => (0..points.commands).map(Failover).collect(),
+        Class::Failover => (0..points.commands)
+            .map(Failover)
+            .chain(
+                (0..)
+                    .zip(&points.pool_groups)
+                    .flat_map(|(tick, &groups)| (0..groups).map(move |group| FailoverInPoolTick { tick, group })),
+            )
+            .collect(),
     }
 }
 
@@ -296,7 +304,8 @@ pub fn splitmix64(mut z: u64) -> u64 {
 
 /// What the oracle compares, one line per fact: Azure's resources as the emulator holds them
 /// (etags, which every write changes, left out; a public IP's address too, which the order of
-/// allocation decides), and the Kubernetes objects the controller writes (each Service's and
+/// allocation decides; a load balancer's pools and a pool's addresses as sets, their order being
+/// the order of the writes), and the Kubernetes objects the controller writes (each Service's and
 /// Pod's finalizers, whether it is being deleted, and a Service's `status.loadBalancer` as the
 /// names of the public IPs its addresses belong to).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -320,14 +329,18 @@ impl World {
             lines.insert(format!("public ip {name}: {:?} tags {:?}", ip.version, ip.tags));
         }
         for (name, lb) in &resources.load_balancers {
-            let (frontends, pools, rules) = (json(&lb.frontends), json(&lb.backend_pools), json(&lb.rules));
+            // The order of a load balancer's pools and of a pool's addresses means nothing to
+            // Azure; the order of the writes decides it, and a perturbation may reorder those.
+            let pools: BTreeSet<&String> = lb.backend_pools.iter().collect();
+            let (frontends, pools, rules) = (json(&lb.frontends), json(&pools), json(&lb.rules));
             lines.insert(format!(
                 "load balancer {name} ({}): frontends {frontends} pools {pools} rules {rules}",
                 lb.sku
             ));
         }
         for (key, pool) in &resources.backend_pools {
-            lines.insert(format!("backend pool {key}: {} {}", json(&pool.addresses), json(&pool.other_properties)));
+            let addresses: BTreeSet<String> = pool.addresses.iter().map(json).collect();
+            lines.insert(format!("backend pool {key}: {addresses:?} {}", json(&pool.other_properties)));
         }
         for (name, gateway) in &resources.nat_gateways {
             lines.insert(format!(

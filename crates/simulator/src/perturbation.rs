@@ -50,6 +50,12 @@ pub enum Perturbation {
     /// and lands [`FAILOVER_LATE_MS`] later, after the other replica took over (a new controller
     /// from the cluster and Azure, as after a crash); the deposed leader sends nothing more.
     Failover(u64),
+    /// Multi-SLB local-service mode: the leader loses its lease during the `tick`-th tick of the
+    /// backend-pool updater, once its first `group` groups are carried out, with the next
+    /// group's write (its GET done, its PUT or DELETE sent) in flight: that write lands after
+    /// the other replica took over and ran its first tick ([`FAILOVER_LATE_MS`] after it), the
+    /// tick's other groups are never written. `group` < the tick's groups.
+    FailoverInPoolTick { tick: u64, group: u64 },
     /// Just before the n-th call into the logic (`observe`, `complete`, `tick`), the logic is
     /// swapped to a rebuilt copy of itself: its state exported and imported into a fresh instance.
     Swap(u64),
@@ -59,8 +65,9 @@ pub enum Perturbation {
 /// delivery waits for a next one: a watch's reconnection, in virtual time.
 pub const RELIST_AFTER_MS: u64 = 60_000;
 
-/// How long after the lease was lost a deposed leader's write in flight lands: after the
-/// successor's start-up (its reads and first writes run at the instant it takes over).
+/// How long after the lease was lost a deposed leader's command in flight lands: after the
+/// successor's start-up (its reads and first writes run at the instant it takes over); and how
+/// long after the successor's first backend-pool tick a pool write in flight lands.
 pub const FAILOVER_LATE_MS: u64 = 1_000;
 
 /// A kind of perturbation.
@@ -94,7 +101,7 @@ impl Class {
             Stale { .. } => Class::Stale,
             Coalesce(_) | Drop { .. } | Duplicate(_) | Reorder(_) => Class::Unobserved,
             Swap(_) => Class::Swap,
-            Failover(_) => Class::Failover,
+            Failover(_) | FailoverInPoolTick { .. } => Class::Failover,
         }
     }
 }
@@ -106,8 +113,8 @@ pub enum PerturbationError {
     UnknownClass(String),
     #[error(
         "{0:?} is not a perturbation: crash-before:N, crash-after:N, crash-before-pool-tick:N, \
-         crash-in-pool-tick:N:K (K ≥ 1), stale:N:M (M ≤ N), coalesce:N, drop:N:K, duplicate:N, reorder:N, swap:N or \
-         failover:N"
+         crash-in-pool-tick:N:K (K ≥ 1), stale:N:M (M ≤ N), coalesce:N, drop:N:K, duplicate:N, reorder:N, swap:N, \
+         failover:N or failover-in-pool-tick:N:K"
     )]
     Bad(String),
 }
@@ -136,6 +143,7 @@ impl fmt::Display for Perturbation {
             Reorder(n) => write!(f, "reorder:{n}"),
             Swap(n) => write!(f, "swap:{n}"),
             Failover(n) => write!(f, "failover:{n}"),
+            FailoverInPoolTick { tick, group } => write!(f, "failover-in-pool-tick:{tick}:{group}"),
         }
     }
 }
@@ -162,6 +170,7 @@ impl std::str::FromStr for Perturbation {
             ("reorder", &[n]) => Reorder(n),
             ("swap", &[n]) => Swap(n),
             ("failover", &[n]) => Failover(n),
+            ("failover-in-pool-tick", &[tick, group]) => FailoverInPoolTick { tick, group },
             _ => return Err(bad()),
         };
         Ok(perturbation)
@@ -187,6 +196,7 @@ mod tests {
             Reorder(6),
             Swap(11),
             Failover(8),
+            FailoverInPoolTick { tick: 2, group: 0 },
         ];
         for p in all {
             assert_eq!(p.to_string().parse::<Perturbation>(), Ok(p));
@@ -203,6 +213,7 @@ mod tests {
             "coalesce:-1",
             "crash-in-pool-tick:3",
             "crash-in-pool-tick:3:0",
+            "failover-in-pool-tick:3",
         ] {
             assert_eq!(bad.parse::<Perturbation>(), Err(PerturbationError::Bad(bad.to_owned())), "{bad}");
         }

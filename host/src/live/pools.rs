@@ -19,6 +19,10 @@
 //!   per pool → Events (see [`clb_executor::backend_pools`]). A tick is started only after checking
 //!   that leadership still holds, as [`crate::live::run`] does before each command; the producer only
 //!   fills the in-memory queue, so it needs no such check.
+//! * **Rechecking.** After the term's second tick the producer reads every pool it knows
+//!   and enqueues what makes it hold what was enqueued for it last
+//!   ([`PoolProducer::recheck`]): a write the previous leader had in flight may land after this
+//!   term wrote the same pool.
 //! * **Lifetime.** The queue, the producer's memory and the Lease lock live for one term: a new
 //!   leader starts from the lists and from what the pools hold in Azure, like a restart. A term
 //!   that stops (shutdown) lets a tick in progress finish within the shutdown grace period, so
@@ -30,7 +34,7 @@ use crate::live::settings::{RunError, Settings};
 use clb_arm::ArmClient;
 use clb_azure::{AzureApi as _, PoolRef};
 use clb_executor::backend_pools::{PoolUpdater, PoolUpdaterError, ServiceLock, Tick};
-use clb_executor::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
+use clb_executor::pool_producer::{AzureFacts, PoolProducer, RECHECK_AT_TICK, WatchedCluster, canonical_ip};
 use clb_kube::KubeClient;
 use clb_kube::lease::{Leadership, LeaseLock};
 use clb_sandbox::LoadedLogic;
@@ -43,107 +47,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// `(namespace, name)`.
-type Key = (String, String);
-
-/// What the producer reads of the cluster, and which Services changed since it last ran.
-#[derive(Default)]
-struct Store {
-    services: BTreeMap<Key, wit::Service>,
-    /// Lower-cased UID → Service, to find the owner of a slice.
-    by_uid: BTreeMap<String, Key>,
-    slices: BTreeMap<Key, wit::EndpointSlice>,
-    /// Node name → its InternalIPs, both families, canonical.
-    nodes: BTreeMap<String, Vec<String>>,
-    /// The IPs of [`nodes`](Self::nodes) changed since the updater last read them.
-    nodes_changed: bool,
-    /// Services to recompute.
-    changed: BTreeSet<Key>,
-    /// Whether the initial lists are complete.
-    listed: bool,
-}
-
-impl Store {
-    fn mark_owner(&mut self, slice: Option<&wit::EndpointSlice>) {
-        let owner = slice.and_then(|s| s.owner_service_uid.as_ref()).map(|uid| uid.to_ascii_lowercase());
-        if let Some(key) = owner.and_then(|uid| self.by_uid.get(&uid)) {
-            self.changed.insert(key.clone());
-        }
-    }
-
-    /// Marks the owners of the slices with an endpoint on `node`.
-    fn mark_on_node(&mut self, node: &str) {
-        let owners: Vec<Key> = self
-            .slices
-            .values()
-            .filter(|s| s.endpoints.iter().any(|e| e.node_name.as_deref() == Some(node)))
-            .filter_map(|s| s.owner_service_uid.as_ref())
-            .filter_map(|uid| self.by_uid.get(&uid.to_ascii_lowercase()).cloned())
-            .collect();
-        self.changed.extend(owners);
-    }
-
-    fn apply(&mut self, observation: &wit::Observation) {
-        match observation {
-            wit::Observation::ServiceUpserted(service) => {
-                let key = (service.namespace.clone(), service.name.clone());
-                if let Some(before) = self.services.insert(key.clone(), service.clone()) {
-                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
-                }
-                self.by_uid.insert(service.uid.to_ascii_lowercase(), key.clone());
-                self.changed.insert(key);
-            }
-            wit::Observation::ServiceDeleted(key) => {
-                if let Some(before) = self.services.remove(key) {
-                    self.by_uid.remove(&before.uid.to_ascii_lowercase());
-                }
-                self.changed.insert(key.clone());
-            }
-            wit::Observation::SliceUpserted(slice) => {
-                let before = self.slices.insert((slice.namespace.clone(), slice.name.clone()), slice.clone());
-                self.mark_owner(before.as_ref());
-                self.mark_owner(Some(slice));
-            }
-            wit::Observation::SliceDeleted(key) => {
-                let before = self.slices.remove(key);
-                self.mark_owner(before.as_ref());
-            }
-            wit::Observation::NodeUpserted(node) => {
-                let ips = node_ips(node);
-                // Nodes change at every status heartbeat; only their IPs matter here.
-                if self.nodes.get(&node.name) != Some(&ips) {
-                    self.nodes.insert(node.name.clone(), ips);
-                    self.nodes_changed = true;
-                    self.mark_on_node(&node.name);
-                }
-            }
-            wit::Observation::NodeDeleted(name) => {
-                if self.nodes.remove(name).is_some() {
-                    self.nodes_changed = true;
-                    self.mark_on_node(name);
-                }
-            }
-            // Egress pods do not place Services.
-            wit::Observation::PodUpserted(_) | wit::Observation::PodDeleted(_) => {}
-            wit::Observation::ListsComplete => {
-                self.listed = true;
-                self.changed.extend(self.services.keys().cloned());
-            }
-        }
-    }
-
-    /// The Service's record, if it exists, and the node IPs of its ready endpoints.
-    fn service(&self, key: &Key) -> Option<(wit::Service, BTreeSet<String>)> {
-        let service = self.services.get(key)?;
-        let in_namespace = self
-            .slices
-            .range((key.0.clone(), String::new())..)
-            .take_while(|((namespace, _), _)| *namespace == key.0)
-            .map(|(_, slice)| slice);
-        Some((service.clone(), ready_node_ips(&service.uid, in_namespace, &self.nodes)))
-    }
-}
 
 /// The backend-pool updater of one term and its producer.
 pub(crate) struct Pools {
@@ -161,7 +64,8 @@ pub(crate) struct Pools {
     resource_group: String,
     /// The cluster's name, as placement reads it.
     cluster_name: String,
-    store: RefCell<Store>,
+    /// What the producer reads of the cluster: the batches the guest is given.
+    store: RefCell<WatchedCluster>,
     producer: RefCell<PoolProducer>,
     /// Signalled when a batch marked a Service (a permit is kept while nobody waits).
     changed: tokio::sync::Notify,
@@ -240,10 +144,10 @@ impl Pools {
             store.apply(observation);
         }
         // Nodes are upserted at every status heartbeat; the updater's names change only with their IPs.
-        if std::mem::take(&mut store.nodes_changed) {
-            self.updater.set_nodes(&store.nodes);
+        if let Some(nodes) = store.nodes_if_changed() {
+            self.updater.set_nodes(nodes);
         }
-        if store.listed && !store.changed.is_empty() {
+        if store.listed() && store.any_changed() {
             self.changed.notify_one();
         }
     }
@@ -254,6 +158,7 @@ impl Pools {
         let every = self.updater_interval();
         let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut ticks, mut rechecked) = (0, false);
         loop {
             tokio::select! {
                 () = self.changed.notified() => self.produce().await?,
@@ -271,6 +176,10 @@ impl Pools {
                         Tick::Ran(summary) => tracing::info!(?summary, "backend-pool tick"),
                         // Already logged (a warning) and counted by the updater.
                         Tick::LockFailed(_) | Tick::Idle => {}
+                    }
+                    ticks += 1;
+                    if ticks >= RECHECK_AT_TICK && !rechecked {
+                        rechecked = self.recheck().await?;
                     }
                 }
             }
@@ -319,10 +228,10 @@ impl Pools {
     async fn produce(&self) -> Result<(), RunError> {
         let changed = {
             let mut store = self.store.borrow_mut();
-            if !store.listed {
+            if !store.listed() {
                 return Ok(());
             }
-            std::mem::take(&mut store.changed)
+            store.take_changed()
         };
         if changed.is_empty() {
             return Ok(());
@@ -348,7 +257,7 @@ impl Pools {
                         error = %error,
                         "cannot read what placing a local Service needs; retrying at the next tick"
                     );
-                    self.store.borrow_mut().changed.insert(key);
+                    self.store.borrow_mut().mark(key);
                     continue;
                 }
             };
@@ -389,7 +298,7 @@ impl Pools {
                         error = %error_chain(&error),
                         "cannot read the backend pool a local Service starts from; retrying at the next tick"
                     );
-                    self.store.borrow_mut().changed.insert(key);
+                    self.store.borrow_mut().mark(key);
                     continue;
                 }
             };
@@ -403,6 +312,50 @@ impl Pools {
             tracing::info!(%note, "backend-pool producer");
         }
         Ok(())
+    }
+
+    /// Reads every pool the producer knows and has it [recheck](PoolProducer::recheck) them
+    /// against what it enqueued: `false` when the lists are not complete yet or a read failed
+    /// (it is tried again at the next tick).
+    async fn recheck(&self) -> Result<bool, RunError> {
+        if !self.store.borrow().listed() {
+            return Ok(false);
+        }
+        let known = self.producer.borrow().pools_known();
+        let mut contents = BTreeMap::new();
+        for (load_balancer, pool) in known {
+            let at = PoolRef { load_balancer, pool };
+            let ips = match self.updater.azure().get_backend_pool(&at).await {
+                Ok((read, _)) => Some(read.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
+                Err(error) if error.status == 404 => None,
+                Err(error) => {
+                    tracing::warn!(
+                        load_balancer = %at.load_balancer,
+                        pool = %at.pool,
+                        error = %error_chain(&error),
+                        "cannot read a backend pool to recheck it against what was enqueued; rechecking at the next tick"
+                    );
+                    return Ok(false);
+                }
+            };
+            contents.insert((at.load_balancer, at.pool), ips);
+        }
+        let service_lock = self.updater.service_lock().clone();
+        let reconciling = service_lock.lock().await;
+        let mut notes = Vec::new();
+        let contents_of = |load_balancer: &str, pool: &str| {
+            contents.get(&(load_balancer.to_owned(), pool.to_owned())).cloned().flatten()
+        };
+        let different = self
+            .producer
+            .borrow()
+            .recheck(&self.updater, &reconciling, contents_of, &mut notes)
+            .map_err(RunError::Pools)?;
+        for note in notes {
+            tracing::info!(%note, "backend-pool recheck");
+        }
+        tracing::info!(pools = contents.len(), different, "backend pools rechecked against Azure once in this term");
+        Ok(true)
     }
 
     /// What placing a Service of `namespace` reads besides the Service: its namespace's labels
@@ -464,116 +417,5 @@ impl Pools {
             contents.insert(pool, ips);
         }
         Ok(contents)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn service(name: &str) -> wit::Observation {
-        let service = serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": name, "uid": format!("uid-{name}")},
-            "spec": {"type": "LoadBalancer", "externalTrafficPolicy": "Local"},
-        }))
-        .unwrap();
-        wit::Observation::ServiceUpserted(clb_executor::records::service(&service))
-    }
-
-    fn slice(service: &str, node: &str) -> wit::Observation {
-        let slice = serde_json::from_value(json!({
-            "metadata": {
-                "namespace": "ns", "name": format!("{service}-1"),
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": service, "uid": format!("UID-{service}")}],
-            },
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": node}],
-        }))
-        .unwrap();
-        wit::Observation::SliceUpserted(clb_executor::records::endpoint_slice(&slice))
-    }
-
-    fn node(name: &str, ip: &str) -> wit::Observation {
-        wit::Observation::NodeUpserted(wit::Node { name: name.into(), internal_ips: vec![ip.into()] })
-    }
-
-    fn key(name: &str) -> Key {
-        ("ns".into(), name.into())
-    }
-
-    /// A store with Services a (endpoint on n1) and b (endpoint on n2), listed, nothing marked.
-    fn listed() -> Store {
-        let mut store = Store::default();
-        let initial = [
-            service("a"),
-            service("b"),
-            slice("a", "n1"),
-            slice("b", "n2"),
-            node("n1", "10.0.0.1"),
-            node("n2", "10.0.0.2"),
-            wit::Observation::ListsComplete,
-        ];
-        for observation in &initial {
-            store.apply(observation);
-        }
-        assert_eq!(store.changed, BTreeSet::from([key("a"), key("b")]), "the initial lists mark every Service");
-        store.changed.clear();
-        store
-    }
-
-    fn marked_by(observation: wit::Observation) -> BTreeSet<Key> {
-        let mut store = listed();
-        store.apply(&observation);
-        store.changed
-    }
-
-    #[test]
-    fn a_change_marks_only_the_services_it_touches() {
-        assert_eq!(
-            marked_by(slice("a", "n2")),
-            BTreeSet::from([key("a")]),
-            "a slice marks its owner (UIDs in any case)"
-        );
-        assert_eq!(marked_by(wit::Observation::SliceDeleted(("ns".into(), "b-1".into()))), BTreeSet::from([key("b")]));
-        assert_eq!(
-            marked_by(node("n2", "10.0.0.9")),
-            BTreeSet::from([key("b")]),
-            "new node IPs mark the Services on it"
-        );
-        assert_eq!(marked_by(wit::Observation::NodeDeleted("n1".into())), BTreeSet::from([key("a")]));
-        assert_eq!(marked_by(service("a")), BTreeSet::from([key("a")]));
-        assert_eq!(marked_by(wit::Observation::ServiceDeleted(key("b"))), BTreeSet::from([key("b")]));
-    }
-
-    // Upstream TestEndpointSlicesInformer: its "skip non-local services" and "skip an endpoint slice that don't
-    // belong to a service" cases, a slice whose owner is not a known Service or that has no owner touches no pool.
-    #[test]
-    fn a_slice_of_an_unknown_service_or_of_none_marks_nothing() {
-        assert!(marked_by(slice("unknown", "n1")).is_empty());
-        let orphan = serde_json::from_value(json!({
-            "metadata": {"namespace": "ns", "name": "orphan-1"},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": ["10.244.0.1"], "nodeName": "n1"}],
-        }))
-        .unwrap();
-        let orphan = clb_executor::records::endpoint_slice(&orphan);
-        assert_eq!(orphan.owner_service_uid, None);
-        assert!(marked_by(wit::Observation::SliceUpserted(orphan)).is_empty());
-    }
-
-    #[test]
-    fn a_node_heartbeat_with_the_same_ips_marks_nothing() {
-        assert!(marked_by(node("n1", "10.0.0.1")).is_empty());
-    }
-
-    #[test]
-    fn a_services_node_ips_are_those_of_its_ready_endpoints_in_its_namespace() {
-        let mut store = listed();
-        store.apply(&slice("a", "n2"));
-        let (record, ips) = store.service(&key("a")).expect("a is known");
-        assert_eq!(record.name, "a");
-        assert_eq!(ips, BTreeSet::from(["10.0.0.2".to_owned()]));
-        assert!(store.service(&key("gone")).is_none());
     }
 }

@@ -197,11 +197,7 @@ impl Simulation<'_> {
             }
         }
         for (name, want) in &expectation.backend_pools {
-            let key = clb_emulator::core::pool_key(&name.load_balancer, &name.pool);
-            let found: Option<BTreeSet<String>> = resources
-                .backend_pools
-                .get(&key)
-                .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect());
+            let found = pools::azure_pool(&resources, &name.load_balancer, &name.pool);
             let detail = match (want, found) {
                 (PoolExpectation::Deleted, None) => None,
                 (PoolExpectation::Deleted, Some(found)) => Some(format!("found a pool holding {found:?}")),

@@ -13,10 +13,11 @@
 //! repeat until nothing is pending; then jump to the guest's `wake-at-ms` and `tick`.
 //!
 //! In multi-SLB local-service mode (the guest's `validate-config` says so), the host's
-//! [`PoolUpdater`] runs too, on the same emulator and cluster: whenever watch events arrive, the
-//! producer asks the guest where each Service belongs (`place-service`), records the assignment,
-//! computes the node IPs of the Service's ready endpoints and enqueues the change against what
-//! it enqueued last (upstream's `applyIPChangesAmongLocalServiceBackendPoolsByIPFamily`: a
+//! [`PoolUpdater`] runs too, on the same emulator and cluster: whenever the logic is handed
+//! watch events, the producer first reads the cluster as they tell it (so a stale list or a
+//! lost event misleads it as it misleads the logic), asks the guest where each Service belongs
+//! (`place-service`), records the assignment, computes the node IPs of the Service's ready
+//! endpoints and enqueues the change against what it enqueued last (upstream's `applyIPChangesAmongLocalServiceBackendPoolsByIPFamily`: a
 //! remove of the IPs no longer expected, an add of the whole expected list); a Service new to a
 //! load balancer starts from what its pool holds in Azure, as a reconcile that read the load
 //! balancer would. The updater ticks every `azure.backendPoolUpdateInterval` of virtual time.
@@ -25,6 +26,7 @@
 
 mod expect;
 mod perturb;
+mod pools;
 mod reconciler;
 mod report;
 mod watch;
@@ -47,18 +49,14 @@ use crate::scenario::{
 use clb_azure::{AzureApi, BackendPool, LbRule, LoadBalancerSpec, PoolRef, PublicIpSpec};
 use clb_emulator::{Emulator, EmulatorConfig};
 use clb_executor::Executor;
-use clb_executor::backend_pools::{
-    DEFAULT_MAX_RETRIES, InMemoryLock, PoolUpdater, PoolUpdaterConfig, ServiceLock, Tick,
-};
-use clb_executor::pool_producer::{AzureFacts, PoolProducer, canonical_ip, node_ips, ready_node_ips};
+use clb_executor::backend_pools::{InMemoryLock, PoolUpdater, PoolWrite};
+use clb_executor::pool_producer::{PoolProducer, WatchedCluster};
 use clb_sandbox::GuestError;
 use clb_sandbox::bindings::clb::reconciler::types as wit;
-use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{Placement, SlbConfiguration};
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::SlbConfiguration;
 use clb_sandbox::supervisor::ShadowState;
-use clb_sandbox::trace::{Ended, arg, lazy};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// What a crash of the crash class says in the step's report.
 const CRASHED: &str = "the controller dies; a new one starts from the cluster and Azure";
@@ -158,6 +156,7 @@ pub fn run_with(scenario: &Scenario, logic: &mut dyn Reconciler, options: &RunOp
         scenario,
         lists_miss: Vec::new(),
         watch: watch::Watch::default(),
+        watched: WatchedCluster::default(),
         perturbation: options.perturbation,
         points: Points::default(),
         perturbed: false,
@@ -305,7 +304,17 @@ struct PoolSim {
     cluster_name: String,
     interval: u64,
     next_tick: u64,
+    /// Ticks of this term so far.
+    ticks: u64,
     producer: PoolProducer,
+}
+
+/// A deposed leader's write in flight (the failover class).
+enum Late {
+    /// A command of the logic's.
+    Command(wit::Command),
+    /// A backend-pool write of the updater's tick.
+    PoolWrite(PoolWrite),
 }
 
 struct Simulation<'l> {
@@ -333,15 +342,18 @@ struct Simulation<'l> {
     /// What the next restart's lists leave out (`restart-with-stale-lists`).
     lists_miss: Vec<scenario::ObjectOfKind>,
     watch: watch::Watch,
+    /// The cluster as the logic was told it (the batches it was given since the controller
+    /// started): what the backend-pool producer reads, as `clb-host run`'s does.
+    watched: WatchedCluster,
     perturbation: Option<Perturbation>,
     points: Points,
     /// Whether the perturbation was reached.
     perturbed: bool,
     /// What it did, for the step's report.
     perturbed_lines: Vec<String>,
-    /// A deposed leader's command in flight, and when Azure applies it (the failover class).
-    late: Option<(wit::Command, u64)>,
-    /// The emulator's log entries of that command, which the invariants do not hold against
+    /// A deposed leader's write in flight, and when Azure applies it (the failover class).
+    late: Option<(Late, u64)>,
+    /// The emulator's log entries of that write, which the invariants do not hold against
     /// this controller.
     excused: Vec<std::ops::Range<usize>>,
 }
@@ -440,183 +452,22 @@ impl Simulation<'_> {
         let scenario = self.scenario;
         self.cluster.drop_watch_events();
         self.watch.restarted();
+        self.watched = WatchedCluster::default();
         self.pending.clear();
         self.pools = None;
         self.logic.start(&scenario.config)?;
         self.observe(lists)?;
-        if !scenario.config.multiple_standard_load_balancers.is_empty() {
-            let recorder = self.logic.supervised().and_then(|logic| logic.recorder());
-            let pools = self.logic.pools().ok_or(LogicError::PoolsUnsupported)?;
-            let mode = pools.validate_config(&scenario.config);
-            if let Some(recorder) = &recorder {
-                let ended = match &mode {
-                    Ok(mode) => Ended::Returned(lazy(mode.clone())),
-                    Err(error) => Ended::Trapped(error.to_string()),
-                };
-                recorder.call("validate-config", vec![arg(scenario.config.clone())], ended);
-            }
-            let mode = mode?;
-            if mode == Ok(wit::Mode::MultiSlbLocalServices) {
-                let interval = scenario.azure.pool_update_interval_ms();
-                let config =
-                    PoolUpdaterConfig { interval: Duration::from_millis(interval), max_retries: DEFAULT_MAX_RETRIES };
-                let mut updater = PoolUpdater::over(
-                    pools.pool_logic(config.max_retries)?,
-                    self.emulator.clone(),
-                    InMemoryLock::new(),
-                    self.cluster.clone(),
-                    ServiceLock::default(),
-                    config,
-                );
-                if let Some(recorder) = recorder {
-                    updater = updater.with_recorder(recorder);
-                }
-                self.pools = Some(PoolSim {
-                    updater,
-                    configurations: scenario.slb_configurations.clone(),
-                    cluster_name: scenario.cluster_name.clone(),
-                    interval,
-                    next_tick: self.now.saturating_add(interval),
-                    producer: PoolProducer::new(),
-                });
-                self.produce_pool_operations()?;
-            }
-        }
+        self.start_pools()?;
         Ok(())
     }
 
-    /// The producer: every Service's placement and the node IPs of its ready endpoints, against
-    /// what was enqueued for it last. Runs as a reconcile does, under the service reconcile lock.
-    fn produce_pool_operations(&mut self) -> Result<(), LogicError> {
-        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
-        let node_ips: BTreeMap<String, Vec<String>> = self
-            .cluster
-            .nodes()
-            .iter()
-            .map(|n| {
-                let record = clb_executor::records::node(n);
-                let ips = node_ips(&record);
-                (record.name, ips)
-            })
-            .collect();
-        pools.updater.set_nodes(&node_ips);
-        let slices: Vec<wit::EndpointSlice> =
-            self.cluster.slices().iter().map(clb_executor::records::endpoint_slice).collect();
-        let resources = self.emulator.resources();
-        // Read as the reconcile's listing of the resource group would, without an Azure call.
-        let (load_balancers, public_ips) = self.emulator.listing();
-        let resource_group = &self.emulator.scope().resource_group;
-        let azure = AzureFacts::listed(load_balancers, public_ips, resource_group, &pools.cluster_name);
-        let service_lock = pools.updater.service_lock().clone();
-        let reconciling = self.runtime.block_on(service_lock.lock());
-        let (mut placed, mut present) = (BTreeSet::new(), BTreeSet::new());
-        for service in self.cluster.services() {
-            let record = clb_executor::records::service(&service);
-            let key = format!("{}/{}", record.namespace, record.name);
-            present.insert(key.to_ascii_lowercase());
-            let namespace = self.cluster.namespace_labels(&record.namespace);
-            let placement = match pools.producer.place(
-                &pools.updater,
-                &pools.configurations,
-                &record,
-                namespace,
-                &azure,
-                &mut self.pool_lines,
-            )? {
-                (Placement::NotLocal(_), _) => continue,
-                (Placement::Refused(message), new) => {
-                    // What was enqueued for it stays, as upstream leaves a failed reconcile's work.
-                    placed.insert(key.to_ascii_lowercase());
-                    if new {
-                        self.pool_lines.push(format!("{key} cannot be placed: {message}"));
-                        self.runtime.block_on(pools.updater.refuse_placement(&key, &message));
-                    }
-                    continue;
-                }
-                (Placement::At(placement), _) => placement,
-            };
-            placed.insert(key.to_ascii_lowercase());
-            let ips = ready_node_ips(&record.uid, &slices, &node_ips);
-            let load_balancer = placement.load_balancer.clone();
-            let pool_contents = |pool: &str| {
-                resources
-                    .backend_pools
-                    .get(&clb_emulator::core::pool_key(&load_balancer, pool))
-                    .map(|p| p.addresses.iter().map(|a| canonical_ip(&a.properties.ip_address)).collect())
-            };
-            let notes = &mut self.pool_lines;
-            pools.producer.update(&pools.updater, &reconciling, &key, placement, ips, pool_contents, notes)?;
-        }
-        let unplaced: Vec<String> =
-            pools.producer.known().filter(|k| !placed.contains(*k)).map(str::to_owned).collect();
-        for folded in unplaced {
-            pools.producer.forget(&pools.updater, &reconciling, &folded, &mut self.pool_lines)?;
-        }
-        pools.producer.keep_refused(&placed);
-        pools.producer.keep_present(&present);
-        Ok(())
-    }
-
-    /// One tick of the backend-pool updater at the current instant.
-    fn pool_tick(&mut self) -> Result<(), LogicError> {
-        if self.pools.is_none() {
-            return Ok(());
-        }
-        // Every tick is a point, with work queued or not: asking the queue would be a call into
-        // the logic, which a run's trace would record.
-        let index = self.points.pool_ticks;
-        self.points.pool_ticks += 1;
-        if self.perturbation == Some(Perturbation::CrashBeforePoolTick(index)) {
-            self.perturb("the controller dies before the backend-pool tick; a new one starts".to_owned());
-            return self.restart();
-        }
-        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
-        pools.next_tick = self.now.saturating_add(pools.interval);
-        self.emulator.set_now_ms(self.now);
-        if let Some(Perturbation::CrashInPoolTick { tick, after }) = self.perturbation
-            && tick == index
-        {
-            return self.die_in_pool_tick(after);
-        }
-        let tick = self.runtime.block_on(pools.updater.tick_at(self.now))?;
-        self.points.pool_groups.push(match &tick {
-            Tick::Ran(s) => s.groups as u64,
-            Tick::Idle | Tick::LockFailed(_) => 0,
-        });
-        match tick {
-            Tick::Idle => {}
-            Tick::LockFailed(err) => self.pool_lines.push(format!("tick at {}: {err}", Ms(self.now))),
-            Tick::Ran(s) => {
-                let made = if s.created + s.deleted > 0 {
-                    format!(" ({} created, {} deleted)", s.created, s.deleted)
-                } else {
-                    String::new()
-                };
-                self.pool_lines.push(format!(
-                    "tick at {}: {} group(s): {} written{made}, {} unchanged, {} requeued, {} dropped, {} abandoned",
-                    Ms(self.now),
-                    s.groups,
-                    s.written,
-                    s.unchanged,
-                    s.requeued,
-                    s.dropped,
-                    s.abandoned
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Nothing queued for the backend-pool updater (always, outside multi-SLB mode).
-    fn pools_idle(&self) -> Result<bool, LogicError> {
-        match &self.pools {
-            None => Ok(true),
-            Some(pools) => Ok(pools.updater.status_at(self.now)?.queued == 0),
-        }
-    }
-
-    /// Hands the logic a batch of observations.
+    /// Hands the logic a batch of observations; the backend-pool producer sees the batch
+    /// first, as in `clb-host run`.
     fn observe(&mut self, batch: &[wit::Observation]) -> Result<(), LogicError> {
+        for observation in batch {
+            self.watched.apply(observation);
+        }
+        self.produce_pool_operations()?;
         self.before_input()?;
         self.watch.told(batch);
         // In calls of bounded size, as `clb-host run` hands them over (a restart's lists are the
@@ -636,7 +487,6 @@ impl Simulation<'_> {
             let fresh = self.cluster.take_watch_events();
             let events = self.watch.take(fresh, self.now, &self.cluster);
             if !events.is_empty() {
-                self.produce_pool_operations()?;
                 self.deliver(events)?;
                 continue;
             }

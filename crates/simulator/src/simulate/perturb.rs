@@ -1,16 +1,17 @@
 //! The run's perturbation applied (`crate::perturbation`), where it is not a crash of the loop
 //! itself (`run_instant` and `pool_tick` restart there): a rebuild of the logic before a call,
-//! a backend-pool tick cut short by the controller's death, a delivery of watch events as the
+//! a backend-pool tick cut short by the controller's death or by a lost lease, a delivery of watch events as the
 //! stale or unobserved class changes it, and a deposed leader's write landing late. Each says
 //! what it did in the step's report.
 
 use super::report::Ms;
 use super::watch::{changes_since, objects, reorder};
-use super::{Delivery, LogicError, Simulation, SwapResult};
+use super::{Delivery, Late, LogicError, Simulation, SwapResult};
 use crate::perturbation::{FAILOVER_LATE_MS, Perturbation, RELIST_AFTER_MS};
 use clb_executor::Executor;
-use clb_executor::backend_pools::Tick;
+use clb_executor::backend_pools::{PoolWrite, Tick};
 use clb_sandbox::bindings::clb::reconciler::types as wit;
+use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::GroupOutcome;
 use clb_sandbox::supervisor::describe_observation;
 
 impl Simulation<'_> {
@@ -66,22 +67,58 @@ impl Simulation<'_> {
             "the leader loses its lease with {what} in flight, applied at {}; the other replica takes over",
             Ms(at)
         ));
-        self.late = Some((command, at));
+        self.late = Some((Late::Command(command), at));
     }
 
-    /// Applies the deposed leader's command in flight once it is due.
+    /// `failover-in-pool-tick`: the backend-pool tick due now carries out its first `group`
+    /// groups and the leader loses its lease with the next group's write in flight; the write
+    /// lands [`FAILOVER_LATE_MS`] after the other replica's first tick, one interval from now.
+    /// The rest of what the tick drained is never written; its queue dies with the leader.
+    pub(super) fn lose_lease_in_pool_tick(&mut self, group: u64) -> Result<(), LogicError> {
+        let Some(pools) = self.pools.as_mut() else { return Ok(()) };
+        let at = self.now.saturating_add(pools.interval).saturating_add(FAILOVER_LATE_MS);
+        let tick = pools.updater.tick_losing_lease_at(self.now, usize::try_from(group).unwrap_or(usize::MAX));
+        let (tick, write) = self.runtime.block_on(tick)?;
+        let groups = match tick {
+            Tick::Ran(s) => s.groups,
+            Tick::Idle | Tick::LockFailed(_) => 0,
+        };
+        self.points.pool_groups.push(groups as u64);
+        let carried_out = usize::try_from(group).unwrap_or(usize::MAX).min(groups);
+        let what = match &write {
+            Some(write) => format!("its {} in flight, applied at {}", describe_pool_write(write), Ms(at)),
+            None => "no write in flight".to_owned(),
+        };
+        self.perturb(format!(
+            "the leader loses its lease during the backend-pool tick, {carried_out} of its {groups} group(s) carried \
+             out, {what}; the other replica takes over"
+        ));
+        self.late = write.map(|write| (Late::PoolWrite(write), at));
+        self.restart()
+    }
+
+    /// Applies the deposed leader's write in flight once it is due.
     pub(super) fn land_late(&mut self) -> Result<(), LogicError> {
         if self.late.as_ref().is_none_or(|(_, at)| *at > self.now) {
             return Ok(());
         }
-        let Some((command, _)) = self.late.take() else { return Ok(()) };
+        let Some((late, _)) = self.late.take() else { return Ok(()) };
         self.emulator.set_now_ms(self.now);
         let (emulator, cluster) = (self.emulator.clone(), self.cluster.clone());
         let logged = emulator.state().log.len();
-        let outcome = self.runtime.block_on(Executor::new(&*emulator, &*cluster).execute(&command));
+        let landed = match &late {
+            Late::Command(command) => {
+                let outcome = self.runtime.block_on(Executor::new(&*emulator, &*cluster).execute(command));
+                let what = super::describe_command(command);
+                format!("the deposed leader's {what} lands → {}", super::describe_outcome(&outcome))
+            }
+            Late::PoolWrite(write) => {
+                let outcome = self.runtime.block_on(write.send(&*emulator));
+                format!("the deposed leader's {} lands → {}", describe_pool_write(write), outcome_text(&outcome))
+            }
+        };
         self.excused.push(logged..emulator.state().log.len());
-        let what = super::describe_command(&command);
-        self.perturbed_lines.push(format!("the deposed leader's {what} lands → {}", super::describe_outcome(&outcome)));
+        self.perturbed_lines.push(landed);
         Ok(())
     }
 
@@ -134,6 +171,30 @@ impl Simulation<'_> {
             self.observe(&events)?;
         }
         Ok(())
+    }
+}
+
+/// A backend-pool write for a person.
+fn describe_pool_write(write: &PoolWrite) -> String {
+    let at = write.pool();
+    match write {
+        PoolWrite::Delete(_) => format!("DELETE of pool {}/{}", at.load_balancer, at.pool),
+        PoolWrite::Put { pool, etag, .. } => {
+            let ips: Vec<&str> = pool.addresses.iter().map(|a| a.ip_address.as_str()).collect();
+            let condition = if etag.is_some() { "If-Match its GET" } else { "creating it" };
+            format!("PUT of pool {}/{} [{}] ({condition})", at.load_balancer, at.pool, ips.join(", "))
+        }
+    }
+}
+
+/// A backend-pool write's outcome for a person.
+fn outcome_text(outcome: &GroupOutcome) -> String {
+    match outcome {
+        GroupOutcome::Updated => "updated".to_owned(),
+        GroupOutcome::Created => "written without If-Match (created or replaced)".to_owned(),
+        GroupOutcome::Deleted => "deleted".to_owned(),
+        GroupOutcome::Unchanged => "nothing to do".to_owned(),
+        GroupOutcome::Failed(f) => format!("HTTP {}: {}", f.status, f.message),
     }
 }
 
