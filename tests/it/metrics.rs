@@ -301,6 +301,8 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
     stats.pool_updater.groups_written.fetch_add(4, Ordering::Relaxed);
     stats.pool_updater.unlock_failures.fetch_add(1, Ordering::Relaxed);
     stats.pool_updater.pools_created.fetch_add(2, Ordering::Relaxed);
+    stats.pool_updater.recheck_different.fetch_add(1, Ordering::Relaxed);
+    stats.pool_updater.recheck_failures.fetch_add(5, Ordering::Relaxed);
 
     let text = get(addr, "/metrics").1;
     let lease = |lease: &str, result: &str| {
@@ -318,6 +320,9 @@ fn run_s_lease_and_pool_updater_counters_are_shown_by_lease_and_result_once_trac
     assert_eq!(value(&text, "clb_pool_updater_failures_total", &["kind=\"unlock\""]), 1.0);
     assert_eq!(value(&text, "clb_pool_updater_pools_total", &["action=\"created\""]), 2.0);
     assert_eq!(value(&text, "clb_pool_updater_pools_total", &["action=\"deleted\""]), 0.0);
+    assert_eq!(value(&text, "clb_pool_updater_recheck_pools_total", &["result=\"different\""]), 1.0);
+    assert_eq!(value(&text, "clb_pool_updater_recheck_pools_total", &["result=\"same\""]), 0.0);
+    assert_eq!(value(&text, "clb_pool_updater_failures_total", &["kind=\"recheck\""]), 5.0);
 }
 
 /// `/metrics` moved from exposition text written by hand to `prometheus-client`; the sample

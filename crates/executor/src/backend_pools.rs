@@ -170,6 +170,12 @@ pub struct PoolUpdaterStats {
     pub event_failures: AtomicU64,
     /// Local Services placement refused, counted once per distinct reason.
     pub placements_refused: AtomicU64,
+    /// Pools a term's recheck (`PoolProducer::recheck`) found as enqueued, and found changed
+    /// by a write the term did not make (or one of its own waiting for a retry).
+    pub recheck_same: AtomicU64,
+    pub recheck_different: AtomicU64,
+    /// Rechecks that could not read a pool (tried again after the next tick).
+    pub recheck_failures: AtomicU64,
 }
 
 /// What one tick did.

@@ -27,6 +27,7 @@ use clb_sandbox::bindings::exports::clb::reconciler::backend_pools::{
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 
 /// What placement reads of Azure (the resource group's load balancers and public IPs, as last
 /// listed) and of where it runs (the resource group, the cluster's name).
@@ -444,8 +445,10 @@ impl PoolProducer {
                 let wanted = produced.ips.get(&pool.name.to_ascii_lowercase()).cloned().unwrap_or_default();
                 let held = pool_contents(load_balancer, &pool.name);
                 if held.as_ref() == Some(&wanted) {
+                    updater.stats().recheck_same.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                updater.stats().recheck_different.fetch_add(1, Ordering::Relaxed);
                 different += 1;
                 let held_text = held.as_ref().map_or("nothing (no such pool)".to_owned(), |ips| {
                     ip_list(&ips.iter().cloned().collect::<Vec<_>>())

@@ -927,14 +927,22 @@ fn encode_run(out: &mut DescriptorEncoder<'_>, run: &RunStats) -> std::fmt::Resu
     counters(
         out,
         "clb_pool_updater_failures",
-        "Backend-pool updater failures outside a group: the resource lock not taken or not released, an Event not recorded, a local Service that no load balancer may take (once per distinct reason).",
+        "Backend-pool updater failures outside a group: the resource lock not taken or not released, an Event not recorded, a local Service that no load balancer may take (once per distinct reason), a pool the recheck could not read.",
         [
             ("lock", &p.lock_failures),
             ("unlock", &p.unlock_failures),
             ("event", &p.event_failures),
             ("placement", &p.placements_refused),
+            ("recheck", &p.recheck_failures),
         ]
         .map(|(kind, c)| (label("kind", kind), n(c))),
+    )?;
+    counters(
+        out,
+        "clb_pool_updater_recheck_pools",
+        "Backend pools a term's recheck (once, after its second tick) found as enqueued (same) or changed by a write the term did not make, or one of its own waiting for a retry (different; put right at the next tick).",
+        [("same", &p.recheck_same), ("different", &p.recheck_different)]
+            .map(|(result, c)| (label("result", result), n(c))),
     )?;
     if let Some(trace) = &run.trace {
         let t = trace.stats();

@@ -329,6 +329,7 @@ impl Pools {
                 Ok((read, _)) => Some(read.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
                 Err(error) if error.status == 404 => None,
                 Err(error) => {
+                    self.updater.stats().recheck_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(
                         load_balancer = %at.load_balancer,
                         pool = %at.pool,
