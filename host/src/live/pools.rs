@@ -321,25 +321,27 @@ impl Pools {
         if !self.store.borrow().listed() {
             return Ok(false);
         }
-        let known = self.producer.borrow().pools_known();
+        let mut by_load_balancer: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (load_balancer, pool) in self.producer.borrow().pools_known() {
+            by_load_balancer.entry(load_balancer).or_default().push(pool);
+        }
         let mut contents = BTreeMap::new();
-        for (load_balancer, pool) in known {
-            let at = PoolRef { load_balancer, pool };
-            let ips = match self.updater.azure().get_backend_pool(&at).await {
-                Ok((read, _)) => Some(read.addresses.iter().map(|a| canonical_ip(&a.ip_address)).collect()),
-                Err(error) if error.status == 404 => None,
-                Err(error) => {
+        for (load_balancer, pools) in by_load_balancer {
+            match self.pool_contents(&load_balancer, pools).await {
+                Ok(read) => {
+                    contents.extend(read.into_iter().map(|(pool, ips)| ((load_balancer.clone(), pool), ips)));
+                }
+                Err((pool, error)) => {
                     self.updater.stats().recheck_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(
-                        load_balancer = %at.load_balancer,
-                        pool = %at.pool,
+                        %load_balancer,
+                        %pool,
                         error = %error_chain(&error),
                         "cannot read a backend pool to recheck it against what was enqueued; rechecking at the next tick"
                     );
                     return Ok(false);
                 }
-            };
-            contents.insert((at.load_balancer, at.pool), ips);
+            }
         }
         let service_lock = self.updater.service_lock().clone();
         let reconciling = service_lock.lock().await;
