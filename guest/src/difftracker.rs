@@ -55,18 +55,9 @@ pub struct DiffTracker {
     uncertain: Map<Name, Set<Name>>,
 }
 
-/// The value at `key`, inserted as the default if missing. Unlike `entry(key.to_owned())` it
-/// allocates the key only when it inserts: this runs once per endpoint, on the hot path.
-fn slot<'m, V: Default>(map: &'m mut Map<Name, V>, key: &str) -> &'m mut V {
-    if !map.contains_key(key) {
-        map.insert(Name::new(key), V::default());
-    }
-    map.get_mut(key).expect("inserted above")
-}
-
 fn bump(index: &mut Map<Name, VecMap<Name, u32>>, identity: &str, location: &str, up: bool) {
     if up {
-        *slot(index, identity).slot(location, Name::new) += 1;
+        *index.slot(identity, Name::new).slot(location, Name::new) += 1;
         return;
     }
     if let Some(locations) = index.get_mut(identity) {
@@ -137,7 +128,7 @@ impl DiffTracker {
 
     /// One EndpointSlice now lists `address` on `location` for `identity`.
     pub fn add_endpoint(&mut self, identity: &str, address: &str, location: &str) {
-        let count = slot(&mut self.k8s, location).slot(address, Name::new).slot(identity, Name::new);
+        let count = self.k8s.slot(location, Name::new).slot(address, Name::new).slot(identity, Name::new);
         *count += 1;
         if *count == 1 {
             bump(&mut self.k8s_by_identity, identity, location, true);
@@ -173,9 +164,7 @@ impl DiffTracker {
                 self.dirty.insert(Name::new(location), None);
             }
             Some(Some(addresses)) => {
-                if !addresses.contains(address) {
-                    addresses.insert(Name::new(address));
-                }
+                addresses.insert(Name::new(address));
             }
             None => {
                 self.dirty.insert(Name::new(location), Some(Set::from([Name::new(address)])));
@@ -311,20 +300,23 @@ impl DiffTracker {
         let empty = VecMap::default();
         let actual = self.nrp.get(location);
         let wanted = self.k8s.get(location).unwrap_or(&empty);
-        let mut desired: Map<&str, Set<&str>> = Map::new();
+        // Sorted vectors, not trees: built in key order (`wanted` is), and one of them per
+        // location at every start-up.
+        let mut desired: VecMap<&str, VecSet<&str>> = VecMap::default();
         for (address, identities) in wanted {
-            let set: Set<&str> = identities.keys().map(Name::as_str).filter(|id| class(id) == Class::Ready).collect();
+            let set: VecSet<&str> =
+                identities.keys().map(Name::as_str).filter(|id| class(id) == Class::Ready).collect();
             if !set.is_empty() {
-                desired.insert(address, set);
+                desired.insert(address.as_str(), set);
             }
         }
         // Other controllers' identities stay as NRP has them.
         for (address, services) in actual.into_iter().flatten() {
             for service in services.iter().map(Name::as_str).filter(|s| class(s) == Class::Foreign) {
-                desired.entry(address).or_default().insert(service);
+                desired.slot(&address.as_str(), |a| *a).insert(service);
             }
         }
-        let to_wire = |address: &str, services: &Set<&str>| NrpAddress {
+        let to_wire = |address: &str, services: &VecSet<&str>| NrpAddress {
             address: address.to_owned(),
             services: services.iter().map(|s| (*s).to_owned()).collect(),
         };
@@ -346,11 +338,11 @@ impl DiffTracker {
                 addresses: Vec::new(),
             });
         }
-        let same = |have: &Services, want: &Set<&str>| {
+        let same = |have: &Services, want: &VecSet<&str>| {
             have.len() == want.len() && have.iter().zip(want.iter()).all(|(h, w)| h == w)
         };
         let mut addresses = Vec::new();
-        for (address, services) in &desired {
+        for (address, services) in desired.iter() {
             if !actual.get(*address).is_some_and(|have| same(have, services)) {
                 addresses.push(to_wire(address, services));
             }
@@ -406,19 +398,17 @@ impl DiffTracker {
     }
 
     fn set_nrp_address(&mut self, location: &str, address: &str, services: Option<Services>) {
-        let addresses = slot(&mut self.nrp, location);
+        let addresses = self.nrp.slot(location, Name::new);
         let old = match services {
-            Some(services) => addresses.insert(Name::new(address), services.clone()).map(|old| (old, Some(services))),
-            None => addresses.remove(address).map(|old| (old, None)),
+            Some(services) => addresses.insert(Name::new(address), services),
+            None => addresses.remove(address),
         };
         if addresses.is_empty() {
             self.nrp.remove(location);
         }
-        let (old, new) = match old {
-            Some((old, new)) => (old, new.unwrap_or_default()),
-            None => (Services::new(), self.nrp.get(location).and_then(|a| a.get(address)).cloned().unwrap_or_default()),
-        };
-        for gone in old.difference(&new) {
+        let (old, none) = (old.unwrap_or_default(), Services::new());
+        let new = self.nrp.get(location).and_then(|a| a.get(address)).unwrap_or(&none);
+        for gone in old.difference(new) {
             bump(&mut self.nrp_by_identity, gone, location, false);
         }
         for added in new.difference(&old) {

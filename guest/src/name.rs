@@ -257,6 +257,11 @@ impl<T: Ord> VecSet<T> {
 
     /// Adds `member`; false if it was there.
     pub fn insert(&mut self, member: T) -> bool {
+        // Members often come in order (a list does): then one comparison, with the last.
+        if self.0.last().is_none_or(|last| *last < member) {
+            self.0.push(member);
+            return true;
+        }
         match self.position(&member) {
             Ok(_) => false,
             Err(at) => {
@@ -367,6 +372,18 @@ impl<K: Ord, V> VecMap<K, V> {
         self.0.binary_search_by(|(k, _)| k.borrow().cmp(key))
     }
 
+    /// [`Self::position`] for an insertion: past the last key first, where keys that come in
+    /// order (as a list's do) go, with one comparison.
+    fn place<Q: Ord + ?Sized>(&self, key: &Q) -> Result<usize, usize>
+    where
+        K: Borrow<Q>,
+    {
+        match self.0.last() {
+            Some((last, _)) if last.borrow() < key => Err(self.0.len()),
+            _ => self.position(key),
+        }
+    }
+
     pub fn get<Q: Ord + ?Sized>(&self, key: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
@@ -387,7 +404,7 @@ impl<K: Ord, V> VecMap<K, V> {
         K: Borrow<Q>,
         V: Default,
     {
-        let at = match self.position(key) {
+        let at = match self.place(key) {
             Ok(at) => at,
             Err(at) => {
                 self.0.insert(at, (make(key), V::default()));
@@ -406,7 +423,7 @@ impl<K: Ord, V> VecMap<K, V> {
 
     /// Puts `value` at `key`; returns the value it replaced.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
-        match self.position(&key) {
+        match self.place(&key) {
             Ok(at) => Some(std::mem::replace(&mut self.0[at].1, value)),
             Err(at) => {
                 self.0.insert(at, (key, value));

@@ -234,6 +234,11 @@ impl Runtime {
     pub fn with_metering(metering: Metering) -> Result<Self, LoadError> {
         let mut config = EngineConfig::new();
         config.wasm_component_model(true).consume_fuel(metering.fuel).epoch_interruption(metering.epoch);
+        // For `perf`: the guest's compiled functions named in /tmp/perf-PID.map (BENCHMARKS.md,
+        // "Profiling the guest"). Off unless asked for; it costs nothing when off.
+        if std::env::var_os("CLB_PERF_MAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         // Recycled memories are plain mappings: the copy-on-write data image needs wasmtime's
         // own, so data segments are copied in at instantiation instead (a few kilobytes).
         #[cfg(unix)]

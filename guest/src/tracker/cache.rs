@@ -117,13 +117,27 @@ pub(super) struct StoredEndpoint {
     pub(super) ready: Option<bool>,
 }
 
+impl StoredEndpoint {
+    pub(super) fn of(endpoint: &Endpoint) -> Self {
+        Self {
+            addresses: endpoint.addresses.iter().map(Name::from).collect(),
+            node_name: endpoint.node_name.as_ref().map(Name::from),
+            ready: endpoint.ready,
+        }
+    }
+
+    /// Whether `endpoint` is this one, as it came (what [`Self::of`] would make of it).
+    pub(super) fn is(&self, endpoint: &Endpoint) -> bool {
+        self.ready == endpoint.ready
+            && self.node_name.as_deref() == endpoint.node_name.as_deref()
+            && self.addresses.len() == endpoint.addresses.len()
+            && self.addresses.iter().zip(&endpoint.addresses).all(|(a, b)| **a == **b)
+    }
+}
+
 impl StoredSlice {
     pub(super) fn of(slice: &EndpointSlice) -> Self {
-        let endpoints = slice.endpoints.iter().map(|e| StoredEndpoint {
-            addresses: e.addresses.iter().map(Name::from).collect(),
-            node_name: e.node_name.as_ref().map(Name::from),
-            ready: e.ready,
-        });
+        let endpoints = slice.endpoints.iter().map(StoredEndpoint::of);
         Self {
             namespace: Name::new(&slice.namespace),
             name: Name::new(&slice.name),

@@ -69,10 +69,10 @@ impl KubeCache {
     pub(super) fn upsert_slice(&mut self, slice: EndpointSlice, out: &mut Endpoints<'_>) {
         let key = slice.key();
         let owner = slice.owner_service_uid.as_ref().map(|u| Name::from(u.to_ascii_lowercase()));
-        let slice = StoredSlice::of(&slice);
         if self.update_slice_in_place(&key, &owner, &slice, out) {
             return;
         }
+        let slice = StoredSlice::of(&slice);
         let resolved = self.resolve(&slice);
         let record = SliceRecord { slice, owner, resolved };
         let old = self.slices.remove(&key);
@@ -83,18 +83,20 @@ impl KubeCache {
     }
 
     /// The common update — a few endpoints of a slice changed, nothing else — re-resolves
-    /// only those endpoints. Returns false when the update is not of that kind.
+    /// and re-stores only those endpoints: the rest of the slice is compared as it came, never
+    /// copied (this is what one endpoint change costs). Returns false when the update is not
+    /// of that kind.
     pub(super) fn update_slice_in_place(
         &mut self,
         key: &ObjectKey,
         owner: &Option<Name>,
-        slice: &StoredSlice,
+        slice: &EndpointSlice,
         out: &mut Endpoints<'_>,
     ) -> bool {
         const MOST_CHANGED: usize = 8;
         let Some(old) = self.slices.get(key) else { return false };
         let same_shape = old.owner == *owner
-            && old.slice.address_type == slice.address_type
+            && *old.slice.address_type == *slice.address_type
             && !old.slice.deleting
             && !slice.deleting
             && old.slice.endpoints.len() == slice.endpoints.len();
@@ -102,14 +104,17 @@ impl KubeCache {
             return false;
         }
         let pairs = old.slice.endpoints.iter().zip(&slice.endpoints);
-        let changed: Vec<usize> = pairs.enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect();
+        let changed: Vec<usize> = pairs.enumerate().filter(|(_, (a, b))| !a.is(b)).map(|(i, _)| i).collect();
         if changed.len() > MOST_CHANGED
-            || changed.iter().any(|&i| old.slice.endpoints[i].node_name != slice.endpoints[i].node_name)
+            || changed
+                .iter()
+                .any(|&i| old.slice.endpoints[i].node_name.as_deref() != slice.endpoints[i].node_name.as_deref())
         {
             return false;
         }
+        let stored: Vec<StoredEndpoint> = changed.iter().map(|&i| StoredEndpoint::of(&slice.endpoints[i])).collect();
         let before = self.resolve_endpoints(changed.iter().map(|&i| &old.slice.endpoints[i]));
-        let after = self.resolve_endpoints(changed.iter().map(|&i| &slice.endpoints[i]));
+        let after = self.resolve_endpoints(stored.iter());
         // Each address must stand for exactly one resolved entry, in the old slice and in the
         // changed endpoints, and a changed endpoint must not take an address an unchanged one
         // lists: otherwise (a duplicate, an unknown node, a bad IP) the whole slice is re-read.
@@ -117,7 +122,7 @@ impl KubeCache {
             endpoints.filter(|e| e.ready != Some(false)).map(|e| e.addresses.len()).sum()
         };
         if old.resolved.len() != ready_addresses(&mut old.slice.endpoints.iter())
-            || after.len() != ready_addresses(&mut changed.iter().map(|&i| &slice.endpoints[i]))
+            || after.len() != ready_addresses(&mut stored.iter())
             || after.keys().any(|a| old.resolved.contains_key(a) && !before.contains_key(a))
         {
             return false;
@@ -129,7 +134,14 @@ impl KubeCache {
             record.resolved.remove(address);
         }
         record.resolved.extend(after);
-        record.slice = slice.clone();
+        for (at, endpoint) in changed.into_iter().zip(stored) {
+            record.slice.endpoints[at] = endpoint;
+        }
+        // The owner's UID is kept as written (the state holds the slice as it came); its
+        // lower-cased form was compared above.
+        if record.slice.owner_service_uid.as_deref() != slice.owner_service_uid.as_deref() {
+            record.slice.owner_service_uid = slice.owner_service_uid.as_ref().map(Name::from);
+        }
         true
     }
 
@@ -168,7 +180,7 @@ impl KubeCache {
             unlink(&mut self.slices_by_node, gone, key);
         }
         for added in new_nodes.difference(&old_nodes) {
-            self.slices_by_node.entry(Name::new(added)).or_default().insert(key.clone());
+            self.slices_by_node.slot(*added, Name::new).insert(key.clone());
         }
     }
 

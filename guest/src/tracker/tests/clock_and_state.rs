@@ -1,5 +1,5 @@
 //! The clock stepping back or reaching the end of time, and state import: old versions, corrupt
-//! payloads, and what an import refuses.
+//! payloads, and what an import refuses; what the state holds of a slice updated in place.
 
 use super::super::egress::finalizers::PodFinalizers;
 use super::super::egress::identities::Egress;
@@ -386,4 +386,36 @@ fn the_figures_are_state_version_9_and_count_on_across_an_export_and_import() {
         (&tracker.outbox, &tracker.kube, &tracker.inbound, &tracker.nrp)
     );
     assert!(v8.stats(later).attempts.is_empty());
+}
+
+// Regression guard for the cheap path of a slice update (a few endpoints changed, its shape the
+// same), which converts and stores only the changed endpoints: it must still store the slice
+// exactly as it came, as the full path would — every changed endpoint, and the owner's UID as
+// written (compared lower-cased, so a change of case alone takes that path too).
+#[test]
+fn a_slice_updated_in_place_is_stored_and_resolved_as_a_fresh_read_of_it_would_be() {
+    let node =
+        |name: &str, ip: &str| Observation::NodeUpserted(Node { name: name.into(), internal_ips: vec![ip.into()] });
+    let nodes = || vec![node("n1", "10.224.0.4"), node("n2", "10.224.0.5")];
+    let first = slice_on(&[("10.244.0.5", "n1"), ("10.244.0.6", "n2"), ("10.244.0.7", "n1")]);
+    let mut second = first.clone();
+    second.endpoints[1].ready = Some(false);
+    second.endpoints[2].addresses = vec!["10.244.0.8".into()];
+    second.owner_service_uid = Some(UID.to_ascii_uppercase());
+    let key = second.key();
+
+    let mut updated = created_local();
+    let mut observations = nodes();
+    observations.push(Observation::SliceUpserted(first));
+    updated.observe(NOW, observations);
+    updated.observe(NOW, vec![Observation::SliceUpserted(second.clone())]);
+    let mut fresh = created_local();
+    let mut observations = nodes();
+    observations.push(Observation::SliceUpserted(second));
+    fresh.observe(NOW, observations);
+
+    let (updated, fresh) = (&updated.kube.slices[&key], &fresh.kube.slices[&key]);
+    assert_eq!(updated, fresh);
+    assert_eq!(updated.slice.owner_service_uid.as_deref(), Some(UID.to_ascii_uppercase().as_str()));
+    assert_eq!(updated.resolved.len(), 2, "{:?}", updated.resolved);
 }
